@@ -1,0 +1,29 @@
+"""clamor: large global variables in a fixed-address region, read by workers
+one page at a time over ZeroMQ (Clamor, SoCC 2021).
+
+    import clamor
+    a = clamor.zeros(1 << 20)              # numpy array in the region
+    addr = clamor.alloc(4096); clamor.free(addr)
+"""
+from . import errors
+from ._native import ffi as _ffi, lib as _lib  # noqa: F401  (loads the core)
+from .alloc import alloc, array, asarray, calloc, empty, free, full, heap_stats, in_region, realloc, \
+    usable_size, view, zeros
+from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
+                     NotDriver, PageFetchError, ProtocolError, RegionError, RegionExhausted, RegionInUse,
+                     TaskError, TransportError, WorkerLost)
+from .io import fromfile, readinto, recv_into, write
+from .refs import ArrayRef, Ref, ref
+from .region import configure, connect, prefetch, reset_stats, stats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
+    "empty", "zeros", "full", "array", "asarray", "view", "in_region",
+    "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
+    "readinto", "recv_into", "write", "fromfile", "errors",
+    "ClamorError", "BuildError", "ConfigError", "RegionError", "RegionInUse", "NoRegion", "AllocError",
+    "InvalidSize", "InvalidPointer", "RegionExhausted", "NotDriver", "PageFetchError", "TransportError",
+    "ProtocolError", "TaskError", "WorkerLost",
+]

@@ -1,0 +1,77 @@
+/* Declarations cffi compiles against csrc/clamor.h (declarations only; cffi
+ * cannot read the real header's preprocessor lines).  tests/test_build.py
+ * checks that every function here is declared in csrc/clamor.h. */
+#define CLAMOR_DEFAULT_PAGE_SIZE ...
+#define CLAMOR_MIN_PAGE_SIZE ...
+#define CLAMOR_MAX_PAGE_SIZE ...
+#define CLAMOR_SMALL_MAX ...
+#define CLAMOR_ROLE_NONE ...
+#define CLAMOR_ROLE_DRIVER ...
+#define CLAMOR_ROLE_WORKER ...
+
+int clamor_region_init(uintptr_t base, size_t size, size_t page_size);
+int clamor_region_attach(uintptr_t base, size_t size, size_t page_size);
+int clamor_region_close(void);
+uintptr_t clamor_region_base(void);
+size_t clamor_region_size(void);
+size_t clamor_page_size(void);
+int clamor_region_role(void);
+int clamor_region_reset_after_fork(void);
+const char *clamor_fork_parent_endpoint(void);
+
+int clamor_zmq_load(const char *path);
+
+int clamor_fault_install(void);
+int clamor_fault_ensure_first(void);
+int clamor_fault_is_first(void);
+
+int clamor_pager_start(const char *endpoint);
+int clamor_pager_stop(void);
+int clamor_prefetch(const void *addr, size_t len);
+int clamor_pages_drop(uint64_t first, uint64_t count);
+void clamor_set_readahead(size_t bytes);
+size_t clamor_readahead(void);
+void clamor_set_fetch_timeout_ms(uint32_t ms);
+uint32_t clamor_fetch_timeout_ms(void);
+void clamor_set_max_mappings(uint32_t n);
+uint32_t clamor_max_mappings(void);
+uint32_t clamor_mappings(void);
+
+int clamor_server_start(const char *endpoint, char *bound, size_t boundlen);
+int clamor_server_stop(void);
+const char *clamor_server_endpoint(void);
+int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
+                 uint64_t *page_size, int timeout_ms);
+
+struct clamor_stats {
+    uint64_t faults;
+    uint64_t pages_fetched;
+    uint64_t bytes_fetched;
+    uint64_t readahead_pages;
+    uint64_t fetch_requests;
+    uint64_t fetch_errors;
+    uint64_t pages_served;
+    uint64_t bytes_served;
+    uint64_t requests_served;
+    uint64_t bad_requests;
+    uint64_t evictions;
+    uint64_t pages_dropped;
+    uint64_t latency_count;
+    double latency_p50_us;
+    double latency_p99_us;
+    double latency_max_us;
+};
+void clamor_stats_get(struct clamor_stats *out);
+void clamor_stats_reset(void);
+
+void *clamor_malloc(size_t size);
+void *clamor_calloc(size_t n, size_t size);
+void *clamor_realloc(void *ptr, size_t size);
+void *clamor_aligned_alloc(size_t align, size_t size);
+void clamor_free(void *ptr);
+int clamor_free_checked(void *ptr);
+size_t clamor_usable_size(const void *ptr);
+size_t clamor_heap_allocated(void);
+size_t clamor_heap_footprint(void);
+
+const char *clamor_last_error(void);

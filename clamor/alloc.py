@@ -1,0 +1,188 @@
+"""Allocation in the region: raw blocks and numpy arrays.
+
+The driver allocates; workers read.  Raw blocks follow malloc semantics and
+are named by their address.  ``empty``/``zeros``/``full``/``array`` return
+ndarrays whose buffer lives in the region and is freed when the array (and
+every view of it) is gone.
+"""
+import errno
+import operator
+
+import numpy as np
+
+from . import errors, region
+from ._native import check, error, ffi, lib
+
+_MAX = (1 << 63) - 1
+_ALLOC_CLASSES = {errno.EINVAL: errors.InvalidSize, errno.ENOMEM: errors.RegionExhausted}
+
+
+def _size(n, what="size"):
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise errors.InvalidSize(f"{what} must be an int, not {type(n).__name__}") from None
+    if n < 0:
+        raise errors.InvalidSize(f"{what} must be >= 0, not {n}")
+    if n > _MAX:
+        raise errors.InvalidSize(f"{what} {n} is larger than any region")
+    return n
+
+
+def _addr(p):
+    return int(ffi.cast("uintptr_t", p))
+
+
+def _fail(what):
+    rc = ffi.errno or errno.ENOMEM
+    raise error(rc, what, _ALLOC_CLASSES)
+
+
+def alloc(nbytes, align=16):
+    """Allocate ``nbytes`` in the region; returns the address (an int).
+
+    ``align`` must be a power of two.  Maps the region with its defaults if
+    this process has none yet.
+    """
+    nbytes, align = _size(nbytes), _size(align, "align")
+    if align == 0 or align & (align - 1):
+        raise errors.InvalidSize(f"align must be a power of two, not {align}")
+    region.ensure()
+    ffi.errno = 0
+    p = lib.clamor_malloc(nbytes) if align <= 16 else lib.clamor_aligned_alloc(align, nbytes)
+    if p == ffi.NULL:
+        _fail(f"alloc({nbytes})")
+    return _addr(p)
+
+
+def calloc(n, size):
+    """Allocate ``n * size`` zeroed bytes; returns the address."""
+    n, size = _size(n, "n"), _size(size)
+    region.ensure()
+    ffi.errno = 0
+    p = lib.clamor_calloc(n, size)
+    if p == ffi.NULL:
+        _fail(f"calloc({n}, {size})")
+    return _addr(p)
+
+
+def _ptr(addr):
+    try:
+        addr = operator.index(addr)
+    except TypeError:
+        raise errors.InvalidPointer(f"an address is an int, not {type(addr).__name__}") from None
+    if addr < 0 or addr >= 1 << 64:
+        raise errors.InvalidPointer(f"{addr:#x} is not an address")
+    return ffi.cast("void *", addr)
+
+
+def free(addr):
+    """Free a block from ``alloc``.  Freeing a foreign or freed address raises
+    InvalidPointer and leaves the heap as it was.  ``free(0)`` does nothing."""
+    check(lib.clamor_free_checked(_ptr(addr)), "free", {errno.EINVAL: errors.InvalidPointer})
+
+
+def realloc(addr, nbytes):
+    """Resize a block; returns its (possibly new) address.  ``realloc(0, n)``
+    allocates; the block is left as it was on failure."""
+    p, nbytes = _ptr(addr), _size(nbytes)
+    region.ensure()
+    if nbytes == 0:
+        free(addr)
+        return 0
+    ffi.errno = 0
+    q = lib.clamor_realloc(p, nbytes)
+    if q == ffi.NULL:
+        rc = ffi.errno or errno.ENOMEM
+        raise error(rc, f"realloc({addr:#x}, {nbytes})",
+                    {errno.EINVAL: errors.InvalidPointer, errno.ENOMEM: errors.RegionExhausted})
+    return _addr(q)
+
+
+def usable_size(addr):
+    """Bytes usable at ``addr``; 0 if it is not a live block."""
+    return int(lib.clamor_usable_size(_ptr(addr)))
+
+
+def heap_stats():
+    return {"allocated": int(lib.clamor_heap_allocated()), "footprint": int(lib.clamor_heap_footprint())}
+
+
+# ---- numpy ---------------------------------------------------------------------
+
+def _free_quiet(p):
+    lib.clamor_free_checked(p)
+
+
+def view(addr, dtype, shape, strides=None, owned=False):
+    """An ndarray over region memory at ``addr`` (no copy).  With ``owned``,
+    the block is freed when the last view of it is gone."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    count = 1
+    for s in shape:
+        count *= s
+    if strides is None:
+        nbytes = count * dtype.itemsize
+    else:
+        nbytes = 0 if count == 0 else sum((s - 1) * abs(st) for s, st in zip(shape, strides)) + dtype.itemsize
+    cptr = ffi.cast("char *", addr)
+    if owned:
+        cptr = ffi.gc(cptr, _free_quiet)
+    buf = ffi.buffer(cptr, nbytes)  # keeps cptr (and its finalizer) alive
+    if strides is None:
+        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+    return np.ndarray(shape, dtype, buffer=buf, strides=strides)
+
+
+def empty(shape, dtype=float, align=64):
+    """An uninitialised ndarray in the region."""
+    dtype = np.dtype(dtype)
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(_size(s, "dimension") for s in shape)
+    n = dtype.itemsize
+    for s in shape:
+        n *= s
+    addr = alloc(max(n, 1), align=max(align, dtype.alignment, 16))
+    return view(addr, dtype, shape, owned=True)
+
+
+def zeros(shape, dtype=float):
+    a = empty(shape, dtype)
+    a[...] = 0
+    return a
+
+
+def full(shape, fill_value, dtype=None):
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+    a = empty(shape, dtype)
+    a[...] = fill_value
+    return a
+
+
+def in_region(a):
+    """True if the ndarray's data lies in this process's region."""
+    a = np.asarray(a)
+    if a.nbytes == 0:
+        return region.contains(a.__array_interface__["data"][0])
+    return region.contains(a.__array_interface__["data"][0], a.nbytes)
+
+
+def array(x, dtype=None):
+    """A copy of ``x`` in the region (always copies)."""
+    src = np.asarray(x, dtype=dtype)
+    if src.dtype.hasobject:
+        raise errors.ConfigError("arrays of Python objects cannot live in the region as plain data")
+    out = empty(src.shape, src.dtype)
+    out[...] = src
+    return out
+
+
+def asarray(x, dtype=None):
+    """``x`` itself if it is already a region array of that dtype, else a copy
+    in the region."""
+    if isinstance(x, np.ndarray) and (dtype is None or np.dtype(dtype) == x.dtype) and in_region(x):
+        return x
+    return array(x, dtype)

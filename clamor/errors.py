@@ -1,0 +1,102 @@
+"""clamor's exception tree.  Everything clamor raises derives from ClamorError.
+
+Where a standard exception fits too, the class derives from it as well
+(RegionExhausted is a MemoryError, InvalidSize a ValueError), so code that
+catches the standard one keeps working.
+"""
+import errno as _errno
+
+
+class ClamorError(Exception):
+    """Base of every clamor error.  ``errno`` is the C error code, if any."""
+
+    def __init__(self, message, errno=None):
+        super().__init__(message)
+        self.errno = errno
+
+
+class BuildError(ClamorError, ImportError):
+    """The compiled core or libzmq could not be loaded."""
+
+
+class ConfigError(ClamorError, ValueError):
+    """A bad setting: region geometry, page size, endpoint, environment."""
+
+
+class RegionError(ClamorError):
+    """The global region could not be mapped or is not in the right state."""
+
+
+class RegionInUse(RegionError):
+    """The region's address range is taken, or this process has a region."""
+
+
+class NoRegion(RegionError):
+    """The operation needs a region (or a worker region) and there is none."""
+
+
+class AllocError(ClamorError):
+    """An allocation in the region failed."""
+
+
+class InvalidSize(AllocError, ValueError):
+    """A negative, non-integer or impossibly large size or alignment."""
+
+
+class InvalidPointer(AllocError, ValueError):
+    """free/realloc of an address that is not a live region block."""
+
+
+class RegionExhausted(AllocError, MemoryError):
+    """The region has no room left for the request."""
+
+
+class NotDriver(AllocError):
+    """Only the driver allocates in the region; this process is a worker."""
+
+
+class PageFetchError(ClamorError, OSError):
+    """A page could not be fetched (driver gone, time-out, never allocated)."""
+
+
+class TransportError(ClamorError):
+    """A ZeroMQ endpoint could not be bound or reached."""
+
+
+class ProtocolError(ClamorError):
+    """A peer sent a malformed or unexpected message."""
+
+
+class TaskError(ClamorError):
+    """A function shipped to a worker raised; ``remote_traceback`` has it."""
+
+    def __init__(self, message, remote_traceback=""):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+    def __str__(self):
+        base = super().__str__()
+        return f"{base}\n\nRemote traceback:\n{self.remote_traceback}" if self.remote_traceback else base
+
+
+class WorkerLost(ClamorError):
+    """A worker process died or stopped answering."""
+
+
+# Default translation of C errno values; callers may override per call.
+ERRNO_CLASSES = {
+    _errno.EEXIST: RegionInUse,
+    _errno.EBUSY: RegionInUse,
+    _errno.ENXIO: NoRegion,
+    _errno.EINVAL: ConfigError,
+    _errno.ENOMEM: RegionExhausted,
+    _errno.EPERM: NotDriver,
+    _errno.EFAULT: PageFetchError,
+    _errno.ENOENT: PageFetchError,
+    _errno.ETIMEDOUT: TransportError,
+    _errno.ENOTCONN: PageFetchError,
+    _errno.EADDRINUSE: TransportError,
+    _errno.EPROTO: ProtocolError,
+    _errno.EBADMSG: ProtocolError,
+    _errno.ENOSYS: BuildError,
+}

@@ -1,0 +1,93 @@
+"""References to region data that travel instead of its bytes.
+
+A reference names memory by its offset from the region base, so it stays
+valid in a process that maps the region somewhere else (pointer-free data
+such as a numpy array).  Data with internal pointers needs the common base,
+which is the default everywhere.
+"""
+import numpy as np
+
+from . import errors, region
+from .alloc import view
+
+
+def _bounds(a):
+    if hasattr(np.lib, "array_utils"):
+        return np.lib.array_utils.byte_bounds(a)
+    return np.byte_bounds(a)  # pragma: no cover - numpy < 2
+
+
+class Ref:
+    """A raw region address, shipped as its offset: ``Ref(addr).addr`` on the
+    receiving side is the same memory in that process's region."""
+
+    __slots__ = ("offset", "nbytes")
+
+    def __init__(self, addr, nbytes=0):
+        if not region.contains(addr, max(nbytes, 1)):
+            raise errors.InvalidPointer(f"{addr:#x} (+{nbytes}) is not inside this process's region")
+        self.offset = addr - region.base()
+        self.nbytes = nbytes
+
+    @property
+    def addr(self):
+        if not region.size():
+            raise errors.NoRegion("no region in this process to resolve the reference in")
+        return region.base() + self.offset
+
+    def __reduce__(self):
+        return (_ref_at, (self.offset, self.nbytes))
+
+    def __repr__(self):
+        return f"clamor.Ref(offset={self.offset:#x}, nbytes={self.nbytes})"
+
+
+def _ref_at(offset, nbytes):
+    r = Ref.__new__(Ref)
+    r.offset, r.nbytes = offset, nbytes
+    return r
+
+
+class ArrayRef:
+    """A region ndarray shipped as offset + dtype + shape + strides."""
+
+    __slots__ = ("offset", "data_offset", "span", "dtype", "shape", "strides")
+
+    def __init__(self, a):
+        a = np.asarray(a)
+        lo, hi = _bounds(a)
+        if a.nbytes and not region.contains(lo, hi - lo):
+            raise errors.InvalidPointer("the array's buffer is not inside the region; "
+                                        "make it with clamor.empty/zeros/array")
+        self.offset = lo - region.base()
+        self.data_offset = a.__array_interface__["data"][0] - lo
+        self.span = hi - lo
+        self.dtype = a.dtype.str if not a.dtype.fields else a.dtype.descr
+        self.shape = a.shape
+        self.strides = a.strides
+
+    def get(self):
+        """The array, in this process's region (no copy)."""
+        base = region.base()
+        if not region.size():
+            raise errors.NoRegion("no region in this process to resolve the array in")
+        flat = view(base + self.offset, np.uint8, (self.span,))
+        return np.ndarray(self.shape, np.dtype(self.dtype), buffer=flat, offset=self.data_offset,
+                          strides=self.strides)
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, st):
+        for k, v in st.items():
+            setattr(self, k, v)
+
+    def __repr__(self):
+        return f"clamor.ArrayRef(offset={self.offset:#x}, dtype={self.dtype!r}, shape={self.shape})"
+
+
+def ref(a):
+    """A picklable reference to a region ndarray (or, for an int, address)."""
+    if isinstance(a, int):
+        return Ref(a)
+    return ArrayRef(a)

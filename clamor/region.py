@@ -1,0 +1,254 @@
+"""The global region: mapping it, serving it, attaching to it.
+
+The driver maps the region read-write (``init``) and serves its pages
+(``serve``).  A worker maps the same address range with every page absent
+(``attach``); its pager fetches each page on first touch.  A process forked
+from one that has a region becomes a worker by itself: the C core replaces
+the region in the child, and the hook below restarts the pager (to the
+parent's page server) and the child's own page server.
+"""
+import errno
+import os
+import threading
+
+from . import errors
+from ._native import check, ffi, lib
+
+DRIVER, WORKER = lib.CLAMOR_ROLE_DRIVER, lib.CLAMOR_ROLE_WORKER
+_lock = threading.RLock()
+
+
+def _geometry_ints(base, size, page_size):
+    vals = []
+    for name, v in (("base", base), ("size", size), ("page_size", page_size)):
+        if v is None:
+            v = 0
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise errors.ConfigError(f"region {name} must be a non-negative int, not {v!r}")
+        vals.append(v)
+    return vals
+
+
+def init(base=None, size=None, page_size=None):
+    """Map the region in this process as its driver.
+
+    ``base``, ``size`` and ``page_size`` default to CLAMOR_BASE,
+    CLAMOR_REGION_SIZE and CLAMOR_PAGE_SIZE from the environment, else
+    0x200000000000, 64 GiB and 64 KiB.  The mapping reserves address space
+    only; memory is used as pages are written.
+    """
+    b, s, p = _geometry_ints(base, size, page_size)
+    with _lock:
+        check(lib.clamor_region_init(b, s, p), "mapping the region")
+
+
+def attach(base=None, size=None, page_size=None):
+    """Map the region in this process as a worker (every page absent)."""
+    b, s, p = _geometry_ints(base, size, page_size)
+    with _lock:
+        check(lib.clamor_region_attach(b, s, p), "attaching the region")
+
+
+def ensure():
+    """Map the region with its defaults as driver if this process has none."""
+    with _lock:
+        if lib.clamor_region_role() == lib.CLAMOR_ROLE_NONE:
+            init()
+
+
+def close():
+    """Stop the pager and the page server and unmap the region."""
+    with _lock:
+        check(lib.clamor_region_close(), "closing the region")
+
+
+def role():
+    """'driver', 'worker' or None."""
+    r = lib.clamor_region_role()
+    return {DRIVER: "driver", WORKER: "worker"}.get(r)
+
+
+def base():
+    return int(lib.clamor_region_base())
+
+
+def size():
+    return int(lib.clamor_region_size())
+
+
+def page_size():
+    return int(lib.clamor_page_size())
+
+
+def contains(addr, nbytes=1):
+    """True if [addr, addr+nbytes) lies inside this process's region."""
+    b, s = base(), size()
+    return bool(s) and b <= addr and addr + max(nbytes, 1) <= b + s
+
+
+def serve(endpoint="tcp://127.0.0.1:*"):
+    """Start this process's page server; returns the endpoint it bound."""
+    if not isinstance(endpoint, str):
+        raise errors.ConfigError(f"endpoint must be a string, not {endpoint!r}")
+    out = ffi.new("char[]", 256)
+    with _lock:
+        check(lib.clamor_server_start(endpoint.encode(), out, 256), "starting the page server",
+              {errno.EINVAL: errors.TransportError})
+    return ffi.string(out).decode()
+
+
+def server_endpoint():
+    return ffi.string(lib.clamor_server_endpoint()).decode()
+
+
+def stop_serving():
+    with _lock:
+        check(lib.clamor_server_stop())
+
+
+def hello(endpoint, timeout=10.0):
+    """Geometry (base, size, page_size) of the region served at ``endpoint``."""
+    b, s, p = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    check(lib.clamor_hello(endpoint.encode(), b, s, p, int(timeout * 1000)), f"asking {endpoint} for the region",
+          {errno.EINVAL: errors.TransportError})
+    return int(b[0]), int(s[0]), int(p[0])
+
+
+def start_pager(endpoint):
+    with _lock:
+        check(lib.clamor_pager_start(endpoint.encode()), "starting the pager",
+              {errno.EINVAL: errors.TransportError})
+
+
+def stop_pager():
+    with _lock:
+        check(lib.clamor_pager_stop())
+
+
+def connect(endpoint, base=None, serve_endpoint="tcp://127.0.0.1:*", timeout=10.0):
+    """Attach this process to the driver whose page server is ``endpoint``.
+
+    Maps the region with the driver's geometry (at ``base`` if given: fine for
+    pointer-free data such as numpy arrays shipped by reference), starts the
+    pager and this worker's own page server.  Returns the latter's endpoint.
+    """
+    b, s, p = hello(endpoint, timeout)
+    attach(b if base is None else base, s, p)
+    start_pager(endpoint)
+    return serve(serve_endpoint) if serve_endpoint else ""
+
+
+def ensure_handler_first():
+    """Put clamor's SIGSEGV handler back in front (e.g. after a later
+    ``faulthandler.enable()``), chaining to whatever replaced it.  Returns
+    True if it had to."""
+    rc = lib.clamor_fault_ensure_first()
+    check(rc if rc > 0 else 0, "installing the fault handler")
+    return rc < 0
+
+
+def handler_is_first():
+    return bool(lib.clamor_fault_is_first())
+
+
+def prefetch(obj, nbytes=None):
+    """Make the pages under ``obj`` present on this worker.
+
+    ``obj`` is an address (with ``nbytes``) or any object exporting a buffer
+    (a region ndarray, memoryview).  The kernel answers EFAULT, not SIGSEGV,
+    when a system call reads or writes a page that is not present, so call
+    this before handing region memory to read(), recv_into(), write() and the
+    like (``clamor.io`` wraps the usual ones).  A no-op on the driver.
+    """
+    if isinstance(obj, int):
+        addr, n = obj, int(nbytes or 0)
+    else:
+        mv = memoryview(obj)
+        if mv.nbytes == 0:
+            return
+        addr = int(ffi.cast("uintptr_t", ffi.from_buffer(mv.cast("B") if mv.c_contiguous else obj)))
+        n = mv.nbytes if nbytes is None else int(nbytes)
+        if not mv.c_contiguous:  # cover the whole span the strides reach
+            import numpy as np
+
+            a = np.asarray(obj)
+            lo, hi = np.lib.array_utils.byte_bounds(a) if hasattr(np.lib, "array_utils") else np.byte_bounds(a)
+            addr, n = lo, hi - lo
+    if n <= 0:
+        return
+    check(lib.clamor_prefetch(ffi.cast("void *", addr), n), "prefetching region pages",
+          {errno.EFAULT: errors.PageFetchError, errno.ETIMEDOUT: errors.PageFetchError})
+
+
+def drop_pages(first, count):
+    """Drop this worker's copy of pages [first, first+count)."""
+    check(lib.clamor_pages_drop(first, count), "dropping pages")
+
+
+def configure(readahead=None, fetch_timeout=None, max_mappings=None):
+    """Set read-ahead (bytes, 0 disables), the fetch time-out (seconds) and the
+    bound on mappings the region may be split into (0: half of
+    vm.max_map_count)."""
+    if readahead is not None:
+        if readahead < 0:
+            raise errors.ConfigError("readahead must be >= 0 bytes")
+        lib.clamor_set_readahead(int(readahead))
+    if fetch_timeout is not None:
+        if fetch_timeout <= 0:
+            raise errors.ConfigError("fetch_timeout must be > 0 seconds")
+        lib.clamor_set_fetch_timeout_ms(max(1, int(fetch_timeout * 1000)))
+    if max_mappings is not None:
+        if max_mappings < 0:
+            raise errors.ConfigError("max_mappings must be >= 0")
+        lib.clamor_set_max_mappings(int(max_mappings))
+    return {
+        "readahead": int(lib.clamor_readahead()),
+        "fetch_timeout": lib.clamor_fetch_timeout_ms() / 1000.0,
+        "max_mappings": int(lib.clamor_max_mappings()),
+    }
+
+
+def mappings():
+    """Mappings the worker's region is split into now."""
+    return int(lib.clamor_mappings())
+
+
+_STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests",
+                "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
+                "evictions", "pages_dropped", "latency_count")
+
+
+def stats():
+    """Counters of this process: faults, pages and bytes fetched and served,
+    and fetch latency percentiles (microseconds)."""
+    st = ffi.new("struct clamor_stats *")
+    lib.clamor_stats_get(st)
+    out = {k: int(getattr(st, k)) for k in _STAT_FIELDS}
+    out["fetch_p50_us"] = float(st.latency_p50_us)
+    out["fetch_p99_us"] = float(st.latency_p99_us)
+    out["fetch_max_us"] = float(st.latency_max_us)
+    out["mappings"] = mappings() if role() == "worker" else 0
+    return out
+
+
+def reset_stats():
+    lib.clamor_stats_reset()
+
+
+def _after_fork_child():
+    # The C core already replaced the region (pthread_atfork); threads do not
+    # survive fork, so start this worker's pager and page server again.
+    if lib.clamor_region_role() != WORKER:
+        return
+    parent = ffi.string(lib.clamor_fork_parent_endpoint()).decode()
+    if not parent:
+        return
+    try:
+        lib.clamor_pager_start(parent.encode())
+        out = ffi.new("char[]", 256)
+        lib.clamor_server_start(b"tcp://127.0.0.1:*", out, 256)
+    except Exception:  # pragma: no cover - never raise inside a fork hook
+        pass
+
+
+os.register_at_fork(after_in_child=_after_fork_child)

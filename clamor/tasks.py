@@ -1,0 +1,189 @@
+"""A minimal control plane: ship a function to a worker, get its result.
+
+This is the small piece the page-fault layer needs for its tests and
+benchmarks: the driver binds a ROUTER socket; each worker (``python -m
+clamor.worker --driver ENDPOINT``, or a forked child) connects a DEALER,
+learns the driver's page-server endpoint, attaches the region and then runs
+functions sent to it with cloudpickle.  Messages (multipart):
+
+    worker -> driver   READY                 driver -> worker  WELCOME page_ep driver_pid
+    worker -> driver   ATTACHED info         driver -> worker  TASK id payload
+    worker -> driver   RESULT id ok|err data driver -> worker  STOP
+"""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+import cloudpickle
+import psutil
+import zmq
+
+from . import errors, region
+
+
+class TaskServer:
+    """Driver side.  ``page_endpoint`` is the driver's page server (started
+    if needed).  Use as a context manager; ``close`` stops every worker."""
+
+    def __init__(self, endpoint="tcp://127.0.0.1:*", page_endpoint=None):
+        region.ensure()
+        if region.role() != "driver":
+            raise errors.RegionError("a TaskServer runs in the driver")
+        self.page_endpoint = page_endpoint or region.server_endpoint() or region.serve()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.linger = 0
+        self._sock.bind(endpoint)
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.workers = []  # [{"id": identity, "pid": ..., "proc": Popen|None, ...}]
+        self._procs = []
+        self._next = 0
+        self._closed = False
+
+    # -- starting workers ---------------------------------------------------
+    def spawn(self, n=1, base=None, env=None, timeout=30.0):
+        """Start ``n`` worker processes with ``python -m clamor.worker``."""
+        cmd = [sys.executable, "-m", "clamor.worker", "--driver", self.endpoint]
+        if base is not None:
+            cmd += ["--base", hex(base)]
+        for _ in range(n):
+            self._procs.append(subprocess.Popen(cmd, env={**os.environ, **(env or {})}))
+        return self._await(len(self.workers) + n, timeout)
+
+    def fork(self, n=1, timeout=30.0):
+        """Start ``n`` workers forked from this process (Python objects built
+        in the region stay valid in a child of the same image)."""
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:  # child: the fork hook made it a worker already
+                code = 0
+                try:
+                    from .worker import serve
+
+                    serve(self.endpoint)
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    os._exit(code)
+            self._procs.append(pid)
+        return self._await(len(self.workers) + n, timeout)
+
+    def _await(self, want, timeout):
+        deadline = time.monotonic() + timeout
+        while len(self.workers) < want:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(int(left * 1000)):
+                raise errors.WorkerLost(f"only {len(self.workers)} of {want} workers connected within {timeout}s")
+            frames = self._sock.recv_multipart()
+            ident, kind = frames[0], frames[1]
+            if kind == b"READY":
+                self._sock.send_multipart([ident, b"WELCOME", self.page_endpoint.encode(),
+                                           str(os.getpid()).encode()])
+            elif kind == b"ATTACHED":
+                info = pickle.loads(frames[2])
+                info["id"] = ident
+                self.workers.append(info)
+        return self.workers
+
+    # -- running functions --------------------------------------------------
+    def run(self, fn, *args, worker=0, timeout=None, **kwargs):
+        """Run ``fn(*args, **kwargs)`` on worker number ``worker``."""
+        return self.gather([(worker, fn, args, kwargs)], timeout=timeout)[0]
+
+    def map(self, fn, items, timeout=None):
+        """``fn(item)`` for each item, spread round-robin over the workers."""
+        n = len(self.workers)
+        return self.gather([(i % n, fn, (x,), {}) for i, x in enumerate(items)], timeout=timeout)
+
+    def gather(self, calls, timeout=None):
+        """Run [(worker, fn, args, kwargs)] concurrently; results in order.
+        A worker that dies raises WorkerLost; a function that raises raises
+        TaskError with the remote traceback."""
+        if not self.workers:
+            raise errors.WorkerLost("no workers: call spawn() or fork() first")
+        pending = {}
+        for w, fn, args, kwargs in calls:
+            tid = self._next
+            self._next += 1
+            payload = cloudpickle.dumps((fn, args, kwargs))
+            self._sock.send_multipart([self.workers[w]["id"], b"TASK", str(tid).encode(), payload])
+            pending[tid] = w
+        order = list(pending)
+        results = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            if not self._sock.poll(500):
+                self._check_alive(pending.values())
+                if deadline is not None and time.monotonic() > deadline:
+                    raise errors.WorkerLost(f"tasks {sorted(pending)} did not finish within {timeout}s")
+                continue
+            frames = self._sock.recv_multipart()
+            if frames[1] != b"RESULT":
+                continue
+            tid = int(frames[2])
+            if tid not in pending:
+                continue
+            del pending[tid]
+            if frames[3] == b"ok":
+                results[tid] = pickle.loads(frames[4])
+            else:
+                msg, tb = pickle.loads(frames[4])
+                raise errors.TaskError(msg, tb)
+        return [results[t] for t in order]
+
+    def _check_alive(self, ws):
+        for w in set(ws):
+            pid = self.workers[w]["pid"]
+            try:
+                alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                raise errors.WorkerLost(f"worker {w} (pid {pid}) died")
+
+    # -- shutting down ------------------------------------------------------
+    def close(self, timeout=5.0):
+        if self._closed:
+            return
+        self._closed = True
+        for w in self.workers:
+            try:
+                self._sock.send_multipart([w["id"], b"STOP"], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self._procs:
+            if isinstance(p, subprocess.Popen):
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            else:
+                _reap(p, deadline)
+        self._sock.close()
+        self._ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _reap(pid, deadline):
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.01)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass

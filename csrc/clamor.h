@@ -1,0 +1,205 @@
+/* clamor.h -- the public C API of clamor.
+ *
+ * clamor keeps large global variables in one global region: memory mapped at
+ * the same fixed virtual address in every process of a cluster.  The driver
+ * process writes the region; worker processes read it, and every page they
+ * touch is fetched on demand over ZeroMQ by a SIGSEGV handler and a pager
+ * thread.  Pages are named on the wire by their index from the region base,
+ * never by address.
+ *
+ * Contracts:
+ *   - "Thread-safe" means any thread may call it concurrently.
+ *   - No function in this header is async-signal-safe: never call one from a
+ *     signal handler.
+ *   - Functions returning int return 0 on success or a positive errno value;
+ *     clamor_last_error() then holds a one-line detail for the calling thread.
+ *   - Allocation functions follow malloc(3): NULL and errno on failure.
+ */
+#ifndef CLAMOR_H
+#define CLAMOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- region ---------------------------------------------------------- */
+
+/* Default base and size of the global region.  The base lies far above the
+ * heap and executable of a PIE process (0x55.., 0x56..) and far below the
+ * top-down mmap area (0x7f..), so it is free in a fresh process. */
+#define CLAMOR_DEFAULT_BASE ((uintptr_t)0x200000000000ULL)
+#define CLAMOR_DEFAULT_SIZE ((size_t)64 << 30)
+#define CLAMOR_DEFAULT_PAGE_SIZE ((size_t)64 << 10)
+#define CLAMOR_MIN_PAGE_SIZE ((size_t)4 << 10)
+#define CLAMOR_MAX_PAGE_SIZE ((size_t)4 << 20)
+
+enum clamor_role { CLAMOR_ROLE_NONE = 0, CLAMOR_ROLE_DRIVER = 1, CLAMOR_ROLE_WORKER = 2 };
+
+/* Map the region in this process as its driver (the only writer): `size`
+ * bytes at `base`, readable and writable, backed by a memfd, MAP_NORESERVE,
+ * so pages cost memory only once written.  0 for base, size or page_size
+ * takes the default.  page_size must be a power of two in
+ * [CLAMOR_MIN_PAGE_SIZE, CLAMOR_MAX_PAGE_SIZE]; base and size must be
+ * multiples of it.  EEXIST if the address range is taken (the detail names
+ * the range), EBUSY if this process already has a region, EINVAL for bad
+ * geometry.  Not thread-safe against other region calls. */
+int clamor_region_init(uintptr_t base, size_t size, size_t page_size);
+
+/* Map the region in this process as a worker: every page not present
+ * (PROT_NONE) until a fault fetches it.  Same arguments and errors as
+ * clamor_region_init().  The pager must be started before a page is read. */
+int clamor_region_attach(uintptr_t base, size_t size, size_t page_size);
+
+/* Unmap the region and forget its state.  Stops the pager and the server
+ * first.  Any later access to the old range is an ordinary SIGSEGV. */
+int clamor_region_close(void);
+
+/* Geometry and role of this process's region (0 / CLAMOR_ROLE_NONE if none).
+ * Thread-safe. */
+uintptr_t clamor_region_base(void);
+size_t clamor_region_size(void);
+size_t clamor_page_size(void);
+int clamor_region_role(void);
+
+/* A child forked from a process that has a region becomes a worker: the
+ * region is replaced (same address) by a fresh private mapping with every
+ * page not present, and no thread of the parent survives.  This runs by
+ * itself from a pthread_atfork() child handler; it is exposed for tests.
+ * The pager must then be started again, see clamor_pager_start(). */
+int clamor_region_reset_after_fork(void);
+
+/* Endpoint of the page server of the parent at fork time ("" if none):
+ * what a forked worker's pager connects to. */
+const char *clamor_fork_parent_endpoint(void);
+
+/* ---- libzmq ----------------------------------------------------------- */
+
+/* Resolve the libzmq functions clamor uses from the shared library at
+ * `path` (normally the copy that pyzmq loaded).  Idempotent.  ENOENT if the
+ * library cannot be opened, ENOSYS if a symbol is missing. */
+int clamor_zmq_load(const char *path);
+
+/* ---- fault handler ---------------------------------------------------- */
+
+/* Install the SIGSEGV handler (idempotent).  Faults outside the region are
+ * passed to the handler that was installed before, in its own calling
+ * convention.  clamor_fault_ensure_first() re-installs it in front if
+ * another handler (faulthandler.enable(), say) replaced it since, chaining
+ * to that one; it returns 0 if clamor was already first, -1 if it had to
+ * re-install.  clamor_fault_is_first() is 1 if clamor's handler is the one
+ * the kernel will call. */
+int clamor_fault_install(void);
+int clamor_fault_ensure_first(void);
+int clamor_fault_is_first(void);
+
+/* ---- pager (workers) -------------------------------------------------- */
+
+/* Start the pager thread, fetching pages from the page server at
+ * `endpoint` (tcp:// or ipc://).  Installs the fault handler.  EBUSY if
+ * running; ENXIO if no region is attached. */
+int clamor_pager_start(const char *endpoint);
+int clamor_pager_stop(void);
+
+/* Make every page of [addr, addr+len) present, fetching the missing ones in
+ * one pipelined batch, and wait.  System calls that read into or write from
+ * region memory fail with EFAULT on pages not present (the kernel raises no
+ * SIGSEGV for them), so call this first.  On the driver it is a no-op.
+ * EFAULT if the range is not inside the region; EIO/ETIMEDOUT/ENOENT if a
+ * page could not be fetched.  Thread-safe. */
+int clamor_prefetch(const void *addr, size_t len);
+
+/* Drop the local copy of pages [first, first+count): their memory is
+ * returned and the next access fetches them again.  Worker only. */
+int clamor_pages_drop(uint64_t first, uint64_t count);
+
+/* Read-ahead on sequential faults, in bytes (0 disables).  Thread-safe. */
+void clamor_set_readahead(size_t bytes);
+size_t clamor_readahead(void);
+/* A fetch not answered within this time fails the access.  Thread-safe. */
+void clamor_set_fetch_timeout_ms(uint32_t ms);
+uint32_t clamor_fetch_timeout_ms(void);
+/* Upper bound on the memory mappings the region may be split into by page
+ * protections (vm.max_map_count is process-wide).  0 restores the default. */
+void clamor_set_max_mappings(uint32_t n);
+uint32_t clamor_max_mappings(void);
+/* Mappings the region is split into now (worker), as tracked by the pager. */
+uint32_t clamor_mappings(void);
+
+/* ---- page server (driver and workers) --------------------------------- */
+
+/* Start the page-server thread bound to `endpoint` ("tcp://127.0.0.1:*" or
+ * "ipc:///path"); the endpoint actually bound is copied to `bound`.  The
+ * driver serves every allocated page; a worker serves the pages it holds. */
+int clamor_server_start(const char *endpoint, char *bound, size_t boundlen);
+int clamor_server_stop(void);
+/* Endpoint bound by the running server, "" if none. */
+const char *clamor_server_endpoint(void);
+
+/* Ask the server at `endpoint` for its region geometry (a worker calls this
+ * before clamor_region_attach()). */
+int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
+                 uint64_t *page_size, int timeout_ms);
+
+/* ---- statistics -------------------------------------------------------- */
+
+struct clamor_stats {
+    uint64_t faults;          /* SIGSEGV faults taken inside the region */
+    uint64_t pages_fetched;   /* pages installed from the network */
+    uint64_t bytes_fetched;
+    uint64_t readahead_pages; /* of pages_fetched, those fetched ahead */
+    uint64_t fetch_requests;  /* requests sent by the pager */
+    uint64_t fetch_errors;
+    uint64_t pages_served;    /* by this process's page server */
+    uint64_t bytes_served;
+    uint64_t requests_served;
+    uint64_t bad_requests;    /* malformed messages answered with an error */
+    uint64_t evictions;       /* pages dropped to bound the mapping count */
+    uint64_t pages_dropped;   /* pages dropped on request */
+    uint64_t latency_count;   /* fetch latencies recorded */
+    double latency_p50_us;
+    double latency_p99_us;
+    double latency_max_us;
+};
+/* Thread-safe; a snapshot, not atomic as a whole. */
+void clamor_stats_get(struct clamor_stats *out);
+void clamor_stats_reset(void);
+
+/* ---- allocator (driver only) ------------------------------------------ */
+
+/* Requests up to this size come from size classes; larger ones are spans. */
+#define CLAMOR_SMALL_MAX ((size_t)8192)
+
+/* malloc(3) semantics over the region.  Thread-safe.  Allocator bookkeeping
+ * lives outside the region, so no page of the region is written except by
+ * the caller, and a worker never fetches a page for the allocator's sake.
+ * Small sizes come from size classes, sizes above CLAMOR_SMALL_MAX come as
+ * page-aligned spans.  NULL with errno: ENOMEM (region exhausted or size too
+ * large), ENXIO (no region, call clamor_region_init first), EPERM (this
+ * process is a worker: only the driver allocates). */
+void *clamor_malloc(size_t size);
+void *clamor_calloc(size_t n, size_t size);
+void *clamor_realloc(void *ptr, size_t size);
+/* `align` a power of two; size need not be a multiple of it (unlike C11). */
+void *clamor_aligned_alloc(size_t align, size_t size);
+/* free(NULL) is a no-op.  Freeing a pointer that clamor did not return, or
+ * freeing twice, does not crash: errno is set to EINVAL, the detail is in
+ * clamor_last_error(), and the heap is left as it was. */
+void clamor_free(void *ptr);
+/* Like clamor_free() but returns 0 or EINVAL instead of setting errno. */
+int clamor_free_checked(void *ptr);
+/* Bytes usable at ptr, 0 if ptr is not a live clamor block. */
+size_t clamor_usable_size(const void *ptr);
+/* Bytes handed out and not freed, and bytes of region in use by the heap. */
+size_t clamor_heap_allocated(void);
+size_t clamor_heap_footprint(void);
+
+/* Detail of the calling thread's last failure ("" if none). */
+const char *clamor_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CLAMOR_H */

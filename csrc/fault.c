@@ -1,0 +1,249 @@
+/* fault.c -- the SIGSEGV handler and its chaining.
+ *
+ * DESIGN.  The handler runs in whichever thread touched a page that is not
+ * present, usually one that holds the GIL inside numpy or scipy C code.  It
+ * may do only async-signal-safe things (signal-safety(7)): atomics on the
+ * page's state word, write(2) of the page index to the pager's wake pipe,
+ * futex(2) to sleep until the pager opens the page, write(2) and abort(3)
+ * for a fatal error.  No Python, no libzmq, no malloc, no lock.  errno is
+ * saved and restored.  The pager does the network work (pager.c).
+ *
+ * Faults outside the region, and signals sent with kill(2)/raise(3), go to
+ * the handler that was installed before clamor's, in its own calling
+ * convention (SA_SIGINFO or not).  SIG_DFL and SIG_IGN restore the default
+ * disposition and let the fault happen again (or re-raise a sent signal), so
+ * the process dies as it would have without clamor.  CPython's faulthandler
+ * prints a traceback, restores its own predecessor and re-raises; if that
+ * predecessor is clamor, the re-raised signal comes back here as a sent
+ * signal after a chained real fault, and goes to the default action.
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <sys/mman.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+_Atomic int cl_fault_wake_fd = -1;
+
+static struct sigaction prev_sa;
+static _Atomic int installed;
+static volatile sig_atomic_t chained_real;
+
+/* ---- async-signal-safe output ---------------------------------------------- */
+
+static size_t slen(const char *s) {
+    size_t n = 0;
+    while (s[n]) n++;
+    return n;
+}
+
+static void sput(const char *s) {
+    size_t n = slen(s);
+    while (n) {
+        ssize_t w = write(2, s, n);
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void sput_hex(uint64_t v) {
+    char b[19] = "0x";
+    int n = 2, started = 0;
+    for (int sh = 60; sh >= 0; sh -= 4) {
+        unsigned d = (unsigned)(v >> sh) & 15;
+        if (d || started || sh == 0) {
+            b[n++] = "0123456789abcdef"[d];
+            started = 1;
+        }
+    }
+    b[n] = 0;
+    sput(b);
+}
+
+static void sput_dec(uint64_t v) {
+    char b[21];
+    int n = 20;
+    b[n] = 0;
+    do b[--n] = (char)('0' + v % 10); while (v /= 10);
+    sput(b + n);
+}
+
+static const char *cause(int err) {
+    switch (err) {
+    case ENOENT: return "the driver never allocated this page (a dangling or wild pointer into the region)";
+    case ETIMEDOUT: return "no answer from the page server within the fetch timeout (driver gone or overloaded?)";
+    case ENOTCONN: return "no pager is running in this process (start one with clamor_pager_start / attach)";
+    case ENOMEM: return "the region's memory mappings are exhausted (vm.max_map_count)";
+    case ERANGE: return "the page lies outside the region the server has";
+    case EACCES: return "write to a page that is mapped read-only on this worker";
+    case EPROTO: case EBADMSG: return "malformed reply from the page server";
+    case ESHUTDOWN: return "the pager was stopped";
+    default: return "the page could not be fetched";
+    }
+}
+
+/* Never returns. */
+static void fatal(uintptr_t addr, int err) {
+    uint64_t off = addr - cl_region.base;
+    sput("clamor: fatal: access to region offset ");
+    sput_hex(off);
+    sput(" (page ");
+    sput_dec(off >> cl_region.page_shift);
+    sput(", address ");
+    sput_hex(addr);
+    sput(") failed: ");
+    sput(cause(err));
+    sput(" [errno ");
+    sput_dec((uint64_t)err);
+    sput("]\n");
+    /* SIGABRT: faulthandler, if enabled, adds the Python traceback. */
+    abort();
+}
+
+/* ---- chaining ---------------------------------------------------------------- */
+
+static void to_default(int sig, siginfo_t *si) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    /* A real fault re-executes the instruction and dies by default; a sent
+     * signal has to be sent again (it is delivered once we return). */
+    if (si->si_code <= 0) raise(sig);
+}
+
+static void chain(int sig, siginfo_t *si, void *uc) {
+    const struct sigaction *p = &prev_sa;
+    bool plain = !(p->sa_flags & SA_SIGINFO);
+    if ((plain && (p->sa_handler == SIG_DFL || p->sa_handler == SIG_IGN)) ||
+        (si->si_code <= 0 && chained_real)) {
+        to_default(sig, si);
+        return;
+    }
+    if (si->si_code > 0) chained_real = 1;
+    if (plain)
+        p->sa_handler(sig);
+    else
+        p->sa_sigaction(sig, si, uc);
+}
+
+/* ---- the handler ------------------------------------------------------------- */
+
+static bool is_write_fault(void *uc) {
+#if defined(__x86_64__)
+    return (((ucontext_t *)uc)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+    (void)uc;
+    return false;
+#endif
+}
+
+static void post(uintptr_t addr, uint64_t msg) {
+    int fd = atomic_load(&cl_fault_wake_fd);
+    if (fd < 0) fatal(addr, ENOTCONN);
+    for (;;) {
+        ssize_t w = write(fd, &msg, sizeof msg);
+        if (w == (ssize_t)sizeof msg) return;
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EAGAIN) { /* pipe full: the pager is draining it */
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        fatal(addr, ENOTCONN);
+    }
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* async-signal-safe */
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void handler(int sig, siginfo_t *si, void *uc) {
+    int saved = errno;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    if (si->si_code <= 0 || cl_region.role != CLAMOR_ROLE_WORKER || !cl_in_region(a)) {
+        chain(sig, si, uc);
+        errno = saved;
+        return;
+    }
+    uint64_t idx = cl_page_of(a);
+    _Atomic uint32_t *w = &cl_region.pages[idx];
+    CL_COUNT(faults, 1);
+    uint64_t start = 0;
+    uint32_t s = atomic_load(w);
+    for (;;) {
+        switch (CL_PG_STATE(s)) {
+        case CL_PG_PRESENT:
+            if (!(cl_region.install_prot & PROT_WRITE) && is_write_fault(uc)) fatal(a, EACCES);
+            errno = saved;
+            return; /* open now: the access is retried */
+        case CL_PG_ABSENT:
+        case CL_PG_HELD:
+            if (atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) {
+                post(a, CL_PG_STATE(s) == CL_PG_HELD ? idx | CL_REQ_MARKER : idx);
+                s = CL_PG_WANTED | CL_PG_WAITERS;
+                break;
+            }
+            continue; /* s reloaded by the failed CAS */
+        case CL_PG_WANTED:
+            if (!(s & CL_PG_WAITERS)) {
+                if (!atomic_compare_exchange_weak(w, &s, s | CL_PG_WAITERS)) continue;
+                s |= CL_PG_WAITERS;
+            }
+            break;
+        default: /* CL_PG_ERROR */
+            fatal(a, CL_PG_ERRNO(s));
+        }
+        /* Sleep until the pager changes the word.  The pager times fetches
+         * out itself; this bound only guards against a pager that died. */
+        if (!start) start = now_ms();
+        cl_futex_wait(w, s, 1000);
+        if (now_ms() - start > (uint64_t)clamor_fetch_timeout_ms() + 5000) fatal(a, ETIMEDOUT);
+        s = atomic_load(w);
+    }
+}
+
+/* ---- installation ------------------------------------------------------------- */
+
+static int install_front(void) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSEGV, &sa, &old) != 0) return cl_err(errno, "sigaction(SIGSEGV): %s", strerror(errno));
+    /* Only remember a predecessor that is not clamor itself. */
+    if (!((old.sa_flags & SA_SIGINFO) && old.sa_sigaction == handler)) prev_sa = old;
+    chained_real = 0;
+    return 0;
+}
+
+int clamor_fault_install(void) {
+    if (atomic_load(&installed)) return 0;
+    int rc = install_front();
+    if (!rc) atomic_store(&installed, 1);
+    return rc;
+}
+
+int clamor_fault_is_first(void) {
+    struct sigaction cur;
+    if (sigaction(SIGSEGV, NULL, &cur) != 0) return 0;
+    return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == handler;
+}
+
+int clamor_fault_ensure_first(void) {
+    if (clamor_fault_is_first()) return 0;
+    int rc = install_front();
+    if (rc) return rc;
+    atomic_store(&installed, 1);
+    return -1;
+}

@@ -1,0 +1,134 @@
+/* internal.h -- shared internals of clamor's C core (prefix _cl_ / cl_).
+ *
+ * Not installed, not part of the API.  Holds the process-wide region state,
+ * page-state encoding, error and statistics helpers that several files use.
+ */
+#ifndef CLAMOR_INTERNAL_H
+#define CLAMOR_INTERNAL_H
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clamor.h"
+
+#define CL_OS_PAGE ((size_t)4096)
+
+/* ---- errors (error.c) ---------------------------------------------------- */
+
+/* Record a one-line detail for the calling thread and return `err`, so that
+ * `return cl_err(EINVAL, "...", ...)` reads naturally. */
+int cl_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cl_err_clear(void);
+
+/* ---- page states (region.c) ---------------------------------------------- *
+ *
+ * One 32-bit word per page of a worker's region.  The low byte is the state,
+ * bit 8 says a thread is (or was) waiting on it, bits 16.. hold an errno for
+ * CL_PG_ERROR.  Words are read and written with atomics and waited on with
+ * futex(2), which the fault handler may use: it is a plain system call.
+ *
+ *   ABSENT  -> WANTED   a fault, a prefetch or read-ahead asked for it
+ *   WANTED  -> PRESENT  the pager copied it in and opened the public view
+ *   WANTED  -> HELD     read-ahead data arrived; public view still closed so
+ *                       that the first touch tells the pager to read further
+ *   HELD    -> WANTED   that first touch (the pager then opens it)
+ *   WANTED  -> ERROR    the fetch failed; every waiter reports the errno
+ *   PRESENT -> ABSENT   dropped (invalidated, or evicted to bound mappings)
+ */
+enum {
+    CL_PG_ABSENT = 0,
+    CL_PG_WANTED = 1,
+    CL_PG_PRESENT = 2,
+    CL_PG_HELD = 3,
+    CL_PG_ERROR = 4,
+};
+#define CL_PG_STATE(w) ((w) & 0xffu)
+#define CL_PG_WAITERS 0x100u
+#define CL_PG_ERRNO(w) ((int)((w) >> 16))
+#define CL_PG_MKERR(e) (CL_PG_ERROR | ((uint32_t)(e) << 16))
+
+/* Process-wide region state.  Written only by region calls (not
+ * thread-safe against each other); read by everyone. */
+struct cl_region {
+    uintptr_t base;
+    size_t size;
+    size_t page_size;
+    unsigned page_shift;
+    uint64_t npages;
+    int role;               /* enum clamor_role */
+    int memfd;
+    char *fill;             /* second RW view of the memfd (workers) */
+    _Atomic uint32_t *pages; /* page-state words (workers), npages long */
+    int install_prot;       /* protection of a present page (workers) */
+};
+extern struct cl_region cl_region;
+
+static inline bool cl_in_region(uintptr_t a) {
+    return cl_region.role != CLAMOR_ROLE_NONE && a - cl_region.base < cl_region.size;
+}
+static inline uint64_t cl_page_of(uintptr_t a) {
+    return (uint64_t)(a - cl_region.base) >> cl_region.page_shift;
+}
+static inline char *cl_page_addr(uint64_t idx) {
+    return (char *)(cl_region.base + ((uintptr_t)idx << cl_region.page_shift));
+}
+
+/* futex helpers (region.c): wait while *w == val (timeout_ms < 0: forever),
+ * wake every waiter.  Async-signal-safe. */
+int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
+void cl_futex_wake(_Atomic uint32_t *w);
+
+/* Pager side of the page table (region.c).  Only the pager thread calls
+ * these, so mapping accounting needs no lock. */
+int cl_region_install(uint64_t first, uint64_t count); /* open public view */
+int cl_region_drop(uint64_t first, uint64_t count);   /* close and punch */
+/* Change in the number of mappings if [first, first+count) flipped to
+ * accessible (open=1) or inaccessible (open=0); all pages assumed the other
+ * way now. */
+int cl_region_map_delta(uint64_t first, uint64_t count, int open);
+uint32_t cl_region_mappings(void);
+uint32_t cl_region_mapping_budget(void);
+/* Pick the oldest installed run that can be dropped to free mappings. */
+int cl_region_evict_one(void);
+
+/* ---- allocator hooks (alloc.c) ------------------------------------------- */
+
+/* 1 if any byte of [off, off+len) of the region belongs to memory the
+ * allocator has handed out (now or since its last reuse), else 0.  Lock-free;
+ * the page server calls it to refuse pages nobody allocated. */
+int cl_alloc_range_used(uint64_t off, uint64_t len);
+/* Forget all allocator state (region closed). */
+void cl_alloc_reset(void);
+
+/* ---- fault handler (fault.c) --------------------------------------------- */
+
+/* Wake fd the handler writes a page index to (-1: no pager). */
+extern _Atomic int cl_fault_wake_fd;
+/* Index bit set by the handler when the page was HELD (read-ahead marker). */
+#define CL_REQ_MARKER (1ull << 63)
+
+/* ---- pager and server ---------------------------------------------------- */
+
+int cl_pager_stop_after_fork(void);
+int cl_server_stop_after_fork(void);
+/* Ask the pager to fetch [first, first+count) pages (already WANTED). */
+int cl_pager_enqueue(uint64_t idx);
+
+/* ---- statistics (stats.c) ------------------------------------------------ */
+
+struct cl_counters {
+    _Atomic uint64_t faults, pages_fetched, bytes_fetched, readahead_pages,
+        fetch_requests, fetch_errors, pages_served, bytes_served,
+        requests_served, bad_requests, evictions, pages_dropped;
+};
+extern struct cl_counters cl_stats;
+#define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)
+void cl_stats_latency(uint64_t ns);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t cl_now_ns(void);
+
+#endif /* CLAMOR_INTERNAL_H */

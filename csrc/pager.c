@@ -1,0 +1,489 @@
+/* pager.c -- the worker's pager thread: fault requests in, pages fetched,
+ * installed, waiters woken.
+ *
+ * DESIGN.  One C thread per worker process owns a DEALER socket connected
+ * to the driver's page server and the read end of a pipe.  The fault handler
+ * (fault.c) and clamor_prefetch() mark a page WANTED and write its index to
+ * the pipe; they then sleep on the page's state word.  The pager turns the
+ * indices into GET requests, keeps up to MAX_INFLIGHT of them in flight
+ * (libzmq adds ~150 us per round trip here, so pipelining matters more than
+ * a fast handler), copies each reply straight into the fill view, opens the
+ * public view (region.c) and wakes the sleepers.  It never takes the GIL.
+ *
+ * Read-ahead: two demand faults on consecutive pages start a stream.  The
+ * pager then requests the next 2B pages and leaves the first page of the
+ * second half closed when it arrives (HELD): the first touch of that marker
+ * page asks for B more, so a sequential scan keeps B..2B pages in flight and
+ * rarely waits.  B = readahead bytes / 2.
+ *
+ * Pipe messages are 8-byte words: a page index, with CL_REQ_MARKER when the
+ * page was HELD, or a range (RANGE bit, count in bits 40..61) from prefetch.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "wire.h"
+#include "zmqdl.h"
+
+#define MAX_INFLIGHT 64
+#define PENDING_CAP 8192
+#define MSG_RANGE (1ull << 62)
+#define MSG_STOP UINT64_MAX
+#define IDX_MASK ((1ull << 40) - 1)
+
+enum kind { K_DEMAND, K_AHEAD, K_PREFETCH };
+
+struct req {
+    uint64_t first;
+    uint32_t count;
+    uint8_t kind;
+    uint8_t used;
+    uint16_t gen;
+    int64_t marker; /* page left HELD on arrival, or -1 */
+    uint64_t sent_ns;
+};
+
+struct run {
+    uint64_t first;
+    uint32_t count;
+    uint8_t kind;
+    int64_t marker;
+};
+
+static struct pager {
+    pthread_t th;
+    bool running;
+    void *ctx, *sock;
+    int pipe_r, pipe_w;
+    _Atomic int stop;
+    char endpoint[256];
+    struct req inflight[MAX_INFLIGHT];
+    unsigned ninflight;
+    struct run pending[PENDING_CAP];
+    unsigned phead, plen;
+    uint64_t last_demand, ra_next;
+} P = {.pipe_r = -1, .pipe_w = -1};
+
+static _Atomic size_t readahead_bytes = 4u << 20;
+static _Atomic uint32_t fetch_timeout_ms = 30000;
+
+void clamor_set_readahead(size_t bytes) { atomic_store(&readahead_bytes, bytes); }
+size_t clamor_readahead(void) { return atomic_load(&readahead_bytes); }
+void clamor_set_fetch_timeout_ms(uint32_t ms) { atomic_store(&fetch_timeout_ms, ms ? ms : 1); }
+uint32_t clamor_fetch_timeout_ms(void) { return atomic_load(&fetch_timeout_ms); }
+
+static uint32_t chunk_pages(void) {
+    uint32_t c = (uint32_t)((1u << 20) >> cl_region.page_shift);
+    return c ? (c > CL_WIRE_MAX_COUNT ? CL_WIRE_MAX_COUNT : c) : 1;
+}
+
+static uint64_t half_window(void) {
+    return (uint64_t)(atomic_load(&readahead_bytes) / 2) >> cl_region.page_shift;
+}
+
+/* ---- failing pages --------------------------------------------------------- */
+
+/* A fetch of [first, first+count) failed.  Pages someone waits for become
+ * ERROR (the waiter reports it); pages only read ahead go back to ABSENT so a
+ * later touch asks again. */
+static void fail_run(uint64_t first, uint32_t count, int err, bool demanded) {
+    CL_COUNT(fetch_errors, 1);
+    for (uint64_t i = first; i < first + count; i++) {
+        _Atomic uint32_t *w = &cl_region.pages[i];
+        uint32_t exp = CL_PG_WANTED;
+        if (!demanded && atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) continue;
+        if (CL_PG_STATE(exp) != CL_PG_WANTED) continue;
+        atomic_store(w, CL_PG_MKERR(err));
+        cl_futex_wake(w);
+    }
+}
+
+/* ---- sending ---------------------------------------------------------------- */
+
+static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker) {
+    if (P.plen == PENDING_CAP) { /* cannot happen: reading stops before */
+        fail_run(first, count, ENOBUFS, true);
+        return;
+    }
+    P.pending[(P.phead + P.plen) % PENDING_CAP] = (struct run){first, count, kind, marker};
+    P.plen++;
+}
+
+static int send_one(struct run *r) {
+    unsigned slot = 0;
+    while (P.inflight[slot].used) slot++;
+    struct req *q = &P.inflight[slot];
+    q->gen++;
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .index = r->first, .count = r->count,
+                            .tag = (uint32_t)q->gen << 16 | slot};
+    uint8_t buf[CL_WIRE_HDR];
+    cl_wire_encode(&h, buf);
+    if (cl_zmq.send(P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
+        fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
+        return -1;
+    }
+    q->first = r->first;
+    q->count = r->count;
+    q->kind = r->kind;
+    q->marker = r->marker;
+    q->sent_ns = cl_now_ns();
+    q->used = 1;
+    P.ninflight++;
+    CL_COUNT(fetch_requests, 1);
+    return 0;
+}
+
+static void flush_pending(void) {
+    while (P.plen && P.ninflight < MAX_INFLIGHT) {
+        struct run *r = &P.pending[P.phead];
+        uint32_t c = chunk_pages();
+        if (r->count > c) { /* split off one chunk */
+            struct run head = {r->first, c, r->kind, -1};
+            if (r->marker >= (int64_t)r->first && r->marker < (int64_t)(r->first + c)) head.marker = r->marker;
+            r->first += c;
+            r->count -= c;
+            send_one(&head);
+            continue;
+        }
+        send_one(r);
+        P.phead = (P.phead + 1) % PENDING_CAP;
+        P.plen--;
+    }
+}
+
+/* Claim the ABSENT pages from ra_next up to `end` and queue them, chunked;
+ * page `marker` (if among them) is left HELD on arrival. */
+static void read_ahead(uint64_t end, uint64_t marker) {
+    if (end > cl_region.npages) end = cl_region.npages;
+    while (P.ra_next < end) {
+        uint64_t s = P.ra_next;
+        while (P.ra_next < end) {
+            uint32_t exp = CL_PG_ABSENT;
+            if (!atomic_compare_exchange_strong(&cl_region.pages[P.ra_next], &exp, CL_PG_WANTED)) break;
+            P.ra_next++;
+        }
+        if (P.ra_next > s) {
+            int64_t m = (marker >= s && marker < P.ra_next) ? (int64_t)marker : -1;
+            pend(s, (uint32_t)(P.ra_next - s), K_AHEAD, m);
+        } else {
+            P.ra_next++; /* present or in flight already: skip it */
+        }
+    }
+}
+
+static void on_demand(uint64_t idx) {
+    pend(idx, 1, K_DEMAND, -1);
+    uint64_t b = half_window();
+    if (b && idx == P.last_demand + 1) { /* sequential: (re)start a stream */
+        if (P.ra_next <= idx || P.ra_next > idx + 1 + 2 * b) P.ra_next = idx + 1;
+        read_ahead(idx + 1 + 2 * b, idx + 1 + b);
+    }
+    P.last_demand = idx;
+}
+
+static void on_marker(uint64_t idx) {
+    /* Data is in the fill view already; open it, then read further. */
+    cl_region_install(idx, 1);
+    uint64_t b = half_window();
+    P.last_demand = idx;
+    if (!b) return;
+    if (P.ra_next <= idx) P.ra_next = idx + 1;
+    read_ahead(P.ra_next + b, P.ra_next);
+}
+
+static void on_range(uint64_t first, uint32_t count) { pend(first, count, K_PREFETCH, -1); }
+
+/* ---- receiving -------------------------------------------------------------- */
+
+static void install_run(struct req *q) {
+    uint64_t first = q->first, end = q->first + q->count;
+    if (q->marker >= 0) {
+        uint64_t m = (uint64_t)q->marker;
+        uint32_t exp = CL_PG_WANTED;
+        if (atomic_compare_exchange_strong(&cl_region.pages[m], &exp, CL_PG_HELD)) {
+            if (m > first) cl_region_install(first, (uint32_t)(m - first));
+            if (m + 1 < end) cl_region_install(m + 1, (uint32_t)(end - m - 1));
+            return;
+        }
+        /* someone already waits on the marker: open it and read further */
+        cl_region_install(first, q->count);
+        uint64_t b = half_window();
+        if (P.ra_next < end) P.ra_next = end;
+        read_ahead(P.ra_next + b, P.ra_next);
+        return;
+    }
+    cl_region_install(first, q->count);
+}
+
+static void finish(struct req *q) {
+    q->used = 0;
+    P.ninflight--;
+}
+
+static void on_reply(void) {
+    cl_zmq_msg m;
+    cl_zmq.msg_init(&m);
+    if (cl_zmq.msg_recv(&m, P.sock, CL_ZMQ_DONTWAIT) < 0) {
+        cl_zmq.msg_close(&m);
+        return;
+    }
+    struct cl_wire_hdr h;
+    int bad = cl_wire_decode(cl_zmq.msg_data(&m), cl_zmq.msg_size(&m), &h);
+    cl_zmq.msg_close(&m);
+    unsigned slot = h.tag & 0xffff;
+    struct req *q = slot < MAX_INFLIGHT ? &P.inflight[slot] : NULL;
+    if (!q || !q->used || q->gen != (uint16_t)(h.tag >> 16)) { /* late or foreign */
+        cl_zmq_drain(P.sock);
+        return;
+    }
+    bool demanded = q->kind != K_AHEAD;
+    if (bad || (h.type != CL_WIRE_PAGES && h.type != CL_WIRE_ERROR)) {
+        cl_zmq_drain(P.sock);
+        fail_run(q->first, q->count, EPROTO, demanded);
+        finish(q);
+        return;
+    }
+    if (h.type == CL_WIRE_ERROR) {
+        cl_zmq_drain(P.sock);
+        fail_run(q->first, q->count, h.status ? (int)h.status : EIO, demanded);
+        finish(q);
+        return;
+    }
+    size_t len = (size_t)q->count << cl_region.page_shift;
+    int got = -1, more = 0;
+    size_t sz = sizeof more;
+    cl_zmq.getsockopt(P.sock, CL_ZMQ_RCVMORE, &more, &sz);
+    if (h.index == q->first && h.count == q->count && more)
+        got = cl_zmq.recv(P.sock, cl_region.fill + ((size_t)q->first << cl_region.page_shift), len, 0);
+    cl_zmq_drain(P.sock);
+    if (got != (int)len) {
+        fail_run(q->first, q->count, EBADMSG, demanded);
+        finish(q);
+        return;
+    }
+    uint64_t ns = cl_now_ns() - q->sent_ns;
+    if (q->kind == K_DEMAND) cl_stats_latency(ns);
+    CL_COUNT(pages_fetched, q->count);
+    CL_COUNT(bytes_fetched, len);
+    if (q->kind == K_AHEAD) CL_COUNT(readahead_pages, q->count);
+    struct req done = *q;
+    finish(q);
+    install_run(&done);
+}
+
+static void check_timeouts(void) {
+    uint64_t now = cl_now_ns(), lim = (uint64_t)atomic_load(&fetch_timeout_ms) * 1000000ull;
+    for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
+        struct req *q = &P.inflight[i];
+        if (q->used && now - q->sent_ns > lim) {
+            fail_run(q->first, q->count, ETIMEDOUT, q->kind != K_AHEAD);
+            finish(q);
+        }
+    }
+}
+
+/* ---- the thread ------------------------------------------------------------- */
+
+static void drain_pipe(void) {
+    uint64_t buf[256];
+    while (P.plen < PENDING_CAP - 2 * 256) {
+        ssize_t n = read(P.pipe_r, buf, sizeof buf);
+        if (n <= 0) return;
+        for (ssize_t i = 0; i < n / 8; i++) {
+            uint64_t v = buf[i];
+            if (v == MSG_STOP) atomic_store(&P.stop, 1);
+            else if (v & MSG_RANGE) on_range(v & IDX_MASK, (uint32_t)((v >> 40) & 0x3fffff));
+            else if (v & CL_REQ_MARKER) on_marker(v & ~CL_REQ_MARKER);
+            else on_demand(v);
+        }
+    }
+}
+
+static void *pager_main(void *arg) {
+    (void)arg;
+    while (!atomic_load(&P.stop)) {
+        cl_zmq_pollitem it[2] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
+        long timeout = P.ninflight ? 100 : 1000;
+        if (P.plen >= PENDING_CAP - 2 * 256) it[1].events = 0;
+        if (cl_zmq.poll(it, 2, timeout) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
+        if (it[1].revents & CL_ZMQ_POLLIN) drain_pipe();
+        for (int k = 0; k < 4096 && (it[0].revents & CL_ZMQ_POLLIN); k++) {
+            uint32_t ev = 0;
+            size_t sz = sizeof ev;
+            on_reply();
+            if (cl_zmq.getsockopt(P.sock, 15 /* ZMQ_EVENTS */, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
+        }
+        flush_pending();
+        check_timeouts();
+    }
+    return NULL;
+}
+
+int clamor_pager_start(const char *endpoint) {
+    int rc, fds[2] = {-1, -1};
+    if (P.running) return cl_err(EBUSY, "the pager is already running (connected to %s)", P.endpoint);
+    if (cl_region.role != CLAMOR_ROLE_WORKER)
+        return cl_err(ENXIO, "no worker region: call clamor_region_attach() first");
+    if (!endpoint || !*endpoint) return cl_err(EINVAL, "no page-server endpoint given");
+    if ((rc = cl_zmq_require())) return rc;
+    if ((rc = clamor_fault_install()) > 0) return rc;
+    const char *t = getenv("CLAMOR_FETCH_TIMEOUT_MS");
+    if (t && atoi(t) > 0) clamor_set_fetch_timeout_ms((uint32_t)atoi(t));
+    memset(P.inflight, 0, sizeof P.inflight);
+    P.ninflight = P.phead = P.plen = 0;
+    P.last_demand = P.ra_next = UINT64_MAX - 1;
+    atomic_store(&P.stop, 0);
+    snprintf(P.endpoint, sizeof P.endpoint, "%s", endpoint);
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return cl_err(errno, "pipe2: %s", strerror(errno));
+    fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
+    P.ctx = cl_zmq.ctx_new();
+    if (!P.ctx) {
+        rc = cl_err(EMFILE, "zmq_ctx_new failed");
+        goto err;
+    }
+    if (!(P.sock = cl_zmq_socket(P.ctx, CL_ZMQ_DEALER))) {
+        rc = EIO;
+        goto err;
+    }
+    if (cl_zmq.connect(P.sock, endpoint) != 0) {
+        rc = cl_err(EINVAL, "cannot connect the pager to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
+        goto err;
+    }
+    P.pipe_r = fds[0];
+    P.pipe_w = fds[1];
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* signals go to the application's threads */
+    rc = pthread_create(&P.th, NULL, pager_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        rc = cl_err(rc, "pthread_create: %s", strerror(rc));
+        goto err;
+    }
+    P.running = true;
+    atomic_store(&cl_fault_wake_fd, fds[1]);
+    return 0;
+err:
+    if (P.sock) cl_zmq.close(P.sock);
+    if (P.ctx) cl_zmq.ctx_term(P.ctx);
+    P.sock = P.ctx = NULL;
+    close(fds[0]);
+    close(fds[1]);
+    P.pipe_r = P.pipe_w = -1;
+    return rc;
+}
+
+int clamor_pager_stop(void) {
+    if (!P.running) return 0;
+    atomic_store(&cl_fault_wake_fd, -1);
+    uint64_t stop = MSG_STOP;
+    atomic_store(&P.stop, 1);
+    if (write(P.pipe_w, &stop, sizeof stop) < 0) { /* the flag alone stops it within a poll period */ }
+    pthread_join(P.th, NULL);
+    cl_zmq.close(P.sock);
+    cl_zmq.ctx_term(P.ctx);
+    P.sock = P.ctx = NULL;
+    close(P.pipe_r);
+    close(P.pipe_w);
+    P.pipe_r = P.pipe_w = -1;
+    P.running = false;
+    /* Anything still wanted will never arrive. */
+    for (unsigned i = 0; i < MAX_INFLIGHT; i++)
+        if (P.inflight[i].used) fail_run(P.inflight[i].first, P.inflight[i].count, ESHUTDOWN, true);
+    for (unsigned i = 0; i < P.plen; i++) {
+        struct run *r = &P.pending[(P.phead + i) % PENDING_CAP];
+        fail_run(r->first, r->count, ESHUTDOWN, true);
+    }
+    P.plen = P.ninflight = 0;
+    return 0;
+}
+
+int cl_pager_stop_after_fork(void) {
+    /* The thread did not survive fork; its libzmq context must not be used
+     * (libzmq is not fork-safe), so it is abandoned, not closed. */
+    atomic_store(&cl_fault_wake_fd, -1);
+    if (P.pipe_r >= 0) close(P.pipe_r);
+    if (P.pipe_w >= 0) close(P.pipe_w);
+    P.pipe_r = P.pipe_w = -1;
+    P.sock = P.ctx = NULL;
+    P.running = false;
+    P.plen = P.ninflight = 0;
+    return 0;
+}
+
+/* ---- prefetch ---------------------------------------------------------------- */
+
+static int wait_page(uint64_t i) {
+    _Atomic uint32_t *w = &cl_region.pages[i];
+    uint64_t start = cl_now_ns(), lim = ((uint64_t)clamor_fetch_timeout_ms() + 5000) * 1000000ull;
+    for (;;) {
+        uint32_t s = atomic_load(w);
+        switch (CL_PG_STATE(s)) {
+        case CL_PG_PRESENT: return 0;
+        case CL_PG_ERROR: return CL_PG_ERRNO(s);
+        case CL_PG_WANTED:
+            if (!(s & CL_PG_WAITERS) && !atomic_compare_exchange_weak(w, &s, s | CL_PG_WAITERS)) continue;
+            cl_futex_wait(w, s | CL_PG_WAITERS, 1000);
+            break;
+        default: /* ABSENT (dropped meanwhile) or HELD: ask again */
+            if (atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) {
+                uint64_t msg = CL_PG_STATE(s) == CL_PG_HELD ? i | CL_REQ_MARKER : i;
+                int fd = atomic_load(&cl_fault_wake_fd);
+                if (fd < 0 || write(fd, &msg, sizeof msg) != sizeof msg) return ENOTCONN;
+            }
+        }
+        if (cl_now_ns() - start > lim) return ETIMEDOUT;
+    }
+}
+
+int clamor_prefetch(const void *addr, size_t len) {
+    uintptr_t a = (uintptr_t)addr;
+    if (cl_region.role == CLAMOR_ROLE_DRIVER && a - cl_region.base <= cl_region.size &&
+        len <= cl_region.size - (a - cl_region.base))
+        return 0;
+    if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(ENXIO, "no region in this process");
+    if (len == 0) return 0;
+    if (a - cl_region.base >= cl_region.size || len > cl_region.size - (a - cl_region.base))
+        return cl_err(EFAULT, "prefetch range %p+%zu is not inside the region", addr, len);
+    int fd = atomic_load(&cl_fault_wake_fd);
+    if (fd < 0) return cl_err(ENOTCONN, "no pager is running in this process");
+    uint64_t first = cl_page_of(a), end = cl_page_of(a + len - 1) + 1;
+    /* Claim absent pages and post them as ranges; one pipe word per run. */
+    for (uint64_t i = first; i < end;) {
+        uint64_t s = i;
+        while (i < end && i - s < 0x3fffff) {
+            uint32_t exp = CL_PG_ABSENT;
+            if (!atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_WANTED)) break;
+            i++;
+        }
+        if (i > s) {
+            uint64_t msg = MSG_RANGE | ((i - s) << 40) | s;
+            while (write(fd, &msg, sizeof msg) != sizeof msg) {
+                if (errno != EAGAIN && errno != EINTR) return cl_err(ENOTCONN, "pager pipe: %s", strerror(errno));
+                usleep(100);
+            }
+        } else {
+            i++;
+        }
+    }
+    for (uint64_t i = first; i < end; i++) {
+        int rc = wait_page(i);
+        if (rc)
+            return cl_err(rc, "page %lu (region offset 0x%lx) could not be fetched: %s", (unsigned long)i,
+                          (unsigned long)(i << cl_region.page_shift), strerror(rc));
+    }
+    return 0;
+}
+
+int cl_pager_enqueue(uint64_t idx) {
+    int fd = atomic_load(&cl_fault_wake_fd);
+    if (fd < 0) return ENOTCONN;
+    return write(fd, &idx, sizeof idx) == sizeof idx ? 0 : errno;
+}

@@ -1,0 +1,287 @@
+/* server.c -- the page server: the driver's, and every worker's for peers.
+ *
+ * DESIGN.  One C thread owns a ROUTER socket bound to the endpoint.  A
+ * request is [identity][32-byte header] (wire.h).  The driver answers GET
+ * with the bytes of its region for every page the allocator has handed out
+ * and ENOENT for the rest; a worker answers with the pages it holds and
+ * EAGAIN for the others (the requester then asks the driver).  Whatever
+ * arrives, malformed, short, oversized (up to libzmq's ZMQ_MAXMSGSIZE) or of
+ * an unknown type, gets an ERROR reply and the loop goes on: one bad peer
+ * never stops the server.  Replies to a peer that went away are dropped by
+ * the ROUTER (not mandatory), so a dead peer never stalls it either.
+ *
+ * A worker copies a page out of its fill view and checks that the page was
+ * present before and after the copy, so a page dropped meanwhile is never
+ * served half-old.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "wire.h"
+#include "zmqdl.h"
+
+static struct server {
+    pthread_t th;
+    bool running;
+    void *ctx, *sock;
+    int pipe_r, pipe_w;
+    _Atomic int stop;
+    char endpoint[256];
+} S = {.pipe_r = -1, .pipe_w = -1};
+
+const char *clamor_server_endpoint(void) { return S.running ? S.endpoint : ""; }
+
+static void reply_hdr(cl_zmq_msg *id, struct cl_wire_hdr *h, const void *body, size_t blen) {
+    uint8_t buf[CL_WIRE_HDR];
+    cl_wire_encode(h, buf);
+    cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.sock, body, blen, CL_ZMQ_DONTWAIT);
+}
+
+static void reply_err(cl_zmq_msg *id, uint32_t tag, const struct cl_wire_hdr *req, int err, const char *why) {
+    struct cl_wire_hdr h = {.type = CL_WIRE_ERROR, .status = (uint32_t)err, .tag = tag};
+    if (req) {
+        h.index = req->index;
+        h.count = req->count;
+        h.stage = req->stage;
+    }
+    reply_hdr(id, &h, why, strlen(why));
+}
+
+static bool pages_held(uint64_t first, uint32_t count) {
+    for (uint64_t i = first; i < first + count; i++)
+        if (CL_PG_STATE(atomic_load(&cl_region.pages[i])) != CL_PG_PRESENT) return false;
+    return true;
+}
+
+static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
+    if (rq->index >= cl_region.npages || rq->count > cl_region.npages - rq->index) {
+        reply_err(id, rq->tag, rq, ERANGE, "pages outside the region");
+        return;
+    }
+    size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
+    const char *src;
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+        if (!cl_alloc_range_used(off, len)) {
+            reply_err(id, rq->tag, rq, ENOENT, "page never allocated");
+            return;
+        }
+        src = (const char *)cl_region.base + off;
+    } else {
+        if (!pages_held(rq->index, rq->count)) {
+            reply_err(id, rq->tag, rq, EAGAIN, "page not held by this peer");
+            return;
+        }
+        src = cl_region.fill + off;
+    }
+    cl_zmq_msg body;
+    if (cl_zmq.msg_init_size(&body, len) != 0) {
+        reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
+        return;
+    }
+    memcpy(cl_zmq.msg_data(&body), src, len);
+    if (cl_region.role == CLAMOR_ROLE_WORKER && !pages_held(rq->index, rq->count)) {
+        cl_zmq.msg_close(&body);
+        reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
+        return;
+    }
+    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .index = rq->index, .count = rq->count,
+                            .stage = rq->stage, .tag = rq->tag};
+    uint8_t buf[CL_WIRE_HDR];
+    cl_wire_encode(&h, buf);
+    cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    if (cl_zmq.msg_send(&body, S.sock, CL_ZMQ_DONTWAIT) < 0) cl_zmq.msg_close(&body);
+    CL_COUNT(requests_served, 1);
+    CL_COUNT(pages_served, rq->count);
+    CL_COUNT(bytes_served, len);
+}
+
+static void serve_one(void) {
+    cl_zmq_msg id, m;
+    cl_zmq.msg_init(&id);
+    if (cl_zmq.msg_recv(&id, S.sock, CL_ZMQ_DONTWAIT) < 0) {
+        cl_zmq.msg_close(&id);
+        return;
+    }
+    if (!cl_zmq.msg_more(&id)) { /* identity alone: nothing to answer */
+        cl_zmq.msg_close(&id);
+        return;
+    }
+    cl_zmq.msg_init(&m);
+    if (cl_zmq.msg_recv(&m, S.sock, 0) < 0) {
+        cl_zmq.msg_close(&m);
+        cl_zmq.msg_close(&id);
+        return;
+    }
+    bool extra = cl_zmq.msg_more(&m);
+    struct cl_wire_hdr h;
+    int bad = cl_wire_decode(cl_zmq.msg_data(&m), cl_zmq.msg_size(&m), &h);
+    cl_zmq.msg_close(&m);
+    if (extra) {
+        cl_zmq_drain(S.sock);
+        if (!bad) bad = EBADMSG;
+    }
+    if (bad) {
+        CL_COUNT(bad_requests, 1);
+        reply_err(&id, h.tag, NULL, bad, extra ? "unexpected extra frames" : "malformed header");
+    } else if (h.type == CL_WIRE_GET) {
+        serve_get(&id, &h);
+    } else if (h.type == CL_WIRE_HELLO) {
+        struct cl_wire_geo g = {cl_region.base, cl_region.size, cl_region.page_size, (uint32_t)cl_region.role, 0};
+        uint8_t geo[32];
+        cl_wire_geo_encode(&g, geo);
+        struct cl_wire_hdr r = {.type = CL_WIRE_HELLO_REPLY, .tag = h.tag};
+        reply_hdr(&id, &r, geo, sizeof geo);
+    } else {
+        CL_COUNT(bad_requests, 1);
+        reply_err(&id, h.tag, &h, ENOMSG, "not a request type");
+    }
+    cl_zmq.msg_close(&id);
+}
+
+static void *server_main(void *arg) {
+    (void)arg;
+    while (!atomic_load(&S.stop)) {
+        cl_zmq_pollitem it[2] = {{S.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, S.pipe_r, CL_ZMQ_POLLIN, 0}};
+        if (cl_zmq.poll(it, 2, 1000) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
+        if (it[0].revents & CL_ZMQ_POLLIN) {
+            for (int k = 0; k < 1024; k++) {
+                uint32_t ev = 0;
+                size_t sz = sizeof ev;
+                serve_one();
+                if (cl_zmq.getsockopt(S.sock, 15 /* ZMQ_EVENTS */, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
+            }
+        }
+    }
+    return NULL;
+}
+
+int clamor_server_start(const char *endpoint, char *bound, size_t boundlen) {
+    int rc, fds[2] = {-1, -1};
+    if (S.running) return cl_err(EBUSY, "the page server is already running at %s", S.endpoint);
+    if (cl_region.role == CLAMOR_ROLE_NONE) return cl_err(ENXIO, "no region: map or attach one first");
+    if (!endpoint || !*endpoint) endpoint = "tcp://127.0.0.1:*";
+    if ((rc = cl_zmq_require())) return rc;
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return cl_err(errno, "pipe2: %s", strerror(errno));
+    atomic_store(&S.stop, 0);
+    if (!(S.ctx = cl_zmq.ctx_new())) {
+        rc = cl_err(EMFILE, "zmq_ctx_new failed");
+        goto err;
+    }
+    if (!(S.sock = cl_zmq_socket(S.ctx, CL_ZMQ_ROUTER))) {
+        rc = EIO;
+        goto err;
+    }
+    int64_t maxmsg = CL_WIRE_MAX_REQUEST;
+    int hwm = 100000;
+    cl_zmq.setsockopt(S.sock, CL_ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    cl_zmq.setsockopt(S.sock, CL_ZMQ_SNDHWM, &hwm, sizeof hwm);
+    if (cl_zmq.bind(S.sock, endpoint) != 0) {
+        int e = cl_zmq.errno_();
+        rc = cl_err(e == EADDRINUSE ? EADDRINUSE : EINVAL, "cannot bind the page server to %s: %s", endpoint,
+                    cl_zmq.strerror(e));
+        goto err;
+    }
+    size_t sz = sizeof S.endpoint;
+    if (cl_zmq.getsockopt(S.sock, CL_ZMQ_LAST_ENDPOINT, S.endpoint, &sz) != 0)
+        snprintf(S.endpoint, sizeof S.endpoint, "%s", endpoint);
+    S.pipe_r = fds[0];
+    S.pipe_w = fds[1];
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    rc = pthread_create(&S.th, NULL, server_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        rc = cl_err(rc, "pthread_create: %s", strerror(rc));
+        goto err;
+    }
+    S.running = true;
+    if (bound && boundlen) snprintf(bound, boundlen, "%s", S.endpoint);
+    return 0;
+err:
+    if (S.sock) cl_zmq.close(S.sock);
+    if (S.ctx) cl_zmq.ctx_term(S.ctx);
+    S.sock = S.ctx = NULL;
+    close(fds[0]);
+    close(fds[1]);
+    S.pipe_r = S.pipe_w = -1;
+    return rc;
+}
+
+int clamor_server_stop(void) {
+    if (!S.running) return 0;
+    atomic_store(&S.stop, 1);
+    char c = 1;
+    if (write(S.pipe_w, &c, 1) < 0) { /* the flag alone stops it within a poll period */ }
+    pthread_join(S.th, NULL);
+    cl_zmq.close(S.sock);
+    cl_zmq.ctx_term(S.ctx);
+    S.sock = S.ctx = NULL;
+    close(S.pipe_r);
+    close(S.pipe_w);
+    S.pipe_r = S.pipe_w = -1;
+    S.running = false;
+    S.endpoint[0] = '\0';
+    return 0;
+}
+
+int cl_server_stop_after_fork(void) {
+    if (S.pipe_r >= 0) close(S.pipe_r);
+    if (S.pipe_w >= 0) close(S.pipe_w);
+    S.pipe_r = S.pipe_w = -1;
+    S.sock = S.ctx = NULL;
+    S.running = false;
+    S.endpoint[0] = '\0';
+    return 0;
+}
+
+int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size, uint64_t *page_size, int timeout_ms) {
+    int rc = cl_zmq_require();
+    if (rc) return rc;
+    void *ctx = cl_zmq.ctx_new(), *s = ctx ? cl_zmq_socket(ctx, CL_ZMQ_DEALER) : NULL;
+    if (!s) {
+        rc = cl_err(EMFILE, "cannot create a socket for hello");
+        goto out;
+    }
+    if (cl_zmq.connect(s, endpoint) != 0) {
+        rc = cl_err(EINVAL, "cannot connect to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
+        goto out;
+    }
+    struct cl_wire_hdr h = {.type = CL_WIRE_HELLO, .tag = 7};
+    uint8_t buf[CL_WIRE_HDR], geo[64];
+    cl_wire_encode(&h, buf);
+    cl_zmq.send(s, buf, sizeof buf, 0);
+    cl_zmq_pollitem it = {s, 0, CL_ZMQ_POLLIN, 0};
+    if (cl_zmq.poll(&it, 1, timeout_ms) <= 0) {
+        rc = cl_err(ETIMEDOUT, "no answer from the page server at %s within %d ms", endpoint, timeout_ms);
+        goto out;
+    }
+    int n = cl_zmq.recv(s, buf, sizeof buf, 0);
+    struct cl_wire_hdr r;
+    if (n != CL_WIRE_HDR || cl_wire_decode(buf, (size_t)n, &r) || r.type != CL_WIRE_HELLO_REPLY) {
+        rc = cl_err(EPROTO, "the server at %s did not answer hello", endpoint);
+        goto out;
+    }
+    n = cl_zmq.recv(s, geo, sizeof geo, 0);
+    struct cl_wire_geo g;
+    if (n != 32 || cl_wire_geo_decode(geo, 32, &g)) {
+        rc = cl_err(EPROTO, "malformed hello reply from %s", endpoint);
+        goto out;
+    }
+    *base = g.base;
+    *size = g.size;
+    *page_size = g.page_size;
+out:
+    if (s) cl_zmq.close(s);
+    if (ctx) cl_zmq.ctx_term(ctx);
+    return rc;
+}

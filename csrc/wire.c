@@ -1,0 +1,84 @@
+/* wire.c -- encode and decode the data-plane header (see wire.h).  No I/O,
+ * so it is unit-tested on its own (tests/c/test_wire.c). */
+#include <errno.h>
+#include <string.h>
+
+#include "wire.h"
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+void cl_wire_encode(const struct cl_wire_hdr *h, uint8_t *o) {
+    put32(o, CL_WIRE_MAGIC);
+    o[4] = CL_WIRE_VERSION;
+    o[5] = h->type;
+    o[6] = (uint8_t)h->flags;
+    o[7] = (uint8_t)(h->flags >> 8);
+    put32(o + 8, h->status);
+    put32(o + 12, h->stage);
+    put64(o + 16, h->index);
+    put32(o + 24, h->count);
+    put32(o + 28, h->tag);
+}
+
+int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
+    const uint8_t *p = buf;
+    memset(h, 0, sizeof *h);
+    if (len >= CL_WIRE_HDR) h->tag = get32(p + 28);
+    if (len != CL_WIRE_HDR) return EBADMSG;
+    if (get32(p) != CL_WIRE_MAGIC) return EPROTO;
+    h->version = p[4];
+    h->type = p[5];
+    h->flags = (uint16_t)(p[6] | p[7] << 8);
+    h->status = get32(p + 8);
+    h->stage = get32(p + 12);
+    h->index = get64(p + 16);
+    h->count = get32(p + 24);
+    if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
+    if (h->flags) return EPROTO;
+    switch (h->type) {
+    case CL_WIRE_GET:
+    case CL_WIRE_PAGES:
+        if (h->count == 0 || h->count > CL_WIRE_MAX_COUNT) return ERANGE;
+        return 0;
+    case CL_WIRE_ERROR:
+    case CL_WIRE_HELLO:
+    case CL_WIRE_HELLO_REPLY:
+        return 0;
+    default:
+        return ENOMSG;
+    }
+}
+
+void cl_wire_geo_encode(const struct cl_wire_geo *g, uint8_t *o) {
+    put64(o, g->base);
+    put64(o + 8, g->size);
+    put64(o + 16, g->page_size);
+    put32(o + 24, g->role);
+    put32(o + 28, 0);
+}
+
+int cl_wire_geo_decode(const void *buf, size_t len, struct cl_wire_geo *g) {
+    const uint8_t *p = buf;
+    if (len != 32) return EBADMSG;
+    g->base = get64(p);
+    g->size = get64(p + 8);
+    g->page_size = get64(p + 16);
+    g->role = get32(p + 24);
+    g->reserved = get32(p + 28);
+    return 0;
+}

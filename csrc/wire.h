@@ -1,0 +1,84 @@
+/* wire.h -- clamor's data-plane wire format, version 1.  The one place it is
+ * written down.
+ *
+ * Every message is a ZeroMQ multipart message whose first frame is a 32-byte
+ * header, little-endian:
+ *
+ *   off size field    meaning
+ *     0    4 magic    "CLMR"
+ *     4    1 version  CL_WIRE_VERSION; a server answers others with an ERROR
+ *     5    1 type     enum cl_wire_type
+ *     6    2 flags    0 (reserved, must be zero)
+ *     8    4 status   replies: 0 or an errno value (ERROR)
+ *    12    4 stage    the stage whose page versions the requester may see
+ *    16    8 index    first page, counted from the region base (never an
+ *                     address: processes may map the region elsewhere)
+ *    24    4 count    pages, 1..CL_WIRE_MAX_COUNT
+ *    28    4 tag      chosen by the requester, echoed in the reply
+ *
+ * Requests (DEALER -> ROUTER; the ROUTER's identity frame is not shown):
+ *   GET    [hdr]            ask for pages [index, index+count)
+ *   HELLO  [hdr]            ask for the region geometry
+ * Replies:
+ *   PAGES  [hdr][data]      data = count pages, count << page_shift bytes
+ *   ERROR  [hdr][text]      status = errno (ENOENT: page never allocated,
+ *                           EAGAIN: page not held by this peer, ERANGE: out
+ *                           of the region, EPROTO/EBADMSG/ENOMSG: malformed);
+ *                           text = a one-line reason, may be empty
+ *   HELLO_REPLY [hdr][geo]  geo = struct cl_wire_geo
+ * A request with any other frame count, size or field value gets an ERROR
+ * reply; messages over CL_WIRE_MAX_REQUEST bytes are refused by libzmq
+ * (ZMQ_MAXMSGSIZE), which closes that connection.
+ */
+#ifndef CLAMOR_WIRE_H
+#define CLAMOR_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CL_WIRE_MAGIC 0x524d4c43u /* "CLMR" little-endian */
+#define CL_WIRE_VERSION 1
+#define CL_WIRE_HDR 32
+#define CL_WIRE_MAX_COUNT 256
+#define CL_WIRE_MAX_REQUEST 4096
+
+enum cl_wire_type {
+    CL_WIRE_GET = 1,
+    CL_WIRE_PAGES = 2,
+    CL_WIRE_ERROR = 3,
+    CL_WIRE_HELLO = 4,
+    CL_WIRE_HELLO_REPLY = 5,
+};
+
+struct cl_wire_hdr {
+    uint8_t version;
+    uint8_t type;
+    uint16_t flags;
+    uint32_t status;
+    uint32_t stage;
+    uint64_t index;
+    uint32_t count;
+    uint32_t tag;
+};
+
+struct cl_wire_geo { /* little-endian on the wire, 32 bytes */
+    uint64_t base;
+    uint64_t size;
+    uint64_t page_size;
+    uint32_t role;
+    uint32_t reserved;
+};
+
+/* Fill out[CL_WIRE_HDR] from h (magic and version set here). */
+void cl_wire_encode(const struct cl_wire_hdr *h, uint8_t *out);
+
+/* Parse a header frame.  0, or: EBADMSG (wrong length), EPROTO (bad magic or
+ * reserved bits), EPROTONOSUPPORT (version), ENOMSG (unknown type), ERANGE
+ * (count out of 1..CL_WIRE_MAX_COUNT for GET/PAGES).  On error, out holds
+ * whatever could be read (tag, for the error reply). */
+int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *out);
+
+void cl_wire_geo_encode(const struct cl_wire_geo *g, uint8_t *out);
+int cl_wire_geo_decode(const void *buf, size_t len, struct cl_wire_geo *out);
+
+#endif /* CLAMOR_WIRE_H */
