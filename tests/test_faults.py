@@ -1,0 +1,219 @@
+"""Fault-path scenarios: workers read driver memory page by page.
+
+Each test runs a driver in a subprocess (see conftest.run_py); the driver
+forks or spawns workers through clamor.tasks.TaskServer.
+"""
+import json
+import signal
+
+DRIVER = """
+import json, os, sys, threading
+import numpy as np
+import clamor
+from clamor import region
+from clamor.tasks import TaskServer
+"""
+
+
+def test_random_reads_on_worker_equal_driver_values(py):
+    p = py(DRIVER + """
+a = clamor.array(np.random.default_rng(0).standard_normal(1 << 25))   # 256 MiB
+idx = np.random.default_rng(1).integers(0, a.size, 20000)
+with TaskServer() as ts:
+    ts.spawn(1)
+    def f(r, idx):
+        x = r.get()
+        return x[idx].copy(), clamor.stats()
+    got, st = ts.run(f, clamor.ref(a), idx)
+assert np.array_equal(got, a[idx]), "values differ"
+assert st["faults"] > 0 and st["pages_fetched"] > 0
+assert st["bytes_fetched"] < a.nbytes, "sparse reads must not move the whole array"
+print(json.dumps(st))
+""", check=True)
+    st = json.loads(p.stdout.strip().splitlines()[-1])
+    assert st["fetch_errors"] == 0
+
+
+def test_many_threads_fault_one_page_fetch_it_once(py):
+    py(DRIVER + """
+a = clamor.array(np.arange(1 << 22, dtype=np.int64))   # 32 MiB, 512 pages
+with TaskServer() as ts:
+    ts.fork(1)
+    def f(r):
+        clamor.configure(readahead=0)
+        x = r.get()
+        before = clamor.stats()["pages_fetched"]
+        n = 32
+        barrier = threading.Barrier(n)
+        out = [None] * n
+        def reader(i):
+            barrier.wait()
+            out[i] = int(x[100000 + i])          # same 64 KiB page for all
+        ts_ = [threading.Thread(target=reader, args=(i,)) for i in range(n)]
+        [t.start() for t in ts_]; [t.join() for t in ts_]
+        one = clamor.stats()["pages_fetched"] - before
+        # different pages at once: each thread its own page
+        barrier2 = threading.Barrier(n)
+        out2 = [None] * n
+        def reader2(i):
+            barrier2.wait()
+            out2[i] = int(x[(i + 20) * 8192 * 2])   # page i+40
+        ts_ = [threading.Thread(target=reader2, args=(i,)) for i in range(n)]
+        [t.start() for t in ts_]; [t.join() for t in ts_]
+        many = clamor.stats()["pages_fetched"] - before - one
+        return out, out2, one, many
+    out, out2, one, many = ts.run(f, clamor.ref(a))
+assert out == [100000 + i for i in range(32)], out
+assert out2 == [(i + 20) * 16384 for i in range(32)], out2
+assert one == 1, f"one page fetched {one} times"
+assert many == 32, f"{many} pages fetched for 32 distinct pages"
+""", check=True)
+
+
+def test_numpy_and_scipy_loops_holding_the_gil_fault_fine(py):
+    py(DRIVER + """
+a = clamor.array(np.random.default_rng(2).random((2000, 500)))
+with TaskServer() as ts:
+    ts.fork(1)
+    def f(r):
+        x = r.get()
+        return float(x.sum()), x.mean(axis=0), float(np.linalg.norm(x[::7]))
+    s, m, n = ts.run(f, clamor.ref(a))
+assert s == float(a.sum()) and np.array_equal(m, a.mean(axis=0)) and n == float(np.linalg.norm(a[::7]))
+""", check=True)
+
+
+def test_sequential_scan_uses_read_ahead(py):
+    p = py(DRIVER + """
+a = clamor.array(np.arange(1 << 24, dtype=np.float64))   # 128 MiB, 2048 pages
+with TaskServer() as ts:
+    ts.fork(1)
+    def f(r, ra):
+        clamor.configure(readahead=ra)
+        clamor.reset_stats()
+        s = float(r.get().sum())
+        return s, clamor.stats()
+    s, st = ts.run(f, clamor.ref(a), 8 << 20)
+assert s == float(a.sum())
+print(json.dumps(st))
+""", check=True)
+    st = json.loads(p.stdout.strip().splitlines()[-1])
+    # 2048 pages of array (plus one if it straddles), and read-ahead may run
+    # at most one window past its end
+    assert 2048 <= st["pages_fetched"] <= 2049 + (8 << 20) // 65536, st
+    assert st["readahead_pages"] > 1500, st
+    assert st["faults"] < 400, st
+
+
+def test_region_pages_start_absent_in_forked_worker_and_driver_writes_stay_out(py):
+    py(DRIVER + """
+a = clamor.array(np.zeros(1 << 20))        # 8 MiB
+a[:] = 1.0
+with TaskServer() as ts:
+    ts.fork(1)
+    def first(r):
+        x = r.get()
+        before = clamor.stats()["faults"]
+        v = float(x[0])
+        return v, clamor.stats()["faults"] - before
+    v, faults = ts.run(first, clamor.ref(a))
+    assert v == 1.0 and faults >= 1, (v, faults)
+    a[0] = 2.0                             # the worker holds page 0 already
+    def again(r):
+        return float(r.get()[0])
+    assert ts.run(again, clamor.ref(a)) == 1.0, "worker saw a later driver write through shared memory"
+""", check=True)
+
+
+def test_worker_page_server_serves_held_pages_to_peers(py):
+    py(DRIVER + """
+import zmq, struct
+a = clamor.array(np.arange(1 << 20, dtype=np.float64))
+ps = region.page_size()
+with TaskServer() as ts:
+    ts.spawn(1)
+    def touch(r):
+        x = r.get(); return float(x[0])         # page holding x[0] now held
+    assert ts.run(touch, clamor.ref(a)) == 0.0
+    ep = ts.workers[0]["server"]
+    ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.connect(ep)
+    first = (a.ctypes.data - region.base()) // ps
+    def get(idx, tag):
+        s.send(struct.pack("<IBBHIIQII", 0x524d4c43, 1, 1, 0, 0, 0, idx, 1, tag))
+        assert s.poll(5000)
+        return s.recv_multipart()
+    hdr, body = get(first, 1)
+    typ, status = hdr[5], struct.unpack("<I", hdr[8:12])[0]
+    assert typ == 2 and status == 0, (typ, status)
+    off = a.ctypes.data - region.base() - first * ps
+    assert np.frombuffer(body, np.float64)[off // 8] == 0.0
+    hdr, text = get(first + 5, 2)                # not touched by the worker
+    assert hdr[5] == 3 and struct.unpack("<I", hdr[8:12])[0] == 11, "expected EAGAIN"  # EAGAIN
+    s.close(); ctx.term()
+""", check=True)
+
+
+def test_ipc_transport(py, tmp_path):
+    py(DRIVER + f"""
+region.init()
+ep = region.serve("ipc://{tmp_path}/pages")
+a = clamor.array(np.arange(100000, dtype=np.int32))
+with TaskServer(page_endpoint=ep) as ts:
+    ts.spawn(1)
+    assert ts.run(lambda r: int(r.get().sum()), clamor.ref(a)) == int(a.sum())
+""", check=True)
+
+
+def test_unallocated_page_is_a_clear_fatal_error(py):
+    p = py(DRIVER + """
+a = clamor.array(np.arange(1000.0))
+with TaskServer() as ts:
+    ts.fork(1)
+    def wild():
+        x = clamor.view(region.base() + (1 << 30), np.float64, (10,))
+        return float(x[0])
+    try:
+        ts.run(wild)
+    except clamor.WorkerLost as e:
+        print("LOST", e)
+""", timeout=60)
+    assert "LOST" in p.stdout, p.stdout + p.stderr
+    assert "clamor: fatal: access to region offset 0x40000000" in p.stderr, p.stderr
+    assert "never allocated" in p.stderr, p.stderr
+
+
+def test_driver_gone_ends_in_a_fatal_error_not_a_hang(py):
+    p = py(DRIVER + """
+import subprocess, time
+a = clamor.array(np.arange(1 << 20, dtype=np.float64))
+r = clamor.ref(a)
+ts = TaskServer()
+ts.spawn(1, env={"CLAMOR_FETCH_TIMEOUT_MS": "1500"})
+pid = ts.workers[0]["pid"]
+def later(r):
+    import time, os
+    x = r.get()
+    first = float(x[0])
+    # the driver is killed while we sleep; the next page has nobody to serve it
+    time.sleep(3)
+    return float(x[-1])
+import cloudpickle, zmq
+ts._sock.send_multipart([ts.workers[0]["id"], b"TASK", b"0", cloudpickle.dumps((later, (r,), {}))])
+time.sleep(1.0)
+print("WORKER", pid, flush=True)
+os.kill(os.getpid(), 9)
+""", timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    pid = int(p.stdout.split("WORKER")[1].split()[0])
+    import psutil, time
+    deadline = time.monotonic() + 20
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, \
+        "worker outlived its driver"
+    assert "clamor: fatal" in p.stderr and "fetch timeout" in p.stderr, p.stderr
