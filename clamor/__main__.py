@@ -1,0 +1,5 @@
+import sys
+
+from clamor.cli import main
+
+sys.exit(main())
