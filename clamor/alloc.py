@@ -110,14 +110,26 @@ def heap_stats():
 
 # ---- numpy ---------------------------------------------------------------------
 
-def _free_quiet(p):
-    lib.clamor_free_checked(p)
+def _plain(dtype):
+    if dtype.hasobject:
+        raise errors.ConfigError("arrays of Python objects cannot live in the region as plain data")
+    return dtype
+
+
+def _owned(cptr):
+    gen = region.generation()
+
+    def release(p):
+        if region.generation() == gen:  # else the block died with its region
+            lib.clamor_free_checked(p)
+
+    return ffi.gc(cptr, release)
 
 
 def view(addr, dtype, shape, strides=None, owned=False):
     """An ndarray over region memory at ``addr`` (no copy).  With ``owned``,
     the block is freed when the last view of it is gone."""
-    dtype = np.dtype(dtype)
+    dtype = _plain(np.dtype(dtype))
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     count = 1
     for s in shape:
@@ -128,16 +140,17 @@ def view(addr, dtype, shape, strides=None, owned=False):
         nbytes = 0 if count == 0 else sum((s - 1) * abs(st) for s, st in zip(shape, strides)) + dtype.itemsize
     cptr = ffi.cast("char *", addr)
     if owned:
-        cptr = ffi.gc(cptr, _free_quiet)
+        cptr = _owned(cptr)
     buf = ffi.buffer(cptr, nbytes)  # keeps cptr (and its finalizer) alive
     if strides is None:
-        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+        # a subarray dtype adds its dimensions, as in np.empty(shape, dtype)
+        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape + dtype.shape)
     return np.ndarray(shape, dtype, buffer=buf, strides=strides)
 
 
 def empty(shape, dtype=float, align=64):
     """An uninitialised ndarray in the region."""
-    dtype = np.dtype(dtype)
+    dtype = _plain(np.dtype(dtype))
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(_size(s, "dimension") for s in shape)
@@ -150,7 +163,7 @@ def empty(shape, dtype=float, align=64):
 
 def zeros(shape, dtype=float):
     a = empty(shape, dtype)
-    a[...] = 0
+    a.reshape(-1).view(np.uint8)[...] = 0  # every byte, struct padding too, as np.zeros
     return a
 
 
@@ -173,8 +186,6 @@ def in_region(a):
 def array(x, dtype=None):
     """A copy of ``x`` in the region (always copies)."""
     src = np.asarray(x, dtype=dtype)
-    if src.dtype.hasobject:
-        raise errors.ConfigError("arrays of Python objects cannot live in the region as plain data")
     out = empty(src.shape, src.dtype)
     out[...] = src
     return out

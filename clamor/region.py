@@ -16,6 +16,9 @@ from ._native import check, ffi, lib
 
 DRIVER, WORKER = lib.CLAMOR_ROLE_DRIVER, lib.CLAMOR_ROLE_WORKER
 _lock = threading.RLock()
+# Bumped by close(): an array of a closed region must not free, when it is
+# collected later, whatever block a new region has at the same address.
+_generation = 0
 
 
 def _geometry_ints(base, size, page_size):
@@ -58,8 +61,15 @@ def ensure():
 
 def close():
     """Stop the pager and the page server and unmap the region."""
+    global _generation
     with _lock:
+        _generation += 1
         check(lib.clamor_region_close(), "closing the region")
+
+
+def generation():
+    """Number of times this process closed its region."""
+    return _generation
 
 
 def role():

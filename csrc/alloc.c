@@ -20,9 +20,10 @@
  * spans sit in LIFO bins by length (exact up to 32 pages, then four bins per
  * power of two) and merge with free neighbours when released.  Runs of
  * 64 KiB and more are punched out of the memfd on release, so their memory
- * goes back to the kernel and reads as zero; a free span remembers whether
- * all of it is such fresh memory, which lets calloc skip the memset (and the
- * memory cost of touching every page) of a large block.  A class keeps at
+ * goes back to the kernel and reads as zero.  A span keeps the hull of its
+ * pages that may not read zero (released unpunched, or present before the
+ * heap was built); calloc clears only that part, sparing a large block the
+ * memset and the memory cost of touching every page.  A class keeps at
  * most one empty slab; further empty slabs go back to the span pool.  One
  * mutex guards all of it except those page-map reads; it is held across
  * fork() so that a child inherits consistent metadata.
@@ -35,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -52,8 +54,8 @@ enum { CL_SPAN_FREE, CL_SPAN_SLAB, CL_SPAN_LARGE };
 typedef struct cl_span {
     struct cl_span *next, *prev; // free bin, or the partial list of a class
     uint64_t first, npages;      // 4 KiB pages from the region base
+    uint64_t dlo, dhi;           // pages that may not read zero: hull, or dlo == dhi
     uint8_t kind;
-    uint8_t fresh;               // every page reads zero: never used, or punched
     uint8_t cls;                 // slab only, from here on
     uint32_t csize, nslots, nfree;
     uint64_t used[];             // bit set: slot handed out
@@ -111,6 +113,21 @@ static inline uint64_t pages_for(size_t bytes) {
     return ((uint64_t)bytes + CL_OS_PAGE - 1) >> CL_PG_SHIFT;
 }
 
+// Set a's dirty hull to [lo, hi) clipped to a's pages.
+static void dirty_clip(cl_span *a, uint64_t lo, uint64_t hi) {
+    if (lo < a->first) lo = a->first;
+    if (hi > a->first + a->npages) hi = a->first + a->npages;
+    a->dlo = lo < hi ? lo : 0;
+    a->dhi = lo < hi ? hi : 0;
+}
+
+// Grow a's dirty hull over [lo, hi) (a's pages already cover it).
+static void dirty_join(cl_span *a, uint64_t lo, uint64_t hi) {
+    if (lo >= hi) return;
+    if (a->dlo >= a->dhi || lo < a->dlo) a->dlo = lo;
+    if (a->dlo >= a->dhi || hi > a->dhi) a->dhi = hi;
+}
+
 /* ---- page map and lists -------------------------------------------------- */
 
 // Relaxed is enough: readers only want to know whether a page is in use, and
@@ -143,10 +160,10 @@ static void list_unlink(cl_span **head, cl_span *s) {
 
 // Counters change under the lock but are read without it; a negative delta
 // wraps, which unsigned arithmetic undoes.
-static inline void acct(_Atomic size_t *c, int64_t delta) {
-    atomic_fetch_add_explicit(c, (size_t)delta, memory_order_relaxed);
+static inline void acct(int64_t allocated, int64_t footprint) {
+    atomic_fetch_add_explicit(&cl_allocated, (size_t)allocated, memory_order_relaxed);
+    atomic_fetch_add_explicit(&cl_footprint, (size_t)footprint, memory_order_relaxed);
 }
-#define ACCT(counter, delta) acct(&(counter), (int64_t)(delta))
 
 // Make `s` a free span: bin it and write its boundary tags.
 static void bin_push(cl_span *s) {
@@ -223,23 +240,25 @@ static cl_span *span_take(uint64_t n, size_t align, size_t extra, size_t req) {
         return NULL;
     }
     bin_unlink(s);
+    uint64_t dlo = s->dlo, dhi = s->dhi;
     d->first = start;
     d->npages = n;
-    d->fresh = s->fresh;
+    dirty_clip(d, dlo, dhi);
     // The remainders border used spans only (free spans are always merged),
     // so they go back without coalescing.  Every stale tag of `s` is either
     // rewritten here or covered by the caller's map_fill of the new span.
     cl_span *rest = s;
     if (tail) {
         cl_span *t = lead ? spare : rest;
-        t->fresh = s->fresh;
         t->first = start + n;
         t->npages = tail;
+        dirty_clip(t, dlo, dhi);
         bin_push(t);
         if (!lead) rest = NULL;
     }
     if (lead) {
         rest->npages = lead;
+        dirty_clip(rest, dlo, dhi);
         bin_push(rest);
         rest = NULL;
     }
@@ -252,7 +271,8 @@ static cl_span *span_take(uint64_t n, size_t align, size_t extra, size_t req) {
 static void span_release(cl_span *d) {
     uint64_t first = d->first, end = d->first + d->npages;
     uintptr_t e;
-    d->fresh = d->npages >= CL_PUNCH_PAGES && pages_punch(first, d->npages) == 0;
+    int punched = d->npages >= CL_PUNCH_PAGES && pages_punch(first, d->npages) == 0;
+    dirty_clip(d, first, punched ? first : end);
     map_fill(first, d->npages, 0);
     if (first > 0 && (e = map_get(first - 1)) != 0 && !(e & CL_USED)) {
         cl_span *l = (cl_span *)e;
@@ -260,7 +280,7 @@ static void span_release(cl_span *d) {
         map_set(first - 1, 0);
         d->first = l->first;
         d->npages += l->npages;
-        d->fresh &= l->fresh;
+        dirty_join(d, l->dlo, l->dhi);
         free(l);
     }
     if (end < cl_heap_pages && (e = map_get(end)) != 0 && !(e & CL_USED)) {
@@ -268,7 +288,7 @@ static void span_release(cl_span *d) {
         bin_unlink(r);
         map_set(end, 0);
         d->npages += r->npages;
-        d->fresh &= r->fresh;
+        dirty_join(d, r->dlo, r->dhi);
         free(r);
     }
     bin_push(d);
@@ -288,10 +308,9 @@ static void heap_drop(void) {
     }
     munmap((void *)cl_pmap, cl_pmap_bytes);
     cl_pmap = NULL;
-    cl_pmap_bytes = 0;
+    cl_pmap_bytes = cl_heap_size = 0;
     cl_heap_pages = cl_free_pages = 0;
     cl_heap_base = 0;
-    cl_heap_size = 0;
     memset(cl_bins, 0, sizeof cl_bins);
     memset(cl_binmask, 0, sizeof cl_binmask);
     memset(cl_classes, 0, sizeof cl_classes);
@@ -307,6 +326,7 @@ static int heap_init(void) {
     uint64_t n = cl_region.size >> CL_PG_SHIFT;
     size_t bytes = ((size_t)n * sizeof(uintptr_t) + CL_OS_PAGE - 1) & ~(CL_OS_PAGE - 1);
     cl_span *s = NULL;
+    struct stat st;
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return cl_err(ENOMEM, "cannot map the allocator page map (%zu bytes)", bytes);
@@ -318,7 +338,9 @@ static int heap_init(void) {
     cl_heap_size = cl_region.size;
     s->first = 0;
     s->npages = n;
-    s->fresh = 1; // a new memfd reads zero
+    // A new memfd reads zero; one that has data (the heap was reset on a
+    // live region) might not anywhere.
+    if (fstat(cl_region.memfd, &st) != 0 || st.st_blocks != 0) dirty_clip(s, 0, n);
     bin_push(s);
     atomic_store_explicit(&cl_pages_pub, n, memory_order_relaxed);
     atomic_store_explicit(&cl_pmap_pub, cl_pmap, memory_order_release);
@@ -364,7 +386,7 @@ static void *slab_alloc(unsigned c, size_t req) {
         map_fill(s->first, CL_SLAB_PAGES, (uintptr_t)s | CL_USED);
         list_push(&k->partial, s);
         k->nempty++;
-        ACCT(cl_footprint, CL_SLAB_BYTES);
+        acct(0, CL_SLAB_BYTES);
     }
     if (s->nfree == s->nslots) k->nempty--;
     // Lowest free slot: a block freed and asked for again comes back in place.
@@ -373,16 +395,17 @@ static void *slab_alloc(unsigned c, size_t req) {
     unsigned bit = (unsigned)__builtin_ctzll(~s->used[w]);
     s->used[w] |= 1ull << bit;
     if (--s->nfree == 0) list_unlink(&k->partial, s);
-    ACCT(cl_allocated, s->csize);
+    acct(s->csize, 0);
     return pg_addr(s->first) + (size_t)(w * 64 + bit) * s->csize;
 }
 
 // Allocate under the lock.  Blocks up to CLAMOR_SMALL_MAX with alignment up
 // to 4 KiB come from the smallest class that is a multiple of the alignment
-// (the power-of-two classes guarantee one); all else is a span.  *fresh says
-// whether the block already reads zero.
-static void *heap_alloc(size_t size, size_t align, int *fresh, const char *fn) {
-    if (fresh) *fresh = 0;
+// (the power-of-two classes guarantee one); all else is a span.  dirty[]
+// gets the byte range of the block that may not read zero.
+static void *heap_alloc(size_t size, size_t align, size_t dirty[2], const char *fn) {
+    dirty[0] = 0;
+    dirty[1] = size;
     if (size <= CLAMOR_SMALL_MAX && align <= CL_OS_PAGE) {
         unsigned c = cls_of(size);
         while (cls_size(c) % align) c++;
@@ -393,14 +416,14 @@ static void *heap_alloc(size_t size, size_t align, int *fresh, const char *fn) {
                        fn, size, align, cl_heap_size);
         return NULL;
     }
-    uint64_t n = pages_for(size);
+    uint64_t n = size ? pages_for(size) : 1; // aligned_alloc(8192, 0)
     cl_span *d = span_take(n, align < CL_OS_PAGE ? CL_OS_PAGE : align, 0, size);
     if (!d) return NULL;
     d->kind = CL_SPAN_LARGE;
     map_fill(d->first, n, (uintptr_t)d | CL_USED);
-    if (fresh) *fresh = d->fresh;
-    ACCT(cl_allocated, n << CL_PG_SHIFT);
-    ACCT(cl_footprint, n << CL_PG_SHIFT);
+    dirty[0] = d->dlo < d->dhi ? (size_t)((d->dlo - d->first) << CL_PG_SHIFT) : 0;
+    dirty[1] = d->dlo < d->dhi ? (size_t)((d->dhi - d->first) << CL_PG_SHIFT) : 0;
+    acct((int64_t)n << CL_PG_SHIFT, (int64_t)n << CL_PG_SHIFT);
     return pg_addr(d->first);
 }
 
@@ -423,15 +446,14 @@ static size_t block_usable(const cl_span *d) {
 
 static void block_free(cl_span *d, const void *p) {
     if (d->kind == CL_SPAN_LARGE) {
-        ACCT(cl_allocated, -(int64_t)(d->npages << CL_PG_SHIFT));
-        ACCT(cl_footprint, -(int64_t)(d->npages << CL_PG_SHIFT));
+        acct(-(int64_t)(d->npages << CL_PG_SHIFT), -(int64_t)(d->npages << CL_PG_SHIFT));
         span_release(d);
         return;
     }
     cl_class *k = &cl_classes[d->cls];
     size_t i = (size_t)((const char *)p - pg_addr(d->first)) / d->csize;
     d->used[i / 64] &= ~(1ull << (i % 64));
-    ACCT(cl_allocated, -(int64_t)d->csize);
+    acct(-(int64_t)d->csize, 0);
     if (d->nfree++ == 0) list_push(&k->partial, d);
     if (d->nfree < d->nslots) return;
     if (!k->nempty) { // keep one empty slab so a malloc/free loop stays cheap
@@ -439,7 +461,7 @@ static void block_free(cl_span *d, const void *p) {
         return;
     }
     list_unlink(&k->partial, d);
-    ACCT(cl_footprint, -(int64_t)CL_SLAB_BYTES);
+    acct(0, -(int64_t)CL_SLAB_BYTES);
     span_release(d);
 }
 
@@ -455,8 +477,7 @@ static int block_resize(cl_span *d, size_t size) {
         t->npages = d->npages - n;
         t->kind = CL_SPAN_LARGE;
         d->npages = n;
-        ACCT(cl_allocated, -(int64_t)(t->npages << CL_PG_SHIFT));
-        ACCT(cl_footprint, -(int64_t)(t->npages << CL_PG_SHIFT));
+        acct(-(int64_t)(t->npages << CL_PG_SHIFT), -(int64_t)(t->npages << CL_PG_SHIFT));
         span_release(t);
         return 1;
     }
@@ -472,58 +493,54 @@ static int block_resize(cl_span *d, size_t size) {
     } else {
         r->first += more;
         r->npages -= more;
+        dirty_clip(r, r->dlo, r->dhi);
         bin_push(r);
     }
     map_fill(end, more, (uintptr_t)d | CL_USED);
     d->npages = n;
-    ACCT(cl_allocated, more << CL_PG_SHIFT);
-    ACCT(cl_footprint, more << CL_PG_SHIFT);
+    acct((int64_t)more << CL_PG_SHIFT, (int64_t)more << CL_PG_SHIFT);
     return 1;
 }
 
 /* ---- public API -------------------------------------------------------------- */
 
-void *clamor_malloc(size_t size) {
+// heap_alloc() for the public calls: checks the role, takes the lock.
+static void *heap_alloc_locked(size_t size, size_t align, size_t dirty[2], const char *fn) {
     int rc = heap_enter();
     if (rc) {
         errno = rc;
         return NULL;
     }
-    void *p = heap_alloc(size, 16, NULL, "clamor_malloc");
+    void *p = heap_alloc(size, align, dirty, fn);
     pthread_mutex_unlock(&cl_heap_lock);
     return p;
 }
 
+void *clamor_malloc(size_t size) {
+    size_t dirty[2];
+    return heap_alloc_locked(size, 16, dirty, "clamor_malloc");
+}
+
 void *clamor_calloc(size_t n, size_t size) {
-    size_t total;
-    int fresh, rc;
+    size_t total, dirty[2];
     if (__builtin_mul_overflow(n, size, &total)) {
         errno = cl_err(ENOMEM, "clamor_calloc: %zu * %zu bytes overflows", n, size);
         return NULL;
     }
-    if ((rc = heap_enter())) {
-        errno = rc;
-        return NULL;
-    }
-    void *p = heap_alloc(total, 16, &fresh, "clamor_calloc");
-    pthread_mutex_unlock(&cl_heap_lock);
-    if (p && !fresh) memset(p, 0, total);
+    char *p = heap_alloc_locked(total, 16, dirty, "clamor_calloc");
+    if (!p) return NULL;
+    if (dirty[1] > total) dirty[1] = total;
+    if (dirty[0] < dirty[1]) memset(p + dirty[0], 0, dirty[1] - dirty[0]);
     return p;
 }
 
 void *clamor_aligned_alloc(size_t align, size_t size) {
-    int rc;
+    size_t dirty[2];
     if (align == 0 || (align & (align - 1))) {
         errno = cl_err(EINVAL, "clamor_aligned_alloc: alignment %zu is not a power of two", align);
         return NULL;
     }
-    if ((rc = heap_enter())) {
-        errno = rc;
-        return NULL;
-    }
-    void *p = heap_alloc(size, align < 16 ? 16 : align, NULL, "clamor_aligned_alloc");
-    pthread_mutex_unlock(&cl_heap_lock);
-    return p;
+    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, "clamor_aligned_alloc");
 }
 
 int clamor_free_checked(void *ptr) {

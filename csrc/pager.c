@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -116,6 +117,20 @@ static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker) {
     P.plen++;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Give the destination its memory while the request is on the wire.  A
+ * fresh memfd page costs a trap, an allocation and a zeroing on first
+ * write; copying 64 KiB into 16 such pages took ~80-110 us here against
+ * ~5 us into populated ones, more than the network round trip itself.
+ * Failure (an older kernel) only loses the head start. */
+static void prepare_fill(uint64_t first, uint32_t count) {
+    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
+    madvise(cl_region.fill + off, len, MADV_POPULATE_WRITE);
+}
+
 static int send_one(struct run *r) {
     unsigned slot = 0;
     while (P.inflight[slot].used) slot++;
@@ -129,6 +144,7 @@ static int send_one(struct run *r) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
+    prepare_fill(r->first, r->count);
     q->first = r->first;
     q->count = r->count;
     q->kind = r->kind;

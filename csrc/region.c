@@ -431,6 +431,11 @@ int cl_region_drop(uint64_t first, uint64_t count) {
         if (i > s) {
             rc = drop_locked(s, i - s);
             if (!rc) CL_COUNT(pages_dropped, i - s);
+            /* A partial drop splits a run, and the part that lost the page
+             * its ring entry named could never be evicted again: name both
+             * remains, so the mapping budget stays enforceable. */
+            if (!rc && s > 0 && is_open(s - 1)) ring_push(s - 1);
+            if (!rc && i < cl_region.npages && is_open(i)) ring_push(i);
         }
     }
     pthread_mutex_unlock(&pt_lock);

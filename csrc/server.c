@@ -10,9 +10,10 @@
  * never stops the server.  Replies to a peer that went away are dropped by
  * the ROUTER (not mandatory), so a dead peer never stalls it either.
  *
- * A worker copies a page out of its fill view and checks that the page was
- * present before and after the copy, so a page dropped meanwhile is never
- * served half-old.
+ * The driver sends its pages without a copy (they do not change within a
+ * stage).  A worker copies a page out of its fill view and checks that the
+ * page was present before and after the copy, so a page dropped meanwhile is
+ * never served half-old.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -82,15 +83,26 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         src = cl_region.fill + off;
     }
     cl_zmq_msg body;
-    if (cl_zmq.msg_init_size(&body, len) != 0) {
-        reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
-        return;
-    }
-    memcpy(cl_zmq.msg_data(&body), src, len);
-    if (cl_region.role == CLAMOR_ROLE_WORKER && !pages_held(rq->index, rq->count)) {
-        cl_zmq.msg_close(&body);
-        reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
-        return;
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+        /* Zero copy: the driver's pages do not change within a stage, and
+         * libzmq's I/O thread sends straight from the region. */
+        if (cl_zmq.msg_init_data(&body, (void *)src, len, NULL, NULL) != 0) {
+            reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
+            return;
+        }
+    } else {
+        /* A worker's page may be dropped (and its memory punched) while a
+         * send is in flight: copy, then check it was held throughout. */
+        if (cl_zmq.msg_init_size(&body, len) != 0) {
+            reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
+            return;
+        }
+        memcpy(cl_zmq.msg_data(&body), src, len);
+        if (!pages_held(rq->index, rq->count)) {
+            cl_zmq.msg_close(&body);
+            reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
+            return;
+        }
     }
     struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .index = rq->index, .count = rq->count,
                             .stage = rq->stage, .tag = rq->tag};

@@ -50,6 +50,7 @@ int clamor_zmq_load(const char *path) {
     SYM(recv, "zmq_recv");
     SYM(msg_init, "zmq_msg_init");
     SYM(msg_init_size, "zmq_msg_init_size");
+    SYM(msg_init_data, "zmq_msg_init_data");
     SYM(msg_send, "zmq_msg_send");
     SYM(msg_recv, "zmq_msg_recv");
     SYM(msg_close, "zmq_msg_close");

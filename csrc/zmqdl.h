@@ -57,6 +57,7 @@ struct cl_zmq {
     int (*recv)(void *, void *, size_t, int);
     int (*msg_init)(cl_zmq_msg *);
     int (*msg_init_size)(cl_zmq_msg *, size_t);
+    int (*msg_init_data)(cl_zmq_msg *, void *, size_t, void (*)(void *, void *), void *);
     int (*msg_send)(cl_zmq_msg *, void *, int);
     int (*msg_recv)(cl_zmq_msg *, void *, int);
     int (*msg_close)(cl_zmq_msg *);
