@@ -1,5 +1,5 @@
 /* Declarations cffi compiles against csrc/clamor.h (declarations only; cffi
- * cannot read the real header's preprocessor lines).  tests/test_build.py
+ * cannot read the real header's preprocessor lines).  tests/test_region.py
  * checks that every function here is declared in csrc/clamor.h. */
 #define CLAMOR_DEFAULT_PAGE_SIZE ...
 #define CLAMOR_MIN_PAGE_SIZE ...

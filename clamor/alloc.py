@@ -18,6 +18,8 @@ _ALLOC_CLASSES = {errno.EINVAL: errors.InvalidSize, errno.ENOMEM: errors.RegionE
 
 
 def _size(n, what="size"):
+    if isinstance(n, bool):
+        raise errors.InvalidSize(f"{what} must be an int, not bool")
     try:
         n = operator.index(n)
     except TypeError:
@@ -79,7 +81,8 @@ def _ptr(addr):
 def free(addr):
     """Free a block from ``alloc``.  Freeing a foreign or freed address raises
     InvalidPointer and leaves the heap as it was.  ``free(0)`` does nothing."""
-    check(lib.clamor_free_checked(_ptr(addr)), "free", {errno.EINVAL: errors.InvalidPointer})
+    check(lib.clamor_free_checked(_ptr(addr)), "free",
+          {errno.EINVAL: errors.InvalidPointer, errno.EPERM: errors.NotDriver})
 
 
 def realloc(addr, nbytes):

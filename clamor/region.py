@@ -199,6 +199,9 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None):
     """Set read-ahead (bytes, 0 disables), the fetch time-out (seconds) and the
     bound on mappings the region may be split into (0: half of
     vm.max_map_count)."""
+    for name, v in (("readahead", readahead), ("fetch_timeout", fetch_timeout), ("max_mappings", max_mappings)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise errors.ConfigError(f"{name} must be a number, not {v!r}")
     if readahead is not None:
         if readahead < 0:
             raise errors.ConfigError("readahead must be >= 0 bytes")

@@ -28,16 +28,20 @@ def _driver_alive(pid):
         return False
 
 
-def serve(driver, base=None):
-    """Serve tasks from the driver at ``driver`` until STOP."""
+def serve(driver, base=None, connect_timeout=None):
+    """Serve tasks from the driver at ``driver`` until STOP.  Gives up if the
+    driver does not answer within ``connect_timeout`` seconds (default:
+    CLAMOR_CONNECT_TIMEOUT, else 30)."""
+    if connect_timeout is None:
+        connect_timeout = float(os.environ.get("CLAMOR_CONNECT_TIMEOUT", "30"))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(driver)
     try:
         sock.send_multipart([b"READY"])
-        if not sock.poll(30000):
-            raise SystemExit(f"clamor.worker: no answer from the driver at {driver}")
+        if not sock.poll(int(connect_timeout * 1000)):
+            raise SystemExit(f"clamor.worker: no answer from the driver at {driver} within {connect_timeout:g} s")
         kind, page_ep, dpid = sock.recv_multipart()
         driver_pid = int(dpid)
         if region.role() != "worker":
@@ -74,9 +78,11 @@ def main(argv=None):
     ap.add_argument("--driver", required=True, help="the driver's control endpoint, e.g. tcp://127.0.0.1:5555")
     ap.add_argument("--base", type=lambda s: int(s, 0), default=None,
                     help="map the region at this address instead of the driver's (pointer-free data only)")
+    ap.add_argument("--connect-timeout", type=float, default=None,
+                    help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("CLAMOR_LOG", "WARNING"))
-    serve(args.driver, base=args.base)
+    serve(args.driver, base=args.base, connect_timeout=args.connect_timeout)
     return 0
 
 

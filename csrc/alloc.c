@@ -545,8 +545,10 @@ void *clamor_aligned_alloc(size_t align, size_t size) {
 
 int clamor_free_checked(void *ptr) {
     if (!ptr) return 0;
+    if (cl_region.role == CLAMOR_ROLE_WORKER)
+        return cl_err(EPERM, "clamor_free: %p: only the driver frees region blocks", ptr);
     if (cl_region.role != CLAMOR_ROLE_DRIVER)
-        return cl_err(EINVAL, "clamor_free: %p: only the driver frees region blocks", ptr);
+        return cl_err(EINVAL, "clamor_free: %p: no region in this process", ptr);
     if (!cl_in_region((uintptr_t)ptr))
         return cl_err(EINVAL, "clamor_free: %p is outside the region", ptr);
     pthread_mutex_lock(&cl_heap_lock);

@@ -188,7 +188,9 @@ void *clamor_aligned_alloc(size_t align, size_t size);
  * freeing twice, does not crash: errno is set to EINVAL, the detail is in
  * clamor_last_error(), and the heap is left as it was. */
 void clamor_free(void *ptr);
-/* Like clamor_free() but returns 0 or EINVAL instead of setting errno. */
+/* Like clamor_free() but returns 0, EINVAL (not a live block) or EPERM (this
+ * process is a worker: workers never free region memory) instead of setting
+ * errno. */
 int clamor_free_checked(void *ptr);
 /* Bytes usable at ptr, 0 if ptr is not a live clamor block. */
 size_t clamor_usable_size(const void *ptr);

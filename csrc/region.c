@@ -71,6 +71,8 @@ void cl_futex_wake(_Atomic uint32_t *w) {
 /* "64G", "0x200000000000", "65536", "64K" -> bytes; 0 on a parse error. */
 static uint64_t parse_size(const char *s) {
     if (!s || !*s) return 0;
+    while (*s == ' ') s++;
+    if (*s == '-' || *s == '+') return 0; /* strtoull would wrap a minus */
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 0);
