@@ -140,6 +140,11 @@ static void test_roles(void) {
     cl_region.role = role;
     void *p = clamor_malloc(16);
     CHECK(p != NULL);
+    cl_region.role = CLAMOR_ROLE_WORKER; /* workers never free region memory */
+    CHECK(clamor_free_checked(p) == EPERM);
+    CHECK(detail_has("only the driver frees"));
+    cl_region.role = role;
+    CHECK(clamor_usable_size(p) >= 16); /* still live */
     clamor_free(p);
 }
 
