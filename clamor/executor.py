@@ -1,0 +1,281 @@
+"""The worker side of the BSP runtime: run tasks, keep blocks, serve them.
+
+DESIGN.  A worker process has three threads that matter here.  The main
+thread runs tasks one at a time, in arrival order, from a DEALER socket to
+the driver's control ROUTER (the driver keeps up to ``slots`` tasks queued
+per worker, so the next one is already here when a task ends).  A service
+thread owns a ROUTER socket that serves this worker's blocks (shuffle
+buckets and cached partitions) to peers, and a DEALER that sends the driver
+a heartbeat every second.  The C pager and page server (csrc/) run beside
+them without the GIL.
+
+Control messages, multipart:
+
+    driver -> worker   TASK key stage_id stage_payload|"" task_extras
+                       DROP pickled-list-of-block-key-prefixes
+                       STOP
+    worker -> driver   HELLO pickled-info
+                       DONE key pickled-result
+                       FAIL key pickled-(message, traceback)
+    heartbeat socket   HB worker-id
+
+Block keys are tuples: ("shuffle", shuffle_id, map_partition, bucket) and
+("cache", collection_id, partition).  A peer asks [GET, pickled-key] and gets
+[OK, pickled-block] or [MISSING].
+"""
+import collections
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+
+import zmq
+
+from . import region, serialize
+from .collection import partition_result
+
+log = logging.getLogger("clamor.worker")
+
+BLOCK_TIMEOUT_MS = int(os.environ.get("CLAMOR_BLOCK_TIMEOUT_MS", "30000"))
+
+
+class FetchFailed(Exception):
+    """A block this task needs could not be fetched from its peer."""
+
+
+class Service(threading.Thread):
+    """Serves blocks to peers and sends heartbeats."""
+
+    def __init__(self, ctx, store, driver, wid):
+        super().__init__(name="clamor-blocks", daemon=True)
+        self.store = store
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.hb = ctx.socket(zmq.DEALER)
+        self.hb.linger = 0
+        self.hb.connect(driver)
+        self.wid = wid
+        self.stopped = threading.Event()
+
+    def run(self):
+        last = 0.0
+        while not self.stopped.is_set():
+            now = time.monotonic()
+            if now - last >= 1.0:
+                try:
+                    self.hb.send_multipart([b"HB", self.wid], flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+                last = now
+            if not self.sock.poll(250):
+                continue
+            frames = self.sock.recv_multipart()
+            if len(frames) != 3 or frames[1] != b"GET":
+                self.sock.send_multipart([frames[0], b"BAD"])
+                continue
+            try:
+                block = self.store.get(pickle.loads(frames[2]))
+            except Exception:  # malformed key from a peer: answer, keep serving
+                block = None
+            if block is None:
+                self.sock.send_multipart([frames[0], b"MISSING", frames[2]])
+            else:
+                self.sock.send_multipart([frames[0], b"OK", frames[2], serialize.dumps(block)])
+        self.sock.close()
+        self.hb.close()
+
+
+class TaskContext:
+    """What a collection's ``_compute`` may ask of the worker during a task."""
+
+    def __init__(self, runtime, locs, extras):
+        self.rt = runtime
+        self.locs = locs
+        self.extras = extras
+        self.new_cached = []
+
+    def source_data(self, cid, p):
+        return self.extras["src"][cid]
+
+    def cached_partition(self, cid, p):
+        key = ("cache", cid, p)
+        part = self.rt.store.get(key)
+        if part is not None:
+            return part
+        ep = self.locs.get("cache", {}).get((cid, p))
+        if ep and ep != self.rt.endpoint:
+            try:
+                return self.rt.fetch([(ep, key)])[key]
+            except FetchFailed:
+                return None  # recompute from lineage instead
+        return None
+
+    def cache_partition(self, cid, p, part):
+        self.rt.store[("cache", cid, p)] = part
+        self.new_cached.append((cid, p))
+
+    def shuffle_blocks(self, sid, nmaps, r):
+        eps = self.locs["shuffle"][sid]
+        local, remote = [], []
+        for m in range(nmaps):
+            key = ("shuffle", sid, m, r)
+            if eps[m] == self.rt.endpoint:
+                local.append(self.rt.store[key])
+            else:
+                remote.append((eps[m], key))
+        got = self.rt.fetch(remote) if remote else {}
+        return local + [got[k] for _, k in remote]
+
+
+class Runtime:
+    def __init__(self, driver, wid):
+        self.driver = driver
+        self.wid = wid
+        self.ctx = zmq.Context()
+        self.store = {}
+        self.stages = collections.OrderedDict()
+        self.peers = {}
+        self.service = Service(self.ctx, self.store, driver, wid)
+        self.endpoint = self.service.endpoint
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.setsockopt(zmq.IDENTITY, wid)
+        self.sock.connect(driver)
+
+    # -- blocks from peers --------------------------------------------------------
+    def _peer(self, ep):
+        s = self.peers.get(ep)
+        if s is None:
+            s = self.peers[ep] = self.ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(ep)
+        return s
+
+    def fetch(self, wanted):
+        """{key: block} for [(endpoint, key)], all requests in flight at once."""
+        socks = {}
+        for ep, key in wanted:
+            s = self._peer(ep)
+            s.send_multipart([b"GET", pickle.dumps(key)])
+            socks[s] = socks.get(s, 0) + 1
+        out = {}
+        poller = zmq.Poller()
+        for s in socks:
+            poller.register(s, zmq.POLLIN)
+        deadline = time.monotonic() + BLOCK_TIMEOUT_MS / 1000
+        while len(out) < len(wanted):
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
+            if not ready:
+                missing = [k for _, k in wanted if k not in out]
+                # a stale socket to a dead peer would keep queueing: drop them
+                for ep, _ in wanted:
+                    self.peers.pop(ep, None)
+                raise FetchFailed(f"blocks {missing[:3]}... not received within {BLOCK_TIMEOUT_MS} ms")
+            for s in ready:
+                frames = s.recv_multipart()
+                if frames[0] != b"OK":
+                    raise FetchFailed(f"peer has no block {pickle.loads(frames[1]) if len(frames) > 1 else '?'}")
+                out[pickle.loads(frames[1])] = serialize.loads(frames[2])
+        return out
+
+    # -- tasks ----------------------------------------------------------------------
+    def run_task(self, stage, extras):
+        ctx = TaskContext(self, stage["locs"], extras)
+        p = extras["p"]
+        node = stage["node"]
+        if stage["kind"] == "map":
+            i = stage["parent"]
+            buckets = node.bucketize(i, node.deps[i].partition(p, ctx))
+            sid = node.shuffle_ids[i]
+            for r, b in enumerate(buckets):
+                self.store[("shuffle", sid, p, r)] = b
+            value = None
+        else:
+            value = partition_result(stage["action"], node.partition(p, ctx), stage["arg"])
+        return value, ctx.new_cached
+
+    def loop(self):
+        self.service.start()
+        info = {"pid": os.getpid(), "blocks": self.endpoint, "pages": region.server_endpoint()}
+        self.sock.send_multipart([b"HELLO", pickle.dumps(info)])
+        driver_pid = os.getppid()
+        try:
+            while True:
+                if not self.sock.poll(1000):
+                    if os.getppid() != driver_pid:
+                        log.warning("driver is gone; worker %s exits", self.wid)
+                        return
+                    continue
+                frames = self.sock.recv_multipart()
+                kind = frames[0]
+                if kind == b"STOP":
+                    return
+                if kind == b"DROP":
+                    prefixes = pickle.loads(frames[1])
+                    for k in [k for k in self.store if any(k[:len(px)] == px for px in prefixes)]:
+                        self.store.pop(k, None)
+                    continue
+                if kind == b"TASK":
+                    self._task(frames)
+        finally:
+            self.service.stopped.set()
+            self.service.join(2)
+            self.sock.close()
+            for s in self.peers.values():
+                s.close()
+
+    def _task(self, frames):
+        key, stage_id, payload, extras = frames[1], int(frames[2]), frames[3], frames[4]
+        region.ensure_handler_first()
+        before = region.stats()
+        t0 = time.perf_counter()
+        try:
+            if payload:
+                self.stages[stage_id] = serialize.loads(payload)
+                while len(self.stages) > 16:
+                    self.stages.popitem(last=False)
+            stage = self.stages[stage_id]
+            value, cached = self.run_task(stage, serialize.loads(extras))
+            after = region.stats()
+            res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0,
+                   "faults": after["faults"] - before["faults"],
+                   "bytes_from_driver": after["bytes_fetched"] - before["bytes_fetched"],
+                   "bytes_from_peers": 0}
+            self.sock.send_multipart([b"DONE", key, serialize.dumps(res)])
+        except Exception as err:
+            fetch = isinstance(err, FetchFailed)
+            msg = f"{type(err).__name__}: {err}"
+            self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), fetch))])
+
+
+def _die_with_parent():
+    # Linux: SIGKILL this process when the thread that forked it exits, so a
+    # worker never outlives a driver killed with SIGKILL.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def worker_main(driver, wid, parent_pid):
+    """Entry of a forked worker; never returns."""
+    code = 0
+    try:
+        _die_with_parent()
+        if os.getppid() != parent_pid:  # the driver died before prctl took effect
+            os._exit(0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+        Runtime(driver, wid).loop()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)

@@ -1,0 +1,424 @@
+"""The driver's task scheduler: a pure state machine from events to instructions.
+
+DESIGN
+The cluster turns everything that happens (a worker joined or was lost, the
+user submitted or cancelled a stage, a task reported its result or its
+exception) into an event and passes it to ``Scheduler.handle``, which is the
+only mutator.  ``handle`` returns a list of instructions (``Run`` a task on a
+worker, a stage is ``StageFinished`` or ``StageAborted``) that the cluster
+carries out in order.  The scheduler does no I/O, starts no threads and reads
+no clock, so its whole policy is tested by feeding events, without sockets or
+processes (tests/test_scheduler.py); this is the split of distributed's
+worker_state_machine.
+
+Queues.  Unassigned tasks wait in one FIFO: stages in submission order, each
+stage's tasks in partition order.  A task at the head goes to a free slot as
+soon as one exists, so a later stage starts using slots while the earlier
+stage's last tasks still run, but none of its tasks is assigned before every
+task of the earlier stages is.  Workers with a free slot sit in a heap keyed
+by (assigned tasks, join order); entries whose load has changed since they
+were pushed are skipped when they reach the top, and the heap is rebuilt when
+stale entries pile up, so an assignment costs O(log workers).
+
+Results.  ``StageFinished`` leaves in submission order: a stage whose tasks
+are all done waits (and still reports "running") until every earlier stage is
+finished, aborted or cancelled.  ``StageAborted`` is reported at once.
+
+Policy
+- A task goes to one of its ``prefer`` workers if one is live with a free slot
+  (the least loaded of them, ties to the earliest joined); otherwise to the
+  least loaded live worker with a free slot (same tie-break).  A worker never
+  holds more than ``slots`` tasks; tasks wait while every slot is taken.
+- A stage with no tasks finishes at once, in its turn.
+- ``TaskFailed`` aborts the stage (one ``StageAborted`` with the task's
+  error) and drops its unassigned tasks.  Its tasks still running keep their
+  slots until they report; those reports only free slots.
+- ``WorkerLost`` removes the worker.  ``_on_lost_tasks`` decides what happens
+  to the tasks it held: here, their stages are aborted with
+  ``clamor.errors.WorkerLost``.  (Lineage-based recovery will re-queue them
+  instead; see that method.)  Once some worker has joined, having no live
+  worker aborts every stage with unassigned tasks, including stages submitted
+  later, with ``WorkerLost("no live workers")``; before the first join,
+  submitted stages wait for one.
+- ``StageCancelled`` is an abort that emits nothing for the stage.
+
+Bad input.  Ignored, because it happens in a healthy cluster: duplicate
+``WorkerJoined`` (the first ``slots`` stays), ``WorkerLost`` for an unknown
+or already-lost worker, ``TaskDone``/``TaskFailed`` for an unknown key, a key
+already reported, a key not assigned, or from a worker other than the one
+running it (late reports from a lost worker), ``StageCancelled`` for an
+unknown, finished, aborted or cancelled stage.  Raised, because the caller is
+wrong, before any state changes: ``ValueError`` for a reused stage id, a
+reused task key (keys are unique for the scheduler's life), a ``TaskSpec``
+whose ``stage_id`` differs from its stage, two tasks of one stage with the
+same partition, or ``slots`` that is not a positive int; ``TypeError`` for an
+event of an unknown type, a task that is not a ``TaskSpec``, or an
+unhashable id or key.
+"""
+from collections import deque
+from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
+from operator import attrgetter
+
+from . import errors
+
+__all__ = ["Scheduler", "TaskSpec", "WorkerJoined", "WorkerLost", "StageSubmitted", "TaskDone", "TaskFailed",
+           "StageCancelled", "Run", "StageFinished", "StageAborted"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task.  ``key`` is hashable and unique for the scheduler's life
+    (e.g. ``(stage_id, partition)``).  ``prefer`` names workers holding the
+    task's input: a preference, not a constraint."""
+    key: object
+    stage_id: int
+    partition: int
+    prefer: tuple = ()
+
+    def __post_init__(self):
+        if isinstance(self.prefer, (list, set, frozenset)):
+            object.__setattr__(self, "prefer", tuple(self.prefer))
+
+
+# ---- events (stimuli in) ----
+
+@dataclass(frozen=True)
+class WorkerJoined:
+    """A worker is ready; it may hold ``slots`` tasks at once (running and queued)."""
+    worker: object
+    slots: int = 2
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """A worker died or stopped answering."""
+    worker: object
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StageSubmitted:
+    """A stage of tasks (any iterable of ``TaskSpec``, stored as a tuple; may be empty)."""
+    stage_id: int
+    tasks: tuple = ()
+
+    def __post_init__(self):
+        if not isinstance(self.tasks, tuple):
+            object.__setattr__(self, "tasks", tuple(self.tasks))
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """``worker`` ran task ``key``; ``result`` is passed through to ``StageFinished``."""
+    key: object
+    worker: object
+    result: object = None
+
+
+@dataclass(frozen=True)
+class TaskFailed:
+    """Task ``key`` raised on ``worker``; ``error`` is passed through to ``StageAborted``."""
+    key: object
+    worker: object
+    error: object
+
+
+@dataclass(frozen=True)
+class StageCancelled:
+    """The driver gave up on a stage; nothing more is reported for it."""
+    stage_id: int
+
+
+# ---- instructions (out) ----
+
+@dataclass(frozen=True)
+class Run:
+    """Send task ``key`` to ``worker`` (live, with a free slot)."""
+    key: object
+    worker: object
+    stage_id: int
+    partition: int
+
+
+@dataclass(frozen=True)
+class StageFinished:
+    """Every task of the stage is done; ``results`` maps each partition to its result."""
+    stage_id: int
+    results: dict
+
+
+@dataclass(frozen=True)
+class StageAborted:
+    """The stage failed: ``error`` is the task's error or a ``clamor.errors.WorkerLost``."""
+    stage_id: int
+    error: object
+
+
+# ---- internal records ----
+
+# Internal stage states.  "done" means every result is in but an earlier stage
+# is unresolved, so StageFinished waits; it reads as "running" outside.
+_PENDING, _RUNNING, _DONE, _FINISHED, _ABORTED = "pending", "running", "done", "finished", "aborted"
+_PUBLIC_STATE = {_PENDING: "pending", _RUNNING: "running", _DONE: "running", _FINISHED: "finished",
+                 _ABORTED: "aborted"}
+_by_partition = attrgetter("partition")
+
+
+class _Stage:
+    __slots__ = ("id", "seq", "queue", "remaining", "results", "state")
+
+    def __init__(self, stage_id, seq, specs):
+        self.id, self.seq = stage_id, seq   # seq: submission order
+        self.queue = deque(specs)     # unassigned TaskSpecs, partition order
+        self.remaining = len(specs)   # tasks without a result yet
+        self.results = {}             # partition -> result
+        self.state = _PENDING if specs else _DONE
+
+
+class _Task:
+    """An assigned task (unassigned ones are only a TaskSpec in their stage's queue)."""
+    __slots__ = ("spec", "stage", "worker")
+
+    def __init__(self, spec, stage, worker):
+        self.spec, self.stage, self.worker = spec, stage, worker
+
+
+class _Worker:
+    __slots__ = ("id", "slots", "order", "tasks")
+
+    def __init__(self, worker_id, slots, order):
+        self.id, self.slots, self.order = worker_id, slots, order
+        self.tasks = set()            # keys assigned here
+
+
+class Scheduler:
+    """See the module docstring.  ``handle`` is the only mutator; the other
+    methods are read-only views for the cluster and the tests."""
+
+    def __init__(self):
+        self._workers = {}            # live worker id -> _Worker
+        self._joins = 0               # joins so far: the next worker's tie-break order
+        self._free = 0                # free slots over all live workers
+        self._idle = []               # heap of (load, order, worker id); stale when load changed
+        self._stages = {}             # stage id -> _Stage, every stage ever submitted
+        self._unresolved = deque()    # stages neither finished nor aborted, submission order
+        self._ready = deque()         # stages that may have unassigned tasks, submission order
+        self._tasks = {}              # key -> _Task, assigned and not reported
+        self._keys = set()            # every key ever submitted
+        self._npending = 0            # unassigned tasks of live stages
+
+    # ---- the mutator ----
+
+    def handle(self, event):
+        """Apply one event; return the instructions it causes, in order.
+        Raises ValueError/TypeError for caller bugs (module docstring), with
+        the state unchanged."""
+        try:
+            apply = self._HANDLERS[type(event)]
+        except KeyError:
+            raise TypeError(f"not a scheduler event: {event!r}") from None
+        out = []
+        apply(self, event, out)
+        if self._npending and not self._workers and self._joins:
+            self._abort_unassigned(out)
+        self._flush_finished(out)
+        self._assign(out)
+        return out
+
+    def _worker_joined(self, ev, out):
+        slots = ev.slots
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"worker {ev.worker!r}: slots must be a positive int, not {slots!r}")
+        if ev.worker in self._workers:
+            return
+        w = _Worker(ev.worker, slots, self._joins)
+        self._joins += 1
+        self._workers[w.id] = w
+        self._free += slots
+        self._push_idle(w)
+
+    def _worker_lost(self, ev, out):
+        w = self._workers.pop(ev.worker, None)
+        if w is None:
+            return
+        self._free -= w.slots - len(w.tasks)
+        lost = [self._tasks.pop(key) for key in w.tasks]
+        w.tasks = set()
+        if lost:
+            lost.sort(key=lambda t: (t.stage.seq, t.spec.partition))
+            self._on_lost_tasks(ev.worker, lost, ev.reason, out)
+        if len(self._idle) > 4 * len(self._workers) + 64:
+            self._rebuild_idle()
+
+    def _stage_submitted(self, ev, out):
+        sid, tasks = ev.stage_id, ev.tasks
+        if sid in self._stages:
+            raise ValueError(f"stage id {sid!r} was already submitted")
+        keys, parts = set(), set()
+        for spec in tasks:
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"stage {sid!r}: not a TaskSpec: {spec!r}")
+            if spec.stage_id != sid:
+                raise ValueError(f"stage {sid!r}: task {spec.key!r} has stage_id {spec.stage_id!r}")
+            if spec.key in keys or spec.key in self._keys:
+                raise ValueError(f"stage {sid!r}: task key {spec.key!r} was already submitted")
+            keys.add(spec.key)
+            parts.add(spec.partition)
+        if len(parts) != len(tasks):
+            raise ValueError(f"stage {sid!r}: two tasks share a partition")
+        specs = sorted(tasks, key=_by_partition)
+        st = _Stage(sid, len(self._stages), specs)
+        self._stages[sid] = st
+        self._keys |= keys
+        self._unresolved.append(st)
+        if specs:
+            self._ready.append(st)
+            self._npending += len(specs)
+
+    def _task_done(self, ev, out):
+        t = self._take(ev.key, ev.worker)
+        if t is not None and t.stage.state == _RUNNING:
+            st = t.stage
+            st.results[t.spec.partition] = ev.result
+            st.remaining -= 1
+            if not st.remaining:
+                st.state = _DONE
+
+    def _task_failed(self, ev, out):
+        t = self._take(ev.key, ev.worker)
+        if t is not None and t.stage.state == _RUNNING:
+            self._abort(t.stage, ev.error, out)
+
+    def _stage_cancelled(self, ev, out):
+        st = self._stages.get(ev.stage_id)
+        if st is not None and st.state != _FINISHED and st.state != _ABORTED:
+            self._abort(st, None, out, report=False)
+
+    _HANDLERS = {WorkerJoined: _worker_joined, WorkerLost: _worker_lost, StageSubmitted: _stage_submitted,
+                 TaskDone: _task_done, TaskFailed: _task_failed, StageCancelled: _stage_cancelled}
+
+    # ---- policy hook ----
+
+    def _on_lost_tasks(self, worker, lost, reason, out):
+        """Decide the fate of ``lost``: the tasks (``_Task``, in submission
+        and partition order) that ``worker`` held when it was lost, already
+        unassigned, their slots gone.  This policy aborts each unresolved
+        stage among them, in submission order.
+
+        A ``recover=True`` policy (lineage-based fault tolerance) would
+        instead put each spec back at the front of its stage's ``queue``
+        (partition order), add them to ``_npending``, and re-insert the stage
+        into ``_ready`` at its submission position if it had left it; a late
+        report from the lost worker is already ignored, because ``_take``
+        checks the worker running the key."""
+        for t in lost:
+            if t.stage.state == _RUNNING:      # (a stage holding a task is running or aborted)
+                msg = f"worker {worker} lost: {reason}" if reason else f"worker {worker} lost"
+                self._abort(t.stage, errors.WorkerLost(msg), out)
+
+    # ---- internals ----
+
+    def _take(self, key, worker):
+        """Unassign task ``key`` if ``worker`` runs it and free the slot;
+        None (and no change) for unknown, unassigned or late reports."""
+        t = self._tasks.get(key)
+        if t is None or t.worker != worker:
+            return None
+        del self._tasks[key]
+        w = self._workers[worker]
+        w.tasks.discard(key)
+        self._free += 1
+        self._push_idle(w)
+        return t
+
+    def _abort(self, st, error, out, report=True):
+        st.state = _ABORTED
+        self._npending -= len(st.queue)
+        st.queue.clear()              # its stage leaves _ready lazily, in _assign
+        st.results = None
+        if report:
+            out.append(StageAborted(st.id, error))
+
+    def _abort_unassigned(self, out):
+        for st in self._ready:
+            if st.queue and st.state != _ABORTED:
+                self._abort(st, errors.WorkerLost("no live workers"), out)
+
+    def _flush_finished(self, out):
+        unresolved = self._unresolved
+        while unresolved:
+            st = unresolved[0]
+            if st.state == _DONE:
+                out.append(StageFinished(st.id, st.results))
+                st.state, st.results = _FINISHED, None
+            elif st.state != _ABORTED:
+                break
+            unresolved.popleft()
+
+    def _assign(self, out):
+        ready, workers, tasks = self._ready, self._workers, self._tasks
+        while self._npending and self._free:
+            st = ready[0]
+            if not st.queue:
+                ready.popleft()
+                continue
+            spec = st.queue.popleft()
+            w = None
+            for wid in spec.prefer:
+                c = workers.get(wid)
+                if c is not None and len(c.tasks) < c.slots and (
+                        w is None or (len(c.tasks), c.order) < (len(w.tasks), w.order)):
+                    w = c
+            if w is None:
+                while True:            # _free > 0, so a valid entry exists
+                    load, order, wid = heappop(self._idle)   # (_push_idle may rebind _idle)
+                    c = workers.get(wid)
+                    if c is not None and c.order == order and len(c.tasks) == load:
+                        w = c
+                        break
+            w.tasks.add(spec.key)
+            tasks[spec.key] = _Task(spec, st, w.id)
+            self._free -= 1
+            self._npending -= 1
+            if st.state == _PENDING:
+                st.state = _RUNNING
+            self._push_idle(w)
+            out.append(Run(spec.key, w.id, st.id, spec.partition))
+
+    def _push_idle(self, w):
+        if len(w.tasks) < w.slots:
+            heappush(self._idle, (len(w.tasks), w.order, w.id))
+            if len(self._idle) > 4 * len(self._workers) + 64:
+                self._rebuild_idle()
+
+    def _rebuild_idle(self):
+        self._idle = [(len(w.tasks), w.order, w.id) for w in self._workers.values() if len(w.tasks) < w.slots]
+        heapify(self._idle)
+
+    # ---- read-only views ----
+
+    @property
+    def workers(self):
+        """Live worker ids."""
+        return frozenset(self._workers)
+
+    def running(self, worker):
+        """Keys assigned to ``worker`` and not yet reported (empty if unknown)."""
+        w = self._workers.get(worker)
+        return frozenset(w.tasks) if w is not None else frozenset()
+
+    def stage_state(self, stage_id):
+        """"pending" (no task assigned yet), "running", "finished" (once
+        StageFinished is out), "aborted" (failed, lost or cancelled), or None
+        for an unknown stage."""
+        st = self._stages.get(stage_id)
+        return _PUBLIC_STATE[st.state] if st is not None else None
+
+    def pending_count(self):
+        """Tasks waiting for a slot."""
+        return self._npending
+
+    def running_count(self):
+        """Tasks assigned to a live worker and not yet reported."""
+        return len(self._tasks)
