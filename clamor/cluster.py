@@ -270,7 +270,8 @@ class Cluster:
                   for p in partitions}
         tasks = tuple(TaskSpec((sid, p), sid, p, prefer[p]) for p in partitions)
         stat = {"stage": sid, "kind": kind if kind == "map" else action, "tasks": len(tasks), "durations": [],
-                "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0}
+                "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,
+                "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values())}
         t0 = time.perf_counter()
         bar = StageProgress(len(tasks), desc, self.progress)
         log.debug("%s: %d tasks", desc, len(tasks))
