@@ -43,6 +43,14 @@ const char *clamor_server_endpoint(void);
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
                  uint64_t *page_size, int timeout_ms);
 
+int clamor_stage_begin(uint32_t stage);
+uint64_t clamor_changed_count(void);
+void clamor_changed_copy(uint64_t *out, uint64_t n);
+uint32_t clamor_stage_current(void);
+int clamor_versions_gc(uint32_t min_stage);
+void clamor_set_stage(uint32_t stage);
+int clamor_invalidate(const uint64_t *pages, uint64_t n);
+
 struct clamor_stats {
     uint64_t faults;
     uint64_t pages_fetched;
@@ -56,6 +64,11 @@ struct clamor_stats {
     uint64_t bad_requests;
     uint64_t evictions;
     uint64_t pages_dropped;
+    uint64_t pages_invalidated;
+    uint64_t pages_logged;
+    uint64_t pages_unchanged;
+    uint64_t versions;
+    uint64_t version_bytes;
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

@@ -16,7 +16,6 @@ or a missing heartbeat, and the stage fails with WorkerLost.
 """
 import atexit
 import collections
-import itertools
 import logging
 import os
 import pickle
@@ -25,6 +24,7 @@ import statistics
 import time
 import weakref
 
+import numpy as np
 import psutil
 import zmq
 
@@ -69,9 +69,9 @@ class Cluster:
         self.start_timeout = start_timeout
         self._geometry = (base, region_size, page_size)
         self._started = self._closed = False
-        self._stage_ids = itertools.count(1)
         self._stage_stats = collections.deque(maxlen=1000)
         self._totals = collections.Counter()
+        self._forgotten = collections.deque()  # blocks whose collection is gone
 
     # -- life cycle -------------------------------------------------------------------
     def __enter__(self):
@@ -117,6 +117,8 @@ class Cluster:
             raise
         self._shuffle_locs = {}  # shuffle id -> [blocks endpoint per map partition]
         self._cache_locs = {}    # (collection id, partition) -> wid
+        self._made_at = {}       # shuffle id or (collection id, partition) -> stage that made it
+        self._changes = {}       # stage -> pages the driver changed just before it
         log.info("cluster up: %d workers, page server %s", self.nworkers, self.page_endpoint)
         return self
 
@@ -133,7 +135,7 @@ class Cluster:
             frames = self._sock.recv_multipart()
             if frames[1] == b"HELLO":
                 info = pickle.loads(frames[2])
-                info.update(last_hb=time.monotonic(), stages=set())
+                info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current())
                 self._workers[frames[0]] = info
                 self._sched.handle(WorkerJoined(frames[0], self.slots))
 
@@ -253,8 +255,34 @@ class Cluster:
         return {"shuffle": self._shuffle_locs,
                 "cache": {k: eps[w] for k, w in self._cache_locs.items() if w in eps}}
 
+    def _begin_stage(self):
+        """Number the next stage and end the driver's epoch: pages written
+        since the last stage are versioned, and the changed ones listed for
+        the workers to drop."""
+        self._drop_forgotten()
+        sid = region.stage_current() + 1
+        changed = region.stage_begin(sid)
+        if changed.size:
+            self._changes[sid] = changed
+        # versions older than anything a live partition was computed at are
+        # of no use to anyone (lineage re-runs read at their own stage)
+        region.versions_gc(min([sid] + list(self._made_at.values())))
+        oldest = min((w["seen"] for w in self._workers.values()), default=sid)
+        for s in [s for s in self._changes if s <= oldest]:
+            del self._changes[s]
+        return sid
+
+    def _invalidations(self, w, sid):
+        """Pages worker ``w`` must drop before its first task of stage
+        ``sid``: those changed at every stage boundary since it last ran."""
+        parts = [ch for s, ch in self._changes.items() if w["seen"] < s <= sid]
+        w["seen"] = sid
+        if not parts:
+            return b""
+        return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
+
     def _run_stage(self, kind, node, parent=None, action=None, arg=None, partitions=None):
-        sid = next(self._stage_ids)
+        sid = self._begin_stage()
         if kind == "map":
             partitions = list(range(node.deps[parent].num_partitions))
             desc = f"stage {sid}: shuffle map"
@@ -284,6 +312,7 @@ class Cluster:
         if kind == "map":
             self._shuffle_locs[node.shuffle_ids[parent]] = [self._workers[results[p]]["blocks"]
                                                             for p in partitions]
+            self._made_at[node.shuffle_ids[parent]] = sid
             return None
         return [results[p] for p in partitions]
 
@@ -322,8 +351,9 @@ class Cluster:
         w = self._workers[ins.worker]
         first = ins.stage_id not in w["stages"]
         w["stages"].add(ins.stage_id)
+        inval = self._invalidations(w, ins.stage_id) if w["seen"] < ins.stage_id else b""
         self._sock.send_multipart([ins.worker, b"TASK", pickle.dumps(ins.key), str(ins.stage_id).encode(),
-                                   payload if first else b"", extras[ins.partition]])
+                                   payload if first else b"", extras[ins.partition], inval])
 
     def _on_message(self, frames, stat, bar):
         ident, kind = frames[0], frames[1]
@@ -339,6 +369,7 @@ class Cluster:
             res = serialize.loads(frames[3])
             for cid, p in res["cached"]:
                 self._cache_locs[(cid, p)] = ident
+                self._made_at[(cid, p)] = key[0]
             if key[0] == stat["stage"]:
                 stat["durations"].append(res["duration"])
                 for k in ("faults", "bytes_from_driver", "bytes_from_peers"):
@@ -378,11 +409,36 @@ class Cluster:
         self._cache_locs = {k: w for k, w in self._cache_locs.items() if w != wid}
         dead = info["blocks"]
         self._shuffle_locs = {s: eps for s, eps in self._shuffle_locs.items() if dead not in eps}
+        self._made_at = {k: s for k, s in self._made_at.items() if k in self._cache_locs or k in self._shuffle_locs}
+
+    def _forget(self, prefix):
+        # Called by a finalizer, so at any moment and in any thread: only
+        # note it; the blocks are dropped before the next stage.
+        self._forgotten.append(prefix)
+
+    def _drop_forgotten(self):
+        drops = []
+        while self._forgotten:
+            kind, ident = prefix = self._forgotten.popleft()
+            drops.append(prefix)
+            if kind == "shuffle":
+                self._shuffle_locs.pop(ident, None)
+                self._made_at.pop(ident, None)
+            else:
+                for k in [k for k in self._cache_locs if k[0] == ident]:
+                    del self._cache_locs[k]
+                    self._made_at.pop(k, None)
+        if drops:
+            for wid in self._workers:
+                self._sock.send_multipart([wid, b"DROP", pickle.dumps(drops)])
 
     def _drop_cache(self, cid):
+        if self._closed or not self._started:
+            return
         keys = [k for k in self._cache_locs if k[0] == cid]
         for k in keys:
             del self._cache_locs[k]
+            self._made_at.pop(k, None)
         for wid in self._workers:
             self._sock.send_multipart([wid, b"DROP", pickle.dumps([("cache", cid)])])
 

@@ -18,6 +18,7 @@ region arrays by reference); the driver-side cluster handle is not shipped.
 """
 import functools
 import glob as _glob
+import weakref
 import itertools
 import os
 import zlib
@@ -144,7 +145,10 @@ class DataCollection:
             lambda kv: [(kv[0], (v, w)) for v in kv[1][0] for w in kv[1][1]])
 
     def cache(self):
-        """Keep computed partitions on the workers across actions."""
+        """Keep computed partitions on the workers across actions (until
+        ``unpersist()`` or until this collection is garbage-collected)."""
+        if not self.cached and self._cluster is not None:
+            weakref.finalize(self, self._cluster._forget, ("cache", self.id))
         self.cached = True
         return self
 
@@ -326,6 +330,9 @@ class Shuffled(DataCollection):
         super().__init__(parents[0]._cluster, partitions, parents)
         self.combine = combine
         self.shuffle_ids = [next(_ids) for _ in parents]
+        if self._cluster is not None:  # buckets live until the collection goes
+            for sid in self.shuffle_ids:
+                weakref.finalize(self, self._cluster._forget, ("shuffle", sid))
 
     def bucketize(self, i, part):
         """Map side for parent ``i``: one dict key -> value(s) per bucket."""

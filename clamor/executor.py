@@ -11,7 +11,7 @@ them without the GIL.
 
 Control messages, multipart:
 
-    driver -> worker   TASK key stage_id stage_payload|"" task_extras
+    driver -> worker   TASK key stage_id stage_payload|"" task_extras invalidated-pages|""
                        DROP pickled-list-of-block-key-prefixes
                        STOP
     worker -> driver   HELLO pickled-info
@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 
+import numpy as np
 import zmq
 
 from . import region, serialize
@@ -232,8 +233,11 @@ class Runtime:
                 s.close()
 
     def _task(self, frames):
-        key, stage_id, payload, extras = frames[1], int(frames[2]), frames[3], frames[4]
+        key, stage_id, payload, extras, inval = frames[1], int(frames[2]), frames[3], frames[4], frames[5]
         region.ensure_handler_first()
+        if inval:  # pages the driver changed since this worker's last stage
+            region.invalidate(np.frombuffer(inval, dtype=np.uint64))
+        region.set_stage(stage_id)
         before = region.stats()
         t0 = time.perf_counter()
         try:

@@ -221,6 +221,46 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None):
     }
 
 
+def stage_begin(stage):
+    """Driver: stage ``stage`` is about to run.  Returns the indices of the
+    pages whose bytes changed since the previous stage (a uint64 ndarray):
+    workers must drop their copies before running its tasks."""
+    import numpy as np
+
+    check(lib.clamor_stage_begin(int(stage)), f"beginning stage {stage}",
+          {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
+    n = int(lib.clamor_changed_count())
+    out = np.empty(n, dtype=np.uint64)
+    if n:
+        lib.clamor_changed_copy(ffi.cast("uint64_t *", out.ctypes.data), n)
+    return out
+
+
+def stage_current():
+    """Driver: the number of the last stage begun (0 before the first)."""
+    return int(lib.clamor_stage_current())
+
+
+def versions_gc(min_stage):
+    """Driver: drop page versions only stages before ``min_stage`` could read."""
+    check(lib.clamor_versions_gc(int(min_stage)))
+
+
+def set_stage(stage):
+    """Worker: the stage of the task about to run (page requests carry it)."""
+    lib.clamor_set_stage(int(stage))
+
+
+def invalidate(pages):
+    """Worker: drop the local copies of ``pages`` (page indices)."""
+    import numpy as np
+
+    arr = np.ascontiguousarray(pages, dtype=np.uint64)
+    if arr.size:
+        check(lib.clamor_invalidate(ffi.cast("uint64_t *", arr.ctypes.data), arr.size), "invalidating pages",
+              {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
+
+
 def mappings():
     """Mappings the worker's region is split into now."""
     return int(lib.clamor_mappings())
@@ -228,7 +268,8 @@ def mappings():
 
 _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests",
                 "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
-                "evictions", "pages_dropped", "latency_count")
+                "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
+                "versions", "version_bytes", "latency_count")
 
 
 def stats():

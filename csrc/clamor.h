@@ -106,7 +106,9 @@ int clamor_pager_stop(void);
 /* Make every page of [addr, addr+len) present, fetching the missing ones in
  * one pipelined batch, and wait.  System calls that read into or write from
  * region memory fail with EFAULT on pages not present (the kernel raises no
- * SIGSEGV for them), so call this first.  On the driver it is a no-op.
+ * SIGSEGV for them), so call this first.  On the driver, once stages have
+ * begun, it opens the pages for writing (logging their versions), since
+ * pages are write-protected there.
  * EFAULT if the range is not inside the region; EIO/ETIMEDOUT/ENOENT if a
  * page could not be fetched.  Thread-safe. */
 int clamor_prefetch(const void *addr, size_t len);
@@ -143,6 +145,30 @@ const char *clamor_server_endpoint(void);
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
                  uint64_t *page_size, int timeout_ms);
 
+/* ---- stages and page versions ----------------------------------------- */
+
+/* Driver: stage `stage` (> every earlier one) is about to be submitted.
+ * The first call write-protects the region: from then on the first write
+ * to a page in a stage logs the page's previous content as a version, and
+ * pages whose bytes changed since the previous stage_begin are listed
+ * (clamor_changed_count/copy) so that workers drop their copies.  A page
+ * written back to identical bytes is not listed.  Not thread-safe against
+ * other stage calls; driver threads may keep writing. */
+int clamor_stage_begin(uint32_t stage);
+uint64_t clamor_changed_count(void);
+void clamor_changed_copy(uint64_t *out, uint64_t n);
+uint32_t clamor_stage_current(void);
+/* Driver: drop versions that only stages before `min_stage` could read. */
+int clamor_versions_gc(uint32_t min_stage);
+
+/* Worker: the stage of the task about to run; page requests carry it and
+ * are answered with the page as that stage sees it. */
+void clamor_set_stage(uint32_t stage);
+/* Worker: drop this worker's copies of the listed pages (changed by the
+ * driver); fetches of them in flight are discarded on arrival.  Memory is
+ * returned.  Thread-safe. */
+int clamor_invalidate(const uint64_t *pages, uint64_t n);
+
 /* ---- statistics -------------------------------------------------------- */
 
 struct clamor_stats {
@@ -158,6 +184,11 @@ struct clamor_stats {
     uint64_t bad_requests;    /* malformed messages answered with an error */
     uint64_t evictions;       /* pages dropped to bound the mapping count */
     uint64_t pages_dropped;   /* pages dropped on request */
+    uint64_t pages_invalidated; /* worker: copies dropped because the driver changed them */
+    uint64_t pages_logged;    /* driver: pages copied on their first write in a stage */
+    uint64_t pages_unchanged; /* driver: of those, identical at the next stage */
+    uint64_t versions;        /* driver: page versions held */
+    uint64_t version_bytes;
     uint64_t latency_count;   /* fetch latencies recorded */
     double latency_p50_us;
     double latency_p99_us;

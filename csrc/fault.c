@@ -79,7 +79,8 @@ static const char *cause(int err) {
     case ENOENT: return "the driver never allocated this page (a dangling or wild pointer into the region)";
     case ETIMEDOUT: return "no answer from the page server within the fetch timeout (driver gone or overloaded?)";
     case ENOTCONN: return "no pager is running in this process (start one with clamor_pager_start / attach)";
-    case ENOMEM: return "the region's memory mappings are exhausted (vm.max_map_count)";
+    case ENOMEM: return "out of memory mappings (vm.max_map_count) or of room for page versions";
+    case ESTALE: return "the page version this stage needs was already collected";
     case ERANGE: return "the page lies outside the region the server has";
     case EACCES: return "write to a page that is mapped read-only on this worker";
     case EPROTO: case EBADMSG: return "malformed reply from the page server";
@@ -170,8 +171,16 @@ static uint64_t now_ms(void) {
 static void handler(int sig, siginfo_t *si, void *uc) {
     int saved = errno;
     uintptr_t a = (uintptr_t)si->si_addr;
-    if (si->si_code <= 0 || cl_region.role != CLAMOR_ROLE_WORKER || !cl_in_region(a)) {
+    if (si->si_code <= 0 || !cl_in_region(a)) {
         chain(sig, si, uc);
+        errno = saved;
+        return;
+    }
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+        /* a write to a page write-protected for copy-on-write (version.c) */
+        int rc = is_write_fault(uc) ? cl_version_on_write(a) : EACCES;
+        if (rc == EACCES) chain(sig, si, uc);
+        else if (rc) fatal(a, rc);
         errno = saved;
         return;
     }

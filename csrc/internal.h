@@ -110,6 +110,25 @@ extern _Atomic int cl_fault_wake_fd;
 /* Index bit set by the handler when the page was HELD (read-ahead marker). */
 #define CL_REQ_MARKER (1ull << 63)
 
+/* ---- page versions (version.c, driver) ------------------------------------ */
+
+/* Called by the fault handler for a write to a write-protected driver page:
+ * log its content for the current stage and open it.  Async-signal-safe.
+ * 0, EACCES (copy-on-write is off: not clamor's fault) or ENOMEM. */
+int cl_version_on_write(uintptr_t addr);
+/* Copy page p as a task of `stage` must see it (0: current).  ESTALE if
+ * that version was collected.  Page-server thread. */
+int cl_version_read(uint64_t p, uint32_t stage, void *dst);
+void cl_version_stats(uint64_t *n, uint64_t *bytes);
+int cl_version_open(uintptr_t a, size_t len);
+void cl_version_reset(void);
+
+/* Stage of the task running in this worker (sent with every page request). */
+extern _Atomic uint32_t cl_worker_stage;
+/* Page word bit: invalidated while its fetch was in flight; the reply is
+ * stale and must not be installed. */
+#define CL_PG_STALE 0x200u
+
 /* ---- pager and server ---------------------------------------------------- */
 
 int cl_pager_stop_after_fork(void);
@@ -122,7 +141,8 @@ int cl_pager_enqueue(uint64_t idx);
 struct cl_counters {
     _Atomic uint64_t faults, pages_fetched, bytes_fetched, readahead_pages,
         fetch_requests, fetch_errors, pages_served, bytes_served,
-        requests_served, bad_requests, evictions, pages_dropped;
+        requests_served, bad_requests, evictions, pages_dropped, pages_logged, pages_unchanged,
+        pages_invalidated;
 };
 extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)

@@ -73,6 +73,9 @@ static struct pager {
 } P = {.pipe_r = -1, .pipe_w = -1};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
+_Atomic uint32_t cl_worker_stage;
+
+void clamor_set_stage(uint32_t stage) { atomic_store(&cl_worker_stage, stage); }
 static _Atomic uint32_t fetch_timeout_ms = 30000;
 
 void clamor_set_readahead(size_t bytes) { atomic_store(&readahead_bytes, bytes); }
@@ -101,6 +104,9 @@ static void fail_run(uint64_t first, uint32_t count, int err, bool demanded) {
         uint32_t exp = CL_PG_WANTED;
         if (!demanded && atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) continue;
         if (CL_PG_STATE(exp) != CL_PG_WANTED) continue;
+        /* invalidated meanwhile and nobody waits: it is simply absent */
+        if ((exp & CL_PG_STALE) && !(exp & CL_PG_WAITERS) && atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT))
+            continue;
         atomic_store(w, CL_PG_MKERR(err));
         cl_futex_wake(w);
     }
@@ -137,7 +143,7 @@ static int send_one(struct run *r) {
     struct req *q = &P.inflight[slot];
     q->gen++;
     struct cl_wire_hdr h = {.type = CL_WIRE_GET, .index = r->first, .count = r->count,
-                            .tag = (uint32_t)q->gen << 16 | slot};
+                            .stage = atomic_load(&cl_worker_stage), .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
     if (cl_zmq.send(P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
@@ -463,7 +469,7 @@ int clamor_prefetch(const void *addr, size_t len) {
     uintptr_t a = (uintptr_t)addr;
     if (cl_region.role == CLAMOR_ROLE_DRIVER && a - cl_region.base <= cl_region.size &&
         len <= cl_region.size - (a - cl_region.base))
-        return 0;
+        return cl_version_open(a, len); /* write-protected between stages */
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(ENXIO, "no region in this process");
     if (len == 0) return 0;
     if (a - cl_region.base >= cl_region.size || len > cl_region.size - (a - cl_region.base))

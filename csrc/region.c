@@ -236,6 +236,7 @@ int clamor_region_close(void) {
     }
     close(cl_region.memfd);
     cl_alloc_reset();
+    cl_version_reset();
     memset(&cl_region, 0, sizeof cl_region);
     cl_region.memfd = -1;
     return 0;
@@ -382,10 +383,49 @@ int cl_region_evict_one(void) {
 
 /* Open the public view of [first, first+count) (data already in the fill
  * view) and wake the waiters. */
+/* A fetched page that was invalidated while in flight: its bytes are stale.
+ * Forget them; if a thread waits for the page, ask for it again.  pt_lock. */
+static void discard_stale(uint64_t i) {
+    _Atomic uint32_t *w = &cl_region.pages[i];
+    fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(i << cl_region.page_shift),
+              (off_t)cl_region.page_size);
+    uint32_t s = atomic_load(w);
+    if (s & CL_PG_WAITERS) {
+        atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
+        if (cl_pager_enqueue(i) != 0) { /* no pager: the waiter must not hang */
+            atomic_store(w, CL_PG_MKERR(ENOTCONN));
+            cl_futex_wake(w);
+        }
+    } else {
+        atomic_store(w, CL_PG_ABSENT);
+    }
+}
+
+static int install_run(uint64_t first, uint64_t count);
+
 int cl_region_install(uint64_t first, uint64_t count) {
-    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
     int rc = 0;
     pthread_mutex_lock(&pt_lock);
+    /* install the runs of pages not invalidated meanwhile */
+    uint64_t i = first, end = first + count;
+    while (i < end) {
+        if (atomic_load(&cl_region.pages[i]) & CL_PG_STALE) {
+            discard_stale(i++);
+            continue;
+        }
+        uint64_t s = i;
+        while (i < end && !(atomic_load(&cl_region.pages[i]) & CL_PG_STALE)) i++;
+        int r = install_run(s, i - s);
+        if (r && !rc) rc = r;
+    }
+    pthread_mutex_unlock(&pt_lock);
+    return rc;
+}
+
+/* pt_lock held */
+static int install_run(uint64_t first, uint64_t count) {
+    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
+    int rc = 0;
     int d = cl_region_map_delta(first, count, 1);
     uint32_t budget = cl_region_mapping_budget();
     while (d > 0 && mappings + (uint32_t)d > budget) {
@@ -410,7 +450,6 @@ out:
         uint32_t old = atomic_exchange(&cl_region.pages[i], rc ? CL_PG_MKERR(rc) : CL_PG_PRESENT);
         if (old & CL_PG_WAITERS) cl_futex_wake(&cl_region.pages[i]);
     }
-    pthread_mutex_unlock(&pt_lock);
     return rc;
 }
 
@@ -450,4 +489,42 @@ int clamor_pages_drop(uint64_t first, uint64_t count) {
         return cl_err(EINVAL, "pages %lu+%lu are outside the region (%lu pages)", (unsigned long)first,
                       (unsigned long)count, (unsigned long)cl_region.npages);
     return cl_region_drop(first, count);
+}
+
+int clamor_invalidate(const uint64_t *pages, uint64_t n) {
+    if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker invalidates pages");
+    for (uint64_t k = 0; k < n; k++)
+        if (pages[k] >= cl_region.npages)
+            return cl_err(EINVAL, "page %lu is outside the region (%lu pages)", (unsigned long)pages[k],
+                          (unsigned long)cl_region.npages);
+    int rc = 0;
+    pthread_mutex_lock(&pt_lock);
+    for (uint64_t k = 0; k < n && !rc; k++) {
+        uint64_t i = pages[k];
+        _Atomic uint32_t *w = &cl_region.pages[i];
+        uint32_t s = atomic_load(w);
+        switch (CL_PG_STATE(s)) {
+        case CL_PG_PRESENT:
+            rc = drop_locked(i, 1);
+            CL_COUNT(pages_invalidated, 1);
+            break;
+        case CL_PG_HELD:
+            atomic_store(w, CL_PG_ABSENT);
+            fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
+            CL_COUNT(pages_invalidated, 1);
+            break;
+        case CL_PG_WANTED: /* in flight: the reply must not be installed */
+            while (CL_PG_STATE(s) == CL_PG_WANTED && !atomic_compare_exchange_weak(w, &s, s | CL_PG_STALE)) {}
+            CL_COUNT(pages_invalidated, 1);
+            break;
+        case CL_PG_ERROR: /* a later touch may succeed: the page changed */
+            atomic_store(w, CL_PG_ABSENT);
+            break;
+        default:
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pt_lock);
+    return rc;
 }

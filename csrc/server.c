@@ -10,8 +10,8 @@
  * never stops the server.  Replies to a peer that went away are dropped by
  * the ROUTER (not mandatory), so a dead peer never stalls it either.
  *
- * The driver sends its pages without a copy (they do not change within a
- * stage).  A worker copies a page out of its fill view and checks that the
+ * The driver answers with each page as the requester's stage sees it
+ * (version.c).  A worker copies a page out of its fill view and checks that the
  * page was present before and after the copy, so a page dropped meanwhile is
  * never served half-old.
  */
@@ -84,11 +84,20 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     }
     cl_zmq_msg body;
     if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-        /* Zero copy: the driver's pages do not change within a stage, and
-         * libzmq's I/O thread sends straight from the region. */
-        if (cl_zmq.msg_init_data(&body, (void *)src, len, NULL, NULL) != 0) {
+        /* Copy each page as the requester's stage sees it: the driver may
+         * be writing the current page (version.c logs it first). */
+        if (cl_zmq.msg_init_size(&body, len) != 0) {
             reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
             return;
+        }
+        for (uint32_t k = 0; k < rq->count; k++) {
+            int rc = cl_version_read(rq->index + k, rq->stage,
+                                     (char *)cl_zmq.msg_data(&body) + ((size_t)k << cl_region.page_shift));
+            if (rc) {
+                cl_zmq.msg_close(&body);
+                reply_err(id, rq->tag, rq, rc, "the version of that stage was collected");
+                return;
+            }
         }
     } else {
         /* A worker's page may be dropped (and its memory punched) while a

@@ -66,7 +66,9 @@ void clamor_stats_get(struct clamor_stats *o) {
     LD(faults); LD(pages_fetched); LD(bytes_fetched); LD(readahead_pages);
     LD(fetch_requests); LD(fetch_errors); LD(pages_served); LD(bytes_served);
     LD(requests_served); LD(bad_requests); LD(evictions); LD(pages_dropped);
+    LD(pages_invalidated); LD(pages_logged); LD(pages_unchanged);
 #undef LD
+    cl_version_stats(&o->versions, &o->version_bytes);
     uint64_t h[NBUCKETS]; /* 8 KiB snapshot on the stack */
     uint64_t total = 0;
     for (unsigned b = 0; b < NBUCKETS; b++) {
@@ -84,6 +86,7 @@ void clamor_stats_reset(void) {
     Z(faults); Z(pages_fetched); Z(bytes_fetched); Z(readahead_pages);
     Z(fetch_requests); Z(fetch_errors); Z(pages_served); Z(bytes_served);
     Z(requests_served); Z(bad_requests); Z(evictions); Z(pages_dropped);
+    Z(pages_invalidated); Z(pages_logged); Z(pages_unchanged);
 #undef Z
     for (unsigned b = 0; b < NBUCKETS; b++) atomic_store(&hist[b], 0);
     atomic_store(&hist_max_ns, 0);

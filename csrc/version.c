@@ -1,0 +1,334 @@
+/* version.c -- the driver's page versions: copy-on-write between stages.
+ *
+ * DESIGN.  Stage S begins with clamor_stage_begin(S).  From then on the
+ * region is write-protected in the driver; the first write to a page in
+ * epoch S faults, and the fault handler (fault.c, through
+ * cl_version_on_write) copies the page's content into a version slot
+ * labelled "last stage S" (that content is what stages <= S see), pushes it
+ * on the page's version list, notes the page in the epoch's dirty list and
+ * opens the page for writing.  Everything it does is async-signal-safe: the
+ * slot comes from a lock-free stack or a bump pointer over a pre-reserved
+ * arena, the copy is memcpy, the rest atomics, futex and mprotect.
+ *
+ * At the next clamor_stage_begin(S+1), each page of epoch S's dirty list is
+ * compared with the version it logged: identical bytes (reference counts
+ * that went up and down again, a value written back) mean no change, and
+ * the version is dropped; otherwise the page is on the changed list that
+ * travels with stage S+1's tasks, so workers drop their copy.  The dirty
+ * pages are write-protected again.
+ *
+ * A request for page p at stage s gets the version with the smallest last
+ * stage >= s, else the current content.  The page server copies current
+ * content under a seqlock on the page's log word, so a driver write racing
+ * with the copy sends the logged version instead of torn bytes.
+ *
+ * clamor_versions_gc(m) drops versions no stage >= m can ask for.  The lock
+ * here (vlock) is taken by the stage calls and the page server, never by the
+ * fault handler.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+#define NONE UINT32_MAX
+#define LOGGING 0x80000000u
+
+struct ver {
+    uint64_t page;
+    uint32_t last_stage;
+    _Atomic uint32_t next; /* older version, or NONE */
+};
+
+static struct {
+    bool on;                    /* copy-on-write active (a stage has begun) */
+    _Atomic uint32_t epoch;     /* stage of the last clamor_stage_begin */
+    _Atomic uint32_t *logged;   /* per page: epoch it was logged in (| LOGGING) */
+    _Atomic uint32_t *head;     /* per page: newest version slot or NONE */
+    char *arena;                /* version bytes, slot i at i << page_shift */
+    struct ver *meta;
+    uint32_t nslots;
+    _Atomic uint32_t bump;      /* next never-used slot */
+    _Atomic uint64_t free_top;  /* Treiber stack of free slots: tag << 32 | slot */
+    _Atomic uint32_t *free_next;
+    uint64_t *dirty;            /* pages logged in the current epoch */
+    _Atomic uint64_t ndirty;
+    uint64_t *changed;          /* result of the last stage_begin */
+    uint64_t nchanged;
+    _Atomic uint64_t nversions;
+    uint32_t gc_floor;          /* versions for stages below this are gone */
+} V;
+
+static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- slots (async-signal-safe) --------------------------------------------- */
+
+static uint32_t slot_get(void) {
+    uint64_t top = atomic_load(&V.free_top);
+    while ((uint32_t)top != NONE) {
+        uint32_t s = (uint32_t)top;
+        uint64_t next = ((top >> 32) + 1) << 32 | atomic_load(&V.free_next[s]);
+        if (atomic_compare_exchange_weak(&V.free_top, &top, next)) return s;
+    }
+    uint32_t s = atomic_fetch_add(&V.bump, 1);
+    return s < V.nslots ? s : NONE;
+}
+
+static void slot_put(uint32_t s) {
+    V.meta[s].page = UINT64_MAX;
+    /* give the memory back; the slot is reused later */
+    madvise(V.arena + ((size_t)s << cl_region.page_shift), cl_region.page_size, MADV_DONTNEED);
+    uint64_t top = atomic_load(&V.free_top), next;
+    do {
+        atomic_store(&V.free_next[s], (uint32_t)top);
+        next = ((top >> 32) + 1) << 32 | s;
+    } while (!atomic_compare_exchange_weak(&V.free_top, &top, next));
+    atomic_fetch_sub(&V.nversions, 1);
+}
+
+/* ---- setup --------------------------------------------------------------------- */
+
+static void *reserve(size_t n) {
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static int versions_init(void) {
+    uint64_t n = cl_region.npages;
+    /* room for two full copies of the region: virtual space only */
+    uint64_t slots = 2 * n > NONE - 1 ? NONE - 1 : 2 * n;
+    V.logged = reserve(n * 4);
+    V.head = reserve(n * 4);
+    V.dirty = reserve(n * 8);
+    V.changed = reserve(n * 8);
+    V.arena = reserve((size_t)slots << cl_region.page_shift);
+    V.meta = reserve(slots * sizeof(struct ver));
+    V.free_next = reserve(slots * 4);
+    if (!V.logged || !V.head || !V.dirty || !V.changed || !V.arena || !V.meta || !V.free_next)
+        return cl_err(ENOMEM, "cannot reserve address space for page versions");
+    V.nslots = (uint32_t)slots;
+    V.free_top = NONE;
+    return 0;
+}
+
+/* Head words are stored +1 so that the zero-filled reservation reads NONE.
+ * The fault handler pushes and the stage calls unlink with compare-and-swap,
+ * so neither loses the other's change. */
+static inline uint32_t head_of(uint64_t p) { return atomic_load(&V.head[p]) - 1; }
+static inline bool cas_head(uint64_t p, uint32_t old, uint32_t new_) {
+    uint32_t o = old + 1;
+    return atomic_compare_exchange_strong(&V.head[p], &o, new_ + 1);
+}
+
+/* ---- the write fault (async-signal-safe) --------------------------------------- */
+
+static int log_page(uint64_t p, uint32_t e) {
+    _Atomic uint32_t *w = &V.logged[p];
+    uint32_t cur = atomic_load(w);
+    for (;;) {
+        if (cur == e) return 0; /* logged and open: retry the write */
+        if (cur == (e | LOGGING)) {
+            cl_futex_wait(w, cur, 100);
+            cur = atomic_load(w);
+            continue;
+        }
+        if (atomic_compare_exchange_weak(w, &cur, e | LOGGING)) break;
+    }
+    uint32_t s = slot_get();
+    if (s == NONE) return ENOMEM;
+    char *page = cl_page_addr(p);
+    memcpy(V.arena + ((size_t)s << cl_region.page_shift), page, cl_region.page_size);
+    V.meta[s].page = p;
+    V.meta[s].last_stage = e;
+    uint32_t h;
+    do {
+        h = head_of(p);
+        atomic_store(&V.meta[s].next, h);
+    } while (!cas_head(p, h, s));
+    atomic_fetch_add(&V.nversions, 1);
+    V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
+    CL_COUNT(pages_logged, 1);
+    atomic_store(w, e);
+    cl_futex_wake(w);
+    return 0;
+}
+
+int cl_version_on_write(uintptr_t addr) {
+    if (!V.on) return EACCES;
+    uint32_t e = atomic_load(&V.epoch);
+    uint64_t p = cl_page_of(addr);
+    /* Past a few thousand pages an epoch, log aligned groups so the driver's
+     * mappings stay few (vm.max_map_count); unchanged pages in a group cost a
+     * copy now and are dropped at the next stage. */
+    uint64_t nd = atomic_load(&V.ndirty), g = nd < 4096 ? 1 : nd < 16384 ? 16 : 256;
+    uint64_t first = p & ~(g - 1), end = first + g;
+    if (end > cl_region.npages) end = cl_region.npages;
+    for (uint64_t q = first; q < end; q++) {
+        int rc = log_page(q, e);
+        if (rc) return rc;
+    }
+    if (mprotect(cl_page_addr(first), (size_t)(end - first) << cl_region.page_shift, PROT_READ | PROT_WRITE))
+        return errno;
+    return 0;
+}
+
+/* Open [a, a+len) for writing the way a write fault would (system calls that
+ * write into the region get EFAULT instead of a fault). */
+int cl_version_open(uintptr_t a, size_t len) {
+    if (!V.on || len == 0) return 0;
+    for (uintptr_t p = a & ~((uintptr_t)cl_region.page_size - 1); p < a + len; p += cl_region.page_size) {
+        int rc = cl_version_on_write(p);
+        if (rc) return cl_err(rc, "opening region page at %p for writing: %s", (void *)p, strerror(rc));
+    }
+    return 0;
+}
+
+/* ---- stages -------------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int clamor_stage_begin(uint32_t stage) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver begins stages");
+    if (stage == 0 || stage <= atomic_load(&V.epoch))
+        return cl_err(EINVAL, "stage %u does not follow stage %u", stage, atomic_load(&V.epoch));
+    pthread_mutex_lock(&vlock);
+    int rc = 0;
+    if (!V.logged && (rc = versions_init())) goto out;
+    V.nchanged = 0;
+    if (!V.on) {
+        /* first stage: everything written so far is the content of stage 1 */
+        if ((rc = clamor_fault_install()) > 0) goto out;
+        atomic_store(&V.epoch, stage);
+        if (mprotect((void *)cl_region.base, cl_region.size, PROT_READ)) {
+            rc = cl_err(errno, "write-protecting the region: %s", strerror(errno));
+            goto out;
+        }
+        V.on = true;
+        goto out;
+    }
+    uint32_t prev = atomic_load(&V.epoch);
+    atomic_store(&V.epoch, stage); /* writes from now on log as `stage` */
+    uint64_t nd = atomic_exchange(&V.ndirty, 0);
+    qsort(V.dirty, nd, sizeof *V.dirty, cmp_u64);
+    for (uint64_t i = 0; i < nd;) {
+        uint64_t s = i;
+        while (i + 1 < nd && V.dirty[i + 1] == V.dirty[i] + 1) i++;
+        i++;
+        if (mprotect(cl_page_addr(V.dirty[s]), (size_t)(V.dirty[i - 1] - V.dirty[s] + 1) << cl_region.page_shift,
+                     PROT_READ)) {
+            rc = cl_err(errno, "write-protecting changed pages: %s", strerror(errno));
+            goto out;
+        }
+    }
+    for (uint64_t i = 0; i < nd; i++) {
+        uint64_t p = V.dirty[i];
+        uint32_t s = head_of(p);
+        if (s == NONE || V.meta[s].last_stage != prev) continue;
+        if (memcmp(V.arena + ((size_t)s << cl_region.page_shift), cl_page_addr(p), cl_region.page_size) == 0) {
+            if (cas_head(p, s, atomic_load(&V.meta[s].next))) { /* no change after all */
+                slot_put(s);
+                CL_COUNT(pages_unchanged, 1);
+                continue;
+            }
+            V.changed[V.nchanged++] = p; /* logged again meanwhile: treat as changed */
+        } else {
+            V.changed[V.nchanged++] = p;
+        }
+    }
+out:
+    pthread_mutex_unlock(&vlock);
+    return rc;
+}
+
+uint64_t clamor_changed_count(void) { return V.nchanged; }
+
+void clamor_changed_copy(uint64_t *out, uint64_t n) {
+    memcpy(out, V.changed, (n < V.nchanged ? n : V.nchanged) * sizeof *out);
+}
+
+uint32_t clamor_stage_current(void) { return atomic_load(&V.epoch); }
+
+int clamor_versions_gc(uint32_t min_stage) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
+    pthread_mutex_lock(&vlock);
+    if (min_stage > V.gc_floor) V.gc_floor = min_stage;
+    /* Versions live only on pages that were ever logged; walk the slots in
+     * use instead of every page. */
+    uint32_t used = atomic_load(&V.bump);
+    if (used > V.nslots) used = V.nslots;
+    for (uint32_t s = 0; s < used; s++) {
+        uint64_t p = V.meta[s].page;
+        if (p >= cl_region.npages || V.meta[s].last_stage >= V.gc_floor) continue;
+        /* find s in p's list and unlink it */
+        uint32_t prev = NONE;
+        for (uint32_t c = head_of(p); c != NONE; prev = c, c = atomic_load(&V.meta[c].next)) {
+            if (c != s) continue;
+            uint32_t nx = atomic_load(&V.meta[c].next);
+            if (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true)) slot_put(c);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&vlock);
+    return 0;
+}
+
+/* ---- serving -------------------------------------------------------------------- */
+
+/* Copy page p as stage `stage` sees it into dst.  0, or ESTALE if that
+ * version was collected. */
+int cl_version_read(uint64_t p, uint32_t stage, void *dst) {
+    if (!V.on || stage == 0) {
+        memcpy(dst, cl_page_addr(p), cl_region.page_size);
+        return 0;
+    }
+    for (;;) {
+        uint32_t before = atomic_load(&V.logged[p]);
+        if (before & LOGGING) { /* a write is being logged: wait for the version */
+            sched_yield();
+            continue;
+        }
+        pthread_mutex_lock(&vlock);
+        if (stage < V.gc_floor) {
+            pthread_mutex_unlock(&vlock);
+            return ESTALE;
+        }
+        uint32_t best = NONE;
+        for (uint32_t c = head_of(p); c != NONE; c = atomic_load(&V.meta[c].next)) {
+            if (V.meta[c].last_stage < stage) break;
+            best = c;
+        }
+        const char *src = best != NONE ? V.arena + ((size_t)best << cl_region.page_shift) : cl_page_addr(p);
+        memcpy(dst, src, cl_region.page_size);
+        pthread_mutex_unlock(&vlock);
+        /* Current content is stable unless a write was logged meanwhile
+         * (seqlock on the log word): then the list has the version. */
+        if (best != NONE || atomic_load(&V.logged[p]) == before) return 0;
+    }
+}
+
+void cl_version_stats(uint64_t *n, uint64_t *bytes) {
+    *n = atomic_load(&V.nversions);
+    *bytes = *n << cl_region.page_shift;
+}
+
+void cl_version_reset(void) {
+    size_t n = cl_region.npages;
+    if (V.logged) {
+        uint64_t slots = V.nslots;
+        munmap((void *)V.logged, n * 4);
+        munmap((void *)V.head, n * 4);
+        munmap(V.dirty, n * 8);
+        munmap(V.changed, n * 8);
+        munmap(V.arena, (size_t)slots << cl_region.page_shift);
+        munmap(V.meta, slots * sizeof(struct ver));
+        munmap((void *)V.free_next, slots * 4);
+    }
+    memset(&V, 0, sizeof V);
+}

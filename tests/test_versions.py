@@ -1,0 +1,173 @@
+"""Globals across stages: caching, driver updates, invalidation, versions."""
+import json
+
+DRIVER = """
+import json, os, sys, threading, time
+import numpy as np
+import clamor
+from clamor import region
+sys.path.insert(0, "tests")
+"""
+
+
+def test_listing3_kdtree_update_between_stages(py):
+    """The paper's Listing 3: query a k-d tree, update it in place, query
+    again, zip both results and take the argmin; equal to one process."""
+    p = py(DRIVER + """
+from kdtree_region import KDTree
+rng = np.random.default_rng(7)
+pts = rng.random((4000, 2)) * 100
+queries = [tuple(q) for q in rng.random((60, 2)) * 100]
+gone, new = pts[123], np.array([50.0, 50.0])
+# queries next to the inserted point get a nearer neighbour after the update,
+# those next to the erased one a farther one
+queries += [(50.01, 50.02), (49.98, 50.01), tuple(gone + 0.001), tuple(gone - 0.002)]
+
+# single process
+ref = KDTree(pts)
+ref1 = [ref.query(q, 3)[0][0] for q in queries]
+ref.erase(gone); ref.insert(new)
+ref2 = [ref.query(q, 3)[0][0] for q in queries]
+expect = [int(np.argmin([a, b])) for a, b in zip(ref1, ref2)]
+
+with clamor.Cluster(workers=2, progress=False) as cl:
+    tree = KDTree(pts, alloc=clamor.array)
+    qs = cl.parallelize(queries, partitions=6)
+    res1 = qs.map(lambda q: tree.query(q, 3)[0][0]).cache()
+    assert res1.count() == len(queries)             # computed at this version
+    assert tree.erase(gone) and tree.insert(new)     # driver updates in place
+    res2 = qs.map(lambda q: tree.query(q, 3)[0][0])
+    got = res1.zip(res2).map(lambda ab: int(np.argmin(ab))).collect()
+    st = cl.stats()
+assert got == expect, (got, expect)
+assert sum(expect) >= 2, "the update should bring some queries a nearer point"
+assert ref2[-1] > ref1[-1], "the erased point should be gone for its neighbours"
+print(json.dumps({"nearer_after_update": sum(expect), "queries": len(expect),
+                  "pages_logged": st["driver"]["pages_logged"]}))
+""", check=True, timeout=300)
+    print(p.stdout)
+
+
+def test_one_page_update_refetches_only_that_page(py):
+    p = py(DRIVER + """
+a = clamor.array(np.arange(1 << 21, dtype=np.float64))     # 16 MiB, 256 pages of 64 KiB
+ps = region.page_size()
+with clamor.Cluster(workers=1, progress=False) as cl:
+    def total(_):
+        return float(a.sum()), clamor.stats()
+    s1, st1 = cl.range(1, partitions=1).map(total).collect()[0]
+    s1b, st1b = cl.range(1, partitions=1).map(total).collect()[0]
+    a[12345] = -1.0                                             # one page changes
+    s2, st2 = cl.range(1, partitions=1).map(total).collect()[0]
+refetched = st2["pages_fetched"] - st1b["pages_fetched"]
+print(json.dumps({"first": st1["pages_fetched"], "again": st1b["pages_fetched"] - st1["pages_fetched"],
+                  "after_update": refetched, "invalidated": st2["pages_invalidated"]}))
+assert s1 == s1b == float(np.arange(1 << 21, dtype=np.float64).sum())
+assert s2 == s1 - 12345.0 - 1.0
+assert st1b["pages_fetched"] == st1["pages_fetched"], "pages were fetched again without a change"
+assert refetched == 1, refetched
+assert st2["pages_invalidated"] == 1
+""", check=True)
+    print(p.stdout)
+
+
+def test_write_back_of_identical_bytes_invalidates_nothing(py):
+    py(DRIVER + """
+a = clamor.array(np.arange(1 << 20, dtype=np.float64))
+with clamor.Cluster(workers=1, progress=False) as cl:
+    f = lambda _: (float(a.sum()), clamor.stats()["pages_fetched"])
+    s1, n1 = cl.range(1, partitions=1).map(f).collect()[0]
+    a[100:200] = a[100:200].copy()                 # written, same bytes
+    a[5000] += 1.0; a[5000] -= 1.0                 # went up and back down
+    s2, n2 = cl.range(1, partitions=1).map(f).collect()[0]
+    st = region.stats()
+assert s1 == s2 and n1 == n2, (n1, n2)
+assert st["pages_unchanged"] >= 1 and st["pages_logged"] >= 1
+""", check=True)
+
+
+def test_driver_write_during_a_running_stage_does_not_leak(py):
+    py(DRIVER + """
+a = clamor.array(np.zeros(1 << 20))               # 8 MiB
+with clamor.Cluster(workers=2, progress=False) as cl:
+    def late_read(i):
+        time.sleep(1.5)                            # the driver writes meanwhile
+        return float(a[i * 100000:(i + 1) * 100000].sum())
+    def writer():
+        time.sleep(0.5)
+        a[:] = 7.0
+    t = threading.Thread(target=writer); t.start()
+    got = cl.range(8, partitions=8).map(late_read).collect()
+    t.join()
+    assert got == [0.0] * 8, got                   # that stage saw the old version
+    after = cl.range(8, partitions=8).map(lambda i: float(a[i * 100000:(i + 1) * 100000].sum())).collect()
+    assert after == [700000.0] * 8, after           # the next stage sees the write
+""", check=True, timeout=120)
+
+
+def test_versions_are_dropped_and_shown_in_stats(py):
+    p = py(DRIVER + """
+a = clamor.array(np.zeros(1 << 20))               # 128 pages
+with clamor.Cluster(workers=1, progress=False) as cl:
+    cl.range(2).count()
+    a[:] = 1.0                                     # every page logged
+    held = region.stats()["version_bytes"]
+    cl.range(2).count()                            # begins a stage: nobody needs stage <= 1 any more
+    after = region.stats()
+    cached = cl.range(4, partitions=2).map(lambda i: float(a[i])).cache()
+    cached.count()                                 # a live partition computed at this stage
+    a[:] = 2.0
+    cl.range(2).count()
+    kept = region.stats()["versions"]
+    del cached
+    import gc; gc.collect()
+    cl.range(2).count(); cl.range(2).count()
+    final = region.stats()["versions"]
+print(json.dumps({"held": held, "after": after["versions"], "kept": kept, "final": final}))
+assert held >= 128 * 65536
+assert after["versions"] == 0, after
+assert kept >= 128, "versions a live cached partition may need were dropped"
+assert final == 0, final
+""", check=True)
+    print(p.stdout)
+
+
+def test_invalidated_pages_give_memory_back_on_the_worker(py):
+    py(DRIVER + """
+a = clamor.array(np.ones(1 << 23))                 # 64 MiB
+def shmem(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) * 1024
+with clamor.Cluster(workers=1, progress=False) as cl:
+    pid = cl.worker_pids[0]
+    cl.range(1, partitions=1).map(lambda _: float(a.sum())).collect()
+    full = shmem(pid)
+    a[:] = 2.0                                     # every page changes
+    cl.range(1, partitions=1).map(lambda _: 0).collect()   # invalidates, reads nothing
+    empty = shmem(pid)
+assert full >= 60 << 20, full
+assert empty < full - (56 << 20), (full, empty)
+""", check=True)
+
+
+def test_driver_syscalls_into_write_protected_region(py, tmp_path):
+    py(DRIVER + f"""
+import errno
+with open("{tmp_path}/d.bin", "wb") as f:
+    f.write(np.arange(8192, dtype=np.float64).tobytes())
+a = clamor.array(np.zeros(1 << 16))
+with clamor.Cluster(workers=1, progress=False) as cl:
+    cl.range(1).count()                            # the region is write-protected now
+    with open("{tmp_path}/d.bin", "rb", buffering=0) as f:
+        try:
+            f.readinto(a[:8192]); plain = "ok"
+        except OSError as e:
+            plain = e.errno
+    with open("{tmp_path}/d.bin", "rb", buffering=0) as f:
+        n = clamor.readinto(f, a[:8192])
+    assert plain == errno.EFAULT, plain
+    assert n == 65536 and a[8191] == 8191.0
+    got = cl.range(1, partitions=1).map(lambda _: float(a[:8192].sum())).collect()[0]
+    assert got == float(np.arange(8192).sum()), got
+""", check=True)
