@@ -119,6 +119,7 @@ class Cluster:
         self._cache_locs = {}    # (collection id, partition) -> wid
         self._made_at = {}       # shuffle id or (collection id, partition) -> stage that made it
         self._changes = {}       # stage -> pages the driver changed just before it
+        self._affinity = {}      # (partitions in stage, partition) -> worker that last ran it
         log.info("cluster up: %d workers, page server %s", self.nworkers, self.page_endpoint)
         return self
 
@@ -294,8 +295,15 @@ class Cluster:
         extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}})
                   for p in partitions}
         lineage = _cached_ids(node)
-        prefer = {p: tuple({w for (c, q), w in self._cache_locs.items() if q == p and c in lineage})
-                  for p in partitions}
+        nparts = len(partitions)
+        prefer = {}
+        for p in partitions:
+            cached = tuple({w for (c, q), w in self._cache_locs.items() if q == p and c in lineage})
+            # Otherwise the worker that last ran partition p of a stage this
+            # wide: iterative jobs re-read the same region pages, which that
+            # worker holds already.
+            last = self._affinity.get((nparts, p))
+            prefer[p] = cached or ((last,) if last in self._workers else ())
         tasks = tuple(TaskSpec((sid, p), sid, p, prefer[p]) for p in partitions)
         stat = {"stage": sid, "kind": kind if kind == "map" else action, "tasks": len(tasks), "durations": [],
                 "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,
@@ -367,6 +375,8 @@ class Cluster:
         if kind == b"DONE":
             key = pickle.loads(frames[2])
             res = serialize.loads(frames[3])
+            if key[0] == stat["stage"]:
+                self._affinity[(stat["tasks"], key[1])] = ident
             for cid, p in res["cached"]:
                 self._cache_locs[(cid, p)] = ident
                 self._made_at[(cid, p)] = key[0]

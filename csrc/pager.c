@@ -69,7 +69,8 @@ static struct pager {
     unsigned ninflight;
     struct run pending[PENDING_CAP];
     unsigned phead, plen;
-    uint64_t last_demand, ra_next;
+    uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
+    unsigned nrecent;
 } P = {.pipe_r = -1, .pipe_w = -1};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
@@ -168,7 +169,10 @@ static void flush_pending(void) {
         uint32_t c = chunk_pages();
         if (r->count > c) { /* split off one chunk */
             struct run head = {r->first, c, r->kind, -1};
-            if (r->marker >= (int64_t)r->first && r->marker < (int64_t)(r->first + c)) head.marker = r->marker;
+            if (r->marker >= (int64_t)r->first && r->marker < (int64_t)(r->first + c)) {
+                head.marker = r->marker;
+                r->marker = -1; /* the rest must not read further on its own */
+            }
             r->first += c;
             r->count -= c;
             send_one(&head);
@@ -203,18 +207,21 @@ static void read_ahead(uint64_t end, uint64_t marker) {
 static void on_demand(uint64_t idx) {
     pend(idx, 1, K_DEMAND, -1);
     uint64_t b = half_window();
-    if (b && idx == P.last_demand + 1) { /* sequential: (re)start a stream */
+    bool seq = false;
+    for (unsigned k = 0; k < 4; k++) seq |= idx == P.recent[k] + 1;
+    if (b && seq) { /* sequential: (re)start a stream */
         if (P.ra_next <= idx || P.ra_next > idx + 1 + 2 * b) P.ra_next = idx + 1;
         read_ahead(idx + 1 + 2 * b, idx + 1 + b);
     }
-    P.last_demand = idx;
+    /* a few positions, since a copy routine may touch pages out of order */
+    P.recent[P.nrecent++ % 4] = idx;
 }
 
 static void on_marker(uint64_t idx) {
     /* Data is in the fill view already; open it, then read further. */
     cl_region_install(idx, 1);
     uint64_t b = half_window();
-    P.last_demand = idx;
+    P.recent[P.nrecent++ % 4] = idx;
     if (!b) return;
     if (P.ra_next <= idx) P.ra_next = idx + 1;
     read_ahead(P.ra_next + b, P.ra_next);
@@ -360,7 +367,9 @@ int clamor_pager_start(const char *endpoint) {
     if (t && atoi(t) > 0) clamor_set_fetch_timeout_ms((uint32_t)atoi(t));
     memset(P.inflight, 0, sizeof P.inflight);
     P.ninflight = P.phead = P.plen = 0;
-    P.last_demand = P.ra_next = UINT64_MAX - 1;
+    P.ra_next = UINT64_MAX - 1;
+    for (unsigned k = 0; k < 4; k++) P.recent[k] = UINT64_MAX - 1;
+    P.nrecent = 0;
     atomic_store(&P.stop, 0);
     snprintf(P.endpoint, sizeof P.endpoint, "%s", endpoint);
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return cl_err(errno, "pipe2: %s", strerror(errno));
