@@ -218,6 +218,8 @@ class Cluster:
     def read_text(self, paths, partitions=None, encoding="utf-8"):
         """Lines of the text files ``paths`` (a path, a glob or a list)."""
         self._check()
+        if partitions is not None:
+            self._nparts(partitions)  # ConfigError for 0, negative, non-int
         return TextFiles(self, paths, partitions, encoding)
 
     def read_npy(self, paths):

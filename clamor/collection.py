@@ -44,7 +44,8 @@ def stable_hash(key):
     if isinstance(key, bytes):
         return zlib.crc32(key)
     if isinstance(key, float):
-        return int(key) if key.is_integer() else zlib.crc32(np.float64(key).tobytes())
+        # an integral float equals the int (3.0 == 3), so it must hash like it
+        return stable_hash(int(key)) if key.is_integer() else zlib.crc32(np.float64(key).tobytes())
     if isinstance(key, tuple):
         h = 0x345678
         for k in key:
@@ -129,15 +130,17 @@ class DataCollection:
 
     def reduce_by_key(self, fn, partitions=None):
         """(k, v) pairs -> (k, fn-reduced v), combining on the map side first."""
-        return Shuffled([self], partitions or self.num_partitions, combine=fn)
+        return Shuffled([self], self.num_partitions if partitions is None else partitions, combine=fn)
 
     def group_by_key(self, partitions=None):
         """(k, v) pairs -> (k, [v, ...])."""
-        return Shuffled([self], partitions or self.num_partitions)
+        return Shuffled([self], self.num_partitions if partitions is None else partitions)
 
     def cogroup(self, other, partitions=None):
         """(k, ([v...], [w...])) for every key of either collection."""
-        return Shuffled([self, other], partitions or max(self.num_partitions, other.num_partitions))
+        if partitions is None:
+            partitions = max(self.num_partitions, other.num_partitions)
+        return Shuffled([self, other], partitions)
 
     def join(self, other, partitions=None):
         """Inner join of (k, v) and (k, w) pairs: (k, (v, w))."""
@@ -277,7 +280,10 @@ class TextFiles(DataCollection):
                 line = f.readline()
                 if not line:
                     break
-                out.append(line.rstrip(b"\n").rstrip(b"\r").decode(self._encoding))
+                # strip one "\n" or "\r\n", not every trailing "\r" ("a\r\r\n" is "a\r")
+                if line.endswith(b"\n"):
+                    line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+                out.append(line.decode(self._encoding))
         return out
 
 

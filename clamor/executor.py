@@ -253,7 +253,7 @@ class Runtime:
                    "bytes_from_driver": after["bytes_fetched"] - before["bytes_fetched"],
                    "bytes_from_peers": 0}
             self.sock.send_multipart([b"DONE", key, serialize.dumps(res)])
-        except Exception as err:
+        except BaseException as err:  # SystemExit from user code too: report it, keep the worker
             fetch = isinstance(err, FetchFailed)
             msg = f"{type(err).__name__}: {err}"
             self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), fetch))])

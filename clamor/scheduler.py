@@ -70,15 +70,12 @@ __all__ = ["Scheduler", "TaskSpec", "WorkerJoined", "WorkerLost", "StageSubmitte
 class TaskSpec:
     """One task.  ``key`` is hashable and unique for the scheduler's life
     (e.g. ``(stage_id, partition)``).  ``prefer`` names workers holding the
-    task's input: a preference, not a constraint."""
+    task's input: a preference, not a constraint.  (No __post_init__: one is
+    built per task, so construction stays cheap; pass a tuple.)"""
     key: object
     stage_id: int
     partition: int
     prefer: tuple = ()
-
-    def __post_init__(self):
-        if isinstance(self.prefer, (list, set, frozenset)):
-            object.__setattr__(self, "prefer", tuple(self.prefer))
 
 
 # ---- events (stimuli in) ----
@@ -181,15 +178,17 @@ class _Task:
     __slots__ = ("spec", "stage", "worker")
 
     def __init__(self, spec, stage, worker):
-        self.spec, self.stage, self.worker = spec, stage, worker
+        self.spec, self.stage, self.worker = spec, stage, worker   # worker: a _Worker
 
 
 class _Worker:
-    __slots__ = ("id", "slots", "order", "tasks")
+    __slots__ = ("id", "slots", "order", "tasks", "load", "live")
 
     def __init__(self, worker_id, slots, order):
         self.id, self.slots, self.order = worker_id, slots, order
         self.tasks = set()            # keys assigned here
+        self.load = 0                 # len(tasks), kept for the hot path
+        self.live = True
 
 
 class Scheduler:
@@ -200,12 +199,12 @@ class Scheduler:
         self._workers = {}            # live worker id -> _Worker
         self._joins = 0               # joins so far: the next worker's tie-break order
         self._free = 0                # free slots over all live workers
-        self._idle = []               # heap of (load, order, worker id); stale when load changed
+        self._idle = []               # heap of (load, order, _Worker); stale once load changed
         self._stages = {}             # stage id -> _Stage, every stage ever submitted
         self._unresolved = deque()    # stages neither finished nor aborted, submission order
         self._ready = deque()         # stages that may have unassigned tasks, submission order
         self._tasks = {}              # key -> _Task, assigned and not reported
-        self._keys = set()            # every key ever submitted
+        self._keys = set()            # every key ever submitted: the price of refusing reuse
         self._npending = 0            # unassigned tasks of live stages
 
     # ---- the mutator ----
@@ -242,9 +241,10 @@ class Scheduler:
         w = self._workers.pop(ev.worker, None)
         if w is None:
             return
-        self._free -= w.slots - len(w.tasks)
+        w.live = False
+        self._free -= w.slots - w.load
         lost = [self._tasks.pop(key) for key in w.tasks]
-        w.tasks = set()
+        w.tasks, w.load = set(), 0
         if lost:
             lost.sort(key=lambda t: (t.stage.seq, t.spec.partition))
             self._on_lost_tasks(ev.worker, lost, ev.reason, out)
@@ -309,9 +309,10 @@ class Scheduler:
         A ``recover=True`` policy (lineage-based fault tolerance) would
         instead put each spec back at the front of its stage's ``queue``
         (partition order), add them to ``_npending``, and re-insert the stage
-        into ``_ready`` at its submission position if it had left it; a late
+        into ``_ready`` at its submission position if it had left it.  A late
         report from the lost worker is already ignored, because ``_take``
-        checks the worker running the key."""
+        checks the worker running the key; that check assumes a worker that
+        rejoins gets a fresh id, or the re-run could take its report."""
         for t in lost:
             if t.stage.state == _RUNNING:      # (a stage holding a task is running or aborted)
                 msg = f"worker {worker} lost: {reason}" if reason else f"worker {worker} lost"
@@ -323,11 +324,12 @@ class Scheduler:
         """Unassign task ``key`` if ``worker`` runs it and free the slot;
         None (and no change) for unknown, unassigned or late reports."""
         t = self._tasks.get(key)
-        if t is None or t.worker != worker:
+        if t is None or t.worker.id != worker:
             return None
         del self._tasks[key]
-        w = self._workers[worker]
+        w = t.worker
         w.tasks.discard(key)
+        w.load -= 1
         self._free += 1
         self._push_idle(w)
         return t
@@ -357,43 +359,54 @@ class Scheduler:
             unresolved.popleft()
 
     def _assign(self, out):
-        ready, workers, tasks = self._ready, self._workers, self._tasks
-        while self._npending and self._free:
+        # The hot path (one call per event): locals, and _Worker.load kept
+        # alongside the key set so that no len() is needed.
+        ready, tasks, free = self._ready, self._tasks, self._free
+        while self._npending and free:
             st = ready[0]
-            if not st.queue:
+            queue = st.queue
+            if not queue:
                 ready.popleft()
                 continue
-            spec = st.queue.popleft()
-            w = None
-            for wid in spec.prefer:
-                c = workers.get(wid)
-                if c is not None and len(c.tasks) < c.slots and (
-                        w is None or (len(c.tasks), c.order) < (len(w.tasks), w.order)):
-                    w = c
-            if w is None:
-                while True:            # _free > 0, so a valid entry exists
-                    load, order, wid = heappop(self._idle)   # (_push_idle may rebind _idle)
-                    c = workers.get(wid)
-                    if c is not None and c.order == order and len(c.tasks) == load:
-                        w = c
-                        break
-            w.tasks.add(spec.key)
-            tasks[spec.key] = _Task(spec, st, w.id)
-            self._free -= 1
-            self._npending -= 1
             if st.state == _PENDING:
                 st.state = _RUNNING
-            self._push_idle(w)
-            out.append(Run(spec.key, w.id, st.id, spec.partition))
+            while queue and free:
+                spec = queue.popleft()
+                w = self._preferred(spec.prefer) if spec.prefer else None
+                if w is None:
+                    idle = self._idle
+                    while True:        # free > 0, so a valid entry exists
+                        load, _, w = heappop(idle)
+                        if w.live and w.load == load:
+                            break
+                w.tasks.add(spec.key)
+                w.load += 1
+                tasks[spec.key] = _Task(spec, st, w)
+                free -= 1
+                self._npending -= 1
+                if w.load < w.slots:
+                    heappush(self._idle, (w.load, w.order, w))
+                out.append(Run(spec.key, w.id, st.id, spec.partition))
+        self._free = free
+
+    def _preferred(self, prefer):
+        """The least loaded live preferred worker with a free slot, or None."""
+        best = None
+        for wid in prefer:
+            w = self._workers.get(wid)
+            if w is not None and w.load < w.slots and (
+                    best is None or (w.load, w.order) < (best.load, best.order)):
+                best = w
+        return best
 
     def _push_idle(self, w):
-        if len(w.tasks) < w.slots:
-            heappush(self._idle, (len(w.tasks), w.order, w.id))
+        if w.load < w.slots:
+            heappush(self._idle, (w.load, w.order, w))
             if len(self._idle) > 4 * len(self._workers) + 64:
                 self._rebuild_idle()
 
     def _rebuild_idle(self):
-        self._idle = [(len(w.tasks), w.order, w.id) for w in self._workers.values() if len(w.tasks) < w.slots]
+        self._idle = [(w.load, w.order, w) for w in self._workers.values() if w.load < w.slots]
         heapify(self._idle)
 
     # ---- read-only views ----
@@ -409,9 +422,9 @@ class Scheduler:
         return frozenset(w.tasks) if w is not None else frozenset()
 
     def stage_state(self, stage_id):
-        """"pending" (no task assigned yet), "running", "finished" (once
-        StageFinished is out), "aborted" (failed, lost or cancelled), or None
-        for an unknown stage."""
+        """One of "pending" (no task assigned yet), "running" (also while its
+        results wait for an earlier stage), "finished" (StageFinished is out),
+        "aborted" (failed, lost or cancelled); None for an unknown stage."""
         st = self._stages.get(stage_id)
         return _PUBLIC_STATE[st.state] if st is not None else None
 
