@@ -28,6 +28,10 @@
 
 #include "internal.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
 _Atomic int cl_fault_wake_fd = -1;
 
 static struct sigaction prev_sa;
@@ -198,7 +202,15 @@ static void handler(int sig, siginfo_t *si, void *uc) {
         case CL_PG_ABSENT:
         case CL_PG_HELD:
             if (atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) {
-                post(a, CL_PG_STATE(s) == CL_PG_HELD ? idx | CL_REQ_MARKER : idx);
+                bool fresh = CL_PG_STATE(s) == CL_PG_ABSENT;
+                post(a, fresh ? idx : idx | CL_REQ_MARKER);
+                /* While the request is on the wire, give the page its memory
+                 * from this thread, which would only sleep: a fresh memfd
+                 * page costs more to allocate here than the round trip.
+                 * madvise is a plain system call. */
+                if (fresh)
+                    madvise(cl_region.fill + ((size_t)idx << cl_region.page_shift), cl_region.page_size,
+                            MADV_POPULATE_WRITE);
                 s = CL_PG_WANTED | CL_PG_WAITERS;
                 break;
             }

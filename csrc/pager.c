@@ -99,7 +99,8 @@ static uint64_t half_window(void) {
  * ERROR (the waiter reports it); pages only read ahead go back to ABSENT so a
  * later touch asks again. */
 static void fail_run(uint64_t first, uint32_t count, int err, bool demanded) {
-    CL_COUNT(fetch_errors, 1);
+    /* read-ahead past the end of what the driver allocated is expected */
+    if (demanded) CL_COUNT(fetch_errors, 1);
     for (uint64_t i = first; i < first + count; i++) {
         _Atomic uint32_t *w = &cl_region.pages[i];
         uint32_t exp = CL_PG_WANTED;
@@ -151,7 +152,7 @@ static int send_one(struct run *r) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
-    prepare_fill(r->first, r->count);
+    if (r->kind != K_DEMAND) prepare_fill(r->first, r->count); /* the faulting thread does its own */
     q->first = r->first;
     q->count = r->count;
     q->kind = r->kind;

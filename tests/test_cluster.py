@@ -170,8 +170,6 @@ def test_region_ndarray_parallelize_travels_by_reference(cl, arrays):
     assert by_value["faults"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="pages a driver writes between stages are not invalidated on "
-                                       "the workers yet (DESIGN.md section 1)")
 def test_driver_write_between_stages_is_seen(cl, arrays):
     small = arrays["small"]
     read = cl.range(2, partitions=2).map(lambda i: int(small.sum()))
@@ -180,9 +178,6 @@ def test_driver_write_between_stages_is_seen(cl, arrays):
     assert read.collect() == [112, 112]
 
 
-@pytest.mark.xfail(strict=True, reason="csrc/pager.c flush_pending: the remainder of a split read-ahead run "
-                                       "keeps the marker of its head chunk, so install_run restarts the stream "
-                                       "on every arrival and it runs to the end of the heap")
 def test_read_ahead_stops():
     out, _ = run_json("""
         import json, time, numpy as np, clamor
