@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""k-means on a clamor Cluster against a multiprocessing + numpy lower bound.
+
+The paper's dense workload (Clamor, SoCC 2021, §7: k-means, k=10, d=10):
+``--iters`` Lloyd iterations over ``--points`` float64 points from k Gaussian
+blobs, with the same initial centroids (k points drawn with ``--seed``) in
+both implementations, on ``--workers`` processes each:
+
+  baseline  the MPI-like lower bound.  The points are an ordinary numpy array
+            made before a ``multiprocessing`` fork Pool, so every pool process
+            shares them copy-on-write and nothing is shipped but the
+            centroids.  Each iteration is ``pool.map`` over P contiguous
+            chunks (chunksize=1); a task returns its chunk's per-cluster sums
+            and counts and the driver combines them and moves the centroids.
+  clamor    the same points copied into the region (``clamor.array``), a
+            ``Cluster(workers=W)``, and per iteration
+            ``cl.parallelize(points, P).map_partitions(partial sums).reduce(add)``:
+            the chunks travel as region references, the centroids in the
+            closure.  Workers fault their chunk in during the first
+            iteration; the pages stay cached after it (the points never
+            change), so later iterations are compute plus stage overhead.
+
+Both run the same ``partial_sums`` on the same chunks and combine partials in
+partition order, so they reach the same centroids (checked, np.allclose).
+BLAS runs one thread per process (as one MPI rank per core), unless
+OPENBLAS_NUM_THREADS/OMP_NUM_THREADS say otherwise.  The two run interleaved,
+one iteration of each in turn (which goes first alternates), so a busy moment
+of this shared machine slows both alike; each keeps its own centroids.
+Timed: the iterations only; data generation, the region copy and cluster
+start are reported apart.  With ``--reps`` > 1 the whole round runs again,
+each clamor round cold (the workers drop the points' pages first); the
+figures are the medians over rounds.
+
+Per iteration the table shows both times, their ratio, clamor's longest
+task, its overhead (stage wall time less the busiest worker's task time:
+the larger of the longest task and total task time / W; that is dispatch,
+serialization and the barrier), faults and MiB fetched.  Tasks have no
+affinity to the workers that hold their pages, so with more partitions than
+the workers' slots (2 each) placement can change between iterations and a
+worker faults in a chunk another worker already holds (``--partitions``).
+
+The last line is one JSON object: ``clamor_s``, ``baseline_s``, ``ratio`` =
+clamor_s / baseline_s (target <= 1.5), per-iteration times of both, first
+iteration against the median of the later ones.
+
+    python bench/kmeans.py [--quick] [--points N] [--workers W] [--partitions P] [--reps R] [--readahead 2M]
+"""
+import os
+
+# One BLAS thread per process: W processes on W cores, as MPI ranks would be.
+# Must be set before numpy loads OpenBLAS.
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from scan import MIB, ensure_built, parse_size  # noqa: E402
+
+BLOCK = 1 << 16  # rows per distance block: 64K x k doubles stays in L2-ish sizes
+
+
+# ---- the kernel, shared by both implementations --------------------------------
+
+def partial_sums(x, c):
+    """(per-cluster sums (k, d), counts (k,)) of the points ``x`` (n, d)
+    assigned to their nearest centroid in ``c`` (k, d)."""
+    k, d = c.shape
+    sums = np.zeros((k, d))
+    counts = np.zeros(k, np.int64)
+    cc = np.einsum("ij,ij->i", c, c)
+    ct = np.ascontiguousarray(c.T)
+    for s in range(0, len(x), BLOCK):
+        xb = x[s:s + BLOCK]
+        dist = xb @ ct            # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 does not change argmin
+        dist *= -2.0
+        dist += cc
+        lab = dist.argmin(axis=1)
+        counts += np.bincount(lab, minlength=k)
+        for j in range(d):
+            sums[:, j] += np.bincount(lab, weights=xb[:, j], minlength=k)
+    return sums, counts
+
+
+def add(a, b):
+    return a[0] + b[0], a[1] + b[1]
+
+
+def update(c, sums, counts):
+    """New centroids; a cluster with no points keeps its centroid."""
+    out = c.copy()
+    nz = counts > 0
+    out[nz] = sums[nz] / counts[nz, None]
+    return out
+
+
+def bounds(n, parts):
+    return [(n * i) // parts for i in range(parts + 1)]
+
+
+# ---- data ----------------------------------------------------------------------
+
+def make_points(n, k, d, seed, out=None):
+    """n points around k random centres (unit Gaussian noise), made in
+    chunks so the temporaries stay small."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-10, 10, size=(k, d))
+    x = np.empty((n, d)) if out is None else out
+    step = 1 << 20
+    for s in range(0, n, step):
+        m = min(step, n - s)
+        x[s:s + m] = centres[rng.integers(0, k, size=m)] + rng.standard_normal((m, d))
+    init = x[np.sort(rng.choice(n, size=k, replace=False))].copy()
+    return x, init
+
+
+# ---- baseline: multiprocessing Pool over copy-on-write points --------------------
+
+_POINTS = None  # set before the Pool forks; its processes read it copy-on-write
+_BOUNDS = None
+
+
+def _pool_task(arg):
+    i, c = arg
+    return partial_sums(_POINTS[_BOUNDS[i]:_BOUNDS[i + 1]], c)
+
+
+def baseline_step(pool, parts, c):
+    """One iteration: per-chunk partials in the pool, combined in chunk order."""
+    partials = pool.map(_pool_task, [(i, c) for i in range(parts)], chunksize=1)
+    acc = partials[0]
+    for p in partials[1:]:
+        acc = add(acc, p)
+    return update(c, *acc)
+
+
+# ---- clamor ----------------------------------------------------------------------
+
+def _drop_task(first, count):
+    import os as _os
+
+    from clamor import region
+    region.drop_pages(first, count)
+    return _os.getpid()
+
+
+def drop_worker_pages(cl, pts, workers):
+    """Make the next round cold: every worker drops its copy of the points.
+    W tasks on W idle workers go one to each (least-loaded placement); the
+    pids returned show whether they did."""
+    from clamor import region
+    ps, base = region.page_size(), region.base()
+    addr = pts.__array_interface__["data"][0]
+    first = (addr - base) // ps
+    count = (addr + pts.nbytes - 1 - base) // ps - first + 1
+    pids = cl.range(workers, partitions=workers).map(lambda _: _drop_task(first, count)).collect()
+    return len(set(pids)) == workers
+
+
+def clamor_step(data, c):
+    """One iteration: one stage of map_partitions + reduce on the cluster."""
+    sums, counts = data.map_partitions(lambda x: [partial_sums(x, c)]).reduce(add)
+    return update(c, sums, counts)
+
+
+def run_round(pool, cl, pts, parts, init, iters):
+    """``iters`` iterations of both, interleaved (which goes first alternates),
+    so a busy moment of this shared machine slows both alike."""
+    data = cl.parallelize(pts, partitions=parts)
+    cb = cc = init
+    tb, tc, stages = [], [], []
+    busy = cl.stats()["task_seconds"]
+    for i in range(iters):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            t = time.perf_counter()
+            if side == 0:
+                cb = baseline_step(pool, parts, cb)
+                tb.append(time.perf_counter() - t)
+            else:
+                cc = clamor_step(data, cc)
+                tc.append(time.perf_counter() - t)
+                st = dict(cl.stage_stats()[-1])
+                now = cl.stats()["task_seconds"]
+                # the busiest worker's share, at best: what the stage cannot go below
+                st["busy_s"] = max(st["task_s"]["max"], (now - busy) / cl.nworkers)
+                busy = now
+                stages.append(st)
+    return cb, tb, cc, tc, stages
+
+
+# ---- driver ----------------------------------------------------------------------
+
+def summary(times):
+    later = times[1:] or times
+    return {"total_s": sum(times), "first_s": times[0], "later_median_s": statistics.median(later)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1M points instead of 8M")
+    ap.add_argument("--points", type=int, default=None, help="number of points (default 8M, quick 1M)")
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--d", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=None, help="processes on each side (default: cores)")
+    ap.add_argument("--partitions", type=int, default=None, help="tasks per iteration (default: workers)")
+    ap.add_argument("--reps", type=int, default=1, help="rounds of (baseline, clamor); medians are reported")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--page-size", type=int, default=None, help="region page size in bytes (default: clamor's)")
+    ap.add_argument("--readahead", type=parse_size, default=None,
+                    help="workers' read-ahead bytes, e.g. 2M; 0 disables (default: clamor's setting)")
+    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
+    args = ap.parse_args(argv)
+
+    global _POINTS, _BOUNDS
+    n = args.points or ((1 << 20) if args.quick else (8 << 20))
+    w = args.workers or os.cpu_count() or 1
+    parts = args.partitions or w
+    k, d, iters = args.k, args.d, args.iters
+    clamor = ensure_built(not args.no_build)
+    from clamor import region
+
+    t = time.perf_counter()
+    x, init = make_points(n, k, d, args.seed)
+    gen_s = time.perf_counter() - t
+    t = time.perf_counter()
+    serial_counts = partial_sums(x, init)[1]
+    serial_s = time.perf_counter() - t
+    print(f"kmeans: {n} points, k={k}, d={d} ({x.nbytes / MIB:.0f} MiB float64), {iters} iterations, "
+          f"{w} workers, {parts} partitions, {args.reps} round(s); generated in {gen_s:.2f} s; "
+          f"one iteration serially in the driver {serial_s:.3f} s", flush=True)
+
+    # The Pool forks before the region exists, so its processes are plain
+    # numpy processes (a fork after region.init makes a clamor worker).
+    _POINTS, _BOUNDS = x, bounds(n, parts)
+    pool = multiprocessing.get_context("fork").Pool(w)
+    pool.map(int, range(w), chunksize=1)  # every pool process is up
+
+    region.init(page_size=args.page_size)
+    if args.readahead is not None:  # set before the fork: the workers inherit it
+        region.configure(readahead=args.readahead)
+    readahead = region.configure()["readahead"]
+    t = time.perf_counter()
+    pts = clamor.array(x)
+    copy_s = time.perf_counter() - t
+    t = time.perf_counter()
+    cl = clamor.Cluster(workers=w, progress=False).start()
+    start_s = time.perf_counter() - t
+    print(f"region copy {copy_s:.2f} s, cluster start {start_s:.3f} s, page {region.page_size() // 1024} KiB, "
+          f"read-ahead {readahead // 1024} KiB",
+          flush=True)
+
+    if serial_counts.sum() != n:
+        raise SystemExit("kmeans: the serial kernel lost points")
+    rounds = []
+    try:
+        for r in range(args.reps):
+            cold_ok = True if r == 0 else drop_worker_pages(cl, pts, w)
+            cb, tb, cc, tc, stages = run_round(pool, cl, pts, parts, init, iters)
+            if not np.allclose(cb, cc, rtol=1e-9, atol=1e-9):
+                raise SystemExit(f"kmeans: centroids differ after {iters} iterations:\n{cb}\n{cc}")
+            rounds.append({"baseline": tb, "clamor": tc, "stages": stages, "cold": cold_ok,
+                           "same_bits": bool(np.array_equal(cb, cc))})
+            print(f"round {r}: {'iter':>4} {'baseline s':>10} {'clamor s':>9} {'ratio':>6} "
+                  f"{'task max s':>10} {'overhead ms':>11} {'faults':>7} {'MiB fetched':>11}")
+            for i, (a, b, st) in enumerate(zip(tb, tc, stages)):
+                print(f"{'':9}{i:>4} {a:>10.3f} {b:>9.3f} {b / a:>6.2f} {st['task_s']['max']:>10.3f} "
+                      f"{(b - st['busy_s']) * 1e3:>11.1f} {st['faults']:>7} "
+                      f"{st['bytes_from_driver'] / MIB:>11.1f}")
+            print(f"{'':9}total {sum(tb):>9.3f} {sum(tc):>9.3f} {sum(tc) / sum(tb):>6.2f}"
+                  + ("" if cold_ok else "   (warning: some worker may have kept its pages)"), flush=True)
+        cluster_stats = cl.stats()
+    finally:
+        cl.close()
+        pool.close()
+        pool.join()
+
+    bs = [summary(r["baseline"]) for r in rounds]
+    cs = [summary(r["clamor"]) for r in rounds]
+    med = lambda xs, key: statistics.median(s[key] for s in xs)  # noqa: E731
+    clamor_s, baseline_s = med(cs, "total_s"), med(bs, "total_s")
+    last = rounds[-1]
+    fetched = sum(st["bytes_from_driver"] for st in rounds[0]["stages"])
+    print(f"median over {len(rounds)} round(s): clamor {clamor_s:.3f} s vs multiprocessing {baseline_s:.3f} s -> "
+          f"ratio {clamor_s / baseline_s:.2f} (target <= 1.5); first iteration {med(cs, 'first_s'):.3f} s vs "
+          f"{med(bs, 'first_s'):.3f} s, later (median) {med(cs, 'later_median_s'):.3f} s vs "
+          f"{med(bs, 'later_median_s'):.3f} s; clamor workers fetched {fetched / MIB:.0f} MiB in round 0")
+    out = {
+        "bench": "kmeans",
+        "clamor_s": round(clamor_s, 4),
+        "baseline_s": round(baseline_s, 4),
+        "ratio": round(clamor_s / baseline_s, 3),
+        "points": n,
+        "k": k,
+        "d": d,
+        "iters": iters,
+        "workers": w,
+        "partitions": parts,
+        "reps": len(rounds),
+        "clamor_iter_s": [round(v, 4) for v in last["clamor"]],
+        "baseline_iter_s": [round(v, 4) for v in last["baseline"]],
+        "clamor_first_s": round(med(cs, "first_s"), 4),
+        "clamor_later_median_s": round(med(cs, "later_median_s"), 4),
+        "baseline_first_s": round(med(bs, "first_s"), 4),
+        "baseline_later_median_s": round(med(bs, "later_median_s"), 4),
+        "first_ratio": round(med(cs, "first_s") / med(bs, "first_s"), 3),
+        "later_ratio": round(med(cs, "later_median_s") / med(bs, "later_median_s"), 3),
+        "clamor_task_max_s": [round(st["task_s"]["max"], 4) for st in last["stages"]],
+        "clamor_faults": [st["faults"] for st in last["stages"]],
+        "clamor_overhead_ms": [round((t - st["busy_s"]) * 1e3, 2) for t, st in zip(last["clamor"], last["stages"])],
+        "bytes_fetched": fetched,
+        "cold_rounds": all(r["cold"] for r in rounds),
+        "serial_iter_s": round(serial_s, 4),
+        "gen_s": round(gen_s, 3),
+        "region_copy_s": round(copy_s, 3),
+        "cluster_start_s": round(start_s, 4),
+        "page_size": region.page_size(),
+        "readahead": readahead,
+        "total_faults": cluster_stats["faults"],
+        "verified": True,
+        "same_bits": all(r["same_bits"] for r in rounds),
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

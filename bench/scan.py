@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Sequential scan of a region array from a worker, against loopback TCP.
+
+The driver makes a float64 array of ``--size`` bytes in the region with
+``clamor.empty`` and fills it.  One worker (``--mode spawn``: ``python -m
+clamor.worker``; ``fork``: forked from the driver) sums it with ``x.sum()``
+from cold: every page is absent, so each one comes over the pager, with
+read-ahead as configured (``--readahead``, default: clamor's own setting).
+The worker times the sum itself (bytes / elapsed), then sums again with every
+page present (``warm``: the cost of the arithmetic alone), and the driver
+checks the result against its own sum.
+
+In the same run, and interleaved with the scans so both see the same machine,
+two processes stream ``--tcp-total`` bytes over a loopback TCP socket in
+``--tcp-msg`` messages (``sendall`` / ``recv_into`` with reused buffers), one
+direction only: that is what a sequential scan with read-ahead amounts to.
+Two more are printed for reference: request/response (8-byte request, one
+message back, one in flight) and ``fresh``: the same stream received into a
+new memfd mapping, so every byte lands in a page never touched before, as in
+the worker's fill view.  On a VM where first-touching memory is slow, that is
+the floor under any fetch-on-touch scan.  Rates are GB/s = 1e9 bytes/second.
+
+The last line is one JSON object; ``ratio`` = scan_gbps / tcp_gbps (medians
+over ``--reps`` rounds; target >= 0.5), ``ratio_fresh`` = scan_gbps /
+tcp_fresh_gbps.
+
+    python bench/scan.py [--quick] [--readahead 4M] [--page-size 64K] [--mode spawn|fork]
+"""
+import argparse
+import glob
+import json
+import mmap
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+
+
+# ---- build --------------------------------------------------------------------
+
+def _stale():
+    so = glob.glob(os.path.join(ROOT, "clamor", "_clamor*.so"))
+    if not so:
+        return True
+    built = min(os.path.getmtime(p) for p in so)
+    srcs = glob.glob(os.path.join(ROOT, "csrc", "*.[ch]")) + [os.path.join(ROOT, "clamor", f)
+                                                               for f in ("_cdefs.h", "_build.py")]
+    return any(os.path.getmtime(p) > built for p in srcs if os.path.exists(p))
+
+
+def ensure_built(allowed=True):
+    """Build the C core (pip install -e) if it is missing or older than its
+    sources, then import clamor."""
+    def build():
+        print("bench: building clamor (pip install -e) ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", ROOT], check=True)
+
+    if allowed and os.path.exists(os.path.join(ROOT, "setup.py")) and _stale():
+        build()
+    try:
+        import clamor
+    except ImportError:  # not installed in this interpreter (workers need it importable too)
+        if not allowed:
+            raise
+        build()
+        import importlib
+
+        importlib.invalidate_caches()
+        import clamor
+    return clamor
+
+
+def parse_size(s):
+    """'64K', '4M', '1G', '4096', '0' -> bytes."""
+    s = str(s).strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": KIB, "M": MIB, "G": GIB}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def human(n):
+    for unit, m in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    return f"{n} B"
+
+
+# ---- loopback TCP baseline ------------------------------------------------------
+
+def die_with_parent():
+    """Have the kernel end this process when its parent dies (prctl), so a
+    killed benchmark leaves nothing behind."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - Linux only
+        pass
+
+
+def _tcp_sender(port, total, msg, mode):
+    """Child process: connect, then stream or answer requests."""
+    die_with_parent()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(os.urandom(msg))
+    view = memoryview(buf)
+    req = bytearray(8)
+    n = total // msg
+    if mode in ("stream", "fresh"):
+        s.recv_into(req, 1)  # "go"
+        for _ in range(n):
+            s.sendall(view)
+    else:
+        for _ in range(n):
+            got = 0
+            while got < 8:
+                k = s.recv_into(memoryview(req)[got:])
+                if not k:
+                    return
+                got += k
+            s.sendall(view)
+    s.recv_into(req, 1)  # wait for the receiver to finish before closing
+    s.close()
+
+
+def _recv_exact(s, view):
+    got, n = 0, len(view)
+    while got < n:
+        k = s.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("the TCP sender went away")
+        got += k
+
+
+def tcp_rate(total, msg, mode):
+    """GB/s of ``total`` bytes moved from a child process to this one.
+
+    ``stream``: one direction, received into one reused ``msg``-byte buffer.
+    ``reqrep``: an 8-byte request, then one ``msg``-byte reply, one in flight.
+    ``fresh``: streamed into consecutive slices of a new ``total``-byte memfd
+    mapping, so every byte lands in a page never touched before, as in the
+    worker's fill view (what a fetch-on-touch scan pays for new memory).
+    """
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    port = lsock.getsockname()[1]
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_tcp-sender", str(port), str(total),
+                              str(msg), mode])
+    try:
+        lsock.settimeout(30)
+        s, _ = lsock.accept()
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        n = total // msg
+        if mode == "fresh":
+            fd = os.memfd_create("scan-bench-fresh", os.MFD_CLOEXEC)
+            os.ftruncate(fd, n * msg)
+            big = mmap.mmap(fd, n * msg)
+            os.close(fd)
+            view = memoryview(big)
+        else:
+            view = memoryview(bytearray(msg))
+        t0 = time.perf_counter()
+        if mode == "stream":
+            s.sendall(b"g")
+            for _ in range(n):
+                _recv_exact(s, view)
+        elif mode == "fresh":
+            s.sendall(b"g")
+            for i in range(n):
+                _recv_exact(s, view[i * msg:(i + 1) * msg])
+        else:
+            req = b"GET-NEXT"
+            for _ in range(n):
+                s.sendall(req)
+                _recv_exact(s, view)
+        dt = time.perf_counter() - t0
+        s.sendall(b"x")
+        s.close()
+        child.wait(30)
+        if mode == "fresh":
+            view.release()
+            big.close()
+        return n * msg / dt / 1e9
+    finally:
+        lsock.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+# ---- the scan, run on the worker ----------------------------------------------------
+
+def scan_task(ref, readahead, warm):
+    """Drop the array's pages, sum it cold (timed), optionally sum it warm."""
+    import time
+
+    import clamor
+    from clamor import region
+
+    if readahead is not None:
+        region.configure(readahead=readahead)
+    x = ref.get()
+    addr = x.__array_interface__["data"][0]
+    ps = region.page_size()
+    first = (addr - region.base()) // ps
+    last = (addr + x.nbytes - 1 - region.base()) // ps
+    region.drop_pages(first, last - first + 1)  # cold: nothing present
+    clamor.reset_stats()
+    t = time.perf_counter()
+    s = float(x.sum())
+    cold = time.perf_counter() - t
+    st = clamor.stats()
+    out = {"sum": s, "cold_s": cold, "stats": st, "readahead": region.configure()["readahead"],
+           "page_size": ps}
+    if warm:
+        t = time.perf_counter()
+        s2 = float(x.sum())
+        out["warm_s"] = time.perf_counter() - t
+        out["warm_sum"] = s2
+    return out
+
+
+# ---- driver -------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="256 MiB instead of 1 GiB, 2 rounds")
+    ap.add_argument("--size", type=parse_size, default=None, help="array bytes (default 1G, quick 256M)")
+    ap.add_argument("--readahead", type=parse_size, default=None,
+                    help="read-ahead bytes on the worker, 0 disables (default: clamor's setting)")
+    ap.add_argument("--page-size", type=parse_size, default=None, help="region page size (default: clamor's)")
+    ap.add_argument("--mode", choices=("spawn", "fork"), default="spawn", help="how the worker is started")
+    ap.add_argument("--reps", type=int, default=None, help="rounds of (TCP, scan) (default 3, quick 2)")
+    ap.add_argument("--tcp-msg", type=parse_size, default=MIB, help="TCP message size (default 1M)")
+    ap.add_argument("--tcp-total", type=parse_size, default=None, help="TCP bytes per round (default: --size)")
+    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
+    ap.add_argument("--_tcp-sender", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._tcp_sender:
+        port, total, msg, mode = args._tcp_sender
+        _tcp_sender(int(port), int(total), int(msg), mode)
+        return 0
+
+    size = args.size or (256 * MIB if args.quick else GIB)
+    reps = args.reps or (2 if args.quick else 3)
+    tcp_total = args.tcp_total or size
+    clamor = ensure_built(not args.no_build)
+    import numpy as np
+
+    from clamor import region
+    from clamor.tasks import TaskServer
+
+    region.init(page_size=args.page_size)
+    page_size = region.page_size()
+    n = size // 8
+    t = time.perf_counter()
+    a = clamor.empty(n, np.float64)
+    step = 1 << 22
+    for i in range(0, n, step):  # values < 4096: every partial sum is exact
+        a[i:i + step] = np.arange(i, min(n, i + step), dtype=np.int64) % 4096
+    fill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    want = float(a.sum())
+    local_s = time.perf_counter() - t
+    ref = clamor.ref(a)
+    print(f"scan: {human(size)} float64 array, page {human(page_size)}, worker by {args.mode}, "
+          f"{reps} rounds; filled in {fill_s:.2f} s; driver sum {size / local_s / 1e9:.2f} GB/s (local memory)")
+
+    ts = TaskServer()
+    rounds = []
+    try:
+        if args.mode == "spawn":
+            ts.spawn(1)
+        else:
+            ts.fork(1)
+        print(f"{'round':>5} {'tcp stream':>10} {'tcp req/rep':>11} {'tcp fresh':>9} {'scan cold':>9} "
+              f"{'scan warm':>9} {'ratio':>6} {'faults':>7} {'pages':>7} {'ahead':>7} {'reqs':>6} {'errs':>5} "
+              f"{'p50 us':>7}   (GB/s)")
+        for r in range(reps):
+            tcp = tcp_rate(tcp_total, args.tcp_msg, "stream")
+            rr = tcp_rate(tcp_total, args.tcp_msg, "reqrep")
+            fresh = tcp_rate(tcp_total, args.tcp_msg, "fresh")
+            res = ts.run(scan_task, ref, args.readahead, True, timeout=600)
+            ok = res["sum"] == want and res["warm_sum"] == want
+            if not ok:
+                raise SystemExit(f"scan: wrong sum on the worker: {res['sum']!r} (warm {res['warm_sum']!r}), "
+                                 f"driver {want!r}")
+            st = res["stats"]
+            cold, warm = size / res["cold_s"] / 1e9, size / res["warm_s"] / 1e9
+            rounds.append({"tcp": tcp, "reqrep": rr, "fresh": fresh, "cold": cold, "warm": warm, "res": res})
+            print(f"{r:>5} {tcp:>10.2f} {rr:>11.2f} {fresh:>9.2f} {cold:>9.2f} {warm:>9.2f} {cold / tcp:>6.2f} "
+                  f"{st['faults']:>7} {st['pages_fetched']:>7} {st['readahead_pages']:>7} "
+                  f"{st['fetch_requests']:>6} {st['fetch_errors']:>5} {st['fetch_p50_us']:>7.0f}", flush=True)
+    finally:
+        ts.close()
+
+    med = lambda k: statistics.median(x[k] for x in rounds)  # noqa: E731
+    scan_gbps, tcp_gbps = med("cold"), med("tcp")
+    last = rounds[-1]["res"]
+    st = last["stats"]
+    fresh_gbps = med("fresh")
+    print(f"median: scan {scan_gbps:.2f} GB/s vs loopback TCP stream {tcp_gbps:.2f} GB/s -> ratio "
+          f"{scan_gbps / tcp_gbps:.2f} (target >= 0.5); vs TCP into fresh memfd pages {fresh_gbps:.2f} GB/s -> "
+          f"{scan_gbps / fresh_gbps:.2f}; read-ahead {human(last['readahead'])}, page {human(page_size)}")
+    out = {
+        "bench": "scan",
+        "scan_gbps": round(scan_gbps, 3),
+        "tcp_gbps": round(tcp_gbps, 3),
+        "ratio": round(scan_gbps / tcp_gbps, 3),
+        "tcp_mode": "stream",
+        "tcp_msg": args.tcp_msg,
+        "tcp_reqrep_gbps": round(med("reqrep"), 3),
+        "tcp_fresh_gbps": round(fresh_gbps, 3),
+        "ratio_fresh": round(scan_gbps / fresh_gbps, 3),
+        "warm_gbps": round(med("warm"), 3),
+        "driver_sum_gbps": round(size / local_s / 1e9, 3),
+        "page_size": page_size,
+        "readahead": last["readahead"],
+        "bytes": size,
+        "faults": st["faults"],
+        "pages_fetched": st["pages_fetched"],
+        "bytes_fetched": st["bytes_fetched"],
+        "readahead_pages": st["readahead_pages"],
+        "fetch_requests": st["fetch_requests"],
+        "fetch_errors": st["fetch_errors"],
+        "fetch_p50_us": st["fetch_p50_us"],
+        "fetch_p99_us": st["fetch_p99_us"],
+        "mode": args.mode,
+        "reps": reps,
+        "scan_gbps_all": [round(x["cold"], 3) for x in rounds],
+        "tcp_gbps_all": [round(x["tcp"], 3) for x in rounds],
+        "verified": True,
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Empty-task throughput and stage latency of a Cluster, against a Pool.
+
+What the runtime costs per task and per stage when the tasks do nothing, on
+a ``Cluster(workers=W)`` (W=2 default):
+
+  throughput   one stage of N empty tasks:
+               ``cl.range(N, partitions=N).map_partitions(lambda p: []).count()``
+               (N=2000); tasks per second = N / wall time.
+  small stages S stages of ``--small`` empty tasks each, back to back (the
+               shape of an iterative job: a stage per iteration); tasks per
+               second over all of them, and the wall time per stage.
+  latency      median wall time of a 1-task stage and of a W-task stage,
+               over ``--lat-reps`` (50) stages each.
+
+The reference in the same run is a ``multiprocessing`` fork Pool of W
+processes doing the same empty tasks: ``pool.map(noop, range(N),
+chunksize=1)`` for throughput (and for the small stages), and
+``pool.map(noop, range(1|W), chunksize=1)`` for latency.  The Pool forks
+before the cluster maps its region, so its processes are plain processes.
+Every measurement runs ``--reps`` times, clamor and Pool in turn, so a busy
+moment of this shared machine hits both; the figures are medians.
+
+``--profile`` adds a cProfile of the driver during one N-task stage (top
+functions by own time, to stderr): where the driver's time per task goes.
+
+The last line is one JSON object: ``tasks_per_s``, ``stage_latency_ms``
+(1 task), ``stage_latency_w_ms`` (W tasks), ``pool_tasks_per_s``, and the
+rest side by side.
+
+    python bench/tasks.py [--quick] [--tasks N] [--workers W] [--reps R] [--profile]
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from scan import ensure_built  # noqa: E402
+
+
+def noop(x):
+    return None
+
+
+def empty(part):
+    return []
+
+
+# ---- clamor ------------------------------------------------------------------------
+
+def cl_throughput(cl, n):
+    t = time.perf_counter()
+    got = cl.range(n, partitions=n).map_partitions(empty).count()
+    dt = time.perf_counter() - t
+    assert got == 0
+    return dt
+
+
+def cl_small_stages(cl, stages, per):
+    t = time.perf_counter()
+    for _ in range(stages):
+        cl.range(per, partitions=per).map_partitions(empty).count()
+    return time.perf_counter() - t
+
+
+def cl_latencies(cl, parts, reps):
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        cl.range(parts, partitions=parts).map_partitions(empty).count()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+# ---- multiprocessing Pool ------------------------------------------------------------
+
+def pool_throughput(pool, n):
+    t = time.perf_counter()
+    pool.map(noop, range(n), chunksize=1)
+    return time.perf_counter() - t
+
+
+def pool_small_stages(pool, stages, per):
+    t = time.perf_counter()
+    for _ in range(stages):
+        pool.map(noop, range(per), chunksize=1)
+    return time.perf_counter() - t
+
+
+def pool_latencies(pool, parts, reps):
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        pool.map(noop, range(parts), chunksize=1)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+# ---- driver ------------------------------------------------------------------------
+
+def profile_stage(cl, n, top=25):
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    cl_throughput(cl, n)
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    print(f"--- driver profile, one stage of {n} empty tasks (by own time) ---", file=sys.stderr)
+    print(buf.getvalue(), file=sys.stderr)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (same sizes)")
+    ap.add_argument("--tasks", type=int, default=2000, help="tasks in the throughput stage (default 2000)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--stages", type=int, default=None, help="small stages (default 200, quick 100)")
+    ap.add_argument("--small", type=int, default=None, help="tasks per small stage (default 2 * workers)")
+    ap.add_argument("--lat-reps", type=int, default=50, help="stages per latency median (default 50)")
+    ap.add_argument("--reps", type=int, default=None, help="rounds of everything (default 5, quick 3)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the driver during one N-task stage")
+    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
+    args = ap.parse_args(argv)
+
+    w, n = args.workers, args.tasks
+    stages = args.stages or (100 if args.quick else 200)
+    per = args.small or 2 * w
+    reps = args.reps or (3 if args.quick else 5)
+    clamor = ensure_built(not args.no_build)
+
+    # Fork the Pool before the cluster maps its region (a process forked from
+    # a region's driver becomes a clamor worker).
+    pool = multiprocessing.get_context("fork").Pool(w)
+    pool.map(noop, range(w), chunksize=1)
+    t = time.perf_counter()
+    cl = clamor.Cluster(workers=w, progress=False).start()
+    start_s = time.perf_counter() - t
+    print(f"tasks: {w} workers, {n}-task stage, {stages} stages of {per} tasks, latency over {args.lat_reps} "
+          f"stages, {reps} rounds; cluster start {start_s:.3f} s", flush=True)
+
+    r = {k: [] for k in ("cl_n", "pool_n", "cl_small", "pool_small", "cl_lat1", "cl_latw", "pool_lat1",
+                         "pool_latw")}
+    task_med = []
+    try:
+        for _ in range(3):  # warm both: first stages pay imports, first sends, page-ins
+            cl_latencies(cl, w, 1)
+            pool_latencies(pool, w, 1)
+        cl_throughput(cl, min(n, 200))
+        for i in range(reps):
+            r["cl_n"].append(cl_throughput(cl, n))
+            task_med.append(cl.stage_stats()[-1]["task_s"]["median"])
+            r["pool_n"].append(pool_throughput(pool, n))
+            r["cl_small"].append(cl_small_stages(cl, stages, per))
+            r["pool_small"].append(pool_small_stages(pool, stages, per))
+            r["cl_lat1"].append(statistics.median(cl_latencies(cl, 1, args.lat_reps)))
+            r["pool_lat1"].append(statistics.median(pool_latencies(pool, 1, args.lat_reps)))
+            r["cl_latw"].append(statistics.median(cl_latencies(cl, w, args.lat_reps)))
+            r["pool_latw"].append(statistics.median(pool_latencies(pool, w, args.lat_reps)))
+            print(f"round {i}: {n} tasks clamor {n / r['cl_n'][-1]:8.0f}/s pool {n / r['pool_n'][-1]:8.0f}/s | "
+                  f"small stages clamor {stages * per / r['cl_small'][-1]:7.0f}/s pool "
+                  f"{stages * per / r['pool_small'][-1]:7.0f}/s | latency 1 task {r['cl_lat1'][-1] * 1e3:.2f} "
+                  f"ms pool {r['pool_lat1'][-1] * 1e3:.2f} ms | {w} tasks {r['cl_latw'][-1] * 1e3:.2f} ms pool "
+                  f"{r['pool_latw'][-1] * 1e3:.2f} ms", flush=True)
+        if args.profile:
+            profile_stage(cl, n)
+        stats = cl.stats()
+    finally:
+        cl.close()
+        pool.close()
+        pool.join()
+
+    med = {k: statistics.median(v) for k, v in r.items()}
+    tps, pool_tps = n / med["cl_n"], n / med["pool_n"]
+    small_tps, pool_small_tps = stages * per / med["cl_small"], stages * per / med["pool_small"]
+    print(f"{'median':<28}{'clamor':>12}{'pool':>12}{'ratio':>8}")
+    rows = [(f"{n}-task stage, tasks/s", tps, pool_tps),
+            (f"{per}-task stages, tasks/s", small_tps, pool_small_tps),
+            (f"{per}-task stage, ms", med["cl_small"] / stages * 1e3, med["pool_small"] / stages * 1e3),
+            ("1-task stage, ms", med["cl_lat1"] * 1e3, med["pool_lat1"] * 1e3),
+            (f"{w}-task stage, ms", med["cl_latw"] * 1e3, med["pool_latw"] * 1e3)]
+    for name, a, b in rows:
+        print(f"{name:<28}{a:>12.2f}{b:>12.2f}{a / b:>8.2f}")
+    print(f"clamor: median task run time on the worker {statistics.median(task_med) * 1e6:.0f} us; "
+          f"driver+transport per task {med['cl_n'] / n * 1e6:.0f} us wall")
+    out = {
+        "bench": "tasks",
+        "tasks_per_s": round(tps, 1),
+        "stage_latency_ms": round(med["cl_lat1"] * 1e3, 3),
+        "stage_latency_w_ms": round(med["cl_latw"] * 1e3, 3),
+        "pool_tasks_per_s": round(pool_tps, 1),
+        "throughput_ratio": round(tps / pool_tps, 3),
+        "small_stage_tasks_per_s": round(small_tps, 1),
+        "pool_small_stage_tasks_per_s": round(pool_small_tps, 1),
+        "small_stage_ms": round(med["cl_small"] / stages * 1e3, 3),
+        "pool_small_stage_ms": round(med["pool_small"] / stages * 1e3, 3),
+        "pool_latency_ms": round(med["pool_lat1"] * 1e3, 3),
+        "pool_latency_w_ms": round(med["pool_latw"] * 1e3, 3),
+        "task_run_us": round(statistics.median(task_med) * 1e6, 1),
+        "tasks": n,
+        "workers": w,
+        "small_stages": stages,
+        "small_stage_tasks": per,
+        "lat_reps": args.lat_reps,
+        "reps": reps,
+        "cluster_start_s": round(start_s, 4),
+        "tasks_per_s_all": [round(n / v, 1) for v in r["cl_n"]],
+        "pool_tasks_per_s_all": [round(n / v, 1) for v in r["pool_n"]],
+        "stages_run": stats["stages"],
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
