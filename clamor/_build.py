@@ -6,6 +6,7 @@ Run by setuptools through ``cffi_modules`` in setup.py; it never imports the
 import glob
 import os
 
+import numpy
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,8 +30,9 @@ ffibuilder.set_source(
     "clamor._clamor",
     '#include "clamor.h"\n',
     sources=[_rel(p) for p in sorted(glob.glob(os.path.join(CSRC, "*.c")))],
-    include_dirs=[_rel(CSRC)],
     libraries=["dl", "pthread", "m"],
+    include_dirs=[_rel(CSRC), numpy.get_include()],
+    define_macros=[("CLAMOR_WITH_PYTHON", "1")],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                         "-fvisibility=hidden"],
     depends=[_rel(p) for p in sorted(glob.glob(os.path.join(CSRC, "*.h")))],

@@ -88,3 +88,12 @@ size_t clamor_heap_allocated(void);
 size_t clamor_heap_footprint(void);
 
 const char *clamor_last_error(void);
+
+int clamor_interpose_refresh(void);
+unsigned long clamor_interpose_slots(void);
+int clamor_heap_enter(void);
+void clamor_heap_exit(void);
+int clamor_heap_active(void);
+int clamor_py_heap_install(void);
+int clamor_py_numpy_enter(void);
+int clamor_py_numpy_exit(void);

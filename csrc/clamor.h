@@ -232,6 +232,29 @@ size_t clamor_heap_footprint(void);
 /* Detail of the calling thread's last failure ("" if none). */
 const char *clamor_last_error(void);
 
+/* ---- heap redirection (driver; interpose.c, pyheap.c) ------------------ */
+
+/* Patch the GOT of every loaded shared object (but glibc, the loader and
+ * clamor's own module) so that malloc, calloc, realloc, free,
+ * posix_memalign, aligned_alloc, memalign, valloc, malloc_usable_size and
+ * dlopen go through clamor's wrappers; libraries dlopen'ed later are patched
+ * as they load.  Idempotent; thread-safe.  The wrappers behave as glibc's
+ * unless the calling thread is inside clamor_heap_enter()/exit(), and always
+ * send a region pointer back to the region allocator (never to glibc). */
+int clamor_interpose_refresh(void);
+unsigned long clamor_interpose_slots(void);
+/* Enter/leave a heap block on the calling thread (nestable).  enter: EPERM
+ * on a worker, ENXIO without a region. */
+int clamor_heap_enter(void);
+void clamor_heap_exit(void);
+int clamor_heap_active(void);
+/* Python extension only: wrap the three PyMem domains (once; needs the
+ * GIL), and set/restore numpy's NEP 49 data handler for a block (0 or -1
+ * with a Python exception set). */
+int clamor_py_heap_install(void);
+int clamor_py_numpy_enter(void);
+int clamor_py_numpy_exit(void);
+
 #ifdef __cplusplus
 }
 #endif

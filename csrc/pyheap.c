@@ -1,0 +1,185 @@
+/* pyheap.c -- Python's allocators and numpy's data allocator into the region.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON), never into the
+ * plain C library.  clamor_py_heap_install() wraps the three PyMem domains
+ * (raw, mem, object) once: while the calling thread is inside
+ * `with clamor.heap():` (cl_heap_depth > 0) a request goes to clamor_malloc;
+ * otherwise to the allocator that was there before (pymalloc and friends),
+ * unchanged.  Frees and reallocs are routed by address, so a region object
+ * freed later, inside the block or not, goes back to the region allocator.
+ * Wrapping after start-up is allowed because every pointer the old
+ * allocator handed out still goes back to it (tracemalloc does the same).
+ *
+ * numpy keeps a small-buffer cache in its default data allocator, so a small
+ * array made inside the block could reuse memory freed earlier outside the
+ * region (measured: a KDTree's `maxes` array landed outside that way).
+ * clamor's NEP 49 handler, set for the block's duration in the current
+ * context, allocates straight from the region; arrays remember their handler,
+ * so their data is freed through it wherever they die.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
+#include <numpy/arrayobject.h>
+#include <string.h>
+
+#include "internal.h"
+
+extern __thread int cl_heap_depth __attribute__((tls_model("initial-exec")));
+
+static PyMemAllocatorEx orig[3];
+static int py_heap_install(void);
+static int installed;
+
+static inline int in_region(const void *p) { return cl_in_region((uintptr_t)p); }
+
+static void *h_malloc(void *ctx, size_t n) {
+    PyMemAllocatorEx *o = ctx;
+    return cl_heap_depth ? clamor_malloc(n ? n : 1) : o->malloc(o->ctx, n);
+}
+
+static void *h_calloc(void *ctx, size_t n, size_t sz) {
+    PyMemAllocatorEx *o = ctx;
+    return cl_heap_depth ? clamor_calloc(n ? n : 1, sz ? sz : 1) : o->calloc(o->ctx, n, sz);
+}
+
+static void h_free(void *ctx, void *p) {
+    PyMemAllocatorEx *o = ctx;
+    if (p && in_region(p)) {
+        if (cl_region.role == CLAMOR_ROLE_DRIVER) clamor_free(p);
+        return; /* workers never free region memory */
+    }
+    o->free(o->ctx, p);
+}
+
+static void *h_realloc(void *ctx, void *p, size_t n) {
+    PyMemAllocatorEx *o = ctx;
+    if (p && in_region(p)) {
+        if (cl_region.role == CLAMOR_ROLE_DRIVER) return clamor_realloc(p, n ? n : 1);
+        size_t old = clamor_usable_size(p);
+        void *q = o->malloc(o->ctx, n);
+        if (q) memcpy(q, p, old && old < n ? old : n);
+        return q;
+    }
+    if (cl_heap_depth && p) {
+        /* The old block's size is unknown to us for pymalloc blocks, so
+         * grow through the old allocator first, then move. */
+        void *tmp = o->realloc(o->ctx, p, n);
+        if (!tmp) return NULL;
+        void *q = clamor_malloc(n ? n : 1);
+        if (!q) return tmp;
+        memcpy(q, tmp, n);
+        o->free(o->ctx, tmp);
+        return q;
+    }
+    return cl_heap_depth ? clamor_malloc(n ? n : 1) : o->realloc(o->ctx, p, n);
+}
+
+/* cffi releases the GIL around calls into this module: take it back. */
+int clamor_py_heap_install(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = py_heap_install();
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int py_heap_install(void) {
+    if (installed) return 0;
+    PyMemAllocatorDomain doms[3] = {PYMEM_DOMAIN_RAW, PYMEM_DOMAIN_MEM, PYMEM_DOMAIN_OBJ};
+    for (int i = 0; i < 3; i++) {
+        PyMem_GetAllocator(doms[i], &orig[i]);
+        PyMemAllocatorEx a = {&orig[i], h_malloc, h_calloc, h_realloc, h_free};
+        PyMem_SetAllocator(doms[i], &a);
+    }
+    installed = 1;
+    return 0;
+}
+
+/* ---- numpy (NEP 49) ------------------------------------------------------------ */
+
+static void *n_malloc(void *ctx, size_t n) { (void)ctx; return clamor_malloc(n ? n : 1); }
+static void *n_calloc(void *ctx, size_t n, size_t sz) { (void)ctx; return clamor_calloc(n ? n : 1, sz ? sz : 1); }
+static void *n_realloc(void *ctx, void *p, size_t n) {
+    (void)ctx;
+    if (p && !in_region(p)) { /* an array from before, grown in the block */
+        void *q = clamor_malloc(n ? n : 1);
+        if (q) {
+            size_t old = malloc_usable_size(p);
+            memcpy(q, p, old < n ? old : n);
+            free(p);
+        }
+        return q;
+    }
+    return clamor_realloc(p, n ? n : 1);
+}
+static void n_free(void *ctx, void *p, size_t sz) {
+    (void)ctx;
+    (void)sz;
+    if (!p) return;
+    if (in_region(p)) {
+        if (cl_region.role == CLAMOR_ROLE_DRIVER) clamor_free(p);
+        return;
+    }
+    free(p);
+}
+
+static PyDataMem_Handler handler = {
+    "clamor_region", 1, {NULL, n_malloc, n_calloc, n_realloc, n_free}};
+static PyObject *capsule;
+
+static int numpy_ready(void) {
+    if (PyArray_API) return 0;
+    if (_import_array() < 0) return -1;
+    return 0;
+}
+
+/* Per-thread stack of the handlers current before each heap() entry. */
+#define MAXNEST 64
+static __thread PyObject *saved[MAXNEST];
+static __thread int nsaved;
+
+static int numpy_enter(void);
+static int numpy_exit(void);
+
+/* 0, or -1 (the Python error is printed: cffi callers get a plain code). */
+int clamor_py_numpy_enter(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = numpy_enter();
+    if (rc) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
+}
+
+int clamor_py_numpy_exit(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = numpy_exit();
+    if (rc) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int numpy_enter(void) {
+    if (numpy_ready() < 0) return -1;
+    if (!capsule && !(capsule = PyCapsule_New(&handler, "mem_handler", NULL))) return -1;
+    if (nsaved == MAXNEST) {
+        PyErr_SetString(PyExc_RecursionError, "clamor.heap() nested too deeply");
+        return -1;
+    }
+    PyObject *prev = PyDataMem_SetHandler(capsule);
+    if (!prev) return -1;
+    saved[nsaved++] = prev;
+    return 0;
+}
+
+static int numpy_exit(void) {
+    if (nsaved == 0) return 0;
+    PyObject *prev = saved[--nsaved];
+    PyObject *mine = PyDataMem_SetHandler(prev);
+    Py_DECREF(prev);
+    if (!mine) return -1;
+    Py_DECREF(mine);
+    return 0;
+}
+#endif /* CLAMOR_WITH_PYTHON */
