@@ -31,6 +31,7 @@ import zmq
 from . import errors, region, serialize
 from .collection import NpyFiles, Parallel, Range, Shuffled, TextFiles
 from .executor import worker_main
+from .heap import install as install_heap_hooks
 from .progress import StageProgress
 from .scheduler import (Run, Scheduler, StageAborted, StageFinished, StageSubmitted, TaskDone, TaskFailed,
                         TaskSpec, WorkerJoined, WorkerLost)
@@ -93,6 +94,9 @@ class Cluster:
             raise errors.ConfigError(f"the region already has {region.page_size()}-byte pages; "
                                      f"a cluster cannot use {psize} (page size is fixed per region)")
         self.page_endpoint = region.server_endpoint() or region.serve()
+        # Workers inherit the allocator wrappers: a region object a worker
+        # drops must never reach glibc's or pymalloc's free.
+        install_heap_hooks()
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.linger = 0
