@@ -32,6 +32,7 @@ from . import errors, region, serialize
 from .collection import NpyFiles, Parallel, Range, Shuffled, TextFiles
 from .executor import worker_main
 from .heap import install as install_heap_hooks
+from .share import note_fork
 from .progress import StageProgress
 from .scheduler import (Run, Scheduler, StageAborted, StageFinished, StageSubmitted, TaskDone, TaskFailed,
                         TaskSpec, WorkerJoined, WorkerLost)
@@ -105,6 +106,7 @@ class Cluster:
         self._sched = Scheduler()
         self._workers = {}      # wid -> {"pid", "blocks", "last_hb", "stages"}
         self._pids = []
+        note_fork()
         me = os.getpid()
         for i in range(self.nworkers):
             wid = b"w%d" % i

@@ -36,21 +36,47 @@ def _in_region(a):
     return region.contains(addr, max(a.nbytes, 1))
 
 
+_shared = set()  # ids of region objects already checked by clamor.share()
+_base, _end = 0, [0]
+
+
 class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj):
         if type(obj) is np.ndarray and obj.nbytes and not obj.dtype.hasobject and _in_region(obj):
             return _from_ref, (ArrayRef(obj),)
-        if region.size() and region.contains(id(obj)) and not isinstance(obj, type):
-            # an object built under clamor.heap(): used in place on the worker
-            return _object_at, (id(obj) - region.base(),)
         return super().reducer_override(obj)
+
+    def persistent_id(self, obj):
+        # Called for every object, containers included (reducer_override is
+        # not called for dicts, lists and tuples): a Python object that lives
+        # in the region, built under clamor.heap(), is used in place on the
+        # worker, once clamor.share() found nothing outside the region
+        # behind it.
+        if _base and _base <= id(obj) < _end[0] and not isinstance(obj, (type, np.ndarray)):
+            if id(obj) not in _shared:
+                from .share import share
+                share(obj)
+                _shared.add(id(obj))
+            return ("clamor-object", id(obj) - _base)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        if type(pid) is tuple and len(pid) == 2 and pid[0] == "clamor-object":
+            return _object_at(pid[1])
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
 def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL):
     """cloudpickle ``obj``, shipping region arrays by reference."""
+    global _base
+    _base = region.base() if region.size() else 0
+    _end[0] = _base + region.size()
     buf = io.BytesIO()
     _Pickler(buf, protocol=protocol).dump(obj)
     return buf.getvalue()
 
 
-loads = pickle.loads
+def loads(data):
+    return _Unpickler(io.BytesIO(data)).load()

@@ -1,0 +1,138 @@
+"""clamor.heap(): allocations inside the block land in the region."""
+import json
+
+PRE = """
+import gc, json, os, sys, numpy as np, clamor
+from clamor import region
+region.init(size=8 << 30)
+inr = lambda o: region.contains(id(o))
+"""
+
+CLIB = r"""
+#include <stdlib.h>
+#include <string.h>
+void *grab(size_t n) { char *p = malloc(n); if (p) memset(p, 7, n); return p; }
+void drop(void *p) { free(p); }
+void *grow(void *p, size_t n) { return realloc(p, n); }
+"""
+
+
+def test_python_objects_and_numpy_arrays_land_in_the_region(py):
+    p = py(PRE + """
+class Point:   # (3.11 materialises __dict__ lazily, on access: check the values)
+    def __init__(self, x, y): self.x, self.y = x, y
+with clamor.heap():
+    l = [float(i) * 1.5 for i in range(1000)]
+    d = {str(i): (i, i + 1) for i in range(100)}
+    pt = Point(len(l) * 0.5, len(d) * 0.25)   # computed: constants live in code objects
+    small = np.arange(3.0)           # numpy's small-buffer cache would reuse old memory
+    big = np.ones(1 << 20)
+    s = "".join(["x"] * 50)
+out = {"list": inr(l), "float": inr(l[7]), "dict": inr(d), "tuple": inr(d["5"]), "obj": inr(pt),
+       "attrs": inr(pt.x), "small": clamor.in_region(small), "big": clamor.in_region(big),
+       "str": inr(s)}
+after = [3, 4]
+out["outside_list"] = inr(after)
+out["outside_arr"] = clamor.in_region(np.zeros(5))
+before = clamor.heap_stats()["allocated"]
+del l, d, pt, small, big, s
+gc.collect()
+out["freed"] = before - clamor.heap_stats()["allocated"]
+print(json.dumps(out))
+""", check=True)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    inside = ["list", "float", "dict", "tuple", "obj", "attrs", "small", "big", "str"]
+    assert all(out[k] for k in inside), out
+    assert not out["outside_list"] and not out["outside_arr"], out
+    assert out["freed"] >= 8 << 20, out   # freed outside the block, back to the region
+
+
+def test_c_heap_of_extension_modules_is_interposed(py, tmp_path):
+    import subprocess
+    src = tmp_path / "grab.c"
+    src.write_text(CLIB)
+    lib = tmp_path / "libgrab.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    p = py(PRE + f"""
+import ctypes
+clamor.heap.__wrapped__ if hasattr(clamor.heap, "__wrapped__") else None
+with clamor.heap():
+    g = ctypes.CDLL("{lib}")                # loaded inside the block: patched on dlopen
+    g.grab.restype = g.grow.restype = ctypes.c_void_p
+    g.grab.argtypes = [ctypes.c_size_t]; g.drop.argtypes = [ctypes.c_void_p]
+    g.grow.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    a = g.grab(100)
+    b = g.grab(1 << 20)
+c = g.grab(100)                             # outside: glibc as before
+moved = None
+with clamor.heap():
+    moved = g.grow(c, 4096)                 # a glibc block grown inside moves into the region
+used = clamor.heap_stats()["allocated"]
+g.drop(b)                                   # a region block freed outside the block
+out = {{"a": region.contains(a), "b": region.contains(b), "c": region.contains(c),
+        "moved": region.contains(moved), "kept": ctypes.string_at(moved, 100) == b"\\x07" * 100,
+        "freed": used - clamor.heap_stats()["allocated"]}}
+print(json.dumps(out))
+""", check=True)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["a"] and out["b"] and not out["c"], out
+    assert out["moved"] and out["kept"], out
+    assert out["freed"] >= 1 << 20, out
+
+
+def test_scipy_kdtree_built_under_heap_is_queried_in_place_on_workers(py):
+    p = py(PRE + """
+import scipy.spatial
+pts = np.random.default_rng(0).random((200000, 2))
+qs = np.random.default_rng(1).random((500, 2))
+ref = scipy.spatial.KDTree(pts.copy()).query(qs, k=10)
+with clamor.Cluster(workers=2, progress=False) as cl:
+    with clamor.heap():                     # built by the driver after the fork
+        tree = scipy.spatial.KDTree(pts)
+    assert clamor.in_region(tree.maxes)     # (tree.data is pts itself, inherited at fork)
+    got = cl.parallelize(qs, partitions=4).map_partitions(lambda q: [tree.query(q, k=10)]).collect()
+    st = cl.stats()
+d = np.concatenate([g[0] for g in got]); i = np.concatenate([g[1] for g in got])
+assert np.array_equal(i, ref[1]) and np.allclose(d, ref[0])
+print(json.dumps({"bytes": st["bytes_from_driver"], "payload": max(s["payload_bytes"] for s in cl.stage_stats()),
+                  "heap": clamor.heap_stats()["allocated"]}))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["payload"] < 10_000, out     # the tree travelled by reference
+
+
+def test_share_names_what_is_outside_the_region(py):
+    p = py(PRE + """
+with clamor.Cluster(workers=1, progress=False) as cl:
+    late = {"payload": [1.5, "made " + str(os.getpid())]}    # after the fork, outside the region
+    with clamor.heap():
+        good = {"values": [float(i) for i in range(10)], "arr": np.ones(10)}
+        bad = {"ok": [2.5], "late": late}
+    clamor.share(good)
+    try:
+        clamor.share(bad)
+        print("NOT REFUSED")
+    except clamor.NotShareable as e:
+        print("REFUSED", e)
+    try:                                   # shipping it is refused the same way
+        cl.range(1).map(lambda i: len(bad)).collect()
+        print("SHIPPED")
+    except clamor.NotShareable as e:
+        print("SHIP REFUSED", e)
+    assert cl.range(2).map(lambda i: len(good["values"]) + i).collect() == [10, 11]
+""", check=True)
+    assert "REFUSED obj['late']" in p.stdout, p.stdout
+    assert "SHIP REFUSED" in p.stdout, p.stdout
+
+
+def test_heap_on_a_worker_is_refused(py):
+    py(PRE + """
+with clamor.Cluster(workers=1, progress=False) as cl:
+    def f(_):
+        try:
+            with clamor.heap():
+                pass
+        except clamor.NotDriver:
+            return "refused"
+    assert cl.range(1).map(f).collect() == ["refused"]
+""", check=True)
