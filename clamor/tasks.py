@@ -51,7 +51,8 @@ class TaskServer:
         if base is not None:
             cmd += ["--base", hex(base)]
         for _ in range(n):
-            self._procs.append(subprocess.Popen(cmd, env={**os.environ, **(env or {})}))
+            self._procs.append(subprocess.Popen(cmd, env={**os.environ, "CLAMOR_DIE_WITH_PARENT": "1",
+                                                          "CLAMOR_PARENT_PID": str(os.getpid()), **(env or {})}))
         return self._await(len(self.workers) + n, timeout)
 
     def fork(self, n=1, timeout=30.0):

@@ -82,6 +82,14 @@ def main(argv=None):
                     help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("CLAMOR_LOG", "WARNING"))
+    if os.environ.get("CLAMOR_DIE_WITH_PARENT") == "1":
+        # started by a local driver (TaskServer.spawn): die with it at once,
+        # not at the next fetch time-out
+        from .executor import _die_with_parent
+        parent = int(os.environ.get("CLAMOR_PARENT_PID", "0"))
+        _die_with_parent()
+        if parent and os.getppid() != parent:
+            return 0
     serve(args.driver, base=args.base, connect_timeout=args.connect_timeout)
     return 0
 

@@ -188,7 +188,8 @@ import subprocess, time
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 r = clamor.ref(a)
 ts = TaskServer()
-ts.spawn(1, env={"CLAMOR_FETCH_TIMEOUT_MS": "1500"})
+# as a remote worker would be: not tied to the driver's process
+ts.spawn(1, env={"CLAMOR_FETCH_TIMEOUT_MS": "1500", "CLAMOR_DIE_WITH_PARENT": "0"})
 pid = ts.workers[0]["pid"]
 def later(r):
     import time, os
@@ -217,3 +218,25 @@ os.kill(os.getpid(), 9)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, \
         "worker outlived its driver"
     assert "clamor: fatal" in p.stderr and "fetch timeout" in p.stderr, p.stderr
+
+
+def test_local_spawned_worker_dies_with_its_driver(py):
+    p = py(DRIVER + """
+a = clamor.array(np.arange(1000.0))
+ts = TaskServer()
+ts.spawn(1)
+print("WORKER", ts.workers[0]["pid"], flush=True)
+os.kill(os.getpid(), 9)
+""", timeout=60)
+    import psutil, time
+    pid = int(p.stdout.split("WORKER")[1].split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a local worker outlived its driver by 5 s")
