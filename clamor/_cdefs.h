@@ -51,6 +51,9 @@ int clamor_versions_gc(uint32_t min_stage);
 void clamor_set_stage(uint32_t stage);
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
 
+void clamor_set_replication(int policy);
+int clamor_replication(void);
+
 struct clamor_stats {
     uint64_t faults;
     uint64_t pages_fetched;
@@ -69,6 +72,10 @@ struct clamor_stats {
     uint64_t pages_unchanged;
     uint64_t versions;
     uint64_t version_bytes;
+    uint64_t pages_from_peers; /* worker: pages fetched from a peer after a redirect */
+    uint64_t bytes_from_peers;
+    uint64_t redirects;       /* driver: requests sent to a peer; worker: redirects followed */
+    uint64_t peer_fallbacks;  /* worker: redirects that ended at the driver after all */
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

@@ -39,6 +39,9 @@ from .scheduler import (Run, Scheduler, StageAborted, StageFinished, StageSubmit
 
 log = logging.getLogger("clamor")
 _live = weakref.WeakSet()
+# Redirect a page request to a worker that holds the page (paper section 4.2):
+# never, to a random holder, or to the less loaded of two random holders.
+REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
 
 
 @atexit.register
@@ -57,13 +60,16 @@ class Cluster:
     """
 
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
-                 heartbeat_timeout=10.0, start_timeout=60.0):
+                 heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices"):
         if workers is None:
             workers = os.cpu_count() or 1
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise errors.ConfigError(f"workers must be a positive int, not {workers!r}")
         if not isinstance(slots, int) or slots < 1:
             raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
+        if replication not in REPLICATION:
+            raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
+        self.replication = replication
         self.nworkers = workers
         self.slots = slots
         self.progress = progress
@@ -95,6 +101,7 @@ class Cluster:
             raise errors.ConfigError(f"the region already has {region.page_size()}-byte pages; "
                                      f"a cluster cannot use {psize} (page size is fixed per region)")
         self.page_endpoint = region.server_endpoint() or region.serve()
+        region.set_replication(REPLICATION[self.replication])
         # Workers inherit the allocator wrappers: a region object a worker
         # drops must never reach glibc's or pymalloc's free.
         install_heap_hooks()
@@ -385,6 +392,9 @@ class Cluster:
             res = serialize.loads(frames[3])
             if key[0] == stat["stage"]:
                 self._affinity[(stat["tasks"], key[1])] = ident
+            if ident in self._workers:  # cumulative counters of that worker
+                w = self._workers[ident]
+                w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
             for cid, p in res["cached"]:
                 self._cache_locs[(cid, p)] = ident
                 self._made_at[(cid, p)] = key[0]
@@ -476,7 +486,17 @@ class Cluster:
         out = {k: self._totals[k] for k in ("stages", "tasks", "faults", "bytes_from_driver", "bytes_from_peers")}
         out["task_seconds"] = float(self._totals["task_seconds"])
         out["workers"] = len(getattr(self, "_workers", {}))
-        out["driver"] = region.stats()
+        drv = out["driver"] = region.stats()
+        ws = getattr(self, "_workers", {})
+        followed = sum(w.get("followed", 0) for w in ws.values())
+        fallbacks = sum(w.get("fallbacks", 0) for w in ws.values())
+        out["replication"] = {
+            "policy": self.replication,
+            "bytes_served_by_driver": drv["bytes_served"],
+            "bytes_served_by_peer": {w.decode(): info.get("served", 0) for w, info in ws.items()},
+            "redirects": drv["redirects"],
+            "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
+        }
         out["stages_detail"] = list(self._stage_stats)
         return out
 

@@ -250,8 +250,11 @@ class Runtime:
             after = region.stats()
             res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0,
                    "faults": after["faults"] - before["faults"],
-                   "bytes_from_driver": after["bytes_fetched"] - before["bytes_fetched"],
-                   "bytes_from_peers": 0}
+                   "bytes_from_driver": (after["bytes_fetched"] - after["bytes_from_peers"])
+                   - (before["bytes_fetched"] - before["bytes_from_peers"]),
+                   "bytes_from_peers": after["bytes_from_peers"] - before["bytes_from_peers"],
+                   "served": after["bytes_served"], "redirects": after["redirects"],
+                   "fallbacks": after["peer_fallbacks"]}
             self.sock.send_multipart([b"DONE", key, serialize.dumps(res)])
         except BaseException as err:  # SystemExit from user code too: report it, keep the worker
             fetch = isinstance(err, FetchFailed)

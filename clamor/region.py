@@ -144,8 +144,9 @@ def connect(endpoint, base=None, serve_endpoint="tcp://127.0.0.1:*", timeout=10.
     """
     b, s, p = hello(endpoint, timeout)
     attach(b if base is None else base, s, p)
+    mine = serve(serve_endpoint) if serve_endpoint else ""   # first: the pager names it to the driver
     start_pager(endpoint)
-    return serve(serve_endpoint) if serve_endpoint else ""
+    return mine
 
 
 def ensure_handler_first():
@@ -261,6 +262,11 @@ def invalidate(pages):
               {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
 
 
+def set_replication(policy):
+    """Driver: 0 off, 1 random holder, 2 two choices (see clamor.Cluster)."""
+    lib.clamor_set_replication(int(policy))
+
+
 def mappings():
     """Mappings the worker's region is split into now."""
     return int(lib.clamor_mappings())
@@ -269,7 +275,8 @@ def mappings():
 _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests",
                 "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
-                "versions", "version_bytes", "latency_count")
+                "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
+                "peer_fallbacks", "latency_count")
 
 
 def stats():
@@ -298,9 +305,9 @@ def _after_fork_child():
     if not parent:
         return
     try:
-        lib.clamor_pager_start(parent.encode())
         out = ffi.new("char[]", 256)
         lib.clamor_server_start(b"tcp://127.0.0.1:*", out, 256)
+        lib.clamor_pager_start(parent.encode())
     except Exception:  # pragma: no cover - never raise inside a fork hook
         pass
 

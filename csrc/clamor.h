@@ -169,6 +169,14 @@ void clamor_set_stage(uint32_t stage);
  * returned.  Thread-safe. */
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
 
+/* ---- dynamic replication (driver) -------------------------------------- */
+
+/* Redirect requests for pages that workers hold to one of those workers:
+ * 0 off, 1 random holder, 2 the less loaded of two random holders.
+ * Thread-safe. */
+void clamor_set_replication(int policy);
+int clamor_replication(void);
+
 /* ---- statistics -------------------------------------------------------- */
 
 struct clamor_stats {
@@ -189,6 +197,10 @@ struct clamor_stats {
     uint64_t pages_unchanged; /* driver: of those, identical at the next stage */
     uint64_t versions;        /* driver: page versions held */
     uint64_t version_bytes;
+    uint64_t pages_from_peers; /* worker: pages fetched from a peer after a redirect */
+    uint64_t bytes_from_peers;
+    uint64_t redirects;       /* driver: requests sent to a peer; worker: redirects followed */
+    uint64_t peer_fallbacks;  /* worker: redirects that ended at the driver after all */
     uint64_t latency_count;   /* fetch latencies recorded */
     double latency_p50_us;
     double latency_p99_us;

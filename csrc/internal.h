@@ -129,6 +129,23 @@ extern _Atomic uint32_t cl_worker_stage;
  * stale and must not be installed. */
 #define CL_PG_STALE 0x200u
 
+/* ---- page directory (directory.c, driver) --------------------------------- */
+
+int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen);
+int cl_dir_peer_of(const void *id, size_t idlen);
+int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint);
+void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer);
+void cl_dir_miss(uint64_t first, uint32_t count, int peer);
+void cl_dir_changed(uint64_t p, uint32_t stage);
+void cl_dir_reset(void);
+void cl_dir_forget_all(void);
+/* Copy-on-write versions are on (a stage has begun): only then do pages
+ * change at known points, so only then may peers serve them. */
+bool cl_version_active(void);
+bool cl_version_open_now(uint64_t p);
+/* The driver is about to write page p: forget its holders.  Async-signal-safe. */
+void cl_dir_page_written(uint64_t p);
+
 /* ---- pager and server ---------------------------------------------------- */
 
 int cl_pager_stop_after_fork(void);
@@ -142,7 +159,7 @@ struct cl_counters {
     _Atomic uint64_t faults, pages_fetched, bytes_fetched, readahead_pages,
         fetch_requests, fetch_errors, pages_served, bytes_served,
         requests_served, bad_requests, evictions, pages_dropped, pages_logged, pages_unchanged,
-        pages_invalidated;
+        pages_invalidated, pages_from_peers, bytes_from_peers, redirects, peer_fallbacks;
 };
 extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)

@@ -49,7 +49,12 @@ struct req {
     uint16_t gen;
     int64_t marker; /* page left HELD on arrival, or -1 */
     uint64_t sent_ns;
+    uint64_t first_ns; /* when the first request went out (latency) */
+    int peer;          /* -1: asked the driver; else the peer it was sent to */
 };
+
+#define MAXPEERS 64
+#define PEER_TIMEOUT_NS 1000000000ull /* a silent peer: ask the driver instead */
 
 struct run {
     uint64_t first;
@@ -71,6 +76,7 @@ static struct pager {
     unsigned phead, plen;
     uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
     unsigned nrecent;
+    void *peer[MAXPEERS];        /* DEALER per peer page server, by driver's number */
 } P = {.pipe_r = -1, .pipe_w = -1};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
@@ -157,7 +163,8 @@ static int send_one(struct run *r) {
     q->count = r->count;
     q->kind = r->kind;
     q->marker = r->marker;
-    q->sent_ns = cl_now_ns();
+    q->sent_ns = q->first_ns = cl_now_ns();
+    q->peer = -1;
     q->used = 1;
     P.ninflight++;
     CL_COUNT(fetch_requests, 1);
@@ -257,10 +264,51 @@ static void finish(struct req *q) {
     P.ninflight--;
 }
 
-static void on_reply(void) {
+static void send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, uint32_t status) {
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = flags, .status = status, .index = q->first,
+                            .count = q->count, .stage = atomic_load(&cl_worker_stage),
+                            .tag = (uint32_t)q->gen << 16 | slot};
+    uint8_t buf[CL_WIRE_HDR];
+    cl_wire_encode(&h, buf);
+    cl_zmq.send(sock, buf, sizeof buf, 0);
+    q->sent_ns = cl_now_ns();
+}
+
+/* The peer did not deliver: ask the driver, which forgets that holder. */
+static void back_to_driver(struct req *q, unsigned slot) {
+    uint32_t peer = (uint32_t)q->peer + 1;
+    q->peer = -1;
+    CL_COUNT(peer_fallbacks, 1);
+    send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS, peer);
+}
+
+static void follow_redirect(struct req *q, unsigned slot, uint32_t peer) {
+    char ep[256];
+    int n = cl_zmq.recv(P.sock, ep, sizeof ep - 1, 0);
+    cl_zmq_drain(P.sock);
+    if (n <= 0 || n >= (int)sizeof ep || peer >= MAXPEERS) {
+        send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
+        return;
+    }
+    ep[n] = '\0';
+    if (!P.peer[peer]) {
+        P.peer[peer] = cl_zmq_socket(P.ctx, CL_ZMQ_DEALER);
+        if (!P.peer[peer] || cl_zmq.connect(P.peer[peer], ep) != 0) {
+            if (P.peer[peer]) cl_zmq.close(P.peer[peer]);
+            P.peer[peer] = NULL;
+            send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
+            return;
+        }
+    }
+    q->peer = (int)peer;
+    CL_COUNT(redirects, 1);
+    send_get(P.peer[peer], q, slot, 0, 0);
+}
+
+static void on_reply(void *sock) {
     cl_zmq_msg m;
     cl_zmq.msg_init(&m);
-    if (cl_zmq.msg_recv(&m, P.sock, CL_ZMQ_DONTWAIT) < 0) {
+    if (cl_zmq.msg_recv(&m, sock, CL_ZMQ_DONTWAIT) < 0) {
         cl_zmq.msg_close(&m);
         return;
     }
@@ -269,19 +317,30 @@ static void on_reply(void) {
     cl_zmq.msg_close(&m);
     unsigned slot = h.tag & 0xffff;
     struct req *q = slot < MAX_INFLIGHT ? &P.inflight[slot] : NULL;
-    if (!q || !q->used || q->gen != (uint16_t)(h.tag >> 16)) { /* late or foreign */
-        cl_zmq_drain(P.sock);
+    bool from_peer = sock != P.sock;
+    if (!q || !q->used || q->gen != (uint16_t)(h.tag >> 16) ||
+        (from_peer ? q->peer < 0 || P.peer[q->peer] != sock : q->peer >= 0)) { /* late or foreign */
+        cl_zmq_drain(sock);
         return;
     }
     bool demanded = q->kind != K_AHEAD;
+    if (!bad && !from_peer && h.type == CL_WIRE_REDIRECT) {
+        follow_redirect(q, slot, h.status);
+        return;
+    }
+    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused */
+        cl_zmq_drain(sock);
+        back_to_driver(q, slot);
+        return;
+    }
     if (bad || (h.type != CL_WIRE_PAGES && h.type != CL_WIRE_ERROR)) {
-        cl_zmq_drain(P.sock);
+        cl_zmq_drain(sock);
         fail_run(q->first, q->count, EPROTO, demanded);
         finish(q);
         return;
     }
     if (h.type == CL_WIRE_ERROR) {
-        cl_zmq_drain(P.sock);
+        cl_zmq_drain(sock);
         fail_run(q->first, q->count, h.status ? (int)h.status : EIO, demanded);
         finish(q);
         return;
@@ -289,19 +348,27 @@ static void on_reply(void) {
     size_t len = (size_t)q->count << cl_region.page_shift;
     int got = -1, more = 0;
     size_t sz = sizeof more;
-    cl_zmq.getsockopt(P.sock, CL_ZMQ_RCVMORE, &more, &sz);
+    cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
     if (h.index == q->first && h.count == q->count && more)
-        got = cl_zmq.recv(P.sock, cl_region.fill + ((size_t)q->first << cl_region.page_shift), len, 0);
-    cl_zmq_drain(P.sock);
+        got = cl_zmq.recv(sock, cl_region.fill + ((size_t)q->first << cl_region.page_shift), len, 0);
+    cl_zmq_drain(sock);
     if (got != (int)len) {
+        if (from_peer) {
+            back_to_driver(q, slot);
+            return;
+        }
         fail_run(q->first, q->count, EBADMSG, demanded);
         finish(q);
         return;
     }
-    uint64_t ns = cl_now_ns() - q->sent_ns;
+    uint64_t ns = cl_now_ns() - q->first_ns;
     if (q->kind == K_DEMAND) cl_stats_latency(ns);
     CL_COUNT(pages_fetched, q->count);
     CL_COUNT(bytes_fetched, len);
+    if (from_peer) {
+        CL_COUNT(pages_from_peers, q->count);
+        CL_COUNT(bytes_from_peers, len);
+    }
     if (q->kind == K_AHEAD) CL_COUNT(readahead_pages, q->count);
     struct req done = *q;
     finish(q);
@@ -312,7 +379,11 @@ static void check_timeouts(void) {
     uint64_t now = cl_now_ns(), lim = (uint64_t)atomic_load(&fetch_timeout_ms) * 1000000ull;
     for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
         struct req *q = &P.inflight[i];
-        if (q->used && now - q->sent_ns > lim) {
+        if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
+            back_to_driver(q, i);
+            continue;
+        }
+        if (q->used && now - q->first_ns > lim) {
             fail_run(q->first, q->count, ETIMEDOUT, q->kind != K_AHEAD);
             finish(q);
         }
@@ -339,16 +410,23 @@ static void drain_pipe(void) {
 static void *pager_main(void *arg) {
     (void)arg;
     while (!atomic_load(&P.stop)) {
-        cl_zmq_pollitem it[2] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
+        cl_zmq_pollitem it[2 + MAXPEERS] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
+        int n = 2;
+        for (int i = 0; i < MAXPEERS; i++)
+            if (P.peer[i]) it[n++] = (cl_zmq_pollitem){P.peer[i], 0, CL_ZMQ_POLLIN, 0};
         long timeout = P.ninflight ? 100 : 1000;
         if (P.plen >= PENDING_CAP - 2 * 256) it[1].events = 0;
-        if (cl_zmq.poll(it, 2, timeout) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
+        if (cl_zmq.poll(it, n, timeout) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
         if (it[1].revents & CL_ZMQ_POLLIN) drain_pipe();
-        for (int k = 0; k < 4096 && (it[0].revents & CL_ZMQ_POLLIN); k++) {
-            uint32_t ev = 0;
-            size_t sz = sizeof ev;
-            on_reply();
-            if (cl_zmq.getsockopt(P.sock, 15 /* ZMQ_EVENTS */, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
+        for (int j = 0; j < n; j++) {
+            if (j == 1 || !(it[j].revents & CL_ZMQ_POLLIN)) continue;
+            for (int k = 0; k < 4096; k++) {
+                uint32_t ev = 0;
+                size_t sz = sizeof ev;
+                on_reply(it[j].socket);
+                if (cl_zmq.getsockopt(it[j].socket, 15 /* ZMQ_EVENTS */, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN))
+                    break;
+            }
         }
         flush_pending();
         check_timeouts();
@@ -388,6 +466,15 @@ int clamor_pager_start(const char *endpoint) {
         rc = cl_err(EINVAL, "cannot connect the pager to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
         goto err;
     }
+    memset(P.peer, 0, sizeof P.peer);
+    const char *mine = clamor_server_endpoint();
+    if (*mine) { /* name our page server, so the driver may send peers to it */
+        struct cl_wire_hdr h = {.type = CL_WIRE_REGISTER};
+        uint8_t buf[CL_WIRE_HDR];
+        cl_wire_encode(&h, buf);
+        cl_zmq.send(P.sock, buf, sizeof buf, CL_ZMQ_SNDMORE);
+        cl_zmq.send(P.sock, mine, strlen(mine), 0);
+    }
     P.pipe_r = fds[0];
     P.pipe_w = fds[1];
     sigset_t all, old;
@@ -419,6 +506,9 @@ int clamor_pager_stop(void) {
     atomic_store(&P.stop, 1);
     if (write(P.pipe_w, &stop, sizeof stop) < 0) { /* the flag alone stops it within a poll period */ }
     pthread_join(P.th, NULL);
+    for (int i = 0; i < MAXPEERS; i++)
+        if (P.peer[i]) cl_zmq.close(P.peer[i]);
+    memset(P.peer, 0, sizeof P.peer);
     cl_zmq.close(P.sock);
     cl_zmq.ctx_term(P.ctx);
     P.sock = P.ctx = NULL;
@@ -445,6 +535,7 @@ int cl_pager_stop_after_fork(void) {
     if (P.pipe_w >= 0) close(P.pipe_w);
     P.pipe_r = P.pipe_w = -1;
     P.sock = P.ctx = NULL;
+    memset(P.peer, 0, sizeof P.peer); /* abandoned with the parent's libzmq state */
     P.running = false;
     P.plen = P.ninflight = 0;
     return 0;

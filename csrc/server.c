@@ -67,6 +67,20 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         reply_err(id, rq->tag, rq, ERANGE, "pages outside the region");
         return;
     }
+    int self = -1;
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+        self = cl_dir_peer_of(cl_zmq.msg_data(id), cl_zmq.msg_size(id));
+        if (rq->flags & CL_WIRE_PEERMISS) cl_dir_miss(rq->index, rq->count, (int)rq->status - 1);
+        const char *ep;
+        int peer = (rq->flags & CL_WIRE_NOREDIRECT) ? -1 : cl_dir_choose(rq->index, rq->count, rq->stage, self, &ep);
+        if (peer >= 0) { /* a worker holds it: send the requester there */
+            struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .status = (uint32_t)peer, .index = rq->index,
+                                    .count = rq->count, .stage = rq->stage, .tag = rq->tag};
+            reply_hdr(id, &h, ep, strlen(ep));
+            CL_COUNT(redirects, 1);
+            return;
+        }
+    }
     size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
     const char *src;
     if (cl_region.role == CLAMOR_ROLE_DRIVER) {
@@ -123,6 +137,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     CL_COUNT(requests_served, 1);
     CL_COUNT(pages_served, rq->count);
     CL_COUNT(bytes_served, len);
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->stage, self);
 }
 
 static void serve_one(void) {
@@ -146,6 +161,21 @@ static void serve_one(void) {
     struct cl_wire_hdr h;
     int bad = cl_wire_decode(cl_zmq.msg_data(&m), cl_zmq.msg_size(&m), &h);
     cl_zmq.msg_close(&m);
+    if (!bad && h.type == CL_WIRE_REGISTER && extra) { /* [hdr][endpoint]: no reply */
+        cl_zmq_msg ep;
+        cl_zmq.msg_init(&ep);
+        if (cl_zmq.msg_recv(&ep, S.sock, 0) >= 0) {
+            bool more = cl_zmq.msg_more(&ep);
+            if (more) cl_zmq_drain(S.sock);
+            if (more || cl_region.role != CLAMOR_ROLE_DRIVER ||
+                cl_dir_register(cl_zmq.msg_data(&id), cl_zmq.msg_size(&id), cl_zmq.msg_data(&ep),
+                                cl_zmq.msg_size(&ep)) != 0)
+                CL_COUNT(bad_requests, 1);
+        }
+        cl_zmq.msg_close(&ep);
+        cl_zmq.msg_close(&id);
+        return;
+    }
     if (extra) {
         cl_zmq_drain(S.sock);
         if (!bad) bad = EBADMSG;

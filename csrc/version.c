@@ -138,6 +138,7 @@ static int log_page(uint64_t p, uint32_t e) {
         }
         if (atomic_compare_exchange_weak(w, &cur, e | LOGGING)) break;
     }
+    cl_dir_page_written(p); /* no worker's copy is current any more */
     uint32_t s = slot_get();
     if (s == NONE) return ENOMEM;
     char *page = cl_page_addr(p);
@@ -211,6 +212,7 @@ int clamor_stage_begin(uint32_t stage) {
             goto out;
         }
         V.on = true;
+        cl_dir_forget_all(); /* copies fetched before stages may be stale */
         goto out;
     }
     uint32_t prev = atomic_load(&V.epoch);
@@ -242,6 +244,7 @@ int clamor_stage_begin(uint32_t stage) {
             V.changed[V.nchanged++] = p;
         }
     }
+    for (uint64_t i = 0; i < V.nchanged; i++) cl_dir_changed(V.changed[i], stage);
 out:
     pthread_mutex_unlock(&vlock);
     return rc;
@@ -254,6 +257,13 @@ void clamor_changed_copy(uint64_t *out, uint64_t n) {
 }
 
 uint32_t clamor_stage_current(void) { return atomic_load(&V.epoch); }
+
+bool cl_version_active(void) { return V.on; }
+
+/* 1 if the driver may be writing page p now (opened in this epoch). */
+bool cl_version_open_now(uint64_t p) {
+    return V.on && (atomic_load(&V.logged[p]) & ~LOGGING) == atomic_load(&V.epoch);
+}
 
 int clamor_versions_gc(uint32_t min_stage) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;

@@ -49,15 +49,18 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
     h->index = get64(p + 16);
     h->count = get32(p + 24);
     if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
-    if (h->flags) return EPROTO;
+    if (h->flags & ~(uint16_t)(CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS)) return EPROTO;
+    if (h->flags && h->type != CL_WIRE_GET) return EPROTO;
     switch (h->type) {
     case CL_WIRE_GET:
     case CL_WIRE_PAGES:
+    case CL_WIRE_REDIRECT:
         if (h->count == 0 || h->count > CL_WIRE_MAX_COUNT) return ERANGE;
         return 0;
     case CL_WIRE_ERROR:
     case CL_WIRE_HELLO:
     case CL_WIRE_HELLO_REPLY:
+    case CL_WIRE_REGISTER:
         return 0;
     default:
         return ENOMSG;

@@ -8,7 +8,10 @@
  *     0    4 magic    "CLMR"
  *     4    1 version  CL_WIRE_VERSION; a server answers others with an ERROR
  *     5    1 type     enum cl_wire_type
- *     6    2 flags    0 (reserved, must be zero)
+ *     6    2 flags    GET only: CL_WIRE_NOREDIRECT (answer with the page,
+ *                     not a REDIRECT), CL_WIRE_PEERMISS (the peer named
+ *                     in status, minus one, did not have it); other bits
+ *                     reserved, zero
  *     8    4 status   replies: 0 or an errno value (ERROR)
  *    12    4 stage    the stage whose page versions the requester may see
  *    16    8 index    first page, counted from the region base (never an
@@ -19,6 +22,8 @@
  * Requests (DEALER -> ROUTER; the ROUTER's identity frame is not shown):
  *   GET    [hdr]            ask for pages [index, index+count)
  *   HELLO  [hdr]            ask for the region geometry
+ *   REGISTER [hdr][endpoint] a worker's pager names its own page server
+ *                           (driver only; no reply)
  * Replies:
  *   PAGES  [hdr][data]      data = count pages, count << page_shift bytes
  *   ERROR  [hdr][text]      status = errno (ENOENT: page never allocated,
@@ -26,6 +31,8 @@
  *                           of the region, EPROTO/EBADMSG/ENOMSG: malformed);
  *                           text = a one-line reason, may be empty
  *   HELLO_REPLY [hdr][geo]  geo = struct cl_wire_geo
+ *   REDIRECT [hdr][endpoint] ask the peer at endpoint (status = its number);
+ *                           if it fails, ask again with NOREDIRECT|PEERMISS
  * A request with any other frame count, size or field value gets an ERROR
  * reply; messages over CL_WIRE_MAX_REQUEST bytes are refused by libzmq
  * (ZMQ_MAXMSGSIZE), which closes that connection.
@@ -48,7 +55,12 @@ enum cl_wire_type {
     CL_WIRE_ERROR = 3,
     CL_WIRE_HELLO = 4,
     CL_WIRE_HELLO_REPLY = 5,
+    CL_WIRE_REGISTER = 6,
+    CL_WIRE_REDIRECT = 7,
 };
+
+#define CL_WIRE_NOREDIRECT 1u
+#define CL_WIRE_PEERMISS 2u
 
 struct cl_wire_hdr {
     uint8_t version;

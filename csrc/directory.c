@@ -1,0 +1,189 @@
+/* directory.c -- the driver's page directory: which worker holds which page.
+ *
+ * DESIGN.  Dynamic replication (paper section 4.2).  Each worker's pager
+ * registers the endpoint of its own page server when it connects (REGISTER,
+ * wire.h).  When the driver serves page p to a registered worker, that
+ * worker becomes a holder of p: the report rides on the request itself, so
+ * it costs no extra round trip.  A later request for p may then be answered
+ * with REDIRECT to a holder instead of the bytes; the requester fetches from
+ * that peer, and if the peer no longer has the page (invalidated, evicted,
+ * gone, or silent for a second) it asks the driver again with NOREDIRECT and
+ * PEERMISS, and the driver forgets that holder.  So a request never fails
+ * for lack of a peer.
+ *
+ * Versions: holders only ever hold the current version of a page.  When the
+ * driver changes p (clamor_stage_begin), its holders are cleared and the
+ * stage is noted; a request for an older stage than that is always served
+ * by the driver, from its versions.
+ *
+ * Policies: off; random (a uniform holder, as in the paper); two-choices
+ * (the less loaded of two random holders, load being the redirects sent to
+ * it recently, decayed; the paper names this as future work).  The random
+ * generator is xorshift64*, seeded from the clock and the process id.
+ *
+ * Only the page-server thread touches the directory, except the stage call,
+ * which clears holders under dir_lock.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define MAXPEERS 64
+
+static struct {
+    uint64_t *holders;          /* per page: bitmap of peers */
+    uint32_t *changed_at;       /* per page: stage of its last change */
+    int policy;
+    int npeers;
+    struct {
+        uint8_t id[64];
+        size_t idlen;
+        char endpoint[200];
+        double load;
+        uint64_t redirects, misses;
+    } peer[MAXPEERS];
+    uint64_t rng;
+    uint64_t redirects, misses;
+} D;
+
+static pthread_mutex_t dir_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void clamor_set_replication(int policy) { D.policy = policy < 0 || policy > 2 ? 0 : policy; }
+int clamor_replication(void) { return D.policy; }
+
+static int ensure(void) {
+    if (D.holders) return 0;
+    uint64_t n = cl_region.npages;
+    void *h = mmap(NULL, n * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *c = mmap(NULL, n * 4, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (h == MAP_FAILED || c == MAP_FAILED) return ENOMEM;
+    D.holders = h;
+    D.changed_at = c;
+    D.rng = cl_now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ull;
+    return 0;
+}
+
+static uint64_t rnd(void) {
+    uint64_t x = D.rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    D.rng = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen) {
+    if (idlen == 0 || idlen > sizeof D.peer[0].id || eplen == 0 || eplen >= sizeof D.peer[0].endpoint) return EINVAL;
+    pthread_mutex_lock(&dir_lock);
+    int rc = ensure(), slot = -1;
+    for (int i = 0; !rc && i < D.npeers; i++)
+        if (D.peer[i].idlen == idlen && !memcmp(D.peer[i].id, id, idlen)) slot = i;
+    if (!rc && slot < 0) {
+        if (D.npeers == MAXPEERS) rc = ENOSPC;
+        else slot = D.npeers++;
+    }
+    if (!rc) {
+        memcpy(D.peer[slot].id, id, idlen);
+        D.peer[slot].idlen = idlen;
+        memcpy(D.peer[slot].endpoint, endpoint, eplen);
+        D.peer[slot].endpoint[eplen] = '\0';
+    }
+    pthread_mutex_unlock(&dir_lock);
+    return rc;
+}
+
+int cl_dir_peer_of(const void *id, size_t idlen) {
+    for (int i = 0; i < D.npeers; i++)
+        if (D.peer[i].idlen == idlen && !memcmp(D.peer[i].id, id, idlen)) return i;
+    return -1;
+}
+
+/* A peer to redirect [first, first+count) to for a request of `stage` from
+ * peer `self` (-1: unregistered), or -1 to serve it here. */
+int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint) {
+    /* Before stages begin, the driver may write any page at any time and no
+     * one tells the workers: their copies cannot stand in for the driver's. */
+    if (!D.policy || !D.holders || !cl_version_active()) return -1;
+    uint64_t mask = ~0ull;
+    for (uint64_t p = first; p < first + count && mask; p++) {
+        if (stage && stage < D.changed_at[p]) return -1; /* an old version: ours only */
+        mask &= D.holders[p];
+    }
+    if (self >= 0) mask &= ~(1ull << self);
+    if (!mask) return -1;
+    int cand[MAXPEERS], n = 0;
+    for (int i = 0; i < D.npeers; i++)
+        if (mask >> i & 1) cand[n++] = i;
+    int pick = cand[rnd() % (uint64_t)n];
+    if (D.policy == 2 && n > 1) {
+        int other = cand[rnd() % (uint64_t)n];
+        if (D.peer[other].load < D.peer[pick].load) pick = other;
+    }
+    for (int i = 0; i < D.npeers; i++) D.peer[i].load *= 0.995; /* recent redirects weigh most */
+    D.peer[pick].load += 1.0;
+    D.peer[pick].redirects++;
+    D.redirects++;
+    *endpoint = D.peer[pick].endpoint;
+    return pick;
+}
+
+/* The driver served [first, first+count) at the current version to `peer`. */
+void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer) {
+    if (peer < 0 || !D.holders || !cl_version_active()) return;
+    for (uint64_t p = first; p < first + count; p++) {
+        if (stage && stage < D.changed_at[p]) continue; /* it got an old version */
+        __atomic_or_fetch(&D.holders[p], 1ull << peer, __ATOMIC_SEQ_CST);
+        /* A write that began meanwhile makes that copy stale; the fault
+         * handler clears holders after marking the page, so checking after
+         * setting the bit closes the race. */
+        if (cl_version_open_now(p)) __atomic_and_fetch(&D.holders[p], ~(1ull << peer), __ATOMIC_SEQ_CST);
+    }
+}
+
+void cl_dir_page_written(uint64_t p) {
+    uint64_t *h = __atomic_load_n(&D.holders, __ATOMIC_ACQUIRE);
+    if (h) __atomic_store_n(&h[p], 0, __ATOMIC_SEQ_CST);
+}
+
+/* `peer` did not have [first, first+count): forget it as a holder. */
+void cl_dir_miss(uint64_t first, uint32_t count, int peer) {
+    if (peer < 0 || peer >= D.npeers || !D.holders) return;
+    for (uint64_t p = first; p < first + count; p++) D.holders[p] &= ~(1ull << peer);
+    D.peer[peer].misses++;
+    D.misses++;
+}
+
+/* Page p changed before `stage`: no worker holds the new version. */
+void cl_dir_changed(uint64_t p, uint32_t stage) {
+    if (!D.holders) return;
+    pthread_mutex_lock(&dir_lock);
+    D.holders[p] = 0;
+    D.changed_at[p] = stage;
+    pthread_mutex_unlock(&dir_lock);
+}
+
+void cl_dir_forget_all(void) {
+    if (!D.holders) return;
+    pthread_mutex_lock(&dir_lock);
+    madvise(D.holders, cl_region.npages * 8, MADV_DONTNEED); /* zero pages again */
+    pthread_mutex_unlock(&dir_lock);
+}
+
+void clamor_replication_stats(uint64_t *redirects, uint64_t *misses) {
+    *redirects = D.redirects;
+    *misses = D.misses;
+}
+
+void cl_dir_reset(void) {
+    if (D.holders) {
+        munmap(D.holders, cl_region.npages * 8);
+        munmap(D.changed_at, cl_region.npages * 4);
+    }
+    int policy = D.policy;
+    memset(&D, 0, sizeof D);
+    D.policy = policy;
+}
