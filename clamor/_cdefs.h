@@ -53,6 +53,9 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n);
 
 void clamor_set_replication(int policy);
 int clamor_replication(void);
+/* Forget a peer (by page-server endpoint; ENOENT if unknown), or all. */
+int clamor_replication_forget(const char *endpoint);
+void clamor_replication_reset(void);
 
 struct clamor_stats {
     uint64_t faults;

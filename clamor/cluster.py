@@ -102,6 +102,7 @@ class Cluster:
                                      f"a cluster cannot use {psize} (page size is fixed per region)")
         self.page_endpoint = region.server_endpoint() or region.serve()
         region.set_replication(REPLICATION[self.replication])
+        region.reset_peers()  # holders from an earlier cluster in this process are gone
         # Workers inherit the allocator wrappers: a region object a worker
         # drops must never reach glibc's or pymalloc's free.
         install_heap_hooks()
@@ -190,6 +191,7 @@ class Cluster:
                 time.sleep(0.005)
         self._sock.close()
         self._ctx.term()
+        region.reset_peers()
 
     @property
     def worker_pids(self):
@@ -276,6 +278,11 @@ class Cluster:
         since the last stage are versioned, and the changed ones listed for
         the workers to drop."""
         self._drop_forgotten()
+        # notice workers that died while the cluster was idle, before giving
+        # them tasks
+        for ins in self._check_liveness():
+            if isinstance(ins, StageAborted):
+                raise ins.error
         sid = region.stage_current() + 1
         changed = region.stage_begin(sid)
         if changed.size:
@@ -434,6 +441,8 @@ class Cluster:
         return out
 
     def _forget_worker(self, wid, info):
+        if info.get("pages"):
+            region.forget_peer(info["pages"])
         self._cache_locs = {k: w for k, w in self._cache_locs.items() if w != wid}
         dead = info["blocks"]
         self._shuffle_locs = {s: eps for s, eps in self._shuffle_locs.items() if dead not in eps}

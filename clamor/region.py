@@ -267,6 +267,16 @@ def set_replication(policy):
     lib.clamor_set_replication(int(policy))
 
 
+def forget_peer(endpoint):
+    """Driver: a worker is gone; never send a request to its page server."""
+    lib.clamor_replication_forget(endpoint.encode())
+
+
+def reset_peers():
+    """Driver: forget every worker's page server and the pages they held."""
+    lib.clamor_replication_reset()
+
+
 def mappings():
     """Mappings the worker's region is split into now."""
     return int(lib.clamor_mappings())

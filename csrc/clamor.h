@@ -176,6 +176,9 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n);
  * Thread-safe. */
 void clamor_set_replication(int policy);
 int clamor_replication(void);
+/* Forget a peer (by page-server endpoint; ENOENT if unknown), or all. */
+int clamor_replication_forget(const char *endpoint);
+void clamor_replication_reset(void);
 
 /* ---- statistics -------------------------------------------------------- */
 

@@ -77,6 +77,8 @@ static uint64_t rnd(void) {
 }
 
 int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen) {
+    /* (slots of forgotten peers are not reused: a late holder bit of the old
+     * peer must never name the new one) */
     if (idlen == 0 || idlen > sizeof D.peer[0].id || eplen == 0 || eplen >= sizeof D.peer[0].endpoint) return EINVAL;
     pthread_mutex_lock(&dir_lock);
     int rc = ensure(), slot = -1;
@@ -117,7 +119,8 @@ int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, cons
     if (!mask) return -1;
     int cand[MAXPEERS], n = 0;
     for (int i = 0; i < D.npeers; i++)
-        if (mask >> i & 1) cand[n++] = i;
+        if ((mask >> i & 1) && D.peer[i].endpoint[0]) cand[n++] = i;
+    if (!n) return -1;
     int pick = cand[rnd() % (uint64_t)n];
     if (D.policy == 2 && n > 1) {
         int other = cand[rnd() % (uint64_t)n];
@@ -170,6 +173,32 @@ void cl_dir_forget_all(void) {
     if (!D.holders) return;
     pthread_mutex_lock(&dir_lock);
     madvise(D.holders, cl_region.npages * 8, MADV_DONTNEED); /* zero pages again */
+    pthread_mutex_unlock(&dir_lock);
+}
+
+/* Forget the peer whose page server is `endpoint` (it died or left). */
+int clamor_replication_forget(const char *endpoint) {
+    int found = 0;
+    pthread_mutex_lock(&dir_lock);
+    for (int i = 0; i < D.npeers; i++) {
+        if (strcmp(D.peer[i].endpoint, endpoint) != 0) continue;
+        D.peer[i].endpoint[0] = '\0';
+        D.peer[i].idlen = 0;
+        uint64_t keep = ~(1ull << i);
+        for (uint64_t p = 0; D.holders && p < cl_region.npages; p++)
+            if (D.holders[p]) __atomic_and_fetch(&D.holders[p], keep, __ATOMIC_SEQ_CST);
+        found = 1;
+    }
+    pthread_mutex_unlock(&dir_lock);
+    return found ? 0 : ENOENT;
+}
+
+/* Forget every peer and holder (a cluster ended). */
+void clamor_replication_reset(void) {
+    cl_dir_forget_all();
+    pthread_mutex_lock(&dir_lock);
+    D.npeers = 0;
+    memset(D.peer, 0, sizeof D.peer);
     pthread_mutex_unlock(&dir_lock);
 }
 

@@ -1,0 +1,92 @@
+"""Dynamic replication: workers serve the pages they hold to each other."""
+import json
+
+PRE = """
+import json, os, signal, time, numpy as np, clamor
+from clamor import region
+"""
+
+
+def test_policies_move_load_off_the_driver_with_equal_results(py):
+    p = py(PRE + """
+a = clamor.array(np.arange(1 << 22, dtype=np.float64))       # 32 MiB
+want = float(a.sum())
+out = {}
+for pol in ("off", "random", "two-choices"):
+    with clamor.Cluster(workers=4, progress=False, replication=pol) as cl:
+        got = cl.range(8, partitions=8).map(lambda i: float(a.sum())).collect()
+        assert got == [want] * 8, (pol, got)
+        st = cl.stats()
+        out[pol] = {"driver": st["replication"]["bytes_served_by_driver"], "peers": st["bytes_from_peers"],
+                    "redirects": st["replication"]["redirects"], "hit": st["replication"]["redirect_hit_rate"]}
+    region.reset_stats()
+print(json.dumps(out))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["off"]["peers"] == 0 and out["off"]["redirects"] == 0
+    for pol in ("random", "two-choices"):
+        assert out[pol]["peers"] > 0 and out[pol]["redirects"] > 0, out
+        assert out[pol]["driver"] < out["off"]["driver"], out
+        assert out[pol]["hit"] > 0.5, out
+
+
+def test_peers_never_serve_a_changed_page(py):
+    py(PRE + """
+a = clamor.array(np.zeros(1 << 20))                          # 8 MiB
+with clamor.Cluster(workers=4, progress=False, replication="random") as cl:
+    s = cl.range(8, partitions=8).map(lambda i: float(a.sum())).collect()
+    assert s == [0.0] * 8
+    for round_ in range(1, 4):
+        a[::4096] = round_                                      # one write per page
+        got = cl.range(8, partitions=8).map(lambda i: float(a.sum())).collect()
+        assert got == [256.0 * round_] * 8, (round_, got)
+    assert cl.stats()["bytes_from_peers"] > 0
+""", check=True, timeout=300)
+
+
+def test_a_dead_holder_falls_back_to_the_driver(py):
+    p = py(PRE + """
+a = clamor.array(np.arange(1 << 20, dtype=np.float64))       # 8 MiB
+want = float(a.sum())
+with clamor.Cluster(workers=3, progress=False, replication="random") as cl:
+    holder = cl.worker_pids[0]
+    # only worker w0 reads the array: it becomes the holder of every page
+    def read(i):
+        return float(a.sum()) if i == 0 else 0.0
+    cl.range(1, partitions=1).map(read).collect()
+    os.kill(holder, signal.SIGKILL)
+    time.sleep(1.5)                                            # the cluster notices and drops it
+    t = time.time()
+    got = cl.range(4, partitions=4).map(lambda i: (float(a.sum()), clamor.stats()["peer_fallbacks"])).collect()
+    took = time.time() - t
+print(json.dumps({"sums": [g[0] for g in got], "fallbacks": sum(g[1] for g in got), "took": took}))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["sums"] == [float(sum(range(1 << 20)))] * 4, out
+    # the cluster noticed the death before the stage and the directory forgot
+    # the peer: nobody was sent to it (a request sent to a dead peer waits a
+    # second before it goes back to the driver)
+    assert out["took"] < 1.0, out
+
+
+def test_a_holder_that_lost_its_copy_sends_requesters_back_to_the_driver(py):
+    p = py(PRE + """
+a = clamor.array(np.arange(1 << 20, dtype=np.float64))       # 8 MiB
+with clamor.Cluster(workers=3, progress=False, replication="random") as cl:
+    def read_and_forget(i):
+        s = float(a.sum())
+        region.drop_pages(0, region.size() // region.page_size())   # the driver is not told
+        return s
+    holder = cl.range(1, partitions=1).map(lambda i: (read_and_forget(i), os.getpid())).collect()[0][1]
+    def read_late_on_holder(i):
+        if os.getpid() == holder:
+            time.sleep(1.0)          # the others ask first, and are sent to the holder
+        return float(a.sum()), clamor.stats()["peer_fallbacks"]
+    got = cl.range(6, partitions=6).map(read_late_on_holder).collect()
+    st = cl.stats()
+print(json.dumps({"sums": [g[0] for g in got], "fallbacks": max(g[1] for g in got),
+                  "redirects": st["replication"]["redirects"]}))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["sums"] == [float(sum(range(1 << 20)))] * 6, out
+    assert out["redirects"] > 0 and out["fallbacks"] > 0, out
