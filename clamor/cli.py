@@ -1,4 +1,9 @@
-"""Command line: ``clamor demo`` and ``clamor worker --driver ENDPOINT``."""
+"""Command line: ``clamor demo [geo|pages]`` and ``clamor worker --driver ENDPOINT``.
+
+``clamor demo`` with no name runs ``geo`` (clamor/geo.py): k-d tree queries
+over real places, against a single-process run.  ``pages`` is the first
+demo: random lookups into a 1 GiB array.
+"""
 import argparse
 import sys
 import time
@@ -39,10 +44,34 @@ def _demo(args):
     return 0 if ok else 1
 
 
+DEMOS = ("geo", "pages")
+
+
+def _geo(args, ap):
+    from clamor import geo
+
+    geo.quick(args)
+    if args.workers < 1 or args.queries < 1 or args.scale < 1 or args.radius_km <= 0 or \
+            (args.partitions is not None and args.partitions < 1):
+        ap.error("--workers, --queries, --scale, --radius-km and --partitions must be positive")
+    return geo.demo(args)
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # "clamor demo" and "clamor demo --quick" mean the geo demo
+    if argv[:1] == ["demo"] and (len(argv) == 1 or argv[1] not in DEMOS + ("-h", "--help")):
+        argv.insert(1, "geo")
     ap = argparse.ArgumentParser(prog="clamor", description="clamor: global variables paged in over ZeroMQ")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="run a demo job")
+    d = sub.add_parser("demo", help="run a demo job (default: geo)")
+    demos = d.add_subparsers(dest="demo", required=True)
+    g = demos.add_parser("geo", help="k-d tree geo queries over real places (the default demo)")
+    if argv[:1] == ["demo"]:  # clamor.geo imports scipy: not for "clamor worker"
+        from clamor.geo import add_arguments
+
+        add_arguments(g)
+    d = demos.add_parser("pages", help="random lookups into a 1 GiB region array")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--mib", type=int, default=1024, help="size of the global array")
     d.add_argument("--lookups", type=int, default=4000)
@@ -50,6 +79,8 @@ def main(argv=None):
     w.add_argument("--driver", required=True)
     w.add_argument("--base", default=None)
     args = ap.parse_args(argv)
+    if args.cmd == "demo" and args.demo == "geo":
+        return _geo(args, g)
     if args.cmd == "demo":
         if args.workers < 1 or args.mib < 1 or args.lookups < args.workers:
             ap.error("--workers, --mib and --lookups must be positive (lookups >= workers)")

@@ -46,7 +46,15 @@ _STATIC = (type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType
            types.MemberDescriptorType)
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
+
+
 def _ok_outside(o):
+    if isinstance(o, (type, types.FunctionType, types.CodeType)):
+        # a static (C) type is in every process of the image; a class,
+        # function or code object made after the fork is not
+        static = isinstance(o, type) and not (o.__flags__ & _HEAPTYPE)
+        return static or _inherited is None or id(o) in _inherited
     if isinstance(o, _STATIC) or o is None or o is True or o is False or o is Ellipsis or o is NotImplemented:
         return True
     if type(o) is int and -5 <= o <= 256:
@@ -67,14 +75,11 @@ def _children(o):
         for i, v in enumerate(o):
             yield f"[{i}]", v
         return
-    d = getattr(o, "__dict__", None) if not isinstance(o, _STATIC) else None
-    if isinstance(d, dict):
-        for k, v in d.items():
-            yield f".{k}", v
-    seen = {id(d)} if d is not None else set()
+    # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
+    # first request, outside the region, and would store its pointer in the
+    # region object.  gc referents visit the attribute values in place.
     for r in gc.get_referents(o):
-        if id(r) not in seen and not (d is not None and r is d):
-            yield f" -> <{type(r).__name__}>", r
+        yield f" -> <{type(r).__name__}>", r
 
 
 def share(obj, limit=20_000_000):
@@ -85,6 +90,8 @@ def share(obj, limit=20_000_000):
     inherited."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
+    from .heap import install
+    install()
     stack = [("obj", obj)]
     seen = set()
     n = 0

@@ -90,7 +90,8 @@ with clamor.Cluster(workers=2, progress=False) as cl:
     with clamor.heap():                     # built by the driver after the fork
         tree = scipy.spatial.KDTree(pts)
     assert clamor.in_region(tree.maxes)     # (tree.data is pts itself, inherited at fork)
-    got = cl.parallelize(qs, partitions=4).map_partitions(lambda q: [tree.query(q, k=10)]).collect()
+    for _ in range(3):   # several stages: the tree's pages must stay valid across them
+        got = cl.parallelize(qs, partitions=4).map_partitions(lambda q: [tree.query(q, k=10)]).collect()
     st = cl.stats()
 d = np.concatenate([g[0] for g in got]); i = np.concatenate([g[1] for g in got])
 assert np.array_equal(i, ref[1]) and np.allclose(d, ref[0])
@@ -136,3 +137,29 @@ with clamor.Cluster(workers=1, progress=False) as cl:
             return "refused"
     assert cl.range(1).map(f).collect() == ["refused"]
 """, check=True)
+
+
+def test_a_class_made_after_the_fork_is_not_shareable(py):
+    p = py(PRE + """
+with clamor.Cluster(workers=1, progress=False) as cl:
+    class Late:
+        __slots__ = ("x",)
+    with clamor.heap():
+        obj = [Late()]
+    try:
+        clamor.share(obj)
+        print("NOT REFUSED")
+    except clamor.NotShareable as e:
+        print("REFUSED", e)
+""", check=True)
+    assert "REFUSED obj[0]" in p.stdout and "type" in p.stdout, p.stdout
+
+
+def test_geo_demo_quick_runs_and_matches_single_process(py):
+    p = py("""
+import sys
+from clamor.cli import main
+sys.exit(main(["demo", "geo", "--quick", "--queries", "2000"]))
+""", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "answers equal to the single-process run: yes" in p.stdout, p.stdout
