@@ -33,8 +33,13 @@ class NotShareable(errors.ClamorError, ValueError):
 def note_fork():
     """Remember what the workers about to be forked will inherit."""
     global _inherited
+    # Neither the last snapshot nor the one being built may be walked: a set
+    # is a gc container whose referents are its int ids, so each fork would
+    # add the ids of those ints and the snapshot would double per Cluster.
+    _inherited = None
+    objs = gc.get_objects()
     ids = set()
-    for o in gc.get_objects():
+    for o in objs:
         ids.add(id(o))
         for r in gc.get_referents(o):
             ids.add(id(r))

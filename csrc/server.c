@@ -14,13 +14,22 @@
  * (version.c).  A worker copies a page out of its fill view and checks that the
  * page was present before and after the copy, so a page dropped meanwhile is
  * never served half-old.
+ *
+ * Rate limit (for benchmarks): CLAMOR_SERVE_RATE=<bytes per second>, read
+ * when the server starts, makes page replies leave no faster than a link of
+ * that rate, so a loopback run can show a network bottleneck
+ * (bench/hotpages.py).  A token bucket with 10 ms of burst: the server
+ * thread sleeps off any debt before it replies, as a saturated link would
+ * queue.  Unset or 0: no limit.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -37,6 +46,31 @@ static struct server {
 } S = {.pipe_r = -1, .pipe_w = -1};
 
 const char *clamor_server_endpoint(void) { return S.running ? S.endpoint : ""; }
+
+/* Only the server thread touches RL once the server runs. */
+static struct { double rate, burst, tokens; uint64_t last_ns; } RL;
+
+static void rate_init(void) {
+    const char *v = getenv("CLAMOR_SERVE_RATE");
+    double r = v ? strtod(v, NULL) : 0.0;
+    RL.rate = r > 0 ? r : 0.0;
+    RL.burst = RL.tokens = RL.rate / 100;
+    RL.last_ns = cl_now_ns();
+}
+
+static void rate_take(size_t bytes) {
+    if (RL.rate <= 0) return;
+    uint64_t now = cl_now_ns();
+    RL.tokens += (double)(now - RL.last_ns) * 1e-9 * RL.rate;
+    if (RL.tokens > RL.burst) RL.tokens = RL.burst;
+    RL.last_ns = now;
+    RL.tokens -= (double)bytes;
+    if (RL.tokens < 0) { /* the debt refills while we sleep; the next call counts it */
+        double s = -RL.tokens / RL.rate;
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    }
+}
 
 static void reply_hdr(cl_zmq_msg *id, struct cl_wire_hdr *h, const void *body, size_t blen) {
     uint8_t buf[CL_WIRE_HDR];
@@ -127,6 +161,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             return;
         }
     }
+    rate_take(len);
     struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .index = rq->index, .count = rq->count,
                             .stage = rq->stage, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
@@ -246,6 +281,7 @@ int clamor_server_start(const char *endpoint, char *bound, size_t boundlen) {
         snprintf(S.endpoint, sizeof S.endpoint, "%s", endpoint);
     S.pipe_r = fds[0];
     S.pipe_w = fds[1];
+    rate_init();
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);

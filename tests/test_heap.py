@@ -163,3 +163,12 @@ sys.exit(main(["demo", "geo", "--quick", "--queries", "2000"]))
 """, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "answers equal to the single-process run: yes" in p.stdout, p.stdout
+
+
+def test_fork_snapshot_does_not_grow_with_each_cluster():
+    from clamor import share
+    share.note_fork()
+    first = len(share._inherited)
+    for _ in range(3):
+        share.note_fork()
+    assert len(share._inherited) < first * 1.2, (first, len(share._inherited))

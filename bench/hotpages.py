@@ -1,0 +1,321 @@
+"""Dynamic replication on Zipf hash-table lookups (the paper's Fig. 3).
+
+The driver builds an open-addressing hash table in the region with C code
+(bench/hotpages.c, compiled with ``cc`` into a temporary directory and
+loaded with ctypes) that allocates it through ``clamor_malloc``, whose
+address it gets from clamor's cffi module: 2^26 slots of 16 bytes = 1 GiB
+(``--quick``: 2^23 = 128 MiB), half full, linear probing.  Key ranks are
+drawn Zipf(``--zipf``, 1.1) with numpy in the driver; each task gets
+``--lookups`` keys (50000; quick 6250) as task data and looks them up with
+the C function in a forked worker, on ``--threads`` C threads (8, so that
+a worker has several page fetches in flight), and returns the checksum of
+the values found.  The table's address travels as an int: the region is at
+the same base in every worker.  Every checksum is compared with the
+driver's own lookups of the same keys, and with the values computed from
+the keys alone.
+
+The same keys run on ``--workers`` workers (4), ``2 x workers`` tasks in
+one stage, once per replication policy: ``off`` (every page from the
+driver), ``random`` and ``two-choices`` (a worker that asks the driver for
+a page another worker holds is redirected to that worker; clamor.Cluster's
+``replication``).  Each policy gets a fresh Cluster, whose workers start
+with no pages; the region and the table stay.  Policies are interleaved over
+``--reps`` rounds (3), with fresh keys each round; figures are medians.
+Per policy the script prints the stage's wall time, the bytes the driver's
+page server sent (its counter, before and after), the bytes the workers'
+page servers sent (``cl.stats()["replication"]``, as each worker last
+reported it with a task result) and received from peers
+(``cl.stats()["bytes_from_peers"]``), the share of the table each worker
+fetched, and CPU seconds (the driver during the stage, the workers over
+their life).
+
+Then the same with a network bottleneck: every page server (the driver's
+and each worker's) sends at most ``--rate`` bytes per second (100 MB/s),
+through the token bucket in csrc/server.c that the environment variable
+CLAMOR_SERVE_RATE turns on.  The driver's page server is restarted so that
+it reads the variable, and workers inherit it.  ``off`` runs against the
+best replication policy of the first part, ``--rate-lookups`` keys a task
+(the same as ``--lookups`` by default).
+
+    python bench/hotpages.py            # 1 GiB table (about 5 minutes)
+    python bench/hotpages.py --quick    # 128 MiB table (under a minute)
+
+The last line printed is the JSON line: ``driver_bytes_ratio`` (driver
+bytes with the best policy / with off; target <= 0.5), ``time_ratio`` (its
+time / off's; target <= 1.0), ``best_policy`` (the replication policy with
+the lower median time), ``ratios`` (both ratios and ``cpu_ratio`` for each
+policy), ``policies`` (per-policy medians), ``runs`` (every run), and the
+same two ratios under the rate limit (``rate_driver_bytes_ratio``,
+``rate_time_ratio``, medians in ``rate_limited``).
+"""
+import argparse
+import ctypes
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "hotpages.c")
+POLICIES = ("off", "random", "two-choices")
+RATE_ENV = "CLAMOR_SERVE_RATE"
+
+
+def compile_lib(build_dir):
+    """hotpages.c -> build_dir/hotpages.so; returns the path."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise SystemExit("hotpages: no C compiler (cc) found")
+    out = os.path.join(build_dir, "hotpages.so")
+    subprocess.run([cc, "-std=gnu11", "-O2", "-shared", "-fPIC", "-pthread", SOURCE, "-o", out], check=True)
+    return out
+
+
+def load_lib(path):
+    lib = ctypes.CDLL(path)
+    u64, p64 = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
+    lib.hp_build.restype = ctypes.c_size_t
+    lib.hp_build.argtypes = [ctypes.c_void_p, ctypes.c_uint, u64]
+    lib.hp_lookup.restype = u64
+    lib.hp_lookup.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, p64]
+    lib.hp_lookup_mt.restype = u64
+    lib.hp_lookup_mt.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, p64]
+    lib.hp_expect.restype = u64
+    lib.hp_expect.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.hp_keys.restype = None
+    lib.hp_keys.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return lib
+
+
+def lookup(lib, addr, keys, threads=1):
+    """(checksum, keys found) of ``keys`` (uint64 array) in the table, on
+    ``threads`` C threads."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    found = ctypes.c_uint64()
+    s = lib.hp_lookup_mt(addr, keys.ctypes.data, keys.size, threads, ctypes.byref(found))
+    return int(s), int(found.value)
+
+
+def zipf_keys(lib, rng, a, nkeys, size):
+    """``size`` keys whose ranks are Zipf(a) over [0, nkeys)."""
+    ranks = np.empty(0, dtype=np.uint64)
+    while ranks.size < size:
+        z = rng.zipf(a, size * 2)
+        ranks = np.concatenate([ranks, (z[z <= nkeys] - 1).astype(np.uint64)])
+    keys = np.ascontiguousarray(ranks[:size])
+    lib.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
+    return keys
+
+
+def make_task(so_path, addr, threads):
+    def task(keys):
+        import clamor
+        lib = load_lib(so_path)     # dlopen again in the worker: the loader's handle, cheap
+        t = time.perf_counter()
+        s, found = lookup(lib, addr, keys, threads)
+        st = clamor.region.stats()
+        return [(s, found, os.getpid(), time.perf_counter() - t, st["evictions"], st["peer_fallbacks"])]
+    return task
+
+
+def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
+    """One stage of ``tasks`` tasks on a fresh cluster; returns a row."""
+    drv0 = clamor.region.stats()
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with clamor.Cluster(workers=args.workers, replication=policy, progress=False) as cl:
+        me0 = resource.getrusage(resource.RUSAGE_SELF)
+        t = time.perf_counter()
+        out = cl.parallelize(keys, partitions=tasks).map_partitions(task).collect()
+        dt = time.perf_counter() - t
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        st = cl.stats()
+        drv = clamor.region.stats()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # the workers, reaped by close()
+    got = [(s, f) for s, f, *_ in out]
+    if got != expect:
+        bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
+        raise SystemExit(f"hotpages: {policy}: tasks {bad} disagree with the driver's own lookups: "
+                         f"{[got[i] for i in bad]} != {[expect[i] for i in bad]}")
+    rep = st["replication"]
+    stage = st["stages_detail"][-1]
+    return {
+        "time_s": dt,
+        "driver_bytes": drv["bytes_served"] - drv0["bytes_served"],
+        "peer_bytes": sum(rep["bytes_served_by_peer"].values()),
+        "bytes_from_peers": st["bytes_from_peers"],
+        "bytes_from_driver": st["bytes_from_driver"],
+        "peer_bytes_by_worker": sorted(rep["bytes_served_by_peer"].values(), reverse=True),
+        "redirects": drv["redirects"] - drv0["redirects"],
+        "redirect_hit_rate": rep["redirect_hit_rate"],
+        "peer_fallbacks": sum(o[5] for o in {o[2]: o for o in out}.values()),
+        "evictions": sum(o[4] for o in {o[2]: o for o in out}.values()),
+        "task_s_max": stage["task_s"]["max"],
+        # CPU seconds, user + system: the driver during the stage, the
+        # workers over their whole life (start-up is the same for every policy)
+        "driver_cpu_s": cpu(me) - cpu(me0),
+        "workers_cpu_s": cpu(kids) - cpu(kids0),
+        "workers_used": len({o[2] for o in out}),
+        # share of the table each worker fetched, on average
+        "coverage": (st["bytes_from_driver"] + st["bytes_from_peers"]) / args.workers / table_bytes,
+    }
+
+
+def cpu(ru):
+    return ru.ru_utime + ru.ru_stime
+
+
+def mib(n):
+    return n / (1 << 20)
+
+
+def show(policy, r):
+    print(f"  {policy:>12} {r['time_s']:8.2f} s  driver {mib(r['driver_bytes']):9.1f} MiB  "
+          f"peers {mib(r['peer_bytes']):9.1f} MiB (received {mib(r['bytes_from_peers']):8.1f})  "
+          f"redirects {r['redirects']:6d}  hit {r['redirect_hit_rate']:5.3f}  table/worker {r['coverage']:4.2f}  "
+          f"cpu s driver {r['driver_cpu_s']:5.2f} workers {r['workers_cpu_s']:5.2f}  "
+          f"per worker served {[round(mib(b)) for b in r['peer_bytes_by_worker']]} MiB", flush=True)
+
+
+def medians(rows):
+    keys = ("time_s", "driver_bytes", "peer_bytes", "bytes_from_peers", "bytes_from_driver", "redirects",
+            "redirect_hit_rate", "peer_fallbacks", "evictions", "task_s_max", "coverage", "driver_cpu_s",
+            "workers_cpu_s")
+    return {k: statistics.median(r[k] for r in rows) for k in keys} | {"runs": len(rows)}
+
+
+def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
+    """Keys for one stage, and the driver's own answers per task."""
+    keys = zipf_keys(lib, rng, args.zipf, nkeys, tasks * lookups)
+    expect = []
+    bounds = [len(keys) * i // tasks for i in range(tasks + 1)]     # as parallelize() cuts it
+    for part in (keys[bounds[i]:bounds[i + 1]] for i in range(tasks)):
+        s, found = lookup(lib, addr, part)
+        if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
+            raise SystemExit("hotpages: the driver's own lookups do not match the values of the keys")
+        expect.append((s, found))
+    return keys, expect
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="128 MiB table, 8x fewer lookups")
+    ap.add_argument("--bits", type=int, help="log2 of the slot count, 16 bytes a slot (26; quick 23)")
+    ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--lookups", type=int, help="lookups per task (50000; quick 6250)")
+    ap.add_argument("--threads", type=int, default=8, help="C threads doing a task's lookups (fetches in flight)")
+    ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the key ranks (> 1)")
+    ap.add_argument("--reps", type=int, help="interleaved rounds over the policies (3)")
+    ap.add_argument("--rate", type=float, default=100e6, help="bytes/s per page server in the bottleneck "
+                    "part (0 skips it)")
+    ap.add_argument("--rate-lookups", type=int, help="lookups per task under the rate limit")
+    ap.add_argument("--page-size", type=int, help="region page size in bytes (default clamor's)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    bits = args.bits or (23 if args.quick else 26)
+    reps = args.reps or 3
+    lookups = args.lookups or (6250 if args.quick else 50000)
+    rate_lookups = args.rate_lookups or lookups
+    W, tasks = args.workers, 2 * args.workers
+    if W < 2 or reps < 1 or not 0 < args.load < 1 or args.zipf <= 1:
+        ap.error("need --workers >= 2, --reps >= 1, 0 < --load < 1 and --zipf > 1")
+    if os.environ.get(RATE_ENV):
+        ap.error(f"{RATE_ENV} is set in the environment; the script sets it itself for the rate-limited part")
+
+    import clamor
+    from clamor._native import ffi, lib as clib
+
+    with tempfile.TemporaryDirectory(prefix="hotpages-") as tmp:
+        so_path = compile_lib(tmp)
+        hp = load_lib(so_path)
+        clamor.region.init(page_size=args.page_size)
+        psize = clamor.region.page_size()
+        nkeys = int((1 << bits) * args.load)
+        alloc = int(ffi.cast("uintptr_t", ffi.addressof(clib, "clamor_malloc")))
+        t = time.perf_counter()
+        addr = hp.hp_build(alloc, bits, nkeys)
+        build_s = time.perf_counter() - t
+        if not addr:
+            raise SystemExit(f"hotpages: building the table failed: {ffi.string(clib.clamor_last_error()).decode()}")
+        if not clamor.region.contains(addr, 16 << bits):
+            raise SystemExit("hotpages: the table is not in the region")
+        table_bytes = 64 + (16 << bits)
+        print(f"hotpages: hash table of {1 << bits} slots ({mib(table_bytes):.0f} MiB, {nkeys} keys, "
+              f"{table_bytes // psize} pages of {psize // 1024} KiB) built by C through clamor_malloc in "
+              f"{build_s:.1f}s at {addr:#x}", flush=True)
+        print(f"{W} workers, {tasks} tasks a stage x {lookups} Zipf({args.zipf}) lookups; a fresh cluster per "
+              f"policy (workers start with no pages); {reps} round(s), policies interleaved", flush=True)
+        task = make_task(so_path, addr, args.threads)
+        rng = np.random.default_rng(args.seed)
+
+        rows = {p: [] for p in POLICIES}
+        for r in range(reps):
+            keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, lookups)
+            print(f"round {r}:", flush=True)
+            for p in POLICIES:
+                rows[p].append(run_policy(clamor, p, args, task, keys, tasks, expect, table_bytes))
+                show(p, rows[p][-1])
+        med = {p: medians(rows[p]) for p in POLICIES}
+        best = min(POLICIES[1:], key=lambda p: med[p]["time_s"])
+        off = med["off"]
+        out = {"bench": "hotpages", "best_policy": best,
+               "driver_bytes_ratio": med[best]["driver_bytes"] / off["driver_bytes"],
+               "time_ratio": med[best]["time_s"] / off["time_s"],
+               "ratios": {p: {"driver_bytes_ratio": med[p]["driver_bytes"] / off["driver_bytes"],
+                              "time_ratio": med[p]["time_s"] / off["time_s"],
+                              "cpu_ratio": (med[p]["driver_cpu_s"] + med[p]["workers_cpu_s"])
+                              / (off["driver_cpu_s"] + off["workers_cpu_s"])} for p in POLICIES[1:]}}
+        print(f"medians: " + "; ".join(f"{p} {med[p]['time_s']:.2f}s, driver {mib(med[p]['driver_bytes']):.0f} MiB, "
+                                       f"peers {mib(med[p]['peer_bytes']):.0f} MiB" for p in POLICIES), flush=True)
+        for p in POLICIES[1:]:
+            print(f"{p}: driver bytes {out['ratios'][p]['driver_bytes_ratio']:.2f}x of off, "
+                  f"time {out['ratios'][p]['time_ratio']:.2f}x, CPU (driver + workers) "
+                  f"{out['ratios'][p]['cpu_ratio']:.2f}x", flush=True)
+        print(f"best policy {best}: driver bytes {out['driver_bytes_ratio']:.2f}x of off (target <= 0.5), "
+              f"time {out['time_ratio']:.2f}x of off (target <= 1.0)", flush=True)
+
+        rate, rrows = {}, {}
+        if args.rate > 0:
+            # Every page server reads the variable when it starts: workers'
+            # start in each new cluster, the driver's is restarted here.
+            clamor.region.stop_serving()
+            os.environ[RATE_ENV] = str(int(args.rate))
+            try:
+                print(f"rate-limited: {RATE_ENV}={int(args.rate)} (a token bucket in csrc/server.c: each page "
+                      f"server, the driver's and every worker's, sends at most {args.rate / 1e6:.0f} MB/s); "
+                      f"off against {best}, {rate_lookups} lookups a task", flush=True)
+                rrows = {p: [] for p in ("off", best)}
+                for r in range(reps):
+                    keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, rate_lookups)
+                    print(f"round {r}:", flush=True)
+                    for p in ("off", best):
+                        rrows[p].append(run_policy(clamor, p, args, task, keys, tasks, expect, table_bytes))
+                        show(p, rrows[p][-1])
+            finally:
+                del os.environ[RATE_ENV]
+                clamor.region.stop_serving()    # the next cluster restarts it without the limit
+            rate = {p: medians(v) for p, v in rrows.items()}
+            out.update(rate_driver_bytes_ratio=rate[best]["driver_bytes"] / rate["off"]["driver_bytes"],
+                       rate_time_ratio=rate[best]["time_s"] / rate["off"]["time_s"])
+            print(f"under {args.rate / 1e6:.0f} MB/s per page server, {best}: driver bytes "
+                  f"{out['rate_driver_bytes_ratio']:.2f}x of off, time {out['rate_time_ratio']:.2f}x of off "
+                  f"({rate[best]['time_s']:.2f}s against {rate['off']['time_s']:.2f}s)", flush=True)
+
+    out.update(policies=med, rate_limited=rate, rate_bytes_per_s=args.rate if args.rate > 0 else None,
+               rate_mechanism=f"{RATE_ENV} token bucket in csrc/server.c" if args.rate > 0 else None,
+               workers=W, tasks=tasks, lookups_per_task=lookups, rate_lookups_per_task=rate_lookups,
+               zipf_a=args.zipf, slots=1 << bits, keys=nkeys, table_bytes=table_bytes, page_size=psize,
+               build_s=build_s, reps=reps, threads=args.threads, runs=rows, rate_runs=rrows, verified=True)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
