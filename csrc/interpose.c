@@ -26,6 +26,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>

@@ -23,6 +23,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
 #include <numpy/arrayobject.h>
+#include <malloc.h>
 #include <string.h>
 
 #include "internal.h"

@@ -21,18 +21,7 @@
 
 #include "internal.h"
 
-static int passed, failed;
-
-#define CHECK(cond)                                                         \
-    do {                                                                    \
-        if (cond) {                                                         \
-            passed++;                                                       \
-        } else {                                                            \
-            failed++;                                                       \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed (errno %d, detail '%s')\n", \
-                    __FILE__, __LINE__, #cond, errno, clamor_last_error()); \
-        }                                                                   \
-    } while (0)
+#include "check.h"
 
 #define REGION_SIZE ((size_t)1 << 30)
 #define KiB ((size_t)1 << 10)
@@ -802,6 +791,5 @@ int main(void) {
     test_random();
     test_threads();
     test_fork();
-    printf("test_alloc: %d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return CHECK_SUMMARY("test_alloc");
 }

@@ -23,18 +23,7 @@
 
 #include "internal.h"
 
-static int passed, failed;
-
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (cond) {                                                                         \
-            passed++;                                                                       \
-        } else {                                                                            \
-            failed++;                                                                       \
-            fprintf(stderr, "[%d] %s:%d: CHECK(%s) failed (detail '%s')\n", (int)getpid(),  \
-                    __FILE__, __LINE__, #cond, clamor_last_error());                        \
-        }                                                                                   \
-    } while (0)
+#include "check.h"
 
 #define BASE ((uintptr_t)0x300000000000ULL)
 #define SIZE ((size_t)64 << 20)
@@ -497,6 +486,5 @@ int main(void) {
     test_fork_driver();
     CHECK(clamor_region_close() == 0);
     CHECK(kernel_mappings(BASE, SIZE) == 0);
-    printf("test_pagetable: %d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return CHECK_SUMMARY("test_pagetable");
 }

@@ -14,17 +14,7 @@
 
 #include "wire.h"
 
-static int passed, failed;
-
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (cond) {                                                          \
-            passed++;                                                        \
-        } else {                                                             \
-            failed++;                                                        \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd(void) { /* xorshift64* */
@@ -313,6 +303,5 @@ int main(void) {
     test_replication_flags();
     test_geo();
     test_random(iters);
-    printf("test_wire: %d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return CHECK_SUMMARY("test_wire");
 }

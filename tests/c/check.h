@@ -1,0 +1,32 @@
+/* check.h -- the tiny harness the C unit tests share.
+ *
+ * CHECK(cond) counts a pass or reports a failure with the process id (some
+ * checks run in forked children), errno and clamor's detail for the calling
+ * thread; CHECK_SUMMARY(name) prints "N passed, M failed" and gives main's
+ * exit status.
+ */
+#ifndef CLAMOR_TEST_CHECK_H
+#define CLAMOR_TEST_CHECK_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "clamor.h"
+
+static int passed, failed;
+
+#define CHECK(cond)                                                                              \
+    do {                                                                                         \
+        if (cond) {                                                                              \
+            passed++;                                                                            \
+        } else {                                                                                 \
+            failed++;                                                                            \
+            fprintf(stderr, "[%d] %s:%d: CHECK(%s) failed (errno %d, detail '%s')\n", (int)getpid(), \
+                    __FILE__, __LINE__, #cond, errno, clamor_last_error());                      \
+        }                                                                                        \
+    } while (0)
+
+#define CHECK_SUMMARY(name) (printf("%s: %d passed, %d failed\n", (name), passed, failed), failed != 0)
+
+#endif /* CLAMOR_TEST_CHECK_H */
