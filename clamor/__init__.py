@@ -11,6 +11,7 @@ from .cluster import Cluster
 from .heap import heap
 from .share import NotShareable, share
 from .collection import DataCollection
+from .scheduler import Speculation
 from .alloc import alloc, array, asarray, calloc, empty, free, full, heap_stats, in_region, realloc, \
     usable_size, view, zeros
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
@@ -23,7 +24,7 @@ from .region import configure, connect, prefetch, reset_stats, stats
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "DataCollection", "heap", "share", "NotShareable", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
+    "Cluster", "Speculation", "DataCollection", "heap", "share", "NotShareable", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
     "empty", "zeros", "full", "array", "asarray", "view", "in_region",
     "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
     "readinto", "recv_into", "write", "fromfile", "errors",

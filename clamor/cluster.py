@@ -7,15 +7,15 @@ only the same in a process of the same image.  Each worker gets its pager
 and page server back after fork (clamor/region.py) and runs
 clamor.executor.Runtime.
 
-The driver thread that calls an action does everything: it plans stages
-(one per shuffle, then the result stage), feeds events to the pure
-scheduler (clamor/scheduler.py) and carries out its instructions over one
-ROUTER socket.  Results become visible only when a stage finishes (the BSP
-barrier).  A worker that dies is noticed through psutil (local processes)
-or a missing heartbeat, and the stage fails with WorkerLost.
+The driver thread that calls an action runs the stages (clamor/stages.py)
+over one ROUTER socket.  A worker that dies is noticed within half a second
+through psutil (local processes) or after ``heartbeat_timeout`` without a
+heartbeat; its work is recomputed from lineage on the others
+(clamor/lineage.py) and a replacement is forked in its place.
 """
 import atexit
 import collections
+import itertools
 import logging
 import os
 import pickle
@@ -24,18 +24,16 @@ import statistics
 import time
 import weakref
 
-import numpy as np
-import psutil
 import zmq
 
-from . import errors, region, serialize
-from .collection import NpyFiles, Parallel, Range, Shuffled, TextFiles
+from . import errors, region
+from .collection import NpyFiles, Parallel, Range, TextFiles
 from .executor import worker_main
 from .heap import install as install_heap_hooks
+from .lineage import Lineage
 from .share import note_fork
-from .progress import StageProgress
-from .scheduler import (Run, Scheduler, StageAborted, StageFinished, StageSubmitted, TaskDone, TaskFailed,
-                        TaskSpec, WorkerJoined, WorkerLost)
+from .scheduler import Scheduler, Speculation
+from .stages import Stages
 
 log = logging.getLogger("clamor")
 _live = weakref.WeakSet()
@@ -50,17 +48,28 @@ def _close_all():
         cl.close()
 
 
-class Cluster:
+class Cluster(Stages):
     """A driver and ``workers`` local worker processes.
 
     ``page_size``/``region_size``/``base`` set the region's geometry if this
     process has no region yet.  ``slots`` is how many tasks a worker may hold
     at once (running plus queued).  ``progress``: None shows a bar for stages
     over two seconds when stderr is a terminal; False never does.
+
+    Failures: with ``recover`` (the default) the work of a lost worker is
+    recomputed from lineage and the action returns the same result as
+    without the failure; without it the action raises WorkerLost.
+    ``replace_workers`` forks a new worker for each one lost.
+    ``max_attempts`` bounds how often one partition may be lost with its
+    worker, and how many attempts one stage may take, before WorkerLost.
+    ``speculation``: True (Spark's defaults: a second copy of a task running
+    1.5x longer than the stage's median once 75% of its tasks are done),
+    False, or a ``clamor.Speculation(multiplier, quantile, min_runtime)``.
     """
 
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
-                 heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices"):
+                 heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
+                 replace_workers=True, speculation=True, max_attempts=4):
         if workers is None:
             workers = os.cpu_count() or 1
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -69,6 +78,16 @@ class Cluster:
             raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
         if replication not in REPLICATION:
             raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
+        if speculation is True:
+            speculation = Speculation()
+        elif speculation is False or speculation is None:
+            speculation = None
+        elif not isinstance(speculation, Speculation):
+            raise errors.ConfigError(f"speculation must be True, False or a clamor.Speculation, not {speculation!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise errors.ConfigError(f"max_attempts must be a positive int, not {max_attempts!r}")
+        self.recover, self.replace_workers = bool(recover), bool(replace_workers)
+        self.speculation, self.max_attempts = speculation, max_attempts
         self.replication = replication
         self.nworkers = workers
         self.slots = slots
@@ -111,17 +130,21 @@ class Cluster:
         self._sock.linger = 0
         self._sock.bind("tcp://127.0.0.1:*")
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._sched = Scheduler()
-        self._workers = {}      # wid -> {"pid", "blocks", "last_hb", "stages"}
-        self._pids = []
+        self._sched = Scheduler(recover=self.recover, speculation=self.speculation)
+        self._workers = {}      # wid -> {"pid", "blocks", "pages", "last_hb", "stages", "seen"}
+        self._pids = []         # every worker process ever forked, reaped at close
+        self._pid_of = {}
+        self._expected = set()  # forked, HELLO not yet received
+        self._wids = itertools.count()
+        self._lineage = Lineage()
+        self._jobs = {}         # attempt (scheduler stage id) -> its job
+        self._attempt_ids = itertools.count(1)
+        self._current = self._trouble = None
+        self._changes = {}      # stage -> pages the driver changed just before it
+        self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
         note_fork()
-        me = os.getpid()
-        for i in range(self.nworkers):
-            wid = b"w%d" % i
-            pid = os.fork()
-            if pid == 0:
-                worker_main(self.endpoint, wid, me)
-            self._pids.append(pid)
+        for _ in range(self.nworkers):
+            self._spawn_worker()
         self._started = True
         _live.add(self)
         try:
@@ -129,11 +152,6 @@ class Cluster:
         except BaseException:
             self.close()
             raise
-        self._shuffle_locs = {}  # shuffle id -> [blocks endpoint per map partition]
-        self._cache_locs = {}    # (collection id, partition) -> wid
-        self._made_at = {}       # shuffle id or (collection id, partition) -> stage that made it
-        self._changes = {}       # stage -> pages the driver changed just before it
-        self._affinity = {}      # (partitions in stage, partition) -> worker that last ran it
         log.info("cluster up: %d workers, page server %s", self.nworkers, self.page_endpoint)
         return self
 
@@ -149,10 +167,21 @@ class Cluster:
                 continue
             frames = self._sock.recv_multipart()
             if frames[1] == b"HELLO":
-                info = pickle.loads(frames[2])
-                info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current())
-                self._workers[frames[0]] = info
-                self._sched.handle(WorkerJoined(frames[0], self.slots))
+                self._joined(frames[0], pickle.loads(frames[2]))
+
+    def _spawn_worker(self):
+        """Fork one more worker; it joins when its HELLO arrives."""
+        wid = b"w%d" % next(self._wids)
+        me = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            worker_main(self.endpoint, wid, me)
+        self._pids.append(pid)
+        self._pid_of[wid] = pid
+        self._expected.add(wid)
+        if self._started:
+            self._totals["workers_replaced"] += 1
+            log.info("forked worker %s (pid %d) to replace a lost one", wid.decode(), pid)
 
     def _check_pids_at_start(self):
         for pid in self._pids:
@@ -195,7 +224,8 @@ class Cluster:
 
     @property
     def worker_pids(self):
-        return list(self._pids)
+        """Process ids of the current workers (live or starting), oldest first."""
+        return [self._pid_of[w] for w in sorted(set(self._workers) | self._expected, key=lambda w: int(w[1:]))]
 
     # -- sources ----------------------------------------------------------------------
     def _check(self):
@@ -242,243 +272,6 @@ class Cluster:
         self._check()
         return NpyFiles(self, paths)
 
-    # -- running ------------------------------------------------------------------------
-    def _run_action(self, node, kind, arg, partitions=None):
-        self._check()
-        for st in self._plan(node):
-            self._run_stage("map", st[0], parent=st[1])
-        parts = list(range(node.num_partitions)) if partitions is None else partitions
-        return self._run_stage("result", node, action=kind, arg=arg, partitions=parts)
-
-    def _plan(self, node):
-        """Map stages still needed for ``node``, dependencies first."""
-        out, seen = [], set()
-
-        def cached_everywhere(c):
-            return c.cached and all((c.id, p) in self._cache_locs for p in range(c.num_partitions))
-
-        def visit(c):
-            if c.id in seen or cached_everywhere(c):
-                return
-            seen.add(c.id)
-            for i, d in enumerate(c.deps):
-                visit(d)
-                if isinstance(c, Shuffled) and c.shuffle_ids[i] not in self._shuffle_locs:
-                    out.append((c, i))
-        visit(node)
-        return out
-
-    def _locs(self):
-        eps = {w: info["blocks"] for w, info in self._workers.items()}
-        return {"shuffle": self._shuffle_locs,
-                "cache": {k: eps[w] for k, w in self._cache_locs.items() if w in eps}}
-
-    def _begin_stage(self):
-        """Number the next stage and end the driver's epoch: pages written
-        since the last stage are versioned, and the changed ones listed for
-        the workers to drop."""
-        self._drop_forgotten()
-        # notice workers that died while the cluster was idle, before giving
-        # them tasks
-        for ins in self._check_liveness():
-            if isinstance(ins, StageAborted):
-                raise ins.error
-        sid = region.stage_current() + 1
-        changed = region.stage_begin(sid)
-        if changed.size:
-            self._changes[sid] = changed
-        # versions older than anything a live partition was computed at are
-        # of no use to anyone (lineage re-runs read at their own stage)
-        region.versions_gc(min([sid] + list(self._made_at.values())))
-        oldest = min((w["seen"] for w in self._workers.values()), default=sid)
-        for s in [s for s in self._changes if s <= oldest]:
-            del self._changes[s]
-        return sid
-
-    def _invalidations(self, w, sid):
-        """Pages worker ``w`` must drop before its first task of stage
-        ``sid``: those changed at every stage boundary since it last ran."""
-        parts = [ch for s, ch in self._changes.items() if w["seen"] < s <= sid]
-        w["seen"] = sid
-        if not parts:
-            return b""
-        return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
-
-    def _run_stage(self, kind, node, parent=None, action=None, arg=None, partitions=None):
-        sid = self._begin_stage()
-        if kind == "map":
-            partitions = list(range(node.deps[parent].num_partitions))
-            desc = f"stage {sid}: shuffle map"
-        else:
-            desc = f"stage {sid}: {action}"
-        payload = serialize.dumps({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg,
-                                   "locs": self._locs()})
-        sources = _sources(node.deps[parent] if kind == "map" else node)
-        extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}})
-                  for p in partitions}
-        lineage = _cached_ids(node)
-        nparts = len(partitions)
-        prefer = {}
-        for p in partitions:
-            cached = tuple({w for (c, q), w in self._cache_locs.items() if q == p and c in lineage})
-            # Otherwise the worker that last ran partition p of a stage this
-            # wide: iterative jobs re-read the same region pages, which that
-            # worker holds already.
-            last = self._affinity.get((nparts, p))
-            prefer[p] = cached or ((last,) if last in self._workers else ())
-        tasks = tuple(TaskSpec((sid, p), sid, p, prefer[p]) for p in partitions)
-        stat = {"stage": sid, "kind": kind if kind == "map" else action, "tasks": len(tasks), "durations": [],
-                "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,
-                "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values())}
-        t0 = time.perf_counter()
-        bar = StageProgress(len(tasks), desc, self.progress)
-        log.debug("%s: %d tasks", desc, len(tasks))
-        try:
-            results = self._drive(sid, tasks, payload, extras, stat, bar)
-        finally:
-            bar.close()
-            stat["duration_s"] = time.perf_counter() - t0
-            self._record(stat)
-        if kind == "map":
-            self._shuffle_locs[node.shuffle_ids[parent]] = [self._workers[results[p]]["blocks"]
-                                                            for p in partitions]
-            self._made_at[node.shuffle_ids[parent]] = sid
-            return None
-        return [results[p] for p in partitions]
-
-    def _drive(self, sid, tasks, payload, extras, stat, bar):
-        """Submit stage ``sid`` and run the event loop until it ends."""
-        outcome = {}
-        pending = collections.deque(self._sched.handle(StageSubmitted(sid, tasks)))
-        next_check = time.monotonic() + 0.5
-        while True:
-            while pending:
-                ins = pending.popleft()
-                if isinstance(ins, Run):
-                    self._send_task(ins, payload, extras)
-                elif isinstance(ins, StageFinished):
-                    outcome[ins.stage_id] = ("ok", ins.results)
-                elif isinstance(ins, StageAborted):
-                    outcome[ins.stage_id] = ("err", ins.error)
-            if sid in outcome:
-                status, val = outcome[sid]
-                if status == "err":
-                    raise val
-                return val
-            bar.update(0)
-            if self._sock.poll(100):
-                for _ in range(10000):
-                    try:
-                        frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    pending.extend(self._on_message(frames, stat, bar))
-            if time.monotonic() >= next_check:
-                pending.extend(self._check_liveness())
-                next_check = time.monotonic() + 0.5
-
-    def _send_task(self, ins, payload, extras):
-        w = self._workers[ins.worker]
-        first = ins.stage_id not in w["stages"]
-        w["stages"].add(ins.stage_id)
-        inval = self._invalidations(w, ins.stage_id) if w["seen"] < ins.stage_id else b""
-        self._sock.send_multipart([ins.worker, b"TASK", pickle.dumps(ins.key), str(ins.stage_id).encode(),
-                                   payload if first else b"", extras[ins.partition], inval])
-
-    def _on_message(self, frames, stat, bar):
-        ident, kind = frames[0], frames[1]
-        if kind == b"HB":
-            wid = frames[2]
-            if wid in self._workers:
-                self._workers[wid]["last_hb"] = time.monotonic()
-            return []
-        if ident in self._workers:
-            self._workers[ident]["last_hb"] = time.monotonic()
-        if kind == b"DONE":
-            key = pickle.loads(frames[2])
-            res = serialize.loads(frames[3])
-            if key[0] == stat["stage"]:
-                self._affinity[(stat["tasks"], key[1])] = ident
-            if ident in self._workers:  # cumulative counters of that worker
-                w = self._workers[ident]
-                w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
-            for cid, p in res["cached"]:
-                self._cache_locs[(cid, p)] = ident
-                self._made_at[(cid, p)] = key[0]
-            if key[0] == stat["stage"]:
-                stat["durations"].append(res["duration"])
-                for k in ("faults", "bytes_from_driver", "bytes_from_peers"):
-                    stat[k] += res[k]
-                bar.update()
-            # a map task's result is where its buckets are: the worker itself
-            value = ident if key[0] == stat["stage"] and stat["kind"] == "map" else res["value"]
-            return self._sched.handle(TaskDone(key, ident, value))
-        if kind == b"FAIL":
-            key = pickle.loads(frames[2])
-            msg, tb, fetch = pickle.loads(frames[3])
-            err = errors.WorkerLost(msg) if fetch else errors.TaskError(msg, tb)
-            return self._sched.handle(TaskFailed(key, ident, err))
-        return []
-
-    def _check_liveness(self):
-        out = []
-        now = time.monotonic()
-        for wid, info in list(self._workers.items()):
-            reason = None
-            try:
-                proc = psutil.Process(info["pid"])
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    reason = "process exited"
-            except psutil.NoSuchProcess:
-                reason = "process gone"
-            if reason is None and now - info["last_hb"] > self.heartbeat_timeout:
-                reason = f"no heartbeat for {now - info['last_hb']:.1f}s"
-            if reason:
-                log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
-                del self._workers[wid]
-                self._forget_worker(wid, info)
-                out.extend(self._sched.handle(WorkerLost(wid, reason)))
-        return out
-
-    def _forget_worker(self, wid, info):
-        if info.get("pages"):
-            region.forget_peer(info["pages"])
-        self._cache_locs = {k: w for k, w in self._cache_locs.items() if w != wid}
-        dead = info["blocks"]
-        self._shuffle_locs = {s: eps for s, eps in self._shuffle_locs.items() if dead not in eps}
-        self._made_at = {k: s for k, s in self._made_at.items() if k in self._cache_locs or k in self._shuffle_locs}
-
-    def _forget(self, prefix):
-        # Called by a finalizer, so at any moment and in any thread: only
-        # note it; the blocks are dropped before the next stage.
-        self._forgotten.append(prefix)
-
-    def _drop_forgotten(self):
-        drops = []
-        while self._forgotten:
-            kind, ident = prefix = self._forgotten.popleft()
-            drops.append(prefix)
-            if kind == "shuffle":
-                self._shuffle_locs.pop(ident, None)
-                self._made_at.pop(ident, None)
-            else:
-                for k in [k for k in self._cache_locs if k[0] == ident]:
-                    del self._cache_locs[k]
-                    self._made_at.pop(k, None)
-        if drops:
-            for wid in self._workers:
-                self._sock.send_multipart([wid, b"DROP", pickle.dumps(drops)])
-
-    def _drop_cache(self, cid):
-        if self._closed or not self._started:
-            return
-        keys = [k for k in self._cache_locs if k[0] == cid]
-        for k in keys:
-            del self._cache_locs[k]
-            self._made_at.pop(k, None)
-        for wid in self._workers:
-            self._sock.send_multipart([wid, b"DROP", pickle.dumps([("cache", cid)])])
-
     # -- statistics --------------------------------------------------------------------
     def _record(self, stat):
         d = stat.pop("durations")
@@ -506,34 +299,12 @@ class Cluster:
             "redirects": drv["redirects"],
             "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
         }
+        out["recovery"] = {k: self._totals[k] for k in (
+            "workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs", "speculative_copies",
+            "copies_cancelled", "duplicate_results")}
         out["stages_detail"] = list(self._stage_stats)
         return out
 
     def stage_stats(self):
         return list(self._stage_stats)
 
-
-def _cached_ids(node):
-    out, stack = set(), [node]
-    while stack:
-        c = stack.pop()
-        if c.cached:
-            out.add(c.id)
-        stack.extend(c.deps)
-    return out
-
-
-def _sources(node):
-    """Parallel sources reachable from ``node`` within its stage (not across
-    a shuffle), whose per-partition data travels with each task."""
-    out, stack, seen = [], [node], set()
-    while stack:
-        c = stack.pop()
-        if c.id in seen:
-            continue
-        seen.add(c.id)
-        if isinstance(c, Parallel):
-            out.append(c)
-        if not isinstance(c, Shuffled):
-            stack.extend(c.deps)
-    return out

@@ -388,6 +388,8 @@ def partition_result(kind, part, arg):
         return len(part) if hasattr(part, "__len__") else sum(1 for _ in part)
     if kind == "take":
         return list(itertools.islice(iter(part), arg))
+    if kind == "cache":       # a lineage re-run of cached partitions: computing them caches them
+        return None
     if kind == "foreach":
         for x in part:
             arg(x)

@@ -11,13 +11,22 @@ them without the GIL.
 
 Control messages, multipart:
 
-    driver -> worker   TASK key stage_id stage_payload|"" task_extras invalidated-pages|""
+    driver -> worker   TASK key attempt version stage_payload|"" task_extras invalidated-pages|""
+                       CANCEL key          (another copy of the task finished first)
+                       LOST pickled-list-of-block-endpoints   (peers that died)
                        DROP pickled-list-of-block-key-prefixes
                        STOP
     worker -> driver   HELLO pickled-info
                        DONE key pickled-result
-                       FAIL key pickled-(message, traceback)
+                       SKIP key            (a cancelled task dropped before it ran)
+                       FAIL key pickled-(message, traceback, missing-blocks|None)
     heartbeat socket   HB worker-id
+
+``attempt`` names the stage payload (sent with a worker's first task of
+it); ``version`` is the stage whose page versions the task reads, older
+than the newest for a lineage re-run.  Messages wait in an inbox, so that
+a CANCEL that arrived behind a queued TASK is seen before the task runs,
+and a LOST is seen while a task waits for blocks from that peer.
 
 Block keys are tuples: ("shuffle", shuffle_id, map_partition, bucket) and
 ("cache", collection_id, partition).  A peer asks [GET, pickled-key] and gets
@@ -45,7 +54,12 @@ BLOCK_TIMEOUT_MS = int(os.environ.get("CLAMOR_BLOCK_TIMEOUT_MS", "30000"))
 
 
 class FetchFailed(Exception):
-    """A block this task needs could not be fetched from its peer."""
+    """Blocks this task needs could not be fetched: ``missing`` lists
+    (endpoint, key) pairs.  The driver recomputes them from lineage."""
+
+    def __init__(self, msg, missing):
+        super().__init__(msg)
+        self.missing = missing
 
 
 class Service(threading.Thread):
@@ -111,10 +125,9 @@ class TaskContext:
             return part
         ep = self.locs.get("cache", {}).get((cid, p))
         if ep and ep != self.rt.endpoint:
-            try:
-                return self.rt.fetch([(ep, key)])[key]
-            except FetchFailed:
-                return None  # recompute from lineage instead
+            # A failure propagates: computing it here would read the globals
+            # at this task's version, and the partition was made at its own.
+            return self.rt.fetch([(ep, key)])[key]
         return None
 
     def cache_partition(self, cid, p, part):
@@ -126,7 +139,7 @@ class TaskContext:
         local, remote = [], []
         for m in range(nmaps):
             key = ("shuffle", sid, m, r)
-            if eps[m] == self.rt.endpoint:
+            if eps[m] == self.rt.endpoint and key in self.rt.store:
                 local.append(self.rt.store[key])
             else:
                 remote.append((eps[m], key))
@@ -142,6 +155,9 @@ class Runtime:
         self.store = {}
         self.stages = collections.OrderedDict()
         self.peers = {}
+        self.inbox = collections.deque()   # messages from the driver not yet handled
+        self.cancelled = set()             # keys of queued tasks the driver cancelled
+        self.dead = set()                  # block endpoints of peers the driver declared lost
         self.service = Service(self.ctx, self.store, driver, wid)
         self.endpoint = self.service.endpoint
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -159,32 +175,70 @@ class Runtime:
         return s
 
     def fetch(self, wanted):
-        """{key: block} for [(endpoint, key)], all requests in flight at once."""
+        """{key: block} for [(endpoint, key)], all requests in flight at once.
+        Raises FetchFailed naming every block not received: a peer lost (the
+        driver says so, or it has no endpoint), a peer without the block, or
+        a time-out."""
+        gone = [(ep, k) for ep, k in wanted if ep is None or ep in self.dead]
+        if gone:
+            raise FetchFailed(f"blocks {[k for _, k in gone][:3]} are on lost workers", gone)
         socks = {}
         for ep, key in wanted:
             s = self._peer(ep)
             s.send_multipart([b"GET", pickle.dumps(key)])
             socks[s] = socks.get(s, 0) + 1
-        out = {}
+        out, where = {}, {k: ep for ep, k in wanted}
         poller = zmq.Poller()
         for s in socks:
             poller.register(s, zmq.POLLIN)
+        poller.register(self.sock, zmq.POLLIN)   # a LOST from the driver ends the wait
         deadline = time.monotonic() + BLOCK_TIMEOUT_MS / 1000
-        while len(out) < len(wanted):
-            left = deadline - time.monotonic()
-            ready = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
-            if not ready:
-                missing = [k for _, k in wanted if k not in out]
-                # a stale socket to a dead peer would keep queueing: drop them
-                for ep, _ in wanted:
-                    self.peers.pop(ep, None)
-                raise FetchFailed(f"blocks {missing[:3]}... not received within {BLOCK_TIMEOUT_MS} ms")
-            for s in ready:
-                frames = s.recv_multipart()
-                if frames[0] != b"OK":
-                    raise FetchFailed(f"peer has no block {pickle.loads(frames[1]) if len(frames) > 1 else '?'}")
-                out[pickle.loads(frames[1])] = serialize.loads(frames[2])
+        try:
+            while len(out) < len(wanted):
+                left = deadline - time.monotonic()
+                ready = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
+                if not ready:
+                    missing = [(where[k], k) for k in where if k not in out]
+                    raise FetchFailed(f"blocks {[k for _, k in missing][:3]} not received within "
+                                      f"{BLOCK_TIMEOUT_MS} ms", missing)
+                if self.sock in ready:
+                    self._receive()
+                    lost = [(where[k], k) for k in where if k not in out and where[k] in self.dead]
+                    if lost:
+                        raise FetchFailed(f"blocks {[k for _, k in lost][:3]} are on lost workers", lost)
+                for s in ready:
+                    if s is self.sock:
+                        continue
+                    frames = s.recv_multipart()
+                    if frames[0] != b"OK":
+                        key = pickle.loads(frames[1]) if len(frames) > 1 else None
+                        raise FetchFailed(f"peer has no block {key}", [(where.get(key), key)])
+                    out[pickle.loads(frames[1])] = serialize.loads(frames[2])
+        except FetchFailed:
+            # replies may still come on these sockets: never read them as
+            # answers to later requests
+            for ep in {ep for ep, _ in wanted}:
+                s = self.peers.pop(ep, None)
+                if s is not None:
+                    s.close()
+            raise
         return out
+
+    # -- the inbox ---------------------------------------------------------------------
+    def _receive(self):
+        """Move every message waiting from the driver into the inbox, acting
+        at once on CANCEL and LOST."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frames[0] == b"CANCEL":
+                self.cancelled.add(frames[1])
+            elif frames[0] == b"LOST":
+                self.dead.update(pickle.loads(frames[1]))
+            else:
+                self.inbox.append(frames)
 
     # -- tasks ----------------------------------------------------------------------
     def run_task(self, stage, extras):
@@ -209,12 +263,16 @@ class Runtime:
         driver_pid = os.getppid()
         try:
             while True:
-                if not self.sock.poll(1000):
-                    if os.getppid() != driver_pid:
-                        log.warning("driver is gone; worker %s exits", self.wid)
-                        return
+                if not self.inbox:
+                    if not self.sock.poll(1000):
+                        if os.getppid() != driver_pid:
+                            log.warning("driver is gone; worker %s exits", self.wid)
+                            return
+                        continue
+                self._receive()
+                if not self.inbox:
                     continue
-                frames = self.sock.recv_multipart()
+                frames = self.inbox.popleft()
                 kind = frames[0]
                 if kind == b"STOP":
                     return
@@ -233,19 +291,28 @@ class Runtime:
                 s.close()
 
     def _task(self, frames):
-        key, stage_id, payload, extras, inval = frames[1], int(frames[2]), frames[3], frames[4], frames[5]
+        key, attempt, version = frames[1], int(frames[2]), int(frames[3])
+        payload, extras, inval = frames[4], frames[5], frames[6]
+        if payload:
+            self.stages[attempt] = payload
+            while len(self.stages) > 16:
+                self.stages.popitem(last=False)
+        if key in self.cancelled:   # another copy finished while this one waited here
+            self.cancelled.discard(key)
+            self.sock.send_multipart([b"SKIP", key])
+            return
+        if len(self.cancelled) > 4096:   # cancels of tasks that had already run
+            self.cancelled.clear()
         region.ensure_handler_first()
-        if inval:  # pages the driver changed since this worker's last stage
+        if inval:  # pages the driver changed between this worker's last version and the task's
             region.invalidate(np.frombuffer(inval, dtype=np.uint64))
-        region.set_stage(stage_id)
+        region.set_stage(version)
         before = region.stats()
         t0 = time.perf_counter()
         try:
-            if payload:
-                self.stages[stage_id] = serialize.loads(payload)
-                while len(self.stages) > 16:
-                    self.stages.popitem(last=False)
-            stage = self.stages[stage_id]
+            stage = self.stages[attempt]
+            if isinstance(stage, bytes):
+                stage = self.stages[attempt] = serialize.loads(stage)
             value, cached = self.run_task(stage, serialize.loads(extras))
             after = region.stats()
             res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0,
@@ -257,9 +324,9 @@ class Runtime:
                    "fallbacks": after["peer_fallbacks"]}
             self.sock.send_multipart([b"DONE", key, serialize.dumps(res)])
         except BaseException as err:  # SystemExit from user code too: report it, keep the worker
-            fetch = isinstance(err, FetchFailed)
+            missing = err.missing if isinstance(err, FetchFailed) else None
             msg = f"{type(err).__name__}: {err}"
-            self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), fetch))])
+            self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), missing))])
 
 
 def _die_with_parent():

@@ -33,20 +33,34 @@ Policy
 - ``TaskFailed`` aborts the stage (one ``StageAborted`` with the task's
   error) and drops its unassigned tasks.  Its tasks still running keep their
   slots until they report; those reports only free slots.
-- ``WorkerLost`` removes the worker.  ``_on_lost_tasks`` decides what happens
-  to the tasks it held: here, their stages are aborted with
-  ``clamor.errors.WorkerLost``.  (Lineage-based recovery will re-queue them
-  instead; see that method.)  Once some worker has joined, having no live
-  worker aborts every stage with unassigned tasks, including stages submitted
-  later, with ``WorkerLost("no live workers")``; before the first join,
-  submitted stages wait for one.
+- ``WorkerLost`` removes the worker.  With ``recover=False`` the stages of
+  the tasks it held are aborted with ``clamor.errors.WorkerLost``, and once
+  some worker has joined, having no live worker aborts every stage with
+  unassigned tasks, including stages submitted later, with
+  ``WorkerLost("no live workers")``; before the first join, submitted stages
+  wait for one.  With ``recover=True`` (lineage-based recovery) each task it
+  held goes back to the front of its stage's queue, unless another copy of
+  it still runs elsewhere, and stages wait for a worker however long none is
+  live: the cluster decides when to give up.
 - ``StageCancelled`` is an abort that emits nothing for the stage.
+- Speculation (``speculation=Speculation(...)``, off by default): on each
+  ``Tick``, once ``quantile`` of a running stage's tasks are done, a task
+  whose single copy has run longer than ``multiplier`` times the median time
+  of the stage's finished tasks (and at least ``min_runtime``) gets a second
+  copy on another live worker with a free slot, after every unassigned task
+  has found one.  Times are measured from assignment to the first report,
+  with the clock that ``Tick`` carries.  The first report of either copy
+  wins; the others get ``Cancel``, and keep their slot until their worker
+  reports them (``TaskDone``, ``TaskFailed`` or ``TaskSkipped``), whose
+  content is then ignored.  A copy is never started on a worker that has
+  one, and a task gets at most one extra copy.
 
 Bad input.  Ignored, because it happens in a healthy cluster: duplicate
 ``WorkerJoined`` (the first ``slots`` stays), ``WorkerLost`` for an unknown
-or already-lost worker, ``TaskDone``/``TaskFailed`` for an unknown key, a key
-already reported, a key not assigned, or from a worker other than the one
-running it (late reports from a lost worker), ``StageCancelled`` for an
+or already-lost worker, ``TaskDone``/``TaskFailed``/``TaskSkipped`` for an
+unknown key, a key already reported, a key not assigned, or from a worker
+not running it (late reports from a lost worker), a ``Tick`` whose clock
+goes backwards (the clock stays), ``StageCancelled`` for an
 unknown, finished, aborted or cancelled stage.  Raised, because the caller is
 wrong, before any state changes: ``ValueError`` for a reused stage id, a
 reused task key (keys are unique for the scheduler's life), a ``TaskSpec``
@@ -58,12 +72,14 @@ unhashable id or key.
 from collections import deque
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from math import ceil
 from operator import attrgetter
+from statistics import median
 
 from . import errors
 
-__all__ = ["Scheduler", "TaskSpec", "WorkerJoined", "WorkerLost", "StageSubmitted", "TaskDone", "TaskFailed",
-           "StageCancelled", "Run", "StageFinished", "StageAborted"]
+__all__ = ["Scheduler", "Speculation", "TaskSpec", "WorkerJoined", "WorkerLost", "StageSubmitted", "TaskDone",
+           "TaskFailed", "TaskSkipped", "StageCancelled", "Tick", "Run", "Cancel", "StageFinished", "StageAborted"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,20 @@ class TaskFailed:
 
 
 @dataclass(frozen=True)
+class TaskSkipped:
+    """``worker`` dropped its copy of task ``key`` unrun, after a ``Cancel``."""
+    key: object
+    worker: object
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The time is ``now`` (seconds, any monotonic clock): stamps the
+    assignments and reports that follow, and may start speculative copies."""
+    now: float
+
+
+@dataclass(frozen=True)
 class StageCancelled:
     """The driver gave up on a stage; nothing more is reported for it."""
     stage_id: int
@@ -136,6 +166,32 @@ class Run:
     worker: object
     stage_id: int
     partition: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Another copy of task ``key`` reported first: ``worker`` may drop its
+    copy (if it has not started it, answering ``TaskSkipped``)."""
+    key: object
+    worker: object
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """When a task gets a second copy (see the module docstring); the
+    defaults are Spark's (spark.speculation.multiplier, .quantile,
+    .minTaskRuntime)."""
+    multiplier: float = 1.5
+    quantile: float = 0.75
+    min_runtime: float = 0.1
+
+    def __post_init__(self):
+        if not self.multiplier >= 1.0:
+            raise ValueError(f"speculation multiplier must be >= 1, not {self.multiplier!r}")
+        if not 0.0 < self.quantile <= 1.0:
+            raise ValueError(f"speculation quantile must be in (0, 1], not {self.quantile!r}")
+        if not self.min_runtime >= 0.0:
+            raise ValueError(f"speculation min_runtime must be >= 0, not {self.min_runtime!r}")
 
 
 @dataclass(frozen=True)
@@ -163,22 +219,28 @@ _by_partition = attrgetter("partition")
 
 
 class _Stage:
-    __slots__ = ("id", "seq", "queue", "remaining", "results", "state")
+    __slots__ = ("id", "seq", "ntasks", "queue", "remaining", "results", "state", "times", "running")
 
     def __init__(self, stage_id, seq, specs):
         self.id, self.seq = stage_id, seq   # seq: submission order
+        self.ntasks = len(specs)
         self.queue = deque(specs)     # unassigned TaskSpecs, partition order
         self.remaining = len(specs)   # tasks without a result yet
         self.results = {}             # partition -> result
         self.state = _PENDING if specs else _DONE
+        self.times = []               # assignment-to-report times of its finished tasks
+        self.running = {}             # key -> _Task, assigned and not reported
 
 
 class _Task:
-    """An assigned task (unassigned ones are only a TaskSpec in their stage's queue)."""
-    __slots__ = ("spec", "stage", "worker")
+    """An assigned task (unassigned ones are only a TaskSpec in their stage's
+    queue).  ``copies`` maps each worker id running a copy to its _Worker."""
+    __slots__ = ("spec", "stage", "copies", "start", "speculated")
 
-    def __init__(self, spec, stage, worker):
-        self.spec, self.stage, self.worker = spec, stage, worker   # worker: a _Worker
+    def __init__(self, spec, stage, worker, start):
+        self.spec, self.stage, self.start = spec, stage, start
+        self.copies = {worker.id: worker}
+        self.speculated = False
 
 
 class _Worker:
@@ -195,7 +257,12 @@ class Scheduler:
     """See the module docstring.  ``handle`` is the only mutator; the other
     methods are read-only views for the cluster and the tests."""
 
-    def __init__(self):
+    def __init__(self, recover=False, speculation=None):
+        if speculation is not None and not isinstance(speculation, Speculation):
+            raise TypeError(f"speculation must be a Speculation or None, not {speculation!r}")
+        self.recover = bool(recover)
+        self.speculation = speculation
+        self._now = 0.0               # the clock of the last Tick
         self._workers = {}            # live worker id -> _Worker
         self._joins = 0               # joins so far: the next worker's tie-break order
         self._free = 0                # free slots over all live workers
@@ -203,7 +270,8 @@ class Scheduler:
         self._stages = {}             # stage id -> _Stage, every stage ever submitted
         self._unresolved = deque()    # stages neither finished nor aborted, submission order
         self._ready = deque()         # stages that may have unassigned tasks, submission order
-        self._tasks = {}              # key -> _Task, assigned and not reported
+        self._tasks = {}              # key -> _Task, assigned and not reported (cancelled copies are only
+                                      # keys in their worker's ``tasks``)
         self._keys = set()            # every key ever submitted: the price of refusing reuse
         self._npending = 0            # unassigned tasks of live stages
 
@@ -219,10 +287,12 @@ class Scheduler:
             raise TypeError(f"not a scheduler event: {event!r}") from None
         out = []
         apply(self, event, out)
-        if self._npending and not self._workers and self._joins:
+        if self._npending and not self._workers and self._joins and not self.recover:
             self._abort_unassigned(out)
         self._flush_finished(out)
         self._assign(out)
+        if type(event) is Tick and self.speculation is not None and self._free:
+            self._speculate(out)
         return out
 
     def _worker_joined(self, ev, out):
@@ -243,7 +313,16 @@ class Scheduler:
             return
         w.live = False
         self._free -= w.slots - w.load
-        lost = [self._tasks.pop(key) for key in w.tasks]
+        lost = []
+        for key in w.tasks:
+            t = self._tasks.get(key)
+            if t is None or w.id not in t.copies:
+                continue              # a cancelled copy
+            del t.copies[w.id]
+            if not t.copies:          # no other copy runs: the task itself is lost
+                del self._tasks[key]
+                del t.stage.running[key]
+                lost.append(t)
         w.tasks, w.load = set(), 0
         if lost:
             lost.sort(key=lambda t: (t.stage.seq, t.spec.partition))
@@ -277,18 +356,28 @@ class Scheduler:
             self._npending += len(specs)
 
     def _task_done(self, ev, out):
-        t = self._take(ev.key, ev.worker)
+        t = self._take(ev.key, ev.worker, out)
         if t is not None and t.stage.state == _RUNNING:
             st = t.stage
             st.results[t.spec.partition] = ev.result
             st.remaining -= 1
+            st.times.append(self._now - t.start)
             if not st.remaining:
                 st.state = _DONE
 
     def _task_failed(self, ev, out):
-        t = self._take(ev.key, ev.worker)
+        t = self._take(ev.key, ev.worker, out)
         if t is not None and t.stage.state == _RUNNING:
             self._abort(t.stage, ev.error, out)
+
+    def _task_skipped(self, ev, out):
+        t = self._take(ev.key, ev.worker, out, skipped=True)
+        if t is not None:             # skipped without a Cancel: the task must run again
+            self._on_lost_tasks(ev.worker, [t], "skipped its task", out)
+
+    def _tick(self, ev, out):
+        if ev.now > self._now:
+            self._now = ev.now
 
     def _stage_cancelled(self, ev, out):
         st = self._stages.get(ev.stage_id)
@@ -296,42 +385,63 @@ class Scheduler:
             self._abort(st, None, out, report=False)
 
     _HANDLERS = {WorkerJoined: _worker_joined, WorkerLost: _worker_lost, StageSubmitted: _stage_submitted,
-                 TaskDone: _task_done, TaskFailed: _task_failed, StageCancelled: _stage_cancelled}
+                 TaskDone: _task_done, TaskFailed: _task_failed, TaskSkipped: _task_skipped,
+                 StageCancelled: _stage_cancelled, Tick: _tick}
 
     # ---- policy hook ----
 
     def _on_lost_tasks(self, worker, lost, reason, out):
         """Decide the fate of ``lost``: the tasks (``_Task``, in submission
         and partition order) that ``worker`` held when it was lost, already
-        unassigned, their slots gone.  This policy aborts each unresolved
-        stage among them, in submission order.
-
-        A ``recover=True`` policy (lineage-based fault tolerance) would
-        instead put each spec back at the front of its stage's ``queue``
-        (partition order), add them to ``_npending``, and re-insert the stage
-        into ``_ready`` at its submission position if it had left it.  A late
-        report from the lost worker is already ignored, because ``_take``
-        checks the worker running the key; that check assumes a worker that
-        rejoins gets a fresh id, or the re-run could take its report."""
-        for t in lost:
-            if t.stage.state == _RUNNING:      # (a stage holding a task is running or aborted)
-                msg = f"worker {worker} lost: {reason}" if reason else f"worker {worker} lost"
-                self._abort(t.stage, errors.WorkerLost(msg), out)
+        unassigned, their slots gone.  Without ``recover``, each unresolved
+        stage among them is aborted, in submission order.  With it, each
+        task of a running stage goes back to the front of its stage's queue
+        (in partition order), and the stage back into ``_ready`` at its
+        submission position.  A late report from the lost worker is ignored,
+        because ``_take`` checks the workers running the key; that assumes a
+        worker that rejoins gets a fresh id."""
+        if not self.recover:
+            for t in lost:
+                if t.stage.state == _RUNNING:      # (a stage holding a task is running or aborted)
+                    msg = f"worker {worker} lost: {reason}" if reason else f"worker {worker} lost"
+                    self._abort(t.stage, errors.WorkerLost(msg), out)
+            return
+        for t in reversed(lost):
+            st = t.stage
+            if st.state != _RUNNING:
+                continue
+            st.queue.appendleft(t.spec)
+            self._npending += 1
+            if st not in self._ready:
+                i = 0
+                while i < len(self._ready) and self._ready[i].seq < st.seq:
+                    i += 1
+                self._ready.insert(i, st)
 
     # ---- internals ----
 
-    def _take(self, key, worker):
-        """Unassign task ``key`` if ``worker`` runs it and free the slot;
-        None (and no change) for unknown, unassigned or late reports."""
-        t = self._tasks.get(key)
-        if t is None or t.worker.id != worker:
+    def _take(self, key, worker, out, skipped=False):
+        """Free the slot of ``worker``'s copy of task ``key`` and, if that
+        copy is the first to report, unassign the task (cancelling the other
+        copies) and return it; None for unknown or late reports, reports of
+        cancelled copies, and a skip (which un-assigns only that copy)."""
+        w = self._workers.get(worker)
+        if w is None or key not in w.tasks:
             return None
-        del self._tasks[key]
-        w = t.worker
         w.tasks.discard(key)
         w.load -= 1
         self._free += 1
         self._push_idle(w)
+        t = self._tasks.get(key)
+        if t is None or worker not in t.copies:
+            return None               # a cancelled copy
+        del t.copies[worker]
+        if skipped and t.copies:
+            return None               # another copy still runs
+        del self._tasks[key]
+        del t.stage.running[key]
+        for other in t.copies:
+            out.append(Cancel(key, other))
         return t
 
     def _abort(self, st, error, out, report=True):
@@ -339,6 +449,11 @@ class Scheduler:
         self._npending -= len(st.queue)
         st.queue.clear()              # its stage leaves _ready lazily, in _assign
         st.results = None
+        # Copies still running keep their slots until they report, but
+        # their reports count for nothing now.
+        for key, t in st.running.items():
+            del self._tasks[key]
+        st.running = {}
         if report:
             out.append(StageAborted(st.id, error))
 
@@ -381,13 +496,46 @@ class Scheduler:
                             break
                 w.tasks.add(spec.key)
                 w.load += 1
-                tasks[spec.key] = _Task(spec, st, w)
+                tasks[spec.key] = st.running[spec.key] = _Task(spec, st, w, self._now)
                 free -= 1
                 self._npending -= 1
                 if w.load < w.slots:
                     heappush(self._idle, (w.load, w.order, w))
                 out.append(Run(spec.key, w.id, st.id, spec.partition))
         self._free = free
+
+    def _speculate(self, out):
+        """Second copies of slow tasks (module docstring), oldest stage first."""
+        spec = self.speculation
+        for st in self._unresolved:
+            if self._free <= 0:
+                return
+            if st.state != _RUNNING or not st.running or len(st.times) < max(1, ceil(spec.quantile * st.ntasks)):
+                continue
+            limit = max(spec.multiplier * median(st.times), spec.min_runtime)
+            slow = [t for t in st.running.values()
+                    if not t.speculated and len(t.copies) == 1 and self._now - t.start > limit]
+            for t in sorted(slow, key=lambda t: t.start):
+                w = self._least_loaded(exclude=t.copies)
+                if w is None:
+                    break
+                t.speculated = True
+                t.copies[w.id] = w
+                w.tasks.add(t.spec.key)
+                w.load += 1
+                self._free -= 1
+                self._push_idle(w)
+                out.append(Run(t.spec.key, w.id, st.id, t.spec.partition))
+                if self._free <= 0:
+                    return
+
+    def _least_loaded(self, exclude):
+        best = None
+        for w in self._workers.values():
+            if w.id not in exclude and w.load < w.slots and (
+                    best is None or (w.load, w.order) < (best.load, best.order)):
+                best = w
+        return best
 
     def _preferred(self, prefer):
         """The least loaded live preferred worker with a free slot, or None."""
@@ -417,7 +565,8 @@ class Scheduler:
         return frozenset(self._workers)
 
     def running(self, worker):
-        """Keys assigned to ``worker`` and not yet reported (empty if unknown)."""
+        """Keys assigned to ``worker`` and not yet reported, cancelled copies
+        included (empty if unknown)."""
         w = self._workers.get(worker)
         return frozenset(w.tasks) if w is not None else frozenset()
 
@@ -433,5 +582,6 @@ class Scheduler:
         return self._npending
 
     def running_count(self):
-        """Tasks assigned to a live worker and not yet reported."""
-        return len(self._tasks)
+        """Task copies assigned to a live worker and not yet reported (those
+        of aborted stages and cancelled copies included: they hold slots)."""
+        return sum(w.load for w in self._workers.values())

@@ -162,7 +162,11 @@ uint32_t clamor_stage_current(void);
 int clamor_versions_gc(uint32_t min_stage);
 
 /* Worker: the stage of the task about to run; page requests carry it and
- * are answered with the page as that stage sees it. */
+ * are answered with the page as that stage sees it.  A stage older than the
+ * highest set so far (a lineage re-run) first needs the pages changed in
+ * between invalidated; until a newer stage is set again, this worker's page
+ * server answers peers' requests of newer stages with EAGAIN.  Task thread,
+ * between tasks. */
 void clamor_set_stage(uint32_t stage);
 /* Worker: drop this worker's copies of the listed pages (changed by the
  * driver); fetches of them in flight are discarded on arrival.  Memory is

@@ -123,8 +123,13 @@ void cl_version_stats(uint64_t *n, uint64_t *bytes);
 int cl_version_open(uintptr_t a, size_t len);
 void cl_version_reset(void);
 
-/* Stage of the task running in this worker (sent with every page request). */
-extern _Atomic uint32_t cl_worker_stage;
+/* Stage of the task running in this worker (sent with every page request),
+ * the highest stage it has run, and a counter bumped after every change of
+ * stage.  A worker re-running a task of an older stage (lineage recovery)
+ * is "rewound": it may hold old versions, so its page server refuses
+ * requests of newer stages (server.c). */
+extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
+extern _Atomic uint64_t cl_worker_view;
 /* Page word bit: invalidated while its fetch was in flight; the reply is
  * stale and must not be installed. */
 #define CL_PG_STALE 0x200u

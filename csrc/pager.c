@@ -80,9 +80,17 @@ static struct pager {
 } P = {.pipe_r = -1, .pipe_w = -1};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
-_Atomic uint32_t cl_worker_stage;
+_Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
+_Atomic uint64_t cl_worker_view;
 
-void clamor_set_stage(uint32_t stage) { atomic_store(&cl_worker_stage, stage); }
+void clamor_set_stage(uint32_t stage) {
+    if (atomic_load(&cl_worker_stage) == stage) return;
+    /* The stage first, then the view counter: a server that reads the new
+     * count also reads the new stage (server.c, serve_get). */
+    atomic_store(&cl_worker_stage, stage);
+    if (stage > atomic_load(&cl_worker_stage_top)) atomic_store(&cl_worker_stage_top, stage);
+    atomic_fetch_add(&cl_worker_view, 1);
+}
 static _Atomic uint32_t fetch_timeout_ms = 30000;
 
 void clamor_set_readahead(size_t bytes) { atomic_store(&readahead_bytes, bytes); }

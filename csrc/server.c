@@ -13,7 +13,9 @@
  * The driver answers with each page as the requester's stage sees it
  * (version.c).  A worker copies a page out of its fill view and checks that the
  * page was present before and after the copy, so a page dropped meanwhile is
- * never served half-old.
+ * never served half-old.  A worker re-running a task of an older stage
+ * (lineage recovery) holds old versions: until it moves on, it refuses
+ * requests of newer stages, and a change of stage during a copy voids it.
  *
  * Rate limit (for benchmarks): CLAMOR_SERVE_RATE=<bytes per second>, read
  * when the server starts, makes page replies leave no faster than a link of
@@ -96,12 +98,22 @@ static bool pages_held(uint64_t first, uint32_t count) {
     return true;
 }
 
+/* Worker: true if this worker is re-running an older stage than `stage`
+ * (its copies may be older versions than the requester may see).  *view
+ * gets the stage-change count read before the stage. */
+static bool rewound_for(uint32_t stage, uint64_t *view) {
+    *view = atomic_load(&cl_worker_view);
+    uint32_t cur = atomic_load(&cl_worker_stage);
+    return cur < atomic_load(&cl_worker_stage_top) && stage > cur;
+}
+
 static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     if (rq->index >= cl_region.npages || rq->count > cl_region.npages - rq->index) {
         reply_err(id, rq->tag, rq, ERANGE, "pages outside the region");
         return;
     }
     int self = -1;
+    uint64_t view = 0;
     if (cl_region.role == CLAMOR_ROLE_DRIVER) {
         self = cl_dir_peer_of(cl_zmq.msg_data(id), cl_zmq.msg_size(id));
         if (rq->flags & CL_WIRE_PEERMISS) cl_dir_miss(rq->index, rq->count, (int)rq->status - 1);
@@ -126,6 +138,10 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     } else {
         if (!pages_held(rq->index, rq->count)) {
             reply_err(id, rq->tag, rq, EAGAIN, "page not held by this peer");
+            return;
+        }
+        if (rewound_for(rq->stage, &view)) {
+            reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older stage");
             return;
         }
         src = cl_region.fill + off;
@@ -155,7 +171,10 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             return;
         }
         memcpy(cl_zmq.msg_data(&body), src, len);
-        if (!pages_held(rq->index, rq->count)) {
+        atomic_thread_fence(memory_order_acquire);
+        /* A change of stage during the copy may have swapped in an older
+         * version (a lineage re-run): refuse rather than risk mixing. */
+        if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view) {
             cl_zmq.msg_close(&body);
             reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
             return;

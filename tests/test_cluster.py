@@ -314,11 +314,11 @@ def test_cluster_left_open_is_closed_at_exit():
     assert len(pids) == 2 and wait_gone(pids, 5.0)
 
 
-def test_worker_killed_during_a_task_raises_worker_lost():
+def test_without_recovery_a_worker_killed_during_a_task_raises_worker_lost():
     out, err = run_json("""
         import json, logging, os, signal, threading, time, clamor
         logging.basicConfig(level=logging.WARNING)
-        with clamor.Cluster(workers=2, progress=False) as cl:
+        with clamor.Cluster(workers=2, progress=False, recover=False, replace_workers=False) as cl:
             victim = cl.worker_pids[0]
             killed = []
             def kill():
@@ -349,10 +349,10 @@ def test_worker_killed_during_a_task_raises_worker_lost():
     assert all(gone(p) for p in out["pids"])
 
 
-def test_after_losing_an_idle_worker_the_survivors_carry_on():
+def test_without_recovery_after_losing_an_idle_worker_the_survivors_carry_on():
     out, _ = run_json("""
         import json, os, signal, time, clamor
-        with clamor.Cluster(workers=2, progress=False) as cl:
+        with clamor.Cluster(workers=2, progress=False, recover=False, replace_workers=False) as cl:
             assert cl.range(10).sum() == 45
             os.kill(cl.worker_pids[1], signal.SIGKILL)
             time.sleep(0.3)

@@ -1,0 +1,494 @@
+"""Running stages on the driver: planning, the event loop, recovery.
+
+DESIGN.  The driver thread that calls an action does everything here: it
+plans stages (one per shuffle not yet computed, then the result stage),
+feeds events to the pure scheduler (clamor/scheduler.py) and carries out its
+instructions over the cluster's ROUTER socket.  Results become visible only
+when a stage finishes (the BSP barrier).
+
+A *job* is one logical stage: some partitions of a collection, computed at
+one *version* (the stage number whose page versions its tasks read).  A new
+stage begins a new version (the driver's writes since the last one are
+versioned and the changed pages listed for the workers to drop).  A lineage
+re-run is a job at an old version: the version at which the lost output was
+first made (clamor/lineage.py), so it reads exactly the bytes the original
+task read, even if the driver has updated the globals since.
+
+A job runs as one or more *attempts*, each a scheduler stage over the
+partitions still missing.  Before each attempt the driver makes sure the
+job's inputs exist: map outputs of the shuffles it reads, cached partitions
+it reads; lost ones are first recomputed by nested jobs at their own
+versions, as many stages back as needed.  A task that fetches a block from a
+peer that turns out to be gone fails with a FetchFailed (promptly: the
+driver tells every worker which peers are lost), the attempt is cancelled,
+inputs are recovered, and a new attempt runs what is still missing.  A
+result reported by any attempt counts, once per partition; a map output
+counts only while its worker lives.  A worker lost while running tasks has
+them re-queued by the scheduler (``recover``); a task lost with its worker
+``max_attempts`` times, or a job needing more than ``max_attempts``
+attempts, fails with WorkerLost.
+
+Worker-side page versions: a worker keeps pages across stages; before each
+task it drops the pages changed between the version its copies reflect and
+the task's version, in either direction, so a re-run of an old version sees
+old bytes and the next new task sees new ones again.
+"""
+import collections
+import logging
+import os
+import pickle
+import signal
+import time
+
+import numpy as np
+import psutil
+import zmq
+
+from . import errors, region, serialize
+from .collection import Parallel, Shuffled
+from .progress import StageProgress
+from .scheduler import (Cancel, Run, StageAborted, StageCancelled, StageFinished, StageSubmitted, TaskDone,
+                        TaskFailed, TaskSkipped, Tick, TaskSpec, WorkerJoined, WorkerLost)
+
+log = logging.getLogger("clamor")
+
+
+class _InputsLost(Exception):
+    """Internal: the running attempt lost an input or an output; retry."""
+
+
+class _Job:
+    __slots__ = ("kind", "node", "parent", "action", "arg", "parts", "version", "results", "losses", "stat",
+                 "bar", "reads", "rerun", "attempts", "asids", "sent")
+
+    def __init__(self, kind, node, parent, action, arg, parts, version, rerun):
+        self.kind, self.node, self.parent, self.action, self.arg = kind, node, parent, action, arg
+        self.parts, self.version, self.rerun = list(parts), version, rerun
+        self.results = {}                       # partition -> value (map jobs: worker id)
+        self.losses = collections.Counter()     # partition -> times lost with a worker
+        self.reads = (set(), set())             # (shuffle ids, cache keys) the tasks fetch
+        self.attempts = 0
+        self.asids = []                         # its attempts' scheduler stage ids
+        self.sent = set()                       # task keys sent at least once
+
+    @property
+    def computes(self):
+        """The collection whose partitions the tasks compute."""
+        return self.node.deps[self.parent] if self.kind == "map" else self.node
+
+
+class Stages:
+    """The part of Cluster that runs stages (see the module docstring)."""
+
+    # -- planning -----------------------------------------------------------------------
+    def _run_action(self, node, kind, arg, partitions=None):
+        self._check()
+        for st in self._plan(node):
+            self._run_job("map", st[0], parent=st[1])
+        parts = list(range(node.num_partitions)) if partitions is None else partitions
+        return self._run_job("result", node, action=kind, arg=arg, parts=parts)
+
+    def _plan(self, node):
+        """Map stages never computed that ``node`` needs, dependencies first."""
+        out, seen = [], set()
+        lin = self._lineage
+
+        def cached_everywhere(c):
+            return c.cached and all((c.id, p) in lin.cache_made for p in range(c.num_partitions))
+
+        def visit(c):
+            if c.id in seen or cached_everywhere(c):
+                return
+            seen.add(c.id)
+            for i, d in enumerate(c.deps):
+                visit(d)
+                if isinstance(c, Shuffled) and c.shuffle_ids[i] not in lin.shuffles:
+                    out.append((c, i))
+        visit(node)
+        return out
+
+    def _begin_stage(self):
+        """Number the next stage and end the driver's epoch: pages written
+        since the last stage are versioned, and the changed ones listed for
+        the workers to drop."""
+        self._drop_forgotten()
+        # notice workers that died while the cluster was idle, before giving
+        # them tasks
+        for ins in self._check_liveness():
+            if isinstance(ins, StageAborted):
+                raise ins.error
+        sid = region.stage_current() + 1
+        changed = region.stage_begin(sid)
+        if changed.size:
+            self._changes[sid] = changed
+        # Versions older than anything a recorded output was made at (lost
+        # ones included) are of no use: lineage re-runs read at that version.
+        oldest = self._lineage.oldest_version(sid)
+        region.versions_gc(oldest)
+        keep_from = min([oldest] + [w["seen"] for w in self._workers.values()])
+        for s in [s for s in self._changes if s <= keep_from]:
+            del self._changes[s]
+        return sid
+
+    def _invalidations(self, w, version):
+        """Pages worker ``w`` must drop before a task at ``version``: those
+        changed at every stage boundary between the version its copies
+        reflect and ``version`` (either way: a re-run goes back)."""
+        lo, hi = sorted((w["seen"], version))
+        w["seen"] = version
+        parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
+        if not parts:
+            return b""
+        return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
+
+    # -- jobs and attempts ----------------------------------------------------------
+    def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None):
+        rerun = version is not None
+        if version is None:
+            version = self._begin_stage()
+        if kind == "map":
+            parts = list(range(node.deps[parent].num_partitions)) if parts is None else parts
+            self._lineage.shuffle_started(node.shuffle_ids[parent], node.deps[parent].num_partitions, version)
+        job = _Job(kind, node, parent, action, arg, parts, version, rerun)
+        self._lineage.note_graph(node)
+        if rerun:
+            self._totals["recovery_jobs"] += 1
+            log.info("recomputing %d partition(s) of %r at stage %d", len(parts), job.computes, version)
+        try:
+            self._run_attempts(job)
+        finally:
+            for a in job.asids:    # late reports of its tasks now only free slots
+                self._jobs.pop(a, None)
+        if kind == "map":
+            sid = node.shuffle_ids[parent]
+            for p in job.parts:
+                self._lineage.map_output(sid, p, job.results[p])
+            return None
+        return [job.results[p] for p in job.parts]
+
+    def _run_attempts(self, job):
+        kind = job.kind
+        while True:
+            self._ensure_inputs(job)
+            if kind == "map":   # an output is only as good as its worker
+                for p in [p for p, w in job.results.items() if w not in self._workers]:
+                    del job.results[p]
+            missing = [p for p in job.parts if p not in job.results]
+            if not missing:
+                break
+            if job.attempts >= self.max_attempts:
+                raise errors.WorkerLost(f"stage {version}: gave up after {job.attempts} attempts lost to failed "
+                                        f"workers ({len(missing)} of {len(job.parts)} partitions missing)")
+            job.attempts += 1
+            try:
+                self._attempt(job, missing)
+            except _InputsLost as err:
+                log.info("stage %d: %s; retrying what is missing", job.version, err)
+                continue
+
+    def _ensure_inputs(self, job):
+        """Recompute, at their own versions, the lost outputs ``job`` reads."""
+        for _ in range(self.max_attempts * 4):
+            shuffled, lost_cache, reads = self._lineage.needs(job.computes, job.parts,
+                                                              recompute=job.action == "cache")
+            todo = False
+            for c in shuffled:
+                for i, sid in enumerate(c.shuffle_ids):
+                    miss = self._lineage.missing_maps(sid)
+                    if miss:
+                        todo = True
+                        self._run_job("map", c, parent=i, parts=miss, version=self._lineage.shuffle_made[sid])
+            for version in sorted(lost_cache):
+                for c, ps in lost_cache[version].items():
+                    todo = True
+                    self._run_job("result", c, action="cache", parts=ps, version=version)
+            if not todo:
+                job.reads = reads
+                return
+        raise errors.WorkerLost("inputs of a stage kept being lost while they were recomputed")
+
+    def _attempt(self, job, missing):
+        asid = next(self._attempt_ids)
+        node = job.node
+        desc = f"stage {job.version}: " + ("shuffle map" if job.kind == "map" else job.action)
+        if job.rerun:
+            desc += " (recomputing lost partitions)"
+        payload = serialize.dumps({"kind": job.kind, "node": node, "parent": job.parent, "action": job.action,
+                                   "arg": job.arg, "locs": self._locs()})
+        sources = _sources(job.computes)
+        extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}) for p in missing}
+        lineage = _cached_ids(node)
+        nparts = len(job.parts)
+        tasks = []
+        for p in missing:
+            cached = tuple({w for (c, q), w in self._lineage.cache.items() if q == p and c in lineage})
+            # Otherwise the worker that last ran partition p of a stage this
+            # wide: iterative jobs re-read the same region pages, which that
+            # worker holds already.
+            last = self._affinity.get((nparts, p))
+            prefer = cached or ((last,) if last in self._workers else ())
+            tasks.append(TaskSpec((asid, p), asid, p, prefer))
+        stat = {"stage": job.version, "kind": job.kind if job.kind == "map" else job.action, "tasks": len(tasks),
+                "durations": [], "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,
+                "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values()),
+                "attempt": job.attempts, "rerun": job.rerun}
+        job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
+        self._jobs[asid] = job
+        job.asids.append(asid)
+        t0 = time.perf_counter()
+        log.debug("%s: %d tasks (attempt %d)", desc, len(tasks), job.attempts)
+        try:
+            self._drive(asid, job, tuple(tasks), payload, extras)
+        finally:
+            job.bar.close()
+            stat["duration_s"] = time.perf_counter() - t0
+            self._record(stat)
+
+    def _drive(self, asid, job, tasks, payload, extras):
+        """Submit attempt ``asid`` and run the event loop until it ends."""
+        self._current = (asid, payload, extras)
+        self._trouble = None
+        pending = collections.deque(self._sched.handle(StageSubmitted(asid, tasks)))
+        next_check = time.monotonic() + 0.5
+        alone_since = None
+        try:
+            while True:
+                while pending:
+                    ins = pending.popleft()
+                    if isinstance(ins, Run):
+                        self._send_task(ins)
+                    elif isinstance(ins, Cancel):
+                        if ins.worker in self._workers:
+                            self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])
+                        self._totals["copies_cancelled"] += 1
+                    elif isinstance(ins, StageAborted) and ins.stage_id == asid:
+                        raise ins.error
+                    elif isinstance(ins, StageFinished) and ins.stage_id == asid:
+                        return
+                if self._trouble is not None:
+                    err, self._trouble = self._trouble, None
+                    raise err
+                if all(p in job.results for p in job.parts):
+                    return        # the rest are duplicates of other attempts' tasks
+                job.bar.update(0)
+                if self._sock.poll(100):
+                    pending.extend(self._sched.handle(Tick(time.monotonic())))
+                    for _ in range(10000):
+                        try:
+                            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        pending.extend(self._on_message(frames))
+                elif self.speculation is not None:
+                    pending.extend(self._sched.handle(Tick(time.monotonic())))
+                if time.monotonic() >= next_check:
+                    pending.extend(self._check_liveness())
+                    next_check = time.monotonic() + 0.5
+                    if self._workers:
+                        alone_since = None
+                    elif alone_since is None:
+                        alone_since = time.monotonic()
+                    elif time.monotonic() - alone_since > self.start_timeout:
+                        raise errors.WorkerLost(f"no live workers for {self.start_timeout}s")
+        finally:
+            self._current = self._trouble = None
+            self._sched.handle(StageCancelled(asid))
+            # Runs not sent yet: their slots would never be reported free.
+            for ins in pending:
+                if isinstance(ins, Run):
+                    self._sched.handle(TaskSkipped(ins.key, ins.worker))
+
+
+    def _send_task(self, ins):
+        asid, payload, extras = self._current
+        job = self._jobs[asid]
+        if ins.key in job.sent:
+            self._totals["speculative_copies"] += 1
+        job.sent.add(ins.key)
+        w = self._workers[ins.worker]
+        first = ins.stage_id not in w["stages"]
+        w["stages"].add(ins.stage_id)
+        version = job.version
+        inval = self._invalidations(w, version) if w["seen"] != version else b""
+        self._sock.send_multipart([ins.worker, b"TASK", pickle.dumps(ins.key), str(ins.stage_id).encode(),
+                                   str(version).encode(), payload if first else b"", extras[ins.partition], inval])
+
+    def _locs(self):
+        eps = {w: info["blocks"] for w, info in self._workers.items()}
+        lin = self._lineage
+        return {"shuffle": {s: [eps.get(w) for w in locs] for s, locs in lin.shuffles.items()},
+                "cache": {k: eps[w] for k, w in lin.cache.items() if w in eps}}
+
+    # -- messages -----------------------------------------------------------------------
+    def _on_message(self, frames):
+        ident, kind = frames[0], frames[1]
+        if kind == b"HB":
+            wid = frames[2]
+            if wid in self._workers:
+                self._workers[wid]["last_hb"] = time.monotonic()
+            return []
+        if kind == b"HELLO":
+            return self._joined(ident, pickle.loads(frames[2]))
+        w = self._workers.get(ident)
+        if w is None:       # a worker already declared lost: nothing it says counts
+            return []
+        w["last_hb"] = time.monotonic()
+        if kind == b"DONE":
+            key = pickle.loads(frames[2])
+            res = serialize.loads(frames[3])
+            w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
+            job = self._jobs.get(key[0])
+            if job is not None:
+                for cid, p in res["cached"]:
+                    self._lineage.cached(cid, p, ident, job.version)
+                if key[1] not in job.results:
+                    # a map task's result is where its buckets are: the worker itself
+                    job.results[key[1]] = ident if job.kind == "map" else res["value"]
+                    self._affinity[(len(job.parts), key[1])] = ident
+                    stat = job.stat
+                    if "durations" in stat:   # (an earlier attempt's stats are closed)
+                        stat["durations"].append(res["duration"])
+                        for k in ("faults", "bytes_from_driver", "bytes_from_peers"):
+                            stat[k] += res[k]
+                        job.bar.update()
+                else:
+                    self._totals["duplicate_results"] += 1
+            return self._sched.handle(TaskDone(key, ident, None))
+        if kind == b"SKIP":
+            return self._sched.handle(TaskSkipped(pickle.loads(frames[2]), ident))
+        if kind == b"FAIL":
+            key = pickle.loads(frames[2])
+            msg, tb, missing = pickle.loads(frames[3])
+            if missing is None:
+                return self._sched.handle(TaskFailed(key, ident, errors.TaskError(msg, tb)))
+            # A block this task needed could not be fetched.
+            if not self.recover:
+                return self._sched.handle(TaskFailed(key, ident, errors.WorkerLost(msg)))
+            by_ep = {info["blocks"]: wid for wid, info in self._workers.items()}
+            for ep, block in missing:
+                if ep in by_ep:
+                    self._lineage.lose_block(by_ep[ep], block)
+            if self._current is not None and key[0] == self._current[0]:
+                self._trouble = self._trouble or _InputsLost(msg)
+            return self._sched.handle(TaskSkipped(key, ident))
+        return []
+
+    def _joined(self, wid, info):
+        if wid in self._workers or wid not in self._expected:
+            return []
+        self._expected.discard(wid)
+        info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current())
+        self._workers[wid] = info
+        replacement = int(wid[1:]) >= self.nworkers
+        log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
+        return self._sched.handle(WorkerJoined(wid, self.slots))
+
+    # -- losing workers -----------------------------------------------------------------
+    def _check_liveness(self):
+        out = []
+        now = time.monotonic()
+        for wid, info in list(self._workers.items()):
+            reason = None
+            try:
+                proc = psutil.Process(info["pid"])
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    reason = "process exited"
+            except psutil.NoSuchProcess:
+                reason = "process gone"
+            if reason is None and now - info["last_hb"] > self.heartbeat_timeout:
+                reason = f"no heartbeat for {now - info['last_hb']:.1f}s"
+            if reason:
+                out.extend(self._lose(wid, reason))
+        return out
+
+    def _lose(self, wid, reason):
+        info = self._workers.pop(wid)
+        log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
+        self._totals["workers_lost"] += 1
+        try:   # one that stopped answering may still run: it must not come back
+            os.kill(info["pid"], signal.SIGKILL)
+            os.waitpid(info["pid"], os.WNOHANG)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        if info.get("pages"):
+            region.forget_peer(info["pages"])
+        running = self._sched.running(wid)
+        shuffles, keys = self._lineage.lose_worker(wid)
+        for other in self._workers:   # fetches from it fail at once rather than time out
+            self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]])])
+        out = self._sched.handle(WorkerLost(wid, reason))
+        if self.replace_workers and not self._closed:
+            self._spawn_worker()
+        if self.recover and self._current is not None:
+            self._trouble = self._trouble or self._loss_trouble(wid, reason, running, shuffles, keys)
+        return out
+
+    def _loss_trouble(self, wid, reason, running, shuffles, keys):
+        """What losing ``wid`` means for the running attempt: None (its
+        tasks were re-queued), _InputsLost (retry), or WorkerLost (give up)."""
+        asid = self._current[0]
+        job = self._jobs[asid]
+        for key in running:
+            if key[0] == asid:
+                job.losses[key[1]] += 1
+                self._totals["tasks_rerun"] += 1
+                if job.losses[key[1]] >= self.max_attempts:
+                    return errors.WorkerLost(f"partition {key[1]} of stage {job.version} was lost with its worker "
+                                             f"{job.losses[key[1]]} times (last: worker {wid.decode()}: {reason})")
+        if not self._workers and not self.replace_workers:
+            return errors.WorkerLost(f"no live workers (worker {wid.decode()} lost: {reason})")
+        read_shuffles, read_cache = job.reads
+        outputs_lost = job.kind == "map" and any(w == wid for w in job.results.values())
+        if outputs_lost or shuffles & read_shuffles or keys & read_cache:
+            return _InputsLost(f"worker {wid.decode()} lost: {reason}")
+        return None
+
+    # -- dropping blocks ----------------------------------------------------------------
+    def _forget(self, prefix):
+        # Called by a finalizer, so at any moment and in any thread: only
+        # note it; the blocks are dropped before the next stage.
+        self._forgotten.append(prefix)
+
+    def _drop_forgotten(self):
+        drops = []
+        while self._forgotten:
+            prefix = self._forgotten.popleft()
+            drops.append(prefix)
+            self._lineage.forget(*prefix)
+        if drops:
+            for wid in self._workers:
+                self._sock.send_multipart([wid, b"DROP", pickle.dumps(drops)])
+
+    def _drop_cache(self, cid):
+        if self._closed or not self._started:
+            return
+        self._lineage.forget("cache", cid)
+        for wid in self._workers:
+            self._sock.send_multipart([wid, b"DROP", pickle.dumps([("cache", cid)])])
+
+
+def _cached_ids(node):
+    out, stack = set(), [node]
+    while stack:
+        c = stack.pop()
+        if c.cached:
+            out.add(c.id)
+        stack.extend(c.deps)
+    return out
+
+
+def _sources(node):
+    """Parallel sources reachable from ``node`` within its stage (not across
+    a shuffle), whose per-partition data travels with each task."""
+    out, stack, seen = [], [node], set()
+    while stack:
+        c = stack.pop()
+        if c.id in seen:
+            continue
+        seen.add(c.id)
+        if isinstance(c, Parallel):
+            out.append(c)
+        if not isinstance(c, Shuffled):
+            stack.extend(c.deps)
+    return out
+
