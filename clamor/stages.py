@@ -253,6 +253,9 @@ class Stages:
         alone_since = None
         try:
             while True:
+                if self._trouble is not None:     # before sending anything more
+                    err, self._trouble = self._trouble, None
+                    raise err
                 while pending:
                     ins = pending.popleft()
                     if isinstance(ins, Run):
@@ -265,9 +268,6 @@ class Stages:
                         raise ins.error
                     elif isinstance(ins, StageFinished) and ins.stage_id == asid:
                         return
-                if self._trouble is not None:
-                    err, self._trouble = self._trouble, None
-                    raise err
                 if all(p in job.results for p in job.parts):
                     return        # the rest are duplicates of other attempts' tasks
                 job.bar.update(0)
