@@ -201,6 +201,11 @@ class Cluster(Stages):
                 self._sock.send_multipart([wid, b"STOP"], flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+        for wid in getattr(self, "_expected", ()):   # still starting: nothing to finish
+            try:
+                os.kill(self._pid_of[wid], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + timeout
         for pid in self._pids:
             while True:

@@ -25,7 +25,7 @@ import gc
 import threading
 
 from . import errors, region
-from ._native import check, ffi, lib
+from ._native import check, lib
 
 _installed = False
 _lock = threading.Lock()

@@ -14,13 +14,12 @@ reads the region at the output's own version, never the current one.
 When a worker is lost its outputs are marked lost, not forgotten: the
 version stays, so a later stage that needs them can have them recomputed
 (``needs``).  Records go only when the collection or shuffle is dropped
-(``forget``).  Collections are held by weak references, so lineage never
-keeps a user's collection alive.
+(``forget``, when the collection or shuffle is garbage-collected or
+unpersisted).  The collections themselves are never held here: a stage's
+graph, walked by ``needs``, holds every collection a re-run may need.
 
 Nothing here does I/O; the cluster (clamor/cluster.py) asks and acts.
 """
-import weakref
-
 from .collection import Shuffled
 
 
@@ -30,24 +29,8 @@ class Lineage:
         self.shuffle_made = {}  # shuffle id -> version (stage) its map tasks read at
         self.cache = {}         # (collection id, partition) -> worker id holding it
         self.cache_made = {}    # (collection id, partition) -> version; kept while lost
-        self._nodes = {}        # collection id -> weakref to the collection
 
     # -- recording --------------------------------------------------------------------
-    def note_graph(self, node):
-        """Remember every collection reachable from ``node`` (weakly), so that
-        its lost partitions can be recomputed later."""
-        stack = [node]
-        while stack:
-            c = stack.pop()
-            if c.id in self._nodes:
-                continue
-            self._nodes[c.id] = weakref.ref(c)
-            stack.extend(c.deps)
-
-    def node(self, cid):
-        ref = self._nodes.get(cid)
-        return ref() if ref is not None else None
-
     def shuffle_started(self, shuffle_id, nmaps, version):
         if shuffle_id not in self.shuffles:
             self.shuffles[shuffle_id] = [None] * nmaps
@@ -147,7 +130,3 @@ class Lineage:
     def missing_maps(self, shuffle_id):
         """Map partitions of ``shuffle_id`` whose output is lost."""
         return [m for m, w in enumerate(self.shuffles.get(shuffle_id, ())) if w is None]
-
-    def holders(self):
-        """Worker ids holding any output (for the payload's block locations)."""
-        return {w for locs in self.shuffles.values() for w in locs if w is not None} | set(self.cache.values())

@@ -150,7 +150,6 @@ class Stages:
             parts = list(range(node.deps[parent].num_partitions)) if parts is None else parts
             self._lineage.shuffle_started(node.shuffle_ids[parent], node.deps[parent].num_partitions, version)
         job = _Job(kind, node, parent, action, arg, parts, version, rerun)
-        self._lineage.note_graph(node)
         if rerun:
             self._totals["recovery_jobs"] += 1
             log.info("recomputing %d partition(s) of %r at stage %d", len(parts), job.computes, version)
@@ -177,7 +176,7 @@ class Stages:
             if not missing:
                 break
             if job.attempts >= self.max_attempts:
-                raise errors.WorkerLost(f"stage {version}: gave up after {job.attempts} attempts lost to failed "
+                raise errors.WorkerLost(f"stage {job.version}: gave up after {job.attempts} attempts lost to failed "
                                         f"workers ({len(missing)} of {len(job.parts)} partitions missing)")
             job.attempts += 1
             try:

@@ -1,5 +1,4 @@
 """Globals across stages: caching, driver updates, invalidation, versions."""
-import json
 
 DRIVER = """
 import json, os, sys, threading, time
