@@ -187,11 +187,11 @@ class Speculation:
 
     def __post_init__(self):
         if not self.multiplier >= 1.0:
-            raise ValueError(f"speculation multiplier must be >= 1, not {self.multiplier!r}")
+            raise errors.ConfigError(f"speculation multiplier must be >= 1, not {self.multiplier!r}")
         if not 0.0 < self.quantile <= 1.0:
-            raise ValueError(f"speculation quantile must be in (0, 1], not {self.quantile!r}")
+            raise errors.ConfigError(f"speculation quantile must be in (0, 1], not {self.quantile!r}")
         if not self.min_runtime >= 0.0:
-            raise ValueError(f"speculation min_runtime must be >= 0, not {self.min_runtime!r}")
+            raise errors.ConfigError(f"speculation min_runtime must be >= 0, not {self.min_runtime!r}")
 
 
 @dataclass(frozen=True)

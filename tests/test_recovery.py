@@ -316,3 +316,18 @@ def test_speculation_rescues_a_stage_from_a_straggler():
     assert out["copies"] >= 1 and out["copies_off"] == 0, out
     assert out["spec"] <= 2.0 * out["base"], out         # the bound
     assert out["nospec"] >= 1.5 * out["spec"], out        # and measurably slower without it
+
+
+@pytest.mark.parametrize("kw", [{"speculation": "yes"}, {"speculation": 1.5}, {"max_attempts": 0},
+                                {"max_attempts": True}, {"max_attempts": 2.0}])
+def test_bad_recovery_settings_are_config_errors(kw):
+    import clamor
+    with pytest.raises(clamor.ConfigError):
+        clamor.Cluster(workers=1, **kw)
+
+
+@pytest.mark.parametrize("kw", [{"multiplier": 0.5}, {"quantile": 0.0}, {"quantile": 1.5}, {"min_runtime": -1}])
+def test_bad_speculation_thresholds_are_config_errors(kw):
+    import clamor
+    with pytest.raises(clamor.ConfigError):
+        clamor.Speculation(**kw)
