@@ -135,6 +135,7 @@ class Cluster(Stages):
         self._pids = []         # every worker process ever forked, reaped at close
         self._pid_of = {}
         self._expected = set()  # forked, HELLO not yet received
+        self._start_failures = 0  # replacements in a row that died before joining
         self._wids = itertools.count()
         self._lineage = Lineage()
         self._jobs = {}         # attempt (scheduler stage id) -> its job

@@ -376,6 +376,7 @@ class Stages:
         if wid in self._workers or wid not in self._expected:
             return []
         self._expected.discard(wid)
+        self._start_failures = 0
         info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current())
         self._workers[wid] = info
         replacement = int(wid[1:]) >= self.nworkers
@@ -398,6 +399,30 @@ class Stages:
                 reason = f"no heartbeat for {now - info['last_hb']:.1f}s"
             if reason:
                 out.extend(self._lose(wid, reason))
+        for wid in list(self._expected):   # a replacement that died before its HELLO
+            pid = self._pid_of[wid]
+            try:
+                dead = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                dead = True
+            if dead:
+                self._expected.discard(wid)
+                self._totals["workers_lost"] += 1
+                self._start_failures += 1
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                if self._start_failures > self.max_attempts:
+                    log.error("worker %s (pid %d) died while starting; %d replacements have failed to start, "
+                              "not forking more", wid.decode(), pid, self._start_failures)
+                    if self._current is not None and not self._workers and not self._expected:
+                        self._trouble = self._trouble or errors.WorkerLost(
+                            f"no live workers ({self._start_failures} replacements died while starting)")
+                    continue
+                log.warning("worker %s (pid %d) died while starting", wid.decode(), pid)
+                if self.replace_workers and not self._closed:
+                    self._spawn_worker()
         return out
 
     def _lose(self, wid, reason):

@@ -213,19 +213,59 @@ def test_replacement_workers_join_and_take_tasks():
         with clamor.Cluster(workers=2, progress=False) as cl:
             before = cl.worker_pids
             os.kill(before[0], signal.SIGKILL)
-            t0 = time.monotonic()
             total = cl.range(200, partitions=20).map(lambda x: (x, os.getpid())).collect()
+            # (speculative copies may finish that job before the loss is noticed)
+            deadline = time.monotonic() + 30
+            while before[0] in cl.worker_pids and time.monotonic() < deadline:
+                cl._check_liveness()
+                time.sleep(0.05)
+            after = cl.worker_pids
+
+            def slow_sum(it):
+                time.sleep(0.05)                      # long enough for the replacement to join
+                return [(sum(it), os.getpid())]
+            again = cl.range(200, partitions=20).map_partitions(slow_sum).collect()
+            ran_on = sorted({pid for _, pid in total})
+            ran_again = sorted({pid for _, pid in again})
+            rec = cl.stats()["recovery"]
+        print(json.dumps({"before": before, "after": after, "ran_on": ran_on, "ran_again": ran_again,
+                          "sum": sum(x for x, _ in total), "sum2": sum(x for x, _ in again), "rec": rec}))
+        """)
+    assert out["sum"] == out["sum2"] == sum(range(200))
+    assert out["before"][0] not in out["after"] and len(out["after"]) == 2
+    assert out["rec"]["workers_lost"] == 1 and out["rec"]["workers_replaced"] == 1
+    assert out["before"][0] not in out["ran_on"] + out["ran_again"]
+    replacement = [p for p in out["after"] if p not in out["before"]]
+    assert replacement and replacement[0] in out["ran_again"]      # the replacement takes tasks
+    assert all(gone(p) for p in out["before"] + out["after"])
+
+
+def test_a_replacement_killed_before_it_joins_is_noticed_and_replaced():
+    out, _ = run_json("""
+        import json, os, signal, time, clamor
+        with clamor.Cluster(workers=2, progress=False) as cl:
+            first = cl.worker_pids
+            os.kill(first[0], signal.SIGKILL)
+            while len(cl._workers) == 2:              # the driver notices and forks a replacement
+                cl._check_liveness()
+                time.sleep(0.01)
+            starting = [p for p in cl.worker_pids if p not in first]
+            os.kill(starting[0], signal.SIGKILL)      # before its HELLO is read: never joined
+            total = cl.range(200, partitions=20).map(lambda x: (x, os.getpid())).collect()
+            time.sleep(0.6)
+            cl._check_liveness()
             after = cl.worker_pids
             ran_on = sorted({pid for _, pid in total})
             rec = cl.stats()["recovery"]
-        print(json.dumps({"before": before, "after": after, "ran_on": ran_on,
+        print(json.dumps({"first": first, "starting": starting, "after": after, "ran_on": ran_on,
                           "sum": sum(x for x, _ in total), "rec": rec}))
         """)
     assert out["sum"] == sum(range(200))
-    assert out["before"][0] not in out["after"] and len(out["after"]) == 2
-    assert out["rec"]["workers_lost"] == 1 and out["rec"]["workers_replaced"] == 1
-    assert out["before"][0] not in out["ran_on"]
-    assert all(gone(p) for p in out["before"] + out["after"])
+    assert len(out["starting"]) == 1
+    assert out["rec"]["workers_lost"] == 2 and out["rec"]["workers_replaced"] == 2, out
+    assert len(out["after"]) == 2 and not set(out["after"]) & {out["first"][0], out["starting"][0]}
+    assert out["starting"][0] not in out["ran_on"] and out["first"][0] not in out["ran_on"]
+    assert all(gone(p) for p in out["first"] + out["starting"] + out["after"])
 
 
 def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
