@@ -219,13 +219,21 @@ class Stages:
         lineage = _cached_ids(node)
         nparts = len(job.parts)
         tasks = []
+        # A worker is preferred for at most its fair share of the stage, so
+        # a replacement (or any worker that ran nothing here before) is not
+        # left idle while another holds every partition's affinity.
+        share = -(-len(missing) // max(1, len(self._workers)))
+        affine = collections.Counter()
         for p in missing:
             cached = tuple({w for (c, q), w in self._lineage.cache.items() if q == p and c in lineage})
             # Otherwise the worker that last ran partition p of a stage this
             # wide: iterative jobs re-read the same region pages, which that
             # worker holds already.
             last = self._affinity.get((nparts, p))
-            prefer = cached or ((last,) if last in self._workers else ())
+            prefer = cached
+            if not prefer and last in self._workers and affine[last] < share:
+                affine[last] += 1
+                prefer = (last,)
             tasks.append(TaskSpec((asid, p), asid, p, prefer))
         stat = {"stage": job.version, "kind": job.kind if job.kind == "map" else job.action, "tasks": len(tasks),
                 "durations": [], "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,

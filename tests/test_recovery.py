@@ -268,6 +268,39 @@ def test_a_replacement_killed_before_it_joins_is_noticed_and_replaced():
     assert all(gone(p) for p in out["first"] + out["starting"] + out["after"])
 
 
+def test_a_replacement_gets_its_share_of_an_iterative_job():
+    # Partitions keep to the worker that ran them last (its pages are warm),
+    # but no worker is preferred for more than its share: after a loss the
+    # survivor ran every partition, and the replacement must not stay idle.
+    out, _ = run_json("""
+        import json, os, signal, time, clamor
+        def where(it):
+            time.sleep(0.2)
+            return [(sum(it), os.getpid())]
+        with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
+            data = cl.range(1000, partitions=2)
+            first = data.map_partitions(where).collect()
+            victim = cl.worker_pids[0]
+            os.kill(victim, signal.SIGKILL)
+            lost = data.map_partitions(where).collect()
+            deadline = time.monotonic() + 30
+            while len(cl._expected) + len(cl._workers) < 2 or victim in cl.worker_pids:
+                assert time.monotonic() < deadline
+                cl._check_liveness()
+                time.sleep(0.05)
+            rounds = [data.map_partitions(where).collect() for _ in range(3)]
+            pids = cl.worker_pids
+        print(json.dumps({"first": first, "lost": lost, "rounds": rounds, "victim": victim, "pids": pids}))
+        """)
+    total = sum(range(1000))
+    assert sum(s for s, _ in out["lost"]) == total
+    assert {p for _, p in out["lost"]} == {p for p in {p for _, p in out["first"]} if p != out["victim"]}
+    # the replacement joins during the first round; from the next one on, each worker runs one partition
+    for r in out["rounds"][1:]:
+        assert sum(s for s, _ in r) == total
+        assert sorted(p for _, p in r) == sorted(out["pids"]), out
+
+
 def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
     out, _ = run_json("""
         import json, os, time, clamor
