@@ -511,6 +511,7 @@ int clamor_pager_start(const char *endpoint) {
         rc = cl_err(rc, "pthread_create: %s", strerror(rc));
         goto err;
     }
+    pthread_setname_np(P.th, "clamor-pager"); /* for top -H, perf and bench/scan.py's CPU figures */
     P.running = true;
     atomic_store(&cl_fault_wake_fd, fds[1]);
     return 0;
