@@ -133,6 +133,10 @@ extern _Atomic uint32_t cl_worker_stage;
 /* Page word bit: invalidated while its fetch was in flight; the reply is
  * stale and must not be installed. */
 #define CL_PG_STALE 0x200u
+/* Page word bit (WANTED pages with waiters): the reply is here and the
+ * pager is writing and opening the page; waiters spin instead of sleeping,
+ * so that their wake-up overlaps that work (fault.c, pager.c). */
+#define CL_PG_ARRIVING 0x400u
 
 /* ---- page directory (directory.c, driver) --------------------------------- */
 

@@ -331,6 +331,25 @@ static int write_pages(void *sock, uint64_t first, size_t len) {
     return rc;
 }
 
+/* The bytes of [first, first+count) are here: wake their waiters now, so
+ * that their wake-up (9-14 us here) overlaps the pwrite and the mprotect
+ * instead of following them; they spin until the pages open (fault.c).
+ * Measured in one process, alternating pages: ~8 us less per fault. */
+static void announce(uint64_t first, uint32_t count) {
+    for (uint64_t i = first; i < first + count; i++) {
+        _Atomic uint32_t *w = &cl_region.pages[i];
+        uint32_t s = atomic_load(w);
+        for (;;) {
+            if (CL_PG_STATE(s) != CL_PG_WANTED || !(s & CL_PG_WAITERS) || (s & (CL_PG_ARRIVING | CL_PG_STALE)))
+                break;
+            if (atomic_compare_exchange_weak(w, &s, s | CL_PG_ARRIVING)) {
+                cl_futex_wake(w);
+                break;
+            }
+        }
+    }
+}
+
 static void on_reply(void *sock) {
     cl_zmq_msg m;
     cl_zmq.msg_init(&m);
@@ -375,7 +394,10 @@ static void on_reply(void *sock) {
     int rc = EBADMSG, more = 0;
     size_t sz = sizeof more;
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
-    if (h.index == q->first && h.count == q->count && more) rc = write_pages(sock, q->first, len);
+    if (h.index == q->first && h.count == q->count && more) {
+        announce(q->first, q->count);
+        rc = write_pages(sock, q->first, len);
+    }
     cl_zmq_drain(sock);
     if (rc) {
         if (from_peer && rc == EBADMSG) {
