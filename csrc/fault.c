@@ -7,9 +7,9 @@
  * sched_yield(2) and fallocate(2) (plain system calls) to give the page its
  * memory while the request is on the wire, futex(2) to sleep until the
  * pager opens the page (or a bounded spin once the bytes have arrived),
- * write(2) and abort(3) for a fatal error.  No
- * Python, no libzmq, no malloc, no lock.  errno is
- * saved and restored.  The pager does the network work (pager.c).
+ * write(2) and abort(3) for a fatal error.  No Python, no libzmq, no
+ * malloc, no lock.  errno is saved and restored.  The pager does the
+ * network work (pager.c).
  *
  * Faults outside the region, and signals sent with kill(2)/raise(3), go to
  * the handler that was installed before clamor's, in its own calling
