@@ -195,6 +195,30 @@ def tcp_rate(total, msg, mode):
             child.wait()
 
 
+# ---- CPU time by thread ---------------------------------------------------------------
+
+def thread_cpu():
+    """{thread name: CPU seconds} of this process, from /proc/self/task
+    (threads of the same name are summed: clamor-pager, clamor-server,
+    ZMQbg/IO/0, python for the interpreter's own)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                s = f.read()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        name = s[s.index("(") + 1:s.rindex(")")]
+        fields = s[s.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
+def cpu_delta(before, after):
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
+
+
 # ---- the scan, run on the worker ----------------------------------------------------
 
 def scan_task(ref, readahead, warm):
@@ -213,12 +237,14 @@ def scan_task(ref, readahead, warm):
     last = (addr + x.nbytes - 1 - region.base()) // ps
     region.drop_pages(first, last - first + 1)  # cold: nothing present
     clamor.reset_stats()
+    cpu0 = thread_cpu()
     t = time.perf_counter()
     s = float(x.sum())
     cold = time.perf_counter() - t
+    cpu = cpu_delta(cpu0, thread_cpu())
     st = clamor.stats()
     out = {"sum": s, "cold_s": cold, "stats": st, "readahead": region.configure()["readahead"],
-           "page_size": ps}
+           "page_size": ps, "cpu": cpu}
     if warm:
         t = time.perf_counter()
         s2 = float(x.sum())
@@ -287,14 +313,17 @@ def main(argv=None):
             tcp = tcp_rate(tcp_total, args.tcp_msg, "stream")
             rr = tcp_rate(tcp_total, args.tcp_msg, "reqrep")
             fresh = tcp_rate(tcp_total, args.tcp_msg, "fresh")
+            dcpu0 = thread_cpu()
             res = ts.run(scan_task, ref, args.readahead, True, timeout=600)
+            dcpu = cpu_delta(dcpu0, thread_cpu())  # includes the worker's warm sum: the driver idles then
             ok = res["sum"] == want and res["warm_sum"] == want
             if not ok:
                 raise SystemExit(f"scan: wrong sum on the worker: {res['sum']!r} (warm {res['warm_sum']!r}), "
                                  f"driver {want!r}")
             st = res["stats"]
             cold, warm = size / res["cold_s"] / 1e9, size / res["warm_s"] / 1e9
-            rounds.append({"tcp": tcp, "reqrep": rr, "fresh": fresh, "cold": cold, "warm": warm, "res": res})
+            rounds.append({"tcp": tcp, "reqrep": rr, "fresh": fresh, "cold": cold, "warm": warm, "res": res,
+                           "driver_cpu": dcpu})
             print(f"{r:>5} {tcp:>10.2f} {rr:>11.2f} {fresh:>9.2f} {cold:>9.2f} {warm:>9.2f} {cold / tcp:>6.2f} "
                   f"{st['faults']:>7} {st['pages_fetched']:>7} {st['readahead_pages']:>7} "
                   f"{st['fetch_requests']:>6} {st['fetch_errors']:>5} {st['fetch_p50_us']:>7.0f}", flush=True)
@@ -306,6 +335,10 @@ def main(argv=None):
     last = rounds[-1]["res"]
     st = last["stats"]
     fresh_gbps = med("fresh")
+    per_gib = lambda d: {k: round(v * GIB / size, 3) for k, v in d.items()}  # noqa: E731
+    wcpu, dcpu = per_gib(last["cpu"]), per_gib(rounds[-1]["driver_cpu"])
+    print("CPU seconds per GiB scanned (last round): worker " + ", ".join(f"{k} {v:.2f}" for k, v in wcpu.items())
+          + "; driver " + ", ".join(f"{k} {v:.2f}" for k, v in dcpu.items()))
     print(f"median: scan {scan_gbps:.2f} GB/s vs loopback TCP stream {tcp_gbps:.2f} GB/s -> ratio "
           f"{scan_gbps / tcp_gbps:.2f} (target >= 0.5); vs TCP into fresh memfd pages {fresh_gbps:.2f} GB/s -> "
           f"{scan_gbps / fresh_gbps:.2f}; read-ahead {human(last['readahead'])}, page {human(page_size)}")
@@ -336,6 +369,8 @@ def main(argv=None):
         "reps": reps,
         "scan_gbps_all": [round(x["cold"], 3) for x in rounds],
         "tcp_gbps_all": [round(x["tcp"], 3) for x in rounds],
+        "worker_cpu_s_per_gib": wcpu,
+        "driver_cpu_s_per_gib": dcpu,
         "verified": True,
     }
     print(json.dumps(out))

@@ -107,8 +107,13 @@ void cl_alloc_reset(void);
 
 /* Wake fd the handler writes a page index to (-1: no pager). */
 extern _Atomic int cl_fault_wake_fd;
-/* Index bit set by the handler when the page was HELD (read-ahead marker). */
+/* Words on the pager's pipe: a page index; with CL_REQ_MARKER, set by the
+ * handler when the page was HELD (read-ahead marker); or a run of pages from
+ * clamor_prefetch(): CL_REQ_RANGE | count << 40 | first. */
 #define CL_REQ_MARKER (1ull << 63)
+#define CL_REQ_RANGE (1ull << 62)
+#define CL_REQ_INDEX ((1ull << 40) - 1)
+#define CL_REQ_MAXRUN 0x3fffffull
 
 /* ---- page versions (version.c, driver) ------------------------------------ */
 
@@ -133,6 +138,10 @@ extern _Atomic uint64_t cl_worker_view;
 /* Page word bit: invalidated while its fetch was in flight; the reply is
  * stale and must not be installed. */
 #define CL_PG_STALE 0x200u
+/* Page word bit (WANTED pages with waiters): the reply is here and the
+ * pager is writing and opening the page; waiters spin instead of sleeping,
+ * so that their wake-up overlaps that work (fault.c, pager.c). */
+#define CL_PG_ARRIVING 0x400u
 
 /* ---- page directory (directory.c, driver) --------------------------------- */
 

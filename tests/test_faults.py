@@ -240,3 +240,60 @@ os.kill(os.getpid(), 9)
         time.sleep(0.1)
     else:
         raise AssertionError("a local worker outlived its driver by 5 s")
+
+
+def test_pages_land_whole_at_their_offset_and_a_short_reply_is_fatal(py):
+    # The pager writes each reply into the worker's memfd at the pages' offset
+    # (pwrite) before it opens them.  A page server of our own answers every
+    # GET with a byte pattern of the page's index, and one page with a frame
+    # one byte short: the pattern must arrive whole at the right pages, and
+    # the short reply must end in the malformed-reply fatal error, never in a
+    # page opened half-written.
+    p = py(DRIVER + """
+import struct, zmq
+region.init()
+real = region.serve()
+a = clamor.array(np.zeros(1 << 20, dtype=np.uint8))     # 16 pages of 64 KiB
+ps = region.page_size()
+first = (a.ctypes.data - region.base()) // ps
+short = first + 9
+ctx = zmq.Context()
+fake = ctx.socket(zmq.ROUTER); port = fake.bind_to_random_port("tcp://127.0.0.1")
+up = ctx.socket(zmq.DEALER); up.connect(real)
+stop = threading.Event()
+def serve():
+    while not stop.is_set():
+        if not fake.poll(100):
+            continue
+        frames = fake.recv_multipart()
+        ident, hdr = frames[0], frames[1]
+        magic, ver, typ, flags, status, stage, idx, count, tag = struct.unpack("<IBBHIIQII", hdr)
+        if typ == 4:                                        # HELLO: the real geometry
+            up.send(hdr); frames_up = up.recv_multipart()
+            fake.send_multipart([ident] + frames_up)
+        elif typ == 1:                                      # GET: our own bytes
+            body = b"".join(bytes([(i % 251) + 1]) * ps for i in range(idx, idx + count))
+            if idx <= short < idx + count:
+                body = body[:-1]
+            rep = struct.pack("<IBBHIIQII", magic, ver, 2, 0, 0, stage, idx, count, tag)
+            fake.send_multipart([ident, rep, body])
+t = threading.Thread(target=serve, daemon=True); t.start()
+with TaskServer(page_endpoint=f"tcp://127.0.0.1:{port}") as ts:
+    ts.spawn(1)
+    def read(r, pages):
+        clamor.configure(readahead=0)
+        x = r.get()
+        return [[int(x[k * ps]), int(x[k * ps + ps - 1])] for k in pages]
+    got = ts.run(read, clamor.ref(a), [0, 3, 4, 15])
+    want = [[((first + k) % 251) + 1] * 2 for k in (0, 3, 4, 15)]
+    assert got == want, (got, want)
+    print("PATTERN OK", flush=True)
+    try:
+        ts.run(read, clamor.ref(a), [9])
+    except clamor.WorkerLost as e:
+        print("LOST", e, flush=True)
+stop.set(); t.join()
+""", timeout=90)
+    assert "PATTERN OK" in p.stdout, p.stdout + p.stderr
+    assert "LOST" in p.stdout, p.stdout + p.stderr
+    assert "malformed reply from the page server" in p.stderr, p.stderr
