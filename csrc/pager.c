@@ -16,8 +16,13 @@
  * page asks for B more, so a sequential scan keeps B..2B pages in flight and
  * rarely waits.  B = readahead bytes / 2.
  *
+ * Replication: the driver may answer with REDIRECT to a peer, and its
+ * replies carry hints that send later fetches straight to a peer (peers.c).
+ * A peer that fails or stays silent sends the fetch back to the driver.
+ *
  * Pipe messages are 8-byte words: a page index, with CL_REQ_MARKER when the
- * page was HELD, or a range (RANGE bit, count in bits 40..61) from prefetch.
+ * page was HELD, or a range (CL_REQ_RANGE, count in bits 40..61) from
+ * clamor_prefetch (prefetch.c).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -35,7 +40,6 @@
 
 #define MAX_INFLIGHT 64
 #define PENDING_CAP 8192
-#define MSG_RANGE (1ull << 62)
 #define MSG_STOP UINT64_MAX
 #define IDX_MASK ((1ull << 40) - 1)
 
@@ -51,9 +55,9 @@ struct req {
     uint64_t sent_ns;
     uint64_t first_ns; /* when the first request went out (latency) */
     int peer;          /* -1: asked the driver; else the peer it was sent to */
+    bool direct;       /* sent to that peer on a hint, not on a redirect */
 };
 
-#define MAXPEERS 64
 #define PEER_TIMEOUT_NS 1000000000ull /* a silent peer: ask the driver instead */
 
 struct run {
@@ -76,7 +80,6 @@ static struct pager {
     unsigned phead, plen;
     uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
     unsigned nrecent;
-    void *peer[MAXPEERS];        /* DEALER per peer page server, by driver's number */
 } P = {.pipe_r = -1, .pipe_w = -1};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
@@ -150,11 +153,13 @@ static int send_one(struct run *r) {
     while (P.inflight[slot].used) slot++;
     struct req *q = &P.inflight[slot];
     q->gen++;
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .index = r->first, .count = r->count,
-                            .stage = atomic_load(&cl_worker_stage), .tag = (uint32_t)q->gen << 16 | slot};
+    uint32_t stage = atomic_load(&cl_worker_stage);
+    int peer = cl_hints_peer(r->first, r->count, stage);
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = peer >= 0 ? CL_WIRE_DIRECT : 0, .index = r->first,
+                            .count = r->count, .stage = stage, .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
-    if (cl_zmq.send(P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
+    if (cl_zmq.send(peer >= 0 ? cl_peer_sock(peer) : P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
@@ -164,10 +169,12 @@ static int send_one(struct run *r) {
     q->kind = r->kind;
     q->marker = r->marker;
     q->sent_ns = q->first_ns = cl_now_ns();
-    q->peer = -1;
+    q->peer = peer;
+    q->direct = peer >= 0;
     q->used = 1;
     P.ninflight++;
     CL_COUNT(fetch_requests, 1);
+    if (peer >= 0) CL_COUNT(peer_direct, 1);
     return 0;
 }
 
@@ -274,35 +281,35 @@ static void send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, u
     q->sent_ns = cl_now_ns();
 }
 
-/* The peer did not deliver: ask the driver, which forgets that holder. */
-static void back_to_driver(struct req *q, unsigned slot) {
+/* The peer did not deliver: ask the driver, which forgets that holder
+ * unless the peer only ran another stage (`missing` false).  After a hint
+ * the driver may still redirect; after a redirect it serves the page. */
+static void back_to_driver(struct req *q, unsigned slot, bool missing) {
     uint32_t peer = (uint32_t)q->peer + 1;
+    uint16_t flags = (missing ? CL_WIRE_PEERMISS : 0) | (q->direct ? 0 : CL_WIRE_NOREDIRECT);
     q->peer = -1;
+    q->direct = false;
     CL_COUNT(peer_fallbacks, 1);
-    send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS, peer);
+    send_get(P.sock, q, slot, flags, missing ? peer : 0);
 }
 
-static void follow_redirect(struct req *q, unsigned slot, uint32_t peer) {
+static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_hdr *h) {
     char ep[256];
     int n = cl_zmq.recv(P.sock, ep, sizeof ep - 1, 0);
+    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.sock, h->stage);
     cl_zmq_drain(P.sock);
-    if (n <= 0 || n >= (int)sizeof ep || peer >= MAXPEERS) {
+    void *s = NULL;
+    if (n > 0 && n < (int)sizeof ep) {
+        ep[n] = '\0';
+        s = cl_peer_connect(P.ctx, (int)h->status, ep);
+    }
+    if (!s) {
         send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
         return;
     }
-    ep[n] = '\0';
-    if (!P.peer[peer]) {
-        P.peer[peer] = cl_zmq_socket(P.ctx, CL_ZMQ_DEALER);
-        if (!P.peer[peer] || cl_zmq.connect(P.peer[peer], ep) != 0) {
-            if (P.peer[peer]) cl_zmq.close(P.peer[peer]);
-            P.peer[peer] = NULL;
-            send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
-            return;
-        }
-    }
-    q->peer = (int)peer;
+    q->peer = (int)h->status;
     CL_COUNT(redirects, 1);
-    send_get(P.peer[peer], q, slot, 0, 0);
+    send_get(s, q, slot, 0, 0);
 }
 
 static void on_reply(void *sock) {
@@ -319,18 +326,18 @@ static void on_reply(void *sock) {
     struct req *q = slot < MAX_INFLIGHT ? &P.inflight[slot] : NULL;
     bool from_peer = sock != P.sock;
     if (!q || !q->used || q->gen != (uint16_t)(h.tag >> 16) ||
-        (from_peer ? q->peer < 0 || P.peer[q->peer] != sock : q->peer >= 0)) { /* late or foreign */
+        (from_peer ? q->peer < 0 || cl_peer_sock(q->peer) != sock : q->peer >= 0)) { /* late or foreign */
         cl_zmq_drain(sock);
         return;
     }
     bool demanded = q->kind != K_AHEAD;
     if (!bad && !from_peer && h.type == CL_WIRE_REDIRECT) {
-        follow_redirect(q, slot, h.status);
+        follow_redirect(q, slot, &h);
         return;
     }
-    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused */
+    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other stage */
         cl_zmq_drain(sock);
-        back_to_driver(q, slot);
+        back_to_driver(q, slot, bad || h.type != CL_WIRE_ERROR || h.status != ESTALE);
         return;
     }
     if (bad || (h.type != CL_WIRE_PAGES && h.type != CL_WIRE_ERROR)) {
@@ -351,10 +358,11 @@ static void on_reply(void *sock) {
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
     if (h.index == q->first && h.count == q->count && more)
         got = cl_zmq.recv(sock, cl_region.fill + ((size_t)q->first << cl_region.page_shift), len, 0);
+    if (got == (int)len && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
     cl_zmq_drain(sock);
     if (got != (int)len) {
         if (from_peer) {
-            back_to_driver(q, slot);
+            back_to_driver(q, slot, true);
             return;
         }
         fail_run(q->first, q->count, EBADMSG, demanded);
@@ -380,7 +388,8 @@ static void check_timeouts(void) {
     for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
         struct req *q = &P.inflight[i];
         if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
-            back_to_driver(q, i);
+            cl_peer_silent(q->peer); /* no more hinted requests to it in this stage */
+            back_to_driver(q, i, true);
             continue;
         }
         if (q->used && now - q->first_ns > lim) {
@@ -400,7 +409,7 @@ static void drain_pipe(void) {
         for (ssize_t i = 0; i < n / 8; i++) {
             uint64_t v = buf[i];
             if (v == MSG_STOP) atomic_store(&P.stop, 1);
-            else if (v & MSG_RANGE) on_range(v & IDX_MASK, (uint32_t)((v >> 40) & 0x3fffff));
+            else if (v & CL_REQ_RANGE) on_range(v & IDX_MASK, (uint32_t)((v >> 40) & 0x3fffff));
             else if (v & CL_REQ_MARKER) on_marker(v & ~CL_REQ_MARKER);
             else on_demand(v);
         }
@@ -410,10 +419,8 @@ static void drain_pipe(void) {
 static void *pager_main(void *arg) {
     (void)arg;
     while (!atomic_load(&P.stop)) {
-        cl_zmq_pollitem it[2 + MAXPEERS] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
-        int n = 2;
-        for (int i = 0; i < MAXPEERS; i++)
-            if (P.peer[i]) it[n++] = (cl_zmq_pollitem){P.peer[i], 0, CL_ZMQ_POLLIN, 0};
+        cl_zmq_pollitem it[2 + CL_PEERS_MAX] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
+        int n = 2 + cl_peer_pollitems(it + 2);
         long timeout = P.ninflight ? 100 : 1000;
         if (P.plen >= PENDING_CAP - 2 * 256) it[1].events = 0;
         if (cl_zmq.poll(it, n, timeout) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
@@ -466,7 +473,7 @@ int clamor_pager_start(const char *endpoint) {
         rc = cl_err(EINVAL, "cannot connect the pager to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
         goto err;
     }
-    memset(P.peer, 0, sizeof P.peer);
+    cl_peer_close_all(false);
     const char *mine = clamor_server_endpoint();
     if (*mine) { /* name our page server, so the driver may send peers to it */
         struct cl_wire_hdr h = {.type = CL_WIRE_REGISTER};
@@ -506,9 +513,7 @@ int clamor_pager_stop(void) {
     atomic_store(&P.stop, 1);
     if (write(P.pipe_w, &stop, sizeof stop) < 0) { /* the flag alone stops it within a poll period */ }
     pthread_join(P.th, NULL);
-    for (int i = 0; i < MAXPEERS; i++)
-        if (P.peer[i]) cl_zmq.close(P.peer[i]);
-    memset(P.peer, 0, sizeof P.peer);
+    cl_peer_close_all(false);
     cl_zmq.close(P.sock);
     cl_zmq.ctx_term(P.ctx);
     P.sock = P.ctx = NULL;
@@ -535,73 +540,9 @@ int cl_pager_stop_after_fork(void) {
     if (P.pipe_w >= 0) close(P.pipe_w);
     P.pipe_r = P.pipe_w = -1;
     P.sock = P.ctx = NULL;
-    memset(P.peer, 0, sizeof P.peer); /* abandoned with the parent's libzmq state */
+    cl_peer_close_all(true); /* abandoned with the parent's libzmq state */
     P.running = false;
     P.plen = P.ninflight = 0;
-    return 0;
-}
-
-/* ---- prefetch ---------------------------------------------------------------- */
-
-static int wait_page(uint64_t i) {
-    _Atomic uint32_t *w = &cl_region.pages[i];
-    uint64_t start = cl_now_ns(), lim = ((uint64_t)clamor_fetch_timeout_ms() + 5000) * 1000000ull;
-    for (;;) {
-        uint32_t s = atomic_load(w);
-        switch (CL_PG_STATE(s)) {
-        case CL_PG_PRESENT: return 0;
-        case CL_PG_ERROR: return CL_PG_ERRNO(s);
-        case CL_PG_WANTED:
-            if (!(s & CL_PG_WAITERS) && !atomic_compare_exchange_weak(w, &s, s | CL_PG_WAITERS)) continue;
-            cl_futex_wait(w, s | CL_PG_WAITERS, 1000);
-            break;
-        default: /* ABSENT (dropped meanwhile) or HELD: ask again */
-            if (atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) {
-                uint64_t msg = CL_PG_STATE(s) == CL_PG_HELD ? i | CL_REQ_MARKER : i;
-                int fd = atomic_load(&cl_fault_wake_fd);
-                if (fd < 0 || write(fd, &msg, sizeof msg) != sizeof msg) return ENOTCONN;
-            }
-        }
-        if (cl_now_ns() - start > lim) return ETIMEDOUT;
-    }
-}
-
-int clamor_prefetch(const void *addr, size_t len) {
-    uintptr_t a = (uintptr_t)addr;
-    if (cl_region.role == CLAMOR_ROLE_DRIVER && a - cl_region.base <= cl_region.size &&
-        len <= cl_region.size - (a - cl_region.base))
-        return cl_version_open(a, len); /* write-protected between stages */
-    if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(ENXIO, "no region in this process");
-    if (len == 0) return 0;
-    if (a - cl_region.base >= cl_region.size || len > cl_region.size - (a - cl_region.base))
-        return cl_err(EFAULT, "prefetch range %p+%zu is not inside the region", addr, len);
-    int fd = atomic_load(&cl_fault_wake_fd);
-    if (fd < 0) return cl_err(ENOTCONN, "no pager is running in this process");
-    uint64_t first = cl_page_of(a), end = cl_page_of(a + len - 1) + 1;
-    /* Claim absent pages and post them as ranges; one pipe word per run. */
-    for (uint64_t i = first; i < end;) {
-        uint64_t s = i;
-        while (i < end && i - s < 0x3fffff) {
-            uint32_t exp = CL_PG_ABSENT;
-            if (!atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_WANTED)) break;
-            i++;
-        }
-        if (i > s) {
-            uint64_t msg = MSG_RANGE | ((i - s) << 40) | s;
-            while (write(fd, &msg, sizeof msg) != sizeof msg) {
-                if (errno != EAGAIN && errno != EINTR) return cl_err(ENOTCONN, "pager pipe: %s", strerror(errno));
-                usleep(100);
-            }
-        } else {
-            i++;
-        }
-    }
-    for (uint64_t i = first; i < end; i++) {
-        int rc = wait_page(i);
-        if (rc)
-            return cl_err(rc, "page %lu (region offset 0x%lx) could not be fetched: %s", (unsigned long)i,
-                          (unsigned long)(i << cl_region.page_shift), strerror(rc));
-    }
     return 0;
 }
 
