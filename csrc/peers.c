@@ -86,6 +86,10 @@ void cl_peer_silent(int k) {
 /* Read the hints frame that follows on `sock` (the driver's reply to a
  * request of `stage`); a malformed one is ignored. */
 void cl_hints_take(void *sock, uint32_t stage) {
+    int more = 0;
+    size_t sz = sizeof more;
+    /* never read past the reply: a flag without its frame is only ignored */
+    if (cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz) != 0 || !more) return;
     cl_zmq_msg m;
     cl_zmq.msg_init(&m);
     if (cl_zmq.msg_recv(&m, sock, CL_ZMQ_DONTWAIT) < 0) goto out;
