@@ -153,6 +153,9 @@ def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
         "bytes_from_driver": st["bytes_from_driver"],
         "peer_bytes_by_worker": sorted(rep["bytes_served_by_peer"].values(), reverse=True),
         "redirects": drv["redirects"] - drv0["redirects"],
+        # holder hints the driver sent with its replies (not in driver_bytes: pages only)
+        "hint_bytes": drv["hint_bytes"] - drv0["hint_bytes"],
+        "direct_requests": rep["direct_requests"],
         "redirect_hit_rate": rep["redirect_hit_rate"],
         "peer_fallbacks": sum(o[5] for o in {o[2]: o for o in out}.values()),
         "evictions": sum(o[4] for o in {o[2]: o for o in out}.values()),
@@ -178,13 +181,14 @@ def mib(n):
 def show(policy, r):
     print(f"  {policy:>12} {r['time_s']:8.2f} s  driver {mib(r['driver_bytes']):9.1f} MiB  "
           f"peers {mib(r['peer_bytes']):9.1f} MiB (received {mib(r['bytes_from_peers']):8.1f})  "
-          f"redirects {r['redirects']:6d}  hit {r['redirect_hit_rate']:5.3f}  table/worker {r['coverage']:4.2f}  "
+          f"redirects {r['redirects']:6d}  direct {r['direct_requests']:6d}  hints {mib(r['hint_bytes']):5.1f} MiB  hit {r['redirect_hit_rate']:5.3f}  table/worker {r['coverage']:4.2f}  "
           f"cpu s driver {r['driver_cpu_s']:5.2f} workers {r['workers_cpu_s']:5.2f}  "
           f"per worker served {[round(mib(b)) for b in r['peer_bytes_by_worker']]} MiB", flush=True)
 
 
 def medians(rows):
     keys = ("time_s", "driver_bytes", "peer_bytes", "bytes_from_peers", "bytes_from_driver", "redirects",
+            "direct_requests", "hint_bytes",
             "redirect_hit_rate", "peer_fallbacks", "evictions", "task_s_max", "coverage", "driver_cpu_s",
             "workers_cpu_s")
     return {k: statistics.median(r[k] for r in rows) for k in keys} | {"runs": len(rows)}

@@ -296,13 +296,17 @@ class Cluster(Stages):
         out["workers"] = len(getattr(self, "_workers", {}))
         drv = out["driver"] = region.stats()
         ws = getattr(self, "_workers", {})
-        followed = sum(w.get("followed", 0) for w in ws.values())
+        # a peer asked on a redirect or straight on a hint; a fallback is either kind that failed
+        direct = sum(w.get("direct", 0) for w in ws.values())
+        followed = sum(w.get("followed", 0) for w in ws.values()) + direct
         fallbacks = sum(w.get("fallbacks", 0) for w in ws.values())
         out["replication"] = {
             "policy": self.replication,
             "bytes_served_by_driver": drv["bytes_served"],
             "bytes_served_by_peer": {w.decode(): info.get("served", 0) for w, info in ws.items()},
             "redirects": drv["redirects"],
+            "direct_requests": direct,
+            "hint_bytes": drv["hint_bytes"],
             "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
         }
         out["recovery"] = {k: self._totals[k] for k in (

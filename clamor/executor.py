@@ -321,7 +321,7 @@ class Runtime:
                    - (before["bytes_fetched"] - before["bytes_from_peers"]),
                    "bytes_from_peers": after["bytes_from_peers"] - before["bytes_from_peers"],
                    "served": after["bytes_served"], "redirects": after["redirects"],
-                   "fallbacks": after["peer_fallbacks"]}
+                   "direct": after["peer_direct"], "fallbacks": after["peer_fallbacks"]}
             self.sock.send_multipart([b"DONE", key, serialize.dumps(res)])
         except BaseException as err:  # SystemExit from user code too: report it, keep the worker
             missing = err.missing if isinstance(err, FetchFailed) else None

@@ -286,7 +286,7 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
-                "peer_fallbacks", "latency_count")
+                "peer_fallbacks", "peer_direct", "hint_bytes", "latency_count")
 
 
 def stats():

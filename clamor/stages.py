@@ -344,6 +344,7 @@ class Stages:
             key = pickle.loads(frames[2])
             res = serialize.loads(frames[3])
             w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
+            w["direct"] = res.get("direct", 0)
             job = self._jobs.get(key[0])
             if job is not None:
                 for cid, p in res["cached"]:

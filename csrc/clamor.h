@@ -204,10 +204,12 @@ struct clamor_stats {
     uint64_t pages_unchanged; /* driver: of those, identical at the next stage */
     uint64_t versions;        /* driver: page versions held */
     uint64_t version_bytes;
-    uint64_t pages_from_peers; /* worker: pages fetched from a peer after a redirect */
+    uint64_t pages_from_peers; /* worker: pages fetched from a peer (redirect or hint) */
     uint64_t bytes_from_peers;
     uint64_t redirects;       /* driver: requests sent to a peer; worker: redirects followed */
-    uint64_t peer_fallbacks;  /* worker: redirects that ended at the driver after all */
+    uint64_t peer_fallbacks;  /* worker: redirects and hinted requests that ended at the driver after all */
+    uint64_t peer_direct;     /* worker: requests sent straight to a peer on a hint */
+    uint64_t hint_bytes;      /* driver: bytes of holder hints sent with replies */
     uint64_t latency_count;   /* fetch latencies recorded */
     double latency_p50_us;
     double latency_p99_us;

@@ -21,6 +21,15 @@
  * it recently, decayed; the paper names this as future work).  The random
  * generator is xorshift64*, seeded from the clock and the process id.
  *
+ * Hints: a redirect costs the requester a second round trip, which on a
+ * CPU-bound machine costs more than the driver saves.  So each reply to a
+ * registered worker's request of the current stage carries, for the next
+ * window of its sweep over the pages held so far, one holder per page (a
+ * uniform pick among holders other than the requester), and the worker sends
+ * a later fetch of such a page straight to that peer (peers.c).  A hint is a
+ * guess: the peer serves it only if it holds the page and runs that same
+ * stage (server.c), else the requester asks here as before.
+ *
  * Only the page-server thread touches the directory, except the stage call,
  * which clears holders under dir_lock.
  */
@@ -33,6 +42,7 @@
 #include "internal.h"
 
 #define MAXPEERS 64
+#define HINT_WINDOW 1024 /* pages per reply: 1 KiB against a 64 KiB page */
 
 static struct {
     uint64_t *holders;          /* per page: bitmap of peers */
@@ -45,7 +55,9 @@ static struct {
         char endpoint[200];
         double load;
         uint64_t redirects, misses;
+        uint64_t hint_next; /* where its hint sweep goes on */
     } peer[MAXPEERS];
+    uint64_t hi;                /* pages at or past it were never recorded held */
     uint64_t rng;
     uint64_t redirects, misses;
 } D;
@@ -137,6 +149,7 @@ int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, cons
 /* The driver served [first, first+count) at the current version to `peer`. */
 void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer) {
     if (peer < 0 || !D.holders || !cl_version_active()) return;
+    if (first + count > D.hi) D.hi = first + count;
     for (uint64_t p = first; p < first + count; p++) {
         if (stage && stage < D.changed_at[p]) continue; /* it got an old version */
         __atomic_or_fetch(&D.holders[p], 1ull << peer, __ATOMIC_SEQ_CST);
@@ -145,6 +158,42 @@ void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer) {
          * setting the bit closes the race. */
         if (cl_version_open_now(p)) __atomic_and_fetch(&D.holders[p], ~(1ull << peer), __ATOMIC_SEQ_CST);
     }
+}
+
+/* Fill out (8 + up to CL_WIRE_MAX_HINTS bytes, wire.h) with the hints for
+ * a reply to `self`'s request of `stage`; returns the length, 0 for none.
+ * Only for the current stage: the worker uses them only while it stays in
+ * the stage they name, so an old-stage request never leads to a peer. */
+size_t cl_dir_hints(int self, uint32_t stage, uint8_t *out, size_t cap) {
+    if (!D.policy || !D.holders || self < 0 || self >= D.npeers || !cl_version_active() || stage == 0 ||
+        stage != clamor_stage_current() || D.hi == 0 || cap <= 8)
+        return 0;
+    uint64_t live = 0;
+    for (int i = 0; i < D.npeers; i++)
+        if (D.peer[i].endpoint[0]) live |= 1ull << i;
+    live &= ~(1ull << self);
+    if (!live) return 0;
+    uint64_t first = D.peer[self].hint_next, n = cap - 8;
+    if (n > HINT_WINDOW) n = HINT_WINDOW;
+    if (first >= D.hi) first = 0;
+    if (n > D.hi - first) n = D.hi - first;
+    D.peer[self].hint_next = first + n;
+    bool any = false;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t m = __atomic_load_n(&D.holders[first + i], __ATOMIC_RELAXED) & live;
+        uint8_t k = 0;
+        if (m) {
+            if (m & (m - 1)) { /* several: a uniform one spreads the load */
+                for (uint64_t j = rnd() % (uint64_t)__builtin_popcountll(m); j; j--) m &= m - 1;
+            }
+            k = (uint8_t)(__builtin_ctzll(m) + 1);
+            any = true;
+        }
+        out[8 + i] = k;
+    }
+    if (!any) return 0;
+    for (int b = 0; b < 8; b++) out[b] = (uint8_t)(first >> (8 * b));
+    return 8 + n;
 }
 
 void cl_dir_page_written(uint64_t p) {

@@ -150,6 +150,7 @@ int cl_dir_peer_of(const void *id, size_t idlen);
 int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint);
 void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer);
 void cl_dir_miss(uint64_t first, uint32_t count, int peer);
+size_t cl_dir_hints(int self, uint32_t stage, uint8_t *out, size_t cap);
 void cl_dir_changed(uint64_t p, uint32_t stage);
 void cl_dir_reset(void);
 void cl_dir_forget_all(void);
@@ -163,6 +164,19 @@ void cl_dir_page_written(uint64_t p);
 /* ---- pager and server ---------------------------------------------------- */
 
 int cl_pager_stop_after_fork(void);
+
+/* ---- the pager's peers and hints (peers.c; pager thread only) ------------ */
+
+#define CL_PEERS_MAX 64
+struct cl_zmq_pollitem;
+void *cl_peer_sock(int k);
+void *cl_peer_connect(void *ctx, int k, const char *endpoint);
+int cl_peer_pollitems(struct cl_zmq_pollitem *it); /* room for CL_PEERS_MAX */
+void cl_peer_close_all(bool abandon);
+void cl_peer_silent(int k);
+void cl_hints_take(void *sock, uint32_t stage);
+int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
+
 int cl_server_stop_after_fork(void);
 /* Ask the pager to fetch [first, first+count) pages (already WANTED). */
 int cl_pager_enqueue(uint64_t idx);
@@ -173,7 +187,7 @@ struct cl_counters {
     _Atomic uint64_t faults, pages_fetched, bytes_fetched, readahead_pages,
         fetch_requests, fetch_errors, pages_served, bytes_served,
         requests_served, bad_requests, evictions, pages_dropped, pages_logged, pages_unchanged,
-        pages_invalidated, pages_from_peers, bytes_from_peers, redirects, peer_fallbacks;
+        pages_invalidated, pages_from_peers, bytes_from_peers, redirects, peer_fallbacks, peer_direct, hint_bytes;
 };
 extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)

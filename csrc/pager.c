@@ -17,6 +17,10 @@
  * page asks for B more, so a sequential scan keeps B..2B pages in flight and
  * rarely waits.  B = readahead bytes / 2.
  *
+ * Replication: the driver may answer with REDIRECT to a peer, and its
+ * replies carry hints that send later fetches straight to a peer (peers.c).
+ * A peer that fails or stays silent sends the fetch back to the driver.
+ *
  * Pipe messages are 8-byte words (internal.h): a page index, with
  * CL_REQ_MARKER when the page was HELD, or a range from clamor_prefetch()
  * (prefetch.c).
@@ -51,9 +55,9 @@ struct req {
     uint64_t sent_ns;
     uint64_t first_ns; /* when the first request went out (latency) */
     int peer;          /* -1: asked the driver; else the peer it was sent to */
+    bool direct;       /* sent to that peer on a hint, not on a redirect */
 };
 
-#define MAXPEERS 64
 #define PEER_TIMEOUT_NS 1000000000ull /* a silent peer: ask the driver instead */
 
 struct run {
@@ -76,7 +80,6 @@ static struct pager {
     unsigned phead, plen;
     uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
     unsigned nrecent;
-    void *peer[MAXPEERS];        /* DEALER per peer page server, by driver's number */
 } P = {.pipe_r = -1, .pipe_w = -1};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
@@ -153,11 +156,13 @@ static int send_one(struct run *r) {
     while (P.inflight[slot].used) slot++;
     struct req *q = &P.inflight[slot];
     q->gen++;
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .index = r->first, .count = r->count,
-                            .stage = atomic_load(&cl_worker_stage), .tag = (uint32_t)q->gen << 16 | slot};
+    uint32_t stage = atomic_load(&cl_worker_stage);
+    int peer = cl_hints_peer(r->first, r->count, stage);
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = peer >= 0 ? CL_WIRE_DIRECT : 0, .index = r->first,
+                            .count = r->count, .stage = stage, .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
-    if (cl_zmq.send(P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
+    if (cl_zmq.send(peer >= 0 ? cl_peer_sock(peer) : P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
@@ -167,10 +172,12 @@ static int send_one(struct run *r) {
     q->kind = r->kind;
     q->marker = r->marker;
     q->sent_ns = q->first_ns = cl_now_ns();
-    q->peer = -1;
+    q->peer = peer;
+    q->direct = peer >= 0;
     q->used = 1;
     P.ninflight++;
     CL_COUNT(fetch_requests, 1);
+    if (peer >= 0) CL_COUNT(peer_direct, 1);
     return 0;
 }
 
@@ -277,35 +284,35 @@ static void send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, u
     q->sent_ns = cl_now_ns();
 }
 
-/* The peer did not deliver: ask the driver, which forgets that holder. */
-static void back_to_driver(struct req *q, unsigned slot) {
+/* The peer did not deliver: ask the driver, which forgets that holder
+ * unless the peer only ran another stage (`missing` false).  After a hint
+ * the driver may still redirect; after a redirect it serves the page. */
+static void back_to_driver(struct req *q, unsigned slot, bool missing) {
     uint32_t peer = (uint32_t)q->peer + 1;
+    uint16_t flags = (missing ? CL_WIRE_PEERMISS : 0) | (q->direct ? 0 : CL_WIRE_NOREDIRECT);
     q->peer = -1;
+    q->direct = false;
     CL_COUNT(peer_fallbacks, 1);
-    send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS, peer);
+    send_get(P.sock, q, slot, flags, missing ? peer : 0);
 }
 
-static void follow_redirect(struct req *q, unsigned slot, uint32_t peer) {
+static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_hdr *h) {
     char ep[256];
     int n = cl_zmq.recv(P.sock, ep, sizeof ep - 1, 0);
+    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.sock, h->stage);
     cl_zmq_drain(P.sock);
-    if (n <= 0 || n >= (int)sizeof ep || peer >= MAXPEERS) {
+    void *s = NULL;
+    if (n > 0 && n < (int)sizeof ep) {
+        ep[n] = '\0';
+        s = cl_peer_connect(P.ctx, (int)h->status, ep);
+    }
+    if (!s) {
         send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
         return;
     }
-    ep[n] = '\0';
-    if (!P.peer[peer]) {
-        P.peer[peer] = cl_zmq_socket(P.ctx, CL_ZMQ_DEALER);
-        if (!P.peer[peer] || cl_zmq.connect(P.peer[peer], ep) != 0) {
-            if (P.peer[peer]) cl_zmq.close(P.peer[peer]);
-            P.peer[peer] = NULL;
-            send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
-            return;
-        }
-    }
-    q->peer = (int)peer;
+    q->peer = (int)h->status;
     CL_COUNT(redirects, 1);
-    send_get(P.peer[peer], q, slot, 0, 0);
+    send_get(s, q, slot, 0, 0);
 }
 
 /* Take the page bytes of a reply (the next frame: exactly len bytes) and
@@ -372,18 +379,18 @@ static void on_reply(void *sock) {
     struct req *q = slot < MAX_INFLIGHT ? &P.inflight[slot] : NULL;
     bool from_peer = sock != P.sock;
     if (!q || !q->used || q->gen != (uint16_t)(h.tag >> 16) ||
-        (from_peer ? q->peer < 0 || P.peer[q->peer] != sock : q->peer >= 0)) { /* late or foreign */
+        (from_peer ? q->peer < 0 || cl_peer_sock(q->peer) != sock : q->peer >= 0)) { /* late or foreign */
         cl_zmq_drain(sock);
         return;
     }
     bool demanded = q->kind != K_AHEAD;
     if (!bad && !from_peer && h.type == CL_WIRE_REDIRECT) {
-        follow_redirect(q, slot, h.status);
+        follow_redirect(q, slot, &h);
         return;
     }
-    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused */
+    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other stage */
         cl_zmq_drain(sock);
-        back_to_driver(q, slot);
+        back_to_driver(q, slot, bad || h.type != CL_WIRE_ERROR || h.status != ESTALE);
         return;
     }
     if (bad || (h.type != CL_WIRE_PAGES && h.type != CL_WIRE_ERROR)) {
@@ -406,10 +413,11 @@ static void on_reply(void *sock) {
         announce(q->first, q->count);
         rc = write_pages(sock, q->first, len);
     }
+    if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
     cl_zmq_drain(sock);
     if (rc) {
         if (from_peer && rc == EBADMSG) {
-            back_to_driver(q, slot);
+            back_to_driver(q, slot, true);
             return;
         }
         fail_run(q->first, q->count, rc, demanded);
@@ -435,7 +443,8 @@ static void check_timeouts(void) {
     for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
         struct req *q = &P.inflight[i];
         if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
-            back_to_driver(q, i);
+            cl_peer_silent(q->peer); /* no more hinted requests to it in this stage */
+            back_to_driver(q, i, true);
             continue;
         }
         if (q->used && now - q->first_ns > lim) {
@@ -465,10 +474,8 @@ static void drain_pipe(void) {
 static void *pager_main(void *arg) {
     (void)arg;
     while (!atomic_load(&P.stop)) {
-        cl_zmq_pollitem it[2 + MAXPEERS] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
-        int n = 2;
-        for (int i = 0; i < MAXPEERS; i++)
-            if (P.peer[i]) it[n++] = (cl_zmq_pollitem){P.peer[i], 0, CL_ZMQ_POLLIN, 0};
+        cl_zmq_pollitem it[2 + CL_PEERS_MAX] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
+        int n = 2 + cl_peer_pollitems(it + 2);
         long timeout = P.ninflight ? 100 : 1000;
         if (P.plen >= PENDING_CAP - 2 * 256) it[1].events = 0;
         if (cl_zmq.poll(it, n, timeout) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
@@ -521,7 +528,7 @@ int clamor_pager_start(const char *endpoint) {
         rc = cl_err(EINVAL, "cannot connect the pager to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
         goto err;
     }
-    memset(P.peer, 0, sizeof P.peer);
+    cl_peer_close_all(false);
     const char *mine = clamor_server_endpoint();
     if (*mine) { /* name our page server, so the driver may send peers to it */
         struct cl_wire_hdr h = {.type = CL_WIRE_REGISTER};
@@ -562,9 +569,7 @@ int clamor_pager_stop(void) {
     atomic_store(&P.stop, 1);
     if (write(P.pipe_w, &stop, sizeof stop) < 0) { /* the flag alone stops it within a poll period */ }
     pthread_join(P.th, NULL);
-    for (int i = 0; i < MAXPEERS; i++)
-        if (P.peer[i]) cl_zmq.close(P.peer[i]);
-    memset(P.peer, 0, sizeof P.peer);
+    cl_peer_close_all(false);
     cl_zmq.close(P.sock);
     cl_zmq.ctx_term(P.ctx);
     P.sock = P.ctx = NULL;
@@ -591,7 +596,7 @@ int cl_pager_stop_after_fork(void) {
     if (P.pipe_w >= 0) close(P.pipe_w);
     P.pipe_r = P.pipe_w = -1;
     P.sock = P.ctx = NULL;
-    memset(P.peer, 0, sizeof P.peer); /* abandoned with the parent's libzmq state */
+    cl_peer_close_all(true); /* abandoned with the parent's libzmq state */
     P.running = false;
     P.plen = P.ninflight = 0;
     return 0;

@@ -10,6 +10,11 @@
  * never stops the server.  Replies to a peer that went away are dropped by
  * the ROUTER (not mandatory), so a dead peer never stalls it either.
  *
+ * The driver's PAGES and REDIRECT replies to a registered worker carry a
+ * frame of holder hints (directory.c), so that worker's later fetches can
+ * go straight to a peer.  A worker serves such a DIRECT request only in
+ * the request's own stage: its pages are then that stage's versions.
+ *
  * The driver answers with each page as the requester's stage sees it
  * (version.c).  A worker copies a page out of its fill view and checks that the
  * page was present before and after the copy, so a page dropped meanwhile is
@@ -92,6 +97,13 @@ static void reply_err(cl_zmq_msg *id, uint32_t tag, const struct cl_wire_hdr *re
     reply_hdr(id, &h, why, strlen(why));
 }
 
+/* The hints frame for a driver reply to peer `self` (server thread only). */
+static uint8_t hint_buf[8 + CL_WIRE_MAX_HINTS];
+
+static size_t hints_for(int self, const struct cl_wire_hdr *rq) {
+    return cl_region.role == CLAMOR_ROLE_DRIVER ? cl_dir_hints(self, rq->stage, hint_buf, sizeof hint_buf) : 0;
+}
+
 static bool pages_held(uint64_t first, uint32_t count) {
     for (uint64_t i = first; i < first + count; i++)
         if (CL_PG_STATE(atomic_load(&cl_region.pages[i])) != CL_PG_PRESENT) return false;
@@ -120,12 +132,30 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         const char *ep;
         int peer = (rq->flags & CL_WIRE_NOREDIRECT) ? -1 : cl_dir_choose(rq->index, rq->count, rq->stage, self, &ep);
         if (peer >= 0) { /* a worker holds it: send the requester there */
-            struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .status = (uint32_t)peer, .index = rq->index,
-                                    .count = rq->count, .stage = rq->stage, .tag = rq->tag};
-            reply_hdr(id, &h, ep, strlen(ep));
+            size_t hl = hints_for(self, rq);
+            struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .flags = hl ? CL_WIRE_HINTS : 0,
+                                    .status = (uint32_t)peer, .index = rq->index, .count = rq->count,
+                                    .stage = rq->stage, .tag = rq->tag};
+            uint8_t buf[CL_WIRE_HDR];
+            cl_wire_encode(&h, buf);
+            cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+            cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+            cl_zmq.send(S.sock, ep, strlen(ep), hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT);
+            if (hl) {
+                rate_take(hl);
+                cl_zmq.send(S.sock, hint_buf, hl, CL_ZMQ_DONTWAIT);
+                CL_COUNT(hint_bytes, hl);
+            }
             CL_COUNT(redirects, 1);
             return;
         }
+    }
+    /* A hinted request skipped the driver, so the driver's check of versions
+     * (changed_at) did not happen: serve only in the stage it names. */
+    if (cl_region.role != CLAMOR_ROLE_DRIVER && (rq->flags & CL_WIRE_DIRECT) &&
+        rq->stage != atomic_load(&cl_worker_stage)) {
+        reply_err(id, rq->tag, rq, ESTALE, "direct request for a stage this peer is not in");
+        return;
     }
     size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
     const char *src;
@@ -180,14 +210,18 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             return;
         }
     }
-    rate_take(len);
-    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .index = rq->index, .count = rq->count,
-                            .stage = rq->stage, .tag = rq->tag};
+    size_t hl = hints_for(self, rq);
+    rate_take(len + hl); /* hints travel on the same link */
+    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .flags = hl ? CL_WIRE_HINTS : 0, .index = rq->index,
+                            .count = rq->count, .stage = rq->stage, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
     cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    if (cl_zmq.msg_send(&body, S.sock, CL_ZMQ_DONTWAIT) < 0) cl_zmq.msg_close(&body);
+    if (cl_zmq.msg_send(&body, S.sock, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT) < 0)
+        cl_zmq.msg_close(&body);
+    else if (hl && cl_zmq.send(S.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0)
+        CL_COUNT(hint_bytes, hl);
     CL_COUNT(requests_served, 1);
     CL_COUNT(pages_served, rq->count);
     CL_COUNT(bytes_served, len);

@@ -49,8 +49,10 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
     h->index = get64(p + 16);
     h->count = get32(p + 24);
     if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
-    if (h->flags & ~(uint16_t)(CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS)) return EPROTO;
-    if (h->flags && h->type != CL_WIRE_GET) return EPROTO;
+    uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT
+                       : h->type == CL_WIRE_PAGES || h->type == CL_WIRE_REDIRECT ? CL_WIRE_HINTS
+                       : 0;
+    if (h->flags & ~allowed) return EPROTO;
     switch (h->type) {
     case CL_WIRE_GET:
     case CL_WIRE_PAGES:

@@ -8,10 +8,14 @@
  *     0    4 magic    "CLMR"
  *     4    1 version  CL_WIRE_VERSION; a server answers others with an ERROR
  *     5    1 type     enum cl_wire_type
- *     6    2 flags    GET only: CL_WIRE_NOREDIRECT (answer with the page,
+ *     6    2 flags    GET: CL_WIRE_NOREDIRECT (answer with the page,
  *                     not a REDIRECT), CL_WIRE_PEERMISS (the peer named
- *                     in status, minus one, did not have it); other bits
- *                     reserved, zero
+ *                     in status, minus one, did not have it),
+ *                     CL_WIRE_DIRECT (sent to a peer on a hint, without
+ *                     asking the driver: served only by a peer that runs
+ *                     the request's stage); PAGES and REDIRECT:
+ *                     CL_WIRE_HINTS (a hints frame follows); other bits
+ *                     and other types: reserved, zero
  *     8    4 status   replies: 0 or an errno value (ERROR)
  *    12    4 stage    the stage whose page versions the requester may see
  *    16    8 index    first page, counted from the region base (never an
@@ -26,8 +30,17 @@
  *                           (driver only; no reply)
  * Replies:
  *   PAGES  [hdr][data]      data = count pages, count << page_shift bytes
+ *   PAGES  [hdr][data][hints], REDIRECT [hdr][endpoint][hints], with
+ *                           CL_WIRE_HINTS: from the driver to a registered
+ *                           worker, for a request of the current stage.
+ *                           hints = u64 first page, then one byte a page
+ *                           (at most CL_WIRE_MAX_HINTS): 0 = no hint, k+1 =
+ *                           peer k held that page at that stage.  Only a
+ *                           guess; a peer refuses what it cannot serve.
  *   ERROR  [hdr][text]      status = errno (ENOENT: page never allocated,
- *                           EAGAIN: page not held by this peer, ERANGE: out
+ *                           EAGAIN: page not held by this peer, ESTALE: a
+ *                           DIRECT request for a stage the peer is not in,
+ *                           ERANGE: out
  *                           of the region, EPROTO/EBADMSG/ENOMSG: malformed);
  *                           text = a one-line reason, may be empty
  *   HELLO_REPLY [hdr][geo]  geo = struct cl_wire_geo
@@ -48,6 +61,7 @@
 #define CL_WIRE_HDR 32
 #define CL_WIRE_MAX_COUNT 256
 #define CL_WIRE_MAX_REQUEST 4096
+#define CL_WIRE_MAX_HINTS 4096
 
 enum cl_wire_type {
     CL_WIRE_GET = 1,
@@ -61,6 +75,9 @@ enum cl_wire_type {
 
 #define CL_WIRE_NOREDIRECT 1u
 #define CL_WIRE_PEERMISS 2u
+/* (4 stays reserved: version 1 servers refused it) */
+#define CL_WIRE_DIRECT 8u
+#define CL_WIRE_HINTS 16u
 
 struct cl_wire_hdr {
     uint8_t version;

@@ -1,4 +1,5 @@
 """Dynamic replication: workers serve the pages they hold to each other."""
+import errno
 import json
 
 PRE = """
@@ -90,3 +91,64 @@ print(json.dumps({"sums": [g[0] for g in got], "fallbacks": max(g[1] for g in go
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["sums"] == [float(sum(range(1 << 20)))] * 6, out
     assert out["redirects"] > 0 and out["fallbacks"] > 0, out
+
+
+def test_hints_send_later_fetches_straight_to_a_peer(py):
+    p = py(PRE + """
+a = clamor.array(np.arange(1 << 22, dtype=np.float64))       # 32 MiB, 512 pages
+per = region.page_size() // 8
+npg = a.size // per
+want = float(a[::per].sum())
+def touch(i):
+    order = np.random.default_rng(i).permutation(npg)          # random order: no read-ahead
+    return float(sum(a[int(k) * per] for k in order))
+out = {}
+for pol in ("random", "two-choices"):
+    with clamor.Cluster(workers=4, progress=False, replication=pol) as cl:
+        got = cl.range(8, partitions=8).map(touch).collect()
+        st = cl.stats()
+    out[pol] = {"ok": got == [want] * 8, "direct": st["replication"]["direct_requests"],
+                "redirects": st["replication"]["redirects"], "peer_pages": st["bytes_from_peers"] // region.page_size(),
+                "hit": st["replication"]["redirect_hit_rate"]}
+print(json.dumps(out))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for pol, o in out.items():
+        assert o["ok"], out
+        # the driver's hints carried most peer fetches: they skipped the driver
+        assert o["direct"] > 0 and o["direct"] > o["redirects"], out
+        assert o["peer_pages"] >= o["direct"] // 2 and o["hit"] > 0.5, out
+
+
+def test_a_peer_serves_a_direct_request_only_in_its_own_stage(py):
+    p = py(PRE + """
+import ctypes, struct, zmq
+HDR = struct.Struct("<IBBHIIQII")
+GET, DIRECT = 1, 8
+a = clamor.array(np.arange(1 << 17, dtype=np.float64))       # 1 MiB, 16 pages
+ps = region.page_size()
+page = (a.ctypes.data - region.base()) // ps
+with clamor.Cluster(workers=1, progress=False, replication="random") as cl:
+    def hold(i):
+        region.set_stage(777)                                  # as if it ran stage 777
+        return float(a[0]), region.server_endpoint()
+    (v, ep), = cl.range(1, partitions=1).map(hold).collect()
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.connect(ep)
+    out = {}
+    for name, stage, idx in [("older", 776, page), ("newer", 778, page), ("same", 777, page),
+                             ("not held", 777, page + 8)]:
+        s.send(HDR.pack(0x524D4C43, 1, GET, DIRECT, 0, stage, idx, 1, 9))
+        assert s.poll(5000), name
+        fr = s.recv_multipart()
+        _, _, t, _, st, *_ = HDR.unpack(fr[0])
+        out[name] = [t, st, fr[1] == ctypes.string_at(region.base() + idx * ps, ps)]
+    s.close(0)
+print(json.dumps(out))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    PAGES, ERROR = 2, 3
+    assert out["older"][:2] == [ERROR, errno.ESTALE], out
+    assert out["newer"][:2] == [ERROR, errno.ESTALE], out
+    assert out["same"] == [PAGES, 0, True], out
+    assert out["not held"][:2] == [ERROR, errno.EAGAIN], out

@@ -147,7 +147,8 @@ static void test_bad_fields(void) {
         CHECK(h.tag == 0xabcd1234);
     }
 
-    for (int bit = 2; bit < 16; bit++) { /* every reserved flag bit (0, 1: GET's) */
+    for (int bit = 2; bit < 16; bit++) { /* every reserved flag bit (0, 1, 3: GET's; 4: replies') */
+        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS)) continue; /* checked in test_replication_flags */
         valid_get(b);
         b[6 + bit / 8] |= (uint8_t)(1u << (bit % 8));
         CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
@@ -212,6 +213,32 @@ static void test_replication_flags(void) {
     struct cl_wire_hdr reg = {.type = CL_WIRE_REGISTER};
     cl_wire_encode(&reg, b);
     CHECK(cl_wire_decode(b, sizeof b, &h) == 0 && h.type == CL_WIRE_REGISTER);
+
+    /* hints: DIRECT on GET only, HINTS on the driver's PAGES and REDIRECT only */
+    g.flags = CL_WIRE_DIRECT;
+    cl_wire_encode(&g, b);
+    CHECK(cl_wire_decode(b, sizeof b, &h) == 0 && h.flags == CL_WIRE_DIRECT);
+    g.flags = CL_WIRE_HINTS;
+    cl_wire_encode(&g, b);
+    CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
+    static const uint8_t replies[] = {CL_WIRE_PAGES, CL_WIRE_REDIRECT};
+    for (size_t i = 0; i < 2; i++) {
+        struct cl_wire_hdr p = {.type = replies[i], .flags = CL_WIRE_HINTS, .index = 7, .count = 1, .tag = 5};
+        cl_wire_encode(&p, b);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == 0 && h.flags == CL_WIRE_HINTS);
+        p.flags = CL_WIRE_DIRECT;
+        cl_wire_encode(&p, b);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
+        p.flags = CL_WIRE_HINTS | 4; /* 4 stays reserved everywhere */
+        cl_wire_encode(&p, b);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
+    }
+    static const uint8_t others[] = {CL_WIRE_HELLO, CL_WIRE_HELLO_REPLY, CL_WIRE_ERROR, CL_WIRE_REGISTER};
+    for (size_t i = 0; i < sizeof others; i++) {
+        struct cl_wire_hdr o = {.type = others[i], .flags = CL_WIRE_HINTS, .count = 1};
+        cl_wire_encode(&o, b);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
+    }
 }
 
 static void test_geo(void) {

@@ -1,0 +1,129 @@
+/* peers.c -- the pager's side of dynamic replication: its sockets to peer
+ * workers' page servers, and the driver's holder hints.
+ *
+ * DESIGN.  A fetch the driver redirects costs the requester two round trips
+ * (driver, then peer).  On a CPU-bound machine that extra trip cost the
+ * workers more than the driver saved (issue 6: 1.16x the time of no
+ * replication on loopback).  So the driver's replies carry hints (wire.h,
+ * CL_WIRE_HINTS): for a window of pages, a peer that holds each one
+ * (directory.c).  The pager keeps them in a table of one byte per page and
+ * sends a later fetch of a hinted page straight to that peer
+ * (CL_WIRE_DIRECT): one round trip, as from the driver.
+ *
+ * A hint is only a guess, checked where it matters.  The driver hands hints
+ * out only with replies to requests of its current stage; the table holds
+ * the hints of one stage and is cleared when the worker's stage changes;
+ * the peer serves a direct request only if it holds the page and runs that
+ * same stage (server.c), since a worker's pages are the versions of its
+ * current stage (it drops changed pages before it takes a new stage).  A
+ * refusal or a silence sends the fetch to the driver, as after a redirect,
+ * and a silent peer gets no more direct requests in that stage.
+ *
+ * Only the pager thread calls these functions.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "wire.h"
+#include "zmqdl.h"
+
+static struct {
+    void *sock[CL_PEERS_MAX]; /* DEALER per peer page server, by the driver's number */
+    bool silent[CL_PEERS_MAX]; /* no direct requests to it until the stage changes */
+    uint8_t *hint;             /* per page: 0, or peer + 1 */
+    uint64_t npages;           /* length of hint */
+    uint64_t lo, hi;           /* hints set since the last clear lie in [lo, hi) */
+    uint32_t stage;            /* the stage the hints are for */
+} H;
+
+void *cl_peer_sock(int k) { return k >= 0 && k < CL_PEERS_MAX ? H.sock[k] : NULL; }
+
+void *cl_peer_connect(void *ctx, int k, const char *endpoint) {
+    if (k < 0 || k >= CL_PEERS_MAX) return NULL;
+    if (H.sock[k]) return H.sock[k];
+    void *s = cl_zmq_socket(ctx, CL_ZMQ_DEALER);
+    if (s && cl_zmq.connect(s, endpoint) != 0) {
+        cl_zmq.close(s);
+        s = NULL;
+    }
+    return H.sock[k] = s;
+}
+
+int cl_peer_pollitems(cl_zmq_pollitem *it) {
+    int n = 0;
+    for (int k = 0; k < CL_PEERS_MAX; k++)
+        if (H.sock[k]) it[n++] = (cl_zmq_pollitem){H.sock[k], 0, CL_ZMQ_POLLIN, 0};
+    return n;
+}
+
+static void clear_hints(uint32_t stage) {
+    if (H.hi > H.lo) { /* give the touched pages back: they read as zero again */
+        size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+        size_t a = (size_t)H.lo & ~(pg - 1), b = ((size_t)H.hi + pg - 1) & ~(pg - 1);
+        if (madvise(H.hint + a, b - a, MADV_DONTNEED) != 0) memset(H.hint + H.lo, 0, (size_t)(H.hi - H.lo));
+    }
+    H.lo = UINT64_MAX;
+    H.hi = 0;
+    memset(H.silent, 0, sizeof H.silent);
+    H.stage = stage;
+}
+
+/* abandon: after fork, the sockets belong to the parent's libzmq state. */
+void cl_peer_close_all(bool abandon) {
+    for (int k = 0; k < CL_PEERS_MAX; k++)
+        if (H.sock[k] && !abandon) cl_zmq.close(H.sock[k]);
+    memset(H.sock, 0, sizeof H.sock);
+    if (H.hint) clear_hints(0);
+}
+
+void cl_peer_silent(int k) {
+    if (k >= 0 && k < CL_PEERS_MAX) H.silent[k] = true;
+}
+
+/* Read the hints frame that follows on `sock` (the driver's reply to a
+ * request of `stage`); a malformed one is ignored. */
+void cl_hints_take(void *sock, uint32_t stage) {
+    int more = 0;
+    size_t sz = sizeof more;
+    /* never read past the reply: a flag without its frame is only ignored */
+    if (cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz) != 0 || !more) return;
+    cl_zmq_msg m;
+    cl_zmq.msg_init(&m);
+    if (cl_zmq.msg_recv(&m, sock, CL_ZMQ_DONTWAIT) < 0) goto out;
+    size_t len = cl_zmq.msg_size(&m);
+    const uint8_t *b = cl_zmq.msg_data(&m);
+    if (len <= 8 || len > 8 + CL_WIRE_MAX_HINTS || stage != atomic_load(&cl_worker_stage)) goto out;
+    if (!H.hint || H.npages != cl_region.npages) {
+        if (H.hint) munmap(H.hint, H.npages);
+        void *t = mmap(NULL, cl_region.npages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        H.hint = t == MAP_FAILED ? NULL : t;
+        H.npages = H.hint ? cl_region.npages : 0;
+        H.lo = UINT64_MAX;
+        H.hi = 0;
+        H.stage = stage;
+        if (!H.hint) goto out;
+    }
+    if (stage != H.stage) clear_hints(stage);
+    uint64_t first = 0, n = len - 8;
+    for (int i = 0; i < 8; i++) first |= (uint64_t)b[i] << (8 * i);
+    if (first >= H.npages || n > H.npages - first) goto out;
+    memcpy(H.hint + first, b + 8, n); /* the driver's latest word, "none" included */
+    if (first < H.lo) H.lo = first;
+    if (first + n > H.hi) H.hi = first + n;
+out:
+    cl_zmq.msg_close(&m);
+}
+
+/* The peer to ask directly for [first, first+count) at `stage`, or -1. */
+int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage) {
+    if (!H.hint || stage != H.stage || first < H.lo || first + count > H.hi) return -1;
+    uint8_t v = H.hint[first];
+    for (uint64_t p = first + 1; p < first + count; p++)
+        if (H.hint[p] != v) return -1;
+    int k = (int)v - 1;
+    return k >= 0 && H.sock[k] && !H.silent[k] ? k : -1;
+}
