@@ -53,7 +53,12 @@ Policy
   wins; the others get ``Cancel``, and keep their slot until their worker
   reports them (``TaskDone``, ``TaskFailed`` or ``TaskSkipped``), whose
   content is then ignored.  A copy is never started on a worker that has
-  one, and a task gets at most one extra copy.
+  one, and a task gets at most one extra copy.  A straggler for which no
+  other worker has a free slot does not hold back the later ones.  A
+  ``TaskSkipped`` for a task's only copy (no ``Cancel`` asked for it) counts
+  as a lost task: re-queued with ``recover=True``, its stage aborted with
+  ``WorkerLost`` without.  A ``Tick`` whose clock goes backwards still runs
+  speculation, at the clock kept.
 
 Bad input.  Ignored, because it happens in a healthy cluster: duplicate
 ``WorkerJoined`` (the first ``slots`` stays), ``WorkerLost`` for an unknown
@@ -518,7 +523,7 @@ class Scheduler:
             for t in sorted(slow, key=lambda t: t.start):
                 w = self._least_loaded(exclude=t.copies)
                 if w is None:
-                    break
+                    continue          # no room but on its own worker; a later straggler may have some
                 t.speculated = True
                 t.copies[w.id] = w
                 w.tasks.add(t.spec.key)

@@ -216,15 +216,21 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
                             .count = rq->count, .stage = rq->stage, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
-    cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    if (cl_zmq.msg_send(&body, S.sock, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT) < 0)
-        cl_zmq.msg_close(&body);
-    else if (hl && cl_zmq.send(S.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0)
-        CL_COUNT(hint_bytes, hl);
+    /* Counted before the send: once the requester has the page, whoever it
+     * tells (a task result reaching the driver) sees it counted. */
     CL_COUNT(requests_served, 1);
     CL_COUNT(pages_served, rq->count);
     CL_COUNT(bytes_served, len);
+    cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    if (cl_zmq.msg_send(&body, S.sock, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT) < 0) {
+        cl_zmq.msg_close(&body); /* dropped (the peer went away): not served after all */
+        CL_COUNT(requests_served, -(uint64_t)1);
+        CL_COUNT(pages_served, -(uint64_t)rq->count);
+        CL_COUNT(bytes_served, -(uint64_t)len);
+        return;
+    }
+    if (hl && cl_zmq.send(S.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0) CL_COUNT(hint_bytes, hl);
     if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->stage, self);
 }
 

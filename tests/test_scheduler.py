@@ -9,36 +9,12 @@ from clamor import errors
 from clamor.scheduler import (Run, Scheduler, StageAborted, StageCancelled, StageFinished, StageSubmitted, TaskDone,
                               TaskFailed, TaskSpec, WorkerJoined, WorkerLost)
 
-
-def specs(stage, parts, prefer=None):
-    return tuple(TaskSpec((stage, p), stage, p, (prefer or {}).get(p, ())) for p in parts)
-
-
-def submit(s, stage, n_or_parts, prefer=None):
-    parts = range(n_or_parts) if isinstance(n_or_parts, int) else n_or_parts
-    return s.handle(StageSubmitted(stage, specs(stage, parts, prefer)))
-
-
-def sched(*workers, slots=2):
-    s = Scheduler()
-    for w in workers:
-        assert s.handle(WorkerJoined(w, slots)) == []
-    return s
-
-
-def runs(out):
-    return [(i.key, i.worker) for i in out if isinstance(i, Run)]
+from scheduler_events import done, runs, sched, submit
 
 
 def stage_msgs(out):
     return [i for i in out if not isinstance(i, Run)]
 
-
-def done(s, stage, p, worker, result=None):
-    return s.handle(TaskDone((stage, p), worker, (stage, p) if result is None else result))
-
-
-# ---- placement ----
 
 def test_least_loaded_with_join_order_tie_break():
     s = sched("a", "b")
