@@ -266,7 +266,10 @@ class Stages:
                 while pending:
                     ins = pending.popleft()
                     if isinstance(ins, Run):
-                        self._send_task(ins)
+                        # A Run decided before its worker was lost in the same batch of
+                        # events is stale: WorkerLost already took the task back.
+                        if ins.worker in self._workers:
+                            self._send_task(ins)
                     elif isinstance(ins, Cancel):
                         if ins.worker in self._workers:
                             self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])

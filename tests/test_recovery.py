@@ -323,6 +323,38 @@ def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
     assert all(gone(p) for p in out["pids"])
 
 
+def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work():
+    # The driver is stopped while a worker reports a task and dies, so that when
+    # it resumes, the report (which frees a slot on that worker) and the loss
+    # are handled in one batch of events: the Run decided for the freed slot
+    # must not go to the lost worker.
+    out, _ = run_json("""
+        import json, os, signal, subprocess, tempfile, threading, time, clamor
+        DRIVER = os.getpid()
+        FLAG = os.path.join(tempfile.mkdtemp(), "once")
+
+        def task(x):
+            if x == 0 and not os.path.exists(FLAG):
+                open(FLAG, "w").close()
+                subprocess.Popen(["sh", "-c", f"sleep 1.2; kill -CONT {DRIVER}"], start_new_session=True)
+                os.kill(DRIVER, signal.SIGSTOP)
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                return x
+            time.sleep(0.4)
+            return x
+
+        with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
+            got = cl.range(8, partitions=8).map(task).collect()
+            rec = cl.stats()["recovery"]
+            again = cl.range(10).sum()
+        print(json.dumps({"got": got, "rec": rec, "again": again, "flag": os.path.exists(FLAG)}))
+        """)
+    assert out["flag"]
+    assert out["got"] == list(range(8)), out
+    assert out["rec"]["workers_lost"] == 1, out
+    assert out["again"] == 45
+
+
 def test_without_replacements_losing_the_last_worker_raises():
     out, _ = run_json("""
         import json, os, signal, threading, time, clamor
