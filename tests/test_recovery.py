@@ -329,9 +329,10 @@ def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work():
     # are handled in one batch of events: the Run decided for the freed slot
     # must not go to the lost worker.
     out, _ = run_json("""
-        import json, os, signal, subprocess, tempfile, threading, time, clamor
+        import json, os, shutil, signal, subprocess, tempfile, threading, time, clamor
         DRIVER = os.getpid()
-        FLAG = os.path.join(tempfile.mkdtemp(), "once")
+        TMP = tempfile.mkdtemp()
+        FLAG = os.path.join(TMP, "once")
 
         def task(x):
             if x == 0 and not os.path.exists(FLAG):
@@ -347,7 +348,9 @@ def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work():
             got = cl.range(8, partitions=8).map(task).collect()
             rec = cl.stats()["recovery"]
             again = cl.range(10).sum()
-        print(json.dumps({"got": got, "rec": rec, "again": again, "flag": os.path.exists(FLAG)}))
+        flag = os.path.exists(FLAG)
+        shutil.rmtree(TMP)
+        print(json.dumps({"got": got, "rec": rec, "again": again, "flag": flag}))
         """)
     assert out["flag"]
     assert out["got"] == list(range(8)), out

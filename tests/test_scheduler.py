@@ -16,6 +16,8 @@ def stage_msgs(out):
     return [i for i in out if not isinstance(i, Run)]
 
 
+# ---- placement ----
+
 def test_least_loaded_with_join_order_tie_break():
     s = sched("a", "b")
     out = submit(s, 1, 4)
