@@ -131,32 +131,54 @@ def _owned(cptr):
 
 def view(addr, dtype, shape, strides=None, owned=False):
     """An ndarray over region memory at ``addr`` (no copy).  With ``owned``,
-    the block is freed when the last view of it is gone."""
+    the block is freed when the last view of it is gone.  Every byte the
+    view can reach must lie in this process's region (InvalidPointer)."""
     dtype = _plain(np.dtype(dtype))
-    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    try:
+        shape = (operator.index(shape),)
+    except TypeError:
+        shape = tuple(shape)
+    shape = tuple(_size(s, "dimension") for s in shape)
+    addr = int(ffi.cast("uintptr_t", _ptr(addr)))
     count = 1
     for s in shape:
         count *= s
+    lo = hi = addr
     if strides is None:
-        nbytes = count * dtype.itemsize
+        hi = addr + count * dtype.itemsize
     else:
-        nbytes = 0 if count == 0 else sum((s - 1) * abs(st) for s, st in zip(shape, strides)) + dtype.itemsize
+        strides = tuple(operator.index(st) for st in strides)
+        if len(strides) != len(shape):
+            raise errors.InvalidSize(f"{len(strides)} strides for {len(shape)} dimensions")
+        if count:
+            lo += sum((s - 1) * st for s, st in zip(shape, strides) if st < 0)
+            hi += sum((s - 1) * st for s, st in zip(shape, strides) if st > 0) + dtype.itemsize
+    if count and not region.contains(lo, hi - lo):
+        raise errors.InvalidPointer(f"a view of [{lo:#x}, {hi:#x}) reaches outside this process's region")
+    if owned and lo < addr:
+        raise errors.InvalidPointer("an owned view starts at its block: negative strides would reach below it")
     cptr = ffi.cast("char *", addr)
     if owned:
         cptr = _owned(cptr)
-    buf = ffi.buffer(cptr, nbytes)  # keeps cptr (and its finalizer) alive
     if strides is None:
+        buf = ffi.buffer(cptr, hi - lo)  # keeps cptr (and its finalizer) alive
         # a subarray dtype adds its dimensions, as in np.empty(shape, dtype)
         return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape + dtype.shape)
-    return np.ndarray(shape, dtype, buffer=buf, strides=strides)
+    buf = ffi.buffer(cptr - (addr - lo), hi - lo) if lo < addr else ffi.buffer(cptr, hi - lo)
+    return np.ndarray(shape, dtype, buffer=buf, offset=addr - lo, strides=strides)
 
 
 def empty(shape, dtype=float, align=64):
     """An uninitialised ndarray in the region."""
     dtype = _plain(np.dtype(dtype))
-    if isinstance(shape, int):
-        shape = (shape,)
+    try:
+        shape = (operator.index(shape),)
+    except TypeError:
+        shape = tuple(shape)
     shape = tuple(_size(s, "dimension") for s in shape)
+    align = _size(align, "align")
+    if align == 0 or align & (align - 1):
+        raise errors.InvalidSize(f"align must be a power of two, not {align}")
     n = dtype.itemsize
     for s in shape:
         n *= s

@@ -20,49 +20,83 @@ import functools
 import glob as _glob
 import weakref
 import itertools
+import numbers
 import os
+import sys
+import types
 import zlib
 
 import numpy as np
 
 from . import errors
+from .heap import active as heap_active, outside, suspended
 
 _ids = itertools.count(1)
+_MASK = 0x7FFFFFFFFFFFFFFF
 
 
 def stable_hash(key):
-    """A hash that is the same in every process (str hashing is randomized
-    per interpreter, and spawned workers would disagree)."""
-    if isinstance(key, bool) or key is None:
-        return int(bool(key))
-    if isinstance(key, int):
-        return key & 0x7FFFFFFFFFFFFFFF
-    if isinstance(key, (np.integer,)):
-        return int(key) & 0x7FFFFFFFFFFFFFFF
+    """A hash that is the same in every process and agrees with ``==``.
+
+    str and bytes hashing is randomized per interpreter (spawned workers would
+    disagree), so they go through crc32.  Numbers use Python's own numeric
+    hash, which is not randomized and is equal for equal values across int,
+    float, Fraction, Decimal, complex and numpy scalars (0.5 ==
+    np.float32(0.5), 3 == 3.0): keys that compare equal meet in one
+    partition.  NaN, equal to nothing, hashes to one constant.
+    """
+    if key is None:
+        return 0
+    if isinstance(key, (numbers.Number, np.number, np.bool_)):
+        if key != key:  # NaN (hash(nan) is per object since Python 3.10)
+            return 0x7FF8
+        return hash(key) & _MASK
     if isinstance(key, str):
         return zlib.crc32(key.encode("utf-8", "surrogatepass"))
     if isinstance(key, bytes):
         return zlib.crc32(key)
-    if isinstance(key, float):
-        # an integral float equals the int (3.0 == 3), so it must hash like it
-        return stable_hash(int(key)) if key.is_integer() else zlib.crc32(np.float64(key).tobytes())
     if isinstance(key, tuple):
         h = 0x345678
         for k in key:
             h = (h * 1000003) ^ stable_hash(k)
-        return h & 0x7FFFFFFFFFFFFFFF
+        return h & _MASK
     if isinstance(key, frozenset):
         return functools.reduce(lambda a, b: a ^ b, (stable_hash(k) for k in key), 0x5A5A)
-    return hash(key) & 0x7FFFFFFFFFFFFFFF  # user types: their own __hash__
+    return hash(key) & _MASK  # user types: their own __hash__
+
+
+def _callable(fn, what):
+    if not callable(fn):
+        raise TypeError(f"{what} takes a function, not {type(fn).__name__}")
 
 
 def _as_list(x):
     return x if isinstance(x, (list, np.ndarray)) else list(x)
 
 
+def _outside_heap(cls):
+    """Run the constructor and the public methods of ``cls`` outside any
+    ``clamor.heap()`` block: collections are the runtime's objects, not data
+    the workers read in place."""
+    for name, fn in list(vars(cls).items()):
+        if isinstance(fn, types.FunctionType) and (name == "__init__" or not name.startswith("_")):
+            setattr(cls, name, outside(fn))
+    return cls
+
+
 class DataCollection:
     """Base of every collection.  ``ctx`` in ``_compute`` is the worker's
     task context (clamor.executor.TaskContext)."""
+
+    def __new__(cls, *args, **kwargs):
+        if not heap_active():
+            return super().__new__(cls)
+        with suspended():
+            return super().__new__(cls)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _outside_heap(cls)
 
     def __init__(self, cluster, num_partitions, deps=()):
         self.id = next(_ids)
@@ -97,18 +131,23 @@ class DataCollection:
     # -- transformations --------------------------------------------------------
     def map_partitions(self, fn):
         """``fn(partition) -> iterable`` for each partition."""
+        _callable(fn, "map_partitions")
         return Narrow(self, lambda part, p: fn(part))
 
     def map_partitions_with_index(self, fn):
+        _callable(fn, "map_partitions_with_index")
         return Narrow(self, lambda part, p: fn(p, part))
 
     def map(self, fn):
+        _callable(fn, "map")
         return Narrow(self, lambda part, p: [fn(x) for x in part])
 
     def filter(self, fn):
+        _callable(fn, "filter")
         return Narrow(self, lambda part, p: [x for x in part if fn(x)])
 
     def flat_map(self, fn):
+        _callable(fn, "flat_map")
         return Narrow(self, lambda part, p: [y for x in part for y in fn(x)])
 
     def zip(self, other):
@@ -123,13 +162,16 @@ class DataCollection:
         return Zipped(self, other)
 
     def key_by(self, fn):
+        _callable(fn, "key_by")
         return self.map(lambda x: (fn(x), x))
 
     def map_values(self, fn):
+        _callable(fn, "map_values")
         return self.map(lambda kv: (kv[0], fn(kv[1])))
 
     def reduce_by_key(self, fn, partitions=None):
         """(k, v) pairs -> (k, fn-reduced v), combining on the map side first."""
+        _callable(fn, "reduce_by_key")
         return Shuffled([self], self.num_partitions if partitions is None else partitions, combine=fn)
 
     def group_by_key(self, partitions=None):
@@ -138,6 +180,8 @@ class DataCollection:
 
     def cogroup(self, other, partitions=None):
         """(k, ([v...], [w...])) for every key of either collection."""
+        if not isinstance(other, DataCollection):
+            raise TypeError(f"cogroup and join take another DataCollection, not {type(other).__name__}")
         if partitions is None:
             partitions = max(self.num_partitions, other.num_partitions)
         return Shuffled([self, other], partitions)
@@ -175,6 +219,7 @@ class DataCollection:
         return sum(self._run("count"))
 
     def reduce(self, fn):
+        _callable(fn, "reduce")
         partials = [v for ok, v in self._run("reduce", fn) if ok]
         if not partials:
             raise ValueError("reduce() of an empty collection")
@@ -186,7 +231,9 @@ class DataCollection:
 
     def take(self, n):
         """The first ``n`` elements, computing as few partitions as it can."""
-        n = int(n)
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"take needs an int, not {type(n).__name__}")
+        n = min(int(n), sys.maxsize)
         if n <= 0:
             return []
         out, p, step = [], 0, 1
@@ -198,10 +245,14 @@ class DataCollection:
         return out[:n]
 
     def foreach(self, fn):
+        _callable(fn, "foreach")
         self._run("foreach", fn)
 
 
 # ---- sources -----------------------------------------------------------------
+
+_outside_heap(DataCollection)
+
 
 class Parallel(DataCollection):
     """``cl.parallelize(seq, partitions)``: contiguous slices; each task gets
@@ -330,9 +381,9 @@ class Shuffled(DataCollection):
     ("shuffle", shuffle_id, m, r) on the worker that ran that map task."""
 
     def __init__(self, parents, partitions, combine=None):
+        if isinstance(partitions, bool) or not isinstance(partitions, numbers.Integral) or partitions < 1:
+            raise errors.ConfigError(f"a shuffle needs a positive int of partitions, not {partitions!r}")
         partitions = int(partitions)
-        if partitions < 1:
-            raise errors.ConfigError("a shuffle needs at least one partition")
         super().__init__(parents[0]._cluster, partitions, parents)
         self.combine = combine
         self.shuffle_ids = [next(_ids) for _ in parents]

@@ -28,7 +28,8 @@ class RegionError(ClamorError):
 
 
 class RegionInUse(RegionError):
-    """The region's address range is taken, or this process has a region."""
+    """The region's address range is taken, this process has a region
+    already, or the region is still in use and cannot be closed."""
 
 
 class NoRegion(RegionError):
@@ -77,6 +78,11 @@ class TaskError(ClamorError):
     def __str__(self):
         base = super().__str__()
         return f"{base}\n\nRemote traceback:\n{self.remote_traceback}" if self.remote_traceback else base
+
+
+class NotSerializable(ClamorError, TypeError):
+    """A task's function, or something it captures, cannot be shipped to the
+    workers (a lock, a socket, an open file, the Cluster itself)."""
 
 
 class WorkerLost(ClamorError):

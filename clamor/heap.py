@@ -21,10 +21,11 @@ with ``clamor.share(obj)`` before shipping.
 """
 import contextlib
 import errno
+import functools
 import gc
 import threading
 
-from . import errors, region
+from . import errors
 from ._native import check, lib
 
 _installed = False
@@ -44,6 +45,8 @@ def install():
 @contextlib.contextmanager
 def heap():
     """Allocate everything this thread allocates inside the block in the region."""
+    from . import region  # here: region imports this module
+
     region.ensure()
     install()
     # A full collection empties CPython's free lists (floats, tuples, lists,
@@ -66,6 +69,66 @@ def heap():
         gc.collect()
 
 
+def prepare_fork():
+    """Call right before ``os.fork()`` of a worker.
+
+    CPython keeps freed objects of the common types (lists, tuples, dicts,
+    floats, ...) on free lists and hands them out again.  Once a heap()
+    block has run, a region object freed after it can sit there; a forked
+    worker starts with every region page absent and no pager yet, so the
+    interpreter's own first allocations after fork would touch the region
+    and kill the child.  A full collection empties the free lists.
+    """
+    if _installed:
+        gc.collect()
+
+
 def active():
     """True inside a ``heap()`` block on this thread."""
     return bool(lib.clamor_heap_active())
+
+
+def threads_inside():
+    """Number of threads inside a ``heap()`` block right now."""
+    return int(lib.clamor_heap_threads())
+
+
+@contextlib.contextmanager
+def suspended():
+    """Leave this thread's ``heap()`` block for the duration (nothing to do
+    outside one).
+
+    clamor's own runtime (page server and pager threads, sockets, worker
+    processes, stage bookkeeping) must not live in the region: a user
+    calling ``Cluster.start()`` or an action inside a block would otherwise
+    put libzmq's objects and the scheduler's state in memory the workers
+    read, and free them through the wrong allocator.
+    """
+    depth = lib.clamor_heap_suspend()
+    if not depth:
+        yield
+        return
+    if lib.clamor_py_numpy_suspend() != 0:
+        lib.clamor_heap_resume(depth)
+        raise errors.ClamorError("could not restore numpy's allocator for clamor's runtime")
+    # Free lists hand out objects freed earlier: empty them both ways, as
+    # heap() does (a region tuple reused by the runtime would be shipped by
+    # reference; a runtime one reused in the block would not be shareable).
+    gc.collect()
+    try:
+        yield
+    finally:
+        lib.clamor_py_numpy_exit()
+        gc.collect()
+        lib.clamor_heap_resume(depth)
+
+
+def outside(fn):
+    """Decorator: run ``fn`` with this thread's heap block suspended."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not lib.clamor_heap_active():
+            return fn(*args, **kwargs)
+        with suspended():
+            return fn(*args, **kwargs)
+    return run

@@ -8,17 +8,23 @@ the region in the child, and the hook below restarts the pager (to the
 parent's page server) and the child's own page server.
 """
 import errno
+import gc
 import os
 import threading
 
 from . import errors
 from ._native import check, ffi, lib
+from .heap import outside
 
 DRIVER, WORKER = lib.CLAMOR_ROLE_DRIVER, lib.CLAMOR_ROLE_WORKER
 _lock = threading.RLock()
 # Bumped by close(): an array of a closed region must not free, when it is
 # collected later, whatever block a new region has at the same address.
 _generation = 0
+
+
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
 
 
 def _geometry_ints(base, size, page_size):
@@ -28,8 +34,34 @@ def _geometry_ints(base, size, page_size):
             v = 0
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise errors.ConfigError(f"region {name} must be a non-negative int, not {v!r}")
+        if v > _U64:
+            raise errors.ConfigError(f"region {name} {v:#x} does not fit in an address")
         vals.append(v)
     return vals
+
+
+def _show(v):
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _number(v, name):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise errors.ConfigError(f"{name} must be a number, not {_show(v)}")
+    if v != v or v in (float("inf"), float("-inf")):
+        raise errors.ConfigError(f"{name} must be finite, not {v!r}")
+    return v
+
+
+def _millis(seconds, name):
+    """Positive finite seconds as whole milliseconds for the C core (< 2**31)."""
+    seconds = _number(seconds, name)
+    if seconds <= 0:
+        raise errors.ConfigError(f"{name} must be > 0 seconds, not {seconds!r}")
+    ms = max(1, int(seconds * 1000))
+    if ms > (1 << 31) - 1:
+        raise errors.ConfigError(f"{name} of {seconds!r} s is too long (at most {((1 << 31) - 1) // 1000} s)")
+    return ms
 
 
 def init(base=None, size=None, page_size=None):
@@ -59,12 +91,40 @@ def ensure():
             init()
 
 
-def close():
-    """Stop the pager and the page server and unmap the region."""
+def close(force=False):
+    """Stop the pager and the page server and unmap the region.
+
+    Refused (RegionInUse) while a thread is inside ``clamor.heap()``, while
+    a Cluster of this process is open, and, on the driver, while region
+    memory is still allocated (region arrays, ``alloc`` blocks, objects
+    built in ``heap()`` blocks): unmapping would leave them pointing at
+    nothing, and the next touch would kill the process.  ``force=True``
+    skips the last check; the caller then promises never to touch what is
+    left (a region array of the closed region is never freed into a later
+    one).
+    """
     global _generation
     with _lock:
-        _generation += 1
+        if lib.clamor_region_role() == lib.CLAMOR_ROLE_NONE:
+            return
+        inside = int(lib.clamor_heap_threads())
+        if inside:
+            raise errors.RegionInUse(f"{inside} thread(s) are inside clamor.heap(): leave the block(s) first",
+                                     errno.EBUSY)
+        from . import cluster  # here: cluster imports this module
+
+        if any(not c._closed for c in list(cluster._live)):
+            raise errors.RegionInUse("a Cluster of this process is still open: close it before the region")
+        if not force and lib.clamor_region_role() == DRIVER:
+            gc.collect()  # region arrays nobody references any more free their blocks
+            left = int(lib.clamor_heap_allocated())
+            if left:
+                raise errors.RegionInUse(
+                    f"{left} bytes of the region are still allocated (region arrays, alloc() blocks or objects "
+                    "built in clamor.heap()); drop or free them first, or close(force=True) if nothing will "
+                    "touch them again", errno.EBUSY)
         check(lib.clamor_region_close(), "closing the region")
+        _generation += 1
 
 
 def generation():
@@ -96,6 +156,7 @@ def contains(addr, nbytes=1):
     return bool(s) and b <= addr and addr + max(nbytes, 1) <= b + s
 
 
+@outside
 def serve(endpoint="tcp://127.0.0.1:*"):
     """Start this process's page server; returns the endpoint it bound."""
     if not isinstance(endpoint, str):
@@ -111,6 +172,7 @@ def server_endpoint():
     return ffi.string(lib.clamor_server_endpoint()).decode()
 
 
+@outside
 def stop_serving():
     with _lock:
         check(lib.clamor_server_stop())
@@ -118,23 +180,29 @@ def stop_serving():
 
 def hello(endpoint, timeout=10.0):
     """Geometry (base, size, page_size) of the region served at ``endpoint``."""
+    if not isinstance(endpoint, str):
+        raise errors.ConfigError(f"endpoint must be a string, not {endpoint!r}")
+    ms = _millis(timeout, "timeout")
     b, s, p = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
-    check(lib.clamor_hello(endpoint.encode(), b, s, p, int(timeout * 1000)), f"asking {endpoint} for the region",
+    check(lib.clamor_hello(endpoint.encode(), b, s, p, ms), f"asking {endpoint} for the region",
           {errno.EINVAL: errors.TransportError})
     return int(b[0]), int(s[0]), int(p[0])
 
 
+@outside
 def start_pager(endpoint):
     with _lock:
         check(lib.clamor_pager_start(endpoint.encode()), "starting the pager",
               {errno.EINVAL: errors.TransportError})
 
 
+@outside
 def stop_pager():
     with _lock:
         check(lib.clamor_pager_stop())
 
 
+@outside
 def connect(endpoint, base=None, serve_endpoint="tcp://127.0.0.1:*", timeout=10.0):
     """Attach this process to the driver whose page server is ``endpoint``.
 
@@ -142,10 +210,16 @@ def connect(endpoint, base=None, serve_endpoint="tcp://127.0.0.1:*", timeout=10.
     pointer-free data such as numpy arrays shipped by reference), starts the
     pager and this worker's own page server.  Returns the latter's endpoint.
     """
+    if serve_endpoint is not None and not isinstance(serve_endpoint, str):
+        raise errors.ConfigError(f"serve_endpoint must be a string or None, not {serve_endpoint!r}")
     b, s, p = hello(endpoint, timeout)
     attach(b if base is None else base, s, p)
-    mine = serve(serve_endpoint) if serve_endpoint else ""   # first: the pager names it to the driver
-    start_pager(endpoint)
+    try:
+        mine = serve(serve_endpoint) if serve_endpoint else ""   # first: the pager names it to the driver
+        start_pager(endpoint)
+    except BaseException:
+        close()  # not half attached: connect() again can succeed
+        raise
     return mine
 
 
@@ -171,21 +245,27 @@ def prefetch(obj, nbytes=None):
     this before handing region memory to read(), recv_into(), write() and the
     like (``clamor.io`` wraps the usual ones).  A no-op on the driver.
     """
-    if isinstance(obj, int):
-        addr, n = obj, int(nbytes or 0)
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        addr, n = obj, 0 if nbytes is None else nbytes
     else:
         mv = memoryview(obj)
         if mv.nbytes == 0:
             return
-        addr = int(ffi.cast("uintptr_t", ffi.from_buffer(mv.cast("B") if mv.c_contiguous else obj)))
-        n = mv.nbytes if nbytes is None else int(nbytes)
-        if not mv.c_contiguous:  # cover the whole span the strides reach
+        if mv.c_contiguous:
+            addr, n = int(ffi.cast("uintptr_t", ffi.from_buffer(mv.cast("B")))), mv.nbytes
+        else:  # cover the whole span the strides reach
             import numpy as np
 
             a = np.asarray(obj)
             lo, hi = np.lib.array_utils.byte_bounds(a) if hasattr(np.lib, "array_utils") else np.byte_bounds(a)
             addr, n = lo, hi - lo
-    if n <= 0:
+        if nbytes is not None:
+            n = nbytes
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 1 << 63:
+        raise errors.InvalidSize(f"prefetch size must be an int from 0 to 2**63-1, not {n!r}")
+    if not 0 <= addr <= _U64 - n:
+        raise errors.InvalidPointer(f"{addr:#x} + {n} is not an address range")
+    if n == 0:
         return
     check(lib.clamor_prefetch(ffi.cast("void *", addr), n), "prefetching region pages",
           {errno.EFAULT: errors.PageFetchError, errno.ETIMEDOUT: errors.PageFetchError})
@@ -200,20 +280,20 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None):
     """Set read-ahead (bytes, 0 disables), the fetch time-out (seconds) and the
     bound on mappings the region may be split into (0: half of
     vm.max_map_count)."""
-    for name, v in (("readahead", readahead), ("fetch_timeout", fetch_timeout), ("max_mappings", max_mappings)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise errors.ConfigError(f"{name} must be a number, not {v!r}")
     if readahead is not None:
-        if readahead < 0:
-            raise errors.ConfigError("readahead must be >= 0 bytes")
+        if _number(readahead, "readahead") < 0 or readahead > 1 << 48:
+            raise errors.ConfigError(f"readahead must be 0 to 2**48 bytes, not {readahead!r}")
+    if fetch_timeout is not None:
+        ms = _millis(fetch_timeout, "fetch_timeout")
+    if max_mappings is not None:
+        if _number(max_mappings, "max_mappings") < 0 or max_mappings > _U32:
+            raise errors.ConfigError(f"max_mappings must be 0 to {_U32}, not {max_mappings!r}")
+    # set only once every value is known to be good
+    if readahead is not None:
         lib.clamor_set_readahead(int(readahead))
     if fetch_timeout is not None:
-        if fetch_timeout <= 0:
-            raise errors.ConfigError("fetch_timeout must be > 0 seconds")
-        lib.clamor_set_fetch_timeout_ms(max(1, int(fetch_timeout * 1000)))
+        lib.clamor_set_fetch_timeout_ms(ms)
     if max_mappings is not None:
-        if max_mappings < 0:
-            raise errors.ConfigError("max_mappings must be >= 0")
         lib.clamor_set_max_mappings(int(max_mappings))
     return {
         "readahead": int(lib.clamor_readahead()),

@@ -10,11 +10,13 @@ travels as its offset and is used in place by forked workers.
 import ctypes
 import io
 import pickle
+import types
 
 import cloudpickle
 import numpy as np
 
-from . import region
+from . import errors, region
+from .collection import DataCollection
 from .refs import ArrayRef
 
 
@@ -37,6 +39,11 @@ def _in_region(a):
 
 
 _shared = set()  # ids of region objects already checked by clamor.share()
+# Code and collections travel by value even when a heap() block made them:
+# a lambda, a closure or a collection written inside the block is the task,
+# not data it reads.
+_BY_VALUE = (type, np.ndarray, types.FunctionType, types.CodeType, types.CellType, types.MethodType,
+             types.ModuleType, DataCollection)
 _base, _end = 0, [0]
 
 
@@ -52,7 +59,7 @@ class _Pickler(cloudpickle.CloudPickler):
         # in the region, built under clamor.heap(), is used in place on the
         # worker, once clamor.share() found nothing outside the region
         # behind it.
-        if _base and _base <= id(obj) < _end[0] and not isinstance(obj, (type, np.ndarray)):
+        if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
             if id(obj) not in _shared:
                 from .share import share
                 share(obj)
@@ -76,6 +83,18 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL):
     buf = io.BytesIO()
     _Pickler(buf, protocol=protocol).dump(obj)
     return buf.getvalue()
+
+
+def dumps_task(obj):
+    """``dumps`` of a stage's payload; what cannot travel is named in a
+    NotSerializable error (the pickler's own error is its cause)."""
+    try:
+        return dumps(obj)
+    except errors.ClamorError:
+        raise  # NotShareable says what it found itself
+    except Exception as err:  # pickle raises TypeError, PicklingError, AttributeError, ...
+        raise errors.NotSerializable(f"the stage's functions cannot be shipped to the workers: "
+                                     f"{type(err).__name__}: {err}") from err
 
 
 def loads(data):

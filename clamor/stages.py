@@ -46,6 +46,7 @@ import zmq
 
 from . import errors, region, serialize
 from .collection import Parallel, Shuffled
+from .heap import outside
 from .progress import StageProgress
 from .scheduler import (Cancel, Run, StageAborted, StageCancelled, StageFinished, StageSubmitted, TaskDone,
                         TaskFailed, TaskSkipped, Tick, TaskSpec, WorkerJoined, WorkerLost)
@@ -80,7 +81,12 @@ class _Job:
 class Stages:
     """The part of Cluster that runs stages (see the module docstring)."""
 
+    def __reduce__(self):
+        raise errors.NotSerializable("a task cannot capture the Cluster: it stays on the driver "
+                                     "(use it outside the functions you pass to map, filter, ...)")
+
     # -- planning -----------------------------------------------------------------------
+    @outside
     def _run_action(self, node, kind, arg, partitions=None):
         self._check()
         for st in self._plan(node):
@@ -117,6 +123,8 @@ class Stages:
         for ins in self._check_liveness():
             if isinstance(ins, StageAborted):
                 raise ins.error
+        if not self._workers and not self._expected:   # none left, none coming
+            raise errors.WorkerLost("no live workers (every worker was lost and none is being replaced)")
         sid = region.stage_current() + 1
         changed = region.stage_begin(sid)
         if changed.size:
@@ -212,8 +220,8 @@ class Stages:
         desc = f"stage {job.version}: " + ("shuffle map" if job.kind == "map" else job.action)
         if job.rerun:
             desc += " (recomputing lost partitions)"
-        payload = serialize.dumps({"kind": job.kind, "node": node, "parent": job.parent, "action": job.action,
-                                   "arg": job.arg, "locs": self._locs()})
+        payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
+                                        "action": job.action, "arg": job.arg, "locs": self._locs()})
         sources = _sources(job.computes)
         extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}) for p in missing}
         lineage = _cached_ids(node)
@@ -300,6 +308,12 @@ class Stages:
                         alone_since = time.monotonic()
                     elif time.monotonic() - alone_since > self.start_timeout:
                         raise errors.WorkerLost(f"no live workers for {self.start_timeout}s")
+        except BaseException:
+            # Given up (a failed task, a lost input, Ctrl-C): the workers drop
+            # this attempt's tasks still queued with them instead of running
+            # them ahead of the next action's.
+            self._cancel_attempt(asid)
+            raise
         finally:
             self._current = self._trouble = None
             self._sched.handle(StageCancelled(asid))
@@ -308,6 +322,15 @@ class Stages:
                 if isinstance(ins, Run):
                     self._sched.handle(TaskSkipped(ins.key, ins.worker))
 
+
+    def _cancel_attempt(self, asid):
+        for wid in self._workers:
+            for key in self._sched.running(wid):
+                if key[0] == asid:
+                    try:
+                        self._sock.send_multipart([wid, b"CANCEL", pickle.dumps(key)], flags=zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass
 
     def _send_task(self, ins):
         asid, payload, extras = self._current
@@ -441,11 +464,7 @@ class Stages:
         info = self._workers.pop(wid)
         log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
         self._totals["workers_lost"] += 1
-        try:   # one that stopped answering may still run: it must not come back
-            os.kill(info["pid"], signal.SIGKILL)
-            os.waitpid(info["pid"], os.WNOHANG)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        _kill_and_reap(info["pid"])   # one that stopped answering may still run: it must not come back
         if info.get("pages"):
             region.forget_peer(info["pages"])
         running = self._sched.running(wid)
@@ -501,6 +520,18 @@ class Stages:
         self._lineage.forget("cache", cid)
         for wid in self._workers:
             self._sock.send_multipart([wid, b"DROP", pickle.dumps([("cache", cid)])])
+
+
+def _kill_and_reap(pid, wait=1.0):
+    """SIGKILL a worker and reap it (a zombie otherwise until close()).
+    Bounded: a process stuck in the kernel is reaped by close() instead."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + wait
+        while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+            time.sleep(0.002)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _cached_ids(node):

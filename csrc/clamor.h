@@ -269,12 +269,21 @@ unsigned long clamor_interpose_slots(void);
 int clamor_heap_enter(void);
 void clamor_heap_exit(void);
 int clamor_heap_active(void);
+/* Leave the calling thread's heap block for a while (clamor's own runtime
+ * work inside a block): suspend returns the depth to hand to resume. */
+int clamor_heap_suspend(void);
+void clamor_heap_resume(int depth);
+/* Threads inside a heap block right now (not suspended). */
+int clamor_heap_threads(void);
 /* Python extension only: wrap the three PyMem domains (once; needs the
  * GIL), and set/restore numpy's NEP 49 data handler for a block (0 or -1
  * with a Python exception set). */
 int clamor_py_heap_install(void);
 int clamor_py_numpy_enter(void);
 int clamor_py_numpy_exit(void);
+/* Python extension only: numpy's default data handler until the matching
+ * clamor_py_numpy_exit() (heap suspension). */
+int clamor_py_numpy_suspend(void);
 
 #ifdef __cplusplus
 }

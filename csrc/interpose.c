@@ -218,15 +218,34 @@ int clamor_interpose_refresh(void) {
 
 unsigned long clamor_interpose_slots(void) { return patched_slots; }
 
+static _Atomic int heap_threads; /* threads inside a heap block (not suspended) */
+
 int clamor_heap_enter(void) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER)
         return cl_err(cl_region.role ? EPERM : ENXIO, "clamor.heap() needs the driver's region");
-    cl_heap_depth++;
+    if (cl_heap_depth++ == 0) atomic_fetch_add(&heap_threads, 1);
     return 0;
 }
 
 void clamor_heap_exit(void) {
-    if (cl_heap_depth > 0) cl_heap_depth--;
+    if (cl_heap_depth > 0 && --cl_heap_depth == 0) atomic_fetch_sub(&heap_threads, 1);
 }
 
 int clamor_heap_active(void) { return cl_heap_depth; }
+
+int clamor_heap_suspend(void) {
+    int d = cl_heap_depth;
+    if (d) {
+        cl_heap_depth = 0;
+        atomic_fetch_sub(&heap_threads, 1);
+    }
+    return d;
+}
+
+void clamor_heap_resume(int depth) {
+    if (depth <= 0 || cl_heap_depth) return;
+    cl_heap_depth = depth;
+    atomic_fetch_add(&heap_threads, 1);
+}
+
+int clamor_heap_threads(void) { return atomic_load(&heap_threads); }

@@ -161,6 +161,25 @@ int clamor_py_numpy_exit(void) {
     return rc;
 }
 
+int clamor_py_numpy_suspend(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = -1;
+    if (numpy_ready() < 0) {
+        /* the Python error is set */
+    } else if (nsaved == MAXNEST) {
+        PyErr_SetString(PyExc_RecursionError, "clamor.heap() nested too deeply");
+    } else {
+        PyObject *prev = PyDataMem_SetHandler(NULL); /* numpy's default */
+        if (prev) {
+            saved[nsaved++] = prev;
+            rc = 0;
+        }
+    }
+    if (rc) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
+}
+
 static int numpy_enter(void) {
     if (numpy_ready() < 0) return -1;
     if (!capsule && !(capsule = PyCapsule_New(&handler, "mem_handler", NULL))) return -1;

@@ -224,6 +224,9 @@ int clamor_region_attach(uintptr_t base, size_t size, size_t page_size) {
 
 int clamor_region_close(void) {
     if (cl_region.role == CLAMOR_ROLE_NONE) return 0;
+    int inside = clamor_heap_threads();
+    if (inside) /* their next allocation would land in unmapped memory */
+        return cl_err(EBUSY, "%d thread(s) are inside clamor.heap(); leave the block(s) first", inside);
     clamor_pager_stop();
     clamor_server_stop();
     int role = cl_region.role;

@@ -239,7 +239,9 @@ def test_close_then_init_again():
         a = clamor.array(np.arange(1000.0))
         old = a.ctypes.data
         res["first"] = [geo(), clamor.heap_stats()["allocated"] > 0]
-        region.close()
+        res["refused"] = attempt(region.close)   # `a` still lives in it
+        res["after refusal"] = [geo(), bool(a.sum() == 499500.0)]
+        region.close(force=True)
         res["closed"] = [geo(), clamor.heap_stats()]
         res["close twice"] = attempt(region.close)
         region.init(base=0x360000000000, size=2 << 30, page_size=4096)
@@ -257,6 +259,8 @@ def test_close_then_init_again():
         print(json.dumps(res))
         """))
     assert out["first"] == [["driver", 0x200000000000, 1 << 30, 64 << 10], True]
+    assert out["refused"][0] == "RegionInUse" and "still allocated" in out["refused"][1]
+    assert out["after refusal"] == [["driver", 0x200000000000, 1 << 30, 64 << 10], True]
     assert out["closed"] == [[None, 0, 0, 0], {"allocated": 0, "footprint": 0}]
     assert out["close twice"] == ["ok", None]
     assert out["second"] == ["driver", 0x360000000000, 2 << 30, 4096]
