@@ -6,6 +6,10 @@ libsigsegv README).  These wrappers make the pages present first (a no-op on
 the driver, where every page is).  For anything else, call
 ``clamor.prefetch(buf)`` before the call.
 """
+import io
+import os
+import stat
+
 import numpy as np
 
 from .region import prefetch
@@ -25,8 +29,6 @@ def recv_into(sock, buf, nbytes=0, flags=0):
 
 def write(fd, buf):
     """``os.write(fd, buf)`` of a region buffer."""
-    import os
-
     prefetch(buf)
     return os.write(fd, buf)
 
@@ -43,9 +45,29 @@ def fromfile(file, out, count=-1, sep=""):
         return data.size
     opened = isinstance(file, (str, bytes)) or hasattr(file, "__fspath__")
     f = open(file, "rb") if opened else file
+    size = out.dtype.itemsize
     try:
+        left = _bytes_left(f)
+        if left is None:  # a stream: whole items only, as np.fromfile
+            data = f.read(n * size) or b""
+            k = len(data) // size
+            flat.view(np.uint8)[: k * size] = np.frombuffer(data, np.uint8, k * size)
+            return k
+        n = min(n, left // size)  # a trailing part of an item is not read
         got = f.readinto(memoryview(flat[:n]).cast("B"))
     finally:
         if opened:
             f.close()
-    return (got or 0) // out.dtype.itemsize
+    return (got or 0) // size
+
+
+def _bytes_left(f):
+    """Bytes between the position of regular file ``f`` and its end; None
+    for anything else (pipes, sockets, objects without a descriptor)."""
+    try:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return max(0, st.st_size - f.tell())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None

@@ -161,11 +161,21 @@ def serve(endpoint="tcp://127.0.0.1:*"):
     """Start this process's page server; returns the endpoint it bound."""
     if not isinstance(endpoint, str):
         raise errors.ConfigError(f"endpoint must be a string, not {endpoint!r}")
+    _check_port(endpoint)
     out = ffi.new("char[]", 256)
     with _lock:
         check(lib.clamor_server_start(endpoint.encode(), out, 256), "starting the page server",
               {errno.EINVAL: errors.TransportError})
     return ffi.string(out).decode()
+
+
+def _check_port(endpoint):
+    """libzmq takes a TCP port modulo 65536 (70000 binds 4464): refuse one
+    out of range rather than serve somewhere the caller did not ask."""
+    if endpoint.startswith("tcp://") and ":" in endpoint[6:]:
+        port = endpoint.rsplit(":", 1)[1]
+        if port != "*" and not (port.isdigit() and int(port) <= 65535):
+            raise errors.TransportError(f"{endpoint}: the port must be 0-65535 or *, not {port!r}")
 
 
 def server_endpoint():
