@@ -281,7 +281,9 @@ static void worker(int wfd, void *argp) {
     /* fork made this process a worker, with every page absent */
     if (clamor_region_role() != CLAMOR_ROLE_WORKER) child_fail(wfd, "the forked child is not a worker");
     clamor_set_readahead(0);
-    if (clamor_pager_start(clamor_fork_parent_endpoint()) != 0) child_fail(wfd, "clamor_pager_start");
+    /* fork started the pager (and this worker's page server) already */
+    int rc = clamor_pager_start(clamor_fork_parent_endpoint());
+    if (rc != 0 && rc != EBUSY) child_fail(wfd, "clamor_pager_start");
     size_t *order = malloc(sizeof(size_t) * a->pages);
     double *v = malloc(sizeof(double) * (size_t)a->n);
     if (!order || !v) child_fail(wfd, "out of memory");

@@ -24,6 +24,14 @@ except ImportError as err:  # pragma: no cover - depends on the install
     ) from err
 
 
+# cffi makes the function object for ``lib.name`` on first use and keeps it.
+# Make them all now: one first used inside ``clamor.heap()`` would live in the
+# region (and be gone with it, or read in a stale version by a worker).
+for _name in dir(lib):
+    getattr(lib, _name)
+del _name
+
+
 def last_error():
     """The C core's detail for this thread's last failure."""
     return ffi.string(lib.clamor_last_error()).decode("utf-8", "replace")

@@ -78,6 +78,8 @@ def main(argv=None):
     w = sub.add_parser("worker", help="run a worker: clamor worker --driver tcp://HOST:PORT")
     w.add_argument("--driver", required=True)
     w.add_argument("--base", default=None)
+    w.add_argument("--connect-timeout", default=None,
+                   help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
     args = ap.parse_args(argv)
     if args.cmd == "demo" and args.demo == "geo":
         return _geo(args, g)
@@ -87,7 +89,11 @@ def main(argv=None):
         return _demo(args)
     from clamor import worker
 
-    return worker.main(["--driver", args.driver] + (["--base", args.base] if args.base else []))
+    argv = ["--driver", args.driver]
+    for flag, value in (("--base", args.base), ("--connect-timeout", args.connect_timeout)):
+        if value is not None:
+            argv += [flag, value]
+    return worker.main(argv)
 
 
 if __name__ == "__main__":

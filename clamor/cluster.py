@@ -10,13 +10,21 @@ clamor.executor.Runtime.
 The driver thread that calls an action runs the stages (clamor/stages.py)
 over one ROUTER socket.  A worker that dies is noticed within half a second
 through psutil (local processes) or after ``heartbeat_timeout`` without a
-heartbeat; its work is recomputed from lineage on the others
-(clamor/lineage.py) and a replacement is forked in its place.
+heartbeat; it is killed and reaped, its work is recomputed from lineage on
+the others (clamor/lineage.py) and a replacement is forked in its place.
+
+Workers live as long as the driver process, whichever thread forked them
+(clamor/_liveness.py), and no longer than their Cluster: close(), the end of
+a ``with``, the Cluster being garbage-collected, or the driver's exit stop
+them.  The finalizer holds what stopping takes (socket, context, process
+ids), never the Cluster itself.
 """
-import atexit
 import collections
+import functools
 import itertools
 import logging
+import math
+import numbers
 import os
 import pickle
 import signal
@@ -26,26 +34,21 @@ import weakref
 
 import zmq
 
-from . import errors, region
+from . import _liveness, errors, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
 from .executor import worker_main
 from .heap import install as install_heap_hooks
+from .heap import outside
 from .lineage import Lineage
 from .share import note_fork
 from .scheduler import Scheduler, Speculation
 from .stages import Stages
 
 log = logging.getLogger("clamor")
-_live = weakref.WeakSet()
+_live = weakref.WeakSet()   # started and not closed (region.close() checks it)
 # Redirect a page request to a worker that holds the page (paper section 4.2):
 # never, to a random holder, or to the less loaded of two random holders.
 REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
-
-
-@atexit.register
-def _close_all():
-    for cl in list(_live):
-        cl.close()
 
 
 class Cluster(Stages):
@@ -74,8 +77,11 @@ class Cluster(Stages):
             workers = os.cpu_count() or 1
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise errors.ConfigError(f"workers must be a positive int, not {workers!r}")
-        if not isinstance(slots, int) or slots < 1:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
+        for name, v in (("heartbeat_timeout", heartbeat_timeout), ("start_timeout", start_timeout)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+                raise errors.ConfigError(f"{name} must be a positive number of seconds, not {v!r}")
         if replication not in REPLICATION:
             raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
         if speculation is True:
@@ -92,8 +98,8 @@ class Cluster(Stages):
         self.nworkers = workers
         self.slots = slots
         self.progress = progress
-        self.heartbeat_timeout = heartbeat_timeout
-        self.start_timeout = start_timeout
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.start_timeout = float(start_timeout)
         self._geometry = (base, region_size, page_size)
         self._started = self._closed = False
         self._stage_stats = collections.deque(maxlen=1000)
@@ -108,9 +114,12 @@ class Cluster(Stages):
     def __exit__(self, *exc):
         self.close()
 
+    @outside   # libzmq's objects and the workers' state must not land in a heap() block
     def start(self):
         if self._started:
             return self
+        if self._closed:
+            raise errors.ClamorError("this cluster is closed")
         base, size, psize = self._geometry
         if region.role() is None:
             region.init(base=base, size=size, page_size=psize)
@@ -143,12 +152,16 @@ class Cluster(Stages):
         self._current = self._trouble = None
         self._changes = {}      # stage -> pages the driver changed just before it
         self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
-        note_fork()
-        for _ in range(self.nworkers):
-            self._spawn_worker()
-        self._started = True
+        # Stops the workers when the Cluster is collected or at exit, if
+        # close() has not; it must not reference the Cluster.
+        self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._workers,
+                                           self._expected, self._pid_of, self._pids)
         _live.add(self)
+        note_fork()
         try:
+            for _ in range(self.nworkers):
+                self._spawn_worker()
+            self._started = True
             self._await_workers()
         except BaseException:
             self.close()
@@ -173,10 +186,7 @@ class Cluster(Stages):
     def _spawn_worker(self):
         """Fork one more worker; it joins when its HELLO arrives."""
         wid = b"w%d" % next(self._wids)
-        me = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            worker_main(self.endpoint, wid, me)
+        pid = _liveness.fork(functools.partial(worker_main, self.endpoint, wid))
         self._pids.append(pid)
         self._pid_of[wid] = pid
         self._expected.add(wid)
@@ -190,47 +200,40 @@ class Cluster(Stages):
             if done:
                 raise errors.WorkerLost(f"worker process {pid} exited during start-up")
 
+    @outside
     def close(self, timeout=5.0):
         """Stop every worker (STOP, then SIGKILL after ``timeout``) and reap."""
-        if self._closed or not self._started:
-            self._closed = True
-            return
         self._closed = True
         _live.discard(self)
-        for wid in list(getattr(self, "_workers", {})):
+        fin = getattr(self, "_finalizer", None)
+        state = fin.detach() if fin is not None else None
+        if state is not None:   # (None: closed already)
+            _, fn, args, _ = state
+            fn(*args, timeout=timeout)
+
+    def _lose(self, wid, reason):
+        pid = self._workers[wid]["pid"]
+        out = super()._lose(wid, reason)   # SIGKILLs it
+        # Reap it now, not at close(): a zombie otherwise.  Bounded: one stuck
+        # in the kernel is left to close().
+        deadline = time.monotonic() + 1.0
+        while True:
             try:
-                self._sock.send_multipart([wid, b"STOP"], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        for wid in getattr(self, "_expected", ()):   # still starting: nothing to finish
-            try:
-                os.kill(self._pid_of[wid], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        for pid in self._pids:
-            while True:
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if done:
-                    break
-                if time.monotonic() > deadline:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                    except (ProcessLookupError, ChildProcessError):
-                        pass
-                    break
-                time.sleep(0.005)
-        self._sock.close()
-        self._ctx.term()
-        region.reset_peers()
+                reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:   # reaped already
+                reaped = True
+            if reaped or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        if reaped and pid in self._pids:   # close() must never wait for, or kill, a reused pid
+            self._pids.remove(pid)
+        return out
 
     @property
     def worker_pids(self):
         """Process ids of the current workers (live or starting), oldest first."""
+        if not self._started:
+            return []
         return [self._pid_of[w] for w in sorted(set(self._workers) | self._expected, key=lambda w: int(w[1:]))]
 
     # -- sources ----------------------------------------------------------------------
@@ -318,3 +321,41 @@ class Cluster(Stages):
     def stage_stats(self):
         return list(self._stage_stats)
 
+
+@outside
+def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, timeout=5.0):
+    """Stop a cluster's workers (STOP, then SIGKILL after ``timeout``), reap
+    them and close its socket.  Runs from close(), or as the Cluster's
+    finalizer (garbage collection, exit)."""
+    if os.getpid() != owner:   # a forked copy of the driver: not its workers, nor its libzmq
+        return
+    for wid in list(workers):
+        try:
+            sock.send_multipart([wid, b"STOP"], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+    for wid in list(expected):   # still starting: nothing to finish
+        try:
+            os.kill(pid_of[wid], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    for pid in list(pids):
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            if time.monotonic() > deadline:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+                break
+            time.sleep(0.005)
+    sock.close()
+    ctx.term()
+    region.reset_peers()

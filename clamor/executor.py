@@ -7,7 +7,9 @@ per worker, so the next one is already here when a task ends).  A service
 thread owns a ROUTER socket that serves this worker's blocks (shuffle
 buckets and cached partitions) to peers, and a DEALER that sends the driver
 a heartbeat every second.  The C pager and page server (csrc/) run beside
-them without the GIL.
+them without the GIL, and a lifeline thread kills the worker as soon as
+the driver process is gone, even in the middle of a task
+(clamor/_liveness.py).
 
 Control messages, multipart:
 
@@ -25,19 +27,19 @@ Control messages, multipart:
 ``attempt`` names the stage payload (sent with a worker's first task of
 it); ``version`` is the stage whose page versions the task reads, older
 than the newest for a lineage re-run.  Messages wait in an inbox, so that
-a CANCEL that arrived behind a queued TASK is seen before the task runs,
-and a LOST is seen while a task waits for blocks from that peer.
+a CANCEL that arrived behind a queued TASK is seen before the task runs, a
+STOP ends the worker without running the tasks queued ahead of it (close()
+does not wait for them), and a LOST is seen while a task waits for blocks
+from that peer.
 
 Block keys are tuples: ("shuffle", shuffle_id, map_partition, bucket) and
 ("cache", collection_id, partition).  A peer asks [GET, pickled-key] and gets
 [OK, pickled-block] or [MISSING].
 """
 import collections
-import ctypes
 import logging
 import os
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -158,6 +160,7 @@ class Runtime:
         self.inbox = collections.deque()   # messages from the driver not yet handled
         self.cancelled = set()             # keys of queued tasks the driver cancelled
         self.dead = set()                  # block endpoints of peers the driver declared lost
+        self.stopping = False              # a STOP came: queued tasks are not run
         self.service = Service(self.ctx, self.store, driver, wid)
         self.endpoint = self.service.endpoint
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -227,13 +230,15 @@ class Runtime:
     # -- the inbox ---------------------------------------------------------------------
     def _receive(self):
         """Move every message waiting from the driver into the inbox, acting
-        at once on CANCEL and LOST."""
+        at once on STOP, CANCEL and LOST."""
         while True:
             try:
                 frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if frames[0] == b"CANCEL":
+            if frames[0] == b"STOP":
+                self.stopping = True
+            elif frames[0] == b"CANCEL":
                 self.cancelled.add(frames[1])
             elif frames[0] == b"LOST":
                 self.dead.update(pickle.loads(frames[1]))
@@ -270,12 +275,12 @@ class Runtime:
                             return
                         continue
                 self._receive()
+                if self.stopping:
+                    return
                 if not self.inbox:
                     continue
                 frames = self.inbox.popleft()
                 kind = frames[0]
-                if kind == b"STOP":
-                    return
                 if kind == b"DROP":
                     prefixes = pickle.loads(frames[1])
                     for k in [k for k in self.store if any(k[:len(px)] == px for px in prefixes)]:
@@ -329,27 +334,6 @@ class Runtime:
             self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), missing))])
 
 
-def _die_with_parent():
-    # Linux: SIGKILL this process when the thread that forked it exits, so a
-    # worker never outlives a driver killed with SIGKILL.
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
-def worker_main(driver, wid, parent_pid):
-    """Entry of a forked worker; never returns."""
-    code = 0
-    try:
-        _die_with_parent()
-        if os.getppid() != parent_pid:  # the driver died before prctl took effect
-            os._exit(0)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-        Runtime(driver, wid).loop()
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        os._exit(code)
+def worker_main(driver, wid):
+    """What a forked worker runs (clamor._liveness.fork does the rest)."""
+    Runtime(driver, wid).loop()

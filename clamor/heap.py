@@ -49,18 +49,23 @@ def heap():
 
     region.ensure()
     install()
+    if lib.clamor_region_role() != lib.CLAMOR_ROLE_DRIVER:
+        raise errors.NotDriver("clamor.heap() needs the driver's region")
+    # numpy's handler first, outside the block: setting it makes a new
+    # context (contextvars), and interpreter state such as that must not
+    # live in the region, where a forked worker would read the driver's
+    # later version of it.
+    if lib.clamor_py_numpy_enter() != 0:
+        raise errors.ClamorError("could not set clamor's numpy allocator")
     # A full collection empties CPython's free lists (floats, tuples, lists,
     # dicts, ...), which would otherwise hand the block objects allocated
     # earlier outside the region, and, after it, hand region objects to code
     # outside it.
     gc.collect()
-    check(lib.clamor_heap_enter(), "clamor.heap()", {errno.EPERM: errors.NotDriver})
-    try:
-        if lib.clamor_py_numpy_enter() != 0:
-            raise errors.ClamorError("could not set clamor's numpy allocator")
-    except BaseException:
-        lib.clamor_heap_exit()
-        raise
+    rc = lib.clamor_heap_enter()   # nothing allocated between this and the yield
+    if rc:
+        lib.clamor_py_numpy_exit()
+        check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
     try:
         yield
     finally:

@@ -115,8 +115,10 @@ def close(force=False):
 
         if any(not c._closed for c in list(cluster._live)):
             raise errors.RegionInUse("a Cluster of this process is still open: close it before the region")
+        # Region arrays nobody references any more free their blocks, and
+        # CPython's free lists let go of region objects they keep for reuse.
+        gc.collect()
         if not force and lib.clamor_region_role() == DRIVER:
-            gc.collect()  # region arrays nobody references any more free their blocks
             left = int(lib.clamor_heap_allocated())
             if left:
                 raise errors.RegionInUse(
@@ -397,8 +399,10 @@ def reset_stats():
 
 
 def _after_fork_child():
-    # The C core already replaced the region (pthread_atfork); threads do not
-    # survive fork, so start this worker's pager and page server again.
+    # The C core already replaced the region and restarted this worker's page
+    # server and pager (its pthread_atfork child handler, csrc/region.c):
+    # threads do not survive fork.  Should that have failed, try once more
+    # (either call fails with EBUSY if it is running).
     if lib.clamor_region_role() != WORKER:
         return
     parent = ffi.string(lib.clamor_fork_parent_endpoint()).decode()

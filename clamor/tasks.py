@@ -6,23 +6,32 @@ clamor.worker --driver ENDPOINT``, or a forked child) connects a DEALER,
 learns the driver's page-server endpoint, attaches the region and then runs
 functions sent to it with cloudpickle.  Messages (multipart):
 
-    worker -> driver   READY                 driver -> worker  WELCOME page_ep driver_pid
+    worker -> driver   READY                 driver -> worker  WELCOME page_ep driver_pid pid_namespace
     worker -> driver   ATTACHED info         driver -> worker  TASK id payload
     worker -> driver   RESULT id ok|err data driver -> worker  STOP
+    worker -> driver   HB token              driver -> worker  PING (ignored)
+
+Local workers die with the driver process and ignore Ctrl-C, as a
+Cluster's do (clamor/_liveness.py).  Each side checks the other by PID only
+when they share a PID namespace (``pid_namespace`` in WELCOME and in the
+ATTACHED info).  Otherwise the worker sends ATTACHED, and all that
+follows, on a new connection with ZMTP heartbeats, and HB (every second,
+from another socket, ``token`` from the ATTACHED info).  The driver's PING
+then fails once the worker's connection is closed, and a worker without
+HB for 10 s is lost as well.
 """
+import functools
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import time
-import traceback
 
 import cloudpickle
-import psutil
 import zmq
 
-from . import errors, region
+from . import _liveness, errors, region
 
 
 class TaskServer:
@@ -41,6 +50,9 @@ class TaskServer:
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.workers = []  # [{"id": identity, "pid": ..., "proc": Popen|None, ...}]
         self._procs = []
+        self._checks_pid = {}  # identity -> whether its PID can be checked from here
+        self._beats = {}       # HB token -> identity (workers in other PID namespaces)
+        self._last_hb = {}     # identity -> when it was last heard of
         self._next = 0
         self._closed = False
 
@@ -50,28 +62,21 @@ class TaskServer:
         cmd = [sys.executable, "-m", "clamor.worker", "--driver", self.endpoint]
         if base is not None:
             cmd += ["--base", hex(base)]
+        fd = _liveness.lifeline()
+        env = {**os.environ, "CLAMOR_DIE_WITH_PARENT": "1", "CLAMOR_PARENT_PID": str(os.getpid()),
+               "CLAMOR_LIFELINE_FD": str(fd), **(env or {})}
         for _ in range(n):
-            self._procs.append(subprocess.Popen(cmd, env={**os.environ, "CLAMOR_DIE_WITH_PARENT": "1",
-                                                          "CLAMOR_PARENT_PID": str(os.getpid()), **(env or {})}))
+            self._procs.append(subprocess.Popen(cmd, env=env, pass_fds=(fd,)))
         return self._await(len(self.workers) + n, timeout)
 
     def fork(self, n=1, timeout=30.0):
         """Start ``n`` workers forked from this process (Python objects built
         in the region stay valid in a child of the same image)."""
-        for _ in range(n):
-            pid = os.fork()
-            if pid == 0:  # child: the fork hook made it a worker already
-                code = 0
-                try:
-                    from .worker import serve
+        from .worker import serve   # (not at the top: python -m clamor.worker)
 
-                    serve(self.endpoint)
-                except BaseException:
-                    traceback.print_exc()
-                    code = 1
-                finally:
-                    os._exit(code)
-            self._procs.append(pid)
+        for _ in range(n):
+            # the child is a worker already (the region's fork hook)
+            self._procs.append(_liveness.fork(functools.partial(serve, self.endpoint)))
         return self._await(len(self.workers) + n, timeout)
 
     def _await(self, want, timeout):
@@ -84,10 +89,15 @@ class TaskServer:
             ident, kind = frames[0], frames[1]
             if kind == b"READY":
                 self._sock.send_multipart([ident, b"WELCOME", self.page_endpoint.encode(),
-                                           str(os.getpid()).encode()])
+                                           str(os.getpid()).encode(), (_liveness.pid_namespace() or "").encode()])
             elif kind == b"ATTACHED":
                 info = pickle.loads(frames[2])
                 info["id"] = ident
+                self._checks_pid[ident] = _liveness.shares_pids(info.pop("pidns", None))
+                token = info.pop("hb", None)
+                if token is not None:
+                    self._beats[token] = ident
+                    self._last_hb[ident] = time.monotonic()
                 self.workers.append(info)
         return self.workers
 
@@ -124,6 +134,8 @@ class TaskServer:
                     raise errors.WorkerLost(f"tasks {sorted(pending)} did not finish within {timeout}s")
                 continue
             frames = self._sock.recv_multipart()
+            if frames[1] == b"HB" and frames[2] in self._beats:
+                self._last_hb[self._beats[frames[2]]] = time.monotonic()
             if frames[1] != b"RESULT":
                 continue
             tid = int(frames[2])
@@ -139,13 +151,34 @@ class TaskServer:
 
     def _check_alive(self, ws):
         for w in set(ws):
-            pid = self.workers[w]["pid"]
-            try:
-                alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                alive = False
-            if not alive:
-                raise errors.WorkerLost(f"worker {w} (pid {pid}) died")
+            info = self.workers[w]
+            ident, pid = info["id"], info["pid"]
+            if self._checks_pid[ident]:
+                if not _liveness.pid_alive(pid):
+                    raise errors.WorkerLost(f"worker {w} (pid {pid}) died")
+                continue
+            if not self._connected(ident):
+                raise errors.WorkerLost(f"worker {w} (pid {pid} as it sees itself) lost its connection")
+            silent = time.monotonic() - self._last_hb.get(ident, time.monotonic())
+            if silent > _liveness.HEARTBEAT_TIMEOUT_MS / 1000:
+                raise errors.WorkerLost(f"worker {w} (pid {pid} as it sees itself) sent no heartbeat "
+                                        f"for {silent:.0f} s")
+
+    def _connected(self, ident):
+        """Whether the ROUTER still has a connection to ``ident`` (it drops
+        one that closes)."""
+        self._sock.router_mandatory = 1
+        try:
+            self._sock.send_multipart([ident, b"PING"], flags=zmq.NOBLOCK)
+        except zmq.Again:   # its queue is full: still connected
+            pass
+        except zmq.ZMQError as err:
+            if err.errno == zmq.EHOSTUNREACH:
+                return False
+            raise
+        finally:
+            self._sock.router_mandatory = 0
+        return True
 
     # -- shutting down ------------------------------------------------------
     def close(self, timeout=5.0):

@@ -1,63 +1,103 @@
 """Worker entry point: ``python -m clamor.worker --driver ENDPOINT``.
 
-Connects to the driver's control endpoint, attaches the region (unless this
-process is a forked worker that has it already), then runs the functions the
-driver sends until told to stop or until the driver process is gone, so a
-worker never outlives its driver.
+Connects to the driver's control endpoint (clamor.tasks.TaskServer),
+attaches the region (unless this process is a forked worker that has it
+already), then runs the functions the driver sends until told to stop or
+until the driver is gone (clamor/_liveness.py tells how it knows), so a
+worker never outlives its driver.  A STOP goes ahead of tasks still
+queued here.
 """
 import argparse
 import logging
+import math
 import os
 import pickle
+import signal
+import stat
 import sys
 import traceback
 
 import cloudpickle
-import psutil
 import zmq
 
-from . import region
+from . import errors, region
+from ._liveness import LinkWatch, beat, heartbeats, pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
 
 
-def _driver_alive(pid):
+def _connect_timeout(value):
+    if value is None:
+        raw = os.environ.get("CLAMOR_CONNECT_TIMEOUT", "30")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise errors.ConfigError(f"CLAMOR_CONNECT_TIMEOUT must be a number of seconds, not {raw!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise errors.ConfigError(f"the connect time-out must be a positive number of seconds, not {value!r}")
+    return value
+
+
+def _connect(sock, driver):
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        sock.connect(driver)
+    except zmq.ZMQError as err:
+        kind = errors.ConfigError if err.errno in (zmq.EINVAL, zmq.EPROTONOSUPPORT) else errors.TransportError
+        raise kind(f"cannot connect to the driver at {driver!r}: {err}") from err
 
 
 def serve(driver, base=None, connect_timeout=None):
-    """Serve tasks from the driver at ``driver`` until STOP.  Gives up if the
-    driver does not answer within ``connect_timeout`` seconds (default:
-    CLAMOR_CONNECT_TIMEOUT, else 30)."""
-    if connect_timeout is None:
-        connect_timeout = float(os.environ.get("CLAMOR_CONNECT_TIMEOUT", "30"))
+    """Serve tasks from the driver at ``driver`` until STOP or until the
+    driver is gone.  Gives up if the driver does not answer within
+    ``connect_timeout`` seconds (default: CLAMOR_CONNECT_TIMEOUT, else 30).
+    A bad endpoint or time-out raises ConfigError, a driver that does not
+    answer TransportError."""
+    connect_timeout = _connect_timeout(connect_timeout)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
-    sock.connect(driver)
+    watch = beating = token = None
     try:
+        _connect(sock, driver)
         sock.send_multipart([b"READY"])
         if not sock.poll(int(connect_timeout * 1000)):
-            raise SystemExit(f"clamor.worker: no answer from the driver at {driver} within {connect_timeout:g} s")
-        kind, page_ep, dpid = sock.recv_multipart()
-        driver_pid = int(dpid)
+            raise errors.TransportError(f"no answer from the driver at {driver} within {connect_timeout:g} s")
+        frames = sock.recv_multipart()
+        page_ep, driver_pid = frames[1], int(frames[2])
+        driver_ns = frames[3].decode() if len(frames) > 3 else None
         if region.role() != "worker":
             region.connect(page_ep.decode(), base=base)
         region.ensure_handler_first()
-        info = {"pid": os.getpid(), "server": region.server_endpoint(), "base": region.base()}
+        if shares_pids(driver_ns):
+            def alive():
+                return pid_alive(driver_pid)
+        else:
+            # The connection tells: a new one, with heartbeats (options
+            # apply to new connections; the driver takes the identity that
+            # ATTACHED comes from).
+            sock.close()
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            heartbeats(sock)
+            alive = watch = LinkWatch(sock, connect_timeout)
+            _connect(sock, driver)
+            token = os.urandom(8)
+            beating = beat(ctx, driver, token)
+        info = {"pid": os.getpid(), "server": region.server_endpoint(), "base": region.base(),
+                "pidns": pid_namespace(), "hb": token}
         sock.send_multipart([b"ATTACHED", pickle.dumps(info)])
+        inbox = []
         while True:
-            if not sock.poll(1000):
-                if not _driver_alive(driver_pid):
-                    log.warning("driver %d is gone; exiting", driver_pid)
+            if not inbox and not sock.poll(1000):
+                if not alive():
+                    log.warning("the driver (pid %d) is gone; exiting", driver_pid)
                     return
                 continue
-            frames = sock.recv_multipart()
-            if frames[0] == b"STOP":
+            while sock.poll(0):   # all that waits: a STOP goes ahead of queued tasks
+                inbox.append(sock.recv_multipart())
+            if any(f[0] == b"STOP" for f in inbox):
                 return
+            frames = inbox.pop(0)
             if frames[0] != b"TASK":
                 continue
             tid, payload = frames[1], frames[2]
@@ -69,8 +109,29 @@ def serve(driver, base=None, connect_timeout=None):
                 out = [b"err", pickle.dumps((f"{type(err).__name__}: {err}", traceback.format_exc()))]
             sock.send_multipart([b"RESULT", tid] + out)
     finally:
+        if watch is not None:
+            beating.set()
+            watch.close()
         sock.close()
         ctx.term()
+
+
+def _tie_to_local_driver():
+    """Spawned by a local driver (TaskServer.spawn): die with it at once,
+    like a forked worker.  False if it is gone already."""
+    parent = int(os.environ.pop("CLAMOR_PARENT_PID", "0") or 0)
+    fd = os.environ.pop("CLAMOR_LIFELINE_FD", "")
+    try:
+        fd = int(fd) if stat.S_ISFIFO(os.fstat(int(fd)).st_mode) else None
+    except (ValueError, OSError):
+        fd = None
+    if fd is not None:
+        os.set_inheritable(fd, False)   # not for this worker's own children
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent:
+        watch_lifeline(fd, parent)
+        return os.getppid() == parent
+    return True
 
 
 def main(argv=None):
@@ -82,15 +143,19 @@ def main(argv=None):
                     help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("CLAMOR_LOG", "WARNING"))
-    if os.environ.get("CLAMOR_DIE_WITH_PARENT") == "1":
-        # started by a local driver (TaskServer.spawn): die with it at once,
-        # not at the next fetch time-out
-        from .executor import _die_with_parent
-        parent = int(os.environ.get("CLAMOR_PARENT_PID", "0"))
-        _die_with_parent()
-        if parent and os.getppid() != parent:
+    if os.environ.pop("CLAMOR_DIE_WITH_PARENT", "") == "1":
+        if not _tie_to_local_driver():
             return 0
-    serve(args.driver, base=args.base, connect_timeout=args.connect_timeout)
+    else:
+        for var in ("CLAMOR_PARENT_PID", "CLAMOR_LIFELINE_FD"):
+            os.environ.pop(var, None)
+    try:
+        serve(args.driver, base=args.base, connect_timeout=args.connect_timeout)
+    except errors.ClamorError as err:
+        print(f"clamor.worker: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

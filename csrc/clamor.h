@@ -68,7 +68,10 @@ int clamor_region_role(void);
  * region is replaced (same address) by a fresh private mapping with every
  * page not present, and no thread of the parent survives.  This runs by
  * itself from a pthread_atfork() child handler; it is exposed for tests.
- * The pager must then be started again, see clamor_pager_start(). */
+ * If the parent was serving pages, the same handler then starts the
+ * child's page server and its pager (connected to the parent), so the
+ * child can touch region memory from its first instruction;
+ * clamor_pager_start() afterwards answers EBUSY. */
 int clamor_region_reset_after_fork(void);
 
 /* Endpoint of the page server of the parent at fork time ("" if none):

@@ -18,6 +18,9 @@
  * (never to glibc), wherever and whenever it happens; on a worker it is a
  * no-op, since workers never free region memory.
  *
+ * Function pointers to these stored in a library's data (an allocator
+ * table) are patched too.
+ *
  * Not patched: glibc and the dynamic loader themselves (their internal
  * calls do not go through a GOT), and clamor's own module, whose allocator
  * keeps its bookkeeping in the ordinary heap.
@@ -166,7 +169,13 @@ static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) *rel,
                          const char *strtab) {
     for (size_t i = 0; i < n; i++) {
         unsigned type = ELF64_R_TYPE(rel[i].r_info);
-        if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) continue;
+        /* JUMP_SLOT and GLOB_DAT: calls and address loads through the GOT.
+         * R_X86_64_64 with no addend: a function pointer stored in data,
+         * such as a default allocator table {malloc, free} (cffi keeps
+         * `free` so): left alone, a block from the patched malloc would
+         * reach glibc's free through it. */
+        if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT && !(type == R_X86_64_64 && rel[i].r_addend == 0))
+            continue;
         const char *name = strtab + symtab[ELF64_R_SYM(rel[i].r_info)].st_name;
         for (size_t k = 0; k < NTABLE; k++)
             if (!strcmp(name, table[k].name)) {

@@ -159,8 +159,21 @@ static int new_memfd(size_t size, int *fd_out) {
     return 0;
 }
 
+/* A forked worker may touch the region before any of its own code runs:
+ * the interpreter's after-fork work reuses objects from CPython's free lists
+ * and reads dicts and caches that grew inside a heap() block.  Every page is
+ * absent now, so the pager and this worker's page server start here, before
+ * fork() returns to the child, and such a touch is fetched like any other
+ * instead of dying for want of a pager.  (glibc has unlocked malloc by the
+ * time child handlers run; the threads are this process's first.)  A
+ * failure leaves them stopped; clamor/region.py tries again. */
 static void atfork_child(void) {
-    if (cl_region.role != CLAMOR_ROLE_NONE) clamor_region_reset_after_fork();
+    if (cl_region.role == CLAMOR_ROLE_NONE || clamor_region_reset_after_fork() != 0) return;
+    const char *parent = clamor_fork_parent_endpoint();
+    if (!parent[0]) return;
+    char bound[256];
+    clamor_server_start("tcp://127.0.0.1:*", bound, sizeof bound); /* first: the pager names it to the driver */
+    clamor_pager_start(parent);
 }
 
 /* Worker-only parts: fill view and page table. */

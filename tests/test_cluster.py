@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 import clamor
+from procs import gone, wait_gone
 from clamor import region
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,23 +72,6 @@ def last_stage(cl):
 
 def env():
     return {**os.environ, "PYTHONFAULTHANDLER": ""}
-
-
-def gone(pid):
-    """The process has exited (reaped, or a zombie nobody reaped yet)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(pids, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(gone(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def run_json(code, timeout=60):

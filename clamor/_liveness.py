@@ -1,0 +1,268 @@
+"""How a worker and its driver stay tied, and tell whether the other is alive.
+
+DESIGN.  A local worker (forked by a Cluster or a TaskServer, or spawned by
+TaskServer.spawn) lives exactly as long as the driver *process*.  The
+driver makes one *lifeline* pipe (``lifeline()``) and never writes to it.
+Its write end is close-on-exec, and every child forked from the driver
+closes its copy at once (an at-fork hook), so only the driver holds it.  A
+worker watches the read end from a thread (``watch_lifeline``): EOF means
+the driver process is gone, however it ended, and the worker SIGKILLs
+itself, even in the middle of a task.  The same thread checks
+os.getppid() every second as a second guard.  PR_SET_PDEATHSIG is set too
+when the main thread forks the worker: the kernel fires it when the
+forking *thread* exits (prctl(2)), so it would kill workers forked from a
+short-lived thread, but the main thread lives as long as the process, and
+the signal needs no GIL (a task may hold it in C code).
+
+Across hosts and containers: a PID means something only to a process in
+the same PID namespace on the same boot of the same host.  Each side sends
+``pid_namespace()`` in its hello, and checks the other by PID only when
+they match (``shares_pids``).  Otherwise the connection tells.  The
+worker's socket sends ZMTP heartbeats (``heartbeats``; libzmq's I/O thread
+answers them, so a busy driver still does) and drops a connection silent
+for HEARTBEAT_TIMEOUT_MS; the worker then exits.  The driver sees a closed
+connection at once, and a silent worker by its application heartbeats
+(``beat``), sent from a thread so that a running task does not stop them.
+Only across namespaces: a worker that shares the driver's must survive a
+driver stopped for a while (Ctrl-Z), and a dropped connection would come
+back under an identity the driver does not know.
+
+This is not clamor.worker: that module is also run as ``python -m``, and
+the package must not import it first.
+"""
+import ctypes
+import os
+import select
+import signal
+import socket
+import stat
+import threading
+import time
+import traceback
+
+import psutil
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 10000
+
+# -- the lifeline ---------------------------------------------------------------------
+_lifeline = None      # (read fd, write fd): this driver process's lifeline
+_inherited = None     # read end of the lifeline of the process this one was forked from
+_lifeline_lock = threading.Lock()
+_libc = None
+
+
+def lifeline():
+    """Driver: the read end of this process's lifeline pipe (made on first
+    use; both ends are close-on-exec, PEP 446)."""
+    global _lifeline
+    with _lifeline_lock:
+        if _lifeline is None:
+            _lifeline = os.pipe()
+        return _lifeline[0]
+
+
+def _after_fork_child():
+    global _lifeline, _inherited
+    _lifeline_lock.release()
+    if _lifeline is not None:
+        os.close(_lifeline[1])   # now only the driver holds the write end
+        _inherited, _lifeline = _lifeline[0], None
+
+
+# The lock is held across fork, so that no child inherits a write end
+# another thread is still making.
+os.register_at_fork(before=_lifeline_lock.acquire, after_in_parent=_lifeline_lock.release,
+                    after_in_child=_after_fork_child)
+
+
+def _suicide():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def watch_lifeline(fd, parent):
+    """Worker: SIGKILL this process once the driver process is gone: ``fd``
+    (the lifeline's read end; None for none) reads EOF, or the parent
+    process is no longer ``parent``."""
+    poll = None
+    if fd is not None:
+        poll = select.poll()
+        poll.register(fd, select.POLLIN)
+
+    def watch():
+        p = poll
+        while True:
+            if p is None:
+                time.sleep(1.0)
+            else:
+                events = p.poll(1000)
+                if any(ev & select.POLLNVAL for _, ev in events):
+                    p = None     # a task closed the descriptor: the parent check remains
+                elif events:     # nobody writes: any event is the end of the pipe
+                    _suicide()
+            if os.getppid() != parent:
+                _suicide()
+
+    threading.Thread(target=watch, name="clamor-lifeline", daemon=True).start()
+
+
+def _pdeathsig():
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _listeners():
+    """[(fd, (st_dev, st_ino))] of this process's listening sockets."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            st = os.fstat(fd)
+        except OSError:          # the directory's own descriptor, or closed meanwhile
+            continue
+        if stat.S_ISSOCK(st.st_mode) and _accepting(fd):
+            out.append((fd, (st.st_dev, st.st_ino)))
+    return out
+
+
+def _accepting(fd):
+    # getsockopt(2) straight on the descriptor: a socket.socket object made
+    # around it could change its blocking mode (socket.setdefaulttimeout).
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    val, size = ctypes.c_int(0), ctypes.c_uint32(ctypes.sizeof(ctypes.c_int))
+    rc = _libc.getsockopt(fd, socket.SOL_SOCKET, socket.SO_ACCEPTCONN, ctypes.byref(val), ctypes.byref(size))
+    return rc == 0 and val.value != 0
+
+
+def _close_listeners(inherited):
+    """Close, in a child, the driver's listening sockets: they would keep its
+    ports bound while the child lives.  A descriptor is closed only if it
+    is still the same socket (a socket made after fork, such as the
+    child's own page server's, has another inode)."""
+    for fd, ident in inherited:
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == ident:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+def fork(body):
+    """Driver: fork a local worker that runs ``body()`` and exits; returns
+    its pid.  The child dies with this process (see DESIGN), ignores
+    Ctrl-C (the driver's to handle) and closes the driver's listening
+    sockets."""
+    lifeline()
+    parent = os.getpid()
+    main = threading.current_thread() is threading.main_thread()
+    listening = _listeners()
+    from .heap import prepare_fork   # here: heap imports the compiled core
+
+    prepare_fork()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if main:
+            _pdeathsig()
+        watch_lifeline(_inherited, parent)
+        if os.getppid() != parent:   # the driver died before the watch began
+            os._exit(0)
+        _close_listeners(listening)
+        body()
+    except KeyboardInterrupt:   # a Ctrl-C before SIGINT was ignored
+        code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+# -- liveness across PID namespaces ---------------------------------------------------
+def pid_namespace():
+    """Who sees the same PIDs: "host/boot id/PID-namespace inode", or None
+    where that cannot be told."""
+    try:
+        ino = os.stat("/proc/self/ns/pid").st_ino
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return None
+    return f"{socket.gethostname()}/{boot}/{ino}"
+
+
+def shares_pids(peer):
+    """True if a peer that reported ``peer`` (its pid_namespace()) can be
+    checked by PID from here."""
+    mine = pid_namespace()
+    return mine is not None and peer == mine
+
+
+def pid_alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def heartbeats(sock):
+    """ZMTP heartbeats on ``sock``'s future connections (set before
+    connect): a ping every HEARTBEAT_IVL_MS, and a connection that stays
+    silent HEARTBEAT_TIMEOUT_MS after a ping is dropped."""
+    sock.heartbeat_ivl = HEARTBEAT_IVL_MS
+    sock.heartbeat_timeout = HEARTBEAT_TIMEOUT_MS
+
+
+class LinkWatch:
+    """Liveness of a DEALER's one connection, watched from before it is
+    made: gone once it disconnects (closed by the peer, or silent past the
+    heartbeat time-out), or if it is not made within ``grace`` seconds."""
+
+    def __init__(self, sock, grace):
+        self.sock = sock
+        self.mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.connected = False
+        self.deadline = time.monotonic() + grace
+
+    def __call__(self):
+        while self.mon.poll(0):
+            if recv_monitor_message(self.mon)["event"] == zmq.EVENT_DISCONNECTED:
+                return False
+            self.connected = True
+        return self.connected or time.monotonic() < self.deadline
+
+    def close(self):
+        self.sock.disable_monitor()
+        self.mon.close()
+
+
+def beat(ctx, endpoint, token):
+    """Send [HB, token] to ``endpoint`` every HEARTBEAT_IVL_MS from a thread
+    and a socket of its own, so that the driver hears from this worker
+    while a task runs (ZMTP heartbeats do not tell a ROUTER's user which
+    peer went silent).  Returns the Event that stops it."""
+    stop = threading.Event()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+
+    def run():
+        while not stop.wait(HEARTBEAT_IVL_MS / 1000):
+            try:
+                sock.send_multipart([b"HB", token], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:   # its queue is full: the driver is not reading
+                pass
+        sock.close()
+
+    threading.Thread(target=run, name="clamor-beat", daemon=True).start()
+    return stop
