@@ -125,9 +125,12 @@ class Cluster(Stages):
             region.init(base=base, size=size, page_size=psize)
         elif region.role() != "driver":
             raise errors.RegionError("a Cluster runs in the driver, and this process is a worker")
-        elif psize and psize != region.page_size():
-            raise errors.ConfigError(f"the region already has {region.page_size()}-byte pages; "
-                                     f"a cluster cannot use {psize} (page size is fixed per region)")
+        else:
+            for name, want, have in (("page_size", psize, region.page_size()), ("region_size", size, region.size()),
+                                     ("base", base, region.base())):
+                if want and want != have:   # None or 0: the default, whatever it is
+                    raise errors.ConfigError(f"this process's region already has {name} {have:#x}; a cluster "
+                                             f"cannot use {want!r} (the region's geometry is fixed when it is mapped)")
         self.page_endpoint = region.server_endpoint() or region.serve()
         region.set_replication(REPLICATION[self.replication])
         region.reset_peers()  # holders from an earlier cluster in this process are gone

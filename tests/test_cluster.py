@@ -253,6 +253,10 @@ def test_bad_arguments_are_config_errors(cl, tmp_path):
     other = 4096 if region.page_size() != 4096 else 16384
     with pytest.raises(clamor.ConfigError):      # the region's page size is fixed
         clamor.Cluster(workers=1, page_size=other).start()
+    with pytest.raises(clamor.ConfigError, match="region_size"):   # and so are its size ...
+        clamor.Cluster(workers=1, region_size=region.size() * 2).start()
+    with pytest.raises(clamor.ConfigError, match="base"):          # ... and its base
+        clamor.Cluster(workers=1, base=region.base() + (1 << 40)).start()
     assert cl.range(3).collect() == [0, 1, 2]
 
 
