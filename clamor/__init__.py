@@ -15,7 +15,7 @@ from .scheduler import Speculation
 from .alloc import alloc, array, asarray, calloc, empty, free, full, heap_stats, in_region, realloc, \
     usable_size, view, zeros
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
-                     NotDriver, NotSerializable, PageFetchError, ProtocolError, RegionError, RegionExhausted, RegionInUse,
+                     NotDriver, NotSerializable, PageFetchError, TaskTimeout, ProtocolError, RegionError, RegionExhausted, RegionInUse,
                      TaskError, TransportError, WorkerLost)
 from .io import fromfile, readinto, recv_into, write
 from .refs import ArrayRef, Ref, ref
@@ -30,5 +30,5 @@ __all__ = [
     "readinto", "recv_into", "write", "fromfile", "errors",
     "ClamorError", "BuildError", "ConfigError", "RegionError", "RegionInUse", "NoRegion", "AllocError",
     "InvalidSize", "InvalidPointer", "RegionExhausted", "NotDriver", "PageFetchError", "TransportError",
-    "ProtocolError", "TaskError", "WorkerLost", "NotSerializable",
+    "ProtocolError", "TaskError", "WorkerLost", "NotSerializable", "TaskTimeout",
 ]

@@ -85,6 +85,10 @@ class NotSerializable(ClamorError, TypeError):
     workers (a lock, a socket, an open file, the Cluster itself)."""
 
 
+class TaskTimeout(ClamorError, TimeoutError):
+    """A task did not finish within the time-out it was given."""
+
+
 class WorkerLost(ClamorError):
     """A worker process died or stopped answering."""
 

@@ -302,6 +302,12 @@ class Runtime:
             self.stages[attempt] = payload
             while len(self.stages) > 16:
                 self.stages.popitem(last=False)
+        # Pages the driver changed between this worker's last version and the
+        # task's: dropped even if the task is skipped, since the driver counts
+        # this worker as up to date once it has sent them.
+        if inval:
+            region.invalidate(np.frombuffer(inval, dtype=np.uint64))
+        region.set_stage(version)
         if key in self.cancelled:   # another copy finished while this one waited here
             self.cancelled.discard(key)
             self.sock.send_multipart([b"SKIP", key])
@@ -309,9 +315,6 @@ class Runtime:
         if len(self.cancelled) > 4096:   # cancels of tasks that had already run
             self.cancelled.clear()
         region.ensure_handler_first()
-        if inval:  # pages the driver changed between this worker's last version and the task's
-            region.invalidate(np.frombuffer(inval, dtype=np.uint64))
-        region.set_stage(version)
         before = region.stats()
         t0 = time.perf_counter()
         try:

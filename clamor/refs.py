@@ -24,6 +24,9 @@ class Ref:
     __slots__ = ("offset", "nbytes")
 
     def __init__(self, addr, nbytes=0):
+        for name, v in (("address", addr), ("nbytes", nbytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise errors.InvalidPointer(f"a Ref's {name} is a non-negative int, not {v!r}")
         if not region.contains(addr, max(nbytes, 1)):
             raise errors.InvalidPointer(f"{addr:#x} (+{nbytes}) is not inside this process's region")
         self.offset = addr - region.base()
@@ -54,15 +57,22 @@ class ArrayRef:
     __slots__ = ("offset", "data_offset", "span", "dtype", "shape", "strides")
 
     def __init__(self, a):
-        a = np.asarray(a)
+        if a is None or isinstance(a, (float, complex, str, bytes, np.generic)):
+            raise TypeError(f"clamor.ref takes a region ndarray or an address, not {type(a).__name__}")
+        a = np.asarray(a)   # an array-like is never in the region: refused below
+        if a.dtype.hasobject:
+            raise errors.InvalidPointer("an array of Python objects holds pointers, not data: it cannot travel "
+                                        "as a reference (ship the objects, built in clamor.heap(), instead)")
         lo, hi = _bounds(a)
-        if a.nbytes and not region.contains(lo, hi - lo):
+        if not region.contains(lo, max(hi - lo, 1)):
             raise errors.InvalidPointer("the array's buffer is not inside the region; "
                                         "make it with clamor.empty/zeros/array")
         self.offset = lo - region.base()
         self.data_offset = a.__array_interface__["data"][0] - lo
         self.span = hi - lo
-        self.dtype = a.dtype.str if not a.dtype.fields else a.dtype.descr
+        # the dtype itself (it pickles exactly): its .descr loses alignment
+        # padding and cannot describe overlapping fields
+        self.dtype = a.dtype
         self.shape = a.shape
         self.strides = a.strides
 
@@ -88,6 +98,6 @@ class ArrayRef:
 
 def ref(a):
     """A picklable reference to a region ndarray (or, for an int, address)."""
-    if isinstance(a, int):
+    if isinstance(a, int) and not isinstance(a, bool):
         return Ref(a)
     return ArrayRef(a)

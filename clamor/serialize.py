@@ -38,13 +38,25 @@ def _in_region(a):
     return region.contains(addr, max(a.nbytes, 1))
 
 
-_shared = set()  # ids of region objects already checked by clamor.share()
+# Region objects already checked by clamor.share(): id -> (type, length).
+# A walk of a big structure costs, so it is not repeated for every stage;
+# one that grew or shrank, or an id now naming another object, is checked
+# again.  (A same-size change, such as d[k] = a new object, is not seen:
+# call clamor.share() after such a change if in doubt.)
+_shared = {}
 # Code and collections travel by value even when a heap() block made them:
 # a lambda, a closure or a collection written inside the block is the task,
 # not data it reads.
 _BY_VALUE = (type, np.ndarray, types.FunctionType, types.CodeType, types.CellType, types.MethodType,
              types.ModuleType, DataCollection)
 _base, _end = 0, [0]
+
+
+def _length(obj):
+    try:
+        return len(obj)
+    except Exception:  # no length, or one that fails
+        return -1
 
 
 class _Pickler(cloudpickle.CloudPickler):
@@ -60,10 +72,11 @@ class _Pickler(cloudpickle.CloudPickler):
         # worker, once clamor.share() found nothing outside the region
         # behind it.
         if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
-            if id(obj) not in _shared:
+            sig = (type(obj), _length(obj))
+            if _shared.get(id(obj)) != sig:
                 from .share import share
                 share(obj)
-                _shared.add(id(obj))
+                _shared[id(obj)] = sig
             return ("clamor-object", id(obj) - _base)
         return None
 

@@ -8,7 +8,9 @@ list or a cache while ``obj`` was built, is garbage on the worker.
 graph (gc referents, with attribute, key and index names for the message)
 and raises ``NotShareable`` naming the first object that is neither in the
 region nor inherited.  C-level pointers inside extension objects are not
-visible to it; numpy arrays are checked down to their data buffer.
+visible to it; numpy arrays are checked down to their data buffer (through
+views) and, for object arrays, their items.  A region instance of a class
+gets a dict with keys of its own, in the region (see ``_own_keys``).
 
 "Inherited" is what existed when the last Cluster of this process forked
 its workers (snapshot in ``note_fork``); before any fork, only objects that
@@ -64,8 +66,8 @@ def _ok_outside(o):
         return True
     if type(o) is int and -5 <= o <= 256:
         return True
-    if type(o) is str and len(o) <= 1:
-        return True
+    if type(o) is str and (not o or (len(o) == 1 and ord(o) < 256)):
+        return True  # the empty string and the Latin-1 characters are singletons
     return _inherited is not None and id(o) in _inherited
 
 
@@ -87,6 +89,38 @@ def _children(o):
         yield f" -> <{type(r).__name__}>", r
 
 
+_MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
+_NONSTR_KEY = -12345   # any non-str key converts a split dict to a combined one
+
+
+def _has_dict(o):
+    t = type(o)
+    return bool(t.__flags__ & _HEAPTYPE) and bool(t.__flags__ & _MANAGED_DICT or t.__dictoffset__)
+
+
+def _own_keys(o, path):
+    """Give a region instance a dict with its own keys table, in the region.
+
+    CPython shares one keys table among the instances of a class (split
+    dicts): the class's, made with the class, outside the region.  An
+    attribute name first set after the workers were forked is added to
+    that table in the driver only, and a worker, whose copy of the class
+    is from the fork, would not find it.  A dict made and converted inside
+    a heap block (one non-string key does it) keeps its own keys, in the
+    region, where workers read them."""
+    from ._native import lib
+
+    lib.clamor_heap_enter()
+    try:
+        d = o.__dict__
+        d[_NONSTR_KEY] = None
+        del d[_NONSTR_KEY]
+    finally:
+        lib.clamor_heap_exit()
+    if not region.contains(id(d), sys.getsizeof(d)):
+        raise NotShareable(f"{path}.__dict__ (at {id(d):#x}) could not be placed in the region")
+
+
 def share(obj, limit=20_000_000):
     """Check that workers can use ``obj`` in place; returns ``obj``.
 
@@ -97,6 +131,7 @@ def share(obj, limit=20_000_000):
         raise errors.NoRegion("no region in this process")
     from .heap import install
     install()
+    gc.collect()  # empty the free lists: the dicts _own_keys makes must come from the region
     stack = [("obj", obj)]
     seen = set()
     n = 0
@@ -114,11 +149,22 @@ def share(obj, limit=20_000_000):
                 continue  # inherited: its own referents were inherited with it
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
-        if isinstance(o, np.ndarray) and o.base is None and o.nbytes:
-            addr = o.__array_interface__["data"][0]
-            if not region.contains(addr, o.nbytes):
-                raise NotShareable(f"{path}: the data of this {o.dtype} array of {o.nbytes} bytes lies at "
-                                   f"{addr:#x}, outside the region")
+        if isinstance(o, np.ndarray):
+            # ndarrays are not gc containers: their base and items are
+            # walked here
+            if o.base is not None:
+                stack.append((path + ".base", o.base))
+            elif o.nbytes:
+                addr = o.__array_interface__["data"][0]
+                if not region.contains(addr, o.nbytes):
+                    raise NotShareable(f"{path}: the data of this {o.dtype} array of {o.nbytes} bytes lies at "
+                                       f"{addr:#x}, outside the region")
+            if o.dtype.hasobject:
+                for i, item in enumerate(o.ravel(order="K")):
+                    stack.append((f"{path}.flat[{i}]", item))
+            continue
+        if _has_dict(o):
+            _own_keys(o, path)
         for name, child in _children(o):
             stack.append((path + name, child))
     return obj

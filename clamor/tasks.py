@@ -57,8 +57,13 @@ class TaskServer:
         self._closed = False
 
     # -- starting workers ---------------------------------------------------
+    def _open(self):
+        if self._closed:
+            raise errors.ClamorError("this TaskServer is closed")
+
     def spawn(self, n=1, base=None, env=None, timeout=30.0):
         """Start ``n`` worker processes with ``python -m clamor.worker``."""
+        self._open()
         cmd = [sys.executable, "-m", "clamor.worker", "--driver", self.endpoint]
         if base is not None:
             cmd += ["--base", hex(base)]
@@ -73,6 +78,8 @@ class TaskServer:
         """Start ``n`` workers forked from this process (Python objects built
         in the region stay valid in a child of the same image)."""
         from .worker import serve   # (not at the top: python -m clamor.worker)
+
+        self._open()
 
         for _ in range(n):
             # the child is a worker already (the region's fork hook)
@@ -109,14 +116,23 @@ class TaskServer:
     def map(self, fn, items, timeout=None):
         """``fn(item)`` for each item, spread round-robin over the workers."""
         n = len(self.workers)
+        if not n:
+            raise errors.WorkerLost("no workers: call spawn() or fork() first")
         return self.gather([(i % n, fn, (x,), {}) for i, x in enumerate(items)], timeout=timeout)
 
     def gather(self, calls, timeout=None):
         """Run [(worker, fn, args, kwargs)] concurrently; results in order.
         A worker that dies raises WorkerLost; a function that raises raises
         TaskError with the remote traceback."""
+        self._open()
         if not self.workers:
             raise errors.WorkerLost("no workers: call spawn() or fork() first")
+        calls = list(calls)
+        for w, *_ in calls:
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(self.workers):
+                raise errors.ConfigError(f"worker must be an int from 0 to {len(self.workers) - 1}, not {w!r}")
+            if self.workers[w].get("lost"):
+                raise errors.WorkerLost(f"worker {w} was stopped after a task of it ran past its time-out")
         pending = {}
         for w, fn, args, kwargs in calls:
             tid = self._next
@@ -131,7 +147,9 @@ class TaskServer:
             if not self._sock.poll(500):
                 self._check_alive(pending.values())
                 if deadline is not None and time.monotonic() > deadline:
-                    raise errors.WorkerLost(f"tasks {sorted(pending)} did not finish within {timeout}s")
+                    self._stop_stuck(set(pending.values()))
+                    raise errors.TaskTimeout(f"tasks {sorted(pending)} did not finish within {timeout}s; "
+                                             f"worker(s) {sorted(set(pending.values()))} were stopped")
                 continue
             frames = self._sock.recv_multipart()
             if frames[1] == b"HB" and frames[2] in self._beats:
@@ -148,6 +166,23 @@ class TaskServer:
                 msg, tb = pickle.loads(frames[4])
                 raise errors.TaskError(msg, tb)
         return [results[t] for t in order]
+
+    def _stop_stuck(self, ws):
+        """A task cannot be interrupted: stop the workers running those past
+        their time-out, so that nothing later queues behind them.  Their
+        slots stay (workers are named by index) and refuse new tasks."""
+        for w in ws:
+            info = self.workers[w]
+            info["lost"] = True
+            try:
+                self._sock.send_multipart([info["id"], b"STOP"], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            if self._checks_pid.get(info["id"]):
+                try:
+                    os.kill(info["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _check_alive(self, ws):
         for w in set(ws):

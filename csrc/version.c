@@ -65,6 +65,38 @@ static struct {
 
 static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A write fault and clamor_stage_begin exclude each other.  Without it, a
+ * driver thread writing while another begins a stage could log a page
+ * under the old epoch into the new epoch's dirty list (where the next
+ * stage_begin skips it), or open a page for writing just after stage_begin
+ * closed it: either way the page's changes reach no changed list, and
+ * workers keep their old copy for good.  The handler cannot take a mutex;
+ * it announces itself in `writers` and backs off while `beginning` is set
+ * (both seq_cst, so one of the two always sees the other). */
+static _Atomic uint32_t beginning;
+static _Atomic int writers;
+
+static void writer_enter(void) {
+    for (;;) {
+        atomic_fetch_add(&writers, 1);
+        if (!atomic_load(&beginning)) return;
+        atomic_fetch_sub(&writers, 1);
+        cl_futex_wait(&beginning, 1, 10);
+    }
+}
+
+static void writer_exit(void) { atomic_fetch_sub(&writers, 1); }
+
+static void begin_exclusive(void) {
+    atomic_store(&beginning, 1);
+    while (atomic_load(&writers)) sched_yield();
+}
+
+static void begin_done(void) {
+    atomic_store(&beginning, 0);
+    cl_futex_wake(&beginning);
+}
+
 /* ---- slots (async-signal-safe) --------------------------------------------- */
 
 static uint32_t slot_get(void) {
@@ -158,8 +190,16 @@ static int log_page(uint64_t p, uint32_t e) {
     return 0;
 }
 
+static int on_write(uintptr_t addr);
+
 int cl_version_on_write(uintptr_t addr) {
-    if (!V.on) return EACCES;
+    writer_enter();
+    int rc = V.on ? on_write(addr) : EACCES; /* read after a first stage_begin has finished */
+    writer_exit();
+    return rc;
+}
+
+static int on_write(uintptr_t addr) {
     uint32_t e = atomic_load(&V.epoch);
     uint64_t p = cl_page_of(addr);
     /* Past a few thousand pages an epoch, log aligned groups so the driver's
@@ -201,17 +241,19 @@ int clamor_stage_begin(uint32_t stage) {
         return cl_err(EINVAL, "stage %u does not follow stage %u", stage, atomic_load(&V.epoch));
     pthread_mutex_lock(&vlock);
     int rc = 0;
-    if (!V.logged && (rc = versions_init())) goto out;
+    if (!V.logged && (rc = versions_init())) goto unlock;
+    begin_exclusive();
     V.nchanged = 0;
     if (!V.on) {
         /* first stage: everything written so far is the content of stage 1 */
         if ((rc = clamor_fault_install()) > 0) goto out;
         atomic_store(&V.epoch, stage);
+        V.on = true; /* before the protection: a write from now on is logged */
         if (mprotect((void *)cl_region.base, cl_region.size, PROT_READ)) {
+            V.on = false;
             rc = cl_err(errno, "write-protecting the region: %s", strerror(errno));
             goto out;
         }
-        V.on = true;
         cl_dir_forget_all(); /* copies fetched before stages may be stale */
         goto out;
     }
@@ -246,6 +288,8 @@ int clamor_stage_begin(uint32_t stage) {
     }
     for (uint64_t i = 0; i < V.nchanged; i++) cl_dir_changed(V.changed[i], stage);
 out:
+    begin_done();
+unlock:
     pthread_mutex_unlock(&vlock);
     return rc;
 }

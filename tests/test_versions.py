@@ -1,4 +1,5 @@
 """Globals across stages: caching, driver updates, invalidation, versions."""
+import json
 
 DRIVER = """
 import json, os, sys, threading, time
@@ -170,3 +171,72 @@ with clamor.Cluster(workers=1, progress=False) as cl:
     got = cl.range(1, partitions=1).map(lambda _: float(a[:8192].sum())).collect()[0]
     assert got == float(np.arange(8192).sum()), got
 """, check=True)
+
+
+def test_a_skipped_task_still_drops_the_pages_it_carried(py, tmp_path):
+    """The first task a worker gets at a new version carries the pages the
+    driver changed.  A losing speculative copy keeps worker Y busy into the
+    next stage; Y's task there is copied to another worker, which wins, and
+    Y skips it unrun.  Y must still drop the changed pages, or it reads the
+    old values in every later stage."""
+    p = py(DRIVER + f"""
+N = 1 << 20
+a = clamor.array(np.zeros(N))
+mark = {str(tmp_path / "mark")!r}
+with clamor.Cluster(workers=3, progress=False) as cl:
+    cl.range(12, partitions=12).map(lambda p: float(a.sum())).collect()
+    def f(p):
+        if p == 0:
+            try:
+                os.close(os.open(mark, os.O_CREAT | os.O_EXCL)); time.sleep(1)   # the original
+            except FileExistsError:
+                time.sleep(4)                                                   # the losing copy
+        return p
+    cl.range(12, partitions=12).map(f).collect()
+    a[:] = 1.0
+    sums = cl.range(12, partitions=12).map(lambda p: float(a.sum())).collect()
+    time.sleep(4)
+    for _ in range(3):
+        sums += cl.range(12, partitions=12).map(lambda p: float(a.sum())).collect()
+    st = cl.stats()["recovery"]
+print(json.dumps({{"wrong": sum(s != N for s in sums), "n": len(sums), "cancelled": st["copies_cancelled"]}}))
+""", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["cancelled"] >= 1, out     # the scenario happened
+    assert out["wrong"] == 0 and out["n"] == 48, out
+
+
+def test_driver_writes_racing_with_stage_starts_all_reach_the_workers(py):
+    """A driver thread writes region pages while the main thread begins
+    stage after stage.  Once the writer has stopped, one more stage must see
+    the driver's final bytes on every worker: a write fault that overlapped
+    a stage start once logged its page where no stage looked (or reopened it
+    just after the start closed it), and workers kept the old page for good.
+    The race is timing-dependent: several rounds make it likely to show."""
+    p = py(DRIVER + """
+N = 1 << 20
+a = clamor.array(np.zeros(N))
+bad = []
+with clamor.Cluster(workers=4, progress=False) as cl:
+    for rnd in range(8):
+        stop = threading.Event()
+        def writer():
+            k = rnd * 100000
+            while not stop.is_set():
+                k += 1
+                i = (k * 7919) % (N - 50000)
+                a[i:i + 50000] = k       # numpy releases the GIL for the copy
+                time.sleep(0.001)
+        t = threading.Thread(target=writer); t.start()
+        for s in range(30):
+            cl.range(8, partitions=8).map(lambda p: (float(a.sum()), time.sleep(0.01))).collect()
+        stop.set(); t.join()
+        exp = a.copy()
+        got = cl.range(4, partitions=4).map(lambda p: a.copy()).collect()
+        bad += [int((g != exp).sum()) for g in got]
+print(json.dumps({"bad": bad}))
+""", timeout=180)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(out["bad"]) == 32 and not any(out["bad"]), out

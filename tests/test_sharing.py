@@ -1,0 +1,111 @@
+"""What share() lets through must be right on the workers; what it cannot
+vouch for it names.  References keep their exact dtype.  TaskServer checks
+its arguments and its time-outs.
+
+Each scenario runs a driver in its own interpreter, with forked workers, and
+compares what the workers computed with the driver's own values.
+"""
+from scenario import scenario
+
+
+def test_an_attribute_first_set_after_the_fork_is_seen_by_workers():
+    """CPython shares one keys table among a class's instances; the class
+    was made before the workers were forked, the attribute name after."""
+    out = scenario("""
+        class Plain:
+            pass
+        with clamor.Cluster(workers=1, progress=False) as c:
+            c.range(1).collect()                      # the workers exist now
+            with clamor.heap():
+                p = Plain(); p.weight = 7.5; p.label = "late"
+                obj = [p]
+            clamor.share(obj)
+            got = c.range(2).map(lambda i: (obj[0].weight, obj[0].label)).collect()
+        print(json.dumps({"got": got}))
+        """)
+    assert out["got"] == [[7.5, "late"], [7.5, "late"]]
+
+
+def test_share_names_what_workers_would_read_wrong():
+    out = scenario("""
+        with clamor.Cluster(workers=1, progress=False) as c:
+            c.range(1).collect()
+            big = np.arange(1000.0) + 0.5              # made after the fork, outside the region
+            late = np.array([object()] * 2, dtype=object)
+            euro = chr(0x20AC + int(big[0] > 0))       # a one-character str made now, not a singleton
+            res = {}
+            with clamor.heap():
+                view = {"v": big[100:110]}
+                objs = {"a": np.array([1, 2, late], dtype=object)}
+                text = {"k": euro}
+                grown = [1.5, 2.5]
+            for name, o in (("view", view), ("object array", objs), ("one char", text)):
+                res[name] = attempt(clamor.share, o)
+            res["grown first"] = c.range(1).map(lambda i: len(grown)).collect()
+            grown.append(float(len(res)) + 0.25)      # a float made outside the region
+            res["grown again"] = attempt(lambda: c.range(1).map(lambda i: grown[2]).collect())
+        print(json.dumps(res))
+        """)
+    assert out["view"][0] == "NotShareable" and ".base" in out["view"][1], out["view"]
+    assert out["object array"][0] == "NotShareable" and ".flat[2]" in out["object array"][1]
+    assert out["one char"][0] == "NotShareable" and "['k']" in out["one char"][1]
+    assert out["grown first"] == [2]
+    assert out["grown again"][0] == "NotShareable" and "[2]" in out["grown again"][1]
+
+
+def test_references_keep_the_exact_dtype_and_refuse_what_is_not_data():
+    out = scenario("""
+        res = {}
+        aligned = np.dtype([("a", "u1"), ("b", "f8")], align=True)
+        a = clamor.zeros(4, aligned); a["a"] = [1, 2, 3, 4]; a["b"] = [0.5, 1.5, 2.5, 3.5]
+        overlap = np.dtype({"names": ["x", "y"], "formats": ["<u4", "<u2"], "offsets": [0, 0]})
+        b = clamor.zeros(3, overlap); b["x"] = [0x10001, 0x20002, 0x30003]
+        import pickle
+        ra, rb = pickle.loads(pickle.dumps(clamor.ref(a))), pickle.loads(pickle.dumps(clamor.ref(b)))
+        res["aligned"] = [ra.get().dtype == aligned, ra.get()["b"].tolist()]
+        res["overlap"] = [rb.get().dtype == overlap, rb.get()["y"].tolist()]
+        with clamor.Cluster(workers=1, progress=False) as c:
+            res["on a worker"] = c.range(1).map(lambda i: float(a["b"].sum()) + int(b["y"].sum())).collect()
+        with clamor.heap():
+            objarr = np.array([1, "x"], dtype=object)
+        res["object dtype"] = attempt(clamor.ref, objarr)
+        res["empty outside"] = attempt(clamor.ref, np.zeros(0))
+        res["negative"] = attempt(clamor.Ref, region.base(), -5)
+        res["none"] = attempt(clamor.ref, None)
+        print(json.dumps(res))
+        """)
+    assert out["aligned"] == [True, [0.5, 1.5, 2.5, 3.5]]
+    assert out["overlap"] == [True, [1, 2, 3]]
+    assert out["on a worker"] == [8.0 + 6]
+    assert out["object dtype"][0] == "InvalidPointer"
+    assert out["empty outside"][0] == "InvalidPointer"
+    assert out["negative"][0] == "InvalidPointer"
+    assert out["none"][0] == "TypeError"
+
+
+def test_taskserver_checks_workers_and_stops_a_task_past_its_timeout():
+    out = scenario("""
+        from clamor.tasks import TaskServer
+        res = {}
+        ts = TaskServer()
+        res["map, no workers"] = attempt(ts.map, abs, [1, 2])
+        ts.fork(2)
+        res["worker 5"] = attempt(ts.run, abs, -1, worker=5)
+        res["worker -1"] = attempt(ts.run, abs, -1, worker=-1)
+        res["runs"] = ts.map(abs, [-1, -2, -3])
+        t0 = time.monotonic()
+        res["timeout"] = attempt(ts.run, time.sleep, 600, worker=1, timeout=1.0)
+        res["timeout took"] = time.monotonic() - t0
+        res["stopped worker"] = attempt(ts.run, abs, -4, worker=1)
+        res["other worker"] = ts.run(abs, -4, worker=0)
+        ts.close()
+        res["after close"] = [attempt(ts.run, abs, -1)[0], attempt(ts.fork, 1)[0], attempt(ts.spawn, 1)[0]]
+        print(json.dumps(res))
+        """)
+    assert out["map, no workers"][0] == "WorkerLost"
+    assert out["worker 5"][0] == "ConfigError" and out["worker -1"][0] == "ConfigError"
+    assert out["runs"] == [1, 2, 3]
+    assert out["timeout"][0] == "TaskTimeout" and out["timeout took"] < 10
+    assert out["stopped worker"][0] == "WorkerLost"
+    assert out["other worker"] == 4
+    assert out["after close"] == ["ClamorError"] * 3
