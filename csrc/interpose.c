@@ -153,12 +153,16 @@ static void patch_slot(uintptr_t slot, void *fn, const struct dl_phdr_info *info
     long pg = sysconf(_SC_PAGESIZE);
     uintptr_t page = slot & ~(uintptr_t)(pg - 1);
     /* RELRO pages are read-only after relocation: open, write, close. */
-    bool relro = false;
+    bool relro = false, writable = false;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
-        if (ph->p_type == PT_GNU_RELRO && slot >= lo && slot < lo + ph->p_memsz) relro = true;
+        if (slot < lo || slot >= lo + ph->p_memsz) continue;
+        if (ph->p_type == PT_GNU_RELRO) relro = true;
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W)) writable = true;
     }
+    /* a word in a read-only segment (text relocations) is left alone */
+    if (!relro && !writable) return;
     if (relro && mprotect((void *)page, (size_t)pg, PROT_READ | PROT_WRITE)) return;
     __atomic_store_n(p, fn, __ATOMIC_RELEASE);
     if (relro) mprotect((void *)page, (size_t)pg, PROT_READ);
