@@ -32,6 +32,7 @@ import statistics
 import time
 import weakref
 
+import numpy as np
 import zmq
 
 from . import _liveness, errors, region
@@ -251,17 +252,17 @@ class Cluster(Stages):
             partitions = self.nworkers * 2
             if n is not None:
                 partitions = max(1, min(partitions, n))
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        if isinstance(partitions, bool) or not isinstance(partitions, numbers.Integral) or partitions < 1:
             raise errors.ConfigError(f"partitions must be a positive int, not {partitions!r}")
-        return partitions
+        return int(partitions)
 
     def parallelize(self, data, partitions=None):
         """A collection of ``data`` (a sequence or ndarray) cut into
         ``partitions`` contiguous slices.  A region ndarray travels by
         reference, anything else by value with the task that reads it."""
         self._check()
-        if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-            data = list(data)
+        if not isinstance(data, (list, tuple, range, str, bytes, np.ndarray)):
+            data = list(data)   # any other iterable: a dict gives its keys, as list(d) does
         return Parallel(self, data, self._nparts(partitions, len(data)))
 
     def range(self, start, stop=None, step=1, partitions=None):
@@ -276,7 +277,14 @@ class Cluster(Stages):
         """Lines of the text files ``paths`` (a path, a glob or a list)."""
         self._check()
         if partitions is not None:
-            self._nparts(partitions)  # ConfigError for 0, negative, non-int
+            partitions = self._nparts(partitions)  # ConfigError for 0, negative, non-int
+        try:
+            newline = "\n".encode(encoding)
+        except (LookupError, TypeError) as err:
+            raise errors.ConfigError(f"unknown text encoding {encoding!r}") from err
+        if newline != b"\n":   # files are split at newline bytes
+            raise errors.ConfigError(f"read_text needs an encoding in which a newline is the byte 0x0a "
+                                     f"(UTF-8, Latin-1, ASCII, ...), not {encoding!r}")
         return TextFiles(self, paths, partitions, encoding)
 
     def read_npy(self, paths):

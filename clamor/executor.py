@@ -33,8 +33,10 @@ does not wait for them), and a LOST is seen while a task waits for blocks
 from that peer.
 
 Block keys are tuples: ("shuffle", shuffle_id, map_partition, bucket) and
-("cache", collection_id, partition).  A peer asks [GET, pickled-key] and gets
-[OK, pickled-block] or [MISSING].
+("cache", collection_id, partition).  Blocks are stored frozen (``freeze``:
+pickled by value), so what a task does to the copy it is handed never
+reaches the store.  A peer asks [GET, pickled-key] and gets [OK,
+pickled-key, pickled-block] or [MISSING, pickled-key].
 """
 import collections
 import logging
@@ -44,6 +46,7 @@ import threading
 import time
 import traceback
 
+import cloudpickle
 import numpy as np
 import zmq
 
@@ -103,9 +106,24 @@ class Service(threading.Thread):
             if block is None:
                 self.sock.send_multipart([frames[0], b"MISSING", frames[2]])
             else:
-                self.sock.send_multipart([frames[0], b"OK", frames[2], serialize.dumps(block)])
+                self.sock.send_multipart([frames[0], b"OK", frames[2], block])   # stored frozen
         self.sock.close()
         self.hb.close()
+
+
+def freeze(block):
+    """What the block store keeps: the block's bytes, by value (a region
+    array's data too), never the live object.  A cached partition or a
+    shuffle bucket is a snapshot: a later task that changes what it was
+    handed (an in-place combiner, a sort, an append), or a driver write to
+    the region pages under it, cannot change it.  A peer gets the same
+    bytes."""
+    return cloudpickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def thaw(data):
+    """A fresh copy of a stored block."""
+    return pickle.loads(data)
 
 
 class TaskContext:
@@ -124,7 +142,7 @@ class TaskContext:
         key = ("cache", cid, p)
         part = self.rt.store.get(key)
         if part is not None:
-            return part
+            return thaw(part)
         ep = self.locs.get("cache", {}).get((cid, p))
         if ep and ep != self.rt.endpoint:
             # A failure propagates: computing it here would read the globals
@@ -133,7 +151,7 @@ class TaskContext:
         return None
 
     def cache_partition(self, cid, p, part):
-        self.rt.store[("cache", cid, p)] = part
+        self.rt.store[("cache", cid, p)] = freeze(part)
         self.new_cached.append((cid, p))
 
     def shuffle_blocks(self, sid, nmaps, r):
@@ -142,7 +160,7 @@ class TaskContext:
         for m in range(nmaps):
             key = ("shuffle", sid, m, r)
             if eps[m] == self.rt.endpoint and key in self.rt.store:
-                local.append(self.rt.store[key])
+                local.append(thaw(self.rt.store[key]))
             else:
                 remote.append((eps[m], key))
         got = self.rt.fetch(remote) if remote else {}
@@ -255,7 +273,7 @@ class Runtime:
             buckets = node.bucketize(i, node.deps[i].partition(p, ctx))
             sid = node.shuffle_ids[i]
             for r, b in enumerate(buckets):
-                self.store[("shuffle", sid, p, r)] = b
+                self.store[("shuffle", sid, p, r)] = freeze(b)
             value = None
         else:
             value = partition_result(stage["action"], node.partition(p, ctx), stage["arg"])

@@ -109,3 +109,57 @@ def test_taskserver_checks_workers_and_stops_a_task_past_its_timeout():
     assert out["stopped worker"][0] == "WorkerLost"
     assert out["other worker"] == 4
     assert out["after close"] == ["ClamorError"] * 3
+
+
+def test_cached_partitions_and_shuffle_blocks_are_snapshots():
+    """What a task does to the partition or bucket it is handed, and what the
+    driver writes to the region later, never reaches the worker's store."""
+    out = scenario("""
+        import operator
+        res = {}
+        with clamor.Cluster(workers=2, progress=False) as cl:
+            a = clamor.array(np.arange(1000.0))
+            c = cl.parallelize(a, 4).cache()
+            res["region cache"] = [c.sum()]
+            a[:] = -1.0                                   # the driver's update
+            res["region cache"].append(c.sum())         # the snapshot, as documented
+            res["fresh"] = cl.parallelize(a, 4).sum()   # not cached: the new values
+            lists = cl.parallelize([[1], [2], [3], [4]], 2).map(lambda x: x).cache()
+            lists.count()
+            lists.map_partitions(lambda p: p.append([9]) or p).count()   # appends to what it got
+            lists.reduce(operator.iadd)                                   # extends what it got
+            res["lists"] = lists.collect()
+            pairs = cl.parallelize([("a", [1]), ("a", [2]), ("b", [3]), ("a", [4])], 4)
+            r = pairs.reduce_by_key(operator.iadd, partitions=1)        # an in-place combiner
+            res["iadd"] = [sorted(r.collect()) for _ in range(3)]
+        print(json.dumps(res))
+        """)
+    assert out["region cache"] == [499500.0, 499500.0]
+    assert out["fresh"] == -1000.0
+    assert out["lists"] == [[1], [2], [3], [4]]
+    assert out["iadd"] == [[["a", [1, 2, 4]], ["b", [3]]]] * 3
+
+
+def test_sources_take_any_iterable_and_check_text_encodings():
+    out = scenario("""
+        import collections, tempfile
+        res = {}
+        with clamor.Cluster(workers=1, progress=False) as cl:
+            res["dict"] = sorted(cl.parallelize({"x": 1, "y": 2}).collect())
+            res["deque"] = cl.parallelize(collections.deque([3, 4, 5]), 2).collect()
+            res["numpy partitions"] = cl.parallelize([1, 2, 3], np.int64(2)).sum()
+            with tempfile.TemporaryDirectory() as d:
+                p = os.path.join(d, "t.txt")
+                with open(p, "w", encoding="latin-1") as f:
+                    f.write("caf\\xe9\\nna\\xefve\\n")
+                res["latin-1"] = cl.read_text(p, encoding="latin-1").collect()
+                res["utf-16"] = attempt(cl.read_text, p, encoding="utf-16")
+                res["unknown"] = attempt(cl.read_text, p, encoding="no-such-codec")
+        print(json.dumps(res))
+        """)
+    assert out["dict"] == ["x", "y"]
+    assert out["deque"] == [3, 4, 5]
+    assert out["numpy partitions"] == 6
+    assert out["latin-1"] == ["caf\xe9", "na\xefve"]
+    assert out["utf-16"][0] == "ConfigError" and "0x0a" in out["utf-16"][1]
+    assert out["unknown"][0] == "ConfigError"
