@@ -110,15 +110,25 @@ def _own_keys(o, path):
     region, where workers read them."""
     from ._native import lib
 
-    lib.clamor_heap_enter()
-    try:
-        d = o.__dict__
-        d[_NONSTR_KEY] = None
-        del d[_NONSTR_KEY]
-    finally:
-        lib.clamor_heap_exit()
-    if not region.contains(id(d), sys.getsizeof(d)):
-        raise NotShareable(f"{path}.__dict__ (at {id(d):#x}) could not be placed in the region")
+    def convert(fresh):
+        lib.clamor_heap_enter()
+        try:
+            d = o.__dict__
+            if fresh:
+                d = o.__dict__ = dict(d)
+            d[_NONSTR_KEY] = None
+            del d[_NONSTR_KEY]
+        finally:
+            lib.clamor_heap_exit()
+        return region.contains(id(d), sys.getsizeof(d))
+
+    # The dict object may come from CPython's free list, outside the region
+    # (its keys, general ones, never do): then empty the lists and make a
+    # new one.
+    if not convert(False):
+        gc.collect()
+        if not convert(True):
+            raise NotShareable(f"{path}.__dict__ could not be placed in the region")
 
 
 def share(obj, limit=20_000_000):
@@ -131,7 +141,6 @@ def share(obj, limit=20_000_000):
         raise errors.NoRegion("no region in this process")
     from .heap import install
     install()
-    gc.collect()  # empty the free lists: the dicts _own_keys makes must come from the region
     stack = [("obj", obj)]
     seen = set()
     n = 0
