@@ -188,6 +188,25 @@ def fork(body):
         os._exit(code)
 
 
+def reap(pid, deadline):
+    """Wait for child ``pid`` to exit until ``deadline`` (time.monotonic()),
+    then SIGKILL it; reap it either way."""
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:   # reaped already
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
 # -- liveness across PID namespaces ---------------------------------------------------
 def pid_namespace():
     """Who sees the same PIDs: "host/boot id/PID-namespace inode", or None

@@ -215,24 +215,6 @@ class Cluster(Stages):
             _, fn, args, _ = state
             fn(*args, timeout=timeout)
 
-    def _lose(self, wid, reason):
-        pid = self._workers[wid]["pid"]
-        out = super()._lose(wid, reason)   # SIGKILLs it
-        # Reap it now, not at close(): a zombie otherwise.  Bounded: one stuck
-        # in the kernel is left to close().
-        deadline = time.monotonic() + 1.0
-        while True:
-            try:
-                reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
-            except ChildProcessError:   # reaped already
-                reaped = True
-            if reaped or time.monotonic() > deadline:
-                break
-            time.sleep(0.002)
-        if reaped and pid in self._pids:   # close() must never wait for, or kill, a reused pid
-            self._pids.remove(pid)
-        return out
-
     @property
     def worker_pids(self):
         """Process ids of the current workers (live or starting), oldest first."""
@@ -352,21 +334,7 @@ def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, timeout=5.0):
             pass
     deadline = time.monotonic() + timeout
     for pid in list(pids):
-        while True:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if done:
-                break
-            if time.monotonic() > deadline:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-                break
-            time.sleep(0.005)
+        _liveness.reap(pid, deadline)
     sock.close()
     ctx.term()
     region.reset_peers()

@@ -464,7 +464,10 @@ class Stages:
         info = self._workers.pop(wid)
         log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
         self._totals["workers_lost"] += 1
-        _kill_and_reap(info["pid"])   # one that stopped answering may still run: it must not come back
+        # One that stopped answering may still run: it must not come back.
+        # Once reaped, close() must never wait for, or kill, its reused pid.
+        if _kill_and_reap(info["pid"]) and info["pid"] in self._pids:
+            self._pids.remove(info["pid"])
         if info.get("pages"):
             region.forget_peer(info["pages"])
         running = self._sched.running(wid)
@@ -524,14 +527,18 @@ class Stages:
 
 def _kill_and_reap(pid, wait=1.0):
     """SIGKILL a worker and reap it (a zombie otherwise until close()).
-    Bounded: a process stuck in the kernel is reaped by close() instead."""
+    Bounded: a process stuck in the kernel is reaped by close() instead.
+    True once it is reaped (or was already)."""
     try:
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + wait
-        while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.002)
     except (ProcessLookupError, ChildProcessError):
         pass
+    return True
 
 
 def _cached_ids(node):

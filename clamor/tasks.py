@@ -234,7 +234,7 @@ class TaskServer:
                     p.kill()
                     p.wait()
             else:
-                _reap(p, deadline)
+                _liveness.reap(p, deadline)
         self._sock.close()
         self._ctx.term()
 
@@ -244,15 +244,3 @@ class TaskServer:
     def __exit__(self, *exc):
         self.close()
 
-
-def _reap(pid, deadline):
-    while time.monotonic() < deadline:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return
-        time.sleep(0.01)
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
