@@ -431,14 +431,33 @@ class Shuffled(DataCollection):
 
 # ---- per-partition action functions (run on the workers) ----------------------
 
+def _packed(part):
+    """A partition as the driver will iterate it, in a form that pickles
+    fast: an ndarray as itself (one buffer, where a list of its elements
+    pickles each numpy scalar apart, about 40x slower), and a list of numpy
+    numbers of one type as an array of that type (iterating it gives the
+    same scalars back).  Anything else as a list."""
+    if isinstance(part, np.ndarray):
+        return part
+    part = _as_list(part)
+    if len(part) >= 16 and isinstance(part[0], (np.number, np.bool_)) \
+            and not isinstance(part[0], np.timedelta64):  # units could differ
+        t = type(part[0])
+        if all(type(x) is t for x in part):
+            return np.array(part, dtype=t)
+    return part
+
+
 def partition_result(kind, part, arg):
     """What a result task sends back for one partition."""
     if kind == "collect":
-        return _as_list(part) if not isinstance(part, np.ndarray) else list(part)
+        return _packed(part)
     if kind == "count":
         return len(part) if hasattr(part, "__len__") else sum(1 for _ in part)
     if kind == "take":
-        return list(itertools.islice(iter(part), arg))
+        if isinstance(part, np.ndarray):
+            return part[:arg]
+        return _packed(list(itertools.islice(iter(part), arg)))
     if kind == "cache":       # a lineage re-run of cached partitions: computing them caches them
         return None
     if kind == "foreach":

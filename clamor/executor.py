@@ -348,7 +348,9 @@ class Runtime:
                    "bytes_from_peers": after["bytes_from_peers"] - before["bytes_from_peers"],
                    "served": after["bytes_served"], "redirects": after["redirects"],
                    "direct": after["peer_direct"], "fallbacks": after["peer_fallbacks"]}
-            self.sock.send_multipart([b"DONE", key, serialize.dumps(res)])
+            # by value, like a stored block: a result is what the task saw, not
+            # a reference the driver would read at its own, later version
+            self.sock.send_multipart([b"DONE", key, freeze(res)])
         except BaseException as err:  # SystemExit from user code too: report it, keep the worker
             missing = err.missing if isinstance(err, FetchFailed) else None
             msg = f"{type(err).__name__}: {err}"

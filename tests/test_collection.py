@@ -131,6 +131,45 @@ def test_parallelize_ndarray(cl, arrays, kind):
     assert rows.map(lambda r: float(r[1])).collect() == list(m[:, 1])
 
 
+def test_collected_rows_are_values_not_views_of_the_region(cl, arrays):
+    # A result is what the task saw: rows of a region array (collect, take,
+    # a reduce that returns one of its arguments) must not come back as
+    # references that read the driver's memory, which the driver writes next.
+    m = arrays["region"][1]
+    saved = m.copy()
+    rows = cl.parallelize(m, partitions=3).collect()
+    first = cl.parallelize(m, partitions=3).take(2)
+    biggest = cl.parallelize(m, partitions=3).reduce(lambda a, b: a if a[0] > b[0] else b)
+    try:
+        m[:] = -1
+        assert np.array_equal(np.array(rows), saved)
+        assert np.array_equal(np.array(first), saved[:2])
+        assert np.array_equal(biggest, saved[-1])
+    finally:
+        m[:] = saved
+
+
+def test_collect_and_take_keep_numpy_element_types(cl):
+    a = np.arange(100, dtype=np.uint16)
+    out = cl.parallelize(a, partitions=4).collect()
+    assert out == list(a) and {type(x) for x in out} == {np.uint16}
+    got = cl.parallelize(a, partitions=4).take(30)
+    assert got == list(range(30)) and {type(x) for x in got} == {np.uint16}
+    cases = [
+        [np.float32(i) / 3 for i in range(50)],
+        [np.int32(i) if i % 2 else np.int64(i) for i in range(64)],      # two types in a partition
+        [np.bool_(i % 3 == 0) for i in range(40)],
+        [np.complex64(i + 1j) for i in range(40)],
+        [np.timedelta64(i, "s") if i % 5 else np.timedelta64(i, "ms") for i in range(40)],
+        [np.float64(i) for i in range(39)] + [7],                        # a Python int among them
+    ]
+    for xs in cases:
+        d = cl.parallelize(xs, partitions=2)
+        for out in (d.collect(), d.map(lambda x: x).collect(), d.take(len(xs))):
+            assert [(type(x), x) for x in out] == [(type(x), x) for x in xs]
+            assert [str(x) for x in out] == [str(x) for x in xs]       # timedelta units
+
+
 @pytest.mark.parametrize("args,parts", [
     ((10,), None), ((10,), 1), ((10,), 3), ((3, 17), 4), ((20, 3, -3), 2), ((-5, 5, 2), 3),
     ((0,), None), ((5, 5), 2), ((7,), 20), ((1, 1000, 7), 9),
