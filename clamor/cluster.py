@@ -152,6 +152,7 @@ class Cluster(Stages):
         self._wids = itertools.count()
         self._lineage = Lineage()
         self._jobs = {}         # attempt (scheduler stage id) -> its job
+        self._attempt_version = {}  # attempt -> its version, while a task of it may run
         self._attempt_ids = itertools.count(1)
         self._current = self._trouble = None
         self._changes = {}      # stage -> pages the driver changed just before it

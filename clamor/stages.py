@@ -131,7 +131,12 @@ class Stages:
             self._changes[sid] = changed
         # Versions older than anything a recorded output was made at (lost
         # ones included) are of no use: lineage re-runs read at that version.
-        oldest = self._lineage.oldest_version(sid)
+        # Nor are versions a task still running reads: a losing copy of an
+        # earlier action, or one that outlived a failed attempt, runs to its
+        # end and must not find its pages gone.
+        running = {k[0] for w in self._workers for k in self._sched.running(w)}
+        self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
+        oldest = min([self._lineage.oldest_version(sid)] + list(self._attempt_version.values()))
         region.versions_gc(oldest)
         keep_from = min([oldest] + [w["seen"] for w in self._workers.values()])
         for s in [s for s in self._changes if s <= keep_from]:
@@ -249,6 +254,7 @@ class Stages:
                 "attempt": job.attempts, "rerun": job.rerun}
         job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
         self._jobs[asid] = job
+        self._attempt_version[asid] = job.version
         job.asids.append(asid)
         t0 = time.perf_counter()
         log.debug("%s: %d tasks (attempt %d)", desc, len(tasks), job.attempts)

@@ -110,6 +110,8 @@ static uint64_t half_window(void) {
     return (uint64_t)(atomic_load(&readahead_bytes) / 2) >> cl_region.page_shift;
 }
 
+static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker);
+
 /* ---- failing pages --------------------------------------------------------- */
 
 /* A fetch of [first, first+count) failed.  Pages someone waits for become
@@ -126,6 +128,14 @@ static void fail_run(uint64_t first, uint32_t count, int err, bool demanded) {
         /* invalidated meanwhile and nobody waits: it is simply absent */
         if ((exp & CL_PG_STALE) && !(exp & CL_PG_WAITERS) && atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT))
             continue;
+        /* A request of an earlier stage (read-ahead a task left behind) for a
+         * page that has changed since: the version it named is gone, but the
+         * thread waiting now runs a later task, which dropped the page.  Ask
+         * again at the stage the worker is in now. */
+        if (err == ESTALE && (exp & CL_PG_STALE) && atomic_compare_exchange_strong(w, &exp, CL_PG_WANTED | CL_PG_WAITERS)) {
+            pend(i, 1, K_DEMAND, -1);
+            continue;
+        }
         atomic_store(w, CL_PG_MKERR(err));
         cl_futex_wake(w);
     }

@@ -57,6 +57,7 @@ static struct {
     _Atomic uint32_t *free_next;
     uint64_t *dirty;            /* pages logged in the current epoch */
     _Atomic uint64_t ndirty;
+    _Atomic uint32_t *changed_in; /* per page: the stage its last change became visible in */
     uint64_t *changed;          /* result of the last stage_begin */
     uint64_t nchanged;
     _Atomic uint64_t nversions;
@@ -137,10 +138,11 @@ static int versions_init(void) {
     V.head = reserve(n * 4);
     V.dirty = reserve(n * 8);
     V.changed = reserve(n * 8);
+    V.changed_in = reserve(n * 4);
     V.arena = reserve((size_t)slots << cl_region.page_shift);
     V.meta = reserve(slots * sizeof(struct ver));
     V.free_next = reserve(slots * 4);
-    if (!V.logged || !V.head || !V.dirty || !V.changed || !V.arena || !V.meta || !V.free_next)
+    if (!V.logged || !V.head || !V.dirty || !V.changed || !V.changed_in || !V.arena || !V.meta || !V.free_next)
         return cl_err(ENOMEM, "cannot reserve address space for page versions");
     V.nslots = (uint32_t)slots;
     V.free_top = NONE;
@@ -286,7 +288,10 @@ int clamor_stage_begin(uint32_t stage) {
             V.changed[V.nchanged++] = p;
         }
     }
-    for (uint64_t i = 0; i < V.nchanged; i++) cl_dir_changed(V.changed[i], stage);
+    for (uint64_t i = 0; i < V.nchanged; i++) {
+        atomic_store(&V.changed_in[V.changed[i]], stage);
+        cl_dir_changed(V.changed[i], stage);
+    }
 out:
     begin_done();
 unlock:
@@ -335,8 +340,8 @@ int clamor_versions_gc(uint32_t min_stage) {
 
 /* ---- serving -------------------------------------------------------------------- */
 
-/* Copy page p as stage `stage` sees it into dst.  0, or ESTALE if that
- * version was collected. */
+/* Copy page p as stage `stage` sees it into dst.  0, or ESTALE if the page
+ * changed after that stage and its version then was collected. */
 int cl_version_read(uint64_t p, uint32_t stage, void *dst) {
     if (!V.on || stage == 0) {
         memcpy(dst, cl_page_addr(p), cl_region.page_size);
@@ -349,7 +354,10 @@ int cl_version_read(uint64_t p, uint32_t stage, void *dst) {
             continue;
         }
         pthread_mutex_lock(&vlock);
-        if (stage < V.gc_floor) {
+        /* Below the floor only a page changed since `stage` is unknown: one
+         * that did not change reads as it did then (the walk below gives
+         * the current content, or this epoch's logged version of it). */
+        if (stage < V.gc_floor && atomic_load(&V.changed_in[p]) > stage) {
             pthread_mutex_unlock(&vlock);
             return ESTALE;
         }
@@ -380,6 +388,7 @@ void cl_version_reset(void) {
         munmap((void *)V.head, n * 4);
         munmap(V.dirty, n * 8);
         munmap(V.changed, n * 8);
+        munmap((void *)V.changed_in, n * 4);
         munmap(V.arena, (size_t)slots << cl_region.page_shift);
         munmap(V.meta, slots * sizeof(struct ver));
         munmap((void *)V.free_next, slots * 4);

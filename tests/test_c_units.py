@@ -15,7 +15,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CMAKE = shutil.which("cmake")
+# The test extras install cmake into the environment (its PyPI wheel), so
+# look beside this interpreter first, then on PATH.
+CMAKE = shutil.which("cmake", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
 CTEST = shutil.which("ctest") or (CMAKE and os.path.join(os.path.dirname(CMAKE), "ctest"))
 
 

@@ -1,5 +1,6 @@
 """Globals across stages: caching, driver updates, invalidation, versions."""
 import json
+import numpy as np
 
 DRIVER = """
 import json, os, sys, threading, time
@@ -240,3 +241,84 @@ print(json.dumps({"bad": bad}))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert len(out["bad"]) == 32 and not any(out["bad"]), out
+
+
+def test_a_losing_copy_reads_its_own_stage_after_the_next_one_began(py, tmp_path):
+    """A straggler's losing copy goes on running after its action returned.
+    When it reads a page the driver has changed since, and the driver has
+    begun later stages, it must get its own stage's version: that version
+    is kept while the copy runs (it was collected at the next stage start,
+    and the worker died on the fault).  An array nobody changed reads fine
+    at any old stage."""
+    p = py(DRIVER + f"""
+a = clamor.array(np.arange(1 << 20, dtype=np.float64))
+b = clamor.array(np.arange(1 << 20, dtype=np.float64))
+c = clamor.array(np.arange(1 << 20, dtype=np.float64))
+mark = {str(tmp_path / "mark")!r}
+seen = {str(tmp_path / "seen")!r}
+def task(i):
+    if i == 0:
+        try:
+            os.close(os.open(mark, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return 0.0
+        time.sleep(2.5)                          # the copy elsewhere wins
+        s = float(b.sum()) + float(c.sum())      # after later stages began
+        with open(seen, "w") as f:
+            f.write(repr(s))
+    return float(a[i * 1000])
+with clamor.Cluster(workers=4, progress=False) as cl:
+    cl.range(4, partitions=4).map(lambda i: i).collect()
+    r1 = cl.range(8, partitions=8).map(task).collect()
+    a[:] += 1.0
+    b[:] += 1.0
+    rest = []
+    for k in range(6):
+        rest.append(cl.range(4, partitions=4).map(lambda i: float(a[i * 1000])).collect())
+        time.sleep(0.5)
+    st = cl.stats()["recovery"]
+print(json.dumps({{"r1": r1, "rest": rest, "lost": st["workers_lost"], "copies": st["speculative_copies"],
+                  "seen": float(open(seen).read())}}))
+""", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["copies"] >= 1, out                      # the scenario happened
+    assert out["lost"] == 0, out
+    assert out["r1"] == [float(i * 1000) for i in range(8)], out
+    assert out["rest"] == [[float(i * 1000 + 1) for i in range(4)]] * 6, out
+    s = float(np.arange(1 << 20, dtype=np.float64).sum())
+    assert out["seen"] == 2 * s, out                    # b as the copy's stage saw it
+
+
+def test_read_ahead_left_in_flight_for_pages_changed_before_the_next_task(py):
+    """A task starts a read-ahead stream and returns; the driver changes the
+    pages at the far end of the window and begins the next stage at once.
+    The old stage's requests for those pages can only be refused (their
+    version is gone); the next task, waiting on them, must get the new
+    bytes by asking again, not die (a 200 MB/s page server keeps the
+    requests in flight long enough)."""
+    p = py(DRIVER + """
+RA = 64
+clamor.configure(readahead=RA << 20)
+a = clamor.array(np.ones(1 << 23, dtype=np.float64))
+per = region.page_size() // 8
+npg = a.size // per
+first_page = (a.ctypes.data - region.base()) // region.page_size()
+last = min(2 + 2 * (RA << 20) // region.page_size(), npg) - 1
+def start_scan(i):
+    region.drop_pages(first_page, npg)
+    return float(a[0] + a[per] + a[2 * per])
+def read_window(i):
+    return float(a[(last - 3 * i) * per])
+wrong = 0
+with clamor.Cluster(workers=2, progress=False, replication="off", speculation=False) as cl:
+    for r in range(8):
+        cl.range(2, partitions=2).map(start_scan).collect()
+        a[[(last - 3 * i) * per for i in range(2)]] = r + 2.0
+        wrong += cl.range(2, partitions=2).map(read_window).collect() != [r + 2.0] * 2
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({"wrong": wrong, "lost": lost}))
+""", timeout=180, env={"CLAMOR_SERVE_RATE": "200e6"})
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {"wrong": 0, "lost": 0}, out
