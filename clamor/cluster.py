@@ -21,6 +21,7 @@ ids), never the Cluster itself.
 """
 import collections
 import functools
+import gc
 import itertools
 import logging
 import math
@@ -50,6 +51,18 @@ _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
 # Redirect a page request to a worker that holds the page (paper section 4.2):
 # never, to a random holder, or to the less loaded of two random holders.
 REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
+
+
+def _only_open_cluster():
+    """One open Cluster per process: page versions, the changed-page lists
+    and the peer directory belong to the region, and the region is the
+    process's.  A Cluster dropped without close() counts until collected."""
+    if any(not c._closed for c in list(_live)):
+        gc.collect()    # one only unreachable (in a reference cycle) is closed by its finalizer
+    if any(not c._closed for c in list(_live)):
+        raise errors.RegionInUse("another Cluster of this process is open: close it (or leave its with-block) "
+                                 "before starting a new one; one process runs one Cluster at a time, since "
+                                 "page versions and the page directory belong to the process's region")
 
 
 class Cluster(Stages):
@@ -117,10 +130,16 @@ class Cluster(Stages):
 
     @outside   # libzmq's objects and the workers' state must not land in a heap() block
     def start(self):
-        if self._started:
-            return self
+        """Map the region if needed, start the page server, fork the
+        workers and wait for them (``start_timeout``).  Leaving ``with`` or
+        ``close()`` stops them.  Raises RegionInUse while another Cluster of
+        this process is open, RegionError in a worker, ConfigError for a
+        geometry the region does not have, WorkerLost if workers do not
+        start, ClamorError once closed."""
         if self._closed:
             raise errors.ClamorError("this cluster is closed")
+        if self._started:
+            return self
         base, size, psize = self._geometry
         if region.role() is None:
             region.init(base=base, size=size, page_size=psize)
@@ -132,6 +151,7 @@ class Cluster(Stages):
                 if want and want != have:   # None or 0: the default, whatever it is
                     raise errors.ConfigError(f"this process's region already has {name} {have:#x}; a cluster "
                                              f"cannot use {want!r} (the region's geometry is fixed when it is mapped)")
+        _only_open_cluster()
         self.page_endpoint = region.server_endpoint() or region.serve()
         region.set_replication(REPLICATION[self.replication])
         region.reset_peers()  # holders from an earlier cluster in this process are gone
@@ -157,6 +177,9 @@ class Cluster(Stages):
         self._current = self._trouble = None
         self._changes = {}      # stage -> pages the driver changed just before it
         self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
+        self._gone = {}         # lost worker -> its last reported counters (stats())
+        # the driver's counters are the process's: stats() reports this cluster's share
+        self._driver0 = region.stats()
         # Stops the workers when the Cluster is collected or at exit, if
         # close() has not; it must not reference the Cluster.
         self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._workers,
@@ -292,18 +315,20 @@ class Cluster(Stages):
         out["task_seconds"] = float(self._totals["task_seconds"])
         out["workers"] = len(getattr(self, "_workers", {}))
         drv = out["driver"] = region.stats()
-        ws = getattr(self, "_workers", {})
+        since = {k: drv[k] - getattr(self, "_driver0", {}).get(k, 0) for k in ("bytes_served", "redirects", "hint_bytes")}
+        # lost workers too: what they served and fetched before they went
+        ws = {**getattr(self, "_gone", {}), **getattr(self, "_workers", {})}
         # a peer asked on a redirect or straight on a hint; a fallback is either kind that failed
         direct = sum(w.get("direct", 0) for w in ws.values())
         followed = sum(w.get("followed", 0) for w in ws.values()) + direct
         fallbacks = sum(w.get("fallbacks", 0) for w in ws.values())
         out["replication"] = {
             "policy": self.replication,
-            "bytes_served_by_driver": drv["bytes_served"],
+            "bytes_served_by_driver": since["bytes_served"],
             "bytes_served_by_peer": {w.decode(): info.get("served", 0) for w, info in ws.items()},
-            "redirects": drv["redirects"],
+            "redirects": since["redirects"],
             "direct_requests": direct,
-            "hint_bytes": drv["hint_bytes"],
+            "hint_bytes": since["hint_bytes"],
             "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
         }
         out["recovery"] = {k: self._totals[k] for k in (

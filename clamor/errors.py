@@ -29,7 +29,8 @@ class RegionError(ClamorError):
 
 class RegionInUse(RegionError):
     """The region's address range is taken, this process has a region
-    already, or the region is still in use and cannot be closed."""
+    already, the region is still in use and cannot be closed, or another
+    Cluster of this process is open."""
 
 
 class NoRegion(RegionError):

@@ -468,6 +468,7 @@ class Stages:
 
     def _lose(self, wid, reason):
         info = self._workers.pop(wid)
+        self._gone[wid] = {k: info[k] for k in ("served", "followed", "fallbacks", "direct") if k in info}
         log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
         self._totals["workers_lost"] += 1
         # One that stopped answering may still run: it must not come back.

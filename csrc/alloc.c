@@ -203,6 +203,10 @@ static int pages_punch(uint64_t first, uint64_t n) {
     if (cl_region.memfd >= 0)
         rc = fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                        (off_t)(first << CL_PG_SHIFT), (off_t)(n << CL_PG_SHIFT));
+    if (rc == 0 && n) /* workers must drop their copies: every region page it touched */
+        cl_version_discarded((first << CL_PG_SHIFT) >> cl_region.page_shift,
+                             ((((first + n) << CL_PG_SHIFT) - 1) >> cl_region.page_shift) -
+                                 ((first << CL_PG_SHIFT) >> cl_region.page_shift) + 1);
     errno = saved;
     return rc;
 }

@@ -88,14 +88,31 @@ static uint64_t rnd(void) {
     return x * 0x2545F4914F6CDD1Dull;
 }
 
+static void clear_bits(uint64_t keep) {
+    for (uint64_t p = 0; D.holders && p < D.hi; p++)
+        if (D.holders[p] & ~keep) __atomic_and_fetch(&D.holders[p], keep, __ATOMIC_SEQ_CST);
+}
+
+/* Called on the page-server thread, as cl_dir_served is.  A forgotten
+ * peer's slot is reused (replacement workers would otherwise run out of
+ * the 64 after enough losses, and replication would stop).  Its holder bits
+ * are cleared again first: a request of the old peer that the server was
+ * answering while the peer was forgotten may have set some after
+ * clamor_replication_forget cleared them, and they must not name the new
+ * one.  A worker reaches a reused slot's new endpoint on a redirect
+ * (peers.c reconnects when the endpoint differs). */
 int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen) {
-    /* (slots of forgotten peers are not reused: a late holder bit of the old
-     * peer must never name the new one) */
     if (idlen == 0 || idlen > sizeof D.peer[0].id || eplen == 0 || eplen >= sizeof D.peer[0].endpoint) return EINVAL;
     pthread_mutex_lock(&dir_lock);
     int rc = ensure(), slot = -1;
     for (int i = 0; !rc && i < D.npeers; i++)
         if (D.peer[i].idlen == idlen && !memcmp(D.peer[i].id, id, idlen)) slot = i;
+    for (int i = 0; !rc && slot < 0 && i < D.npeers; i++)
+        if (D.peer[i].idlen == 0) {
+            slot = i;
+            clear_bits(~(1ull << i));
+            memset(&D.peer[i], 0, sizeof D.peer[i]);
+        }
     if (!rc && slot < 0) {
         if (D.npeers == MAXPEERS) rc = ENOSPC;
         else slot = D.npeers++;
@@ -151,12 +168,15 @@ void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer) {
     if (peer < 0 || !D.holders || !cl_version_active()) return;
     if (first + count > D.hi) D.hi = first + count;
     for (uint64_t p = first; p < first + count; p++) {
-        if (stage && stage < D.changed_at[p]) continue; /* it got an old version */
+        if (stage && stage < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)) continue; /* an old version */
         __atomic_or_fetch(&D.holders[p], 1ull << peer, __ATOMIC_SEQ_CST);
         /* A write that began meanwhile makes that copy stale; the fault
          * handler clears holders after marking the page, so checking after
-         * setting the bit closes the race. */
-        if (cl_version_open_now(p)) __atomic_and_fetch(&D.holders[p], ~(1ull << peer), __ATOMIC_SEQ_CST);
+         * setting the bit closes the race.  Likewise a stage begun
+         * meanwhile that found the page changed (cl_dir_changed notes the
+         * stage before it clears the holders). */
+        if (cl_version_open_now(p) || (stage && stage < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)))
+            __atomic_and_fetch(&D.holders[p], ~(1ull << peer), __ATOMIC_SEQ_CST);
     }
 }
 
@@ -213,8 +233,8 @@ void cl_dir_miss(uint64_t first, uint32_t count, int peer) {
 void cl_dir_changed(uint64_t p, uint32_t stage) {
     if (!D.holders) return;
     pthread_mutex_lock(&dir_lock);
-    D.holders[p] = 0;
-    D.changed_at[p] = stage;
+    __atomic_store_n(&D.changed_at[p], stage, __ATOMIC_SEQ_CST); /* first: see cl_dir_served */
+    __atomic_store_n(&D.holders[p], 0, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&dir_lock);
 }
 
@@ -233,9 +253,7 @@ int clamor_replication_forget(const char *endpoint) {
         if (strcmp(D.peer[i].endpoint, endpoint) != 0) continue;
         D.peer[i].endpoint[0] = '\0';
         D.peer[i].idlen = 0;
-        uint64_t keep = ~(1ull << i);
-        for (uint64_t p = 0; D.holders && p < cl_region.npages; p++)
-            if (D.holders[p]) __atomic_and_fetch(&D.holders[p], keep, __ATOMIC_SEQ_CST);
+        clear_bits(~(1ull << i));
         found = 1;
     }
     pthread_mutex_unlock(&dir_lock);

@@ -270,7 +270,15 @@ static void handler(int sig, siginfo_t *si, void *uc) {
             }
             break;
         default: /* CL_PG_ERROR */
-            fatal(a, CL_PG_ERRNO(s));
+            /* An earlier fetch failed (a prefetch, or read-ahead, that timed
+             * out): this access has not waited for anything yet, so ask
+             * once more; the error is fatal only if this fetch fails. */
+            if (start) fatal(a, CL_PG_ERRNO(s));
+            if (!atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) continue;
+            post(a, idx);
+            give_memory(idx);
+            s = CL_PG_WANTED | CL_PG_WAITERS;
+            break;
         }
         /* Sleep until the pager changes the word.  The pager times fetches
          * out itself; this bound only guards against a pager that died. */

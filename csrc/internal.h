@@ -126,6 +126,9 @@ int cl_version_on_write(uintptr_t addr);
 int cl_version_read(uint64_t p, uint32_t stage, void *dst);
 void cl_version_stats(uint64_t *n, uint64_t *bytes);
 int cl_version_open(uintptr_t a, size_t len);
+/* The allocator punched pages [first, first+n) out of the memfd (they read
+ * zero now, with no write fault): list them as changed at the next stage. */
+void cl_version_discarded(uint64_t first, uint64_t n);
 void cl_version_reset(void);
 
 /* Stage of the task running in this worker (sent with every page request),
@@ -135,6 +138,9 @@ void cl_version_reset(void);
  * requests of newer stages (server.c). */
 extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
 extern _Atomic uint64_t cl_worker_view;
+/* Worker: bumped before any held page is dropped (its memory punched); a
+ * page server copying a page checks it did not move during the copy. */
+extern _Atomic uint64_t cl_region_drops;
 /* Page word bit: invalidated while its fetch was in flight; the reply is
  * stale and must not be installed. */
 #define CL_PG_STALE 0x200u
@@ -180,6 +186,8 @@ int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
 int cl_server_stop_after_fork(void);
 /* Ask the pager to fetch [first, first+count) pages (already WANTED). */
 int cl_pager_enqueue(uint64_t idx);
+size_t cl_region_readable(const void *p, size_t n);
+void cl_heap_reset_after_fork(void);
 
 /* ---- statistics (stats.c) ------------------------------------------------ */
 

@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <elf.h>
 #include <link.h>
 #include <malloc.h>
@@ -70,10 +71,10 @@ static void w_free(void *p) {
 static void *w_realloc(void *p, size_t n) {
     if (p && in_region(p)) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) return clamor_realloc(p, n);
-        /* worker: a private copy; the region block stays */
-        size_t old = clamor_usable_size(p);
+        /* worker: a private copy; the region block stays (its old size is
+         * the driver's to know: copy what can be read of n bytes) */
         void *q = __libc_malloc(n);
-        if (q) memcpy(q, p, old && old < n ? old : n);
+        if (q) memcpy(q, p, cl_region_readable(p, n));
         return q;
     }
     if (cl_heap_depth) { /* move the block into the region */
@@ -102,6 +103,23 @@ static void *w_aligned_alloc(size_t align, size_t n) {
 
 static void *w_valloc(size_t n) { return w_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), n); }
 
+/* memalign takes any alignment, as glibc's does: the next power of two, at
+ * least a pointer's size. */
+static void *w_memalign(size_t align, size_t n) {
+    size_t a = sizeof(void *);
+    while (a < align && a < ((size_t)1 << (sizeof(size_t) * 8 - 2))) a <<= 1;
+    return w_aligned_alloc(a, n);
+}
+
+static void *w_reallocarray(void *p, size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return w_realloc(p, total);
+}
+
 static size_t w_usable_size(void *p) {
     if (p && in_region(p)) return clamor_usable_size(p);
     return malloc_usable_size(p);
@@ -124,7 +142,8 @@ static const struct {
     {"free", (void *)w_free},
     {"posix_memalign", (void *)w_posix_memalign},
     {"aligned_alloc", (void *)w_aligned_alloc},
-    {"memalign", (void *)w_aligned_alloc},
+    {"memalign", (void *)w_memalign},
+    {"reallocarray", (void *)w_reallocarray},
     {"valloc", (void *)w_valloc},
     {"malloc_usable_size", (void *)w_usable_size},
     {"dlopen", (void *)w_dlopen},
@@ -262,3 +281,11 @@ void clamor_heap_resume(int depth) {
 }
 
 int clamor_heap_threads(void) { return atomic_load(&heap_threads); }
+
+/* In a child of fork(): it is a worker now, which never allocates in the
+ * region, so the block the forking thread was in does not carry over (and
+ * the other threads are gone). */
+void cl_heap_reset_after_fork(void) {
+    cl_heap_depth = 0;
+    atomic_store(&heap_threads, 0);
+}

@@ -453,7 +453,7 @@ static void check_timeouts(void) {
     for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
         struct req *q = &P.inflight[i];
         if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
-            cl_peer_silent(q->peer); /* no more hinted requests to it in this stage */
+            cl_peer_silent(q->peer); /* no more hinted requests to it until a redirect */
             back_to_driver(q, i, true);
             continue;
         }

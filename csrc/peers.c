@@ -17,7 +17,9 @@
  * same stage (server.c), since a worker's pages are the versions of its
  * current stage (it drops changed pages before it takes a new stage).  A
  * refusal or a silence sends the fetch to the driver, as after a redirect,
- * and a silent peer gets no more direct requests in that stage.
+ * and a silent peer gets no more direct requests until the driver
+ * redirects to it again (it may be gone, and its number given to a new
+ * peer that this worker has no socket to yet).
  *
  * Only the pager thread calls these functions.
  */
@@ -32,7 +34,8 @@
 
 static struct {
     void *sock[CL_PEERS_MAX]; /* DEALER per peer page server, by the driver's number */
-    bool silent[CL_PEERS_MAX]; /* no direct requests to it until the stage changes */
+    char ep[CL_PEERS_MAX][256]; /* the endpoint each socket is connected to */
+    bool silent[CL_PEERS_MAX]; /* no direct requests to it until a redirect names it again */
     uint8_t *hint;             /* per page: 0, or peer + 1 */
     uint64_t npages;           /* length of hint */
     uint64_t lo, hi;           /* hints set since the last clear lie in [lo, hi) */
@@ -41,14 +44,22 @@ static struct {
 
 void *cl_peer_sock(int k) { return k >= 0 && k < CL_PEERS_MAX ? H.sock[k] : NULL; }
 
+/* The socket to the driver's peer number k at `endpoint`.  The driver
+ * reuses the number of a lost peer for a new one: a different endpoint
+ * replaces the socket (replies still due on the old one are given up; their
+ * requests time out to the driver).  A redirect to k also lifts a silence:
+ * the driver has just seen k serve. */
 void *cl_peer_connect(void *ctx, int k, const char *endpoint) {
-    if (k < 0 || k >= CL_PEERS_MAX) return NULL;
-    if (H.sock[k]) return H.sock[k];
+    if (k < 0 || k >= CL_PEERS_MAX || strlen(endpoint) >= sizeof H.ep[k]) return NULL;
+    H.silent[k] = false;
+    if (H.sock[k] && strcmp(H.ep[k], endpoint) == 0) return H.sock[k];
+    if (H.sock[k]) cl_zmq.close(H.sock[k]);
     void *s = cl_zmq_socket(ctx, CL_ZMQ_DEALER);
     if (s && cl_zmq.connect(s, endpoint) != 0) {
         cl_zmq.close(s);
         s = NULL;
     }
+    strcpy(H.ep[k], s ? endpoint : "");
     return H.sock[k] = s;
 }
 
@@ -67,7 +78,6 @@ static void clear_hints(uint32_t stage) {
     }
     H.lo = UINT64_MAX;
     H.hi = 0;
-    memset(H.silent, 0, sizeof H.silent);
     H.stage = stage;
 }
 
@@ -76,6 +86,8 @@ void cl_peer_close_all(bool abandon) {
     for (int k = 0; k < CL_PEERS_MAX; k++)
         if (H.sock[k] && !abandon) cl_zmq.close(H.sock[k]);
     memset(H.sock, 0, sizeof H.sock);
+    memset(H.ep, 0, sizeof H.ep);
+    memset(H.silent, 0, sizeof H.silent);
     if (H.hint) clear_hints(0);
 }
 

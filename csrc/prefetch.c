@@ -55,7 +55,10 @@ int clamor_prefetch(const void *addr, size_t len) {
         uint64_t s = i;
         while (i < end && i - s < CL_REQ_MAXRUN) {
             uint32_t exp = CL_PG_ABSENT;
-            if (!atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_WANTED)) break;
+            if (!atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_WANTED) &&
+                (CL_PG_STATE(exp) != CL_PG_ERROR || /* a failed fetch is tried again */
+                 !atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_WANTED)))
+                break;
             i++;
         }
         if (i > s) {
@@ -75,6 +78,26 @@ int clamor_prefetch(const void *addr, size_t len) {
                           (unsigned long)(i << cl_region.page_shift), strerror(rc));
     }
     return 0;
+}
+
+/* Worker: how many of the n bytes at p can be read, that is, lie before
+ * the first page the pager cannot fetch (one the driver never allocated).
+ * For realloc of a region block on a worker, whose old size only the
+ * driver knows: copying up to n readable bytes keeps every byte of the old
+ * block, and never faults on a page that would end the process. */
+size_t cl_region_readable(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    if (n == 0 || cl_region.role != CLAMOR_ROLE_WORKER || a - cl_region.base >= cl_region.size) return 0;
+    if (n > cl_region.size - (a - cl_region.base)) n = cl_region.size - (a - cl_region.base);
+    if (clamor_prefetch(p, n) == 0) return n;
+    for (uint64_t i = cl_page_of(a), end = cl_page_of(a + n - 1) + 1; i < end; i++) {
+        uint32_t s = atomic_load(&cl_region.pages[i]);
+        if (CL_PG_STATE(s) == CL_PG_PRESENT) continue;
+        if (CL_PG_STATE(s) == CL_PG_ERROR) atomic_compare_exchange_strong(&cl_region.pages[i], &s, CL_PG_ABSENT);
+        uintptr_t at = cl_region.base + ((uintptr_t)i << cl_region.page_shift);
+        return at > a ? at - a : 0;
+    }
+    return n;
 }
 
 int cl_pager_enqueue(uint64_t idx) {

@@ -59,9 +59,10 @@ static void *h_realloc(void *ctx, void *p, size_t n) {
     PyMemAllocatorEx *o = ctx;
     if (p && in_region(p)) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) return clamor_realloc(p, n ? n : 1);
-        size_t old = clamor_usable_size(p);
+        /* a worker: a private copy; the region block stays.  Its old size
+         * is the driver's to know: copy what can be read of n bytes. */
         void *q = o->malloc(o->ctx, n);
-        if (q) memcpy(q, p, old && old < n ? old : n);
+        if (q) memcpy(q, p, cl_region_readable(p, n));
         return q;
     }
     if (cl_heap_depth && p) {
@@ -100,10 +101,26 @@ static int py_heap_install(void) {
 
 /* ---- numpy (NEP 49) ------------------------------------------------------------ */
 
-static void *n_malloc(void *ctx, size_t n) { (void)ctx; return clamor_malloc(n ? n : 1); }
-static void *n_calloc(void *ctx, size_t n, size_t sz) { (void)ctx; return clamor_calloc(n ? n : 1, sz ? sz : 1); }
+/* A process forked inside a block is a worker, with the handler still set
+ * in its context: there it allocates as numpy's default would. */
+static inline bool worker(void) { return cl_region.role != CLAMOR_ROLE_DRIVER; }
+
+static void *n_malloc(void *ctx, size_t n) {
+    (void)ctx;
+    return worker() ? malloc(n ? n : 1) : clamor_malloc(n ? n : 1);
+}
+static void *n_calloc(void *ctx, size_t n, size_t sz) {
+    (void)ctx;
+    return worker() ? calloc(n ? n : 1, sz ? sz : 1) : clamor_calloc(n ? n : 1, sz ? sz : 1);
+}
 static void *n_realloc(void *ctx, void *p, size_t n) {
     (void)ctx;
+    if (worker()) {
+        if (!p || !in_region(p)) return realloc(p, n ? n : 1);
+        void *q = malloc(n ? n : 1); /* a private copy; the region block stays */
+        if (q) memcpy(q, p, cl_region_readable(p, n));
+        return q;
+    }
     if (p && !in_region(p)) { /* an array from before, grown in the block */
         void *q = clamor_malloc(n ? n : 1);
         if (q) {

@@ -168,6 +168,7 @@ static int new_memfd(size_t size, int *fd_out) {
  * time child handlers run; the threads are this process's first.)  A
  * failure leaves them stopped; clamor/region.py tries again. */
 static void atfork_child(void) {
+    cl_heap_reset_after_fork(); /* first: allocations below must not go to the region */
     if (cl_region.role == CLAMOR_ROLE_NONE || clamor_region_reset_after_fork() != 0) return;
     const char *parent = clamor_fork_parent_endpoint();
     if (!parent[0]) return;
@@ -358,9 +359,12 @@ static void ring_push(uint64_t idx) {
     evict_len++;
 }
 
+_Atomic uint64_t cl_region_drops;
+
 /* Close [first, first+count) and give the memory back.  pt_lock held. */
 static int drop_locked(uint64_t first, uint64_t count) {
     size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
+    atomic_fetch_add(&cl_region_drops, 1);
     int d = cl_region_map_delta(first, count, 0);
     if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0)
         return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
@@ -508,6 +512,28 @@ int clamor_pages_drop(uint64_t first, uint64_t count) {
     return cl_region_drop(first, count);
 }
 
+/* Drop open page i, which may split its run in two: one mapping more.
+ * Within the mapping budget, evict as an install would; if nothing can be
+ * evicted, drop i's whole open run instead (its other pages are fetched
+ * again if touched).  What is left of a split run joins the eviction ring.
+ * pt_lock held. */
+static int drop_open_page(uint64_t i) {
+    uint64_t s = i, e = i + 1;
+    uint32_t budget = cl_region_mapping_budget();
+    int d = cl_region_map_delta(i, 1, 0);
+    while (d > 0 && mappings + (uint32_t)d > budget && evict_locked() == 0) d = cl_region_map_delta(i, 1, 0);
+    if (d > 0 && mappings + (uint32_t)d > budget) {
+        while (s > 0 && is_open(s - 1)) s--;
+        while (e < cl_region.npages && is_open(e)) e++;
+    }
+    int rc = drop_locked(s, e - s);
+    if (rc == 0 && e - s == 1) {
+        if (i > 0 && is_open(i - 1)) ring_push(i - 1);
+        if (i + 1 < cl_region.npages && is_open(i + 1)) ring_push(i + 1);
+    }
+    return rc;
+}
+
 int clamor_invalidate(const uint64_t *pages, uint64_t n) {
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker invalidates pages");
     for (uint64_t k = 0; k < n; k++)
@@ -516,16 +542,19 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
                           (unsigned long)cl_region.npages);
     int rc = 0;
     pthread_mutex_lock(&pt_lock);
-    for (uint64_t k = 0; k < n && !rc; k++) {
+    for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
         uint64_t i = pages[k];
         _Atomic uint32_t *w = &cl_region.pages[i];
         uint32_t s = atomic_load(w);
         switch (CL_PG_STATE(s)) {
-        case CL_PG_PRESENT:
-            rc = drop_locked(i, 1);
+        case CL_PG_PRESENT: {
+            int r = drop_open_page(i);
+            if (r && !rc) rc = r;
             CL_COUNT(pages_invalidated, 1);
             break;
+        }
         case CL_PG_HELD:
+            atomic_fetch_add(&cl_region_drops, 1);
             atomic_store(w, CL_PG_ABSENT);
             fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);

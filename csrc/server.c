@@ -200,11 +200,20 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
             return;
         }
+        uint64_t drops = atomic_load(&cl_region_drops);
+        if (!pages_held(rq->index, rq->count)) {
+            cl_zmq.msg_close(&body);
+            reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
+            return;
+        }
         memcpy(cl_zmq.msg_data(&body), src, len);
         atomic_thread_fence(memory_order_acquire);
         /* A change of stage during the copy may have swapped in an older
-         * version (a lineage re-run): refuse rather than risk mixing. */
-        if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view) {
+         * version (a lineage re-run), and a drop may have punched a page
+         * (zeros) that was fetched again before the check: refuse rather
+         * than risk mixing. */
+        if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view ||
+            atomic_load(&cl_region_drops) != drops) {
             cl_zmq.msg_close(&body);
             reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
             return;

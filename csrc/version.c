@@ -55,7 +55,8 @@ static struct {
     _Atomic uint32_t bump;      /* next never-used slot */
     _Atomic uint64_t free_top;  /* Treiber stack of free slots: tag << 32 | slot */
     _Atomic uint32_t *free_next;
-    uint64_t *dirty;            /* pages logged in the current epoch */
+    uint64_t *dirty;            /* pages logged (or discarded) in the current epoch */
+    _Atomic uint8_t *discarded; /* per page: punched by the allocator in this epoch */
     _Atomic uint64_t ndirty;
     _Atomic uint32_t *changed_in; /* per page: the stage its last change became visible in */
     uint64_t *changed;          /* result of the last stage_begin */
@@ -136,13 +137,14 @@ static int versions_init(void) {
     uint64_t slots = 2 * n > NONE - 1 ? NONE - 1 : 2 * n;
     V.logged = reserve(n * 4);
     V.head = reserve(n * 4);
-    V.dirty = reserve(n * 8);
+    V.dirty = reserve(n * 16); /* a page may be listed twice: logged, and discarded */
+    V.discarded = reserve(n);
     V.changed = reserve(n * 8);
     V.changed_in = reserve(n * 4);
     V.arena = reserve((size_t)slots << cl_region.page_shift);
     V.meta = reserve(slots * sizeof(struct ver));
     V.free_next = reserve(slots * 4);
-    if (!V.logged || !V.head || !V.dirty || !V.changed || !V.changed_in || !V.arena || !V.meta || !V.free_next)
+    if (!V.logged || !V.head || !V.dirty || !V.discarded || !V.changed || !V.changed_in || !V.arena || !V.meta || !V.free_next)
         return cl_err(ENOMEM, "cannot reserve address space for page versions");
     V.nslots = (uint32_t)slots;
     V.free_top = NONE;
@@ -230,6 +232,22 @@ int cl_version_open(uintptr_t a, size_t len) {
     return 0;
 }
 
+/* Freed spans are punched out of the memfd (alloc.c): the pages read zero
+ * from then on, and no write fault tells this file.  A later write logs the
+ * zeros as the old content, the comparison at the next stage finds nothing
+ * changed, and workers would keep the freed bytes for the new object (a
+ * calloc of punched pages writes nothing at all).  So a punched page is
+ * listed as changed at the next stage begin, without a version: the freed
+ * bytes are no one's to read at an older stage. */
+void cl_version_discarded(uint64_t first, uint64_t n) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.discarded) return;
+    writer_enter();
+    if (V.on)
+        for (uint64_t p = first; p < first + n && p < cl_region.npages; p++)
+            if (!atomic_exchange(&V.discarded[p], 1)) V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
+    writer_exit();
+}
+
 /* ---- stages -------------------------------------------------------------------- */
 
 static int cmp_u64(const void *a, const void *b) {
@@ -263,6 +281,10 @@ int clamor_stage_begin(uint32_t stage) {
     atomic_store(&V.epoch, stage); /* writes from now on log as `stage` */
     uint64_t nd = atomic_exchange(&V.ndirty, 0);
     qsort(V.dirty, nd, sizeof *V.dirty, cmp_u64);
+    uint64_t u = 0; /* a page logged and discarded is listed twice */
+    for (uint64_t i = 0; i < nd; i++)
+        if (!u || V.dirty[i] != V.dirty[u - 1]) V.dirty[u++] = V.dirty[i];
+    nd = u;
     for (uint64_t i = 0; i < nd;) {
         uint64_t s = i;
         while (i + 1 < nd && V.dirty[i + 1] == V.dirty[i] + 1) i++;
@@ -276,8 +298,12 @@ int clamor_stage_begin(uint32_t stage) {
     for (uint64_t i = 0; i < nd; i++) {
         uint64_t p = V.dirty[i];
         uint32_t s = head_of(p);
-        if (s == NONE || V.meta[s].last_stage != prev) continue;
-        if (memcmp(V.arena + ((size_t)s << cl_region.page_shift), cl_page_addr(p), cl_region.page_size) == 0) {
+        bool discarded = atomic_exchange(&V.discarded[p], 0);
+        if (s == NONE || V.meta[s].last_stage != prev) {
+            if (discarded) V.changed[V.nchanged++] = p;
+            continue;
+        }
+        if (!discarded && memcmp(V.arena + ((size_t)s << cl_region.page_shift), cl_page_addr(p), cl_region.page_size) == 0) {
             if (cas_head(p, s, atomic_load(&V.meta[s].next))) { /* no change after all */
                 slot_put(s);
                 CL_COUNT(pages_unchanged, 1);
@@ -386,7 +412,8 @@ void cl_version_reset(void) {
         uint64_t slots = V.nslots;
         munmap((void *)V.logged, n * 4);
         munmap((void *)V.head, n * 4);
-        munmap(V.dirty, n * 8);
+        munmap(V.dirty, n * 16);
+        munmap((void *)V.discarded, n);
         munmap(V.changed, n * 8);
         munmap((void *)V.changed_in, n * 4);
         munmap(V.arena, (size_t)slots << cl_region.page_shift);

@@ -7,7 +7,6 @@ driver).  Life-cycle and terminal scenarios run in subprocesses.
 """
 import fcntl
 import json
-import logging
 import os
 import select
 import signal
@@ -262,12 +261,33 @@ def test_bad_arguments_are_config_errors(cl, tmp_path):
 
 # ---- logging --------------------------------------------------------------------------
 
-def test_cluster_start_logs_at_info(caplog):
-    with caplog.at_level(logging.INFO, logger="clamor"):
+def test_cluster_start_logs_at_info():
+    # in its own process: this module's cluster is open, and a process runs one at a time
+    out, _ = run_json("""
+        import json, logging, clamor
+        seen = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append((record.levelno, record.getMessage()))
+        log = logging.getLogger("clamor")
+        log.addHandler(Keep())
+        log.setLevel(logging.INFO)
         with clamor.Cluster(workers=1, progress=False) as c:
-            assert c.range(3).sum() == 3
-    ups = [r for r in caplog.records if r.name == "clamor" and r.levelno == logging.INFO]
-    assert ups and "1 workers" in ups[0].getMessage()
+            total = c.range(3).sum()
+        print(json.dumps({"total": total, "info": [m for lvl, m in seen if lvl == logging.INFO]}))
+        """)
+    assert out["total"] == 3
+    assert out["info"] and "1 workers" in out["info"][0]
+
+
+def test_one_open_cluster_per_process(cl):
+    with pytest.raises(clamor.RegionInUse, match="another Cluster of this process is open"):
+        clamor.Cluster(workers=1, progress=False).start()
+    assert cl.range(3).collect() == [0, 1, 2]     # the open one is untouched
+    closed = clamor.Cluster(workers=1, progress=False)
+    closed.close()
+    with pytest.raises(clamor.ClamorError, match="closed"):
+        closed.start()
 
 
 # ---- life cycle (subprocesses) --------------------------------------------------------

@@ -297,3 +297,56 @@ stop.set(); t.join()
     assert "PATTERN OK" in p.stdout, p.stdout + p.stderr
     assert "LOST" in p.stdout, p.stdout + p.stderr
     assert "malformed reply from the page server" in p.stderr, p.stderr
+
+
+def test_a_region_block_grown_on_a_worker_becomes_a_private_copy(py):
+    """A list built under heap() is appended to in a task: its item array is
+    reallocated on the worker, which keeps a private copy.  Only the driver
+    knows the old block's size; the copy must not read past it into pages
+    the driver never allocated (that killed the worker)."""
+    p = py(DRIVER + """
+n = 200000
+with clamor.Cluster(workers=1, progress=False, recover=False) as cl:
+    with clamor.heap():
+        L = [7] * n                      # its item array is the last region block
+    def task(i):
+        L.append(1)
+        L.extend(range(10))
+        return [len(L), L[0], L[n - 1], L[n], sum(L[n:])]
+    got = cl.range(1, partitions=1).map(task).collect()
+print(json.dumps({"got": got, "driver_len": len(L)}))
+""", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {"got": [[200011, 7, 7, 1, 46]], "driver_len": 200000}, out
+
+
+def test_a_failed_fetch_is_tried_again_by_the_next_access(py):
+    """A prefetch that timed out left its pages in the error state for good:
+    the next prefetch failed at once and a plain touch ended the worker."""
+    p = py(DRIVER + """
+a = clamor.array(np.arange(1 << 25, dtype=np.int64))      # 256 MiB
+with TaskServer() as ts:
+    ts.fork(1)
+    def f(r):
+        x = r.get()
+        out = {}
+        clamor.configure(fetch_timeout=0.001)
+        try:
+            clamor.prefetch(x)
+            out["first"] = "ok"
+        except clamor.PageFetchError:
+            out["first"] = "timed out"
+        clamor.configure(fetch_timeout=30)
+        out["touch"] = int(x[0]) + int(x[-1])
+        clamor.prefetch(x)
+        out["sum"] = int(x.sum())
+        return out
+    res = ts.run(f, clamor.ref(a), timeout=120)
+print(json.dumps(res))
+""", timeout=180)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    n = 1 << 25
+    assert out["touch"] == n - 1 and out["sum"] == n * (n - 1) // 2, out
+    assert out["first"] == "timed out", out       # the scenario happened

@@ -322,3 +322,60 @@ print(json.dumps({"wrong": wrong, "lost": lost}))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out == {"wrong": 0, "lost": 0}, out
+
+
+def test_a_freed_span_reused_for_zeros_is_not_read_stale(py):
+    """Freeing a large block punches its pages out of the memfd: they read
+    zero at once, with no write fault.  A zero-filled array allocated there
+    next (zeros writes zeros; calloc of punched pages writes nothing) must
+    not leave workers with the freed array's bytes."""
+    p = py(DRIVER + """
+N = 1 << 18
+out = {}
+with clamor.Cluster(workers=1, progress=False) as cl:
+    for mode in ("zeros", "calloc", "half"):
+        a = clamor.full(N, 7.0)
+        addr = a.ctypes.data
+        first = cl.range(1, partitions=1).map(lambda i: float(a.sum())).collect()[0]
+        del a
+        if mode == "zeros":
+            b = clamor.zeros(N)
+        elif mode == "calloc":
+            b = clamor.view(clamor.calloc(N, 8), np.float64, N)
+        else:
+            b = clamor.empty(N); b[: N // 2] = 0; b[N // 2:] = 1.0
+        got = cl.range(1, partitions=1).map(lambda i: float(b.sum())).collect()[0]
+        out[mode] = [b.ctypes.data == addr, first, got, float(b.sum())]
+        if mode == "calloc":
+            clamor.free(b.ctypes.data)
+        del b
+print(json.dumps(out))
+""", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for mode, (same, first, got, want) in out.items():
+        assert same and first == 7.0 * (1 << 18), (mode, out)     # the scenario happened
+        assert got == want, (mode, out)
+
+
+def test_invalidating_every_other_page_keeps_within_the_mapping_budget(py):
+    """4 KiB pages: a worker holds a 320 MiB array as one run; the driver
+    changes every other page.  Dropping them one by one split the run into
+    more mappings than vm.max_map_count allows (65530), and the worker
+    died."""
+    p = py(DRIVER + """
+region.init(size=2 << 30, page_size=4096)
+NP = 81920
+a = clamor.array(np.arange(NP * 512, dtype=np.int64))
+def info(i):
+    return int(a.sum()), clamor.stats()["mappings"], clamor.configure()["max_mappings"]
+with clamor.Cluster(workers=1, progress=False, recover=False) as cl:
+    first = cl.range(1, partitions=1).map(info).collect()[0]
+    a[::1024] += 1
+    second = cl.range(1, partitions=1).map(info).collect()[0]
+print(json.dumps({"first": first, "second": second, "want": int(a.sum())}))
+""", timeout=180)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["second"][0] == out["want"], out
+    assert out["second"][1] <= out["second"][2], out
