@@ -32,9 +32,12 @@ STOP ends the worker without running the tasks queued ahead of it (close()
 does not wait for them), and a LOST is seen while a task waits for blocks
 from that peer.
 
-Block keys are tuples: ("shuffle", shuffle_id, map_partition, bucket) and
-("cache", collection_id, partition).  Blocks are stored frozen (``freeze``:
-pickled by value), so what a task does to the copy it is handed never
+Block keys are tuples: ("shuffle", shuffle_id, map_partition, bucket,
+version) and ("cache", collection_id, partition, version), the version being
+the stage the task that made the block read at: only the blocks the driver
+recorded are read, by that name, so a copy left by a failed task, a losing
+copy or a re-run at another version is never mistaken for them.  Blocks are
+stored frozen (``freeze``: pickled by value), so what a task does to the copy it is handed never
 reaches the store.  A peer asks [GET, pickled-key] and gets [OK,
 pickled-key, pickled-block] or [MISSING, pickled-key].
 """
@@ -129,36 +132,42 @@ def thaw(data):
 class TaskContext:
     """What a collection's ``_compute`` may ask of the worker during a task."""
 
-    def __init__(self, runtime, locs, extras):
+    def __init__(self, runtime, locs, extras, version=0):
         self.rt = runtime
         self.locs = locs
         self.extras = extras
+        self.version = version
         self.new_cached = []
 
     def source_data(self, cid, p):
         return self.extras["src"][cid]
 
     def cached_partition(self, cid, p):
-        key = ("cache", cid, p)
-        part = self.rt.store.get(key)
-        if part is not None:
-            return thaw(part)
-        ep = self.locs.get("cache", {}).get((cid, p))
-        if ep and ep != self.rt.endpoint:
-            # A failure propagates: computing it here would read the globals
-            # at this task's version, and the partition was made at its own.
-            return self.rt.fetch([(ep, key)])[key]
-        return None
+        """The copy the driver recorded, or None: compute it.  Copies are
+        named by the version they were made at, and only recorded ones
+        count: a copy made by a task that failed, by a losing copy, or by a
+        re-run at an older version than the recorded one is never read."""
+        loc = self.locs.get("cache", {}).get((cid, p))
+        if loc is None:
+            return None
+        ep, made = loc
+        key = ("cache", cid, p, made)
+        if ep == self.rt.endpoint:
+            part = self.rt.store.get(key)
+            return thaw(part) if part is not None else None
+        # A failure propagates: computing it here would read the globals
+        # at this task's version, and the partition was made at its own.
+        return self.rt.fetch([(ep, key)])[key]
 
     def cache_partition(self, cid, p, part):
-        self.rt.store[("cache", cid, p)] = freeze(part)
+        self.rt.store[("cache", cid, p, self.version)] = freeze(part)
         self.new_cached.append((cid, p))
 
     def shuffle_blocks(self, sid, nmaps, r):
-        eps = self.locs["shuffle"][sid]
+        made, eps = self.locs["shuffle"][sid]
         local, remote = [], []
         for m in range(nmaps):
-            key = ("shuffle", sid, m, r)
+            key = ("shuffle", sid, m, r, made)
             if eps[m] == self.rt.endpoint and key in self.rt.store:
                 local.append(thaw(self.rt.store[key]))
             else:
@@ -264,8 +273,8 @@ class Runtime:
                 self.inbox.append(frames)
 
     # -- tasks ----------------------------------------------------------------------
-    def run_task(self, stage, extras):
-        ctx = TaskContext(self, stage["locs"], extras)
+    def run_task(self, stage, extras, version=0):
+        ctx = TaskContext(self, stage["locs"], extras, version)
         p = extras["p"]
         node = stage["node"]
         if stage["kind"] == "map":
@@ -273,7 +282,7 @@ class Runtime:
             buckets = node.bucketize(i, node.deps[i].partition(p, ctx))
             sid = node.shuffle_ids[i]
             for r, b in enumerate(buckets):
-                self.store[("shuffle", sid, p, r)] = freeze(b)
+                self.store[("shuffle", sid, p, r, version)] = freeze(b)
             value = None
         else:
             value = partition_result(stage["action"], node.partition(p, ctx), stage["arg"])
@@ -339,7 +348,7 @@ class Runtime:
             stage = self.stages[attempt]
             if isinstance(stage, bytes):
                 stage = self.stages[attempt] = serialize.loads(stage)
-            value, cached = self.run_task(stage, serialize.loads(extras))
+            value, cached = self.run_task(stage, serialize.loads(extras), version)
             after = region.stats()
             res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0,
                    "faults": after["faults"] - before["faults"],

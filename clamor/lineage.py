@@ -42,8 +42,12 @@ class Lineage:
             locs[m] = wid
 
     def cached(self, cid, p, wid, version):
-        self.cache[(cid, p)] = wid
-        self.cache_made.setdefault((cid, p), version)
+        """Worker ``wid`` cached partition ``p`` of ``cid``, computed at
+        ``version``.  Only a copy of the partition's first version counts
+        (a re-run at an older stage that computed it on the way is not the
+        partition the later stages read)."""
+        if self.cache_made.setdefault((cid, p), version) == version:
+            self.cache[(cid, p)] = wid
 
     # -- losing and forgetting --------------------------------------------------------
     def lose_worker(self, wid):
@@ -85,7 +89,7 @@ class Lineage:
         return min(list(self.shuffle_made.values()) + list(self.cache_made.values()) + [default])
 
     # -- planning ---------------------------------------------------------------------
-    def needs(self, node, parts, recompute=False):
+    def needs(self, node, parts, recompute=False, version=None):
         """What tasks computing ``parts`` of ``node`` read from earlier
         stages; with ``recompute``, tasks that recompute those partitions of
         a cached ``node`` (so not reading them).  Returns (shuffled,
@@ -98,6 +102,10 @@ class Lineage:
           at that version first;
         - ``reads``: (shuffle ids, cache keys) they will fetch, so that losing
           one of them during the stage can be noticed.
+
+        Tasks reading at ``version`` do not read partitions cached at a later
+        one (a re-run computes what the original task computed): those
+        count as not cached.
         """
         shuffled, lost, seen = {}, {}, set()
         read_shuffles, read_cache = set(), set()
@@ -108,8 +116,10 @@ class Lineage:
                 continue
             seen.add((c.id, ps))
             if c.cached and not (recompute and c is node):
-                here = {p for p in ps if (c.id, p) in self.cache}
-                gone = {p for p in ps if p not in here and (c.id, p) in self.cache_made}
+                made = {p: self.cache_made.get((c.id, p)) for p in ps}
+                ours = {p for p, v in made.items() if v is not None and (version is None or v <= version)}
+                here = {p for p in ours if (c.id, p) in self.cache}
+                gone = ours - here
                 read_cache.update((c.id, p) for p in here)
                 for p in gone:
                     lost.setdefault(self.cache_made[(c.id, p)], {}).setdefault(c, []).append(p)

@@ -60,7 +60,7 @@ class _InputsLost(Exception):
 
 class _Job:
     __slots__ = ("kind", "node", "parent", "action", "arg", "parts", "version", "results", "losses", "stat",
-                 "bar", "reads", "rerun", "attempts", "asids", "sent")
+                 "bar", "reads", "rerun", "attempts", "asids")
 
     def __init__(self, kind, node, parent, action, arg, parts, version, rerun):
         self.kind, self.node, self.parent, self.action, self.arg = kind, node, parent, action, arg
@@ -70,7 +70,6 @@ class _Job:
         self.reads = (set(), set())             # (shuffle ids, cache keys) the tasks fetch
         self.attempts = 0
         self.asids = []                         # its attempts' scheduler stage ids
-        self.sent = set()                       # task keys sent at least once
 
     @property
     def computes(self):
@@ -168,6 +167,15 @@ class Stages:
             log.info("recomputing %d partition(s) of %r at stage %d", len(parts), job.computes, version)
         try:
             self._run_attempts(job)
+        except BaseException:
+            if kind == "map" and not rerun:
+                # A shuffle never completed is not kept: the next action
+                # computes it afresh, at its own version (its outputs so far
+                # read the globals as this stage saw them).
+                sid = node.shuffle_ids[parent]
+                self._lineage.forget("shuffle", sid)
+                self._forget(("shuffle", sid))      # the workers drop its blocks
+            raise
         finally:
             for a in job.asids:    # late reports of its tasks now only free slots
                 self._jobs.pop(a, None)
@@ -191,6 +199,9 @@ class Stages:
             if job.attempts >= self.max_attempts:
                 raise errors.WorkerLost(f"stage {job.version}: gave up after {job.attempts} attempts lost to failed "
                                         f"workers ({len(missing)} of {len(job.parts)} partitions missing)")
+            if not self._workers and not self._expected:
+                raise errors.WorkerLost(f"stage {job.version}: no live workers (every worker was lost and "
+                                        f"none is being replaced)")
             job.attempts += 1
             try:
                 self._attempt(job, missing)
@@ -202,7 +213,8 @@ class Stages:
         """Recompute, at their own versions, the lost outputs ``job`` reads."""
         for _ in range(self.max_attempts * 4):
             shuffled, lost_cache, reads = self._lineage.needs(job.computes, job.parts,
-                                                              recompute=job.action == "cache")
+                                                              recompute=job.action == "cache",
+                                                              version=job.version)
             todo = False
             for c in shuffled:
                 for i, sid in enumerate(c.shuffle_ids):
@@ -226,7 +238,7 @@ class Stages:
         if job.rerun:
             desc += " (recomputing lost partitions)"
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
-                                        "action": job.action, "arg": job.arg, "locs": self._locs()})
+                                        "action": job.action, "arg": job.arg, "locs": self._locs(job.version)})
         sources = _sources(job.computes)
         extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}) for p in missing}
         lineage = _cached_ids(node)
@@ -341,10 +353,10 @@ class Stages:
     def _send_task(self, ins):
         asid, payload, extras = self._current
         job = self._jobs[asid]
-        if ins.key in job.sent:
-            self._totals["speculative_copies"] += 1
-        job.sent.add(ins.key)
         w = self._workers[ins.worker]
+        if any(ins.key in other["sent"] for other in self._workers.values()):
+            self._totals["speculative_copies"] += 1   # (a task re-sent after a loss is not one)
+        w["sent"].add(ins.key)
         first = ins.stage_id not in w["stages"]
         w["stages"].add(ins.stage_id)
         version = job.version
@@ -352,11 +364,15 @@ class Stages:
         self._sock.send_multipart([ins.worker, b"TASK", pickle.dumps(ins.key), str(ins.stage_id).encode(),
                                    str(version).encode(), payload if first else b"", extras[ins.partition], inval])
 
-    def _locs(self):
+    def _locs(self, version):
+        """Where the blocks are, for tasks reading at ``version``: cached
+        partitions made after it are not theirs to read (they compute
+        those), each named with the version it was made at."""
         eps = {w: info["blocks"] for w, info in self._workers.items()}
         lin = self._lineage
-        return {"shuffle": {s: [eps.get(w) for w in locs] for s, locs in lin.shuffles.items()},
-                "cache": {k: eps[w] for k, w in lin.cache.items() if w in eps}}
+        return {"shuffle": {s: (lin.shuffle_made[s], [eps.get(w) for w in locs]) for s, locs in lin.shuffles.items()},
+                "cache": {k: (eps[w], lin.cache_made[k]) for k, w in lin.cache.items()
+                          if w in eps and lin.cache_made[k] <= version}}
 
     # -- messages -----------------------------------------------------------------------
     def _on_message(self, frames):
@@ -372,6 +388,8 @@ class Stages:
         if w is None:       # a worker already declared lost: nothing it says counts
             return []
         w["last_hb"] = time.monotonic()
+        if kind in (b"DONE", b"SKIP", b"FAIL"):
+            w["sent"].discard(pickle.loads(frames[2]))
         if kind == b"DONE":
             key = pickle.loads(frames[2])
             res = serialize.loads(frames[3])
@@ -380,7 +398,10 @@ class Stages:
             job = self._jobs.get(key[0])
             if job is not None:
                 for cid, p in res["cached"]:
-                    self._lineage.cached(cid, p, ident, job.version)
+                    # A re-run only restores partitions cached before: one it
+                    # computes on the way for the first time read old globals.
+                    if not job.rerun or (cid, p) in self._lineage.cache_made:
+                        self._lineage.cached(cid, p, ident, job.version)
                 if key[1] not in job.results:
                     # a map task's result is where its buckets are: the worker itself
                     job.results[key[1]] = ident if job.kind == "map" else res["value"]
@@ -418,7 +439,7 @@ class Stages:
             return []
         self._expected.discard(wid)
         self._start_failures = 0
-        info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current())
+        info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current(), sent=set())
         self._workers[wid] = info
         replacement = int(wid[1:]) >= self.nworkers
         log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
@@ -477,7 +498,10 @@ class Stages:
             self._pids.remove(info["pid"])
         if info.get("pages"):
             region.forget_peer(info["pages"])
-        running = self._sched.running(wid)
+        # What it was running: tasks sent to it and not reported.  (The
+        # scheduler may have given it more, in a batch of losses declared
+        # one by one: those it never had.)
+        running = self._sched.running(wid) & info["sent"]
         shuffles, keys = self._lineage.lose_worker(wid)
         for other in self._workers:   # fetches from it fail at once rather than time out
             self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]])])
@@ -485,7 +509,10 @@ class Stages:
         if self.replace_workers and not self._closed:
             self._spawn_worker()
         if self.recover and self._current is not None:
-            self._trouble = self._trouble or self._loss_trouble(wid, reason, running, shuffles, keys)
+            t = self._loss_trouble(wid, reason, running, shuffles, keys)
+            # giving up outranks retrying: with no worker left, a retry would wait start_timeout for nothing
+            if t is not None and (self._trouble is None or isinstance(t, errors.WorkerLost)):
+                self._trouble = t
         return out
 
     def _loss_trouble(self, wid, reason, running, shuffles, keys):
@@ -494,7 +521,7 @@ class Stages:
         asid = self._current[0]
         job = self._jobs[asid]
         for key in running:
-            if key[0] == asid:
+            if key[0] == asid and key[1] not in job.results:   # (not a copy that lost the race anyway)
                 job.losses[key[1]] += 1
                 self._totals["tasks_rerun"] += 1
                 if job.losses[key[1]] >= self.max_attempts:
