@@ -12,8 +12,8 @@ from .heap import heap
 from .share import NotShareable, share
 from .collection import DataCollection
 from .scheduler import Speculation
-from .alloc import alloc, array, asarray, calloc, empty, free, full, heap_stats, in_region, realloc, \
-    usable_size, view, zeros
+from .alloc import alloc, array, asarray, c_api, calloc, empty, free, full, get_include, heap_stats, in_region, \
+    realloc, usable_size, view, zeros
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
                      NotDriver, NotSerializable, PageFetchError, TaskTimeout, ProtocolError, RegionError, RegionExhausted, RegionInUse,
                      TaskError, TransportError, WorkerLost)
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cluster", "Speculation", "DataCollection", "heap", "share", "NotShareable", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
-    "empty", "zeros", "full", "array", "asarray", "view", "in_region",
+    "empty", "zeros", "full", "array", "asarray", "view", "in_region", "c_api", "get_include",
     "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
     "readinto", "recv_into", "write", "fromfile", "errors",
     "ClamorError", "BuildError", "ConfigError", "RegionError", "RegionInUse", "NoRegion", "AllocError",

@@ -7,6 +7,7 @@ every view of it) is gone.
 """
 import errno
 import operator
+import os
 
 import numpy as np
 
@@ -44,7 +45,9 @@ def alloc(nbytes, align=16):
     """Allocate ``nbytes`` in the region; returns the address (an int).
 
     ``align`` must be a power of two.  Maps the region with its defaults if
-    this process has none yet.
+    this process has none yet.  Raises InvalidSize (negative, non-integer or
+    huge size, bad alignment), RegionExhausted (no room: a MemoryError),
+    NotDriver (in a worker); the allocation functions below alike.
     """
     nbytes, align = _size(nbytes), _size(align, "align")
     if align == 0 or align & (align - 1):
@@ -58,7 +61,8 @@ def alloc(nbytes, align=16):
 
 
 def calloc(n, size):
-    """Allocate ``n * size`` zeroed bytes; returns the address."""
+    """Allocate ``n * size`` zeroed bytes; returns the address (errors as
+    ``alloc``; an overflowing product is InvalidSize or RegionExhausted)."""
     n, size = _size(n, "n"), _size(size)
     region.ensure()
     ffi.errno = 0
@@ -87,7 +91,8 @@ def free(addr):
 
 def realloc(addr, nbytes):
     """Resize a block; returns its (possibly new) address.  ``realloc(0, n)``
-    allocates; the block is left as it was on failure."""
+    allocates; the block is left as it was on failure.  InvalidPointer for
+    an address that is not a live block; otherwise errors as ``alloc``."""
     p, nbytes = _ptr(addr), _size(nbytes)
     region.ensure()
     if nbytes == 0:
@@ -108,6 +113,8 @@ def usable_size(addr):
 
 
 def heap_stats():
+    """The region allocator's bytes: ``allocated`` (live blocks) and
+    ``footprint`` (pages it has in use, free lists included)."""
     return {"allocated": int(lib.clamor_heap_allocated()), "footprint": int(lib.clamor_heap_footprint())}
 
 
@@ -169,7 +176,9 @@ def view(addr, dtype, shape, strides=None, owned=False):
 
 
 def empty(shape, dtype=float, align=64):
-    """An uninitialised ndarray in the region."""
+    """An uninitialised ndarray in the region; freed with its last view.
+    ConfigError for an object dtype (Python objects cannot live there as
+    plain data); otherwise errors as ``alloc``."""
     dtype = _plain(np.dtype(dtype))
     try:
         shape = (operator.index(shape),)
@@ -187,12 +196,15 @@ def empty(shape, dtype=float, align=64):
 
 
 def zeros(shape, dtype=float):
+    """A zero-filled ndarray in the region (errors as ``empty``)."""
     a = empty(shape, dtype)
     a.reshape(-1).view(np.uint8)[...] = 0  # every byte, struct padding too, as np.zeros
     return a
 
 
 def full(shape, fill_value, dtype=None):
+    """An ndarray in the region filled with ``fill_value`` (dtype: that of
+    ``fill_value`` unless given; errors as ``empty``)."""
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
     a = empty(shape, dtype)
@@ -222,3 +234,25 @@ def asarray(x, dtype=None):
     if isinstance(x, np.ndarray) and (dtype is None or np.dtype(dtype) == x.dtype) and in_region(x):
         return x
     return array(x, dtype)
+
+
+_C_API = ("clamor_malloc", "clamor_calloc", "clamor_realloc", "clamor_aligned_alloc", "clamor_free",
+          "clamor_usable_size")
+
+
+def c_api():
+    """Addresses of clamor's C allocator functions, by name, for C code
+    built apart from clamor (a ctypes or cffi library of your own): pass
+    them in as function pointers.  Their prototypes are in ``clamor.h``
+    (``clamor.get_include()``); the compiled module exports no symbols to
+    link against.  Driver only, as allocation is."""
+    return {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name))) for name in _C_API}
+
+
+def get_include():
+    """The directory that holds ``clamor.h``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "include"), os.path.join(os.path.dirname(here), "csrc")):
+        if os.path.exists(os.path.join(d, "clamor.h")):
+            return d
+    raise errors.BuildError("clamor.h is not installed with this copy of clamor")

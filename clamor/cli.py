@@ -71,10 +71,10 @@ def main(argv=None):
         from clamor.geo import add_arguments
 
         add_arguments(g)
-    d = demos.add_parser("pages", help="random lookups into a 1 GiB region array")
-    d.add_argument("--workers", type=int, default=2)
-    d.add_argument("--mib", type=int, default=1024, help="size of the global array")
-    d.add_argument("--lookups", type=int, default=4000)
+    pg = demos.add_parser("pages", help="random lookups into a 1 GiB region array")
+    pg.add_argument("--workers", type=int, default=2)
+    pg.add_argument("--mib", type=int, default=1024, help="size of the global array")
+    pg.add_argument("--lookups", type=int, default=4000)
     w = sub.add_parser("worker", help="run a worker: clamor worker --driver tcp://HOST:PORT")
     w.add_argument("--driver", required=True)
     w.add_argument("--base", default=None)
@@ -85,7 +85,7 @@ def main(argv=None):
         return _geo(args, g)
     if args.cmd == "demo":
         if args.workers < 1 or args.mib < 1 or args.lookups < args.workers:
-            ap.error("--workers, --mib and --lookups must be positive (lookups >= workers)")
+            pg.error("--workers, --mib and --lookups must be positive (lookups >= workers)")
         return _demo(args)
     from clamor import worker
 

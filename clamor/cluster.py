@@ -82,6 +82,12 @@ class Cluster(Stages):
     ``speculation``: True (Spark's defaults: a second copy of a task running
     1.5x longer than the stage's median once 75% of its tasks are done),
     False, or a ``clamor.Speculation(multiplier, quantile, min_runtime)``.
+
+    ``workers`` defaults to ``os.cpu_count()``.  ``replication``:
+    "two-choices" (default), "random" or "off" (peers serving hot pages).
+    ``heartbeat_timeout``: seconds of silence after which a worker is lost.
+    ``start_timeout``: seconds to wait for workers to start.  Bad settings
+    raise ConfigError.  One Cluster may be open in a process at a time.
     """
 
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
@@ -272,6 +278,9 @@ class Cluster(Stages):
         return Parallel(self, data, self._nparts(partitions, len(data)))
 
     def range(self, start, stop=None, step=1, partitions=None):
+        """The integers of ``range(start, stop, step)``, cut into
+        ``partitions`` slices (default: two per worker).  ConfigError for a
+        zero step or a bad partition count."""
         self._check()
         if stop is None:
             start, stop = 0, start
@@ -280,7 +289,11 @@ class Cluster(Stages):
         return Range(self, start, stop, step, self._nparts(partitions, len(range(start, stop, step))))
 
     def read_text(self, paths, partitions=None, encoding="utf-8"):
-        """Lines of the text files ``paths`` (a path, a glob or a list)."""
+        """Lines of the text files ``paths`` (a path, a glob or a list),
+        without their line ends; byte ranges split on line starts, read by
+        the workers.  FileNotFoundError for a path or glob that names no
+        file; ConfigError for an encoding that does not write a newline as
+        the byte 0x0a (UTF-16, UTF-32)."""
         self._check()
         if partitions is not None:
             partitions = self._nparts(partitions)  # ConfigError for 0, negative, non-int
@@ -294,7 +307,8 @@ class Cluster(Stages):
         return TextFiles(self, paths, partitions, encoding)
 
     def read_npy(self, paths):
-        """One partition per .npy file; its rows are the elements."""
+        """One partition per .npy file; its rows are the elements.
+        FileNotFoundError for a path or glob that names no file."""
         self._check()
         return NpyFiles(self, paths)
 
@@ -338,6 +352,8 @@ class Cluster(Stages):
         return out
 
     def stage_stats(self):
+        """Per stage (the last 1000): its version, kind, tasks, durations,
+        faults, bytes from the driver and from peers, payload sizes."""
         return list(self._stage_stats)
 
 

@@ -85,8 +85,11 @@ def _outside_heap(cls):
 
 
 class DataCollection:
-    """Base of every collection.  ``ctx`` in ``_compute`` is the worker's
-    task context (clamor.executor.TaskContext)."""
+    """A partitioned collection, made by a Cluster's sources (``parallelize``,
+    ``range``, ``read_text``, ``read_npy``) and transformed lazily; actions
+    (``collect``, ``count``, ``reduce``, ``sum``, ``take``, ``foreach``) run
+    it on the workers.  (Implementation: ``ctx`` in ``_compute`` is the
+    worker's task context, clamor.executor.TaskContext.)"""
 
     def __new__(cls, *args, **kwargs):
         if not heap_active():
@@ -135,18 +138,22 @@ class DataCollection:
         return Narrow(self, lambda part, p: fn(part))
 
     def map_partitions_with_index(self, fn):
+        """``fn(index, partition) -> iterable`` for each partition."""
         _callable(fn, "map_partitions_with_index")
         return Narrow(self, lambda part, p: fn(p, part))
 
     def map(self, fn):
+        """``fn(x)`` for each element (lazy, as every transformation)."""
         _callable(fn, "map")
         return Narrow(self, lambda part, p: [fn(x) for x in part])
 
     def filter(self, fn):
+        """The elements for which ``fn(x)`` is true."""
         _callable(fn, "filter")
         return Narrow(self, lambda part, p: [x for x in part if fn(x)])
 
     def flat_map(self, fn):
+        """The elements of ``fn(x)`` (an iterable) for each element."""
         _callable(fn, "flat_map")
         return Narrow(self, lambda part, p: [y for x in part for y in fn(x)])
 
@@ -162,10 +169,12 @@ class DataCollection:
         return Zipped(self, other)
 
     def key_by(self, fn):
+        """``(fn(x), x)`` pairs."""
         _callable(fn, "key_by")
         return self.map(lambda x: (fn(x), x))
 
     def map_values(self, fn):
+        """``(k, fn(v))`` for each ``(k, v)`` pair."""
         _callable(fn, "map_values")
         return self.map(lambda kv: (kv[0], fn(kv[1])))
 
@@ -200,6 +209,7 @@ class DataCollection:
         return self
 
     def unpersist(self):
+        """Stop caching; the workers drop the partitions they keep."""
         self.cached = False
         if self._cluster is not None:
             self._cluster._drop_cache(self.id)
@@ -212,13 +222,20 @@ class DataCollection:
         return self._cluster._run_action(self, kind, arg, partitions)
 
     def collect(self):
+        """Every element, in partition order, as a list (an action: it runs
+        the stages, and raises TaskError if a task raises, WorkerLost if the
+        work cannot be recovered, NotSerializable if a function cannot be
+        shipped; the other actions alike)."""
         parts = self._run("collect")
         return [x for part in parts for x in part]
 
     def count(self):
+        """The number of elements."""
         return sum(self._run("count"))
 
     def reduce(self, fn):
+        """The elements combined with ``fn(a, b)`` (associative), in
+        partition order; ValueError for an empty collection."""
         _callable(fn, "reduce")
         partials = [v for ok, v in self._run("reduce", fn) if ok]
         if not partials:
@@ -226,6 +243,7 @@ class DataCollection:
         return functools.reduce(fn, partials)
 
     def sum(self):
+        """The sum of the elements (0 for none; arrays add elementwise)."""
         partials = [v for ok, v in self._run("sum") if ok]
         return functools.reduce(lambda a, b: a + b, partials) if partials else 0
 
@@ -245,6 +263,8 @@ class DataCollection:
         return out[:n]
 
     def foreach(self, fn):
+        """``fn(x)`` on the workers for its side effects (which may run more
+        than once for a partition, after a failure or for a straggler)."""
         _callable(fn, "foreach")
         self._run("foreach", fn)
 

@@ -70,11 +70,15 @@ class ProtocolError(ClamorError):
 
 
 class TaskError(ClamorError):
-    """A function shipped to a worker raised; ``remote_traceback`` has it."""
+    """A function shipped to a worker raised.  ``remote_type`` is the name
+    of the exception's class there (``"ZeroDivisionError"``, or a clamor
+    error such as ``"NotDriver"``), ``remote_traceback`` its traceback."""
 
     def __init__(self, message, remote_traceback=""):
         super().__init__(message)
         self.remote_traceback = remote_traceback
+        head = message.split(":", 1)[0]
+        self.remote_type = head if head.isidentifier() else ""
 
     def __str__(self):
         base = super().__str__()

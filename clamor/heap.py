@@ -44,7 +44,15 @@ def install():
 
 @contextlib.contextmanager
 def heap():
-    """Allocate everything this thread allocates inside the block in the region."""
+    """Allocate everything this thread allocates inside the block in the
+    region: Python objects, numpy data, and the C heap of extension modules.
+
+    Driver only (maps the default region if there is none).  Blocks nest.
+    ``clamor.heap.suspended()`` leaves the block for a while, and
+    ``clamor.heap.active()`` says whether this thread is in one.  Raises
+    NotDriver in a worker, RegionInUse if the default region cannot be
+    mapped, ClamorError if numpy's allocator cannot be set.
+    """
     from . import region  # here: region imports this module
 
     region.ensure()
@@ -137,3 +145,10 @@ def outside(fn):
         with suspended():
             return fn(*args, **kwargs)
     return run
+
+
+# ``clamor.heap`` is this module's function, which hides the module in the
+# package namespace: its helpers are reached through it.
+heap.suspended = suspended
+heap.outside = outside
+heap.active = active

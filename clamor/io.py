@@ -2,9 +2,11 @@
 
 The kernel raises no SIGSEGV when a system call touches a page that is not
 present: read(), recv_into() and write() fail with EFAULT instead (see the
-libsigsegv README).  These wrappers make the pages present first (a no-op on
-the driver, where every page is).  For anything else, call
-``clamor.prefetch(buf)`` before the call.
+libsigsegv README).  On a worker, these wrappers fetch the pages first; on
+the driver, where the region is write-protected between stages (page
+versions), they open the pages a read writes into.  Any other buffer is
+passed straight through.  For other calls, use ``clamor.prefetch(buf)``
+first.
 """
 import io
 import os
@@ -12,31 +14,38 @@ import stat
 
 import numpy as np
 
+from . import region as _region
 from .region import prefetch
 
 
+def _ready(buf):
+    addr, n = _region._span(buf)
+    if n and _region.size() and _region.contains(addr, n):
+        prefetch(addr, n)
+
+
 def readinto(f, buf):
-    """``f.readinto(buf)`` for a region buffer."""
-    prefetch(buf)
+    """``f.readinto(buf)``, for a region buffer too."""
+    _ready(buf)
     return f.readinto(buf)
 
 
 def recv_into(sock, buf, nbytes=0, flags=0):
-    """``sock.recv_into(buf, nbytes, flags)`` for a region buffer."""
-    prefetch(buf)
+    """``sock.recv_into(buf, nbytes, flags)``, for a region buffer too."""
+    _ready(buf)
     return sock.recv_into(buf, nbytes, flags)
 
 
 def write(fd, buf):
-    """``os.write(fd, buf)`` of a region buffer."""
-    prefetch(buf)
+    """``os.write(fd, buf)``, of a region buffer too."""
+    _ready(buf)
     return os.write(fd, buf)
 
 
 def fromfile(file, out, count=-1, sep=""):
     """Read ``file`` into the region array ``out`` (``np.fromfile`` semantics
     for dtype and count); returns the number of items read."""
-    prefetch(out)
+    _ready(out)
     flat = out.reshape(-1)
     n = flat.size if count < 0 else min(count, flat.size)
     if sep:

@@ -249,20 +249,36 @@ def handler_is_first():
 
 
 def prefetch(obj, nbytes=None):
-    """Make the pages under ``obj`` present on this worker.
+    """Make the pages under ``obj`` ready for a system call.
 
     ``obj`` is an address (with ``nbytes``) or any object exporting a buffer
     (a region ndarray, memoryview).  The kernel answers EFAULT, not SIGSEGV,
     when a system call reads or writes a page that is not present, so call
     this before handing region memory to read(), recv_into(), write() and the
-    like (``clamor.io`` wraps the usual ones).  A no-op on the driver.
+    like (``clamor.io`` wraps the usual ones).  On a worker it fetches the
+    absent pages; on the driver, once stages have begun, it opens the pages
+    for writing (between stages the driver's region is write-protected, to
+    version what it writes, and a system call writing there gets EFAULT
+    too).  Raises PageFetchError (errno EFAULT) for memory outside the
+    region, PageFetchError for a page that cannot be fetched, InvalidSize
+    and InvalidPointer for a bad address range.
     """
+    addr, n = _span(obj, nbytes)
+    if n == 0:
+        return
+    check(lib.clamor_prefetch(ffi.cast("void *", addr), n), "prefetching region pages",
+          {errno.EFAULT: errors.PageFetchError, errno.ETIMEDOUT: errors.PageFetchError})
+
+
+def _span(obj, nbytes=None):
+    """(address, length) of an address and ``nbytes``, or of a buffer (the
+    whole span its strides reach)."""
     if isinstance(obj, int) and not isinstance(obj, bool):
         addr, n = obj, 0 if nbytes is None else nbytes
     else:
         mv = memoryview(obj)
         if mv.nbytes == 0:
-            return
+            return 0, 0
         if mv.c_contiguous:
             addr, n = int(ffi.cast("uintptr_t", ffi.from_buffer(mv.cast("B")))), mv.nbytes
         else:  # cover the whole span the strides reach
@@ -277,10 +293,7 @@ def prefetch(obj, nbytes=None):
         raise errors.InvalidSize(f"prefetch size must be an int from 0 to 2**63-1, not {n!r}")
     if not 0 <= addr <= _U64 - n:
         raise errors.InvalidPointer(f"{addr:#x} + {n} is not an address range")
-    if n == 0:
-        return
-    check(lib.clamor_prefetch(ffi.cast("void *", addr), n), "prefetching region pages",
-          {errno.EFAULT: errors.PageFetchError, errno.ETIMEDOUT: errors.PageFetchError})
+    return addr, n
 
 
 def drop_pages(first, count):
@@ -395,6 +408,7 @@ def stats():
 
 
 def reset_stats():
+    """Zero this process's counters (``stats()``)."""
     lib.clamor_stats_reset()
 
 

@@ -191,6 +191,10 @@ class Speculation:
     min_runtime: float = 0.1
 
     def __post_init__(self):
+        for name in ("multiplier", "quantile", "min_runtime"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise errors.ConfigError(f"speculation {name} must be a number, not {v!r}")
         if not self.multiplier >= 1.0:
             raise errors.ConfigError(f"speculation multiplier must be >= 1, not {self.multiplier!r}")
         if not 0.0 < self.quantile <= 1.0:
@@ -408,7 +412,8 @@ class Scheduler:
         if not self.recover:
             for t in lost:
                 if t.stage.state == _RUNNING:      # (a stage holding a task is running or aborted)
-                    msg = f"worker {worker} lost: {reason}" if reason else f"worker {worker} lost"
+                    name = worker.decode() if isinstance(worker, bytes) else worker
+                    msg = f"worker {name} lost: {reason}" if reason else f"worker {name} lost"
                     self._abort(t.stage, errors.WorkerLost(msg), out)
             return
         for t in reversed(lost):

@@ -156,6 +156,13 @@ def share(obj, limit=20_000_000):
         if not inside:
             if _ok_outside(o):
                 continue  # inherited: its own referents were inherited with it
+            if isinstance(o, np.ndarray) and not o.dtype.hasobject and o.nbytes and \
+                    region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
+                if path == "obj":
+                    continue  # shipped by itself, a region array travels as a reference
+                raise NotShareable(f"{path} (ndarray at {id(o):#x}) has its data in the region but is itself an "
+                                   f"object outside it, which workers cannot follow a pointer to: make the array "
+                                   f"inside clamor.heap(), or pass it to tasks directly (it travels by reference)")
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
         if isinstance(o, np.ndarray):

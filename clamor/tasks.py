@@ -86,6 +86,16 @@ class TaskServer:
             self._procs.append(_liveness.fork(functools.partial(serve, self.endpoint)))
         return self._await(len(self.workers) + n, timeout)
 
+    def accept(self, n=1, timeout=30.0):
+        """Wait for ``n`` more workers started elsewhere (``python -m
+        clamor.worker --driver`` this server's ``endpoint``, in a container,
+        another PID namespace or host) to connect; returns the worker list.
+        Raises WorkerLost if fewer connect within ``timeout`` seconds."""
+        self._open()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise errors.ConfigError(f"n must be a positive int, not {n!r}")
+        return self._await(len(self.workers) + n, timeout)
+
     def _await(self, want, timeout):
         deadline = time.monotonic() + timeout
         while len(self.workers) < want:
@@ -117,7 +127,7 @@ class TaskServer:
         """``fn(item)`` for each item, spread round-robin over the workers."""
         n = len(self.workers)
         if not n:
-            raise errors.WorkerLost("no workers: call spawn() or fork() first")
+            raise errors.WorkerLost("no workers: call spawn(), fork() or accept() first")
         return self.gather([(i % n, fn, (x,), {}) for i, x in enumerate(items)], timeout=timeout)
 
     def gather(self, calls, timeout=None):
@@ -126,7 +136,7 @@ class TaskServer:
         TaskError with the remote traceback."""
         self._open()
         if not self.workers:
-            raise errors.WorkerLost("no workers: call spawn() or fork() first")
+            raise errors.WorkerLost("no workers: call spawn(), fork() or accept() first")
         calls = list(calls)
         for w, *_ in calls:
             if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(self.workers):

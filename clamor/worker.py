@@ -134,10 +134,18 @@ def _tie_to_local_driver():
     return True
 
 
+def _address(text):
+    """An address for --base: decimal, or hex with 0x."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an address: {text!r} (decimal, or hex such as 0x7f0000000000)")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m clamor.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--driver", required=True, help="the driver's control endpoint, e.g. tcp://127.0.0.1:5555")
-    ap.add_argument("--base", type=lambda s: int(s, 0), default=None,
+    ap.add_argument("--base", type=_address, default=None,
                     help="map the region at this address instead of the driver's (pointer-free data only)")
     ap.add_argument("--connect-timeout", type=float, default=None,
                     help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
