@@ -20,7 +20,7 @@ for pol in ("off", "random", "two-choices"):
         st = cl.stats()
         out[pol] = {"driver": st["replication"]["bytes_served_by_driver"], "peers": st["bytes_from_peers"],
                     "redirects": st["replication"]["redirects"], "hit": st["replication"]["redirect_hit_rate"]}
-    region.reset_stats()
+    # (no reset between clusters: each reports what was served since it started)
 print(json.dumps(out))
 """, check=True, timeout=300)
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -152,3 +152,24 @@ print(json.dumps(out))
     assert out["newer"][:2] == [ERROR, errno.ESTALE], out
     assert out["same"] == [PAGES, 0, True], out
     assert out["not held"][:2] == [ERROR, errno.EAGAIN], out
+
+
+def test_stats_keep_what_a_lost_peer_served(py):
+    p = py(PRE + """
+a = clamor.array(np.arange(1 << 22, dtype=np.float64))       # 32 MiB
+with clamor.Cluster(workers=3, progress=False, replication="random") as cl:
+    for _ in range(2):
+        cl.range(6, partitions=6).map(lambda i: float(a.sum())).collect()
+    cl.range(3, partitions=3).map(lambda i: i).collect()      # every worker reports its counters
+    before = cl.stats()["replication"]["bytes_served_by_peer"]
+    top = max(before, key=before.get)
+    os.kill(cl._pid_of[top.encode()], signal.SIGKILL)
+    time.sleep(1.0)
+    cl.range(3, partitions=3).map(lambda i: i).collect()      # the loss is noticed
+    after = cl.stats()
+print(json.dumps({"before": before, "top": top, "after": after["replication"]["bytes_served_by_peer"],
+                  "lost": after["recovery"]["workers_lost"]}))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["lost"] == 1 and out["before"][out["top"]] > 0, out
+    assert out["after"][out["top"]] == out["before"][out["top"]], out
