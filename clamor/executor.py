@@ -16,6 +16,7 @@ Control messages, multipart:
     driver -> worker   TASK key attempt version stage_payload|"" task_extras invalidated-pages|""
                        CANCEL key          (another copy of the task finished first)
                        LOST pickled-list-of-block-endpoints   (peers that died)
+                       LIVE pickled-list-of-block-endpoints   (a new peer at one of those)
                        DROP pickled-list-of-block-key-prefixes
                        STOP
     worker -> driver   HELLO pickled-info
@@ -269,6 +270,8 @@ class Runtime:
                 self.cancelled.add(frames[1])
             elif frames[0] == b"LOST":
                 self.dead.update(pickle.loads(frames[1]))
+            elif frames[0] == b"LIVE":   # a new worker at an endpoint a lost one had
+                self.dead.difference_update(pickle.loads(frames[1]))
             else:
                 self.inbox.append(frames)
 

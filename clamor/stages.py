@@ -281,7 +281,10 @@ class Stages:
         """Submit attempt ``asid`` and run the event loop until it ends."""
         self._current = (asid, payload, extras)
         self._trouble = None
-        pending = collections.deque(self._sched.handle(StageSubmitted(asid, tasks)))
+        # The scheduler's clock first: a task's run time counts from the last
+        # Tick, and before a cluster's first one the clock read 0.
+        pending = collections.deque(self._sched.handle(Tick(time.monotonic())))
+        pending.extend(self._sched.handle(StageSubmitted(asid, tasks)))
         next_check = time.monotonic() + 0.5
         alone_since = None
         try:
@@ -441,6 +444,9 @@ class Stages:
         self._start_failures = 0
         info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current(), sent=set())
         self._workers[wid] = info
+        for other in self._workers:   # its endpoint may be a lost worker's, reused: no longer dead
+            if other != wid:
+                self._sock.send_multipart([other, b"LIVE", pickle.dumps([info["blocks"]])])
         replacement = int(wid[1:]) >= self.nworkers
         log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
         return self._sched.handle(WorkerJoined(wid, self.slots))

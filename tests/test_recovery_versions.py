@@ -118,3 +118,41 @@ print(json.dumps({"got": got, "took": took}))
 """, timeout=180)
     assert out["got"][0] == "WorkerLost" and out["got"][2], out
     assert out["took"] < 10, out       # it waited start_timeout (60 s) for workers that cannot come
+
+
+def test_speculation_times_tasks_from_their_start_in_a_first_action_and_after_idling():
+    # A task's run time counted from the scheduler's last Tick: 0.0 before a
+    # cluster's first one (no copy was ever made in a first action), and the
+    # previous action's last Tick after an idle spell (a copy made at once).
+    out = scenario("""
+import tempfile
+def run(cl, flag):
+    def task(i):
+        if i == 0:
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+                time.sleep(3.0)
+                return -1                      # the slow original
+            except FileExistsError:
+                pass
+        return i
+    before = cl.stats()["recovery"]["speculative_copies"]
+    t0 = time.monotonic()
+    r = cl.range(8, partitions=8).map(task).collect()
+    return [r[0], time.monotonic() - t0, cl.stats()["recovery"]["speculative_copies"] - before]
+d = tempfile.mkdtemp()
+with clamor.Cluster(workers=4, slots=1, progress=False) as cl:
+    first = run(cl, os.path.join(d, "a"))
+    time.sleep(2.0)
+    idle = run(cl, os.path.join(d, "b"))
+    # and no copy of a quick task after an idle spell
+    time.sleep(2.0)
+    quick = cl.stats()["recovery"]["speculative_copies"]
+    cl.range(8, partitions=8).map(lambda i: (time.sleep(0.2), i)[1]).collect()
+    quick = cl.stats()["recovery"]["speculative_copies"] - quick
+print(json.dumps({"first": first, "idle": idle, "quick": quick}))
+""", timeout=120)
+    for name in ("first", "idle"):
+        r0, took, copies = out[name]
+        assert r0 == 0 and copies == 1 and took < 2.9, (name, out)    # the copy won
+    assert out["quick"] == 0, out
