@@ -47,12 +47,18 @@ print(json.dumps(out))
     assert out["freed"] >= 8 << 20, out   # freed outside the block, back to the region
 
 
-def test_c_heap_of_extension_modules_is_interposed(py, tmp_path):
+def shared_library(tmp_path, name, source):
+    """Compile ``source`` into tmp_path/lib<name>.so; returns its path."""
     import subprocess
-    src = tmp_path / "grab.c"
-    src.write_text(CLIB)
-    lib = tmp_path / "libgrab.so"
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    lib = tmp_path / f"lib{name}.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+def test_c_heap_of_extension_modules_is_interposed(py, tmp_path):
+    lib = shared_library(tmp_path, "grab", CLIB)
     p = py(PRE + f"""
 import ctypes
 clamor.heap.__wrapped__ if hasattr(clamor.heap, "__wrapped__") else None
@@ -190,11 +196,7 @@ def test_memalign_of_any_alignment_and_reallocarray_inside_the_block(py, tmp_pat
     # glibc's memalign rounds an alignment up to a power of two, and
     # reallocarray grows a block; inside a block both must act on region
     # memory (reallocarray of a region block used to reach glibc: abort).
-    import subprocess
-    src = tmp_path / "al.c"
-    src.write_text(ALIGNLIB)
-    lib = tmp_path / "libal.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    lib = shared_library(tmp_path, "al", ALIGNLIB)
     p = py(PRE + f"""
 import ctypes
 g = ctypes.CDLL("{lib}")

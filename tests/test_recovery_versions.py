@@ -3,7 +3,21 @@ later action reads.  Each scenario runs a driver in its own interpreter and
 checks its results against the values computed in the driver."""
 import json
 
-from scenario import scenario
+from scenario import scenario as _scenario
+
+KILL_ALL = """
+def kill_all_after(cl, delay):
+    pids = list(cl.worker_pids)
+    def kill():
+        time.sleep(delay)
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+    threading.Thread(target=kill).start()
+"""
+
+
+def scenario(body, timeout=120):
+    return _scenario(KILL_ALL + body, timeout=timeout)
 
 
 def test_a_shuffle_that_failed_is_computed_afresh_by_the_retry():
@@ -86,12 +100,7 @@ def test_losing_every_worker_at_once_counts_each_task_once():
 W = 4
 with clamor.Cluster(workers=W, slots=3, progress=False, speculation=False) as cl:
     cl.range(W, partitions=W).map(lambda x: x).collect()
-    pids = list(cl.worker_pids)
-    def kill_all():
-        time.sleep(0.5)
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-    threading.Thread(target=kill_all).start()
+    kill_all_after(cl, 0.5)
     got = attempt(cl.range(W, partitions=W).map(lambda x: (time.sleep(2.0), x)[1]).sum)
     rec = cl.stats()["recovery"]
 print(json.dumps({"got": got, "rec": rec}))
@@ -105,12 +114,7 @@ def test_losing_every_worker_without_replacements_fails_at_once():
 with clamor.Cluster(workers=3, progress=False, speculation=False, replace_workers=False) as cl:
     c = cl.range(300, partitions=6).map(lambda x: x * 2).cache()
     c.count()
-    pids = list(cl.worker_pids)
-    def kill_all():
-        time.sleep(0.4)
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-    threading.Thread(target=kill_all).start()
+    kill_all_after(cl, 0.4)
     t0 = time.monotonic()
     got = attempt(c.map(lambda x: (time.sleep(0.05), x)[1]).sum)
     took = time.monotonic() - t0
