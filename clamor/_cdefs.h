@@ -48,6 +48,8 @@ uint64_t clamor_changed_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
 int clamor_versions_gc(uint32_t min_stage);
+int clamor_versions_keep(const uint32_t *stages, size_t n);
+void clamor_peer_gone(const char *endpoint);
 void clamor_set_stage(uint32_t stage);
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
 
@@ -81,6 +83,7 @@ struct clamor_stats {
     uint64_t peer_fallbacks;  /* worker: redirects and hinted requests that ended at the driver after all */
     uint64_t peer_direct;
     uint64_t hint_bytes;
+    uint64_t peer_timeouts;   /* worker: peers silent for a second on a request (then the driver was asked) */
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

@@ -344,6 +344,7 @@ class Cluster(Stages):
             "direct_requests": direct,
             "hint_bytes": since["hint_bytes"],
             "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
+            "peer_timeouts": sum(w.get("timeouts", 0) for w in ws.values()),
         }
         out["recovery"] = {k: self._totals[k] for k in (
             "workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs", "speculative_copies",

@@ -15,7 +15,8 @@ Control messages, multipart:
 
     driver -> worker   TASK key attempt version stage_payload|"" task_extras invalidated-pages|""
                        CANCEL key          (another copy of the task finished first)
-                       LOST pickled-list-of-block-endpoints   (peers that died)
+                       LOST pickled-list-of-block-endpoints pickled-list-of-page-endpoints
+                                           (peers that died)
                        LIVE pickled-list-of-block-endpoints   (a new peer at one of those)
                        DROP pickled-list-of-block-key-prefixes
                        STOP
@@ -148,6 +149,8 @@ class TaskContext:
         named by the version they were made at, and only recorded ones
         count: a copy made by a task that failed, by a losing copy, or by a
         re-run at an older version than the recorded one is never read."""
+        if (cid, p) in self.new_cached:   # this task computed it already (read twice, as by zip)
+            return thaw(self.rt.store[("cache", cid, p, self.version)])
         loc = self.locs.get("cache", {}).get((cid, p))
         if loc is None:
             return None
@@ -270,6 +273,8 @@ class Runtime:
                 self.cancelled.add(frames[1])
             elif frames[0] == b"LOST":
                 self.dead.update(pickle.loads(frames[1]))
+                for ep in pickle.loads(frames[2]) if len(frames) > 2 else ():
+                    region.peer_gone(ep)      # its page server too: no more hinted requests to it
             elif frames[0] == b"LIVE":   # a new worker at an endpoint a lost one had
                 self.dead.difference_update(pickle.loads(frames[1]))
             else:
@@ -359,7 +364,8 @@ class Runtime:
                    - (before["bytes_fetched"] - before["bytes_from_peers"]),
                    "bytes_from_peers": after["bytes_from_peers"] - before["bytes_from_peers"],
                    "served": after["bytes_served"], "redirects": after["redirects"],
-                   "direct": after["peer_direct"], "fallbacks": after["peer_fallbacks"]}
+                   "direct": after["peer_direct"], "fallbacks": after["peer_fallbacks"],
+                   "timeouts": after["peer_timeouts"]}
             # by value, like a stored block: a result is what the task saw, not
             # a reference the driver would read at its own, later version
             self.sock.send_multipart([b"DONE", key, freeze(res)])

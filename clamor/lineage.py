@@ -83,6 +83,11 @@ class Lineage:
                 self.cache_made.pop(k)
                 self.cache.pop(k, None)
 
+    def versions(self):
+        """Every version a recorded output was made at (lost ones included:
+        recomputing them reads it)."""
+        return set(self.shuffle_made.values()) | set(self.cache_made.values())
+
     def oldest_version(self, default):
         """The oldest version any recorded output was made at (lost ones
         included: recomputing them reads it), or ``default``."""

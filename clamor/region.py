@@ -347,6 +347,13 @@ def stage_current():
     return int(lib.clamor_stage_current())
 
 
+def versions_keep(stages):
+    """Driver: keep only the page versions that tasks reading at ``stages``
+    (ascending stage numbers) need."""
+    arr = ffi.new("uint32_t[]", [int(x) for x in stages] or [0])
+    check(lib.clamor_versions_keep(arr, len(stages)))
+
+
 def versions_gc(min_stage):
     """Driver: drop page versions only stages before ``min_stage`` could read."""
     check(lib.clamor_versions_gc(int(min_stage)))
@@ -377,6 +384,11 @@ def forget_peer(endpoint):
     lib.clamor_replication_forget(endpoint.encode())
 
 
+def peer_gone(endpoint):
+    """Worker: the peer whose page server is ``endpoint`` is lost."""
+    lib.clamor_peer_gone(endpoint.encode())
+
+
 def reset_peers():
     """Driver: forget every worker's page server and the pages they held."""
     lib.clamor_replication_reset()
@@ -391,7 +403,7 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
-                "peer_fallbacks", "peer_direct", "hint_bytes", "latency_count")
+                "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "latency_count")
 
 
 def stats():

@@ -33,6 +33,7 @@ task it drops the pages changed between the version its copies reflect and
 the task's version, in either direction, so a re-run of an old version sees
 old bytes and the next new task sees new ones again.
 """
+import bisect
 import collections
 import logging
 import os
@@ -128,19 +129,32 @@ class Stages:
         changed = region.stage_begin(sid)
         if changed.size:
             self._changes[sid] = changed
-        # Versions older than anything a recorded output was made at (lost
-        # ones included) are of no use: lineage re-runs read at that version.
-        # Nor are versions a task still running reads: a losing copy of an
-        # earlier action, or one that outlived a failed attempt, runs to its
-        # end and must not find its pages gone.
+        # The page versions worth keeping are those of the stages a task may
+        # still read at: this one, those recorded outputs were made at (lost
+        # ones included: lineage re-runs read there), and those of tasks
+        # still running (a losing copy of an earlier action, or one that
+        # outlived a failed attempt, runs to its end).  A version between
+        # them is dropped: a collection cached once, then a global updated
+        # at every stage, kept a version per stage, and the driver ran out
+        # of room for them.
         running = {k[0] for w in self._workers for k in self._sched.running(w)}
         self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
-        oldest = min([self._lineage.oldest_version(sid)] + list(self._attempt_version.values()))
-        region.versions_gc(oldest)
-        keep_from = min([oldest] + [w["seen"] for w in self._workers.values()])
-        for s in [s for s in self._changes if s <= keep_from]:
-            del self._changes[s]
+        keep = sorted({sid} | self._lineage.versions() | set(self._attempt_version.values()))
+        region.versions_keep(keep)
+        self._trim_changes(keep)
         return sid
+
+    def _trim_changes(self, keep):
+        """Changed-page lists are asked for between two versions, each one a
+        worker's or one of ``keep`` (no other can become one later): lists
+        of stages with no such version between them are merged, those at or
+        below the lowest dropped."""
+        bounds = sorted(set(keep) | {w["seen"] for w in self._workers.values()})
+        merged = {}
+        for s, ch in self._changes.items():
+            if s > bounds[0]:
+                merged.setdefault(bounds[bisect.bisect_left(bounds, s)], []).append(ch)
+        self._changes = {b: chs[0] if len(chs) == 1 else np.unique(np.concatenate(chs)) for b, chs in merged.items()}
 
     def _invalidations(self, w, version):
         """Pages worker ``w`` must drop before a task at ``version``: those
@@ -398,6 +412,7 @@ class Stages:
             res = serialize.loads(frames[3])
             w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
             w["direct"] = res.get("direct", 0)
+            w["timeouts"] = res.get("timeouts", 0)
             job = self._jobs.get(key[0])
             if job is not None:
                 for cid, p in res["cached"]:
@@ -495,7 +510,7 @@ class Stages:
 
     def _lose(self, wid, reason):
         info = self._workers.pop(wid)
-        self._gone[wid] = {k: info[k] for k in ("served", "followed", "fallbacks", "direct") if k in info}
+        self._gone[wid] = {k: info[k] for k in ("served", "followed", "fallbacks", "direct", "timeouts") if k in info}
         log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
         self._totals["workers_lost"] += 1
         # One that stopped answering may still run: it must not come back.
@@ -510,7 +525,8 @@ class Stages:
         running = self._sched.running(wid) & info["sent"]
         shuffles, keys = self._lineage.lose_worker(wid)
         for other in self._workers:   # fetches from it fail at once rather than time out
-            self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]])])
+            self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]]),
+                                       pickle.dumps([info["pages"]] if info.get("pages") else [])])
         out = self._sched.handle(WorkerLost(wid, reason))
         if self.replace_workers and not self._closed:
             self._spawn_worker()

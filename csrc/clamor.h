@@ -163,6 +163,14 @@ void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
 /* Driver: drop versions that only stages before `min_stage` could read. */
 int clamor_versions_gc(uint32_t min_stage);
+/* Driver: keep only the versions that the stages in `stages` (n of them,
+ * ascending: those a task may still read at) need; the lowest becomes the
+ * floor below which a request for a changed page gets ESTALE.  0, or
+ * EINVAL if not sorted. */
+int clamor_versions_keep(const uint32_t *stages, size_t n);
+/* Worker: the driver declared the peer whose page server is `endpoint` lost;
+ * hinted requests stop going to it. */
+void clamor_peer_gone(const char *endpoint);
 
 /* Worker: the stage of the task about to run; page requests carry it and
  * are answered with the page as that stage sees it.  A stage older than the
@@ -213,6 +221,7 @@ struct clamor_stats {
     uint64_t peer_fallbacks;  /* worker: redirects and hinted requests that ended at the driver after all */
     uint64_t peer_direct;     /* worker: requests sent straight to a peer on a hint */
     uint64_t hint_bytes;      /* driver: bytes of holder hints sent with replies */
+    uint64_t peer_timeouts;   /* worker: peers silent for a second on a request (then the driver was asked) */
     uint64_t latency_count;   /* fetch latencies recorded */
     double latency_p50_us;
     double latency_p99_us;

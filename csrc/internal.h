@@ -138,8 +138,9 @@ void cl_version_reset(void);
  * requests of newer stages (server.c). */
 extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
 extern _Atomic uint64_t cl_worker_view;
-/* Worker: bumped before any held page is dropped (its memory punched); a
- * page server copying a page checks it did not move during the copy. */
+/* Worker: odd while held pages are being dropped (their memory punched),
+ * bumped at the start and at the end of each drop; a page server copying a
+ * page checks it was even and did not move during the copy. */
 extern _Atomic uint64_t cl_region_drops;
 /* Page word bit: invalidated while its fetch was in flight; the reply is
  * stale and must not be installed. */
@@ -180,6 +181,7 @@ void *cl_peer_connect(void *ctx, int k, const char *endpoint);
 int cl_peer_pollitems(struct cl_zmq_pollitem *it); /* room for CL_PEERS_MAX */
 void cl_peer_close_all(bool abandon);
 void cl_peer_silent(int k);
+bool cl_peer_is(int k, const char *endpoint);
 void cl_hints_take(void *sock, uint32_t stage);
 int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
 
@@ -195,7 +197,8 @@ struct cl_counters {
     _Atomic uint64_t faults, pages_fetched, bytes_fetched, readahead_pages,
         fetch_requests, fetch_errors, pages_served, bytes_served,
         requests_served, bad_requests, evictions, pages_dropped, pages_logged, pages_unchanged,
-        pages_invalidated, pages_from_peers, bytes_from_peers, redirects, peer_fallbacks, peer_direct, hint_bytes;
+        pages_invalidated, pages_from_peers, bytes_from_peers, redirects, peer_fallbacks, peer_direct, hint_bytes,
+        peer_timeouts;
 };
 extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)

@@ -314,7 +314,15 @@ static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_h
     void *s = NULL;
     if (n > 0 && n < (int)sizeof ep) {
         ep[n] = '\0';
-        s = cl_peer_connect(P.ctx, (int)h->status, ep);
+        int k = (int)h->status;
+        if (cl_peer_sock(k) && !cl_peer_is(k, ep)) {
+            /* the number is a new peer's now: what is still asked of the
+             * old one on the socket about to close goes to the driver */
+            for (unsigned i = 0; i < MAX_INFLIGHT; i++)
+                if (P.inflight[i].used && P.inflight[i].peer == k && &P.inflight[i] != q)
+                    back_to_driver(&P.inflight[i], i, false);
+        }
+        s = cl_peer_connect(P.ctx, k, ep);
     }
     if (!s) {
         send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
@@ -454,6 +462,7 @@ static void check_timeouts(void) {
         struct req *q = &P.inflight[i];
         if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
             cl_peer_silent(q->peer); /* no more hinted requests to it until a redirect */
+            CL_COUNT(peer_timeouts, 1);
             back_to_driver(q, i, true);
             continue;
         }

@@ -24,6 +24,7 @@
  * Only the pager thread calls these functions.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -44,6 +45,47 @@ static struct {
 
 void *cl_peer_sock(int k) { return k >= 0 && k < CL_PEERS_MAX ? H.sock[k] : NULL; }
 
+/* Peers the driver declared lost, by page-server endpoint (any thread adds;
+ * the pager reads them when the generation moves).  A socket to one of them
+ * gets no more hinted requests: the driver may have given its number to a
+ * new peer, and a request there would wait PEER_TIMEOUT_NS for nothing. */
+#define GONE_MAX 16
+static pthread_mutex_t gone_lock = PTHREAD_MUTEX_INITIALIZER;
+static char gone[GONE_MAX][256];
+static unsigned ngone;
+static _Atomic unsigned gone_gen;
+static unsigned gone_seen;
+
+void clamor_peer_gone(const char *endpoint) {
+    if (!endpoint || strlen(endpoint) >= sizeof gone[0]) return;
+    pthread_mutex_lock(&gone_lock);
+    strcpy(gone[ngone++ % GONE_MAX], endpoint);
+    pthread_mutex_unlock(&gone_lock);
+    atomic_fetch_add(&gone_gen, 1);
+}
+
+static void forget_gone(const char *endpoint) {
+    pthread_mutex_lock(&gone_lock);
+    for (unsigned g = 0; g < GONE_MAX; g++)
+        if (strcmp(gone[g], endpoint) == 0) gone[g][0] = '\0';
+    pthread_mutex_unlock(&gone_lock);
+}
+
+static void silence_gone(void) {
+    unsigned gen = atomic_load(&gone_gen);
+    if (gen == gone_seen) return;
+    gone_seen = gen;
+    pthread_mutex_lock(&gone_lock);
+    for (int k = 0; k < CL_PEERS_MAX; k++)
+        for (unsigned g = 0; H.sock[k] && g < GONE_MAX; g++)
+            if (gone[g][0] && strcmp(gone[g], H.ep[k]) == 0) H.silent[k] = true;
+    pthread_mutex_unlock(&gone_lock);
+}
+
+bool cl_peer_is(int k, const char *endpoint) {
+    return k >= 0 && k < CL_PEERS_MAX && H.sock[k] && strcmp(H.ep[k], endpoint) == 0;
+}
+
 /* The socket to the driver's peer number k at `endpoint`.  The driver
  * reuses the number of a lost peer for a new one: a different endpoint
  * replaces the socket (replies still due on the old one are given up; their
@@ -54,6 +96,7 @@ void *cl_peer_connect(void *ctx, int k, const char *endpoint) {
     H.silent[k] = false;
     if (H.sock[k] && strcmp(H.ep[k], endpoint) == 0) return H.sock[k];
     if (H.sock[k]) cl_zmq.close(H.sock[k]);
+    forget_gone(endpoint); /* a new peer at a lost one's endpoint */
     void *s = cl_zmq_socket(ctx, CL_ZMQ_DEALER);
     if (s && cl_zmq.connect(s, endpoint) != 0) {
         cl_zmq.close(s);
@@ -132,6 +175,7 @@ out:
 
 /* The peer to ask directly for [first, first+count) at `stage`, or -1. */
 int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage) {
+    silence_gone();
     if (!H.hint || stage != H.stage || first < H.lo || first + count > H.hi) return -1;
     uint8_t v = H.hint[first];
     for (uint64_t p = first + 1; p < first + count; p++)

@@ -92,10 +92,15 @@ size_t cl_region_readable(const void *p, size_t n) {
     if (n == 0 || cl_region.role != CLAMOR_ROLE_WORKER || a - cl_region.base >= cl_region.size) return 0;
     if (n > cl_region.size - (a - cl_region.base)) n = cl_region.size - (a - cl_region.base);
     if (clamor_prefetch(p, n) == 0) return n;
+    /* The bound is the first page whose fetch failed.  (Not the first one
+     * absent: a page fetched here may be dropped again meanwhile, by an
+     * eviction or an invalidation, and the copy simply faults it back.) */
     for (uint64_t i = cl_page_of(a), end = cl_page_of(a + n - 1) + 1; i < end; i++) {
         uint32_t s = atomic_load(&cl_region.pages[i]);
-        if (CL_PG_STATE(s) == CL_PG_PRESENT) continue;
-        if (CL_PG_STATE(s) == CL_PG_ERROR) atomic_compare_exchange_strong(&cl_region.pages[i], &s, CL_PG_ABSENT);
+        /* never allocated: the block ends before it.  (Another failure, a
+         * time-out say, bounds nothing: the copy faults and reports it.) */
+        if (CL_PG_STATE(s) != CL_PG_ERROR || CL_PG_ERRNO(s) != ENOENT) continue;
+        atomic_compare_exchange_strong(&cl_region.pages[i], &s, CL_PG_ABSENT); /* a later touch asks again */
         uintptr_t at = cl_region.base + ((uintptr_t)i << cl_region.page_shift);
         return at > a ? at - a : 0;
     }

@@ -361,17 +361,27 @@ static void ring_push(uint64_t idx) {
 
 _Atomic uint64_t cl_region_drops;
 
-/* Close [first, first+count) and give the memory back.  pt_lock held. */
+/* Close [first, first+count) and give the memory back.  pt_lock held.
+ *
+ * The memory is punched out before the pages read ABSENT: once one does, a
+ * fault may fetch it again, and a punch after the pager's pwrite would
+ * leave the new copy zero.  Until then a touch finds the page PRESENT but
+ * closed and simply faults again.  cl_region_drops is odd while a drop is
+ * under way (pt_lock makes this the only writer): a page server that
+ * copies a page checks it was even and unchanged around the copy. */
 static int drop_locked(uint64_t first, uint64_t count) {
     size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
-    atomic_fetch_add(&cl_region_drops, 1);
     int d = cl_region_map_delta(first, count, 0);
-    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0)
+    atomic_fetch_add(&cl_region_drops, 1);
+    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0) {
+        atomic_fetch_add(&cl_region_drops, 1);
         return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
                       (unsigned long)count, strerror(errno));
+    }
     mappings = (uint32_t)((int64_t)mappings + d);
-    for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_ABSENT);
     fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_ABSENT);
+    atomic_fetch_add(&cl_region_drops, 1);
     return 0;
 }
 
@@ -521,7 +531,10 @@ static int drop_open_page(uint64_t i) {
     uint64_t s = i, e = i + 1;
     uint32_t budget = cl_region_mapping_budget();
     int d = cl_region_map_delta(i, 1, 0);
-    while (d > 0 && mappings + (uint32_t)d > budget && evict_locked() == 0) d = cl_region_map_delta(i, 1, 0);
+    while (d > 0 && mappings + (uint32_t)d > budget && evict_locked() == 0) {
+        if (!is_open(i)) return 0; /* the eviction took i's run with it */
+        d = cl_region_map_delta(i, 1, 0);
+    }
     if (d > 0 && mappings + (uint32_t)d > budget) {
         while (s > 0 && is_open(s - 1)) s--;
         while (e < cl_region.npages && is_open(e)) e++;
@@ -553,13 +566,28 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             CL_COUNT(pages_invalidated, 1);
             break;
         }
-        case CL_PG_HELD:
+        case CL_PG_HELD: {
+            /* Claim it as if a fetch were under way, punch, then let it go:
+             * a fault meanwhile waits, and gets a fetch of its own. */
+            if (!atomic_compare_exchange_strong(w, &s, CL_PG_WANTED)) {
+                k--; /* it changed (a touch opened it): look again */
+                continue;
+            }
             atomic_fetch_add(&cl_region_drops, 1);
-            atomic_store(w, CL_PG_ABSENT);
             fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
+            uint32_t exp = CL_PG_WANTED;
+            if (!atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) { /* a waiter came */
+                atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
+                if (cl_pager_enqueue(i) != 0) {
+                    atomic_store(w, CL_PG_MKERR(ENOTCONN));
+                    cl_futex_wake(w);
+                }
+            }
+            atomic_fetch_add(&cl_region_drops, 1);
             CL_COUNT(pages_invalidated, 1);
             break;
+        }
         case CL_PG_WANTED: /* in flight: the reply must not be installed */
             while (CL_PG_STATE(s) == CL_PG_WANTED && !atomic_compare_exchange_weak(w, &s, s | CL_PG_STALE)) {}
             CL_COUNT(pages_invalidated, 1);

@@ -68,7 +68,7 @@ void clamor_stats_get(struct clamor_stats *o) {
     LD(requests_served); LD(bad_requests); LD(evictions); LD(pages_dropped);
     LD(pages_invalidated); LD(pages_logged); LD(pages_unchanged);
     LD(pages_from_peers); LD(bytes_from_peers); LD(redirects); LD(peer_fallbacks);
-    LD(peer_direct); LD(hint_bytes);
+    LD(peer_direct); LD(hint_bytes); LD(peer_timeouts);
 #undef LD
     cl_version_stats(&o->versions, &o->version_bytes);
     uint64_t h[NBUCKETS]; /* 8 KiB snapshot on the stack */
@@ -90,7 +90,7 @@ void clamor_stats_reset(void) {
     Z(requests_served); Z(bad_requests); Z(evictions); Z(pages_dropped);
     Z(pages_invalidated); Z(pages_logged); Z(pages_unchanged);
     Z(pages_from_peers); Z(bytes_from_peers); Z(redirects); Z(peer_fallbacks);
-    Z(peer_direct); Z(hint_bytes);
+    Z(peer_direct); Z(hint_bytes); Z(peer_timeouts);
 #undef Z
     for (unsigned b = 0; b < NBUCKETS; b++) atomic_store(&hist[b], 0);
     atomic_store(&hist_max_ns, 0);

@@ -340,6 +340,47 @@ bool cl_version_open_now(uint64_t p) {
     return V.on && (atomic_load(&V.logged[p]) & ~LOGGING) == atomic_load(&V.epoch);
 }
 
+static bool any_in(const uint32_t *sorted, size_t n, uint32_t lo, uint32_t hi) { /* some x with lo < x <= hi */
+    size_t a = 0, b = n;
+    while (a < b) { /* first index with sorted[i] > lo */
+        size_t m = (a + b) / 2;
+        if (sorted[m] > lo) b = m;
+        else a = m + 1;
+    }
+    return a < n && sorted[a] <= hi;
+}
+
+int clamor_versions_keep(const uint32_t *stages, size_t n) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
+    for (size_t i = 1; i < n; i++)
+        if (stages[i] < stages[i - 1]) return cl_err(EINVAL, "clamor_versions_keep: stages are not sorted");
+    pthread_mutex_lock(&vlock);
+    if (n && stages[0] > V.gc_floor) V.gc_floor = stages[0];
+    /* A slot with last stage L, whose next older slot has last stage L0 (0
+     * for none), answers the stages in (L0, L]: it goes if no stage to keep
+     * lies there.  Dropping it widens its newer neighbour's range only by
+     * stages not kept, so the order of the walk does not matter. */
+    uint32_t used = atomic_load(&V.bump);
+    if (used > V.nslots) used = V.nslots;
+    for (uint32_t s = 0; s < used; s++) {
+        uint64_t p = V.meta[s].page;
+        if (p >= cl_region.npages) continue;
+        uint32_t prev = NONE;
+        for (uint32_t c = head_of(p); c != NONE; prev = c, c = atomic_load(&V.meta[c].next)) {
+            if (c != s) continue;
+            uint32_t nx = atomic_load(&V.meta[c].next);
+            uint32_t lo = nx == NONE ? 0 : V.meta[nx].last_stage;
+            if (any_in(stages, n, lo, V.meta[c].last_stage)) break;
+            /* the newest slot of the epoch being written stays: a write is logged there */
+            if (V.meta[c].last_stage >= atomic_load(&V.epoch)) break;
+            if (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true)) slot_put(c);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&vlock);
+    return 0;
+}
+
 int clamor_versions_gc(uint32_t min_stage) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
     pthread_mutex_lock(&vlock);

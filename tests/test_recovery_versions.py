@@ -160,3 +160,51 @@ print(json.dumps({"first": first, "idle": idle, "quick": quick}))
         r0, took, copies = out[name]
         assert r0 == 0 and copies == 1 and took < 2.9, (name, out)    # the copy won
     assert out["quick"] == 0, out
+
+
+def test_versions_between_the_needed_ones_are_dropped():
+    """A collection cached once (reading a global), then the global updated
+    and read at every stage: only the cached partitions' stage and the
+    current one can be read, yet every stage's version was kept (4 MiB a
+    stage here, until the driver ran out of room).  A re-run after many
+    updates must still read the cached stage's bytes."""
+    out = scenario("""
+w = clamor.zeros(1 << 19, "f8")                 # 4 MiB
+with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
+    data = cl.range(1000, partitions=4).map(lambda i: float(w[i % 17])).cache()
+    first = data.sum()
+    sizes = []
+    for it in range(20):
+        w[:] = w + 1.0
+        total = data.map(lambda x: x + float(w[0])).sum()
+        assert total == first + 1000 * (it + 1), (it, total)
+        sizes.append(region.stats()["version_bytes"])
+    holder = cl._lineage.cache[(data.id, 0)]
+    os.kill(cl._pid_of[holder], signal.SIGKILL)
+    time.sleep(0.7)
+    again = data.sum()
+    reruns = cl.stats()["recovery"]["recovery_jobs"]
+print(json.dumps({"first": first, "again": again, "sizes": sizes, "reruns": reruns}))
+""", timeout=180)
+    assert out["first"] == 0.0 and out["again"] == 0.0 and out["reruns"] >= 1, out
+    assert max(out["sizes"]) <= 2 * (4 << 20), out       # grew by 4 MiB a stage before
+
+
+def test_a_cached_partition_read_twice_by_one_task_is_computed_once():
+    out = scenario("""
+import random
+log = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"calls-{os.getpid()}")
+open(log, "w").close()
+def gen(i):
+    with open(log, "a") as f:
+        f.write("x\\n")
+    return random.random()
+with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
+    c = cl.range(20, partitions=4).map(gen).cache()
+    pairs = c.zip(c.map(lambda x: x)).collect()
+    plain = c.collect()
+calls = sum(1 for _ in open(log))
+os.unlink(log)
+print(json.dumps({"equal": sum(a == b for a, b in pairs), "calls": calls, "cached": [a for a, _ in pairs] == plain}))
+""")
+    assert out == {"equal": 20, "calls": 20, "cached": True}, out

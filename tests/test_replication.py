@@ -173,3 +173,35 @@ print(json.dumps({"before": before, "top": top, "after": after["replication"]["b
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["lost"] == 1 and out["before"][out["top"]] > 0, out
     assert out["after"][out["top"]] == out["before"][out["top"]], out
+
+
+def test_a_replacement_taking_a_lost_peers_number_costs_no_peer_timeouts(py):
+    """Workers die between stages and replacements take their peer numbers.
+    Hints naming such a number went over a socket still connected to the
+    dead peer, and each such request waited a second for it."""
+    p = py(PRE + """
+a = clamor.zeros(1 << 21, dtype=np.float64)                # 16 MiB
+per = region.page_size() // 8
+npg = a.size // per
+a[::per] = np.arange(npg)
+def touch(i, st):
+    clamor.configure(readahead=0)
+    order = np.random.default_rng(i * 7919 + st).permutation(npg)
+    return float(sum(a[int(k) * per] for k in order))
+want = float(np.arange(npg).sum())
+wrong = 0
+with clamor.Cluster(workers=4, progress=False, replication="random", speculation=False) as cl:
+    for st in range(8):
+        if st and st % 2 == 0:
+            os.kill(cl.worker_pids[st % 4], signal.SIGKILL)
+            time.sleep(0.3)
+        got = cl.range(8, partitions=8).map(lambda i, st=st: touch(i, st)).collect()
+        wrong += sum(g != want for g in got)
+        cl.range(4, partitions=4).map(lambda i: clamor.region.drop_pages(0, npg)).collect()
+    s = cl.stats()
+print(json.dumps({"wrong": wrong, "lost": s["recovery"]["workers_lost"], "timeouts": s["replication"]["peer_timeouts"],
+                  "peers": s["bytes_from_peers"]}))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["lost"] == 3 and out["peers"] > 0, out      # the scenario happened
+    assert out["wrong"] == 0 and out["timeouts"] == 0, out
