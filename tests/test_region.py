@@ -306,7 +306,7 @@ def test_configure_validation_and_round_trip():
 STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests", "fetch_errors",
              "pages_served", "bytes_served", "requests_served", "bad_requests", "evictions", "pages_dropped",
              "pages_invalidated", "pages_logged", "pages_unchanged", "versions", "version_bytes",
-             "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes",
+             "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",
              "latency_count", "mappings")
 STAT_FLOATS = ("fetch_p50_us", "fetch_p99_us", "fetch_max_us")
 
@@ -440,4 +440,4 @@ def test_cdefs_stats_struct_matches_header():
 
     a = fields((ROOT / "clamor" / "_cdefs.h").read_text())
     b = fields((ROOT / "csrc" / "clamor.h").read_text())
-    assert a == b and len(a) == 27
+    assert a == b and len(a) == 28
