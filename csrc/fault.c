@@ -83,7 +83,7 @@ static const char *cause(int err) {
     switch (err) {
     case ENOENT: return "the driver never allocated this page (a dangling or wild pointer into the region)";
     case ETIMEDOUT: return "no answer from the page server within the fetch timeout (driver gone or overloaded?)";
-    case ENOTCONN: return "no pager is running in this process (start one with clamor_pager_start / attach)";
+    case ENOTCONN: return "no pager is running in this process (a process forked from the driver needs the driver's page server running: a Cluster's, or region.serve(); else start one with clamor_pager_start / attach)";
     case ENOMEM: return "out of memory mappings (vm.max_map_count) or of room for page versions";
     case ESTALE: return "the page version this stage needs was already collected";
     case ERANGE: return "the page lies outside the region the server has";

@@ -171,7 +171,10 @@ static void atfork_child(void) {
     cl_heap_reset_after_fork(); /* first: allocations below must not go to the region */
     if (cl_region.role == CLAMOR_ROLE_NONE || clamor_region_reset_after_fork() != 0) return;
     const char *parent = clamor_fork_parent_endpoint();
-    if (!parent[0]) return;
+    if (!parent[0]) { /* no page server to fetch from: a touch ends with a clear message, not a bare SIGSEGV */
+        clamor_fault_install();
+        return;
+    }
     char bound[256];
     clamor_server_start("tcp://127.0.0.1:*", bound, sizeof bound); /* first: the pager names it to the driver */
     clamor_pager_start(parent);

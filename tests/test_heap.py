@@ -237,3 +237,21 @@ with clamor.heap():
 print(json.dumps({"status": os.waitstatus_to_exitcode(st)}))
 """, check=True)
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"status": 0}
+
+
+def test_a_fork_with_no_page_server_says_why_it_cannot_read_the_region(py):
+    # Nothing serves pages to the child: its first touch of a region object
+    # must end with clamor's message, not a bare SIGSEGV.
+    p = py(PRE + """
+with clamor.heap():
+    kept = [float(i) for i in range(1000)]
+    pid = os.fork()
+    if pid == 0:
+        s = sum(kept)
+        os._exit(0)
+    _, st = os.waitpid(pid, 0)
+print(json.dumps({"status": os.waitstatus_to_exitcode(st)}))
+""")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"status": -6}, p.stdout   # abort(), after the message
+    assert "no pager is running in this process" in p.stderr and "page server" in p.stderr, p.stderr
