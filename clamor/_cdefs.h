@@ -47,7 +47,6 @@ int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
-int clamor_versions_gc(uint32_t min_stage);
 int clamor_versions_keep(const uint32_t *stages, size_t n);
 void clamor_peer_gone(const char *endpoint);
 void clamor_set_stage(uint32_t stage);

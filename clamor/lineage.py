@@ -88,11 +88,6 @@ class Lineage:
         recomputing them reads it)."""
         return set(self.shuffle_made.values()) | set(self.cache_made.values())
 
-    def oldest_version(self, default):
-        """The oldest version any recorded output was made at (lost ones
-        included: recomputing them reads it), or ``default``."""
-        return min(list(self.shuffle_made.values()) + list(self.cache_made.values()) + [default])
-
     # -- planning ---------------------------------------------------------------------
     def needs(self, node, parts, recompute=False, version=None):
         """What tasks computing ``parts`` of ``node`` read from earlier

@@ -354,11 +354,6 @@ def versions_keep(stages):
     check(lib.clamor_versions_keep(arr, len(stages)))
 
 
-def versions_gc(min_stage):
-    """Driver: drop page versions only stages before ``min_stage`` could read."""
-    check(lib.clamor_versions_gc(int(min_stage)))
-
-
 def set_stage(stage):
     """Worker: the stage of the task about to run (page requests carry it)."""
     lib.clamor_set_stage(int(stage))

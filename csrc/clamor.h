@@ -161,8 +161,6 @@ int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
-/* Driver: drop versions that only stages before `min_stage` could read. */
-int clamor_versions_gc(uint32_t min_stage);
 /* Driver: keep only the versions that the stages in `stages` (n of them,
  * ascending: those a task may still read at) need; the lowest becomes the
  * floor below which a request for a changed page gets ESTALE.  0, or

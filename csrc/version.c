@@ -22,7 +22,8 @@
  * content under a seqlock on the page's log word, so a driver write racing
  * with the copy sends the logged version instead of torn bytes.
  *
- * clamor_versions_gc(m) drops versions no stage >= m can ask for.  The lock
+ * clamor_versions_keep(stages) drops the versions none of those stages can
+ * ask for (the driver passes the stages a task may still read at).  The lock
  * here (vlock) is taken by the stage calls and the page server, never by the
  * fault handler.
  */
@@ -373,30 +374,6 @@ int clamor_versions_keep(const uint32_t *stages, size_t n) {
             if (any_in(stages, n, lo, V.meta[c].last_stage)) break;
             /* the newest slot of the epoch being written stays: a write is logged there */
             if (V.meta[c].last_stage >= atomic_load(&V.epoch)) break;
-            if (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true)) slot_put(c);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&vlock);
-    return 0;
-}
-
-int clamor_versions_gc(uint32_t min_stage) {
-    if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
-    pthread_mutex_lock(&vlock);
-    if (min_stage > V.gc_floor) V.gc_floor = min_stage;
-    /* Versions live only on pages that were ever logged; walk the slots in
-     * use instead of every page. */
-    uint32_t used = atomic_load(&V.bump);
-    if (used > V.nslots) used = V.nslots;
-    for (uint32_t s = 0; s < used; s++) {
-        uint64_t p = V.meta[s].page;
-        if (p >= cl_region.npages || V.meta[s].last_stage >= V.gc_floor) continue;
-        /* find s in p's list and unlink it */
-        uint32_t prev = NONE;
-        for (uint32_t c = head_of(p); c != NONE; prev = c, c = atomic_load(&V.meta[c].next)) {
-            if (c != s) continue;
-            uint32_t nx = atomic_load(&V.meta[c].next);
             if (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true)) slot_put(c);
             break;
         }

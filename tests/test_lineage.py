@@ -68,13 +68,14 @@ def test_a_block_a_live_worker_lacks_is_lost_only_where_it_was_recorded():
     assert (9, 0) not in lin.cache and lin.cache_made[(9, 0)] == 1
 
 
-def test_oldest_version_counts_lost_outputs_until_forgotten():
+def test_versions_count_lost_outputs_until_forgotten():
     lin = Lineage()
     lin.shuffle_started(1, 1, version=4)
     lin.cached(5, 0, b"w0", version=2)
+    lin.cached(5, 1, b"w1", version=7)
     lin.lose_worker(b"w0")
-    assert lin.oldest_version(10) == 2          # lost, but a re-run would read version 2
+    assert lin.versions() == {2, 4, 7}          # 2 is lost, but a re-run would read at it
     lin.forget("cache", 5)
-    assert lin.oldest_version(10) == 4
+    assert lin.versions() == {4}
     lin.forget("shuffle", 1)
-    assert lin.oldest_version(10) == 10
+    assert lin.versions() == set()

@@ -9,6 +9,7 @@
 #define CLAMOR_TEST_CHECK_H
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -26,6 +27,20 @@ static int passed, failed;
                     __FILE__, __LINE__, #cond, errno, clamor_last_error());                      \
         }                                                                                        \
     } while (0)
+
+/* Lines of /proc/self/maps that overlap [base, base+size). */
+static inline int kernel_mappings(uintptr_t base, size_t size) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long s, e;
+        if (sscanf(line, "%lx-%lx", &s, &e) == 2 && s < base + size && e > base) n++;
+    }
+    fclose(f);
+    return n;
+}
 
 #define CHECK_SUMMARY(name) (printf("%s: %d passed, %d failed\n", (name), passed, failed), failed != 0)
 

@@ -24,18 +24,6 @@
 #define SIZE ((size_t)256 << 20)
 #define PS ((size_t)4096)
 
-static int kernel_mappings(uintptr_t base, size_t size) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long s, e;
-        if (sscanf(line, "%lx-%lx", &s, &e) == 2 && s < base + size && e > base) n++;
-    }
-    fclose(f);
-    return n;
-}
-
 static void fill_install(uint64_t first, uint64_t count, uint8_t v) {
     for (uint64_t i = first; i < first + count; i++) {
         atomic_store(&cl_region.pages[i], CL_PG_WANTED);

@@ -45,20 +45,6 @@ static uint64_t rnd(void) {
 
 /* ---- helpers -------------------------------------------------------------- */
 
-/* Lines of /proc/self/maps that overlap [base, base+size). */
-static int kernel_mappings(uintptr_t base, size_t size) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f) return -1;
-    char line[512];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long s, e;
-        if (sscanf(line, "%lx-%lx", &s, &e) == 2 && s < base + size && e > base) n++;
-    }
-    fclose(f);
-    return n;
-}
-
 /* Permission string ("rw-s", "---s") of the mapping holding addr, or "". */
 static const char *perms_at(uintptr_t addr) {
     static char perms[8];
