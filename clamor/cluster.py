@@ -53,13 +53,20 @@ _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
 REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
 
 
+def any_open():
+    """True while a Cluster of this process is open.  One dropped without
+    close() but not yet collected (in a reference cycle) is collected
+    first: its finalizer closes it."""
+    if any(not c._closed for c in list(_live)):
+        gc.collect()
+    return any(not c._closed for c in list(_live))
+
+
 def _only_open_cluster():
     """One open Cluster per process: page versions, the changed-page lists
     and the peer directory belong to the region, and the region is the
-    process's.  A Cluster dropped without close() counts until collected."""
-    if any(not c._closed for c in list(_live)):
-        gc.collect()    # one only unreachable (in a reference cycle) is closed by its finalizer
-    if any(not c._closed for c in list(_live)):
+    process's."""
+    if any_open():
         raise errors.RegionInUse("another Cluster of this process is open: close it (or leave its with-block) "
                                  "before starting a new one; one process runs one Cluster at a time, since "
                                  "page versions and the page directory belong to the process's region")

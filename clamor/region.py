@@ -113,7 +113,7 @@ def close(force=False):
                                      errno.EBUSY)
         from . import cluster  # here: cluster imports this module
 
-        if any(not c._closed for c in list(cluster._live)):
+        if cluster.any_open():
             raise errors.RegionInUse("a Cluster of this process is still open: close it before the region")
         # Region arrays nobody references any more free their blocks, and
         # CPython's free lists let go of region objects they keep for reuse.
