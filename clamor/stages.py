@@ -405,10 +405,11 @@ class Stages:
         if w is None:       # a worker already declared lost: nothing it says counts
             return []
         w["last_hb"] = time.monotonic()
-        if kind in (b"DONE", b"SKIP", b"FAIL"):
-            w["sent"].discard(pickle.loads(frames[2]))
+        if kind not in (b"DONE", b"SKIP", b"FAIL"):
+            return []
+        key = pickle.loads(frames[2])
+        w["sent"].discard(key)
         if kind == b"DONE":
-            key = pickle.loads(frames[2])
             res = serialize.loads(frames[3])
             w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
             w["direct"] = res.get("direct", 0)
@@ -434,9 +435,8 @@ class Stages:
                     self._totals["duplicate_results"] += 1
             return self._sched.handle(TaskDone(key, ident, None))
         if kind == b"SKIP":
-            return self._sched.handle(TaskSkipped(pickle.loads(frames[2]), ident))
+            return self._sched.handle(TaskSkipped(key, ident))
         if kind == b"FAIL":
-            key = pickle.loads(frames[2])
             msg, tb, missing = pickle.loads(frames[3])
             if missing is None:
                 return self._sched.handle(TaskFailed(key, ident, errors.TaskError(msg, tb)))
@@ -450,7 +450,7 @@ class Stages:
             if self._current is not None and key[0] == self._current[0]:
                 self._trouble = self._trouble or _InputsLost(msg)
             return self._sched.handle(TaskSkipped(key, ident))
-        return []
+        return []   # (not reached: DONE, SKIP and FAIL are handled above)
 
     def _joined(self, wid, info):
         if wid in self._workers or wid not in self._expected:
