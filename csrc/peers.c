@@ -21,7 +21,9 @@
  * redirects to it again (it may be gone, and its number given to a new
  * peer that this worker has no socket to yet).
  *
- * Only the pager thread calls these functions.
+ * Only the pager thread calls these functions, except clamor_peer_gone
+ * (any thread: the driver's word that a peer is lost, read by the pager
+ * under gone_lock).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -88,9 +90,9 @@ bool cl_peer_is(int k, const char *endpoint) {
 
 /* The socket to the driver's peer number k at `endpoint`.  The driver
  * reuses the number of a lost peer for a new one: a different endpoint
- * replaces the socket (replies still due on the old one are given up; their
- * requests time out to the driver).  A redirect to k also lifts a silence:
- * the driver has just seen k serve. */
+ * replaces the socket (the pager first sends what it still asked of the old
+ * one to the driver, pager.c follow_redirect).  A redirect to k also lifts
+ * a silence: the driver has just seen k serve. */
 void *cl_peer_connect(void *ctx, int k, const char *endpoint) {
     if (k < 0 || k >= CL_PEERS_MAX || strlen(endpoint) >= sizeof H.ep[k]) return NULL;
     H.silent[k] = false;
