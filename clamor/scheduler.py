@@ -67,12 +67,20 @@ unknown key, a key already reported, a key not assigned, or from a worker
 not running it (late reports from a lost worker), a ``Tick`` whose clock
 goes backwards (the clock stays), ``StageCancelled`` for an
 unknown, finished, aborted or cancelled stage.  Raised, because the caller is
-wrong, before any state changes: ``ValueError`` for a reused stage id, a
-reused task key (keys are unique for the scheduler's life), a ``TaskSpec``
+wrong, before any state changes: ``ValueError`` for the id of a stage
+still known or in the history, a key not yet released (see Memory), a ``TaskSpec``
 whose ``stage_id`` differs from its stage, two tasks of one stage with the
 same partition, or ``slots`` that is not a positive int; ``TypeError`` for an
 event of an unknown type, a task that is not a ``TaskSpec``, or an
 unhashable id or key.
+
+Memory.  A long job submits stages without end, so the scheduler forgets
+them.  A stage's keys are released when it is resolved (finished, aborted
+or cancelled) and no worker holds a copy of the task any more (a cancelled
+copy keeps its key until its worker reports it or is lost); a released key
+may be submitted again, since no report can be mistaken for it.  The ids
+and states of the last ``history`` resolved stages (1024) are kept for
+``stage_state`` and for refusing their ids; older ones read as unknown.
 """
 from collections import deque
 from dataclasses import dataclass
@@ -228,11 +236,12 @@ _by_partition = attrgetter("partition")
 
 
 class _Stage:
-    __slots__ = ("id", "seq", "ntasks", "queue", "remaining", "results", "state", "times", "running")
+    __slots__ = ("id", "seq", "ntasks", "queue", "remaining", "results", "state", "times", "running", "keys")
 
     def __init__(self, stage_id, seq, specs):
         self.id, self.seq = stage_id, seq   # seq: submission order
         self.ntasks = len(specs)
+        self.keys = [spec.key for spec in specs]   # released when the stage is resolved
         self.queue = deque(specs)     # unassigned TaskSpecs, partition order
         self.remaining = len(specs)   # tasks without a result yet
         self.results = {}             # partition -> result
@@ -266,22 +275,26 @@ class Scheduler:
     """See the module docstring.  ``handle`` is the only mutator; the other
     methods are read-only views for the cluster and the tests."""
 
-    def __init__(self, recover=False, speculation=None):
+    def __init__(self, recover=False, speculation=None, history=1024):
         if speculation is not None and not isinstance(speculation, Speculation):
             raise TypeError(f"speculation must be a Speculation or None, not {speculation!r}")
         self.recover = bool(recover)
         self.speculation = speculation
+        self._history_len = history
         self._now = 0.0               # the clock of the last Tick
         self._workers = {}            # live worker id -> _Worker
         self._joins = 0               # joins so far: the next worker's tie-break order
         self._free = 0                # free slots over all live workers
         self._idle = []               # heap of (load, order, _Worker); stale once load changed
-        self._stages = {}             # stage id -> _Stage, every stage ever submitted
+        self._stages = {}             # stage id -> _Stage, until it is resolved
+        self._history = {}            # stage id -> public state of the last ``history`` resolved stages
+        self._submitted = 0           # stages submitted so far: the next one's seq
         self._unresolved = deque()    # stages neither finished nor aborted, submission order
         self._ready = deque()         # stages that may have unassigned tasks, submission order
         self._tasks = {}              # key -> _Task, assigned and not reported (cancelled copies are only
                                       # keys in their worker's ``tasks``)
-        self._keys = set()            # every key ever submitted: the price of refusing reuse
+        self._keys = {}               # key -> its _Stage, while it is not released (module docstring)
+        self._held = {}               # key -> workers holding a copy of it (cancelled copies included)
         self._npending = 0            # unassigned tasks of live stages
 
     # ---- the mutator ----
@@ -324,6 +337,7 @@ class Scheduler:
         self._free -= w.slots - w.load
         lost = []
         for key in w.tasks:
+            self._unhold(key)
             t = self._tasks.get(key)
             if t is None or w.id not in t.copies:
                 continue              # a cancelled copy
@@ -341,7 +355,7 @@ class Scheduler:
 
     def _stage_submitted(self, ev, out):
         sid, tasks = ev.stage_id, ev.tasks
-        if sid in self._stages:
+        if sid in self._stages or sid in self._history:
             raise ValueError(f"stage id {sid!r} was already submitted")
         keys, parts = set(), set()
         for spec in tasks:
@@ -356,9 +370,10 @@ class Scheduler:
         if len(parts) != len(tasks):
             raise ValueError(f"stage {sid!r}: two tasks share a partition")
         specs = sorted(tasks, key=_by_partition)
-        st = _Stage(sid, len(self._stages), specs)
+        st = _Stage(sid, self._submitted, specs)
+        self._submitted += 1
         self._stages[sid] = st
-        self._keys |= keys
+        self._keys.update(dict.fromkeys(keys, st))
         self._unresolved.append(st)
         if specs:
             self._ready.append(st)
@@ -439,6 +454,7 @@ class Scheduler:
         if w is None or key not in w.tasks:
             return None
         w.tasks.discard(key)
+        self._unhold(key)
         w.load -= 1
         self._free += 1
         self._push_idle(w)
@@ -482,6 +498,32 @@ class Scheduler:
             elif st.state != _ABORTED:
                 break
             unresolved.popleft()
+            self._retire(st)
+
+    def _retire(self, st):
+        """``st`` is resolved: forget it, but for its state in the history,
+        and release its keys that no worker holds."""
+        del self._stages[st.id]
+        self._history[st.id] = _PUBLIC_STATE[st.state]
+        if len(self._history) > self._history_len:
+            del self._history[next(iter(self._history))]
+        held, keys = self._held, self._keys
+        for key in st.keys:
+            if key not in held:
+                del keys[key]
+        st.keys = st.times = None
+
+    def _hold(self, key):
+        self._held[key] = self._held.get(key, 0) + 1
+
+    def _unhold(self, key):
+        n = self._held[key] - 1
+        if n:
+            self._held[key] = n
+            return
+        del self._held[key]
+        if self._keys[key].keys is None:      # its stage was retired while a copy ran
+            del self._keys[key]
 
     def _assign(self, out):
         # The hot path (one call per event): locals, and _Worker.load kept
@@ -505,6 +547,7 @@ class Scheduler:
                         if w.live and w.load == load:
                             break
                 w.tasks.add(spec.key)
+                self._hold(spec.key)
                 w.load += 1
                 tasks[spec.key] = st.running[spec.key] = _Task(spec, st, w, self._now)
                 free -= 1
@@ -532,6 +575,7 @@ class Scheduler:
                 t.speculated = True
                 t.copies[w.id] = w
                 w.tasks.add(t.spec.key)
+                self._hold(t.spec.key)
                 w.load += 1
                 self._free -= 1
                 self._push_idle(w)
@@ -585,7 +629,7 @@ class Scheduler:
         results wait for an earlier stage), "finished" (StageFinished is out),
         "aborted" (failed, lost or cancelled); None for an unknown stage."""
         st = self._stages.get(stage_id)
-        return _PUBLIC_STATE[st.state] if st is not None else None
+        return _PUBLIC_STATE[st.state] if st is not None else self._history.get(stage_id)
 
     def pending_count(self):
         """Tasks waiting for a slot."""

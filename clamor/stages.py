@@ -281,6 +281,8 @@ class Stages:
         job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
         self._jobs[asid] = job
         self._attempt_version[asid] = job.version
+        for w in self._workers.values():   # payloads sent, of attempts still in progress only
+            w["stages"].intersection_update(self._jobs)
         job.asids.append(asid)
         t0 = time.perf_counter()
         log.debug("%s: %d tasks (attempt %d)", desc, len(tasks), job.attempts)

@@ -482,3 +482,28 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal():
     out, err = forced()                                      # progress=True shows it anyway
     assert out.strip() == "6"
     assert "%|" in err.partition("LONG STAGE NEXT")[2]
+
+
+def test_driver_memory_stays_flat_over_many_stages(cl, arrays):
+    """An iterative job runs stages without end: what the driver keeps per
+    stage (the scheduler's stages and task keys, the payloads each worker
+    was sent) must not grow with them.  The history the scheduler and
+    stage_stats() keep (1024 and 1000 stages) is filled first."""
+    import tracemalloc
+    g = clamor.zeros(1024)
+    c = cl.range(8, partitions=2)
+
+    def stages(n):
+        for i in range(n):
+            g[i % g.size] = i                       # a global updated every stage
+            assert c.map(lambda x: x + g[0]).count() == 8
+
+    tracemalloc.start()      # from the start: what is replaced later is freed, and counted so
+    try:
+        stages(1100)
+        before = tracemalloc.get_traced_memory()[0]
+        stages(400)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 200 * KIB, f"the driver grew {grown} bytes over 400 stages"

@@ -344,12 +344,54 @@ def test_caller_bugs_raise_value_error_and_change_nothing(event):
     assert runs(s.handle(StageSubmitted(2, (TaskSpec("fresh", 2, 0),)))) == []
 
 
-def test_key_reuse_is_refused_even_after_the_stage_ended():
+def test_a_key_is_refused_until_its_stage_is_resolved_then_released():
     s = sched("a")
-    submit(s, 1, 1)
-    done(s, 1, 0, "a")
+    submit(s, 1, 2)
+    done(s, 1, 0, "a")                                # stage 1 still runs (1,1)
     with pytest.raises(ValueError):
         s.handle(StageSubmitted(2, (TaskSpec((1, 0), 2, 0),)))
+    done(s, 1, 1, "a")                                # finished: no worker holds its keys
+    assert runs(s.handle(StageSubmitted(2, (TaskSpec((1, 0), 2, 0),)))) == [((1, 0), "a")]
+    assert s.stage_state(2) == "running"
+    assert s.handle(TaskDone((1, 0), "a", "again")) == [StageFinished(2, {0: "again"})]
+
+
+def test_resolved_stages_are_forgotten_beyond_the_history():
+    s = sched("a", history=3)
+    for sid in range(1, 6):
+        submit(s, sid, 1)
+        done(s, sid, 0, "a")
+    assert [s.stage_state(i) for i in range(1, 6)] == [None, None, "finished", "finished", "finished"]
+    with pytest.raises(ValueError):                   # in the history: still refused
+        submit(s, 3, 1)
+    assert runs(submit(s, 1, 1)) == [((1, 0), "a")]   # forgotten: a new stage
+    cancelled = Scheduler(history=1)
+    submit(cancelled, 1, 1)
+    cancelled.handle(StageCancelled(1))
+    assert cancelled.stage_state(1) == "aborted" and cancelled.pending_count() == 0
+
+
+def test_memory_stays_flat_over_many_stages():
+    import tracemalloc
+    s = sched("a", "b")
+
+    def run(first, n):
+        for sid in range(first, first + n):
+            submit(s, sid, 8)
+            for p in range(8):
+                done(s, sid, p, "a" if p % 2 == 0 else "b")
+            assert s.stage_state(sid) == "finished"
+
+    tracemalloc.start()
+    try:
+        run(1, 2000)                                  # past the history: the plateau
+        before = tracemalloc.get_traced_memory()[0]
+        run(2001, 4000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # 32 KiB over 32,000 tasks: a byte a task, or a _Stage a stage, is more.
+    assert grown < 32 * 1024, f"the scheduler grew {grown} bytes over 4000 finished stages"
 
 
 @pytest.mark.parametrize("event", [object(), "TaskDone", StageSubmitted(2, ("not a spec",)),

@@ -329,6 +329,23 @@ def test_cancelled_copy_keeps_its_slot_until_its_worker_reports():
     assert s.running("c") == {(2, 2)}
 
 
+@pytest.mark.parametrize("end", ["report", "lost"])
+def test_a_cancelled_copy_keeps_its_key_until_its_worker_lets_go(end):
+    s = straggler()
+    s.handle(Tick(2))
+    s.handle(TaskDone((1, 2), "a", "copy won"))       # stage 1 finished; its copy on c runs on
+    assert s.stage_state(1) == "finished"
+    reuse = StageSubmitted(2, (TaskSpec((1, 2), 2, 0),))
+    with pytest.raises(ValueError):                   # a report from c could be taken for it
+        s.handle(reuse)
+    if end == "report":
+        assert s.handle(TaskDone((1, 2), "c", "late")) == []
+    else:
+        assert s.handle(WorkerLost("c")) == []
+    assert runs(s.handle(reuse)) == [((1, 2), "a")]
+    assert s.handle(TaskDone((1, 2), "a", "new")) == [StageFinished(2, {0: "new"})]
+
+
 def test_losing_copys_failure_or_result_is_ignored():
     s = two_stragglers()                              # (1,2): c + copy a; (1,3): d + copy b
     assert s.handle(TaskDone((1, 2), "c", "orig2")) == [Cancel((1, 2), "a")]
