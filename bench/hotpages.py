@@ -20,7 +20,15 @@ driver), ``random`` and ``two-choices`` (a worker that asks the driver for
 a page another worker holds is redirected to that worker; clamor.Cluster's
 ``replication``).  Each policy gets a fresh Cluster, whose workers start
 with no pages; the region and the table stay.  Policies are interleaved over
-``--reps`` rounds (3), with fresh keys each round; figures are medians.
+``--reps`` rounds (3), with fresh keys each round and the order rotated
+from round to round (round r starts with policy r mod 3), so that no
+policy always runs first; figures are medians.  Before the rounds, one
+untimed ``off`` stage on its own cluster warms the machine up: on this VM
+memory the guest has not touched lately costs 3-4x more to touch (the
+host backs it again: free page reporting), and the first cluster of a run
+got that memory every time (its workers spent 2.7x the CPU of a later
+``off`` run in one full run), so a fixed first policy lost by that alone
+(``--no-warmup`` skips it).
 Per policy the script prints the stage's wall time, the bytes the driver's
 page server sent (its counter, before and after), the bytes the workers'
 page servers sent (``cl.stats()["replication"]``, as each worker last
@@ -194,6 +202,12 @@ def medians(rows):
     return {k: statistics.median(r[k] for r in rows) for k in keys} | {"runs": len(rows)}
 
 
+def rotated(seq, r):
+    """seq starting at its (r mod len)-th item: round r's order."""
+    k = r % len(seq)
+    return tuple(seq[k:]) + tuple(seq[:k])
+
+
 def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
     """Keys for one stage, and the driver's own answers per task."""
     keys = zipf_keys(lib, rng, args.zipf, nkeys, tasks * lookups)
@@ -222,6 +236,7 @@ def main(argv=None):
     ap.add_argument("--rate-lookups", type=int, help="lookups per task under the rate limit")
     ap.add_argument("--page-size", type=int, help="region page size in bytes (default clamor's)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed off stage before the rounds")
     args = ap.parse_args(argv)
     bits = args.bits or (23 if args.quick else 26)
     reps = args.reps or 3
@@ -259,11 +274,17 @@ def main(argv=None):
         task = make_task(so_path, addr, args.threads)
         rng = np.random.default_rng(args.seed)
 
+        warmup = None
+        if not args.no_warmup:
+            keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, lookups)
+            print("warm-up (untimed, not in the figures):", flush=True)
+            warmup = run_policy(clamor, "off", args, task, keys, tasks, expect, table_bytes)
+            show("off", warmup)
         rows = {p: [] for p in POLICIES}
         for r in range(reps):
             keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, lookups)
             print(f"round {r}:", flush=True)
-            for p in POLICIES:
+            for p in rotated(POLICIES, r):
                 rows[p].append(run_policy(clamor, p, args, task, keys, tasks, expect, table_bytes))
                 show(p, rows[p][-1])
         med = {p: medians(rows[p]) for p in POLICIES}
@@ -299,7 +320,7 @@ def main(argv=None):
                 for r in range(reps):
                     keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, rate_lookups)
                     print(f"round {r}:", flush=True)
-                    for p in ("off", best):
+                    for p in rotated(("off", best), r):
                         rrows[p].append(run_policy(clamor, p, args, task, keys, tasks, expect, table_bytes))
                         show(p, rrows[p][-1])
             finally:
@@ -316,7 +337,8 @@ def main(argv=None):
                rate_mechanism=f"{RATE_ENV} token bucket in csrc/server.c" if args.rate > 0 else None,
                workers=W, tasks=tasks, lookups_per_task=lookups, rate_lookups_per_task=rate_lookups,
                zipf_a=args.zipf, slots=1 << bits, keys=nkeys, table_bytes=table_bytes, page_size=psize,
-               build_s=build_s, reps=reps, threads=args.threads, runs=rows, rate_runs=rrows, verified=True)
+               build_s=build_s, reps=reps, threads=args.threads, runs=rows, rate_runs=rrows, warmup=warmup,
+               verified=True)
     print(json.dumps(out))
     return 0
 
