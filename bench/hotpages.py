@@ -24,8 +24,8 @@ with no pages; the region and the table stay.  Policies are interleaved over
 from round to round (round r starts with policy r mod 3), so that no
 policy always runs first; figures are medians.  Before the rounds, one
 untimed ``off`` stage on its own cluster warms the machine up: on this VM
-memory the guest has not touched lately costs 3-4x more to touch (the
-host backs it again: free page reporting), and the first cluster of a run
+memory that has been free for a few seconds costs 3-4x more to touch (the
+host took it back: free page reporting), and the first cluster of a run
 got that memory every time (its workers spent 2.7x the CPU of a later
 ``off`` run in one full run), so a fixed first policy lost by that alone
 (``--no-warmup`` skips it).
