@@ -9,7 +9,7 @@ from . import errors
 from ._native import ffi as _ffi, lib as _lib  # noqa: F401  (loads the core)
 from .cluster import Cluster
 from .heap import heap
-from .share import NotShareable, share
+from .share import NotShareable, ShareWarning, share
 from .collection import DataCollection
 from .scheduler import Speculation
 from .alloc import alloc, array, asarray, c_api, calloc, empty, free, full, get_include, heap_stats, in_region, \
@@ -24,7 +24,7 @@ from .region import configure, connect, prefetch, reset_stats, stats
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "Speculation", "DataCollection", "heap", "share", "NotShareable", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
+    "Cluster", "Speculation", "DataCollection", "heap", "share", "NotShareable", "ShareWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
     "empty", "zeros", "full", "array", "asarray", "view", "in_region", "c_api", "get_include",
     "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
     "readinto", "recv_into", "write", "fromfile", "errors",

@@ -98,6 +98,7 @@ void *clamor_aligned_alloc(size_t align, size_t size);
 void clamor_free(void *ptr);
 int clamor_free_checked(void *ptr);
 size_t clamor_usable_size(const void *ptr);
+int clamor_block_of(const void *ptr, uintptr_t *start, size_t *size);
 size_t clamor_heap_allocated(void);
 size_t clamor_heap_footprint(void);
 
@@ -115,3 +116,14 @@ int clamor_py_heap_install(void);
 int clamor_py_numpy_enter(void);
 int clamor_py_numpy_exit(void);
 int clamor_py_numpy_suspend(void);
+int clamor_py_numpy_dims_flush(int inside);
+uintptr_t clamor_py_numpy_handler(void);
+enum clamor_field {
+    CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,
+    CLAMOR_FIELD_VALUES, CLAMOR_FIELD_TABLE, CLAMOR_FIELD_BUFFER, CLAMOR_FIELD_UTF8, CLAMOR_FIELD_WSTR,
+    CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
+};
+int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+size_t clamor_py_body_size(uintptr_t obj);
+size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
+                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);

@@ -7,6 +7,9 @@ region allocator:
 - numpy array data: clamor's NEP 49 handler is set for the block, bypassing
   numpy's small-buffer cache (which would hand back memory freed earlier,
   outside the region);
+- numpy's shape-and-strides buffers: numpy's own cache of them is flushed
+  at each edge of the block, so that an array made inside gets a buffer in
+  the region and one made outside never gets a region buffer;
 - C and C++ heap calls of extension modules (malloc, calloc, realloc, free,
   posix_memalign, aligned_alloc, ...; C++ ``new`` is malloc): the GOT of
   every loaded library is patched at run time, and libraries loaded later
@@ -30,6 +33,9 @@ from ._native import check, lib
 
 _installed = False
 _lock = threading.Lock()
+# Made now, before any worker is forked: every array made in a block
+# points at it (share() accepts that pointer).
+HANDLER = lib.clamor_py_numpy_handler()
 
 
 def install():
@@ -70,16 +76,25 @@ def heap():
     # earlier outside the region, and, after it, hand region objects to code
     # outside it.
     gc.collect()
-    rc = lib.clamor_heap_enter()   # nothing allocated between this and the yield
+    rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
     if rc:
         lib.clamor_py_numpy_exit()
         check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
+    # numpy's cache of shape buffers, like the free lists, would hand the
+    # block buffers freed outside it (and, after it, hand region buffers out)
+    _flush_dims(True)
     try:
         yield
     finally:
         lib.clamor_heap_exit()
         lib.clamor_py_numpy_exit()
         gc.collect()
+        _flush_dims(active())   # an inner block's end is still inside the outer one
+
+
+def _flush_dims(inside):
+    if lib.clamor_py_numpy_dims_flush(1 if inside else 0) != 0:
+        raise errors.ClamorError("could not flush numpy's cache of shape buffers")
 
 
 def prepare_fork():
@@ -128,12 +143,14 @@ def suspended():
     # heap() does (a region tuple reused by the runtime would be shipped by
     # reference; a runtime one reused in the block would not be shareable).
     gc.collect()
+    _flush_dims(False)
     try:
         yield
     finally:
         lib.clamor_py_numpy_exit()
         gc.collect()
         lib.clamor_heap_resume(depth)
+        _flush_dims(True)
 
 
 def outside(fn):

@@ -4,32 +4,55 @@ A forked worker sees two kinds of memory at the driver's addresses: the
 region (pages fetched on demand) and what it inherited at fork.  Anything
 else reachable from ``obj``, such as an object a library took from a free
 list or a cache while ``obj`` was built, is garbage on the worker.
-``share`` walks what is reachable from ``obj`` through the Python object
-graph (gc referents, with attribute, key and index names for the message)
-and raises ``NotShareable`` naming the first object that is neither in the
-region nor inherited.  C-level pointers inside extension objects are not
-visible to it; numpy arrays are checked down to their data buffer (through
-views) and, for object arrays, their items.  A region instance of a class
-gets a dict with keys of its own, in the region (see ``_own_keys``).
+``share`` walks what is reachable from ``obj`` and raises ``NotShareable``
+naming the path to the first thing that is neither in the region nor
+inherited.  It follows three kinds of pointer:
+
+- Python references: gc referents, with attribute, key and index names for
+  the message; numpy arrays through their base, dtype and, for object
+  arrays, their items;
+- the pointer fields that hold no Python reference, of the types it knows
+  (``_pyshare``): an array's data and its shape-and-strides buffer, a
+  dtype's subarray and C metadata, a list's item array, a dict's keys and
+  values tables, a set's table, a bytearray's and an ``array.array``'s
+  buffer, a str's cached UTF-8 (and, before 3.12, wide-char) copy;
+- every aligned word of objects of extension types it does not know (a
+  cKDTree, a deque, a Decimal), and of the region blocks those lead to, the
+  way a conservative collector scans: a word pointing into the process's
+  private writable memory outside the region, unless it is an object the
+  workers inherited, is something ``share`` cannot vouch for, and it says
+  so.
+
+A region instance of a class gets a dict with keys of its own, in the
+region (see ``_own_keys``).
 
 "Inherited" is what existed when the last Cluster of this process forked
 its workers (snapshot in ``note_fork``); before any fork, only objects that
 every process of the same image has (types, modules, functions and code
-objects, builtins, small ints, interned singletons) count.
+objects, builtins, small ints, interned singletons, and whatever lies in a
+loaded image's own memory) count.
 """
+import array
 import gc
 import sys
 import types
+import warnings
 
 import numpy as np
 
-from . import errors, region
+from . import _pyshare, errors, region
+from ._native import lib
+from .heap import HANDLER
 
 _inherited = None  # ids of objects alive at the last fork
 
 
 class NotShareable(errors.ClamorError, ValueError):
     """Something reachable from a shared object is outside the region."""
+
+
+class ShareWarning(UserWarning):
+    """share() could not check everything reachable from an object."""
 
 
 def note_fork():
@@ -131,16 +154,114 @@ def _own_keys(o, path):
             raise NotShareable(f"{path}.__dict__ could not be placed in the region")
 
 
+# Types whose objects hold no pointer but Python references (walked as gc
+# referents) and the fields ``_pyshare.fields`` reports.
+_KNOWN = (int, float, complex, bytes, str, tuple, list, dict, set, frozenset, bytearray, array.array,
+          np.ndarray, np.dtype, range, slice, types.SimpleNamespace, types.MappingProxyType,
+          type(None), type(Ellipsis), type(NotImplemented)) + _STATIC
+_INLINE_SCALARS = (np.number, np.bool_, np.datetime64, np.timedelta64, np.bytes_, np.str_)
+
+
+def _solid(t):
+    """The first type of ``t``'s MRO written in C (not a class statement)."""
+    for b in t.__mro__:
+        if not b.__flags__ & _HEAPTYPE:
+            return b
+    return object
+
+
+def _opaque(o):
+    s = _solid(type(o))
+    return s is not object and not issubclass(s, _KNOWN) and not issubclass(s, _INLINE_SCALARS)
+
+
+class _Walk:
+    """One share() call: the address map and the objects it has vouched
+    for or may accept outside the region, built when first needed."""
+
+    def __init__(self):
+        self.amap = _pyshare.AddressMap()
+        self._alive = None
+        self.scanner = _pyshare.Scanner(self.amap, self.ok_address)
+        self.unsure = []
+        self.doubt_path = None
+        self.referents = set()
+        self.buffers = []
+
+    def ok_address(self, addr):
+        """A private address that is an object the workers have, or a
+        Python reference the walk follows (and names better)."""
+        if addr in self.referents or addr == HANDLER or (_inherited is not None and addr in _inherited):
+            return True
+        if any(lo <= addr < hi for lo, hi in self.buffers):
+            return True
+        if self._alive is None:
+            self._alive = {id(o): o for o in gc.get_objects() if isinstance(o, _STATIC)}
+        o = self._alive.get(addr)
+        return o is not None and _ok_outside(o)
+
+    def fields(self, path, o):
+        """Refuse a raw pointer field of ``o`` (in the region) that leaves it."""
+        for code, addr in _pyshare.fields(o):
+            if code == lib.CLAMOR_FIELD_DATA and isinstance(o, np.ndarray):
+                continue  # through .base, or checked with the array's size below
+            size = 8 * o.ndim if code in (lib.CLAMOR_FIELD_DIMS, lib.CLAMOR_FIELD_STRIDES) else 1
+            if region.contains(addr, size) or (code == lib.CLAMOR_FIELD_KEYS and self.amap.in_image(addr)):
+                continue  # (the interpreter's shared empty keys table is static)
+            name = _pyshare.FIELD_NAMES[code]
+            hint = {lib.CLAMOR_FIELD_KEYS: ": a dict sharing the keys of a class's instances (vars() of an "
+                                           "instance); copy it with dict() inside clamor.heap()",
+                    lib.CLAMOR_FIELD_UTF8: ": CPython made it on a request outside the block; build the "
+                                           "string inside clamor.heap() and ship it before asking for its "
+                                           "UTF-8 form outside"}.get(code, ": rebuild it inside clamor.heap()")
+            raise NotShareable(f"{path}: the {name} of this {type(o).__name__} (at {id(o):#x}) lies at "
+                               f"{addr:#x}, outside the region, in memory workers read stale{hint}")
+        if isinstance(o, array.array) and len(o):
+            addr = o.buffer_info()[0]
+            if not region.contains(addr, len(o) * o.itemsize):
+                raise NotShareable(f"{path}: the buffer of this array.array lies at {addr:#x}, outside the region")
+
+    def opaque(self, path, o):
+        """Scan an object of an extension type share() does not know."""
+        name = type(o).__name__
+        body = lib.clamor_py_body_size(id(o))
+        refs = gc.get_referents(o)
+        self.referents = {id(r) for r in refs}
+        # the C fields of an object may point into the buffers of the arrays
+        # it holds (a cKDTree into its points): those arrays are walked
+        self.buffers = [(a, a + r.nbytes) for r in refs if isinstance(r, np.ndarray) and r.nbytes
+                        for a in (r.__array_interface__["data"][0],)]
+        try:
+            # past the reference count and the type pointer (the type is walked)
+            done = self.scanner.scan(id(o) + 16, max(0, body - 16), f"this {name}")
+        except _pyshare.CannotTell as err:
+            off, addr, where = err.args
+            where = f"byte {off + 16} of this {name}" if where == f"this {name}" else f"byte {off} of {where}"
+            raise NotShareable(f"{path} ({name} at {id(o):#x}): {where}, reached through its C fields, holds "
+                               f"{addr:#x}, an address in this process's private memory outside the region; "
+                               f"share() cannot tell what lies there (memory a library allocated outside "
+                               f"clamor.heap(), or a cache it reused): build it inside clamor.heap()") from None
+        if not done:
+            self.unsure.append(path)
+        if self.scanner.doubts and self.doubt_path is None:
+            self.doubt_path = f"{path} ({name})"
+
+
 def share(obj, limit=20_000_000):
     """Check that workers can use ``obj`` in place; returns ``obj``.
 
-    Raises NotShareable naming the path to the first object (or numpy data
-    buffer) that lies neither in the region nor in memory the workers
-    inherited."""
+    Raises NotShareable naming the path to the first object, raw pointer
+    field (an array's shape buffer, a list's item array, ...) or word of an
+    extension object's C memory that lies neither in the region nor in
+    memory the workers inherited.  Warns (``ShareWarning``) where it cannot
+    tell: a word in C memory behind an extension object that may or may not
+    be a pointer out of the region, or C memory too large to scan to the
+    end."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
     from .heap import install
     install()
+    walk = _Walk()
     stack = [("obj", obj)]
     seen = set()
     n = 0
@@ -154,8 +275,8 @@ def share(obj, limit=20_000_000):
             raise NotShareable(f"more than {limit} objects reachable from the shared object")
         inside = region.contains(id(o), sys.getsizeof(o) if not isinstance(o, type) else 1)
         if not inside:
-            if _ok_outside(o):
-                continue  # inherited: its own referents were inherited with it
+            if _ok_outside(o) or walk.amap.in_image(id(o)):
+                continue  # inherited, or part of a loaded image: its own referents came with it
             if isinstance(o, np.ndarray) and not o.dtype.hasobject and o.nbytes and \
                     region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
                 if path == "obj":
@@ -165,8 +286,9 @@ def share(obj, limit=20_000_000):
                                    f"inside clamor.heap(), or pass it to tasks directly (it travels by reference)")
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
+        walk.fields(path, o)
         if isinstance(o, np.ndarray):
-            # ndarrays are not gc containers: their base and items are
+            # ndarrays are not gc containers: their base, dtype and items are
             # walked here
             if o.base is not None:
                 stack.append((path + ".base", o.base))
@@ -175,12 +297,46 @@ def share(obj, limit=20_000_000):
                 if not region.contains(addr, o.nbytes):
                     raise NotShareable(f"{path}: the data of this {o.dtype} array of {o.nbytes} bytes lies at "
                                        f"{addr:#x}, outside the region")
+            stack.append((path + ".dtype", o.dtype))
             if o.dtype.hasobject:
                 for i, item in enumerate(o.ravel(order="K")):
                     stack.append((f"{path}.flat[{i}]", item))
             continue
+        if isinstance(o, np.dtype):
+            for name, child in _dtype_parts(o):
+                stack.append((path + name, child))
+            continue
+        if _opaque(o):
+            walk.opaque(path, o)
         if _has_dict(o):
             _own_keys(o, path)
         for name, child in _children(o):
             stack.append((path + name, child))
+    if walk.unsure:
+        warnings.warn(ShareWarning(f"share() scanned {walk.scanner.budget >> 20} MiB of the C memory behind "
+                                   f"{walk.unsure[0]} and stopped: what lies past that is not checked"),
+                      stacklevel=2)
+    if walk.scanner.doubts:
+        off, addr, where = walk.scanner.doubts[0]
+        warnings.warn(ShareWarning(f"share() cannot tell whether byte {off} of {where}, reached through the C "
+                                   f"memory of {walk.doubt_path}, is a pointer: it holds {addr:#x}, an address in "
+                                   f"this process's private memory outside the region (it may be bytes left from "
+                                   f"an earlier use of that memory)"), stacklevel=2)
     return obj
+
+
+def _dtype_parts(dt):
+    """A dtype's Python parts: its scalar type, field names and table, sub-array
+    base and shape, metadata."""
+    yield ".type", dt.type
+    if dt.names is not None:
+        yield ".names", dt.names
+    if dt.fields is not None:
+        for table in gc.get_referents(dt.fields):   # the mappingproxy's dict
+            yield ".fields", table
+    if dt.subdtype is not None:
+        yield ".subdtype[0]", dt.subdtype[0]
+        yield ".subdtype[1]", dt.subdtype[1]
+    if dt.metadata is not None:
+        for table in gc.get_referents(dt.metadata):
+            yield ".metadata", table

@@ -603,6 +603,29 @@ size_t clamor_usable_size(const void *ptr) {
     return n;
 }
 
+// The live block that holds p, anywhere inside it: its start and usable size.
+int clamor_block_of(const void *ptr, uintptr_t *start, size_t *size) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "clamor_block_of: only the driver's allocator knows its blocks");
+    uintptr_t a = (uintptr_t)ptr;
+    int rc = EINVAL;
+    pthread_mutex_lock(&cl_heap_lock);
+    if (cl_pmap && a - cl_heap_base < cl_heap_size) {
+        uintptr_t e = map_get((a - cl_heap_base) >> CL_PG_SHIFT);
+        if (e & CL_USED) {
+            cl_span *d = (cl_span *)(e & ~CL_USED);
+            uintptr_t b = (uintptr_t)pg_addr(d->first), off = a - b;
+            if (d->kind == CL_SPAN_SLAB) b += off / d->csize * d->csize; // the slot's start
+            if (heap_lookup((void *)b) == d && off < block_usable(d) * (d->kind == CL_SPAN_SLAB ? d->nslots : 1)) {
+                *start = b;
+                *size = block_usable(d);
+                rc = 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&cl_heap_lock);
+    return rc ? cl_err(rc, "clamor_block_of: %#lx is not inside a live block", (unsigned long)a) : 0;
+}
+
 // Usable bytes of live blocks (class size, or whole pages for spans).
 size_t clamor_heap_allocated(void) {
     return atomic_load_explicit(&cl_allocated, memory_order_relaxed);

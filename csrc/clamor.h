@@ -256,6 +256,9 @@ void clamor_free(void *ptr);
 int clamor_free_checked(void *ptr);
 /* Bytes usable at ptr, 0 if ptr is not a live clamor block. */
 size_t clamor_usable_size(const void *ptr);
+/* The live block that holds ptr (anywhere inside it): its start and usable
+ * size.  0, EINVAL (not inside a live block) or EPERM (not the driver). */
+int clamor_block_of(const void *ptr, uintptr_t *start, size_t *size);
 /* Bytes handed out and not freed, and bytes of region in use by the heap. */
 size_t clamor_heap_allocated(void);
 size_t clamor_heap_footprint(void);
@@ -294,6 +297,33 @@ int clamor_py_numpy_exit(void);
 /* Python extension only: numpy's default data handler until the matching
  * clamor_py_numpy_exit() (heap suspension). */
 int clamor_py_numpy_suspend(void);
+/* Python extension only: hand numpy's cache of shape buffers to the side of
+ * the heap block the calling thread is on (inside 1, outside 0); needs the
+ * allocators of that side to be in place.  0 or -1 (the error is printed). */
+int clamor_py_numpy_dims_flush(int inside);
+/* Python extension only: the capsule of clamor's numpy data handler, made
+ * on the first call (0 if it could not be). */
+uintptr_t clamor_py_numpy_handler(void);
+/* Python extension only (share()): the pointer fields of the object at
+ * `obj` that hold no Python reference, as (CLAMOR_FIELD_*, address) pairs
+ * in out[2 * max]; returns how many (0 for other types), -1 on error.  The
+ * caller keeps the object alive. */
+enum clamor_field {
+    CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,
+    CLAMOR_FIELD_VALUES, CLAMOR_FIELD_TABLE, CLAMOR_FIELD_BUFFER, CLAMOR_FIELD_UTF8, CLAMOR_FIELD_WSTR,
+    CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
+};
+int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+/* Bytes of the object's own body (basic size and items). */
+size_t clamor_py_body_size(uintptr_t obj);
+/* Conservative scan of the aligned words of [lo, lo + len), driver only:
+ * words into the region but outside [lo, lo + len) go to inner[] (a repeat
+ * of the previous one dropped), words inside one of the npriv sorted,
+ * disjoint ranges [priv[2i], priv[2i+1]) go to outer[] as (offset, word)
+ * pairs.  Stops when either array is full; returns the bytes scanned (len
+ * once done). */
+size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
+                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
 
 #ifdef __cplusplus
 }

@@ -207,4 +207,7 @@ void cl_stats_latency(uint64_t ns);
 /* Monotonic clock in nanoseconds. */
 uint64_t cl_now_ns(void);
 
+/* pyheap.c (Python extension only): numpy's C API is loaded; 0 or -1. */
+int cl_py_numpy_ready(void);
+
 #endif /* CLAMOR_INTERNAL_H */

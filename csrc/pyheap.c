@@ -143,6 +143,7 @@ static void n_free(void *ctx, void *p, size_t sz) {
     free(p);
 }
 
+
 static PyDataMem_Handler handler = {
     "clamor_region", 1, {NULL, n_malloc, n_calloc, n_realloc, n_free}};
 static PyObject *capsule;
@@ -151,6 +152,59 @@ static int numpy_ready(void) {
     if (PyArray_API) return 0;
     if (_import_array() < 0) return -1;
     return 0;
+}
+
+int cl_py_numpy_ready(void) { return numpy_ready(); }
+
+/* Every array made in a block points at this capsule (its mem_handler), so
+ * it must exist before workers are forked: made when clamor is imported. */
+uintptr_t clamor_py_numpy_handler(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (!capsule && !(capsule = PyCapsule_New(&handler, "mem_handler", NULL))) PyErr_Print();
+    PyGILState_Release(g);
+    return (uintptr_t)capsule;
+}
+
+/* ---- numpy's cache of shape buffers --------------------------------------------
+ *
+ * numpy keeps a few freed shape-and-strides buffers of each rank up to 7
+ * (npy_alloc_cache_dim: 7 or 15 per size depending on the version) in a
+ * static table of its own, and hands them to the next arrays of that rank.
+ * A buffer freed before a heap() block would hold the shape of an array
+ * made inside it, outside the region: a forked worker then reads its own
+ * stale copy of that address (np.arange(7) made under heap() read as shape
+ * (2,)).  The table is out of reach, so the flush goes through numpy
+ * itself: arrays of each rank are made until that bucket is surely empty;
+ * those whose buffers lie on the side being entered are freed first and
+ * refill it; the rest find it full and go back to their own allocator. */
+#define DIM_RANKS 7     // numpy caches sizes below 16 words: 2 * ndim, ndim <= 7
+#define DIM_DRAIN 40    // more than any numpy's bucket holds
+
+static int dims_flush(int inside) {
+    npy_intp shape[DIM_RANKS] = {0};
+    PyObject *held[DIM_DRAIN];
+    for (int nd = 1; nd <= DIM_RANKS; nd++) {
+        int n = 0;
+        while (n < DIM_DRAIN && (held[n] = PyArray_SimpleNew(nd, shape, NPY_UINT8))) n++;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < n; i++) {
+                if (!held[i]) continue;
+                int here = in_region(PyArray_DIMS((PyArrayObject *)held[i])) == inside;
+                if (here == (pass == 0)) Py_CLEAR(held[i]);
+            }
+        }
+        if (n < DIM_DRAIN) return -1; // the Python error is set
+    }
+    return 0;
+}
+
+/* 0, or -1 (the Python error is printed). */
+int clamor_py_numpy_dims_flush(int inside) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = numpy_ready() < 0 ? -1 : dims_flush(inside);
+    if (rc) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
 }
 
 /* Per-thread stack of the handlers current before each heap() entry. */

@@ -1,0 +1,122 @@
+/* pyshare.c -- what clamor.share() cannot see from Python.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).  share() walks
+ * the Python object graph; the memory an object points to without a Python
+ * reference is invisible there: an ndarray's shape and strides buffer, a
+ * list's item array, a dict's keys and values tables, a set's table, a
+ * bytearray's buffer, a str's cached UTF-8.  A forked worker reads such a
+ * pointer in its own copy of the driver's memory as it was at fork, so one
+ * that leaves the region is read stale, silently.
+ *
+ * clamor_py_fields() reports those fields for the types share() knows.  For
+ * the objects of extension types it does not know (a cKDTree, a deque, a
+ * Decimal), clamor_py_scan() looks at every aligned word, the way a
+ * conservative collector does: a word that points into the region leads to
+ * another block to scan; one that points into the process's private
+ * writable memory outside it is something share() cannot vouch for.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
+#define NO_IMPORT_ARRAY
+#include <numpy/arrayobject.h>
+
+#include "internal.h"
+
+static int put(uintptr_t *out, int n, int max, int code, const void *p) {
+    if (p && n < max) {
+        out[2 * n] = (uintptr_t)code;
+        out[2 * n + 1] = (uintptr_t)p;
+        return n + 1;
+    }
+    return n;
+}
+
+static int fields(PyObject *o, uintptr_t *out, int max) {
+    int n = 0;
+    if (PyArray_Check(o)) {
+        PyArrayObject *a = (PyArrayObject *)o;
+        n = put(out, n, max, CLAMOR_FIELD_DATA, PyArray_DATA(a));
+        if (PyArray_NDIM(a) > 0) {
+            n = put(out, n, max, CLAMOR_FIELD_DIMS, PyArray_DIMS(a));
+            n = put(out, n, max, CLAMOR_FIELD_STRIDES, PyArray_STRIDES(a));
+        }
+    } else if (PyArray_DescrCheck(o)) {
+        PyArray_Descr *d = (PyArray_Descr *)o;
+        if (PyDataType_ISLEGACY(d)) {
+            n = put(out, n, max, CLAMOR_FIELD_SUBARRAY, PyDataType_SUBARRAY(d));
+            n = put(out, n, max, CLAMOR_FIELD_CMETA, PyDataType_C_METADATA(d));
+        }
+    } else if (PyList_Check(o)) {
+        n = put(out, n, max, CLAMOR_FIELD_ITEMS, ((PyListObject *)o)->ob_item);
+    } else if (PyDict_Check(o)) {
+        n = put(out, n, max, CLAMOR_FIELD_KEYS, ((PyDictObject *)o)->ma_keys);
+        n = put(out, n, max, CLAMOR_FIELD_VALUES, ((PyDictObject *)o)->ma_values);
+    } else if (PyAnySet_Check(o)) {
+        PySetObject *s = (PySetObject *)o;
+        if (s->table != s->smalltable) n = put(out, n, max, CLAMOR_FIELD_TABLE, s->table);
+    } else if (PyByteArray_Check(o)) {
+        n = put(out, n, max, CLAMOR_FIELD_BUFFER, ((PyByteArrayObject *)o)->ob_bytes);
+    } else if (PyUnicode_Check(o)) {
+        PyASCIIObject *u = (PyASCIIObject *)o;
+        if (!u->state.compact) n = put(out, n, max, CLAMOR_FIELD_DATA, ((PyUnicodeObject *)o)->data.any);
+        if (!u->state.ascii) n = put(out, n, max, CLAMOR_FIELD_UTF8, ((PyCompactUnicodeObject *)o)->utf8);
+#if PY_VERSION_HEX < 0x030C0000
+        n = put(out, n, max, CLAMOR_FIELD_WSTR, u->wstr);
+#endif
+    }
+    return n;
+}
+
+int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int n = cl_py_numpy_ready() < 0 ? -1 : fields((PyObject *)obj, out, max);
+    if (n < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return n;
+}
+
+// Bytes of the object's own body: its type's basic size and its items.
+size_t clamor_py_body_size(uintptr_t obj) {
+    PyObject *o = (PyObject *)obj;
+    size_t n = (size_t)Py_TYPE(o)->tp_basicsize;
+    if (Py_TYPE(o)->tp_itemsize) n += (size_t)Py_TYPE(o)->tp_itemsize * (size_t)Py_ABS(Py_SIZE(o));
+    return n;
+}
+
+static int in_ranges(uintptr_t w, const uintptr_t *r, size_t nr) {
+    size_t lo = 0, hi = nr; // r: sorted, disjoint [r[2i], r[2i+1])
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (w < r[2 * mid]) hi = mid;
+        else if (w >= r[2 * mid + 1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
+                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter) {
+    uintptr_t start = (lo + 7) & ~(uintptr_t)7, end = lo + len, prev = 0;
+    size_t ni = 0, no = 0;
+    uintptr_t p = start;
+    for (; p + 8 <= end; p += 8) {
+        uintptr_t w = *(const uintptr_t *)p;
+        if (w < 4096) continue;
+        if (cl_in_region(w)) {
+            if ((w >= lo && w < end) || w == prev) continue; // into this block, or a repeat
+            if (ni == maxinner) break;
+            inner[ni++] = prev = w;
+        } else if (in_ranges(w, priv, npriv)) {
+            if (no + 2 > maxouter) break;
+            outer[no++] = p - lo;
+            outer[no++] = w;
+        }
+    }
+    *ninner = ni;
+    *nouter = no / 2;
+    return p + 8 > end ? len : p - lo;
+}
+#endif /* CLAMOR_WITH_PYTHON */
