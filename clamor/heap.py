@@ -10,6 +10,9 @@ region allocator:
 - numpy's shape-and-strides buffers: numpy's own cache of them is flushed
   at each edge of the block, so that an array made inside gets a buffer in
   the region and one made outside never gets a region buffer;
+- dicts and lists made outside the block that grew inside it (a module's
+  globals assigned in the block, a library's cache) get their tables back
+  outside the region when the block ends: they are the interpreter's;
 - C and C++ heap calls of extension modules (malloc, calloc, realloc, free,
   posix_memalign, aligned_alloc, ...; C++ ``new`` is malloc): the GOT of
   every loaded library is patched at run time, and libraries loaded later
@@ -90,6 +93,21 @@ def heap():
         lib.clamor_py_numpy_exit()
         gc.collect()
         _flush_dims(active())   # an inner block's end is still inside the outer one
+        if not active():
+            _rehome()
+
+
+def _rehome():
+    """Move the tables that ordinary dicts and lists grew inside the block
+    (a module's globals, a library's cache) back outside the region: they
+    are the interpreter's, and a worker must not read the driver's later
+    changes to them."""
+    objs = gc.get_objects()
+    try:
+        if lib.clamor_py_rehome(id(objs)) < 0:
+            raise errors.ClamorError("could not move dict and list tables out of the region")
+    finally:
+        del objs
 
 
 def _flush_dims(inside):

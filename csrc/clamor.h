@@ -301,6 +301,10 @@ int clamor_py_numpy_suspend(void);
  * the heap block the calling thread is on (inside 1, outside 0); needs the
  * allocators of that side to be in place.  0 or -1 (the error is printed). */
 int clamor_py_numpy_dims_flush(int inside);
+/* Python extension only: give the dicts and lists in `objs` (a list, such
+ * as gc.get_objects()) that lie outside the region but grew a table in it
+ * a table outside; outside every block.  How many moved, or -1. */
+long clamor_py_rehome(uintptr_t objs);
 /* Python extension only: the capsule of clamor's numpy data handler, made
  * on the first call (0 if it could not be). */
 uintptr_t clamor_py_numpy_handler(void);

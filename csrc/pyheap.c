@@ -24,6 +24,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
 #include <numpy/arrayobject.h>
 #include <malloc.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "internal.h"
@@ -273,4 +274,102 @@ static int numpy_exit(void) {
     Py_DECREF(mine);
     return 0;
 }
+/* ---- tables that grew into the region -----------------------------------------
+ *
+ * A dict or list made outside a block that grows inside it gets its new
+ * table from the region: a module's globals assigned in the block, a
+ * library's cache dict, a list appended to.  The object stays the
+ * interpreter's, but its table is now region memory: a worker forked later
+ * reads that table from the driver, and when the driver changes the object
+ * after the block, the page is invalidated and the worker reads entries
+ * that point at the driver's objects, which it does not have.  At the end
+ * of a block each such object gets its table back outside the region.
+ * A dict is swapped with a copy of itself made outside (PyDict_Copy makes
+ * a fresh keys table), so that no other thread sees it empty; a list's
+ * item array is copied.  Only exact dicts that are not split (an instance
+ * dict shares its class's keys) and exact lists are moved. */
+static int rehome_dict(PyDictObject *d) {
+    PyDictObject *c = (PyDictObject *)PyDict_Copy((PyObject *)d);
+    if (!c) return -1;
+    if (c->ma_values || in_region(c->ma_keys)) { // not a plain table this time: leave it
+        Py_DECREF(c);
+        return 0;
+    }
+    PyDictKeysObject *k = d->ma_keys;
+    d->ma_keys = c->ma_keys;
+    c->ma_keys = k;
+#if PY_VERSION_HEX >= 0x030C0000
+    // the low bits of the tag are the dict's watchers: keep d's, take a new version
+    const uint64_t watchers = (1u << 8) - 1;
+    d->ma_version_tag = (c->ma_version_tag & ~watchers) | (d->ma_version_tag & watchers);
+#else
+    d->ma_version_tag = c->ma_version_tag;
+#endif
+    Py_DECREF(c); // frees the region table and drops the references it held
+    return 1;
+}
+
+static int rehome_list(PyListObject *l) {
+    size_t n = (size_t)l->allocated * sizeof(PyObject *);
+    PyObject **items = PyMem_Malloc(n ? n : 1);
+    if (!items) return -1;
+    memcpy(items, l->ob_item, (size_t)Py_SIZE(l) * sizeof(PyObject *));
+    PyObject **old = l->ob_item;
+    l->ob_item = items;
+    PyMem_Free(old);
+    return 1;
+}
+
+static int grown(PyObject *o) {
+    if (in_region(o)) return 0;
+    if (PyDict_CheckExact(o)) return !((PyDictObject *)o)->ma_values && in_region(((PyDictObject *)o)->ma_keys);
+    if (PyList_CheckExact(o)) return ((PyListObject *)o)->ob_item && in_region(((PyListObject *)o)->ob_item);
+    return 0;
+}
+
+// gc does not track a dict that holds only atomic values: it is found as a
+// referent of the tracked objects instead.
+static int visit(PyObject *o, void *found) {
+    return o && grown(o) ? PyList_Append((PyObject *)found, o) : 0;
+}
+
+static Py_ssize_t rehome(PyObject *objs) {
+    PyObject *found = PyList_New(0);
+    if (!found) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs); i++) {
+        PyObject *o = PyList_GET_ITEM(objs, i);
+        if ((grown(o) && PyList_Append(found, o) < 0) ||
+            (Py_TYPE(o)->tp_traverse && Py_TYPE(o)->tp_traverse(o, visit, found) < 0)) {
+            Py_DECREF(found);
+            return -1;
+        }
+    }
+    // moved only now: a dict being traversed must keep its table meanwhile
+    Py_ssize_t moved = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
+        PyObject *o = PyList_GET_ITEM(found, i);
+        int rc = !grown(o) ? 0 : PyDict_CheckExact(o) ? rehome_dict((PyDictObject *)o) : rehome_list((PyListObject *)o);
+        if (rc < 0) {
+            Py_DECREF(found);
+            return -1;
+        }
+        moved += rc;
+    }
+    Py_DECREF(found);
+    return moved;
+}
+
+/* objs: a list of objects (gc.get_objects()); the calling thread outside
+ * every block.  Returns how many tables moved, or -1 (error printed). */
+long clamor_py_rehome(uintptr_t objs) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long n = -1;
+    if (cl_heap_depth) PyErr_SetString(PyExc_RuntimeError, "clamor_py_rehome inside a heap block");
+    else if (!PyList_Check((PyObject *)objs)) PyErr_SetString(PyExc_TypeError, "clamor_py_rehome needs a list");
+    else n = (long)rehome((PyObject *)objs);
+    if (n < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return n;
+}
+
 #endif /* CLAMOR_WITH_PYTHON */

@@ -131,3 +131,38 @@ def test_a_kdtree_over_points_inherited_at_fork_is_shared_and_right():
         print(json.dumps({"same": got == want, "n": len(got)}))
         """)
     assert out == {"same": True, "n": 64}
+
+
+def test_tables_that_ordinary_objects_grew_inside_the_block_move_back_out():
+    """A module's globals assigned in the block and a cache dict or list
+    that grew there are the interpreter's: after the block their tables
+    are outside the region, and a worker forked later reads its own copy
+    of them, not the driver's later changes."""
+    out = scenario("""
+        import types, sys
+        from clamor._pyshare import fields
+        from clamor._native import lib
+        mod = types.ModuleType("late_cache"); sys.modules["late_cache"] = mod
+        mod.cache, mod.log = {}, []
+        g = globals()
+        with clamor.heap():
+            for i in range(300):
+                g["v%d" % i] = float(i)
+                mod.cache["k%d" % i] = i
+                mod.log.append(i)
+            kept = {"d": {"k%d" % i: i for i in range(300)}}      # made inside: stays in the region
+        where = lambda o, code: region.contains(dict(fields(o))[code])
+        res = {"globals": where(g, lib.CLAMOR_FIELD_KEYS), "cache": where(mod.cache, lib.CLAMOR_FIELD_KEYS),
+               "log": where(mod.log, lib.CLAMOR_FIELD_ITEMS), "kept": where(kept["d"], lib.CLAMOR_FIELD_KEYS),
+               "values": [g["v299"], mod.cache["k299"], mod.log[-1], len(mod.cache), len(mod.log)]}
+        with clamor.Cluster(workers=1, progress=False) as cl:
+            for i in range(300, 600):                      # the driver changes them after the fork
+                mod.cache["k%d" % i] = object()
+            res["worker"] = cl.range(1).map(lambda _: (len(sys.modules["late_cache"].cache),
+                                                       sys.modules["late_cache"].cache.get("k299"))).collect()
+        print(json.dumps(res))
+        """)
+    assert out["globals"] is False and out["cache"] is False and out["log"] is False, out
+    assert out["kept"] is True
+    assert out["values"] == [299.0, 299, 299, 300, 300]
+    assert out["worker"] == [[300, 299]]
