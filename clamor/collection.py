@@ -119,7 +119,9 @@ class DataCollection:
 
     # -- computing a partition (on a worker) -----------------------------------
     def partition(self, p, ctx):
-        if self.cached:
+        # (a collection in ``restore`` was unpersisted: this task re-runs a
+        # stage that read its cached snapshot, and reads it again)
+        if self.cached or self.id in ctx.locs.get("restore", ()):
             hit = ctx.cached_partition(self.id, p)
             if hit is not None:
                 return hit

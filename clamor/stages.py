@@ -28,6 +28,15 @@ them re-queued by the scheduler (``recover``); a task lost with its worker
 ``max_attempts`` times, or a job needing more than ``max_attempts``
 attempts, fails with WorkerLost.
 
+A collection unpersisted after stages read its cached partitions leaves a
+snapshot record (clamor/lineage.py): a re-run of such a stage restores the
+partitions it read with a nested job at their version, and its tasks read
+the restored copies (``restore`` in the stage's block locations: the
+collection is treated as cached again for them).  The copies are dropped
+when the action ends.  The driver keeps at most ``unpersisted_versions``
+page versions for snapshots alone; past that a re-run that would need an
+older one fails with VersionExpired.
+
 Worker-side page versions: a worker keeps pages across stages; before each
 task it drops the pages changed between the version its copies reflect and
 the task's version, in either direction, so a re-run of an old version sees
@@ -81,6 +90,10 @@ class _Job:
 class Stages:
     """The part of Cluster that runs stages (see the module docstring)."""
 
+    # Page versions kept only for the snapshots of unpersisted collections
+    # (beyond those of live outputs): past this many, the oldest expire.
+    unpersisted_versions = 8
+
     def __reduce__(self):
         raise errors.NotSerializable("a task cannot capture the Cluster: it stays on the driver "
                                      "(use it outside the functions you pass to map, filter, ...)")
@@ -89,10 +102,13 @@ class Stages:
     @outside
     def _run_action(self, node, kind, arg, partitions=None):
         self._check()
-        for st in self._plan(node):
-            self._run_job("map", st[0], parent=st[1])
-        parts = list(range(node.num_partitions)) if partitions is None else partitions
-        return self._run_job("result", node, action=kind, arg=arg, parts=parts)
+        try:
+            for st in self._plan(node):
+                self._run_job("map", st[0], parent=st[1])
+            parts = list(range(node.num_partitions)) if partitions is None else partitions
+            return self._run_job("result", node, action=kind, arg=arg, parts=parts)
+        finally:
+            self._drop_restored()
 
     def _plan(self, node):
         """Map stages never computed that ``node`` needs, dependencies first."""
@@ -139,6 +155,7 @@ class Stages:
         # of room for them.
         running = {k[0] for w in self._workers for k in self._sched.running(w)}
         self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
+        self._lineage.prune(self.unpersisted_versions)
         keep = sorted({sid} | self._lineage.versions() | set(self._attempt_version.values()))
         region.versions_keep(keep)
         self._trim_changes(keep)
@@ -389,9 +406,12 @@ class Stages:
         those), each named with the version it was made at."""
         eps = {w: info["blocks"] for w, info in self._workers.items()}
         lin = self._lineage
+        cache = {k: (eps[w], lin.cache_made[k]) for k, w in lin.cache.items()
+                 if w in eps and lin.cache_made[k] <= version}
+        # copies restored from an unpersisted collection's snapshot, for a re-run that read it
+        cache.update({k: (eps[w], v) for k, (w, v) in lin.restored_locs(version).items() if w in eps})
         return {"shuffle": {s: (lin.shuffle_made[s], [eps.get(w) for w in locs]) for s, locs in lin.shuffles.items()},
-                "cache": {k: (eps[w], lin.cache_made[k]) for k, w in lin.cache.items()
-                          if w in eps and lin.cache_made[k] <= version}}
+                "cache": cache, "restore": lin.restore_ids(version)}
 
     # -- messages -----------------------------------------------------------------------
     def _on_message(self, frames):
@@ -423,6 +443,8 @@ class Stages:
                     # computes on the way for the first time read old globals.
                     if not job.rerun or (cid, p) in self._lineage.cache_made:
                         self._lineage.cached(cid, p, ident, job.version)
+                    if job.rerun:
+                        self._lineage.restored_copy(cid, p, job.version, ident)
                 if key[1] not in job.results:
                     # a map task's result is where its buckets are: the worker itself
                     job.results[key[1]] = ident if job.kind == "map" else res["value"]
@@ -576,11 +598,20 @@ class Stages:
                 self._sock.send_multipart([wid, b"DROP", pickle.dumps(drops)])
 
     def _drop_cache(self, cid):
+        """``unpersist``: the workers drop the copies; lineage keeps the
+        versions they were made at for re-runs of the stages so far."""
         if self._closed or not self._started:
             return
-        self._lineage.forget("cache", cid)
+        self._lineage.unpersist(cid, until=region.stage_current() + 1)
         for wid in self._workers:
             self._sock.send_multipart([wid, b"DROP", pickle.dumps([("cache", cid)])])
+
+    def _drop_restored(self):
+        """The action ended: the copies restored for its re-runs go."""
+        keys = self._lineage.drop_restored()
+        if keys and not self._closed:
+            for wid in self._workers:
+                self._sock.send_multipart([wid, b"DROP", pickle.dumps(keys)])
 
 
 def _kill_and_reap(pid, wait=1.0):
