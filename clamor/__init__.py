@@ -16,7 +16,7 @@ from .alloc import alloc, array, asarray, c_api, calloc, empty, free, full, get_
     realloc, usable_size, view, zeros
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
                      NotDriver, NotSerializable, PageFetchError, TaskTimeout, ProtocolError, RegionError, RegionExhausted, RegionInUse,
-                     TaskError, TransportError, WorkerLost)
+                     TaskError, TransportError, VersionExpired, WorkerLost)
 from .io import fromfile, readinto, recv_into, write
 from .refs import ArrayRef, Ref, ref
 from .region import configure, connect, prefetch, reset_stats, stats
@@ -30,5 +30,5 @@ __all__ = [
     "readinto", "recv_into", "write", "fromfile", "errors",
     "ClamorError", "BuildError", "ConfigError", "RegionError", "RegionInUse", "NoRegion", "AllocError",
     "InvalidSize", "InvalidPointer", "RegionExhausted", "NotDriver", "PageFetchError", "TransportError",
-    "ProtocolError", "TaskError", "WorkerLost", "NotSerializable", "TaskTimeout",
+    "ProtocolError", "TaskError", "WorkerLost", "VersionExpired", "NotSerializable", "TaskTimeout",
 ]

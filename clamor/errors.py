@@ -98,6 +98,12 @@ class WorkerLost(ClamorError):
     """A worker process died or stopped answering."""
 
 
+class VersionExpired(WorkerLost):
+    """A lost output can only be recomputed through the snapshot of an
+    unpersisted collection, and the page version that snapshot was made at
+    is no longer kept (``Cluster.unpersisted_versions``)."""
+
+
 # Default translation of C errno values; callers may override per call.
 ERRNO_CLASSES = {
     _errno.EEXIST: RegionInUse,

@@ -39,12 +39,6 @@ from . import errors
 from .collection import Shuffled
 
 
-class VersionExpired(errors.WorkerLost):
-    """A lost output can only be recomputed through the snapshot of an
-    unpersisted collection, and the page version that snapshot was made at
-    is no longer kept (``Cluster.unpersisted_versions``)."""
-
-
 class _Snapshot:
     """The partitions of an unpersisted collection, as they were cached."""
     __slots__ = ("made", "until", "expired", "first")
@@ -298,7 +292,7 @@ class Lineage:
                 if v is None:
                     continue
                 if v in snap.expired:
-                    raise VersionExpired(
+                    raise errors.VersionExpired(
                         f"partition {p} of {c!r} was unpersisted, and re-running stage {version}, which read it "
                         f"as cached at stage {v}, needs the globals as they were then: that version is no longer "
                         f"kept (Cluster.unpersisted_versions); keep the collection cached while collections "

@@ -8,7 +8,8 @@ from scenario import scenario
 
 from clamor import errors
 from clamor.collection import Range
-from clamor.lineage import Lineage, VersionExpired
+from clamor.errors import VersionExpired
+from clamor.lineage import Lineage
 
 SETUP = """
 g = clamor.zeros(1 << 14, "i8")
