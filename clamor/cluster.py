@@ -130,6 +130,7 @@ class Cluster(Stages):
         self._geometry = (base, region_size, page_size)
         self._started = self._closed = False
         self._stage_stats = collections.deque(maxlen=1000)
+        self._attempt_stats = collections.OrderedDict()   # attempt -> its stat, for reports (the last 1000)
         self._totals = collections.Counter()
         self._forgotten = collections.deque()  # blocks whose collection is gone
 
@@ -320,14 +321,32 @@ class Cluster(Stages):
         return NpyFiles(self, paths)
 
     # -- statistics --------------------------------------------------------------------
+    def _stat_opened(self, asid, stat):
+        """Attempt ``asid`` starts: what its tasks' reports say moved goes
+        into ``stat`` (``_count_moved``), even after the attempt ends."""
+        self._attempt_stats[asid] = stat
+        while len(self._attempt_stats) > self._stage_stats.maxlen:
+            self._attempt_stats.popitem(last=False)
+
+    def _count_moved(self, asid, moved):
+        """Faults and bytes a worker reported since its previous report, for
+        attempt ``asid``: into the totals and that attempt's stage stat at
+        once, so that the totals are the sum of the stage stats.  A late
+        report (a losing copy that ran on) still adds to a stage already
+        recorded."""
+        stat = self._attempt_stats.get(asid)
+        for k, v in moved.items():
+            self._totals[k] += v
+            if stat is not None:
+                stat[k] += v
+
     def _record(self, stat):
         d = stat.pop("durations")
         stat["task_s"] = ({"min": min(d), "median": statistics.median(d), "max": max(d)} if d
                           else {"min": 0.0, "median": 0.0, "max": 0.0})
         self._stage_stats.append(stat)
         self._totals["stages"] += 1
-        for k in ("tasks", "faults", "bytes_from_driver", "bytes_from_peers"):
-            self._totals[k] += stat[k]
+        self._totals["tasks"] += stat["tasks"]
         self._totals["task_seconds"] += sum(d)
 
     def stats(self):
@@ -356,13 +375,19 @@ class Cluster(Stages):
         out["recovery"] = {k: self._totals[k] for k in (
             "workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs", "speculative_copies",
             "copies_cancelled", "duplicate_results")}
-        out["stages_detail"] = list(self._stage_stats)
+        out["stages_detail"] = self.stage_stats()
         return out
 
     def stage_stats(self):
         """Per stage (the last 1000): its version, kind, tasks, durations,
-        faults, bytes from the driver and from peers, payload sizes."""
-        return list(self._stage_stats)
+        faults, bytes from the driver and from peers, payload sizes.  A
+        stage's faults and bytes are what its workers reported moving since
+        their previous report, whichever copy of a task it was about (a
+        losing or failed one too): read-ahead that lands after a worker's
+        last task of a stage counts in its next report.  A copy that
+        outlives its stage adds to it when it reports, during a later
+        action; the totals of stats() are always the sum."""
+        return [dict(s) for s in self._stage_stats]
 
 
 @outside

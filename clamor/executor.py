@@ -20,11 +20,18 @@ Control messages, multipart:
                        LIVE pickled-list-of-block-endpoints   (a new peer at one of those)
                        DROP pickled-list-of-block-key-prefixes
                        STOP
-    worker -> driver   HELLO pickled-info
-                       DONE key pickled-result
-                       SKIP key            (a cancelled task dropped before it ran)
-                       FAIL key pickled-(message, traceback, missing-blocks|None)
+    worker -> driver   HELLO pickled-info    (its counters at start among them)
+                       DONE key pickled-result pickled-counters
+                       SKIP key pickled-counters   (a cancelled task dropped before it ran)
+                       FAIL key pickled-(message, traceback, missing-blocks|None) pickled-counters
     heartbeat socket   HB worker-id
+
+Every report carries the worker's counters as they stand (``counters()``:
+cumulative since it started, never per task), and the driver attributes
+what moved since the worker's previous report to the stage the report is
+about (clamor/stages.py ``_account``).  So nothing a worker fetched goes
+uncounted: not read-ahead that lands after its task, nor pickling a result,
+nor the work of a losing copy, a skipped or a failed task.
 
 ``attempt`` names the stage payload (sent with a worker's first task of
 it); ``version`` is the stage whose page versions the task reads, older
@@ -298,7 +305,8 @@ class Runtime:
 
     def loop(self):
         self.service.start()
-        info = {"pid": os.getpid(), "blocks": self.endpoint, "pages": region.server_endpoint()}
+        info = {"pid": os.getpid(), "blocks": self.endpoint, "pages": region.server_endpoint(),
+                "counters": counters()}
         self.sock.send_multipart([b"HELLO", pickle.dumps(info)])
         driver_pid = os.getppid()
         try:
@@ -345,34 +353,38 @@ class Runtime:
         region.set_stage(version)
         if key in self.cancelled:   # another copy finished while this one waited here
             self.cancelled.discard(key)
-            self.sock.send_multipart([b"SKIP", key])
+            self.sock.send_multipart([b"SKIP", key, pickle.dumps(counters())])
             return
         if len(self.cancelled) > 4096:   # cancels of tasks that had already run
             self.cancelled.clear()
         region.ensure_handler_first()
-        before = region.stats()
         t0 = time.perf_counter()
         try:
             stage = self.stages[attempt]
             if isinstance(stage, bytes):
                 stage = self.stages[attempt] = serialize.loads(stage)
             value, cached = self.run_task(stage, serialize.loads(extras), version)
-            after = region.stats()
-            res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0,
-                   "faults": after["faults"] - before["faults"],
-                   "bytes_from_driver": (after["bytes_fetched"] - after["bytes_from_peers"])
-                   - (before["bytes_fetched"] - before["bytes_from_peers"]),
-                   "bytes_from_peers": after["bytes_from_peers"] - before["bytes_from_peers"],
-                   "served": after["bytes_served"], "redirects": after["redirects"],
-                   "direct": after["peer_direct"], "fallbacks": after["peer_fallbacks"],
-                   "timeouts": after["peer_timeouts"]}
+            res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0}
             # by value, like a stored block: a result is what the task saw, not
             # a reference the driver would read at its own, later version
-            self.sock.send_multipart([b"DONE", key, freeze(res)])
+            done = freeze(res)
+            # the counters after it: pickling region rows may fault
+            self.sock.send_multipart([b"DONE", key, done, pickle.dumps(counters())])
         except BaseException as err:  # SystemExit from user code too: report it, keep the worker
             missing = err.missing if isinstance(err, FetchFailed) else None
             msg = f"{type(err).__name__}: {err}"
-            self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), missing))])
+            self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), missing)),
+                                      pickle.dumps(counters())])
+
+
+def counters():
+    """This worker's counters as they stand, sent with every report: all
+    cumulative since the worker started (the driver takes differences).
+    ``bytes_fetched`` counts the bytes from peers too."""
+    st = region.stats()
+    return {"faults": st["faults"], "bytes_fetched": st["bytes_fetched"], "bytes_from_peers": st["bytes_from_peers"],
+            "served": st["bytes_served"], "redirects": st["redirects"], "direct": st["peer_direct"],
+            "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"]}
 
 
 def worker_main(driver, wid):

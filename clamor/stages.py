@@ -296,6 +296,7 @@ class Stages:
                 "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values()),
                 "attempt": job.attempts, "rerun": job.rerun}
         job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
+        self._stat_opened(asid, stat)
         self._jobs[asid] = job
         self._attempt_version[asid] = job.version
         for w in self._workers.values():   # payloads sent, of attempts still in progress only
@@ -431,11 +432,9 @@ class Stages:
             return []
         key = pickle.loads(frames[2])
         w["sent"].discard(key)
+        self._account(w, key[0], frames[3 if kind == b"SKIP" else 4])
         if kind == b"DONE":
             res = serialize.loads(frames[3])
-            w["served"], w["followed"], w["fallbacks"] = res["served"], res["redirects"], res["fallbacks"]
-            w["direct"] = res.get("direct", 0)
-            w["timeouts"] = res.get("timeouts", 0)
             job = self._jobs.get(key[0])
             if job is not None:
                 for cid, p in res["cached"]:
@@ -452,8 +451,6 @@ class Stages:
                     stat = job.stat
                     if "durations" in stat:   # (an earlier attempt's stats are closed)
                         stat["durations"].append(res["duration"])
-                        for k in ("faults", "bytes_from_driver", "bytes_from_peers"):
-                            stat[k] += res[k]
                         job.bar.update()
                 else:
                     self._totals["duplicate_results"] += 1
@@ -475,6 +472,30 @@ class Stages:
                 self._trouble = self._trouble or _InputsLost(msg)
             return self._sched.handle(TaskSkipped(key, ident))
         return []   # (not reached: DONE, SKIP and FAIL are handled above)
+
+    def _account(self, w, asid, frame):
+        """Count what worker ``w`` moved since its previous report (or its
+        HELLO) for attempt ``asid``, the one this report is about.  Workers
+        send their cumulative counters with every DONE, SKIP and FAIL, so the
+        figures add up by construction: a losing copy's fetches count, so
+        do a failed task's and read-ahead that landed after a task ended
+        (in the worker's next report), and nothing counts twice.  Each worker's
+        reports arrive in order on one socket."""
+        now = pickle.loads(frame)
+        last = w.get("counters") or {}
+        w["counters"] = now
+        w["served"], w["followed"], w["fallbacks"] = now["served"], now["redirects"], now["fallbacks"]
+        w["direct"], w["timeouts"] = now["direct"], now["timeouts"]
+        moved = ("faults", "bytes_fetched", "bytes_from_peers")
+        if any(now[k] < last.get(k, 0) for k in moved):
+            last = {}   # a task zeroed the worker's counters (clamor.reset_stats())
+        d = {k: now[k] - last.get(k, 0) for k in moved}
+        # (The worker's snapshot reads bytes_fetched and bytes_from_peers one
+        # after the other: a fetch landing between them can move one run of
+        # pages between the two columns of consecutive reports, never in or
+        # out of their sum.)
+        self._count_moved(asid, {"faults": d["faults"], "bytes_from_peers": d["bytes_from_peers"],
+                                 "bytes_from_driver": d["bytes_fetched"] - d["bytes_from_peers"]})
 
     def _joined(self, wid, info):
         if wid in self._workers or wid not in self._expected:
