@@ -51,6 +51,7 @@ reaches the store.  A peer asks [GET, pickled-key] and gets [OK,
 pickled-key, pickled-block] or [MISSING, pickled-key].
 """
 import collections
+import gc
 import logging
 import os
 import pickle
@@ -193,7 +194,8 @@ class Runtime:
         self.wid = wid
         self.ctx = zmq.Context()
         self.store = {}
-        self.stages = collections.OrderedDict()
+        self.stages = collections.OrderedDict()   # attempt -> the stage's payload, pickled
+        self.loaded = collections.OrderedDict()   # attempt -> the payload loaded (holds region objects)
         self.peers = {}
         self.inbox = collections.deque()   # messages from the driver not yet handled
         self.cancelled = set()             # keys of queued tasks the driver cancelled
@@ -338,6 +340,22 @@ class Runtime:
             for s in self.peers.values():
                 s.close()
 
+    def _release_region_objects(self):
+        """Drop every reference this worker holds to region objects before
+        their pages change.
+
+        A worker's reference-count writes live in its own copy of a page.
+        A page dropped and fetched again has the driver's counts: a
+        reference the worker took before would then be released against a
+        count that never had it, and the object would be freed here, its
+        memory handed to this worker's own objects by CPython's free lists
+        and numpy's caches, over bytes the driver still uses.  Loaded
+        stages are loaded again from their bytes, and a collection frees
+        the cycles that held region objects."""
+        if self.loaded:
+            self.loaded.clear()
+            gc.collect()
+
     def _task(self, frames):
         key, attempt, version = frames[1], int(frames[2]), int(frames[3])
         payload, extras, inval = frames[4], frames[5], frames[6]
@@ -349,6 +367,7 @@ class Runtime:
         # task's: dropped even if the task is skipped, since the driver counts
         # this worker as up to date once it has sent them.
         if inval:
+            self._release_region_objects()
             region.invalidate(np.frombuffer(inval, dtype=np.uint64))
         region.set_stage(version)
         if key in self.cancelled:   # another copy finished while this one waited here
@@ -360,9 +379,11 @@ class Runtime:
         region.ensure_handler_first()
         t0 = time.perf_counter()
         try:
-            stage = self.stages[attempt]
-            if isinstance(stage, bytes):
-                stage = self.stages[attempt] = serialize.loads(stage)
+            stage = self.loaded.get(attempt)
+            if stage is None:
+                stage = self.loaded[attempt] = serialize.loads(self.stages[attempt])
+                while len(self.loaded) > 16:
+                    self.loaded.popitem(last=False)
             value, cached = self.run_task(stage, serialize.loads(extras), version)
             res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0}
             # by value, like a stored block: a result is what the task saw, not
@@ -389,4 +410,9 @@ def counters():
 
 def worker_main(driver, wid):
     """What a forked worker runs (clamor._liveness.fork does the rest)."""
+    # Every object inherited at fork goes to the collector's permanent
+    # generation: region objects among them have their list links in region
+    # pages, which the driver rewrites, and this worker's collections must
+    # never walk or relink them.
+    gc.freeze()
     Runtime(driver, wid).loop()

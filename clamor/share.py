@@ -94,16 +94,44 @@ def _ok_outside(o):
     return _inherited is not None and id(o) in _inherited
 
 
+class _Path:
+    """Where an object was reached from the shared one, such as
+    ``obj['a'][3].base``: built as the walk goes, written out only for a
+    message (a repr of every key would cost, and some keys have none)."""
+    __slots__ = ("parent", "step", "key")
+
+    def __init__(self, parent=None, step="obj", key=None):
+        self.parent, self.step, self.key = parent, step, key
+
+    def __add__(self, step):
+        return _Path(self, step)
+
+    def __str__(self):
+        parts, p = [], self
+        while p is not None:
+            parts.append(p.step if p.key is None else p.step.format(_short_repr(p.key)))
+            p = p.parent
+        return "".join(reversed(parts))
+
+
+def _short_repr(k):
+    try:
+        r = repr(k)
+    except Exception:  # a huge int, a repr that fails
+        return f"<{type(k).__name__} at {id(k):#x}>"
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def _children(o):
-    """(name, child) pairs, named where the structure gives a name."""
+    """(step, child) pairs, named where the structure gives a name."""
     if isinstance(o, dict):
         for k, v in o.items():
-            yield f"[{k!r}]", v
-            yield f"<key {k!r}>", k
+            yield ("[{}]", k), v
+            yield ("<key {}>", k), k
         return
     if isinstance(o, (list, tuple)):
         for i, v in enumerate(o):
-            yield f"[{i}]", v
+            yield ("[{}]", i), v
         return
     # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
     # first request, outside the region, and would store its pointer in the
@@ -262,7 +290,8 @@ def share(obj, limit=20_000_000):
     from .heap import install
     install()
     walk = _Walk()
-    stack = [("obj", obj)]
+    root = _Path()
+    stack = [(root, obj)]
     seen = set()
     n = 0
     while stack:
@@ -279,7 +308,7 @@ def share(obj, limit=20_000_000):
                 continue  # inherited, or part of a loaded image: its own referents came with it
             if isinstance(o, np.ndarray) and not o.dtype.hasobject and o.nbytes and \
                     region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
-                if path == "obj":
+                if path is root:
                     continue  # shipped by itself, a region array travels as a reference
                 raise NotShareable(f"{path} (ndarray at {id(o):#x}) has its data in the region but is itself an "
                                    f"object outside it, which workers cannot follow a pointer to: make the array "
@@ -300,7 +329,7 @@ def share(obj, limit=20_000_000):
             stack.append((path + ".dtype", o.dtype))
             if o.dtype.hasobject:
                 for i, item in enumerate(o.ravel(order="K")):
-                    stack.append((f"{path}.flat[{i}]", item))
+                    stack.append((_Path(path, ".flat[{}]", i), item))
             continue
         if isinstance(o, np.dtype):
             for name, child in _dtype_parts(o):
@@ -310,8 +339,8 @@ def share(obj, limit=20_000_000):
             walk.opaque(path, o)
         if _has_dict(o):
             _own_keys(o, path)
-        for name, child in _children(o):
-            stack.append((path + name, child))
+        for step, child in _children(o):
+            stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
     if walk.unsure:
         warnings.warn(ShareWarning(f"share() scanned {walk.scanner.budget >> 20} MiB of the C memory behind "
                                    f"{walk.unsure[0]} and stopped: what lies past that is not checked"),
