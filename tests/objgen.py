@@ -524,7 +524,11 @@ def _fields(o, t, path, emit, out, stack):
             for i, x in enumerate(o.reshape(-1)):
                 _walk(x, f"{path}.flat[{i}]", out, stack)
         else:
-            emit("data", _digest(o.tobytes()))
+            raw = o
+            if o.dtype.names and o.size:   # the gaps between fields of a copy hold what its memory held
+                raw = np.zeros(o.shape, o.dtype)
+                raw[...] = o
+            emit("data", _digest(raw.tobytes()))
             if o.dtype.kind in "biufc" and o.size:
                 emit("sum", repr(o.sum(dtype=np.complex128 if o.dtype.kind == "c" else np.float64)))
         return
