@@ -13,9 +13,9 @@
  * Every mprotect of a page in the middle of a closed run splits a mapping,
  * and vm.max_map_count (65530 by default) is process-wide.  The pager keeps
  * an exact count of the mappings the public view is split into and, before
- * an install would exceed the budget, drops the oldest isolated run
- * (eviction is safe: pages are immutable within a stage, and a dropped page
- * is fetched again on its next touch).
+ * an install would exceed the budget, closes the oldest isolated run
+ * (eviction): its bytes stay in the memfd, with the worker's own writes to
+ * them, and its next touch opens it again without a fetch.
  *
  * A child forked from a process with a region (a local worker) replaces the
  * public view with a fresh private memfd, every page absent, from a
@@ -388,7 +388,26 @@ static int drop_locked(uint64_t first, uint64_t count) {
     return 0;
 }
 
-/* Drop the oldest run whose removal frees mappings.  pt_lock held. */
+/* Close [first, first+count) but keep its bytes: the pages read HELD, and
+ * the next touch opens them again without a fetch.  Eviction closes rather
+ * than drops because a worker writes into the pages it reads: reference
+ * counts of the objects it holds.  A page fetched again would carry the
+ * driver's counts, and a reference taken before would be released against
+ * a count that never had it: the object would be freed here, and its
+ * memory reused by this worker over bytes the driver still uses.  pt_lock
+ * held. */
+static int close_locked(uint64_t first, uint64_t count) {
+    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
+    int d = cl_region_map_delta(first, count, 0);
+    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0)
+        return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
+                      (unsigned long)count, strerror(errno));
+    mappings = (uint32_t)((int64_t)mappings + d);
+    for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_HELD);
+    return 0;
+}
+
+/* Close the oldest run whose closing frees mappings.  pt_lock held. */
 static int evict_locked(void) {
     while (evict_len) {
         uint64_t i = evict_ring[evict_head];
@@ -400,7 +419,7 @@ static int evict_locked(void) {
         while (e < cl_region.npages && e - i < 64 && is_open(e)) e++;
         if ((s > 0 && is_open(s - 1)) || (e < cl_region.npages && is_open(e))) continue; /* long run */
         if (cl_region_map_delta(s, e - s, 0) >= 0) continue;
-        if (drop_locked(s, e - s) == 0) {
+        if (close_locked(s, e - s) == 0) {
             CL_COUNT(evictions, e - s);
             return 0;
         }

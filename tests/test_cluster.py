@@ -192,8 +192,8 @@ def test_stats_count_stages_tasks_faults_and_bytes(cl, arrays):
     st = last_stage(cl)
     assert STAGE_KEYS <= set(st)
     assert st["kind"] == "sum" and st["tasks"] == 4
-    # Worker counters are sampled around each task, so read-ahead that lands
-    # between two tasks counts in neither: the driver's count is the exact one.
+    # Each report carries the worker's running counters: read-ahead that lands
+    # after a worker's last task of a stage counts in its next report.
     assert st["faults"] > 0 and st["bytes_from_driver"] > 0
     assert st["bytes_from_peers"] >= 0
     after = cl.stats()

@@ -1,0 +1,40 @@
+"""A worker's reference counts on region objects live in its own copy of a
+page.  When that copy is replaced (an invalidation between stages, an
+eviction to bound the mapping count) while the worker holds references, a
+release must not free the object on the worker: CPython's free lists and
+numpy's caches would hand its memory to the worker's own objects, over
+bytes the driver still uses, and later reads would be wrong.
+
+Each scenario runs a driver in its own interpreter with forked workers and
+compares what the workers read with the driver's own values.  The case of
+an invalidation between stages, with the worker keeping loaded stages that
+hold region objects, is hunted by tests/test_differential.py (11 of its
+stages lost their worker before the worker let those objects go first).
+"""
+from scenario import scenario
+
+
+def test_references_held_across_an_eviction_are_released_safely():
+    """A task holds references to many region objects while the pages they
+    live on are evicted under a tiny mapping budget, then releases them and
+    allocates: every object still reads as the driver built it."""
+    out = scenario("""
+        with clamor.Cluster(workers=1, page_size=4096, progress=False) as cl:
+            with clamor.heap():
+                objs = [(float(i) + 0.5, "s%d" % i, [i, i * 2]) for i in range(20000)]
+            clamor.share(objs)
+            def task(_):
+                clamor.configure(max_mappings=64, readahead=0)
+                held = [o for o in objs[::7]]                    # references on many pages
+                for o in objs[1::7]:                             # touch more pages: evictions
+                    o[0]
+                del held                                         # released after the evictions
+                junk = [(float(i), [i]) for i in range(20000)]   # the worker's own objects
+                bad = [i for i, o in enumerate(objs) if o != (float(i) + 0.5, "s%d" % i, [i, i * 2])]
+                return len(bad), bad[:5], clamor.stats()["evictions"]
+            got = cl.range(1, partitions=1).map(task).collect()
+        print(json.dumps(got))
+        """, timeout=300)
+    nbad, first, evictions = out[0]
+    assert evictions > 0, "the scenario did not reach the mapping budget"
+    assert nbad == 0, first
