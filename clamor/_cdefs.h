@@ -117,6 +117,7 @@ int clamor_py_numpy_enter(void);
 int clamor_py_numpy_exit(void);
 int clamor_py_numpy_suspend(void);
 int clamor_py_numpy_dims_flush(int inside);
+unsigned long clamor_py_region_dropped(void);
 long clamor_py_rehome(uintptr_t objs);
 uintptr_t clamor_py_numpy_handler(void);
 enum clamor_field {

@@ -154,18 +154,21 @@ def _close_listeners(inherited):
             pass
 
 
-def fork(body):
-    """Driver: fork a local worker that runs ``body()`` and exits; returns
-    its pid.  The child dies with this process (see DESIGN), ignores
+def fork(body, *args):
+    """Driver: fork a local worker that runs ``body(*args)`` and exits;
+    returns its pid.  The child dies with this process (see DESIGN), ignores
     Ctrl-C (the driver's to handle) and closes the driver's listening
     sockets."""
+    from .heap import prepare_fork   # here: heap imports the compiled core
+
+    # First: what is made from here on is read by the child, and must not be
+    # taken from a free list that holds region objects dropped since a block
+    # (so the caller passes ``args`` rather than a partial made before).
+    prepare_fork()
     lifeline()
     parent = os.getpid()
     main = threading.current_thread() is threading.main_thread()
     listening = _listeners()
-    from .heap import prepare_fork   # here: heap imports the compiled core
-
-    prepare_fork()
     pid = os.fork()
     if pid:
         return pid
@@ -178,7 +181,7 @@ def fork(body):
         if os.getppid() != parent:   # the driver died before the watch began
             os._exit(0)
         _close_listeners(listening)
-        body()
+        body(*args)
     except KeyboardInterrupt:   # a Ctrl-C before SIGINT was ignored
         code = 1
     except BaseException:

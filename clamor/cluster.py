@@ -20,7 +20,6 @@ them.  The finalizer holds what stopping takes (socket, context, process
 ids), never the Cluster itself.
 """
 import collections
-import functools
 import gc
 import itertools
 import logging
@@ -40,7 +39,7 @@ from . import _liveness, errors, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
 from .executor import worker_main
 from .heap import install as install_heap_hooks
-from .heap import outside
+from .heap import outside, prepare_fork
 from .lineage import Lineage
 from .share import note_fork
 from .scheduler import Scheduler, Speculation
@@ -227,8 +226,9 @@ class Cluster(Stages):
 
     def _spawn_worker(self):
         """Fork one more worker; it joins when its HELLO arrives."""
+        prepare_fork()   # before the arguments are made: none may come from a free list
         wid = b"w%d" % next(self._wids)
-        pid = _liveness.fork(functools.partial(worker_main, self.endpoint, wid))
+        pid = _liveness.fork(worker_main, self.endpoint, wid)
         self._pids.append(pid)
         self._pid_of[wid] = pid
         self._expected.add(wid)

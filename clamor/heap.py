@@ -119,14 +119,37 @@ def prepare_fork():
     """Call right before ``os.fork()`` of a worker.
 
     CPython keeps freed objects of the common types (lists, tuples, dicts,
-    floats, ...) on free lists and hands them out again.  Once a heap()
-    block has run, a region object freed after it can sit there; a forked
-    worker starts with every region page absent and no pager yet, so the
-    interpreter's own first allocations after fork would touch the region
-    and kill the child.  A full collection empties the free lists.
+    floats, ...) on free lists and hands them out again, and numpy keeps
+    freed shape buffers.  Once a heap() block has run, a region object freed
+    after it can sit there; a forked worker starts with every region page
+    absent and no pager yet, so the interpreter's own first allocations
+    after fork would touch the region and kill the child.  A full
+    collection empties the free lists; numpy's cache is flushed.
     """
     if _installed:
         gc.collect()
+        _flush_dims(active())
+        global _dropped_seen
+        _dropped_seen = lib.clamor_py_region_dropped()
+
+
+_dropped_seen = 0
+
+
+def release_dropped():
+    """Before the runtime makes objects that travel (a stage's payload):
+    if region objects died in ordinary code since the last look, empty the
+    caches that may hold them, so that the runtime's own objects are not
+    taken from the region and shipped as if the user had shared them.
+    Outside heap blocks only; cheap when nothing was dropped."""
+    global _dropped_seen
+    if not _installed or active():
+        return
+    n = lib.clamor_py_region_dropped()
+    if n != _dropped_seen:
+        gc.collect()
+        _flush_dims(False)
+        _dropped_seen = lib.clamor_py_region_dropped()
 
 
 def active():

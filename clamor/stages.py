@@ -56,7 +56,7 @@ import zmq
 
 from . import errors, region, serialize
 from .collection import Parallel, Shuffled
-from .heap import outside
+from .heap import outside, release_dropped
 from .progress import StageProgress
 from .scheduler import (Cancel, Run, StageAborted, StageCancelled, StageFinished, StageSubmitted, TaskDone,
                         TaskFailed, TaskSkipped, Tick, TaskSpec, WorkerJoined, WorkerLost)
@@ -102,6 +102,7 @@ class Stages:
     @outside
     def _run_action(self, node, kind, arg, partitions=None):
         self._check()
+        release_dropped()
         try:
             for st in self._plan(node):
                 self._run_job("map", st[0], parent=st[1])

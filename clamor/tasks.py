@@ -20,7 +20,6 @@ from another socket, ``token`` from the ATTACHED info).  The driver's PING
 then fails once the worker's connection is closed, and a worker without
 HB for 10 s is lost as well.
 """
-import functools
 import os
 import pickle
 import signal
@@ -83,7 +82,7 @@ class TaskServer:
 
         for _ in range(n):
             # the child is a worker already (the region's fork hook)
-            self._procs.append(_liveness.fork(functools.partial(serve, self.endpoint)))
+            self._procs.append(_liveness.fork(serve, self.endpoint))
         return self._await(len(self.workers) + n, timeout)
 
     def accept(self, n=1, timeout=30.0):

@@ -301,6 +301,9 @@ int clamor_py_numpy_suspend(void);
  * the heap block the calling thread is on (inside 1, outside 0); needs the
  * allocators of that side to be in place.  0 or -1 (the error is printed). */
 int clamor_py_numpy_dims_flush(int inside);
+/* Python extension only: how many times region memory was freed outside a
+ * heap block on the driver (region objects dying in ordinary code). */
+unsigned long clamor_py_region_dropped(void);
 /* Python extension only: give the dicts and lists in `objs` (a list, such
  * as gc.get_objects()) that lie outside the region but grew a table in it
  * a table outside; outside every block.  How many moved, or -1. */

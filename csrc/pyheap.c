@@ -24,6 +24,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
 #include <numpy/arrayobject.h>
 #include <malloc.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -47,10 +48,21 @@ static void *h_calloc(void *ctx, size_t n, size_t sz) {
     return cl_heap_depth ? clamor_calloc(n ? n : 1, sz ? sz : 1) : o->calloc(o->ctx, n, sz);
 }
 
+/* Region memory freed outside a block: region objects are dying in ordinary
+ * code, and CPython's free lists and numpy's caches may be keeping some of
+ * them (a dict's table is freed here, the dict goes on a free list).  The
+ * driver empties those before it serializes a stage or forks. */
+static _Atomic unsigned long dropped;
+
+unsigned long clamor_py_region_dropped(void) { return atomic_load_explicit(&dropped, memory_order_relaxed); }
+
 static void h_free(void *ctx, void *p) {
     PyMemAllocatorEx *o = ctx;
     if (p && in_region(p)) {
-        if (cl_region.role == CLAMOR_ROLE_DRIVER) clamor_free(p);
+        if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+            if (!cl_heap_depth) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+            clamor_free(p);
+        }
         return; /* workers never free region memory */
     }
     o->free(o->ctx, p);
@@ -138,7 +150,10 @@ static void n_free(void *ctx, void *p, size_t sz) {
     (void)sz;
     if (!p) return;
     if (in_region(p)) {
-        if (cl_region.role == CLAMOR_ROLE_DRIVER) clamor_free(p);
+        if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+            if (!cl_heap_depth) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+            clamor_free(p);
+        }
         return;
     }
     free(p);
