@@ -19,7 +19,6 @@ made at import, before any fork, and ``inst_init``, whose attribute names
 are constants of the class's code.
 """
 import array
-import gc
 import hashlib
 import json
 import os
@@ -688,11 +687,10 @@ def compare(cid, kind, via, pid, drv, wrk, rep):
 def run_round(cl, cases, payloads, rep):
     """One stage per kind, so that a failed stage (a worker crash) names
     the kind."""
-    # Region objects dropped since the last block (an earlier round's,
-    # temporaries) sit on CPython's free lists, and the stages' own objects
-    # taken from there would travel as region objects: empty them (see
+    # No gc.collect() here: region objects dropped since the last block (an
+    # earlier round's, temporaries) sit on CPython's free lists, and the
+    # runtime must not take its own objects from there (see
     # test_an_action_after_region_objects_were_dropped).
-    gc.collect()
     for kind, items in cases.items():
         # Captured directly, an array travels by reference or by value, and
         # anything else as a region object, as through the list (once is
@@ -726,7 +724,6 @@ def main(variant, seeds, kinds=tuple(KINDS)):
     opts = dict(workers=2, progress=False, max_attempts=1, speculation=False)
     if variant == "before_fork":
         rounds = [build_round(seed, rep, kinds) for seed in seeds]
-        gc.collect()        # (see run_round: the Cluster's own objects, before the fork)
         with clamor.Cluster(**opts) as cl:
             for cases, payloads in rounds:
                 run_round(cl, cases, payloads, rep)

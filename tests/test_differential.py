@@ -9,7 +9,9 @@ a path from ``obj`` and a reason.  For every approved object the driver
 computes a fingerprint (one line per path and field: type, length, shape,
 strides, dtype, flags, bytes, hash lookups, attributes, a KD-tree's answers)
 and the workers compute the same, reading the object in place through a
-region list and as captured by the task.  Every line must agree.
+region list and (every array, and one object of each kind) as captured by
+the task.  Every line must agree.  The driver empties no free list itself:
+region objects it dropped must not become the runtime's.
 
 Two variants: objects built after the workers were forked (the harder case:
 nothing outside the region reaches them), and before the Cluster starts.
@@ -133,7 +135,9 @@ def test_an_action_after_region_objects_were_dropped():
     the runtime's own objects (a stage's, a forked worker's) must not be
     taken from there, or they travel as region objects: the action was
     refused with NotShareable naming a dict of the runtime, and a worker
-    forked next failed at start."""
+    forked next failed at start.  Region tuples of small ints free no
+    region memory when dropped, and a closure's tuple of cells taken from
+    there made every later action fail."""
     out = run_driver(textwrap.dedent("""
         import json
         import clamor
@@ -148,6 +152,9 @@ def test_an_action_after_region_objects_were_dropped():
             with clamor.Cluster(workers=1, progress=False) as cl:
                 return cl.range(2).map(lambda i: i + 1).collect()
 
+        def closure_action(cl, a, b):
+            return cl.range(2).map(lambda i: i + a + b).collect()   # a closure of two cells
+
         res = {}
         with clamor.Cluster(workers=1, progress=False) as cl:
             cl.range(1).collect()
@@ -155,6 +162,12 @@ def test_an_action_after_region_objects_were_dropped():
                 tmp = [{"x" + str(i): [i, i]} for i in range(100)]
             del tmp
             res["action"] = attempt(lambda: cl.range(2).map(lambda i: i + 1).collect())
+            pairs = [None] * 500                     # made outside the block
+            with clamor.heap():
+                for i in range(500):
+                    pairs[i] = (i % 200, 7)
+            del pairs
+            res["closure"] = attempt(lambda: closure_action(cl, 10, 20))
         with clamor.heap():
             tmp = [[(i, str(i) * 2)] for i in range(300)]
         del tmp
@@ -162,5 +175,6 @@ def test_an_action_after_region_objects_were_dropped():
         print(json.dumps(res))
         """))
     assert out["action"] == [1, 2], out
+    assert out["closure"] == [30, 31], out
     assert out["new cluster"] == [1, 2], out
     assert out["exit"] == 0, out
