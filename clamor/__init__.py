@@ -7,24 +7,28 @@ one page at a time over ZeroMQ (Clamor, SoCC 2021).
 """
 from . import errors
 from ._native import ffi as _ffi, lib as _lib  # noqa: F401  (loads the core)
-from .cluster import Cluster
-from .heap import heap
-from .share import NotShareable, ShareWarning, share
-from .collection import DataCollection
-from .scheduler import Speculation
-from .alloc import alloc, array, asarray, c_api, calloc, empty, free, full, get_include, heap_stats, in_region, \
-    realloc, usable_size, view, zeros
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
-                     NotDriver, NotSerializable, PageFetchError, TaskTimeout, ProtocolError, RegionError, RegionExhausted, RegionInUse,
-                     TaskError, TransportError, VersionExpired, WorkerLost)
-from .io import fromfile, readinto, recv_into, write
-from .refs import ArrayRef, Ref, ref
-from .region import configure, connect, prefetch, reset_stats, stats
+                     NotDriver, NotSerializable, NotShareable, PageFetchError, ProtocolError, RegionError,
+                     RegionExhausted, RegionInUse, ShareWarning, TaskError, TaskTimeout, TransportError,
+                     VersionExpired, WorkerLost)
+# the memory layer: the region, allocation, heap(), share(), references, I/O
+from .memory import region
+from .memory.alloc import alloc, array, asarray, c_api, calloc, empty, free, full, get_include, heap_stats, in_region, \
+    realloc, usable_size, view, zeros
+from .memory.heap import heap
+from .memory.io import fromfile, readinto, recv_into, write
+from .memory.refs import ArrayRef, Ref, ref
+from .memory.region import configure, connect, prefetch, reset_stats, stats
+from .memory.share import share
+# the runtime: clusters, collections, stages
+from .runtime.cluster import Cluster
+from .runtime.collection import DataCollection
+from .runtime.scheduler import Speculation
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "Speculation", "DataCollection", "heap", "share", "NotShareable", "ShareWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
+    "Cluster", "Speculation", "DataCollection", "heap", "share", "region", "NotShareable", "ShareWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
     "empty", "zeros", "full", "array", "asarray", "view", "in_region", "c_api", "get_include",
     "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
     "readinto", "recv_into", "write", "fromfile", "errors",

@@ -1,54 +1,19 @@
 """Command line: ``clamor demo [geo|pages]`` and ``clamor worker --driver ENDPOINT``.
 
-``clamor demo`` with no name runs ``geo`` (clamor/geo.py): k-d tree queries
-over real places, against a single-process run.  ``pages`` is the first
-demo: random lookups into a 1 GiB array.
+``clamor demo`` with no name runs ``geo`` (clamor/demo/geo.py): k-d tree
+queries over real places, against a single-process run.  ``pages``
+(clamor/demo/pages.py) is the first demo: random lookups into a 1 GiB
+array.
 """
 import argparse
 import sys
-import time
-
-
-def _demo(args):
-    import numpy as np
-
-    import clamor
-    from clamor.tasks import TaskServer
-
-    n = (args.mib << 20) // 8
-    print(f"driver: building a {args.mib} MiB array in the region ...", flush=True)
-    table = clamor.empty((n,), np.float64)
-    table[:] = np.arange(n, dtype=np.float64)
-    table *= 0.5
-    rng = np.random.default_rng(1)
-    queries = [rng.integers(0, n, args.lookups // args.workers) for _ in range(args.workers)]
-    expect = [float(table[q].sum()) for q in queries]
-
-    def lookup(ref, idx):
-        x = ref.get()
-        s = float(x[idx].sum())
-        return s, clamor.stats()
-
-    with TaskServer() as ts:
-        ts.fork(args.workers)
-        t0 = time.perf_counter()
-        out = ts.gather([(w, lookup, (clamor.ref(table), queries[w]), {}) for w in range(args.workers)])
-        dt = time.perf_counter() - t0
-    ok = all(got == want for (got, _), want in zip(out, expect))
-    moved = sum(st["bytes_fetched"] for _, st in out)
-    faults = sum(st["faults"] for _, st in out)
-    print(f"{args.workers} workers made {args.lookups} random lookups into {args.mib} MiB in {dt:.2f} s")
-    print(f"faults: {faults}, bytes moved: {moved / 2**20:.1f} MiB "
-          f"({100 * moved / (table.nbytes * args.workers):.1f}% of broadcasting the array to every worker)")
-    print("result matches the driver's:", "yes" if ok else "NO")
-    return 0 if ok else 1
 
 
 DEMOS = ("geo", "pages")
 
 
 def _geo(args, ap):
-    from clamor import geo
+    from clamor.demo import geo
 
     geo.quick(args)
     if args.workers < 1 or args.queries < 1 or args.scale < 1 or args.radius_km <= 0 or \
@@ -68,7 +33,7 @@ def main(argv=None):
     demos = d.add_subparsers(dest="demo", required=True)
     g = demos.add_parser("geo", help="k-d tree geo queries over real places (the default demo)")
     if argv[:1] == ["demo"]:  # clamor.geo imports scipy: not for "clamor worker"
-        from clamor.geo import add_arguments
+        from clamor.demo.geo import add_arguments
 
         add_arguments(g)
     pg = demos.add_parser("pages", help="random lookups into a 1 GiB region array")
@@ -86,7 +51,9 @@ def main(argv=None):
     if args.cmd == "demo":
         if args.workers < 1 or args.mib < 1 or args.lookups < args.workers:
             pg.error("--workers, --mib and --lookups must be positive (lookups >= workers)")
-        return _demo(args)
+        from clamor.demo import pages
+
+        return pages.demo(args)
     from clamor import worker
 
     argv = ["--driver", args.driver]

@@ -94,6 +94,17 @@ class TaskTimeout(ClamorError, TimeoutError):
     """A task did not finish within the time-out it was given."""
 
 
+class NotShareable(ClamorError, ValueError):
+    """Something reachable from a shared object is outside the region
+    (``clamor.share``): the message names its path and why."""
+
+
+class ShareWarning(UserWarning):
+    """``clamor.share`` could not tell whether everything reachable from an
+    object is right on the workers (a word in C memory that may or may not
+    be a pointer, or C memory too large to scan)."""
+
+
 class WorkerLost(ClamorError):
     """A worker process died or stopped answering."""
 

@@ -1,5 +1,5 @@
 """Helpers shared by the scheduler's tests: build events, read instructions."""
-from clamor.scheduler import Run, Scheduler, StageSubmitted, TaskDone, TaskSpec, WorkerJoined
+from clamor.runtime.scheduler import Run, Scheduler, StageSubmittedEvent, TaskDoneEvent, TaskSpec, WorkerJoinedEvent
 
 
 def specs(stage, parts, prefer=None):
@@ -8,14 +8,14 @@ def specs(stage, parts, prefer=None):
 
 def submit(s, stage, n_or_parts, prefer=None):
     parts = range(n_or_parts) if isinstance(n_or_parts, int) else n_or_parts
-    return s.handle(StageSubmitted(stage, specs(stage, parts, prefer)))
+    return s.handle(StageSubmittedEvent(stage, specs(stage, parts, prefer)))
 
 
 def sched(*workers, slots=2, **kw):
     """A Scheduler(**kw) that ``workers`` joined, ``slots`` each."""
     s = Scheduler(**kw)
     for w in workers:
-        assert s.handle(WorkerJoined(w, slots)) == []
+        assert s.handle(WorkerJoinedEvent(w, slots)) == []
     return s
 
 
@@ -24,4 +24,4 @@ def runs(out):
 
 
 def done(s, stage, p, worker, result=None):
-    return s.handle(TaskDone((stage, p), worker, (stage, p) if result is None else result))
+    return s.handle(TaskDoneEvent((stage, p), worker, (stage, p) if result is None else result))

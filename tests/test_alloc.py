@@ -362,7 +362,7 @@ def test_region_exhaustion_then_recovery():
 
 WORKER_ALLOC = """
     import json, clamor
-    from clamor.tasks import TaskServer
+    from clamor.runtime.tasks import TaskServer
 
     def attempt():
         import clamor

@@ -19,12 +19,12 @@ import json, os, socket, subprocess, sys
 import numpy as np
 import clamor
 from clamor import region
-from clamor.tasks import TaskServer
+from clamor.runtime.tasks import TaskServer
 """
 
 
 def test_heap_helpers_are_reached_through_clamor_heap():
-    assert clamor.heap.suspended is sys.modules["clamor.heap"].suspended
+    assert clamor.heap.suspended is sys.modules["clamor.memory.hooks"].suspended
     assert not clamor.heap.active()
     with clamor.heap():
         assert clamor.heap.active()

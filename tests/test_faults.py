@@ -1,7 +1,7 @@
 """Fault-path scenarios: workers read driver memory page by page.
 
 Each test runs a driver in a subprocess (see conftest.run_py); the driver
-forks or spawns workers through clamor.tasks.TaskServer.
+forks or spawns workers through clamor.runtime.tasks.TaskServer.
 """
 import json
 import signal
@@ -11,7 +11,7 @@ import json, os, sys, threading
 import numpy as np
 import clamor
 from clamor import region
-from clamor.tasks import TaskServer
+from clamor.runtime.tasks import TaskServer
 """
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import clamor
 from procs import gone, wait_gone
-from clamor import _liveness
+from clamor.runtime import _liveness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -136,7 +136,7 @@ def test_killing_the_driver_kills_workers_within_two_seconds_even_mid_task(start
 
 TASKSERVER_DRIVER = """
 import json, sys, threading, time, clamor
-from clamor.tasks import TaskServer
+from clamor.runtime.tasks import TaskServer
 ts = TaskServer()
 if sys.argv[1] == "thread":
     th = threading.Thread(target=ts.fork, args=(1,))
@@ -171,7 +171,7 @@ def test_taskserver_forked_worker_dies_with_its_driver_mid_task_and_frees_its_po
 def test_taskserver_workers_leave_ctrl_c_to_the_driver():
     p, pids = start("""
         import json, time, clamor
-        from clamor.tasks import TaskServer
+        from clamor.runtime.tasks import TaskServer
         with TaskServer() as ts:
             ts.fork(2)
             print(json.dumps([w["pid"] for w in ts.workers]), flush=True)
@@ -235,7 +235,7 @@ def ns_worker(ts):
 def test_workers_in_another_pid_namespace_serve_and_their_loss_is_noticed():
     out, _ = run_json(NS_WORKER + """
 import signal, threading, time, psutil, clamor
-from clamor.tasks import TaskServer
+from clamor.runtime.tasks import TaskServer
 res = {}
 def attempt(what, worker, fn, *args):
     t0 = time.monotonic()
@@ -272,7 +272,7 @@ print(json.dumps(res))
 def test_a_worker_in_another_pid_namespace_exits_when_its_driver_is_killed():
     p, out = start(NS_WORKER + """
 import time, psutil
-from clamor.tasks import TaskServer
+from clamor.runtime.tasks import TaskServer
 ts = TaskServer()
 w = ns_worker(ts)
 print(json.dumps({"unshare": w.pid, "worker": psutil.Process(w.pid).children()[0].pid}), flush=True)
@@ -392,7 +392,7 @@ def test_close_after_ctrl_c_does_not_wait_for_queued_tasks(tmp_path):
 def test_taskserver_close_does_not_wait_for_queued_tasks():
     out, _ = run_json("""
         import json, os, signal, threading, time, clamor
-        from clamor.tasks import TaskServer
+        from clamor.runtime.tasks import TaskServer
         with TaskServer() as ts:
             ts.fork(1)
             threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()

@@ -1,7 +1,7 @@
 """clamor.lineage without processes: what a stage needs, and what a lost
 worker takes with it.  Collections are built without a cluster."""
-from clamor.collection import Parallel, Range
-from clamor.lineage import Lineage
+from clamor.runtime.collection import Parallel, Range
+from clamor.runtime.lineage import Lineage
 
 
 def test_uncomputed_collection_needs_nothing_and_reads_nothing():

@@ -17,7 +17,7 @@ import pytest
 
 import clamor
 from clamor import region
-from clamor.tasks import TaskServer
+from clamor.runtime.tasks import TaskServer
 
 OTHER_BASE = 0x300000000000
 POINT = np.dtype([("x", "<i4"), ("y", "<f8"), ("tag", "S3")])

@@ -328,7 +328,7 @@ def test_stats_keys_and_types():
 def test_task_server_run_task_error_and_recovery():
     out = run_py(script("""
         import numpy as np
-        from clamor.tasks import TaskServer
+        from clamor.runtime.tasks import TaskServer
 
         def read(r):
             import clamor

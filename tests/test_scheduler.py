@@ -6,8 +6,8 @@ from collections import deque
 import pytest
 
 from clamor import errors
-from clamor.scheduler import (Run, Scheduler, StageAborted, StageCancelled, StageFinished, StageSubmitted, TaskDone,
-                              TaskFailed, TaskSpec, WorkerJoined, WorkerLost)
+from clamor.runtime.scheduler import (Run, Scheduler, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
+                              TaskFailedEvent, TaskSpec, WorkerJoinedEvent, WorkerLostEvent)
 
 from scheduler_events import done, runs, sched, submit
 
@@ -28,8 +28,8 @@ def test_least_loaded_with_join_order_tie_break():
 
 def test_load_counts_tasks_not_free_slots():
     s = Scheduler()
-    s.handle(WorkerJoined("big", 4))
-    s.handle(WorkerJoined("small", 1))
+    s.handle(WorkerJoinedEvent("big", 4))
+    s.handle(WorkerJoinedEvent("small", 1))
     assert [w for _, w in runs(submit(s, 1, 5))] == ["big", "small", "big", "big", "big"]
 
 
@@ -51,7 +51,7 @@ def test_no_workers_yet_means_tasks_wait_for_the_first_join():
     s = Scheduler()
     assert submit(s, 1, 3) == []
     assert s.stage_state(1) == "pending" and s.pending_count() == 3
-    assert runs(s.handle(WorkerJoined("a", 2))) == [((1, 0), "a"), ((1, 1), "a")]
+    assert runs(s.handle(WorkerJoinedEvent("a", 2))) == [((1, 0), "a"), ((1, 1), "a")]
     assert s.stage_state(1) == "running"
 
 
@@ -65,7 +65,7 @@ def test_preferred_worker_with_a_free_slot_wins_over_a_less_loaded_one():
 def test_preference_falls_back_when_preferred_is_full_dead_or_unknown():
     s = sched("a", "b", "c", slots=1)
     submit(s, 1, 1)                                   # a is full
-    s.handle(WorkerLost("b"))
+    s.handle(WorkerLostEvent("b"))
     out = submit(s, 2, 1, prefer={0: ("a", "b", "nobody")})
     assert runs(out) == [((2, 0), "c")]
 
@@ -94,16 +94,16 @@ def test_stale_load_heap_entries_are_compacted():
     submit(s, 1, 1000, prefer={p: ("a",) for p in range(1000)})
     for p in range(1000):                             # each placement on "a" strands an entry
         key, w = next((k, w) for w in ("a", "b") for k in s.running(w))
-        s.handle(TaskDone(key, w))
+        s.handle(TaskDoneEvent(key, w))
     assert s.stage_state(1) == "finished"
     assert len(s._idle) <= 4 * 2 + 64 + 1             # bounded by the workers, not the tasks
 
 
 def test_lost_worker_gets_no_runs_and_rejoin_is_a_new_worker():
     s = sched("a", "b", slots=1)
-    s.handle(WorkerLost("a"))
+    s.handle(WorkerLostEvent("a"))
     assert [w for _, w in runs(submit(s, 1, 1))] == ["b"]
-    s.handle(WorkerJoined("a", 1))                    # same id, joins after b
+    s.handle(WorkerJoinedEvent("a", 1))                    # same id, joins after b
     assert s.workers == {"a", "b"}
     assert [w for _, w in runs(submit(s, 2, 1))] == ["a"]
 
@@ -135,12 +135,12 @@ def test_stage_finishes_once_with_every_result():
 def test_result_none_is_a_result():
     s = sched("a")
     submit(s, 1, 1)
-    assert s.handle(TaskDone((1, 0), "a")) == [StageFinished(1, {0: None})]
+    assert s.handle(TaskDoneEvent((1, 0), "a")) == [StageFinished(1, {0: None})]
 
 
 def test_empty_stage_finishes_immediately():
     s = Scheduler()
-    assert s.handle(StageSubmitted(7, ())) == [StageFinished(7, {})]
+    assert s.handle(StageSubmittedEvent(7, ())) == [StageFinished(7, {})]
     assert s.stage_state(7) == "finished"
 
 
@@ -168,16 +168,16 @@ def test_aborted_earlier_stage_releases_a_finished_later_one():
     submit(s, 1, 2)
     submit(s, 2, 1)
     done(s, 2, 0, "a")
-    out = s.handle(TaskFailed((1, 0), "a", "boom"))
+    out = s.handle(TaskFailedEvent((1, 0), "a", "boom"))
     assert out == [StageAborted(1, "boom"), StageFinished(2, {0: (2, 0)})]
 
 
 def test_stage_ids_need_not_be_ordered_ints():
     s = sched("a")
-    s.handle(StageSubmitted("z", (TaskSpec("k1", "z", 0),)))
-    s.handle(StageSubmitted("b", (TaskSpec("k2", "b", 0),)))
-    s.handle(TaskDone("k2", "a", 2))
-    assert s.handle(TaskDone("k1", "a", 1)) == [StageFinished("z", {0: 1}), StageFinished("b", {0: 2})]
+    s.handle(StageSubmittedEvent("z", (TaskSpec("k1", "z", 0),)))
+    s.handle(StageSubmittedEvent("b", (TaskSpec("k2", "b", 0),)))
+    s.handle(TaskDoneEvent("k2", "a", 2))
+    assert s.handle(TaskDoneEvent("k1", "a", 1)) == [StageFinished("z", {0: 1}), StageFinished("b", {0: 2})]
 
 
 # ---- failures, losses, cancels ----
@@ -187,19 +187,19 @@ def test_task_failure_aborts_once_and_drops_unassigned_tasks():
     submit(s, 1, 5)
     submit(s, 2, 2)
     err = ValueError("user bug")
-    assert s.handle(TaskFailed((1, 0), "a", err)) == [StageAborted(1, err), Run((2, 0), "a", 2, 0)]
+    assert s.handle(TaskFailedEvent((1, 0), "a", err)) == [StageAborted(1, err), Run((2, 0), "a", 2, 0)]
     assert s.stage_state(1) == "aborted" and s.pending_count() == 1
-    assert s.handle(TaskFailed((1, 0), "a", err)) == []          # duplicate
+    assert s.handle(TaskFailedEvent((1, 0), "a", err)) == []          # duplicate
     # the aborted stage's running task only frees its slot
     assert done(s, 1, 1, "a") == [Run((2, 1), "a", 2, 1)]
-    assert s.handle(TaskFailed((1, 2), "a", err)) == []          # dropped: never assigned
+    assert s.handle(TaskFailedEvent((1, 2), "a", err)) == []          # dropped: never assigned
 
 
 def test_second_failure_in_an_aborted_stage_is_silent():
     s = sched("a", slots=2)
     submit(s, 1, 2)
-    s.handle(TaskFailed((1, 0), "a", "e1"))
-    assert s.handle(TaskFailed((1, 1), "a", "e2")) == []
+    s.handle(TaskFailedEvent((1, 0), "a", "e1"))
+    assert s.handle(TaskFailedEvent((1, 1), "a", "e2")) == []
     assert s.running_count() == 0
 
 
@@ -208,7 +208,7 @@ def test_worker_lost_aborts_stages_it_held_tasks_of():
     submit(s, 1, 2)                                   # (1,0)->a, (1,1)->b
     submit(s, 2, 1)                                   # (2,0)->a
     submit(s, 3, 1)                                   # (3,0)->b
-    out = s.handle(WorkerLost("a", "connection reset"))
+    out = s.handle(WorkerLostEvent("a", "connection reset"))
     assert [(type(m), m.stage_id) for m in out] == [(StageAborted, 1), (StageAborted, 2)]
     assert isinstance(out[0].error, errors.WorkerLost)
     assert str(out[0].error) == "worker a lost: connection reset"
@@ -223,17 +223,17 @@ def test_worker_lost_without_tasks_aborts_nothing_and_keeps_pending_work():
     s = sched("a", "b", slots=1)
     submit(s, 1, 3)                                   # a, b busy; one pending
     done(s, 1, 1, "b")                                # b takes (1, 2)
-    s.handle(WorkerJoined("c", 1))
-    assert s.handle(WorkerLost("c", "bye")) == []
+    s.handle(WorkerJoinedEvent("c", 1))
+    assert s.handle(WorkerLostEvent("c", "bye")) == []
     assert s.stage_state(1) == "running"
 
 
 def test_late_report_from_a_lost_worker_is_ignored():
     s = sched("a", "b", slots=1)
     submit(s, 1, 1)
-    s.handle(WorkerLost("a"))
+    s.handle(WorkerLostEvent("a"))
     assert done(s, 1, 0, "a") == []
-    assert s.handle(WorkerJoined("a", 1)) == []        # rejoined: its old task is not its own
+    assert s.handle(WorkerJoinedEvent("a", 1)) == []        # rejoined: its old task is not its own
     assert done(s, 1, 0, "a") == []
     assert s.stage_state(1) == "aborted"
 
@@ -243,7 +243,7 @@ def test_losing_the_last_worker_aborts_pending_stages():
     submit(s, 1, 2)                                   # (1,0) runs, (1,1) pending
     submit(s, 2, 2)
     submit(s, 3, 0)
-    out = s.handle(WorkerLost("a", "killed"))
+    out = s.handle(WorkerLostEvent("a", "killed"))
     assert [(type(m), m.stage_id, str(getattr(m, "error", ""))) for m in out] == [
         (StageAborted, 1, "worker a lost: killed"), (StageAborted, 2, "no live workers"), (StageFinished, 3, "")]
     assert s.pending_count() == 0 and s.stage_state(3) == "finished"
@@ -251,11 +251,11 @@ def test_losing_the_last_worker_aborts_pending_stages():
 
 def test_submission_with_no_live_worker_left_aborts_at_once():
     s = sched("a")
-    s.handle(WorkerLost("a"))
+    s.handle(WorkerLostEvent("a"))
     out = submit(s, 1, 2)
     assert [type(m) for m in out] == [StageAborted] and str(out[0].error) == "no live workers"
     assert submit(s, 2, 0) == [StageFinished(2, {})]
-    s.handle(WorkerJoined("b"))
+    s.handle(WorkerJoinedEvent("b"))
     assert runs(submit(s, 3, 1)) == [((3, 0), "b")]
 
 
@@ -263,14 +263,14 @@ def test_cancel_is_a_silent_abort():
     s = sched("a", slots=2)
     submit(s, 1, 4)
     submit(s, 2, 1)
-    assert s.handle(StageCancelled(1)) == []
+    assert s.handle(StageCancelledEvent(1)) == []
     assert s.stage_state(1) == "aborted" and s.pending_count() == 1
     assert done(s, 1, 0, "a") == [Run((2, 0), "a", 2, 0)]
-    assert s.handle(TaskFailed((1, 1), "a", "late")) == []
+    assert s.handle(TaskFailedEvent((1, 1), "a", "late")) == []
     assert done(s, 2, 0, "a") == [StageFinished(2, {0: (2, 0)})]
-    assert s.handle(StageCancelled(1)) == []          # twice
-    assert s.handle(StageCancelled(2)) == []          # finished
-    assert s.handle(StageCancelled(99)) == []         # unknown
+    assert s.handle(StageCancelledEvent(1)) == []          # twice
+    assert s.handle(StageCancelledEvent(2)) == []          # finished
+    assert s.handle(StageCancelledEvent(99)) == []         # unknown
     assert s.stage_state(2) == "finished"
 
 
@@ -279,7 +279,7 @@ def test_cancel_of_a_held_finished_stage_drops_its_results():
     submit(s, 1, 1)
     submit(s, 2, 1)
     done(s, 2, 0, "a")
-    assert s.handle(StageCancelled(2)) == []
+    assert s.handle(StageCancelledEvent(2)) == []
     assert done(s, 1, 0, "a") == [StageFinished(1, {0: (1, 0)})]
 
 
@@ -288,7 +288,7 @@ def test_cancel_of_an_earlier_stage_releases_later_ones():
     submit(s, 1, 1)
     submit(s, 2, 1)
     done(s, 2, 0, "a")
-    assert s.handle(StageCancelled(1)) == [StageFinished(2, {0: (2, 0)})]
+    assert s.handle(StageCancelledEvent(1)) == [StageFinished(2, {0: (2, 0)})]
 
 
 class _Recording(Scheduler):
@@ -302,10 +302,10 @@ class _Recording(Scheduler):
 
 def test_lost_task_hook_sees_tasks_in_submission_and_partition_order():
     s = _Recording()
-    s.handle(WorkerJoined("a", 4))
+    s.handle(WorkerJoinedEvent("a", 4))
     submit(s, 2, [3, 1])
     submit(s, 1, [0])                                 # submitted later, so after stage 2
-    assert s.handle(WorkerLost("a", "r")) == []       # the hook decides: here, nothing
+    assert s.handle(WorkerLostEvent("a", "r")) == []       # the hook decides: here, nothing
     assert s.calls == [("a", [(2, 1), (2, 3), (1, 0)], "r")]
     assert s.running_count() == 0 and s.running("a") == frozenset()
 
@@ -314,25 +314,25 @@ def test_lost_task_hook_sees_tasks_in_submission_and_partition_order():
 
 def test_harmless_duplicates_and_unknowns_are_ignored():
     s = sched("a", slots=1)
-    assert s.handle(WorkerJoined("a", 5)) == []
+    assert s.handle(WorkerJoinedEvent("a", 5)) == []
     submit(s, 1, 2)
     submit(s, 2, 1)
     assert len(s.running("a")) == 1                   # still one slot
-    assert s.handle(WorkerLost("ghost")) == []
-    assert s.handle(TaskDone("no such key", "a")) == []
-    assert s.handle(TaskDone((1, 0), "ghost")) == []  # right key, wrong worker
-    assert s.handle(TaskFailed((1, 1), "a", "e")) == []   # pending, not assigned
+    assert s.handle(WorkerLostEvent("ghost")) == []
+    assert s.handle(TaskDoneEvent("no such key", "a")) == []
+    assert s.handle(TaskDoneEvent((1, 0), "ghost")) == []  # right key, wrong worker
+    assert s.handle(TaskFailedEvent((1, 1), "a", "e")) == []   # pending, not assigned
     assert s.running("ghost") == frozenset() and s.stage_state("nope") is None
     assert s.stage_state(1) == "running" and s.running_count() == 1
 
 
 @pytest.mark.parametrize("event", [
-    StageSubmitted(1, (TaskSpec("k", 1, 0),)),                            # reused stage id
-    StageSubmitted(2, (TaskSpec((1, 0), 2, 0),)),                         # key of an earlier stage
-    StageSubmitted(2, (TaskSpec("x", 2, 0), TaskSpec("x", 2, 1))),        # key twice in one stage
-    StageSubmitted(2, (TaskSpec("x", 2, 0), TaskSpec("y", 2, 0))),        # partition twice
-    StageSubmitted(2, (TaskSpec("x", 3, 0),)),                            # spec of another stage
-    WorkerJoined("b", 0), WorkerJoined("b", -1), WorkerJoined("b", 1.5), WorkerJoined("b", True),
+    StageSubmittedEvent(1, (TaskSpec("k", 1, 0),)),                            # reused stage id
+    StageSubmittedEvent(2, (TaskSpec((1, 0), 2, 0),)),                         # key of an earlier stage
+    StageSubmittedEvent(2, (TaskSpec("x", 2, 0), TaskSpec("x", 2, 1))),        # key twice in one stage
+    StageSubmittedEvent(2, (TaskSpec("x", 2, 0), TaskSpec("y", 2, 0))),        # partition twice
+    StageSubmittedEvent(2, (TaskSpec("x", 3, 0),)),                            # spec of another stage
+    WorkerJoinedEvent("b", 0), WorkerJoinedEvent("b", -1), WorkerJoinedEvent("b", 1.5), WorkerJoinedEvent("b", True),
 ])
 def test_caller_bugs_raise_value_error_and_change_nothing(event):
     s = sched("a", slots=1)
@@ -341,7 +341,7 @@ def test_caller_bugs_raise_value_error_and_change_nothing(event):
         s.handle(event)
     assert s.stage_state(2) is None and s.workers == {"a"} and s.pending_count() == 1
     assert done(s, 1, 0, "a") == [Run((1, 1), "a", 1, 1)]
-    assert runs(s.handle(StageSubmitted(2, (TaskSpec("fresh", 2, 0),)))) == []
+    assert runs(s.handle(StageSubmittedEvent(2, (TaskSpec("fresh", 2, 0),)))) == []
 
 
 def test_a_key_is_refused_until_its_stage_is_resolved_then_released():
@@ -349,11 +349,11 @@ def test_a_key_is_refused_until_its_stage_is_resolved_then_released():
     submit(s, 1, 2)
     done(s, 1, 0, "a")                                # stage 1 still runs (1,1)
     with pytest.raises(ValueError):
-        s.handle(StageSubmitted(2, (TaskSpec((1, 0), 2, 0),)))
+        s.handle(StageSubmittedEvent(2, (TaskSpec((1, 0), 2, 0),)))
     done(s, 1, 1, "a")                                # finished: no worker holds its keys
-    assert runs(s.handle(StageSubmitted(2, (TaskSpec((1, 0), 2, 0),)))) == [((1, 0), "a")]
+    assert runs(s.handle(StageSubmittedEvent(2, (TaskSpec((1, 0), 2, 0),)))) == [((1, 0), "a")]
     assert s.stage_state(2) == "running"
-    assert s.handle(TaskDone((1, 0), "a", "again")) == [StageFinished(2, {0: "again"})]
+    assert s.handle(TaskDoneEvent((1, 0), "a", "again")) == [StageFinished(2, {0: "again"})]
 
 
 def test_resolved_stages_are_forgotten_beyond_the_history():
@@ -367,7 +367,7 @@ def test_resolved_stages_are_forgotten_beyond_the_history():
     assert runs(submit(s, 1, 1)) == [((1, 0), "a")]   # forgotten: a new stage
     cancelled = Scheduler(history=1)
     submit(cancelled, 1, 1)
-    cancelled.handle(StageCancelled(1))
+    cancelled.handle(StageCancelledEvent(1))
     assert cancelled.stage_state(1) == "aborted" and cancelled.pending_count() == 0
 
 
@@ -394,8 +394,8 @@ def test_memory_stays_flat_over_many_stages():
     assert grown < 32 * 1024, f"the scheduler grew {grown} bytes over 4000 finished stages"
 
 
-@pytest.mark.parametrize("event", [object(), "TaskDone", StageSubmitted(2, ("not a spec",)),
-                                   StageSubmitted(2, (TaskSpec(["unhashable"], 2, 0),))])
+@pytest.mark.parametrize("event", [object(), "TaskDoneEvent", StageSubmittedEvent(2, ("not a spec",)),
+                                   StageSubmittedEvent(2, (TaskSpec(["unhashable"], 2, 0),))])
 def test_type_errors(event):
     s = sched("a")
     with pytest.raises(TypeError):
@@ -404,7 +404,7 @@ def test_type_errors(event):
 
 
 def test_stage_submitted_takes_any_iterable_of_specs():
-    ev = StageSubmitted(1, (TaskSpec(("k", p), 1, p, ("b",)) for p in range(2)))
+    ev = StageSubmittedEvent(1, (TaskSpec(("k", p), 1, p, ("b",)) for p in range(2)))
     assert isinstance(ev.tasks, tuple) and len(ev.tasks) == 2
     assert runs(sched("a", "b").handle(ev)) == [(("k", 0), "b"), (("k", 1), "b")]
 
@@ -490,13 +490,13 @@ class Sim:
             self.next_worker += 1
             self.ever.add(w)
             self.slots[w], self.held[w], self.joined[w] = rng.randint(1, 3), set(), len(self.joined)
-            self.send(WorkerJoined(w, self.slots[w]))
+            self.send(WorkerJoinedEvent(w, self.slots[w]))
         elif r < 0.12 and live:
             w = rng.choice(live)
             keys = self.held.pop(w)
             del self.slots[w]
-            self.stale += [TaskDone(k, w, ("stale",)) for k in keys]
-            self.send(WorkerLost(w, "simulated"))
+            self.stale += [TaskDoneEvent(k, w, ("stale",)) for k in keys]
+            self.send(WorkerLostEvent(w, "simulated"))
             for k in keys:          # no recovery: their stages must have ended
                 assert k[0] in self.outcome
         elif r < 0.30:
@@ -509,12 +509,12 @@ class Sim:
             self.queue.extend((sid, p) for p in sorted(parts))
             self.prefer.update((t.key, t.prefer) for t in tasks)
             self.order.append(sid)
-            self.send(StageSubmitted(sid, tuple(tasks)))
+            self.send(StageSubmittedEvent(sid, tuple(tasks)))
         elif r < 0.33 and self.order:
             sid = rng.choice(self.order)
             if sid not in self.outcome:
                 self.outcome[sid] = "cancelled"
-            out = self.send(StageCancelled(sid))    # may release later stages, never reports sid
+            out = self.send(StageCancelledEvent(sid))    # may release later stages, never reports sid
             assert all(isinstance(i, StageFinished) and i.stage_id != sid for i in out)
         elif r < 0.36 and self.stale:
             ev = self.stale.pop(rng.randrange(len(self.stale)))
@@ -522,25 +522,25 @@ class Sim:
         elif r < 0.38 and busy:                         # a report from the wrong worker
             w, k = rng.choice(busy)
             other = rng.choice(sorted(self.ever - {w}) or ["ghost"])
-            assert self.send(rng.choice([TaskDone(k, other, "x"), TaskFailed(k, other, "x")])) == []
+            assert self.send(rng.choice([TaskDoneEvent(k, other, "x"), TaskFailedEvent(k, other, "x")])) == []
         elif busy:
             w, k = rng.choice(busy)
             self.held[w].discard(k)
             if rng.random() < 0.05:
-                self.send(TaskFailed(k, w, f"error in {k}"))
+                self.send(TaskFailedEvent(k, w, f"error in {k}"))
             else:
-                self.send(TaskDone(k, w, ("r",) + k))
-                self.stale.append(TaskDone(k, w, ("dup",)))
+                self.send(TaskDoneEvent(k, w, ("r",) + k))
+                self.stale.append(TaskDoneEvent(k, w, ("dup",)))
 
     def drain(self):
         if not self.slots:
             self.slots["last"], self.held["last"], self.joined["last"] = 2, set(), len(self.joined)
-            self.send(WorkerJoined("last", 2))
+            self.send(WorkerJoinedEvent("last", 2))
         while any(self.held.values()):
             w = next(w for w in sorted(self.held) if self.held[w])
             k = min(self.held[w])
             self.held[w].discard(k)
-            self.send(TaskDone(k, w, ("r",) + k))
+            self.send(TaskDoneEvent(k, w, ("r",) + k))
 
 
 def run_sim(seed, steps=600):
@@ -569,8 +569,8 @@ def test_throughput_100k_tasks(capsys):
     n = 100_000
     s = Scheduler()
     for i in range(8):
-        s.handle(WorkerJoined(i, 2))
-    stage = StageSubmitted(0, tuple(TaskSpec(p, 0, p) for p in range(n)))
+        s.handle(WorkerJoinedEvent(i, 2))
+    stage = StageSubmittedEvent(0, tuple(TaskSpec(p, 0, p) for p in range(n)))
     wall, cpu = time.perf_counter(), time.process_time()
     queue = deque(s.handle(stage))
     submitted = time.perf_counter() - wall
@@ -579,7 +579,7 @@ def test_throughput_100k_tasks(capsys):
         ins = queue.popleft()
         if isinstance(ins, Run):
             events += 1
-            queue.extend(s.handle(TaskDone(ins.key, ins.worker, ins.partition)))
+            queue.extend(s.handle(TaskDoneEvent(ins.key, ins.worker, ins.partition)))
         else:
             finished.append(ins)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

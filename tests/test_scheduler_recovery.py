@@ -1,5 +1,5 @@
 """The scheduler's recovery (``recover=True``) and speculation (``Speculation``,
-``Tick``, ``Cancel``, ``TaskSkipped``) policies, driven by events alone.
+``TickEvent``, ``Cancel``, ``TaskSkippedEvent``) policies, driven by events alone.
 
 tests/test_scheduler.py covers placement, stage order, failures and losses
 without recovery; this file covers what the module docstring promises for a
@@ -13,9 +13,9 @@ from math import ceil
 import pytest
 
 from clamor import errors
-from clamor.scheduler import (Cancel, Run, Scheduler, Speculation, StageAborted, StageCancelled, StageFinished,
-                              StageSubmitted, TaskDone, TaskFailed, TaskSkipped, TaskSpec, Tick, WorkerJoined,
-                              WorkerLost)
+from clamor.runtime.scheduler import (Cancel, Run, Scheduler, Speculation, StageAborted, StageCancelledEvent, StageFinished,
+                              StageSubmittedEvent, TaskDoneEvent, TaskFailedEvent, TaskSkippedEvent, TaskSpec, TickEvent, WorkerJoinedEvent,
+                              WorkerLostEvent)
 
 import scheduler_events as events
 from scheduler_events import done, runs, submit
@@ -37,7 +37,7 @@ def straggler(recover=False, speculation=SPEC):
     run longer than 1.5.  a and b are free."""
     s = sched("a", "b", "c", recover=recover, speculation=speculation)
     assert runs(submit(s, 1, 3)) == [((1, 0), "a"), ((1, 1), "b"), ((1, 2), "c")]
-    assert s.handle(Tick(1)) == []
+    assert s.handle(TickEvent(1)) == []
     assert done(s, 1, 0, "a") == [] and done(s, 1, 1, "b") == []
     return s
 
@@ -48,10 +48,10 @@ def two_stragglers(recover=False):
     d one on b."""
     s = sched("a", "b", "c", "d", recover=recover, speculation=SPEC)
     submit(s, 1, 4)
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     done(s, 1, 0, "a", "r0")
     done(s, 1, 1, "b", "r1")
-    assert s.handle(Tick(2)) == [Run((1, 2), "a", 1, 2), Run((1, 3), "b", 1, 3)]
+    assert s.handle(TickEvent(2)) == [Run((1, 2), "a", 1, 2), Run((1, 3), "b", 1, 3)]
     return s
 
 
@@ -61,13 +61,13 @@ def test_recover_requeues_lost_tasks_at_the_front_of_their_stage_queue():
     s = sched("a", "b", slots=2, recover=True)
     assert runs(submit(s, 1, 6)) == [((1, 0), "a"), ((1, 1), "b"), ((1, 2), "a"), ((1, 3), "b")]
     assert submit(s, 2, 2) == []
-    assert s.handle(WorkerLost("a", "connection reset")) == []       # no StageAborted; b is full
+    assert s.handle(WorkerLostEvent("a", "connection reset")) == []       # no StageAborted; b is full
     assert s.stage_state(1) == "running" and s.stage_state(2) == "pending"
     assert s.workers == {"b"} and s.pending_count() == 6 and s.running_count() == 2
     # the lost (1,0) and (1,2) come before the never-assigned (1,4), (1,5), and before stage 2
     assert runs(done(s, 1, 1, "b")) == [((1, 0), "b")]
     assert runs(done(s, 1, 3, "b")) == [((1, 2), "b")]
-    assert runs(s.handle(WorkerJoined("c", 4))) == [((1, 4), "c"), ((1, 5), "c"), ((2, 0), "c"), ((2, 1), "c")]
+    assert runs(s.handle(WorkerJoinedEvent("c", 4))) == [((1, 4), "c"), ((1, 5), "c"), ((2, 0), "c"), ((2, 1), "c")]
     for p in (0, 2):
         assert done(s, 1, p, "b") == []
     assert done(s, 1, 4, "c") == []
@@ -82,7 +82,7 @@ def test_recover_requeued_task_goes_before_a_later_stage_already_running():
     submit(s, 1, 2)                                   # (1,0)->a, (1,1)->b: stage 1 fully assigned
     submit(s, 2, 3)
     assert runs(done(s, 1, 0, "a")) == [((2, 0), "a")]    # stage 2 is running, (2,1), (2,2) wait
-    assert s.handle(WorkerLost("b")) == []
+    assert s.handle(WorkerLostEvent("b")) == []
     assert s.pending_count() == 3
     assert runs(done(s, 2, 0, "a")) == [((1, 1), "a")]    # the lost stage-1 task before (2,1)
     assert runs(done(s, 1, 1, "a")) == [((2, 1), "a")]
@@ -93,13 +93,13 @@ def test_recover_lost_tasks_of_several_stages_keep_submission_then_partition_ord
     s = sched("a", slots=4, recover=True)
     submit(s, 2, [3, 1])
     submit(s, 1, [5, 0])                              # submitted after stage 2
-    assert s.handle(WorkerLost("a")) == []
-    assert runs(s.handle(WorkerJoined("b", 1))) == [((2, 1), "b")]
+    assert s.handle(WorkerLostEvent("a")) == []
+    assert runs(s.handle(WorkerJoinedEvent("b", 1))) == [((2, 1), "b")]
     order = []
     for _ in range(4):
         key, = s.running("b")
         order.append(key)
-        s.handle(TaskDone(key, "b"))
+        s.handle(TaskDoneEvent(key, "b"))
     assert order == [(2, 1), (2, 3), (1, 0), (1, 5)]
     assert s.stage_state(2) == "finished" and s.stage_state(1) == "finished"
 
@@ -107,7 +107,7 @@ def test_recover_lost_tasks_of_several_stages_keep_submission_then_partition_ord
 def test_recover_lost_tasks_run_at_once_on_free_slots_of_survivors():
     s = sched("a", "b", slots=2, recover=True)
     submit(s, 1, 3)                                   # (1,0)->a, (1,1)->b, (1,2)->a; b has a free slot
-    out = s.handle(WorkerLost("a", "killed"))
+    out = s.handle(WorkerLostEvent("a", "killed"))
     assert out == [Run((1, 0), "b", 1, 0)]            # front of the queue first; (1,2) waits
     assert s.pending_count() == 1 and s.running("b") == {(1, 0), (1, 1)}
     assert done(s, 1, 1, "b") == [Run((1, 2), "b", 1, 2)]
@@ -117,7 +117,7 @@ def test_recover_lost_tasks_run_at_once_on_free_slots_of_survivors():
 def test_worker_lost_aborts_without_recover_and_requeues_with_it(recover):
     s = sched("a", "b", slots=1, recover=recover)
     submit(s, 1, 3)                                   # (1,0)->a, (1,1)->b, (1,2) pending
-    out = s.handle(WorkerLost("a", "gone"))
+    out = s.handle(WorkerLostEvent("a", "gone"))
     if recover:
         assert out == [] and s.stage_state(1) == "running" and s.pending_count() == 2
         assert done(s, 1, 1, "b") == [Run((1, 0), "b", 1, 0)]
@@ -131,13 +131,13 @@ def test_worker_lost_aborts_without_recover_and_requeues_with_it(recover):
 def test_recover_without_live_workers_waits_and_resumes_on_join():
     s = sched("a", slots=2, recover=True)
     submit(s, 1, 3)
-    assert s.handle(WorkerLost("a")) == []            # without recover: StageAborted "no live workers"
+    assert s.handle(WorkerLostEvent("a")) == []            # without recover: StageAborted "no live workers"
     assert s.workers == frozenset() and s.pending_count() == 3
     assert submit(s, 2, 1) == [] and submit(s, 3, 0) == []
     for _ in range(3):                                # time passes, nothing gives up
-        assert s.handle(WorkerLost("a")) == [] and s.handle(TaskDone((1, 0), "a")) == []
+        assert s.handle(WorkerLostEvent("a")) == [] and s.handle(TaskDoneEvent((1, 0), "a")) == []
     assert [s.stage_state(i) for i in (1, 2, 3)] == ["running", "pending", "running"]
-    assert runs(s.handle(WorkerJoined("b", 2))) == [((1, 0), "b"), ((1, 1), "b")]
+    assert runs(s.handle(WorkerJoinedEvent("b", 2))) == [((1, 0), "b"), ((1, 1), "b")]
     done(s, 1, 0, "b")
     done(s, 1, 1, "b")
     assert done(s, 1, 2, "b") == [StageFinished(1, {p: (1, p) for p in range(3)})]
@@ -149,12 +149,12 @@ def test_recover_does_not_requeue_tasks_of_aborted_or_cancelled_stages():
     submit(s, 1, 2)                                   # (1,0)->a, (1,1)->b
     submit(s, 2, 2)                                   # (2,0)->a, (2,1)->b
     submit(s, 3, 1)
-    assert s.handle(TaskFailed((1, 1), "b", "boom")) == [StageAborted(1, "boom"), Run((3, 0), "b", 3, 0)]
-    assert s.handle(StageCancelled(2)) == []
-    assert s.handle(WorkerLost("a")) == []            # holds (1,0) and (2,0): both stages ended
+    assert s.handle(TaskFailedEvent((1, 1), "b", "boom")) == [StageAborted(1, "boom"), Run((3, 0), "b", 3, 0)]
+    assert s.handle(StageCancelledEvent(2)) == []
+    assert s.handle(WorkerLostEvent("a")) == []            # holds (1,0) and (2,0): both stages ended
     assert s.pending_count() == 0 and s.running_count() == 2
-    assert s.handle(WorkerJoined("c", 2)) == []       # nothing to re-run
-    assert s.handle(TaskDone((2, 1), "b")) == []      # the cancelled stage's survivor: slot only
+    assert s.handle(WorkerJoinedEvent("c", 2)) == []       # nothing to re-run
+    assert s.handle(TaskDoneEvent((2, 1), "b")) == []      # the cancelled stage's survivor: slot only
     assert done(s, 3, 0, "b") == [StageFinished(3, {0: (3, 0)})]
     assert s.stage_state(1) == "aborted" and s.stage_state(2) == "aborted"
 
@@ -162,39 +162,39 @@ def test_recover_does_not_requeue_tasks_of_aborted_or_cancelled_stages():
 def test_recover_late_reports_from_the_lost_worker_are_ignored_and_the_rerun_counts():
     s = sched("a", "b", slots=1, recover=True)
     submit(s, 1, 2)                                   # (1,0)->a, (1,1)->b
-    assert s.handle(WorkerLost("a")) == []
-    assert s.handle(TaskDone((1, 0), "a", "stale")) == []
-    assert s.handle(TaskFailed((1, 0), "a", "stale error")) == []     # does not abort
-    assert s.handle(TaskSkipped((1, 0), "a")) == []
+    assert s.handle(WorkerLostEvent("a")) == []
+    assert s.handle(TaskDoneEvent((1, 0), "a", "stale")) == []
+    assert s.handle(TaskFailedEvent((1, 0), "a", "stale error")) == []     # does not abort
+    assert s.handle(TaskSkippedEvent((1, 0), "a")) == []
     assert s.stage_state(1) == "running" and s.pending_count() == 1
     assert done(s, 1, 1, "b", "r1") == [Run((1, 0), "b", 1, 0)]
-    assert s.handle(TaskDone((1, 0), "a", "stale")) == []
+    assert s.handle(TaskDoneEvent((1, 0), "a", "stale")) == []
     assert s.running("b") == {(1, 0)}
-    assert s.handle(TaskDone((1, 0), "b", "fresh")) == [StageFinished(1, {0: "fresh", 1: "r1"})]
-    assert s.handle(TaskDone((1, 0), "a", "stale")) == []
-    assert s.handle(TaskDone((1, 0), "b", "again")) == []
+    assert s.handle(TaskDoneEvent((1, 0), "b", "fresh")) == [StageFinished(1, {0: "fresh", 1: "r1"})]
+    assert s.handle(TaskDoneEvent((1, 0), "a", "stale")) == []
+    assert s.handle(TaskDoneEvent((1, 0), "b", "again")) == []
     assert s.stage_state(1) == "finished" and s.running_count() == 0
 
 
 @pytest.mark.parametrize("lost, winner", [("c", "a"), ("a", "c")])
 def test_recover_lost_copy_is_not_requeued_while_the_other_copy_runs(lost, winner):
     s = straggler(recover=True)
-    assert s.handle(Tick(2)) == [Run((1, 2), "a", 1, 2)]  # c runs the original, a the copy
-    assert s.handle(WorkerLost(lost)) == []
+    assert s.handle(TickEvent(2)) == [Run((1, 2), "a", 1, 2)]  # c runs the original, a the copy
+    assert s.handle(WorkerLostEvent(lost)) == []
     assert s.pending_count() == 0 and s.running(winner) == {(1, 2)} and s.running_count() == 1
-    assert s.handle(Tick(100)) == []                  # still one extra copy at most: no third one
-    assert s.handle(TaskDone((1, 2), lost, "stale")) == []
-    out = s.handle(TaskDone((1, 2), winner, "won"))
+    assert s.handle(TickEvent(100)) == []                  # still one extra copy at most: no third one
+    assert s.handle(TaskDoneEvent((1, 2), lost, "stale")) == []
+    out = s.handle(TaskDoneEvent((1, 2), winner, "won"))
     assert out == [StageFinished(1, {0: (1, 0), 1: (1, 1), 2: "won"})]     # no Cancel for the lost worker
 
 
 def test_recover_task_losing_both_copies_is_requeued():
     s = straggler(recover=True)
-    s.handle(Tick(2))                                 # copy of (1,2) on a
-    assert s.handle(WorkerLost("c")) == []
-    assert s.handle(WorkerLost("a")) == [Run((1, 2), "b", 1, 2)]
+    s.handle(TickEvent(2))                                 # copy of (1,2) on a
+    assert s.handle(WorkerLostEvent("c")) == []
+    assert s.handle(WorkerLostEvent("a")) == [Run((1, 2), "b", 1, 2)]
     assert s.pending_count() == 0
-    assert s.handle(TaskDone((1, 2), "b", "rerun")) == [StageFinished(1, {0: (1, 0), 1: (1, 1), 2: "rerun"})]
+    assert s.handle(TaskDoneEvent((1, 2), "b", "rerun")) == [StageFinished(1, {0: (1, 0), 1: (1, 1), 2: "rerun"})]
 
 
 # ---- speculation: when a copy starts ----
@@ -202,7 +202,7 @@ def test_recover_task_losing_both_copies_is_requeued():
 def test_no_speculation_by_default():
     s = straggler(speculation=None)
     for now in (2, 10, 1000):
-        assert s.handle(Tick(now)) == []
+        assert s.handle(TickEvent(now)) == []
     assert s.running_count() == 1
 
 
@@ -210,57 +210,57 @@ def test_no_copy_before_the_quantile_of_tasks_is_done():
     # quantile 0.75 of 4 tasks: 3 must be done
     s = sched("a", "b", "c", "d", "e", speculation=Speculation(1.5, 0.75, 0.0))
     submit(s, 1, 4)                                   # a..d; e idle
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     done(s, 1, 0, "a")
     done(s, 1, 1, "b")
     for now in (2, 10, 50):                           # (1,2), (1,3) are far past 1.5 x median
-        assert s.handle(Tick(now)) == []
-    assert done(s, 1, 2, "c") == []                  # the third (time 50); not a Tick: no copy yet
-    assert s.handle(Tick(50)) == [Run((1, 3), "a", 1, 3)]    # median 1: (1,3) has run 50
+        assert s.handle(TickEvent(now)) == []
+    assert done(s, 1, 2, "c") == []                  # the third (time 50); not a TickEvent: no copy yet
+    assert s.handle(TickEvent(50)) == [Run((1, 3), "a", 1, 3)]    # median 1: (1,3) has run 50
 
 
 def test_copy_only_once_elapsed_is_longer_than_multiplier_times_median():
     s = straggler()
-    assert s.handle(Tick(1.5)) == []                  # exactly 1.5 x median: not longer
-    assert s.handle(Tick(1.6)) == [Run((1, 2), "a", 1, 2)]
+    assert s.handle(TickEvent(1.5)) == []                  # exactly 1.5 x median: not longer
+    assert s.handle(TickEvent(1.6)) == [Run((1, 2), "a", 1, 2)]
     assert s.running("a") == {(1, 2)} and s.running("c") == {(1, 2)} and s.running_count() == 2
 
 
 def test_min_runtime_is_a_floor_for_the_threshold():
     s = straggler(speculation=Speculation(1.5, 0.5, 10.0))
     for now in (2, 9.9, 10):
-        assert s.handle(Tick(now)) == []
-    assert s.handle(Tick(10.5)) == [Run((1, 2), "a", 1, 2)]
+        assert s.handle(TickEvent(now)) == []
+    assert s.handle(TickEvent(10.5)) == [Run((1, 2), "a", 1, 2)]
 
 
 def test_threshold_uses_the_median_and_times_from_reassignment():
     s = sched("a", "b", "c", "d", recover=True, speculation=Speculation(1.5, 0.75, 0.0))
     submit(s, 1, 4)                                   # a, b, c, d at t=0
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     done(s, 1, 0, "a")
     done(s, 1, 1, "b")
-    s.handle(Tick(10))
+    s.handle(TickEvent(10))
     done(s, 1, 2, "c")                                # times 1, 1, 10: median 1 (the mean is 4)
-    assert s.handle(WorkerLost("d")) == [Run((1, 3), "a", 1, 3)]      # re-run from t=10
-    assert s.handle(Tick(11)) == []                   # 1 since its reassignment, not 11 since t=0
-    assert s.handle(Tick(11.5)) == []
-    assert s.handle(Tick(12)) == [Run((1, 3), "b", 1, 3)]     # 2 > 1.5 x median (not 1.5 x mean = 6)
+    assert s.handle(WorkerLostEvent("d")) == [Run((1, 3), "a", 1, 3)]      # re-run from t=10
+    assert s.handle(TickEvent(11)) == []                   # 1 since its reassignment, not 11 since t=0
+    assert s.handle(TickEvent(11.5)) == []
+    assert s.handle(TickEvent(12)) == [Run((1, 3), "b", 1, 3)]     # 2 > 1.5 x median (not 1.5 x mean = 6)
 
 
 def test_a_task_gets_at_most_one_extra_copy():
     s = straggler()
-    assert runs(s.handle(Tick(2))) == [((1, 2), "a")]
+    assert runs(s.handle(TickEvent(2))) == [((1, 2), "a")]
     for now in (3, 10, 100):
-        assert s.handle(Tick(now)) == []              # b is free, but (1,2) has its copy
+        assert s.handle(TickEvent(now)) == []              # b is free, but (1,2) has its copy
     assert s.running("b") == frozenset() and s.running_count() == 2
 
 
 def test_copy_goes_to_another_worker_with_a_free_slot_not_its_own():
     s = sched("a", "b", slots=2, speculation=Speculation(1.5, 0.25, 0.0))     # 1 of 3 done is enough
     submit(s, 1, 3)                                   # (1,0)->a, (1,1)->b, (1,2)->a
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     done(s, 1, 0, "a")                                # a: (1,2) and a free slot; b: (1,1) and a free slot
-    out = s.handle(Tick(5))
+    out = s.handle(TickEvent(5))
     # (1,1) on b may only be copied to a; (1,2) on a only to b
     assert sorted(runs(out)) == [((1, 1), "a"), ((1, 2), "b")]
     assert s.running("a") == {(1, 1), (1, 2)} and s.running("b") == {(1, 1), (1, 2)}
@@ -268,41 +268,41 @@ def test_copy_goes_to_another_worker_with_a_free_slot_not_its_own():
 
 def test_the_only_free_slot_on_the_tasks_own_worker_starts_no_copy():
     s = sched("a", "b", speculation=SPEC)
-    s.handle(WorkerJoined("c", 2))
+    s.handle(WorkerJoinedEvent("c", 2))
     submit(s, 1, 3)                                   # (1,0)->a, (1,1)->b, (1,2)->c
     submit(s, 2, 1)                                   # (2,0)->c: c full
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     done(s, 1, 0, "a")
     done(s, 1, 1, "b")
     assert runs(submit(s, 3, 2)) == [((3, 0), "a"), ((3, 1), "b")]    # a, b full
     assert done(s, 2, 0, "c") == []                  # c: the straggler (1,2) and a free slot
     for now in (5, 50):
-        assert s.handle(Tick(now)) == []
+        assert s.handle(TickEvent(now)) == []
     assert done(s, 3, 0, "a") == []
-    assert s.handle(Tick(51)) == [Run((1, 2), "a", 1, 2)]
+    assert s.handle(TickEvent(51)) == [Run((1, 2), "a", 1, 2)]
 
 
 def test_copies_wait_until_every_queued_task_has_a_slot():
     s = straggler()                                   # a, b free; (1,2) is due once t > 1.5
     assert runs(submit(s, 2, 3)) == [((2, 0), "a"), ((2, 1), "b")]
-    assert s.handle(Tick(5)) == [] and s.pending_count() == 1
+    assert s.handle(TickEvent(5)) == [] and s.pending_count() == 1
     assert done(s, 2, 0, "a") == [Run((2, 2), "a", 2, 2)]    # the queued task, not a copy
-    assert s.handle(Tick(6)) == []
-    assert done(s, 2, 1, "b") == []                   # a slot, nothing queued, but not a Tick
-    assert s.handle(Tick(7)) == [Run((1, 2), "b", 1, 2)]
+    assert s.handle(TickEvent(6)) == []
+    assert done(s, 2, 1, "b") == []                   # a slot, nothing queued, but not a TickEvent
+    assert s.handle(TickEvent(7)) == [Run((1, 2), "b", 1, 2)]
 
 
 def test_copies_are_limited_by_free_slots_oldest_stage_first():
     s = sched("a", "b", "c", speculation=SPEC)
     submit(s, 1, 2)                                   # (1,0)->a, (1,1)->b
     submit(s, 2, 2)                                   # (2,0)->c, (2,1) waits
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     assert done(s, 1, 0, "a") == [Run((2, 1), "a", 2, 1)]     # (2,1) starts at 1
     done(s, 2, 0, "c")                                # c free; both stages have a median of 1
-    assert s.handle(Tick(10)) == [Run((1, 1), "c", 1, 1)]     # one slot: stage 1's straggler
-    out = s.handle(TaskDone((1, 1), "b", "orig"))
+    assert s.handle(TickEvent(10)) == [Run((1, 1), "c", 1, 1)]     # one slot: stage 1's straggler
+    out = s.handle(TaskDoneEvent((1, 1), "b", "orig"))
     assert out == [Cancel((1, 1), "c"), StageFinished(1, {0: (1, 0), 1: "orig"})]
-    assert s.handle(Tick(11)) == [Run((2, 1), "b", 2, 1)]     # now stage 2's, on the freed b
+    assert s.handle(TickEvent(11)) == [Run((2, 1), "b", 2, 1)]     # now stage 2's, on the freed b
 
 
 # ---- speculation: first report wins ----
@@ -310,102 +310,102 @@ def test_copies_are_limited_by_free_slots_oldest_stage_first():
 @pytest.mark.parametrize("winner, loser", [("c", "a"), ("a", "c")])
 def test_first_report_wins_and_the_other_copy_gets_cancel(winner, loser):
     s = straggler()
-    s.handle(Tick(2))                                 # original on c, copy on a
-    out = s.handle(TaskDone((1, 2), winner, f"from {winner}"))
+    s.handle(TickEvent(2))                                 # original on c, copy on a
+    out = s.handle(TaskDoneEvent((1, 2), winner, f"from {winner}"))
     assert out == [Cancel((1, 2), loser), StageFinished(1, {0: (1, 0), 1: (1, 1), 2: f"from {winner}"})]
     assert s.running(loser) == {(1, 2)} and s.running(winner) == frozenset()
-    assert s.handle(TaskDone((1, 2), loser, "late")) == []
+    assert s.handle(TaskDoneEvent((1, 2), loser, "late")) == []
     assert s.running_count() == 0
 
 
 def test_cancelled_copy_keeps_its_slot_until_its_worker_reports():
     s = straggler()
-    s.handle(Tick(2))
-    s.handle(TaskDone((1, 2), "a", "copy won"))       # Cancel((1,2), "c")
+    s.handle(TickEvent(2))
+    s.handle(TaskDoneEvent((1, 2), "a", "copy won"))       # Cancel((1,2), "c")
     assert runs(submit(s, 2, 3)) == [((2, 0), "a"), ((2, 1), "b")]    # not c: its slot is taken
     assert s.pending_count() == 1 and s.running("c") == {(1, 2)} and s.running_count() == 3
-    assert s.handle(Tick(100)) == []
-    assert s.handle(TaskSkipped((1, 2), "c")) == [Run((2, 2), "c", 2, 2)]
+    assert s.handle(TickEvent(100)) == []
+    assert s.handle(TaskSkippedEvent((1, 2), "c")) == [Run((2, 2), "c", 2, 2)]
     assert s.running("c") == {(2, 2)}
 
 
 @pytest.mark.parametrize("end", ["report", "lost"])
 def test_a_cancelled_copy_keeps_its_key_until_its_worker_lets_go(end):
     s = straggler()
-    s.handle(Tick(2))
-    s.handle(TaskDone((1, 2), "a", "copy won"))       # stage 1 finished; its copy on c runs on
+    s.handle(TickEvent(2))
+    s.handle(TaskDoneEvent((1, 2), "a", "copy won"))       # stage 1 finished; its copy on c runs on
     assert s.stage_state(1) == "finished"
-    reuse = StageSubmitted(2, (TaskSpec((1, 2), 2, 0),))
+    reuse = StageSubmittedEvent(2, (TaskSpec((1, 2), 2, 0),))
     with pytest.raises(ValueError):                   # a report from c could be taken for it
         s.handle(reuse)
     if end == "report":
-        assert s.handle(TaskDone((1, 2), "c", "late")) == []
+        assert s.handle(TaskDoneEvent((1, 2), "c", "late")) == []
     else:
-        assert s.handle(WorkerLost("c")) == []
+        assert s.handle(WorkerLostEvent("c")) == []
     assert runs(s.handle(reuse)) == [((1, 2), "a")]
-    assert s.handle(TaskDone((1, 2), "a", "new")) == [StageFinished(2, {0: "new"})]
+    assert s.handle(TaskDoneEvent((1, 2), "a", "new")) == [StageFinished(2, {0: "new"})]
 
 
 def test_losing_copys_failure_or_result_is_ignored():
     s = two_stragglers()                              # (1,2): c + copy a; (1,3): d + copy b
-    assert s.handle(TaskDone((1, 2), "c", "orig2")) == [Cancel((1, 2), "a")]
-    assert s.handle(TaskFailed((1, 2), "a", RuntimeError("loser"))) == []   # no StageAborted
+    assert s.handle(TaskDoneEvent((1, 2), "c", "orig2")) == [Cancel((1, 2), "a")]
+    assert s.handle(TaskFailedEvent((1, 2), "a", RuntimeError("loser"))) == []   # no StageAborted
     assert s.stage_state(1) == "running" and s.running("a") == frozenset()
-    out = s.handle(TaskDone((1, 3), "b", "copy3"))
+    out = s.handle(TaskDoneEvent((1, 3), "b", "copy3"))
     assert out == [Cancel((1, 3), "d"), StageFinished(1, {0: "r0", 1: "r1", 2: "orig2", 3: "copy3"})]
-    assert s.handle(TaskDone((1, 3), "d", "late and different")) == []
+    assert s.handle(TaskDoneEvent((1, 3), "d", "late and different")) == []
     assert s.running_count() == 0 and s.stage_state(1) == "finished"
 
 
 def test_first_report_being_a_failure_aborts_and_cancels_the_other_copy():
     s = straggler()
-    s.handle(Tick(2))
+    s.handle(TickEvent(2))
     err = ValueError("copy failed")
-    assert s.handle(TaskFailed((1, 2), "a", err)) == [Cancel((1, 2), "c"), StageAborted(1, err)]
-    assert s.handle(TaskDone((1, 2), "c", "too late")) == []
+    assert s.handle(TaskFailedEvent((1, 2), "a", err)) == [Cancel((1, 2), "c"), StageAborted(1, err)]
+    assert s.handle(TaskDoneEvent((1, 2), "c", "too late")) == []
     assert s.stage_state(1) == "aborted" and s.running_count() == 0
 
 
-# ---- TaskSkipped ----
+# ---- TaskSkippedEvent ----
 
 def test_skip_after_cancel_only_frees_the_slot():
     s = two_stragglers()
     submit(s, 2, 1)                                   # waits: every slot is taken
-    assert s.handle(TaskDone((1, 2), "a", "copy2")) == [Cancel((1, 2), "c"), Run((2, 0), "a", 2, 0)]
-    assert s.handle(TaskSkipped((1, 2), "c")) == []
+    assert s.handle(TaskDoneEvent((1, 2), "a", "copy2")) == [Cancel((1, 2), "c"), Run((2, 0), "a", 2, 0)]
+    assert s.handle(TaskSkippedEvent((1, 2), "c")) == []
     assert s.pending_count() == 0 and s.running("c") == frozenset()
-    assert s.handle(TaskSkipped((1, 2), "c")) == []   # twice
+    assert s.handle(TaskSkippedEvent((1, 2), "c")) == []   # twice
     assert done(s, 1, 3, "d", "r3") == [Cancel((1, 3), "b"),
                                         StageFinished(1, {0: "r0", 1: "r1", 2: "copy2", 3: "r3"})]
-    assert s.handle(TaskSkipped((1, 3), "b")) == []
+    assert s.handle(TaskSkippedEvent((1, 3), "b")) == []
     assert done(s, 2, 0, "a") == [StageFinished(2, {0: (2, 0)})]
     assert s.running_count() == 0
 
 
 def test_skip_of_one_of_two_copies_keeps_the_other_and_starts_no_third():
     s = straggler(recover=True)
-    s.handle(Tick(2))                                 # original on c, copy on a
-    assert s.handle(TaskSkipped((1, 2), "a")) == []   # no Cancel was sent; c still runs it
+    s.handle(TickEvent(2))                                 # original on c, copy on a
+    assert s.handle(TaskSkippedEvent((1, 2), "a")) == []   # no Cancel was sent; c still runs it
     assert s.pending_count() == 0 and s.running("a") == frozenset() and s.running("c") == {(1, 2)}
-    assert s.handle(Tick(100)) == []                  # its one extra copy is spent
-    assert s.handle(TaskDone((1, 2), "c", "orig")) == [StageFinished(1, {0: (1, 0), 1: (1, 1), 2: "orig"})]
+    assert s.handle(TickEvent(100)) == []                  # its one extra copy is spent
+    assert s.handle(TaskDoneEvent((1, 2), "c", "orig")) == [StageFinished(1, {0: (1, 0), 1: (1, 1), 2: "orig"})]
 
 
 def test_skip_of_the_only_copy_requeues_it_at_the_front_with_recover():
     s = sched("a", slots=1, recover=True)
     submit(s, 1, 3)
     # the skipped task runs again before (1,1), (1,2)
-    assert s.handle(TaskSkipped((1, 0), "a")) == [Run((1, 0), "a", 1, 0)]
+    assert s.handle(TaskSkippedEvent((1, 0), "a")) == [Run((1, 0), "a", 1, 0)]
     assert s.pending_count() == 2 and s.stage_state(1) == "running"
     assert done(s, 1, 0, "a", "r0") == [Run((1, 1), "a", 1, 1)]
 
 
 def test_skip_of_the_only_copy_without_recover_aborts_the_stage_as_lost():
-    # Not in the module docstring (TaskSkipped is documented as an answer to a
+    # Not in the module docstring (TaskSkippedEvent is documented as an answer to a
     # Cancel); the code sends it to the lost-task hook, which aborts.
     s = sched("a", slots=1)
     submit(s, 1, 2)
-    out = s.handle(TaskSkipped((1, 0), "a"))
+    out = s.handle(TaskSkippedEvent((1, 0), "a"))
     assert len(out) == 1 and type(out[0]) is StageAborted and out[0].stage_id == 1
     assert isinstance(out[0].error, errors.WorkerLost)
     assert s.stage_state(1) == "aborted" and s.running_count() == 0 and s.pending_count() == 0
@@ -414,37 +414,37 @@ def test_skip_of_the_only_copy_without_recover_aborts_the_stage_as_lost():
 def test_skip_for_unknown_unassigned_or_elsewhere_running_keys_is_ignored():
     s = sched("a", "b", slots=1, recover=True)
     submit(s, 1, 3)                                   # (1,0)->a, (1,1)->b, (1,2) pending
-    for ev in (TaskSkipped("nope", "a"), TaskSkipped((1, 2), "a"), TaskSkipped((1, 1), "a"),
-               TaskSkipped((1, 0), "ghost")):
+    for ev in (TaskSkippedEvent("nope", "a"), TaskSkippedEvent((1, 2), "a"), TaskSkippedEvent((1, 1), "a"),
+               TaskSkippedEvent((1, 0), "ghost")):
         assert s.handle(ev) == []
     assert s.running("a") == {(1, 0)} and s.running("b") == {(1, 1)} and s.pending_count() == 1
 
 
-# ---- Tick ----
+# ---- TickEvent ----
 
 def test_tick_going_backwards_keeps_the_clock():
     s = sched("a", "b", "c", speculation=SPEC)
     submit(s, 1, 3)
-    s.handle(Tick(10))
-    assert s.handle(Tick(3)) == []
+    s.handle(TickEvent(10))
+    assert s.handle(TickEvent(3)) == []
     done(s, 1, 0, "a")                                # time 10, not 3
     done(s, 1, 1, "b")                                # median 10: threshold 15
-    assert s.handle(Tick(2)) == []
-    assert s.handle(Tick(15)) == []                   # (1,2) has run 15: not longer than 15
-    assert s.handle(Tick(14)) == []
-    assert s.handle(Tick(15.5)) == [Run((1, 2), "a", 1, 2)]
+    assert s.handle(TickEvent(2)) == []
+    assert s.handle(TickEvent(15)) == []                   # (1,2) has run 15: not longer than 15
+    assert s.handle(TickEvent(14)) == []
+    assert s.handle(TickEvent(15.5)) == [Run((1, 2), "a", 1, 2)]
 
 
 def test_tick_going_backwards_stamps_assignments_with_the_kept_clock():
     s = sched("a", "b", speculation=SPEC)
     submit(s, 1, 3)                                   # (1,0)->a, (1,1)->b at 0; (1,2) waits
-    s.handle(Tick(10))
-    assert s.handle(Tick(0.5)) == []                  # backwards: the clock stays 10
+    s.handle(TickEvent(10))
+    assert s.handle(TickEvent(0.5)) == []                  # backwards: the clock stays 10
     assert done(s, 1, 0, "a") == [Run((1, 2), "a", 1, 2)]     # time 10; (1,2) starts at 10, not 0.5
     assert done(s, 1, 1, "b") == []                   # time 10: median 10, threshold 15
-    assert s.handle(Tick(16)) == []                   # 6 since 10 (15.5 since 0.5 would be due)
-    assert s.handle(Tick(25)) == []                   # 15: not longer than 15
-    assert s.handle(Tick(25.5)) == [Run((1, 2), "b", 1, 2)]
+    assert s.handle(TickEvent(16)) == []                   # 6 since 10 (15.5 since 0.5 would be due)
+    assert s.handle(TickEvent(25)) == []                   # 15: not longer than 15
+    assert s.handle(TickEvent(25.5)) == [Run((1, 2), "b", 1, 2)]
 
 
 # ---- Speculation settings ----
@@ -468,24 +468,24 @@ def test_speculation_boundary_settings_are_accepted():
         Scheduler(speculation=(1.5, 0.75, 0.1))
     # quantile 1.0 needs every task done, and then none runs: no copy ever starts
     s = straggler(speculation=Speculation(1.0, 1.0, 0.0))
-    assert s.handle(Tick(100)) == []                  # 2 of 3 done
+    assert s.handle(TickEvent(100)) == []                  # 2 of 3 done
     s = sched("a", "b", speculation=Speculation(1.0, 1.0, 0.0))
     submit(s, 1, 1)
-    assert s.handle(Tick(100)) == []                  # nothing done, nothing to compare with
+    assert s.handle(TickEvent(100)) == []                  # nothing done, nothing to compare with
 
 
-# ---- StageCancelled and copies ----
+# ---- StageCancelledEvent and copies ----
 
 def test_cancelling_a_stage_with_copies_running_sends_no_cancel_and_keeps_their_slots():
     s = straggler()
-    s.handle(Tick(2))                                 # (1,2): c and a copy on a
+    s.handle(TickEvent(2))                                 # (1,2): c and a copy on a
     assert runs(submit(s, 2, 2)) == [((2, 0), "b")]   # (2,1) waits
-    assert s.handle(StageCancelled(1)) == []          # nothing for the stage, no Cancel either
+    assert s.handle(StageCancelledEvent(1)) == []          # nothing for the stage, no Cancel either
     assert s.stage_state(1) == "aborted"
     assert s.running("a") == {(1, 2)} and s.running("c") == {(1, 2)} and s.pending_count() == 1
-    assert s.handle(TaskDone((1, 2), "c", "late")) == [Run((2, 1), "c", 2, 1)]    # slot only
-    assert s.handle(TaskFailed((1, 2), "a", "late")) == []                          # no abort
-    assert s.handle(Tick(1000)) == []                 # a is free; stage 2 has no finished task
+    assert s.handle(TaskDoneEvent((1, 2), "c", "late")) == [Run((2, 1), "c", 2, 1)]    # slot only
+    assert s.handle(TaskFailedEvent((1, 2), "a", "late")) == []                          # no abort
+    assert s.handle(TickEvent(1000)) == []                 # a is free; stage 2 has no finished task
     done(s, 2, 0, "b")
     assert done(s, 2, 1, "c") == [StageFinished(2, {0: (2, 0), 1: (2, 1)})]
     assert s.running_count() == 0
@@ -493,12 +493,12 @@ def test_cancelling_a_stage_with_copies_running_sends_no_cancel_and_keeps_their_
 
 def test_cancelling_a_stage_after_a_copy_was_cancelled():
     s = two_stragglers()
-    assert s.handle(TaskDone((1, 2), "a", "copy2")) == [Cancel((1, 2), "c")]
-    assert s.handle(StageCancelled(1)) == []          # (1,3) on d and b: no Cancel
-    assert s.handle(Tick(100)) == []                  # a is free; no copies of a cancelled stage
+    assert s.handle(TaskDoneEvent((1, 2), "a", "copy2")) == [Cancel((1, 2), "c")]
+    assert s.handle(StageCancelledEvent(1)) == []          # (1,3) on d and b: no Cancel
+    assert s.handle(TickEvent(100)) == []                  # a is free; no copies of a cancelled stage
     assert s.running_count() == 3                     # c's cancelled copy, (1,3) twice
-    assert s.handle(TaskSkipped((1, 2), "c")) == []
-    assert s.handle(TaskDone((1, 3), "b", "x")) == [] and s.handle(TaskDone((1, 3), "d", "y")) == []
+    assert s.handle(TaskSkippedEvent((1, 2), "c")) == []
+    assert s.handle(TaskDoneEvent((1, 3), "b", "x")) == [] and s.handle(TaskDoneEvent((1, 3), "d", "y")) == []
     assert s.running_count() == 0 and s.stage_state(1) == "aborted"
 
 
@@ -506,14 +506,14 @@ def test_cancelling_a_stage_after_a_copy_was_cancelled():
 
 def test_a_due_straggler_gets_a_copy_even_if_an_older_one_cannot():
     s = Scheduler(speculation=Speculation(1.5, 0.25, 0.0))
-    s.handle(WorkerJoined("a", 2))
-    s.handle(WorkerJoined("b", 1))
+    s.handle(WorkerJoinedEvent("a", 2))
+    s.handle(WorkerJoinedEvent("b", 1))
     submit(s, 1, 4)                                   # (1,0)->a, (1,1)->b, (1,2)->a; (1,3) waits
-    s.handle(Tick(1))
+    s.handle(TickEvent(1))
     assert done(s, 1, 1, "b") == [Run((1, 3), "b", 1, 3)]     # (1,3) on b from t=1
     done(s, 1, 0, "a")                                # a: (1,2) from t=0 and a free slot; b full
     # (1,3) has run 9 > 1.5 x median 1 and a is another live worker with a free slot
-    assert s.handle(Tick(10)) == [Run((1, 3), "a", 1, 3)]
+    assert s.handle(TickEvent(10)) == [Run((1, 3), "a", 1, 3)]
 
 
 # ---- randomized: recovery and speculation together ----
@@ -585,7 +585,7 @@ class Sim:
         for ins in out:
             assert not isinstance(ins, (Run, Cancel)) or ins.worker in self.slots, "instruction to a lost worker"
             if isinstance(ins, Run):
-                self.check_run(ins, isinstance(ev, Tick))
+                self.check_run(ins, isinstance(ev, TickEvent))
             elif isinstance(ins, StageFinished):
                 sid = ins.stage_id
                 assert self.live_stage(sid) and self.complete(sid)
@@ -595,7 +595,7 @@ class Sim:
                 self.stats["finished"] += 1
         first_live = next((sid for sid in self.order if self.live_stage(sid)), None)
         assert first_live is None or not self.complete(first_live), "a StageFinished is missing"
-        self.invariants(isinstance(ev, Tick))
+        self.invariants(isinstance(ev, TickEvent))
         return out
 
     def check_run(self, ins, on_tick):
@@ -653,7 +653,7 @@ class Sim:
         w = f"w{self.nworkers}"
         self.nworkers += 1
         self.slots[w], self.joined[w], self.held[w] = self.rng.randint(1, 3), len(self.joined), set()
-        self.send(WorkerJoined(w, self.slots[w]))
+        self.send(WorkerJoinedEvent(w, self.slots[w]))
 
     def report(self, w, key):
         """w reports its copy of key (active, or cancelled / of an ended stage)."""
@@ -661,7 +661,7 @@ class Sim:
         self.held[w].discard(key)
         a = self.attempt.get(key)
         if a is None or w not in a["copies"]:          # a loser or a copy of an ended stage
-            ev = rng.choice([TaskDone(key, w, ("loser", w)), TaskFailed(key, w, "loser"), TaskSkipped(key, w)])
+            ev = rng.choice([TaskDoneEvent(key, w, ("loser", w)), TaskFailedEvent(key, w, "loser"), TaskSkippedEvent(key, w)])
             self.send(ev)
             return
         r = rng.random()
@@ -671,7 +671,7 @@ class Sim:
             if not a["copies"]:
                 del self.attempt[key]
                 self.requeue([key])
-            self.send(TaskSkipped(key, w))
+            self.send(TaskSkippedEvent(key, w))
             return
         others = [(key, v) for v in a["copies"] if v != w]
         self.stats["cancels"] += len(others)
@@ -680,13 +680,13 @@ class Sim:
         if r < 0.09:
             err = RuntimeError(f"{key} on {w}")
             self.end_stage(sid, "aborted")
-            self.send(TaskFailed(key, w, err), cancels=others, abort=StageAborted(sid, err))
+            self.send(TaskFailedEvent(key, w, err), cancels=others, abort=StageAborted(sid, err))
         else:
             st = self.stages[sid]
             st["results"][p] = ("r", key, w)
             st["times"].append(self.clock - a["start"])
-            self.send(TaskDone(key, w, ("r", key, w)), cancels=others)
-            self.stale.append(TaskDone(key, w, "duplicate"))
+            self.send(TaskDoneEvent(key, w, ("r", key, w)), cancels=others)
+            self.stale.append(TaskDoneEvent(key, w, "duplicate"))
 
     def step(self):
         rng = self.rng
@@ -707,17 +707,17 @@ class Sim:
                     if not a["copies"]:
                         del self.attempt[k]
                         lost.append(k)
-                self.stale += [TaskDone(k, w, "stale"), TaskFailed(k, w, "stale"), TaskSkipped(k, w)]
+                self.stale += [TaskDoneEvent(k, w, "stale"), TaskFailedEvent(k, w, "stale"), TaskSkippedEvent(k, w)]
             self.requeue(lost)
             self.stats["losses"] += 1
-            self.send(WorkerLost(w, "simulated"))
+            self.send(WorkerLostEvent(w, "simulated"))
         elif r < 0.22:
             sid = len(self.order)
             parts = rng.sample(range(12), rng.randint(0, 6))
             self.stages[sid] = dict(parts=set(parts), results={}, times=[], started=False, end=None)
             self.queues[sid] = deque(sorted(parts))
             self.order.append(sid)
-            self.send(StageSubmitted(sid, tuple(TaskSpec((sid, p), sid, p) for p in parts)))
+            self.send(StageSubmittedEvent(sid, tuple(TaskSpec((sid, p), sid, p) for p in parts)))
         elif r < 0.45:
             if rng.random() < 0.15:
                 now = self.clock - rng.uniform(0, 5)   # backwards: ignored, the clock stays
@@ -725,12 +725,12 @@ class Sim:
             else:
                 now = self.clock + rng.choice([0, 0.5, 1, 2, 5])
                 self.clock = now
-            self.send(Tick(now))
+            self.send(TickEvent(now))
         elif r < 0.47 and self.order:
             sid = rng.choice(self.order)
             if self.live_stage(sid):
                 self.end_stage(sid, "cancelled")
-            self.send(StageCancelled(sid))
+            self.send(StageCancelledEvent(sid))
         elif r < 0.52 and self.stale:
             ev = self.stale.pop(rng.randrange(len(self.stale)))
             assert self.send(ev) == []
@@ -746,14 +746,14 @@ class Sim:
             self.held[w].discard(key)
             a = self.attempt.get(key)
             if a is None or w not in a["copies"]:
-                self.send(TaskSkipped(key, w))
+                self.send(TaskSkippedEvent(key, w))
             else:
                 others = [(key, v) for v in a["copies"] if v != w]
                 del self.attempt[key]
                 st = self.stages[key[0]]
                 st["results"][key[1]] = ("r", key, w)
                 st["times"].append(self.clock - a["start"])
-                self.send(TaskDone(key, w, ("r", key, w)), cancels=others)
+                self.send(TaskDoneEvent(key, w, ("r", key, w)), cancels=others)
 
 
 def run_sim(seed, liveness=False, steps=300):

@@ -25,7 +25,7 @@ def test_the_issue_case_reads_right_on_a_worker():
 
 def test_arrays_of_every_rank_get_region_shape_buffers_after_outside_churn():
     out = scenario("""
-        from clamor._pyshare import fields
+        from clamor.memory._pyshare import fields
         from clamor._native import lib
         res = []
         for nd in range(1, 8):
@@ -47,7 +47,7 @@ def test_a_shape_buffer_outside_the_region_is_refused_with_its_path():
     the block: the cache is global, so heap()'s flush cannot help, and
     share() must catch the buffer."""
     out = scenario("""
-        from clamor._pyshare import fields
+        from clamor.memory._pyshare import fields
         from clamor._native import lib
         def churn():   # (no list: CPython's list free list is global too)
             junk = np.empty(30, dtype=object)
@@ -140,7 +140,7 @@ def test_tables_that_ordinary_objects_grew_inside_the_block_move_back_out():
     of them, not the driver's later changes."""
     out = scenario("""
         import types, sys
-        from clamor._pyshare import fields
+        from clamor.memory._pyshare import fields
         from clamor._native import lib
         mod = types.ModuleType("late_cache"); sys.modules["late_cache"] = mod
         mod.cache, mod.log = {}, []

@@ -85,7 +85,7 @@ def test_references_keep_the_exact_dtype_and_refuse_what_is_not_data():
 
 def test_taskserver_checks_workers_and_stops_a_task_past_its_timeout():
     out = scenario("""
-        from clamor.tasks import TaskServer
+        from clamor.runtime.tasks import TaskServer
         res = {}
         ts = TaskServer()
         res["map, no workers"] = attempt(ts.map, abs, [1, 2])

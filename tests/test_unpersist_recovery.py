@@ -7,9 +7,9 @@ import pytest
 from scenario import scenario
 
 from clamor import errors
-from clamor.collection import Range
+from clamor.runtime.collection import Range
 from clamor.errors import VersionExpired
-from clamor.lineage import Lineage
+from clamor.runtime.lineage import Lineage
 
 SETUP = """
 g = clamor.zeros(1 << 14, "i8")

@@ -4,17 +4,17 @@ DESIGN.  The embedded default forks N local workers from the driver.  Fork,
 not spawn: Python objects the driver builds in the region point at type
 objects and other interpreter state outside it, and those addresses are
 only the same in a process of the same image.  Each worker gets its pager
-and page server back after fork (clamor/region.py) and runs
+and page server back after fork (clamor/memory/region.py) and runs
 clamor.executor.Runtime.
 
-The driver thread that calls an action runs the stages (clamor/stages.py)
+The driver thread that calls an action runs the stages (clamor/runtime/stages.py)
 over one ROUTER socket.  A worker that dies is noticed within half a second
 through psutil (local processes) or after ``heartbeat_timeout`` without a
 heartbeat; it is killed and reaped, its work is recomputed from lineage on
-the others (clamor/lineage.py) and a replacement is forked in its place.
+the others (clamor/runtime/lineage.py) and a replacement is forked in its place.
 
 Workers live as long as the driver process, whichever thread forked them
-(clamor/_liveness.py), and no longer than their Cluster: close(), the end of
+(clamor/runtime/_liveness.py), and no longer than their Cluster: close(), the end of
 a ``with``, the Cluster being garbage-collected, or the driver's exit stop
 them.  The finalizer holds what stopping takes (socket, context, process
 ids), never the Cluster itself.
@@ -35,13 +35,15 @@ import weakref
 import numpy as np
 import zmq
 
-from . import _liveness, errors, region
+from . import _liveness
+from .. import errors
+from ..memory import region
 from .collection import NpyFiles, Parallel, Range, TextFiles
 from .executor import worker_main
-from .heap import install as install_heap_hooks
-from .heap import outside, prepare_fork
+from ..memory.heap import install as install_heap_hooks
+from ..memory.heap import outside, prepare_fork
 from .lineage import Lineage
-from .share import note_fork
+from ..memory.share import note_fork
 from .scheduler import Scheduler, Speculation
 from .stages import Stages
 
@@ -59,6 +61,15 @@ def any_open():
     if any(not c._closed for c in list(_live)):
         gc.collect()
     return any(not c._closed for c in list(_live))
+
+
+def _refuse_close():
+    if any_open():
+        return "a Cluster of this process is still open: close it before the region"
+    return None
+
+
+region.add_close_guard(_refuse_close)
 
 
 def _only_open_cluster():

@@ -15,9 +15,10 @@ import types
 import cloudpickle
 import numpy as np
 
-from . import errors, region
+from .. import errors
+from ..memory import region
 from .collection import DataCollection
-from .refs import ArrayRef
+from ..memory.refs import ArrayRef
 
 
 def _from_ref(ref):
@@ -74,7 +75,7 @@ class _Pickler(cloudpickle.CloudPickler):
         if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
             sig = (type(obj), _length(obj))
             if _shared.get(id(obj)) != sig:
-                from .share import share
+                from ..memory.share import share
                 share(obj)
                 _shared[id(obj)] = sig
             return ("clamor-object", id(obj) - _base)

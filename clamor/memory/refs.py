@@ -7,7 +7,8 @@ which is the default everywhere.
 """
 import numpy as np
 
-from . import errors, region
+from .. import errors
+from . import region
 from .alloc import view
 
 

@@ -12,9 +12,9 @@ import gc
 import os
 import threading
 
-from . import errors
-from ._native import check, ffi, lib
-from .heap import outside
+from .. import errors
+from .._native import check, ffi, lib
+from .hooks import outside
 
 DRIVER, WORKER = lib.CLAMOR_ROLE_DRIVER, lib.CLAMOR_ROLE_WORKER
 _lock = threading.RLock()
@@ -91,6 +91,17 @@ def ensure():
             init()
 
 
+_close_guards = []
+
+
+def add_close_guard(guard):
+    """Register ``guard()``: called before the region closes, it returns a
+    reason to refuse (a string) or None.  The runtime registers one that
+    refuses while a Cluster is open; the region knows nothing of it."""
+    if guard not in _close_guards:
+        _close_guards.append(guard)
+
+
 def close(force=False):
     """Stop the pager and the page server and unmap the region.
 
@@ -111,10 +122,10 @@ def close(force=False):
         if inside:
             raise errors.RegionInUse(f"{inside} thread(s) are inside clamor.heap(): leave the block(s) first",
                                      errno.EBUSY)
-        from . import cluster  # here: cluster imports this module
-
-        if cluster.any_open():
-            raise errors.RegionInUse("a Cluster of this process is still open: close it before the region")
+        for guard in list(_close_guards):
+            why = guard()
+            if why:
+                raise errors.RegionInUse(why)
         # Region arrays nobody references any more free their blocks, and
         # CPython's free lists let go of region objects they keep for reuse.
         gc.collect()

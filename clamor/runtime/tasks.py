@@ -12,7 +12,7 @@ functions sent to it with cloudpickle.  Messages (multipart):
     worker -> driver   HB token              driver -> worker  PING (ignored)
 
 Local workers die with the driver process and ignore Ctrl-C, as a
-Cluster's do (clamor/_liveness.py).  Each side checks the other by PID only
+Cluster's do (clamor/runtime/_liveness.py).  Each side checks the other by PID only
 when they share a PID namespace (``pid_namespace`` in WELCOME and in the
 ATTACHED info).  Otherwise the worker sends ATTACHED, and all that
 follows, on a new connection with ZMTP heartbeats, and HB (every second,
@@ -30,7 +30,9 @@ import time
 import cloudpickle
 import zmq
 
-from . import _liveness, errors, region
+from . import _liveness
+from .. import errors
+from ..memory import region
 
 
 class TaskServer:

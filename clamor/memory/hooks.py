@@ -1,38 +1,17 @@
-"""``with clamor.heap():`` -- every allocation of this thread lands in the region.
+"""The state of clamor's allocator hooks: installed once, suspended and
+resumed per thread, and the caches that must be emptied at a block's edges.
 
-Inside the block, on the driver, the current thread's allocations go to the
-region allocator:
-
-- Python objects: all three PyMem domains are wrapped (once, on first use);
-- numpy array data: clamor's NEP 49 handler is set for the block, bypassing
-  numpy's small-buffer cache (which would hand back memory freed earlier,
-  outside the region);
-- numpy's shape-and-strides buffers: numpy's own cache of them is flushed
-  at each edge of the block, so that an array made inside gets a buffer in
-  the region and one made outside never gets a region buffer;
-- dicts and lists made outside the block that grew inside it (a module's
-  globals assigned in the block, a library's cache) get their tables back
-  outside the region when the block ends: they are the interpreter's;
-- C and C++ heap calls of extension modules (malloc, calloc, realloc, free,
-  posix_memalign, aligned_alloc, ...; C++ ``new`` is malloc): the GOT of
-  every loaded library is patched at run time, and libraries loaded later
-  are patched as they load.  No LD_PRELOAD and no relaunch: a plain
-  ``python script.py`` works.
-
-Outside the block the original allocators serve as before; a region block
-freed later, inside the block or not, goes back to the region allocator.
-Other threads are not affected.  Memory that a library cached or allocated
-before the block can still be reachable from objects built in it: check
-with ``clamor.share(obj)`` before shipping.
+``heap.py`` builds ``with clamor.heap():`` on top of this; ``region.py``
+uses ``outside`` to keep its own work out of a block.  Nothing here maps
+the region.
 """
 import contextlib
-import errno
 import functools
 import gc
 import threading
 
-from . import errors
-from ._native import check, lib
+from .. import errors
+from .._native import lib
 
 _installed = False
 _lock = threading.Lock()
@@ -49,52 +28,6 @@ def install():
             lib.clamor_py_heap_install()
             _installed = True
         lib.clamor_interpose_refresh()
-
-
-@contextlib.contextmanager
-def heap():
-    """Allocate everything this thread allocates inside the block in the
-    region: Python objects, numpy data, and the C heap of extension modules.
-
-    Driver only (maps the default region if there is none).  Blocks nest.
-    ``clamor.heap.suspended()`` leaves the block for a while, and
-    ``clamor.heap.active()`` says whether this thread is in one.  Raises
-    NotDriver in a worker, RegionInUse if the default region cannot be
-    mapped, ClamorError if numpy's allocator cannot be set.
-    """
-    from . import region  # here: region imports this module
-
-    region.ensure()
-    install()
-    if lib.clamor_region_role() != lib.CLAMOR_ROLE_DRIVER:
-        raise errors.NotDriver("clamor.heap() needs the driver's region")
-    # numpy's handler first, outside the block: setting it makes a new
-    # context (contextvars), and interpreter state such as that must not
-    # live in the region, where a forked worker would read the driver's
-    # later version of it.
-    if lib.clamor_py_numpy_enter() != 0:
-        raise errors.ClamorError("could not set clamor's numpy allocator")
-    # A full collection empties CPython's free lists (floats, tuples, lists,
-    # dicts, ...), which would otherwise hand the block objects allocated
-    # earlier outside the region, and, after it, hand region objects to code
-    # outside it.
-    gc.collect()
-    rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
-    if rc:
-        lib.clamor_py_numpy_exit()
-        check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
-    # numpy's cache of shape buffers, like the free lists, would hand the
-    # block buffers freed outside it (and, after it, hand region buffers out)
-    _flush_dims(True)
-    try:
-        yield
-    finally:
-        lib.clamor_heap_exit()
-        lib.clamor_py_numpy_exit()
-        gc.collect()
-        _flush_dims(active())   # an inner block's end is still inside the outer one
-        if not active():
-            _rehome()
 
 
 def _rehome():
@@ -157,11 +90,6 @@ def active():
     return bool(lib.clamor_heap_active())
 
 
-def threads_inside():
-    """Number of threads inside a ``heap()`` block right now."""
-    return int(lib.clamor_heap_threads())
-
-
 @contextlib.contextmanager
 def suspended():
     """Leave this thread's ``heap()`` block for the duration (nothing to do
@@ -203,10 +131,3 @@ def outside(fn):
         with suspended():
             return fn(*args, **kwargs)
     return run
-
-
-# ``clamor.heap`` is this module's function, which hides the module in the
-# package namespace: its helpers are reached through it.
-heap.suspended = suspended
-heap.outside = outside
-heap.active = active

@@ -2,7 +2,7 @@
 
 DESIGN.  The driver thread that calls an action does everything here: it
 plans stages (one per shuffle not yet computed, then the result stage),
-feeds events to the pure scheduler (clamor/scheduler.py) and carries out its
+feeds events to the pure scheduler (clamor/runtime/scheduler.py) and carries out its
 instructions over the cluster's ROUTER socket.  Results become visible only
 when a stage finishes (the BSP barrier).
 
@@ -11,7 +11,7 @@ one *version* (the stage number whose page versions its tasks read).  A new
 stage begins a new version (the driver's writes since the last one are
 versioned and the changed pages listed for the workers to drop).  A lineage
 re-run is a job at an old version: the version at which the lost output was
-first made (clamor/lineage.py), so it reads exactly the bytes the original
+first made (clamor/runtime/lineage.py), so it reads exactly the bytes the original
 task read, even if the driver has updated the globals since.
 
 A job runs as one or more *attempts*, each a scheduler stage over the
@@ -29,7 +29,7 @@ them re-queued by the scheduler (``recover``); a task lost with its worker
 attempts, fails with WorkerLost.
 
 A collection unpersisted after stages read its cached partitions leaves a
-snapshot record (clamor/lineage.py): a re-run of such a stage restores the
+snapshot record (clamor/runtime/lineage.py): a re-run of such a stage restores the
 partitions it read with a nested job at their version, and its tasks read
 the restored copies (``restore`` in the stage's block locations: the
 collection is treated as cached again for them).  The copies are dropped
@@ -54,12 +54,14 @@ import numpy as np
 import psutil
 import zmq
 
-from . import errors, region, serialize
+from .. import errors
+from ..memory import region
+from . import serialize
 from .collection import Parallel, Shuffled
-from .heap import outside, release_dropped
+from ..memory.heap import outside, release_dropped
 from .progress import StageProgress
-from .scheduler import (Cancel, Run, StageAborted, StageCancelled, StageFinished, StageSubmitted, TaskDone,
-                        TaskFailed, TaskSkipped, Tick, TaskSpec, WorkerJoined, WorkerLost)
+from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
+                        TaskFailedEvent, TaskSkippedEvent, TickEvent, TaskSpec, WorkerJoinedEvent, WorkerLostEvent)
 
 log = logging.getLogger("clamor")
 
@@ -317,9 +319,9 @@ class Stages:
         self._current = (asid, payload, extras)
         self._trouble = None
         # The scheduler's clock first: a task's run time counts from the last
-        # Tick, and before a cluster's first one the clock read 0.
-        pending = collections.deque(self._sched.handle(Tick(time.monotonic())))
-        pending.extend(self._sched.handle(StageSubmitted(asid, tasks)))
+        # TickEvent, and before a cluster's first one the clock read 0.
+        pending = collections.deque(self._sched.handle(TickEvent(time.monotonic())))
+        pending.extend(self._sched.handle(StageSubmittedEvent(asid, tasks)))
         next_check = time.monotonic() + 0.5
         alone_since = None
         try:
@@ -331,7 +333,7 @@ class Stages:
                     ins = pending.popleft()
                     if isinstance(ins, Run):
                         # A Run decided before its worker was lost in the same batch of
-                        # events is stale: WorkerLost already took the task back.
+                        # events is stale: WorkerLostEvent already took the task back.
                         if ins.worker in self._workers:
                             self._send_task(ins)
                     elif isinstance(ins, Cancel):
@@ -346,7 +348,7 @@ class Stages:
                     return        # the rest are duplicates of other attempts' tasks
                 job.bar.update(0)
                 if self._sock.poll(100):
-                    pending.extend(self._sched.handle(Tick(time.monotonic())))
+                    pending.extend(self._sched.handle(TickEvent(time.monotonic())))
                     for _ in range(10000):
                         try:
                             frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
@@ -354,7 +356,7 @@ class Stages:
                             break
                         pending.extend(self._on_message(frames))
                 elif self.speculation is not None:
-                    pending.extend(self._sched.handle(Tick(time.monotonic())))
+                    pending.extend(self._sched.handle(TickEvent(time.monotonic())))
                 if time.monotonic() >= next_check:
                     pending.extend(self._check_liveness())
                     next_check = time.monotonic() + 0.5
@@ -372,11 +374,11 @@ class Stages:
             raise
         finally:
             self._current = self._trouble = None
-            self._sched.handle(StageCancelled(asid))
+            self._sched.handle(StageCancelledEvent(asid))
             # Runs not sent yet: their slots would never be reported free.
             for ins in pending:
                 if isinstance(ins, Run):
-                    self._sched.handle(TaskSkipped(ins.key, ins.worker))
+                    self._sched.handle(TaskSkippedEvent(ins.key, ins.worker))
 
 
     def _cancel_attempt(self, asid):
@@ -455,23 +457,23 @@ class Stages:
                         job.bar.update()
                 else:
                     self._totals["duplicate_results"] += 1
-            return self._sched.handle(TaskDone(key, ident, None))
+            return self._sched.handle(TaskDoneEvent(key, ident, None))
         if kind == b"SKIP":
-            return self._sched.handle(TaskSkipped(key, ident))
+            return self._sched.handle(TaskSkippedEvent(key, ident))
         if kind == b"FAIL":
             msg, tb, missing = pickle.loads(frames[3])
             if missing is None:
-                return self._sched.handle(TaskFailed(key, ident, errors.TaskError(msg, tb)))
+                return self._sched.handle(TaskFailedEvent(key, ident, errors.TaskError(msg, tb)))
             # A block this task needed could not be fetched.
             if not self.recover:
-                return self._sched.handle(TaskFailed(key, ident, errors.WorkerLost(msg)))
+                return self._sched.handle(TaskFailedEvent(key, ident, errors.WorkerLost(msg)))
             by_ep = {info["blocks"]: wid for wid, info in self._workers.items()}
             for ep, block in missing:
                 if ep in by_ep:
                     self._lineage.lose_block(by_ep[ep], block)
             if self._current is not None and key[0] == self._current[0]:
                 self._trouble = self._trouble or _InputsLost(msg)
-            return self._sched.handle(TaskSkipped(key, ident))
+            return self._sched.handle(TaskSkippedEvent(key, ident))
         return []   # (not reached: DONE, SKIP and FAIL are handled above)
 
     def _account(self, w, asid, frame):
@@ -510,7 +512,7 @@ class Stages:
                 self._sock.send_multipart([other, b"LIVE", pickle.dumps([info["blocks"]])])
         replacement = int(wid[1:]) >= self.nworkers
         log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
-        return self._sched.handle(WorkerJoined(wid, self.slots))
+        return self._sched.handle(WorkerJoinedEvent(wid, self.slots))
 
     # -- losing workers -----------------------------------------------------------------
     def _check_liveness(self):
@@ -573,7 +575,7 @@ class Stages:
         for other in self._workers:   # fetches from it fail at once rather than time out
             self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]]),
                                        pickle.dumps([info["pages"]] if info.get("pages") else [])])
-        out = self._sched.handle(WorkerLost(wid, reason))
+        out = self._sched.handle(WorkerLostEvent(wid, reason))
         if self.replace_workers and not self._closed:
             self._spawn_worker()
         if self.recover and self._current is not None:

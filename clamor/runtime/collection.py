@@ -28,8 +28,8 @@ import zlib
 
 import numpy as np
 
-from . import errors
-from .heap import active as heap_active, outside, suspended
+from .. import errors
+from ..memory.heap import active as heap_active, outside, suspended
 
 _ids = itertools.count(1)
 _MASK = 0x7FFFFFFFFFFFFFFF

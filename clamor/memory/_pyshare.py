@@ -9,7 +9,7 @@ region.  Both read this process's address map once per share() call.
 import bisect
 
 from . import region
-from ._native import ffi, lib
+from .._native import ffi, lib
 
 FIELD_NAMES = {
     lib.CLAMOR_FIELD_DATA: "data buffer", lib.CLAMOR_FIELD_DIMS: "shape buffer",

@@ -33,9 +33,9 @@ snapshot records keep are bounded (``prune``); past the bound the oldest
 expire, and a re-run that needs one raises VersionExpired rather than
 reading the globals at the wrong stage.
 
-Nothing here does I/O; the cluster (clamor/cluster.py) asks and acts.
+Nothing here does I/O; the cluster (clamor/runtime/cluster.py) asks and acts.
 """
-from . import errors
+from .. import errors
 from .collection import Shuffled
 
 

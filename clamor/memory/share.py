@@ -40,19 +40,15 @@ import warnings
 
 import numpy as np
 
-from . import _pyshare, errors, region
-from ._native import lib
-from .heap import HANDLER
+from . import _pyshare, region
+from .. import errors
+from .._native import lib
+from .hooks import HANDLER
 
 _inherited = None  # ids of objects alive at the last fork
 
 
-class NotShareable(errors.ClamorError, ValueError):
-    """Something reachable from a shared object is outside the region."""
-
-
-class ShareWarning(UserWarning):
-    """share() could not check everything reachable from an object."""
+from ..errors import NotShareable, ShareWarning  # noqa: E402,F401  (share()'s own)
 
 
 def note_fork():
@@ -159,7 +155,7 @@ def _own_keys(o, path):
     is from the fork, would not find it.  A dict made and converted inside
     a heap block (one non-string key does it) keeps its own keys, in the
     region, where workers read them."""
-    from ._native import lib
+    from .._native import lib
 
     def convert(fresh):
         lib.clamor_heap_enter()
@@ -287,7 +283,7 @@ def share(obj, limit=20_000_000):
     end."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
-    from .heap import install
+    from .hooks import install
     install()
     walk = _Walk()
     root = _Path()

@@ -11,8 +11,9 @@ import os
 
 import numpy as np
 
-from . import errors, region
-from ._native import check, error, ffi, lib
+from .. import errors
+from . import region
+from .._native import check, error, ffi, lib
 
 _MAX = (1 << 63) - 1
 _ALLOC_CLASSES = {errno.EINVAL: errors.InvalidSize, errno.ENOMEM: errors.RegionExhausted}
@@ -251,8 +252,8 @@ def c_api():
 
 def get_include():
     """The directory that holds ``clamor.h``."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for d in (os.path.join(here, "include"), os.path.join(os.path.dirname(here), "csrc")):
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # clamor/
+    for d in (os.path.join(pkg, "include"), os.path.join(os.path.dirname(pkg), "csrc")):
         if os.path.exists(os.path.join(d, "clamor.h")):
             return d
     raise errors.BuildError("clamor.h is not installed with this copy of clamor")

@@ -9,7 +9,7 @@ buckets and cached partitions) to peers, and a DEALER that sends the driver
 a heartbeat every second.  The C pager and page server (csrc/) run beside
 them without the GIL, and a lifeline thread kills the worker as soon as
 the driver process is gone, even in the middle of a task
-(clamor/_liveness.py).
+(clamor/runtime/_liveness.py).
 
 Control messages, multipart:
 
@@ -29,7 +29,7 @@ Control messages, multipart:
 Every report carries the worker's counters as they stand (``counters()``:
 cumulative since it started, never per task), and the driver attributes
 what moved since the worker's previous report to the stage the report is
-about (clamor/stages.py ``_account``).  So nothing a worker fetched goes
+about (clamor/runtime/stages.py ``_account``).  So nothing a worker fetched goes
 uncounted: not read-ahead that lands after its task, nor pickling a result,
 nor the work of a losing copy, a skipped or a failed task.
 
@@ -63,7 +63,8 @@ import cloudpickle
 import numpy as np
 import zmq
 
-from . import region, serialize
+from ..memory import region
+from . import serialize
 from .collection import partition_result
 
 log = logging.getLogger("clamor.worker")

@@ -30,10 +30,10 @@ Policy
   least loaded live worker with a free slot (same tie-break).  A worker never
   holds more than ``slots`` tasks; tasks wait while every slot is taken.
 - A stage with no tasks finishes at once, in its turn.
-- ``TaskFailed`` aborts the stage (one ``StageAborted`` with the task's
+- ``TaskFailedEvent`` aborts the stage (one ``StageAborted`` with the task's
   error) and drops its unassigned tasks.  Its tasks still running keep their
   slots until they report; those reports only free slots.
-- ``WorkerLost`` removes the worker.  With ``recover=False`` the stages of
+- ``WorkerLostEvent`` removes the worker.  With ``recover=False`` the stages of
   the tasks it held are aborted with ``clamor.errors.WorkerLost``, and once
   some worker has joined, having no live worker aborts every stage with
   unassigned tasks, including stages submitted later, with
@@ -42,30 +42,30 @@ Policy
   held goes back to the front of its stage's queue, unless another copy of
   it still runs elsewhere, and stages wait for a worker however long none is
   live: the cluster decides when to give up.
-- ``StageCancelled`` is an abort that emits nothing for the stage.
+- ``StageCancelledEvent`` is an abort that emits nothing for the stage.
 - Speculation (``speculation=Speculation(...)``, off by default): on each
-  ``Tick``, once ``quantile`` of a running stage's tasks are done, a task
+  ``TickEvent``, once ``quantile`` of a running stage's tasks are done, a task
   whose single copy has run longer than ``multiplier`` times the median time
   of the stage's finished tasks (and at least ``min_runtime``) gets a second
   copy on another live worker with a free slot, after every unassigned task
   has found one.  Times are measured from assignment to the first report,
-  with the clock that ``Tick`` carries.  The first report of either copy
+  with the clock that ``TickEvent`` carries.  The first report of either copy
   wins; the others get ``Cancel``, and keep their slot until their worker
-  reports them (``TaskDone``, ``TaskFailed`` or ``TaskSkipped``), whose
+  reports them (``TaskDoneEvent``, ``TaskFailedEvent`` or ``TaskSkippedEvent``), whose
   content is then ignored.  A copy is never started on a worker that has
   one, and a task gets at most one extra copy.  A straggler for which no
   other worker has a free slot does not hold back the later ones.  A
-  ``TaskSkipped`` for a task's only copy (no ``Cancel`` asked for it) counts
+  ``TaskSkippedEvent`` for a task's only copy (no ``Cancel`` asked for it) counts
   as a lost task: re-queued with ``recover=True``, its stage aborted with
-  ``WorkerLost`` without.  A ``Tick`` whose clock goes backwards still runs
+  ``WorkerLostEvent`` without.  A ``TickEvent`` whose clock goes backwards still runs
   speculation, at the clock kept.
 
 Bad input.  Ignored, because it happens in a healthy cluster: duplicate
-``WorkerJoined`` (the first ``slots`` stays), ``WorkerLost`` for an unknown
-or already-lost worker, ``TaskDone``/``TaskFailed``/``TaskSkipped`` for an
+``WorkerJoinedEvent`` (the first ``slots`` stays), ``WorkerLostEvent`` for an unknown
+or already-lost worker, ``TaskDoneEvent``/``TaskFailedEvent``/``TaskSkippedEvent`` for an
 unknown key, a key already reported, a key not assigned, or from a worker
-not running it (late reports from a lost worker), a ``Tick`` whose clock
-goes backwards (the clock stays), ``StageCancelled`` for an
+not running it (late reports from a lost worker), a ``TickEvent`` whose clock
+goes backwards (the clock stays), ``StageCancelledEvent`` for an
 unknown, finished, aborted or cancelled stage.  Raised, because the caller is
 wrong, before any state changes: ``ValueError`` for the id of a stage
 still known or in the history, a key not yet released (see Memory), a ``TaskSpec``
@@ -89,10 +89,11 @@ from math import ceil
 from operator import attrgetter
 from statistics import median
 
-from . import errors
+from .. import errors
 
-__all__ = ["Scheduler", "Speculation", "TaskSpec", "WorkerJoined", "WorkerLost", "StageSubmitted", "TaskDone",
-           "TaskFailed", "TaskSkipped", "StageCancelled", "Tick", "Run", "Cancel", "StageFinished", "StageAborted"]
+__all__ = ["Scheduler", "Speculation", "TaskSpec", "Event", "Instruction", "WorkerJoinedEvent", "WorkerLostEvent",
+           "StageSubmittedEvent", "TaskDoneEvent", "TaskFailedEvent", "TaskSkippedEvent", "StageCancelledEvent",
+           "TickEvent", "Run", "Cancel", "StageFinished", "StageAborted"]
 
 
 @dataclass(frozen=True)
@@ -109,22 +110,32 @@ class TaskSpec:
 
 # ---- events (stimuli in) ----
 
+class Event:
+    """A stimulus for ``Scheduler.handle``: something that happened."""
+    __slots__ = ()
+
+
+class Instruction:
+    """What ``Scheduler.handle`` returns: something for the driver to do."""
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
-class WorkerJoined:
+class WorkerJoinedEvent(Event):
     """A worker is ready; it may hold ``slots`` tasks at once (running and queued)."""
     worker: object
     slots: int = 2
 
 
 @dataclass(frozen=True)
-class WorkerLost:
+class WorkerLostEvent(Event):
     """A worker died or stopped answering."""
     worker: object
     reason: str = ""
 
 
 @dataclass(frozen=True)
-class StageSubmitted:
+class StageSubmittedEvent(Event):
     """A stage of tasks (any iterable of ``TaskSpec``, stored as a tuple; may be empty)."""
     stage_id: int
     tasks: tuple = ()
@@ -135,7 +146,7 @@ class StageSubmitted:
 
 
 @dataclass(frozen=True)
-class TaskDone:
+class TaskDoneEvent(Event):
     """``worker`` ran task ``key``; ``result`` is passed through to ``StageFinished``."""
     key: object
     worker: object
@@ -143,7 +154,7 @@ class TaskDone:
 
 
 @dataclass(frozen=True)
-class TaskFailed:
+class TaskFailedEvent(Event):
     """Task ``key`` raised on ``worker``; ``error`` is passed through to ``StageAborted``."""
     key: object
     worker: object
@@ -151,21 +162,21 @@ class TaskFailed:
 
 
 @dataclass(frozen=True)
-class TaskSkipped:
+class TaskSkippedEvent(Event):
     """``worker`` dropped its copy of task ``key`` unrun, after a ``Cancel``."""
     key: object
     worker: object
 
 
 @dataclass(frozen=True)
-class Tick:
+class TickEvent(Event):
     """The time is ``now`` (seconds, any monotonic clock): stamps the
     assignments and reports that follow, and may start speculative copies."""
     now: float
 
 
 @dataclass(frozen=True)
-class StageCancelled:
+class StageCancelledEvent(Event):
     """The driver gave up on a stage; nothing more is reported for it."""
     stage_id: int
 
@@ -173,7 +184,7 @@ class StageCancelled:
 # ---- instructions (out) ----
 
 @dataclass(frozen=True)
-class Run:
+class Run(Instruction):
     """Send task ``key`` to ``worker`` (live, with a free slot)."""
     key: object
     worker: object
@@ -182,9 +193,9 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Cancel:
+class Cancel(Instruction):
     """Another copy of task ``key`` reported first: ``worker`` may drop its
-    copy (if it has not started it, answering ``TaskSkipped``)."""
+    copy (if it has not started it, answering ``TaskSkippedEvent``)."""
     key: object
     worker: object
 
@@ -212,14 +223,14 @@ class Speculation:
 
 
 @dataclass(frozen=True)
-class StageFinished:
+class StageFinished(Instruction):
     """Every task of the stage is done; ``results`` maps each partition to its result."""
     stage_id: int
     results: dict
 
 
 @dataclass(frozen=True)
-class StageAborted:
+class StageAborted(Instruction):
     """The stage failed: ``error`` is the task's error or a ``clamor.errors.WorkerLost``."""
     stage_id: int
     error: object
@@ -281,7 +292,7 @@ class Scheduler:
         self.recover = bool(recover)
         self.speculation = speculation
         self._history_len = history
-        self._now = 0.0               # the clock of the last Tick
+        self._now = 0.0               # the clock of the last TickEvent
         self._workers = {}            # live worker id -> _Worker
         self._joins = 0               # joins so far: the next worker's tie-break order
         self._free = 0                # free slots over all live workers
@@ -313,7 +324,7 @@ class Scheduler:
             self._abort_unassigned(out)
         self._flush_finished(out)
         self._assign(out)
-        if type(event) is Tick and self.speculation is not None and self._free:
+        if type(event) is TickEvent and self.speculation is not None and self._free:
             self._speculate(out)
         return out
 
@@ -408,9 +419,9 @@ class Scheduler:
         if st is not None and st.state != _FINISHED and st.state != _ABORTED:
             self._abort(st, None, out, report=False)
 
-    _HANDLERS = {WorkerJoined: _worker_joined, WorkerLost: _worker_lost, StageSubmitted: _stage_submitted,
-                 TaskDone: _task_done, TaskFailed: _task_failed, TaskSkipped: _task_skipped,
-                 StageCancelled: _stage_cancelled, Tick: _tick}
+    _HANDLERS = {WorkerJoinedEvent: _worker_joined, WorkerLostEvent: _worker_lost, StageSubmittedEvent: _stage_submitted,
+                 TaskDoneEvent: _task_done, TaskFailedEvent: _task_failed, TaskSkippedEvent: _task_skipped,
+                 StageCancelledEvent: _stage_cancelled, TickEvent: _tick}
 
     # ---- policy hook ----
 

@@ -159,7 +159,7 @@ def fork(body, *args):
     returns its pid.  The child dies with this process (see DESIGN), ignores
     Ctrl-C (the driver's to handle) and closes the driver's listening
     sockets."""
-    from .heap import prepare_fork   # here: heap imports the compiled core
+    from ..memory.heap import prepare_fork   # here: heap imports the compiled core
 
     # First: what is made from here on is read by the child, and must not be
     # taken from a free list that holds region objects dropped since a block

@@ -227,7 +227,7 @@ def parse_center(text):
 def demo(args):
     """``clamor demo geo``: returns the process exit status."""
     import clamor
-    from .progress import StageProgress
+    from ..runtime.progress import StageProgress
 
     try:
         center = parse_center(args.region)
