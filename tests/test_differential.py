@@ -61,7 +61,9 @@ def summary(out):
         lines.append(f"  {m['id']} ({m['via']}, worker {m['pid']}):")
         lines += [f"      driver: {a!r}\n      worker: {b!r}" for a, b in m["first"]]
     lines += [f"  the stage of {kind} {ids} failed: {err}: {msg.splitlines()[0]}"
-              for kind, ids, err, msg in out["failed_stages"]]
+              for kind, ids, err, msg in out["failed_stages"][:12]]
+    if len(out["failed_stages"]) > 12:
+        lines.append(f"  ... and {len(out['failed_stages']) - 12} more failed stages")
     lines += [f"  worker: {ln}" for ln in out["fatal"]]
     lines += [f"  error {cid}: {what}: {msg}" for cid, what, msg in out["errors"][:12]]
     for kind, reasons in sorted(out["refusals"].items()):
