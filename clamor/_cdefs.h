@@ -1,6 +1,8 @@
 /* Declarations cffi compiles against csrc/clamor.h (declarations only; cffi
  * cannot read the real header's preprocessor lines).  tests/test_region.py
- * checks that every function here is declared in csrc/clamor.h. */
+ * checks that every function here is declared in csrc/clamor.h, and
+ * tests/test_stats_fields.py that struct clamor_stats is the CLAMOR_STATS
+ * list of csrc/clamor.h, expanded. */
 #define CLAMOR_DEFAULT_PAGE_SIZE ...
 #define CLAMOR_MIN_PAGE_SIZE ...
 #define CLAMOR_MAX_PAGE_SIZE ...
@@ -58,6 +60,7 @@ int clamor_replication(void);
 int clamor_replication_forget(const char *endpoint);
 void clamor_replication_reset(void);
 
+/* CLAMOR_STATS of csrc/clamor.h, expanded: same fields, same order. */
 struct clamor_stats {
     uint64_t faults;
     uint64_t pages_fetched;

@@ -195,36 +195,49 @@ void clamor_replication_reset(void);
 
 /* ---- statistics -------------------------------------------------------- */
 
+/* The fields of struct clamor_stats, in order, written out once.  COUNTER(name)
+ * is a uint64_t counter the core bumps as it works (clamor_stats_reset()
+ * zeroes it); VALUE(type, name) is worked out when the snapshot is taken.
+ * Expand it with two macros of your own to walk the fields.  cffi has no
+ * preprocessor, so clamor/_cdefs.h repeats the struct expanded;
+ * tests/test_stats_fields.py checks that the two agree. */
+#define CLAMOR_STATS(COUNTER, VALUE)                                                                            \
+    COUNTER(faults)            /* SIGSEGV faults taken inside the region */                                     \
+    COUNTER(pages_fetched)     /* pages installed from the network */                                           \
+    COUNTER(bytes_fetched)                                                                                      \
+    COUNTER(readahead_pages)   /* of pages_fetched, those fetched ahead */                                      \
+    COUNTER(fetch_requests)    /* requests sent by the pager */                                                 \
+    COUNTER(fetch_errors)                                                                                       \
+    COUNTER(pages_served)      /* by this process's page server */                                              \
+    COUNTER(bytes_served)                                                                                       \
+    COUNTER(requests_served)                                                                                    \
+    COUNTER(bad_requests)      /* malformed messages answered with an error */                                  \
+    COUNTER(evictions)         /* pages closed to bound the mapping count */                                    \
+    COUNTER(pages_dropped)     /* pages dropped on request */                                                   \
+    COUNTER(pages_invalidated) /* worker: copies dropped because the driver changed them */                     \
+    COUNTER(pages_logged)      /* driver: pages copied on their first write in a stage */                       \
+    COUNTER(pages_unchanged)   /* driver: of those, identical at the next stage */                              \
+    VALUE(uint64_t, versions)  /* driver: page versions held */                                                 \
+    VALUE(uint64_t, version_bytes)                                                                              \
+    COUNTER(pages_from_peers)  /* worker: pages fetched from a peer (redirect or hint) */                       \
+    COUNTER(bytes_from_peers)                                                                                   \
+    COUNTER(redirects)         /* driver: requests sent to a peer; worker: redirects followed */                \
+    COUNTER(peer_fallbacks)    /* worker: redirects and hinted requests that ended at the driver after all */   \
+    COUNTER(peer_direct)       /* worker: requests sent straight to a peer on a hint */                         \
+    COUNTER(hint_bytes)        /* driver: bytes of holder hints sent with replies */                            \
+    COUNTER(peer_timeouts)     /* worker: peers silent for a second on a request (then the driver was asked) */ \
+    VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
+    VALUE(double, latency_p50_us)                                                                               \
+    VALUE(double, latency_p99_us)                                                                               \
+    VALUE(double, latency_max_us)
+
+#define CLAMOR_STATS_COUNTER_FIELD_(name) uint64_t name;
+#define CLAMOR_STATS_VALUE_FIELD_(type, name) type name;
 struct clamor_stats {
-    uint64_t faults;          /* SIGSEGV faults taken inside the region */
-    uint64_t pages_fetched;   /* pages installed from the network */
-    uint64_t bytes_fetched;
-    uint64_t readahead_pages; /* of pages_fetched, those fetched ahead */
-    uint64_t fetch_requests;  /* requests sent by the pager */
-    uint64_t fetch_errors;
-    uint64_t pages_served;    /* by this process's page server */
-    uint64_t bytes_served;
-    uint64_t requests_served;
-    uint64_t bad_requests;    /* malformed messages answered with an error */
-    uint64_t evictions;       /* pages dropped to bound the mapping count */
-    uint64_t pages_dropped;   /* pages dropped on request */
-    uint64_t pages_invalidated; /* worker: copies dropped because the driver changed them */
-    uint64_t pages_logged;    /* driver: pages copied on their first write in a stage */
-    uint64_t pages_unchanged; /* driver: of those, identical at the next stage */
-    uint64_t versions;        /* driver: page versions held */
-    uint64_t version_bytes;
-    uint64_t pages_from_peers; /* worker: pages fetched from a peer (redirect or hint) */
-    uint64_t bytes_from_peers;
-    uint64_t redirects;       /* driver: requests sent to a peer; worker: redirects followed */
-    uint64_t peer_fallbacks;  /* worker: redirects and hinted requests that ended at the driver after all */
-    uint64_t peer_direct;     /* worker: requests sent straight to a peer on a hint */
-    uint64_t hint_bytes;      /* driver: bytes of holder hints sent with replies */
-    uint64_t peer_timeouts;   /* worker: peers silent for a second on a request (then the driver was asked) */
-    uint64_t latency_count;   /* fetch latencies recorded */
-    double latency_p50_us;
-    double latency_p99_us;
-    double latency_max_us;
+    CLAMOR_STATS(CLAMOR_STATS_COUNTER_FIELD_, CLAMOR_STATS_VALUE_FIELD_)
 };
+#undef CLAMOR_STATS_COUNTER_FIELD_
+#undef CLAMOR_STATS_VALUE_FIELD_
 /* Thread-safe; a snapshot, not atomic as a whole. */
 void clamor_stats_get(struct clamor_stats *out);
 void clamor_stats_reset(void);

@@ -193,13 +193,14 @@ void cl_heap_reset_after_fork(void);
 
 /* ---- statistics (stats.c) ------------------------------------------------ */
 
+/* The counters of struct clamor_stats (CLAMOR_STATS in clamor.h), as relaxed
+ * atomics; the VALUE fields are worked out by clamor_stats_get(). */
+#define CL_STATS_ATOMIC_(name) _Atomic uint64_t name;
+#define CL_STATS_NONE(type, name)
 struct cl_counters {
-    _Atomic uint64_t faults, pages_fetched, bytes_fetched, readahead_pages,
-        fetch_requests, fetch_errors, pages_served, bytes_served,
-        requests_served, bad_requests, evictions, pages_dropped, pages_logged, pages_unchanged,
-        pages_invalidated, pages_from_peers, bytes_from_peers, redirects, peer_fallbacks, peer_direct, hint_bytes,
-        peer_timeouts;
+    CLAMOR_STATS(CL_STATS_ATOMIC_, CL_STATS_NONE)
 };
+#undef CL_STATS_ATOMIC_
 extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)
 void cl_stats_latency(uint64_t ns);

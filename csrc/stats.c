@@ -62,14 +62,9 @@ static double percentile(const uint64_t *h, uint64_t total, double q) {
 
 void clamor_stats_get(struct clamor_stats *o) {
     memset(o, 0, sizeof *o);
-#define LD(f) o->f = atomic_load_explicit(&cl_stats.f, memory_order_relaxed)
-    LD(faults); LD(pages_fetched); LD(bytes_fetched); LD(readahead_pages);
-    LD(fetch_requests); LD(fetch_errors); LD(pages_served); LD(bytes_served);
-    LD(requests_served); LD(bad_requests); LD(evictions); LD(pages_dropped);
-    LD(pages_invalidated); LD(pages_logged); LD(pages_unchanged);
-    LD(pages_from_peers); LD(bytes_from_peers); LD(redirects); LD(peer_fallbacks);
-    LD(peer_direct); LD(hint_bytes); LD(peer_timeouts);
-#undef LD
+#define LOAD(name) o->name = atomic_load_explicit(&cl_stats.name, memory_order_relaxed);
+    CLAMOR_STATS(LOAD, CL_STATS_NONE)
+#undef LOAD
     cl_version_stats(&o->versions, &o->version_bytes);
     uint64_t h[NBUCKETS]; /* 8 KiB snapshot on the stack */
     uint64_t total = 0;
@@ -84,14 +79,9 @@ void clamor_stats_get(struct clamor_stats *o) {
 }
 
 void clamor_stats_reset(void) {
-#define Z(f) atomic_store(&cl_stats.f, 0)
-    Z(faults); Z(pages_fetched); Z(bytes_fetched); Z(readahead_pages);
-    Z(fetch_requests); Z(fetch_errors); Z(pages_served); Z(bytes_served);
-    Z(requests_served); Z(bad_requests); Z(evictions); Z(pages_dropped);
-    Z(pages_invalidated); Z(pages_logged); Z(pages_unchanged);
-    Z(pages_from_peers); Z(bytes_from_peers); Z(redirects); Z(peer_fallbacks);
-    Z(peer_direct); Z(hint_bytes); Z(peer_timeouts);
-#undef Z
+#define ZERO(name) atomic_store(&cl_stats.name, 0);
+    CLAMOR_STATS(ZERO, CL_STATS_NONE)
+#undef ZERO
     for (unsigned b = 0; b < NBUCKETS; b++) atomic_store(&hist[b], 0);
     atomic_store(&hist_max_ns, 0);
 }
