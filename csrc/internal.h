@@ -23,12 +23,13 @@
 int cl_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cl_err_clear(void);
 
-/* ---- page states (region.c) ---------------------------------------------- *
+/* ---- page states (pagetable.c) ------------------------------------------- *
  *
  * One 32-bit word per page of a worker's region.  The low byte is the state,
  * bit 8 says a thread is (or was) waiting on it, bits 16.. hold an errno for
  * CL_PG_ERROR.  Words are read and written with atomics and waited on with
- * futex(2), which the fault handler may use: it is a plain system call.
+ * futex(2) (futex.c), which the fault handler may use: it is a plain system
+ * call.
  *
  *   ABSENT  -> WANTED   a fault, a prefetch or read-ahead asked for it
  *   WANTED  -> PRESENT  the pager copied it in and opened the public view
@@ -36,7 +37,8 @@ void cl_err_clear(void);
  *                       that the first touch tells the pager to read further
  *   HELD    -> WANTED   that first touch (the pager then opens it)
  *   WANTED  -> ERROR    the fetch failed; every waiter reports the errno
- *   PRESENT -> ABSENT   dropped (invalidated, or evicted to bound mappings)
+ *   PRESENT -> ABSENT   dropped (invalidated, or on request)
+ *   PRESENT -> HELD     evicted to bound mappings: closed, bytes kept
  */
 enum {
     CL_PG_ABSENT = 0,
@@ -76,23 +78,22 @@ static inline char *cl_page_addr(uint64_t idx) {
     return (char *)(cl_region.base + ((uintptr_t)idx << cl_region.page_shift));
 }
 
-/* futex helpers (region.c): wait while *w == val (timeout_ms < 0: forever),
- * wake every waiter.  Async-signal-safe. */
+/* Wait while *w == val (timeout_ms < 0: forever), wake every waiter
+ * (futex.c).  Async-signal-safe. */
 int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
 void cl_futex_wake(_Atomic uint32_t *w);
 
-/* Pager side of the page table (region.c).  Only the pager thread calls
- * these, so mapping accounting needs no lock. */
-int cl_region_install(uint64_t first, uint64_t count); /* open public view */
-int cl_region_drop(uint64_t first, uint64_t count);   /* close and punch */
-/* Change in the number of mappings if [first, first+count) flipped to
- * accessible (open=1) or inaccessible (open=0); all pages assumed the other
- * way now. */
-int cl_region_map_delta(uint64_t first, uint64_t count, int open);
-uint32_t cl_region_mappings(void);
-uint32_t cl_region_mapping_budget(void);
-/* Pick the oldest installed run that can be dropped to free mappings. */
-int cl_region_evict_one(void);
+/* The page table (pagetable.c).  cl_pt_init() maps the state words of a
+ * fresh worker region (every page ABSENT) and cl_pt_free() unmaps them;
+ * cl_pt_after_fork() re-initialises its lock in a forked child.  Install
+ * opens the public view of pages the pager filled (evicting if the mapping
+ * budget says so) and wakes their waiters; drop closes them and punches
+ * their memory out.  Both take the page table's lock. */
+int cl_pt_init(void);
+void cl_pt_free(void);
+void cl_pt_after_fork(void);
+int cl_pt_install(uint64_t first, uint64_t count);
+int cl_pt_drop(uint64_t first, uint64_t count);
 
 /* ---- allocator hooks (alloc.c) ------------------------------------------- */
 
@@ -139,9 +140,10 @@ void cl_version_reset(void);
 extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
 extern _Atomic uint64_t cl_worker_view;
 /* Worker: odd while held pages are being dropped (their memory punched),
- * bumped at the start and at the end of each drop; a page server copying a
- * page checks it was even and did not move during the copy. */
-extern _Atomic uint64_t cl_region_drops;
+ * bumped at the start and at the end of each drop (pagetable.c); a page
+ * server copying a page checks it was even and did not move during the
+ * copy. */
+extern _Atomic uint64_t cl_pt_drops;
 /* Page word bit: invalidated while its fetch was in flight; the reply is
  * stale and must not be installed. */
 #define CL_PG_STALE 0x200u

@@ -8,7 +8,7 @@
  * indices into GET requests, keeps up to MAX_INFLIGHT of them in flight
  * (libzmq adds ~150 us per round trip here, so pipelining matters more than
  * a fast handler), writes each reply into the memfd with pwrite(2) (the
- * public view is still closed), opens the public view (region.c) and wakes
+ * public view is still closed), opens the public view (pagetable.c) and wakes
  * the sleepers.  It never takes the GIL.
  *
  * Read-ahead: two demand faults on consecutive pages start a stream.  The
@@ -247,7 +247,7 @@ static void on_demand(uint64_t idx) {
 
 static void on_marker(uint64_t idx) {
     /* Data is in the fill view already; open it, then read further. */
-    cl_region_install(idx, 1);
+    cl_pt_install(idx, 1);
     uint64_t b = half_window();
     P.recent[P.nrecent++ % 4] = idx;
     if (!b) return;
@@ -265,18 +265,18 @@ static void install_run(struct req *q) {
         uint64_t m = (uint64_t)q->marker;
         uint32_t exp = CL_PG_WANTED;
         if (atomic_compare_exchange_strong(&cl_region.pages[m], &exp, CL_PG_HELD)) {
-            if (m > first) cl_region_install(first, (uint32_t)(m - first));
-            if (m + 1 < end) cl_region_install(m + 1, (uint32_t)(end - m - 1));
+            if (m > first) cl_pt_install(first, (uint32_t)(m - first));
+            if (m + 1 < end) cl_pt_install(m + 1, (uint32_t)(end - m - 1));
             return;
         }
         /* someone already waits on the marker: open it and read further */
-        cl_region_install(first, q->count);
+        cl_pt_install(first, q->count);
         uint64_t b = half_window();
         if (P.ra_next < end) P.ra_next = end;
         read_ahead(P.ra_next + b, P.ra_next);
         return;
     }
-    cl_region_install(first, q->count);
+    cl_pt_install(first, q->count);
 }
 
 static void finish(struct req *q) {

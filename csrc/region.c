@@ -1,21 +1,13 @@
-/* region.c -- the fixed-address global region and its page table.
+/* region.c -- the fixed-address global region: map, close, fork.
  *
  * DESIGN.  The region is a memfd mapped MAP_SHARED at a fixed address with
  * MAP_FIXED_NOREPLACE, so a taken range is an error rather than a silent
  * overwrite and ASLR stays on.  The driver maps it read-write and owns the
  * authoritative bytes.  A worker maps its own memfd twice: the public view at
  * the common base starts PROT_NONE, and a second "fill" view elsewhere is
- * always read-write.  The pager copies a page into the fill view and only
- * then opens the public view (mprotect), so no thread ever sees a half-filled
- * page.  Dropping a page closes the public view and punches the memfd hole,
- * which gives the memory back.
- *
- * Every mprotect of a page in the middle of a closed run splits a mapping,
- * and vm.max_map_count (65530 by default) is process-wide.  The pager keeps
- * an exact count of the mappings the public view is split into and, before
- * an install would exceed the budget, closes the oldest isolated run
- * (eviction): its bytes stay in the memfd, with the worker's own writes to
- * them, and its next touch opens it again without a fetch.
+ * always read-write.  The pager writes a fetched page into the memfd while
+ * its public view is still closed, and the page table (pagetable.c) then
+ * opens it; the fill view is how a worker's page server reads its pages.
  *
  * A child forked from a process with a region (a local worker) replaces the
  * public view with a fresh private memfd, every page absent, from a
@@ -24,14 +16,12 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -42,29 +32,7 @@
 
 struct cl_region cl_region = {.memfd = -1};
 
-static pthread_mutex_t pt_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t mappings = 1;     /* public-view mappings, under pt_lock */
-static uint32_t max_mappings_set; /* 0: default */
-static uint64_t *evict_ring;      /* run starts, oldest first */
-static uint32_t evict_cap, evict_head, evict_len;
 static bool atfork_registered;
-
-/* ---- futex --------------------------------------------------------------- */
-
-int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms) {
-    struct timespec ts, *tp = NULL;
-    if (timeout_ms >= 0) {
-        ts.tv_sec = timeout_ms / 1000;
-        ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
-        tp = &ts;
-    }
-    long r = syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, val, tp, NULL, 0);
-    return r == 0 ? 0 : errno;
-}
-
-void cl_futex_wake(_Atomic uint32_t *w) {
-    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
-}
 
 /* ---- geometry ------------------------------------------------------------ */
 
@@ -182,20 +150,14 @@ static void atfork_child(void) {
 
 /* Worker-only parts: fill view and page table. */
 static int map_worker_side(int fd) {
-    size_t tbl = (size_t)cl_region.npages * sizeof(uint32_t);
     void *fill = mmap(NULL, cl_region.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (fill == MAP_FAILED) return cl_err(errno, "mmap of the fill view: %s", strerror(errno));
-    void *pt = mmap(NULL, tbl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (pt == MAP_FAILED) {
-        int e = errno;
+    int rc = cl_pt_init();
+    if (rc) {
         munmap(fill, cl_region.size);
-        return cl_err(e, "mmap of the page table: %s", strerror(e));
+        return rc;
     }
     cl_region.fill = fill;
-    cl_region.pages = pt;
-    cl_region.install_prot = PROT_READ | PROT_WRITE;
-    mappings = 1;
-    evict_head = evict_len = 0;
     return 0;
 }
 
@@ -252,7 +214,7 @@ int clamor_region_close(void) {
     munmap((void *)cl_region.base, cl_region.size);
     if (role == CLAMOR_ROLE_WORKER) {
         munmap(cl_region.fill, cl_region.size);
-        munmap((void *)cl_region.pages, (size_t)cl_region.npages * sizeof(uint32_t));
+        cl_pt_free();
     }
     close(cl_region.memfd);
     cl_alloc_reset();
@@ -282,7 +244,7 @@ int clamor_region_reset_after_fork(void) {
     clamor_stats_reset(); /* the counters describe this process only */
     cl_pager_stop_after_fork();
     cl_server_stop_after_fork();
-    pthread_mutex_init(&pt_lock, NULL);
+    cl_pt_after_fork();
     int oldfd = cl_region.memfd, fd, rc;
     int was_worker = cl_region.role == CLAMOR_ROLE_WORKER;
     if ((rc = new_memfd(cl_region.size, &fd))) return rc;
@@ -296,331 +258,10 @@ int clamor_region_reset_after_fork(void) {
     }
     if (was_worker) {
         munmap(cl_region.fill, cl_region.size);
-        munmap((void *)cl_region.pages, (size_t)cl_region.npages * sizeof(uint32_t));
+        cl_pt_free();
     }
     close(oldfd);
     cl_region.memfd = fd;
     cl_region.role = CLAMOR_ROLE_WORKER;
     return map_worker_side(fd);
-}
-
-/* ---- mapping accounting (pager side) ------------------------------------- */
-
-static inline bool is_open(uint64_t i) {
-    return CL_PG_STATE(atomic_load_explicit(&cl_region.pages[i], memory_order_relaxed)) == CL_PG_PRESENT;
-}
-
-int cl_region_map_delta(uint64_t first, uint64_t count, int open) {
-    /* mappings = 1 + number of boundaries where openness changes.  Only the
-     * two outer boundaries of the run can change. */
-    int d = 0;
-    uint64_t end = first + count;
-    if (first > 0) {
-        bool left = is_open(first - 1);
-        d += (left != (bool)open) - (left != !open);
-    }
-    if (end < cl_region.npages) {
-        bool right = is_open(end);
-        d += (right != (bool)open) - (right != !open);
-    }
-    return d;
-}
-
-uint32_t cl_region_mapping_budget(void) {
-    if (max_mappings_set) return max_mappings_set;
-    static uint32_t dflt;
-    if (!dflt) {
-        long sys = 65530;
-        FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-        if (f) {
-            if (fscanf(f, "%ld", &sys) != 1) sys = 65530;
-            fclose(f);
-        }
-        /* Leave half for the interpreter, libraries, thread stacks and the
-         * rest of the process. */
-        dflt = (uint32_t)(sys / 2 > 1024 ? sys / 2 : 512);
-    }
-    return dflt;
-}
-
-void clamor_set_max_mappings(uint32_t n) { max_mappings_set = n; }
-uint32_t clamor_max_mappings(void) { return cl_region_mapping_budget(); }
-uint32_t cl_region_mappings(void) { return mappings; }
-uint32_t clamor_mappings(void) { return mappings; }
-
-static void ring_push(uint64_t idx) {
-    if (!evict_ring) {
-        evict_cap = 1u << 17;
-        evict_ring = malloc(sizeof(uint64_t) * evict_cap);
-        if (!evict_ring) return;
-    }
-    if (evict_len == evict_cap) { /* forget the oldest */
-        evict_head = (evict_head + 1) % evict_cap;
-        evict_len--;
-    }
-    evict_ring[(evict_head + evict_len) % evict_cap] = idx;
-    evict_len++;
-}
-
-_Atomic uint64_t cl_region_drops;
-
-/* Close [first, first+count) and give the memory back.  pt_lock held.
- *
- * The memory is punched out before the pages read ABSENT: once one does, a
- * fault may fetch it again, and a punch after the pager's pwrite would
- * leave the new copy zero.  Until then a touch finds the page PRESENT but
- * closed and simply faults again.  cl_region_drops is odd while a drop is
- * under way (pt_lock makes this the only writer): a page server that
- * copies a page checks it was even and unchanged around the copy. */
-static int drop_locked(uint64_t first, uint64_t count) {
-    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
-    int d = cl_region_map_delta(first, count, 0);
-    atomic_fetch_add(&cl_region_drops, 1);
-    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0) {
-        atomic_fetch_add(&cl_region_drops, 1);
-        return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
-                      (unsigned long)count, strerror(errno));
-    }
-    mappings = (uint32_t)((int64_t)mappings + d);
-    fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
-    for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_ABSENT);
-    atomic_fetch_add(&cl_region_drops, 1);
-    return 0;
-}
-
-/* Close [first, first+count) but keep its bytes: the pages read HELD, and
- * the next touch opens them again without a fetch.  Eviction closes rather
- * than drops because a worker writes into the pages it reads: reference
- * counts of the objects it holds.  A page fetched again would carry the
- * driver's counts, and a reference taken before would be released against
- * a count that never had it: the object would be freed here, and its
- * memory reused by this worker over bytes the driver still uses.  pt_lock
- * held. */
-static int close_locked(uint64_t first, uint64_t count) {
-    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
-    int d = cl_region_map_delta(first, count, 0);
-    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0)
-        return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
-                      (unsigned long)count, strerror(errno));
-    mappings = (uint32_t)((int64_t)mappings + d);
-    for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_HELD);
-    return 0;
-}
-
-/* Close the oldest run whose closing frees mappings.  pt_lock held. */
-static int evict_locked(void) {
-    while (evict_len) {
-        uint64_t i = evict_ring[evict_head];
-        evict_head = (evict_head + 1) % evict_cap;
-        evict_len--;
-        if (i >= cl_region.npages || !is_open(i)) continue;
-        uint64_t s = i, e = i + 1;
-        while (s > 0 && i - s < 64 && is_open(s - 1)) s--;
-        while (e < cl_region.npages && e - i < 64 && is_open(e)) e++;
-        if ((s > 0 && is_open(s - 1)) || (e < cl_region.npages && is_open(e))) continue; /* long run */
-        if (cl_region_map_delta(s, e - s, 0) >= 0) continue;
-        if (close_locked(s, e - s) == 0) {
-            CL_COUNT(evictions, e - s);
-            return 0;
-        }
-    }
-    return cl_err(ENOMEM, "no page run can be evicted to bound the mapping count");
-}
-
-int cl_region_evict_one(void) {
-    pthread_mutex_lock(&pt_lock);
-    int rc = evict_locked();
-    pthread_mutex_unlock(&pt_lock);
-    return rc;
-}
-
-/* Open the public view of [first, first+count) (data already in the fill
- * view) and wake the waiters. */
-/* A fetched page that was invalidated while in flight: its bytes are stale.
- * Forget them; if a thread waits for the page, ask for it again.  pt_lock. */
-static void discard_stale(uint64_t i) {
-    _Atomic uint32_t *w = &cl_region.pages[i];
-    fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(i << cl_region.page_shift),
-              (off_t)cl_region.page_size);
-    uint32_t s = atomic_load(w);
-    if (s & CL_PG_WAITERS) {
-        atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
-        if (cl_pager_enqueue(i) != 0) { /* no pager: the waiter must not hang */
-            atomic_store(w, CL_PG_MKERR(ENOTCONN));
-            cl_futex_wake(w);
-        }
-    } else {
-        atomic_store(w, CL_PG_ABSENT);
-    }
-}
-
-static int install_run(uint64_t first, uint64_t count);
-
-int cl_region_install(uint64_t first, uint64_t count) {
-    int rc = 0;
-    pthread_mutex_lock(&pt_lock);
-    /* install the runs of pages not invalidated meanwhile */
-    uint64_t i = first, end = first + count;
-    while (i < end) {
-        if (atomic_load(&cl_region.pages[i]) & CL_PG_STALE) {
-            discard_stale(i++);
-            continue;
-        }
-        uint64_t s = i;
-        while (i < end && !(atomic_load(&cl_region.pages[i]) & CL_PG_STALE)) i++;
-        int r = install_run(s, i - s);
-        if (r && !rc) rc = r;
-    }
-    pthread_mutex_unlock(&pt_lock);
-    return rc;
-}
-
-/* pt_lock held */
-static int install_run(uint64_t first, uint64_t count) {
-    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
-    int rc = 0;
-    int d = cl_region_map_delta(first, count, 1);
-    uint32_t budget = cl_region_mapping_budget();
-    while (d > 0 && mappings + (uint32_t)d > budget) {
-        if (evict_locked() != 0) break; /* try anyway: the budget is ours, not the kernel's */
-        d = cl_region_map_delta(first, count, 1);
-    }
-    for (int tries = 0;; tries++) {
-        if (mprotect((void *)(cl_region.base + off), len, cl_region.install_prot) == 0) break;
-        rc = errno;
-        if (rc != ENOMEM || tries > 64 || evict_locked() != 0) {
-            rc = cl_err(rc, "mprotect of pages %lu+%lu: %s (vm.max_map_count reached?)", (unsigned long)first,
-                        (unsigned long)count, strerror(rc));
-            goto out;
-        }
-        d = cl_region_map_delta(first, count, 1);
-        rc = 0;
-    }
-    mappings = (uint32_t)((int64_t)mappings + d);
-    if (d > 0) ring_push(first);
-out:
-    for (uint64_t i = first; i < first + count; i++) {
-        uint32_t old = atomic_exchange(&cl_region.pages[i], rc ? CL_PG_MKERR(rc) : CL_PG_PRESENT);
-        if (old & CL_PG_WAITERS) cl_futex_wake(&cl_region.pages[i]);
-    }
-    return rc;
-}
-
-int cl_region_drop(uint64_t first, uint64_t count) {
-    int rc = 0;
-    pthread_mutex_lock(&pt_lock);
-    /* Drop maximal runs of present pages; pages in flight stay as they are. */
-    uint64_t i = first, end = first + count;
-    while (i < end && rc == 0) {
-        while (i < end && !is_open(i)) {
-            uint32_t exp = CL_PG_HELD;
-            if (atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_ABSENT)) {
-                fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                          (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
-            }
-            i++;
-        }
-        uint64_t s = i;
-        while (i < end && is_open(i)) i++;
-        if (i > s) {
-            rc = drop_locked(s, i - s);
-            if (!rc) CL_COUNT(pages_dropped, i - s);
-            /* A partial drop splits a run, and the part that lost the page
-             * its ring entry named could never be evicted again: name both
-             * remains, so the mapping budget stays enforceable. */
-            if (!rc && s > 0 && is_open(s - 1)) ring_push(s - 1);
-            if (!rc && i < cl_region.npages && is_open(i)) ring_push(i);
-        }
-    }
-    pthread_mutex_unlock(&pt_lock);
-    return rc;
-}
-
-int clamor_pages_drop(uint64_t first, uint64_t count) {
-    if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker drops pages");
-    if (first > cl_region.npages || count > cl_region.npages - first)
-        return cl_err(EINVAL, "pages %lu+%lu are outside the region (%lu pages)", (unsigned long)first,
-                      (unsigned long)count, (unsigned long)cl_region.npages);
-    return cl_region_drop(first, count);
-}
-
-/* Drop open page i, which may split its run in two: one mapping more.
- * Within the mapping budget, evict as an install would; if nothing can be
- * evicted, drop i's whole open run instead (its other pages are fetched
- * again if touched).  What is left of a split run joins the eviction ring.
- * pt_lock held. */
-static int drop_open_page(uint64_t i) {
-    uint64_t s = i, e = i + 1;
-    uint32_t budget = cl_region_mapping_budget();
-    int d = cl_region_map_delta(i, 1, 0);
-    while (d > 0 && mappings + (uint32_t)d > budget && evict_locked() == 0) {
-        if (!is_open(i)) return 0; /* the eviction took i's run with it */
-        d = cl_region_map_delta(i, 1, 0);
-    }
-    if (d > 0 && mappings + (uint32_t)d > budget) {
-        while (s > 0 && is_open(s - 1)) s--;
-        while (e < cl_region.npages && is_open(e)) e++;
-    }
-    int rc = drop_locked(s, e - s);
-    if (rc == 0 && e - s == 1) {
-        if (i > 0 && is_open(i - 1)) ring_push(i - 1);
-        if (i + 1 < cl_region.npages && is_open(i + 1)) ring_push(i + 1);
-    }
-    return rc;
-}
-
-int clamor_invalidate(const uint64_t *pages, uint64_t n) {
-    if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker invalidates pages");
-    for (uint64_t k = 0; k < n; k++)
-        if (pages[k] >= cl_region.npages)
-            return cl_err(EINVAL, "page %lu is outside the region (%lu pages)", (unsigned long)pages[k],
-                          (unsigned long)cl_region.npages);
-    int rc = 0;
-    pthread_mutex_lock(&pt_lock);
-    for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
-        uint64_t i = pages[k];
-        _Atomic uint32_t *w = &cl_region.pages[i];
-        uint32_t s = atomic_load(w);
-        switch (CL_PG_STATE(s)) {
-        case CL_PG_PRESENT: {
-            int r = drop_open_page(i);
-            if (r && !rc) rc = r;
-            CL_COUNT(pages_invalidated, 1);
-            break;
-        }
-        case CL_PG_HELD: {
-            /* Claim it as if a fetch were under way, punch, then let it go:
-             * a fault meanwhile waits, and gets a fetch of its own. */
-            if (!atomic_compare_exchange_strong(w, &s, CL_PG_WANTED)) {
-                k--; /* it changed (a touch opened it): look again */
-                continue;
-            }
-            atomic_fetch_add(&cl_region_drops, 1);
-            fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
-            uint32_t exp = CL_PG_WANTED;
-            if (!atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) { /* a waiter came */
-                atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
-                if (cl_pager_enqueue(i) != 0) {
-                    atomic_store(w, CL_PG_MKERR(ENOTCONN));
-                    cl_futex_wake(w);
-                }
-            }
-            atomic_fetch_add(&cl_region_drops, 1);
-            CL_COUNT(pages_invalidated, 1);
-            break;
-        }
-        case CL_PG_WANTED: /* in flight: the reply must not be installed */
-            while (CL_PG_STATE(s) == CL_PG_WANTED && !atomic_compare_exchange_weak(w, &s, s | CL_PG_STALE)) {}
-            CL_COUNT(pages_invalidated, 1);
-            break;
-        case CL_PG_ERROR: /* a later touch may succeed: the page changed */
-            atomic_store(w, CL_PG_ABSENT);
-            break;
-        default:
-            break;
-        }
-    }
-    pthread_mutex_unlock(&pt_lock);
-    return rc;
 }

@@ -200,7 +200,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
             return;
         }
-        uint64_t drops = atomic_load(&cl_region_drops);
+        uint64_t drops = atomic_load(&cl_pt_drops);
         if ((drops & 1) || !pages_held(rq->index, rq->count)) { /* odd: a drop is under way */
             cl_zmq.msg_close(&body);
             reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
@@ -213,7 +213,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
          * (zeros) that was fetched again before the check: refuse rather
          * than risk mixing. */
         if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view ||
-            atomic_load(&cl_region_drops) != drops) {
+            atomic_load(&cl_pt_drops) != drops) {
             cl_zmq.msg_close(&body);
             reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
             return;

@@ -1,4 +1,4 @@
-/* test_drop.c -- dropping pages on a worker (csrc/region.c), in one process
+/* test_drop.c -- dropping pages on a worker (csrc/pagetable.c), in one process
  * and without network; the test plays the pager, as test_pagetable.c does.
  *
  * A: a page dropped while a fault fetches it again at once.  The drop must
@@ -29,7 +29,7 @@ static void fill_install(uint64_t first, uint64_t count, uint8_t v) {
         atomic_store(&cl_region.pages[i], CL_PG_WANTED);
         memset(cl_region.fill + i * PS, v, PS);
     }
-    cl_region_install(first, count);
+    cl_pt_install(first, count);
 }
 
 static uint64_t victim;
@@ -45,7 +45,7 @@ static void *pager(void *arg) {
     char buf[PS];
     memset(buf, 0x5a, PS);
     if (pwrite(cl_region.memfd, buf, PS, (off_t)(victim * PS)) != (ssize_t)PS) perror("pwrite");
-    cl_region_install(victim, 1); /* waits for pt_lock: after the drop's punch */
+    cl_pt_install(victim, 1); /* waits for pt_lock: after the drop's punch */
     refetched = 1;
     return NULL;
 }
@@ -63,26 +63,26 @@ int main(int argc, char **argv) {
         refetched = 0;
         pthread_t th;
         pthread_create(&th, NULL, pager, NULL);
-        cl_region_drop(0, n);
+        cl_pt_drop(0, n);
         pthread_join(th, NULL);
         const uint8_t *p = (const uint8_t *)cl_page_addr(victim);
         if (p[0] != 0x5a || p[PS - 1] != 0x5a) zeros++;
-        cl_region_drop(0, n);
+        cl_pt_drop(0, n);
     }
     CHECK(zeros == 0);
     /* ---- B ---- */
-    cl_region_drop(0, SIZE / PS);
+    cl_pt_drop(0, SIZE / PS);
     clamor_set_max_mappings(0);
     fill_install(0 + 100, 3, 1);
     fill_install(110, 3, 1);
     fill_install(120, 3, 1);
-    uint32_t m0 = cl_region_mappings();
+    uint32_t m0 = clamor_mappings();
     int k0 = kernel_mappings(BASE, SIZE);
     clamor_set_max_mappings(m0);
     uint64_t pg = 101;
     int rc = clamor_invalidate(&pg, 1);
     CHECK(rc == 0);
-    CHECK((int)cl_region_mappings() == kernel_mappings(BASE, SIZE));
+    CHECK((int)clamor_mappings() == kernel_mappings(BASE, SIZE));
     CHECK(kernel_mappings(BASE, SIZE) < k0);
     clamor_region_close();
     return CHECK_SUMMARY("test_drop");

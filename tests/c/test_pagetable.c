@@ -1,15 +1,15 @@
 /* test_pagetable.c -- the worker page table and mapping accounting of
- * csrc/region.c, in one process and without network.
+ * csrc/pagetable.c, in one process and without network.
  *
  * The test plays the pager: it marks page words WANTED, writes bytes into the
- * fill view and calls cl_region_install(), or drops pages with
- * cl_region_drop().  After every step it compares the pager's count of the
- * mappings the public view is split into with the kernel's, read from
- * /proc/self/maps, and with a shadow model.  It checks that a mapping budget
- * (clamor_set_max_mappings) holds under random single-page installs by
- * evicting, that a drop gives the memory back, and that a forked child, of a
- * worker or of a driver, starts with every page absent and never sees the
- * driver's bytes.  Exits non-zero if any check fails.
+ * fill view and calls cl_pt_install(), or drops pages with cl_pt_drop().
+ * After every step it compares the pager's count of the mappings the public
+ * view is split into with the kernel's, read from /proc/self/maps, and with a
+ * shadow model.  It checks that a mapping budget (clamor_set_max_mappings)
+ * holds under random single-page installs by evicting, that a drop gives the
+ * memory back, and that a forked child, of a worker or of a driver, starts
+ * with every page absent and never sees the driver's bytes.  Exits non-zero
+ * if any check fails.
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -83,14 +83,14 @@ static int install(uint64_t first, uint64_t count) {
         uint64_t *w = (uint64_t *)(cl_region.fill + i * PS);
         for (size_t k = 0; k < PS / 8; k += 64) w[k] = word(i, k);
     }
-    int rc = cl_region_install(first, count);
+    int rc = cl_pt_install(first, count);
     if (rc == 0)
         for (uint64_t i = first; i < first + count; i++) model[i] = 1;
     return rc;
 }
 
 static int drop(uint64_t first, uint64_t count) {
-    int rc = cl_region_drop(first, count);
+    int rc = cl_pt_drop(first, count);
     if (rc == 0) memset(model + first, 0, count);
     return rc;
 }
@@ -119,7 +119,7 @@ static bool fill_zero(uint64_t i) {
 
 static bool accounting_ok(void) {
     int k = kernel_mappings(BASE, SIZE);
-    uint32_t c = cl_region_mappings(), m = model_mappings();
+    uint32_t c = clamor_mappings(), m = model_mappings();
     if (k == (int)c && c == m) return true;
     fprintf(stderr, "  mappings: kernel %d, pager %u, model %u\n", k, c, m);
     return false;
@@ -128,7 +128,7 @@ static bool accounting_ok(void) {
 /* Drop everything this test installed. */
 static void reset_all(void) {
     CHECK(drop(0, NPAGES) == 0);
-    CHECK(cl_region_mappings() == 1);
+    CHECK(clamor_mappings() == 1);
     CHECK(kernel_mappings(BASE, SIZE) == 1);
 }
 
@@ -142,7 +142,7 @@ static void test_attach(void) {
     bool absent = true;
     for (size_t i = 0; i < NPAGES; i++) absent &= state(i) == CL_PG_ABSENT;
     CHECK(absent);
-    CHECK(cl_region_mappings() == 1 && clamor_mappings() == 1);
+    CHECK(clamor_mappings() == 1);
     CHECK(kernel_mappings(BASE, SIZE) == 1);
     CHECK(strncmp(perms_at(BASE), "---", 3) == 0);
     CHECK(fill_zero(0) && fill_zero(NPAGES - 1));
@@ -151,7 +151,7 @@ static void test_attach(void) {
 
 static void test_install_basic(void) {
     CHECK(install(10, 4) == 0);
-    CHECK(accounting_ok() && cl_region_mappings() == 3);
+    CHECK(accounting_ok() && clamor_mappings() == 3);
     bool ok = true;
     for (uint64_t i = 10; i < 14; i++) ok &= state(i) == CL_PG_PRESENT && shows(i);
     CHECK(ok);
@@ -160,17 +160,17 @@ static void test_install_basic(void) {
     CHECK(strncmp(perms_at(BASE + 14 * PS), "---", 3) == 0);
 
     CHECK(install(0, 1) == 0); /* left edge: one more boundary */
-    CHECK(accounting_ok() && cl_region_mappings() == 4);
+    CHECK(accounting_ok() && clamor_mappings() == 4);
     CHECK(install(NPAGES - 1, 1) == 0); /* right edge */
-    CHECK(accounting_ok() && cl_region_mappings() == 5);
+    CHECK(accounting_ok() && clamor_mappings() == 5);
     CHECK(install(14, 1) == 0); /* extends a run: no new mapping */
-    CHECK(accounting_ok() && cl_region_mappings() == 5);
+    CHECK(accounting_ok() && clamor_mappings() == 5);
     CHECK(install(16, 1) == 0);
-    CHECK(accounting_ok() && cl_region_mappings() == 7);
+    CHECK(accounting_ok() && clamor_mappings() == 7);
     CHECK(install(15, 1) == 0); /* joins two runs */
-    CHECK(accounting_ok() && cl_region_mappings() == 5);
+    CHECK(accounting_ok() && clamor_mappings() == 5);
     CHECK(install(1, 9) == 0); /* joins the edge run: 0..16 open */
-    CHECK(accounting_ok() && cl_region_mappings() == 3);
+    CHECK(accounting_ok() && clamor_mappings() == 3);
     CHECK(shows(0) && shows(5) && shows(16));
 
     /* a waiter's bit is cleared, and the waiter woken, on install */
@@ -178,7 +178,7 @@ static void test_install_basic(void) {
     gen[100]++;
     uint64_t *w = (uint64_t *)(cl_region.fill + 100 * PS);
     for (size_t k = 0; k < PS / 8; k += 64) w[k] = word(100, k);
-    CHECK(cl_region_install(100, 1) == 0);
+    CHECK(cl_pt_install(100, 1) == 0);
     model[100] = 1;
     CHECK(atomic_load(&cl_region.pages[100]) == CL_PG_PRESENT);
     CHECK(shows(100) && accounting_ok());
@@ -281,7 +281,7 @@ static void test_budget(uint32_t budget) {
         int k = kernel_mappings(BASE, SIZE);
         if (k > worst) worst = k;
         if (k > (int)budget) over++;
-        if (k != (int)cl_region_mappings() || cl_region_mappings() != model_mappings()) mismatches++;
+        if (k != (int)clamor_mappings() || clamor_mappings() != model_mappings()) mismatches++;
     }
     struct clamor_stats st;
     clamor_stats_get(&st);
@@ -320,7 +320,7 @@ static void test_budget_with_drops(void) {
     clamor_set_max_mappings(5);
     CHECK(install(10, 2) == 0 && drop(10, 1) == 0); /* page 11 remains */
     CHECK(install(20, 2) == 0 && drop(20, 1) == 0); /* page 21 remains */
-    CHECK(cl_region_mappings() == 5);
+    CHECK(clamor_mappings() == 5);
     CHECK(install(30, 1) == 0);
     CHECK(kernel_mappings(BASE, SIZE) <= 5);
     for (size_t p = 0; p < NPAGES; p++)
@@ -351,7 +351,7 @@ static void test_budget_with_drops(void) {
          * the next install evicts back under the budget. */
         int k = kernel_mappings(BASE, SIZE);
         if (installed && k > (int)budget) over++;
-        if (k != (int)cl_region_mappings() || cl_region_mappings() != model_mappings()) mismatches++;
+        if (k != (int)clamor_mappings() || clamor_mappings() != model_mappings()) mismatches++;
     }
     CHECK(fails == 0);
     CHECK(over == 0);
@@ -389,7 +389,7 @@ static void test_fork_worker(void) {
         failed = passed = 0;
         CHECK(cl_region.role == CLAMOR_ROLE_WORKER);
         CHECK(all_absent());
-        CHECK(cl_region_mappings() == 1);
+        CHECK(clamor_mappings() == 1);
         CHECK(kernel_mappings(BASE, SIZE) == 1);
         CHECK(strncmp(perms_at(BASE + 500 * PS), "---", 3) == 0);
         CHECK(fill_zero(500) && fill_zero(900));
@@ -428,7 +428,7 @@ static int driver_tree(void) {
         CHECK(clamor_region_role() == CLAMOR_ROLE_WORKER);
         CHECK(all_absent());
         CHECK(clamor_fork_parent_endpoint() != NULL && clamor_fork_parent_endpoint()[0] == '\0');
-        CHECK(cl_region_mappings() == 1);
+        CHECK(clamor_mappings() == 1);
         CHECK(kernel_mappings(DRIVER_BASE, (size_t)16 << 20) == 1);
         CHECK(strncmp(perms_at(DRIVER_BASE), "---", 3) == 0);
         CHECK(cl_region.fill != NULL && cl_region.fill[0] == 0 && cl_region.fill[PS] == 0);
