@@ -6,29 +6,14 @@ subprocess; the rest use this process's default region.
 """
 import ctypes
 import gc
-import json
-import os
 import random
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
 
 import clamor
 from clamor import region
-
-
-def run_py(code, env=None, timeout=60):
-    """Run ``code`` in a fresh interpreter (its own region); the parsed JSON
-    of its last stdout line."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_")}
-    e.update(env or {})
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       timeout=timeout, env=e)
-    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
-    return json.loads(p.stdout.strip().splitlines()[-1])
+from helpers import run_json
 
 
 def fill(addr, n, byte):
@@ -314,7 +299,7 @@ def test_calloc_zeroes_reused_memory(n, size):
 # ---- a region of our own --------------------------------------------------------
 
 def test_region_exhaustion_then_recovery():
-    out = run_py("""
+    out = run_json("""
         import json, ctypes, clamor
         from clamor import region
         MB = 1 << 20
@@ -391,7 +376,7 @@ WORKER_ALLOC = """
 
 @pytest.mark.parametrize("how", ["fork", "spawn"])
 def test_worker_cannot_allocate(how):
-    out = run_py(WORKER_ALLOC.replace("{how}", how))
+    out = run_json(WORKER_ALLOC.replace("{how}", how))
     assert out["role"] == "worker"
     for name in ("alloc", "calloc", "realloc", "empty", "array"):
         kind, is_alloc_error, msg = out[name]

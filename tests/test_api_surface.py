@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import clamor
+from helpers import shared_library
 from clamor import region
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,18 +85,14 @@ print(json.dumps({"n": len(workers), "got": got, "code": proc.returncode, "bad":
 
 
 def test_c_code_built_apart_allocates_in_the_region_through_c_api(py, tmp_path):
-    src = tmp_path / "user.c"
-    src.write_text(r"""
+    lib = shared_library(tmp_path, "user", r"""
 #include <string.h>
 #include "clamor.h"
 typedef void *(*malloc_fn)(size_t);
 typedef void (*free_fn)(void *);
 void *make(void *m, size_t n) { char *p = ((malloc_fn)m)(n); if (p) memset(p, 5, n); return p; }
 void drop(void *f, void *p) { ((free_fn)f)(p); }
-""")
-    lib = tmp_path / "libuser.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-I", clamor.get_include(), "-o", str(lib), str(src)],
-                   check=True)
+""", include=clamor.get_include())
     assert os.path.exists(os.path.join(clamor.get_include(), "clamor.h"))
     p = py(DRIVER + f"""
 import ctypes

@@ -4,7 +4,7 @@ and the process, the region and the cluster stay usable.
 Every scenario runs in its own interpreter (some of these used to crash it),
 and prints one JSON line of what it saw.
 """
-from scenario import scenario
+from helpers import scenario
 
 
 # ---- arrays, views, prefetch, configure --------------------------------------------

@@ -19,11 +19,10 @@ import threading
 import time
 
 import numpy as np
-import psutil
 import pytest
 
 import clamor
-from procs import gone, wait_gone
+from helpers import gone, wait_gone
 from clamor import region
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

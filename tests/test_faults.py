@@ -1,6 +1,6 @@
 """Fault-path scenarios: workers read driver memory page by page.
 
-Each test runs a driver in a subprocess (see conftest.run_py); the driver
+Each test runs a driver in a subprocess (see helpers.run_py); the driver
 forks or spawns workers through clamor.runtime.tasks.TaskServer.
 """
 import json

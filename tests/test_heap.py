@@ -1,6 +1,8 @@
 """clamor.heap(): allocations inside the block land in the region."""
 import json
 
+from helpers import shared_library
+
 PRE = """
 import gc, json, os, sys, numpy as np, clamor
 from clamor import region
@@ -45,16 +47,6 @@ print(json.dumps(out))
     assert all(out[k] for k in inside), out
     assert not out["outside_list"] and not out["outside_arr"], out
     assert out["freed"] >= 8 << 20, out   # freed outside the block, back to the region
-
-
-def shared_library(tmp_path, name, source):
-    """Compile ``source`` into tmp_path/lib<name>.so; returns its path."""
-    import subprocess
-    src = tmp_path / f"{name}.c"
-    src.write_text(source)
-    lib = tmp_path / f"lib{name}.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
-    return lib
 
 
 def test_c_heap_of_extension_modules_is_interposed(py, tmp_path):

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import clamor
-from procs import gone, wait_gone
+from helpers import gone, wait_gone
 from clamor.runtime import _liveness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

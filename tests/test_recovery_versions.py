@@ -1,9 +1,8 @@
 """Failed actions, lineage re-runs and global updates between them: what a
 later action reads.  Each scenario runs a driver in its own interpreter and
 checks its results against the values computed in the driver."""
-import json
 
-from scenario import scenario as _scenario
+from helpers import scenario as _scenario
 
 KILL_ALL = """
 def kill_all_after(cl, delay):

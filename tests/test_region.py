@@ -2,10 +2,8 @@
 declarations.
 
 A process holds at most one region for its life, so everything that maps,
-closes or re-maps a region runs in a fresh interpreter (``run_py``).
+closes or re-maps a region runs in a fresh interpreter (``run_json``).
 """
-import json
-import os
 import re
 import subprocess
 import sys
@@ -16,23 +14,9 @@ from pathlib import Path
 import pytest
 
 import clamor
+from helpers import clean_env, run_json
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def clean_env(extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_")}
-    env.update(extra or {})
-    return env
-
-
-def run_py(code, env=None, timeout=60):
-    """Run ``code`` in a fresh interpreter; the parsed JSON of its last
-    stdout line."""
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       timeout=timeout, env=clean_env(env))
-    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 # Prepended to scripts: try(f) -> ["ok", value] or [ExceptionClass, message, is ClamorError].
@@ -73,7 +57,7 @@ def orphan_worker():
 # ---- geometry ----------------------------------------------------------------
 
 def test_geometry_from_environment():
-    out = run_py(script("""
+    out = run_json(script("""
         before = geo()
         p = clamor.alloc(1000)          # maps the region lazily, from the environment
         print(json.dumps({"before": before, "after": geo(), "p": p}))
@@ -84,7 +68,7 @@ def test_geometry_from_environment():
 
 
 def test_geometry_defaults():
-    out = run_py(script("""
+    out = run_json(script("""
         region.init()
         print(json.dumps(geo()))
         """))
@@ -92,7 +76,7 @@ def test_geometry_defaults():
 
 
 def test_arguments_override_environment_and_size_spellings():
-    out = run_py(script("""
+    out = run_json(script("""
         res = {}
         region.init(base=0x320000000000, size=256 << 20, page_size=4096)
         res["args"] = geo()
@@ -124,7 +108,7 @@ def test_arguments_override_environment_and_size_spellings():
 
 
 def test_bad_geometry_is_config_error():
-    out = run_py(script("""
+    out = run_json(script("""
         res = {}
         for ps in [3000, 8 << 20, 6 << 10, 2048, 1 << 30, 4095]:
             res[f"page {ps}"] = attempt(region.init, size=1 << 30, page_size=ps)
@@ -161,7 +145,7 @@ def test_bad_geometry_is_config_error():
 
 @pytest.mark.parametrize("var", ["CLAMOR_BASE", "CLAMOR_REGION_SIZE", "CLAMOR_PAGE_SIZE"])
 def test_garbage_environment_names_the_variable(var):
-    out = run_py(script(f"""
+    out = run_json(script(f"""
         res = {{}}
         for val in ["banana", "12Q", "64 M", "0x", "1e9", "64MX"]:
             os.environ[{var!r}] = val
@@ -187,7 +171,7 @@ def test_garbage_environment_names_the_variable(var):
 # ---- the range is taken ---------------------------------------------------------
 
 def test_address_taken_is_region_in_use():
-    out = run_py(script("""
+    out = run_json(script("""
         import ctypes, mmap
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
@@ -231,7 +215,7 @@ def test_address_taken_is_region_in_use():
 
 
 def test_close_then_init_again():
-    out = run_py(script("""
+    out = run_json(script("""
         import gc
         import numpy as np
         res = {}
@@ -272,7 +256,7 @@ def test_close_then_init_again():
 # ---- configure / stats ------------------------------------------------------------
 
 def test_configure_validation_and_round_trip():
-    out = run_py(script("""
+    out = run_json(script("""
         res = {"defaults": clamor.configure()}
         res["bad"] = {
             "readahead -1": attempt(clamor.configure, readahead=-1),
@@ -326,7 +310,7 @@ def test_stats_keys_and_types():
 # ---- the task plane ----------------------------------------------------------------
 
 def test_task_server_run_task_error_and_recovery():
-    out = run_py(script("""
+    out = run_json(script("""
         import numpy as np
         from clamor.runtime.tasks import TaskServer
 
@@ -379,7 +363,7 @@ def test_task_server_run_task_error_and_recovery():
 
 
 def test_connect_to_nobody_is_transport_error():
-    out = run_py(script("""
+    out = run_json(script("""
         import time
         t = time.monotonic()
         r = attempt(clamor.connect, "tcp://127.0.0.1:1", timeout=0.5)

@@ -12,7 +12,7 @@ import time
 import pytest
 import zmq
 
-from conftest import ROOT
+from helpers import ROOT
 
 MAGIC = 0x524D4C43
 HDR = struct.Struct("<IBBHIIQII")

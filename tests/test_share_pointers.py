@@ -6,7 +6,7 @@ cache of shape buffers on the right side of the block.
 Each scenario runs a driver in its own interpreter; where workers read the
 object, what they read is compared with the driver's own values.
 """
-from scenario import scenario
+from helpers import scenario
 
 
 def test_the_issue_case_reads_right_on_a_worker():

@@ -5,7 +5,7 @@ its arguments and its time-outs.
 Each scenario runs a driver in its own interpreter, with forked workers, and
 compares what the workers computed with the driver's own values.
 """
-from scenario import scenario
+from helpers import scenario
 
 
 def test_an_attribute_first_set_after_the_fork_is_seen_by_workers():

@@ -4,7 +4,7 @@ end-to-end scenarios run a driver in its own interpreter and kill real
 workers; the lineage rules are tested without processes."""
 import pytest
 
-from scenario import scenario
+from helpers import scenario
 
 from clamor import errors
 from clamor.runtime.collection import Range

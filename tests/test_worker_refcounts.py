@@ -11,7 +11,7 @@ an invalidation between stages, with the worker keeping loaded stages that
 hold region objects, is hunted by tests/test_differential.py (11 of its
 stages lost their worker before the worker let those objects go first).
 """
-from scenario import scenario
+from helpers import scenario
 
 
 def test_references_held_across_an_eviction_are_released_safely():

@@ -1,0 +1,99 @@
+"""What the tests share: running a driver in a fresh interpreter, waiting
+for processes to go, compiling a C library.
+
+Fault scenarios run in subprocesses, so that a crash (or a deliberate fatal
+error) fails one test and not the suite.  ``run_py`` gives the completed
+process; ``run_json`` and ``scenario`` the JSON of the script's last line.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def clean_env(extra=None):
+    """This environment without clamor's settings (CLAMOR_*), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_")}
+    env.update(extra or {})
+    return env
+
+
+def run_py(code, env=None, timeout=120, check=False):
+    """Run ``code`` in a fresh interpreter; returns the CompletedProcess, its
+    output captured as text.  faulthandler is off unless ``env`` sets it."""
+    full_env = {**os.environ, "PYTHONFAULTHANDLER": "", **(env or {})}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"scenario failed with {proc.returncode}\nstdout:\n{proc.stdout}\n"
+                             f"stderr:\n{proc.stderr}")
+    return proc
+
+
+def run_json(code, env=None, timeout=60):
+    """Run ``code`` in a fresh interpreter without CLAMOR_* settings; it
+    must exit 0.  Returns the parsed JSON of its last stdout line."""
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=timeout, env=clean_env(env), cwd=ROOT)
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+PRELUDE = """
+import json, os, signal, socket, threading, time
+import numpy as np
+import clamor
+from clamor import region
+
+def attempt(f, *a, **k):
+    try:
+        r = f(*a, **k)
+        return ["ok", r if isinstance(r, (int, float, str, list, type(None))) else type(r).__name__]
+    except BaseException as e:
+        return [type(e).__name__, str(e)[:300], isinstance(e, clamor.ClamorError)]
+"""
+
+
+def scenario(body, timeout=120):
+    """Run a driver script (after PRELUDE, faulthandler on) in its own
+    interpreter; it must exit 0 and print one JSON line last, returned."""
+    code = PRELUDE + textwrap.dedent(body)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                       env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def gone(pid):
+    """The process has exited (reaped, or a zombie nobody reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids, timeout, step=0.02):
+    """True once every one of ``pids`` is gone, False after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(gone(p) for p in pids):
+            return True
+        time.sleep(step)
+    return all(gone(p) for p in pids)
+
+
+def shared_library(tmp_path, name, source, include=None):
+    """Compile C ``source`` into tmp_path/lib<name>.so (with ``include`` on
+    the header path); returns its path."""
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    lib = tmp_path / f"lib{name}.so"
+    cmd = ["cc", "-shared", "-fPIC", "-O1"] + (["-I", str(include)] if include else []) + ["-o", str(lib), str(src)]
+    subprocess.run(cmd, check=True)
+    return lib
