@@ -28,7 +28,8 @@ with open(os.path.join(HERE, "_cdefs.h")) as f:
 
 ffibuilder.set_source(
     "clamor._clamor",
-    '#include "clamor.h"\n',
+    # internal.h declares the Python-only hooks (clamor_py_*) the cdefs name.
+    '#include "clamor.h"\n#include "internal.h"\n',
     sources=[_rel(p) for p in sorted(glob.glob(os.path.join(CSRC, "*.c")))],
     libraries=["dl", "pthread", "m"],
     include_dirs=[_rel(CSRC), numpy.get_include()],

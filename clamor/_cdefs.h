@@ -1,6 +1,8 @@
-/* Declarations cffi compiles against csrc/clamor.h (declarations only; cffi
- * cannot read the real header's preprocessor lines).  tests/test_region.py
- * checks that every function here is declared in csrc/clamor.h, and
+/* Declarations cffi compiles against csrc/clamor.h, the public C API, and
+ * csrc/internal.h, for the Python extension's own hooks at the end
+ * (declarations only; cffi cannot read the real headers' preprocessor
+ * lines).  tests/test_region.py checks that every function here is declared
+ * the same way in one of the two, and
  * tests/test_stats_fields.py that struct clamor_stats is the CLAMOR_STATS
  * list of csrc/clamor.h, expanded. */
 #define CLAMOR_DEFAULT_PAGE_SIZE ...
@@ -18,7 +20,6 @@ uintptr_t clamor_region_base(void);
 size_t clamor_region_size(void);
 size_t clamor_page_size(void);
 int clamor_region_role(void);
-int clamor_region_reset_after_fork(void);
 const char *clamor_fork_parent_endpoint(void);
 
 int clamor_zmq_load(const char *path);
@@ -115,12 +116,14 @@ int clamor_heap_active(void);
 int clamor_heap_suspend(void);
 void clamor_heap_resume(int depth);
 int clamor_heap_threads(void);
+/* csrc/internal.h: the Python extension only (pyheap.c, pyshare.c) */
 int clamor_py_heap_install(void);
 int clamor_py_numpy_enter(void);
 int clamor_py_numpy_exit(void);
 int clamor_py_numpy_suspend(void);
 int clamor_py_numpy_dims_flush(int inside);
 unsigned long clamor_py_region_dropped(void);
+long clamor_py_freelists_flush(void);
 long clamor_py_rehome(uintptr_t objs);
 uintptr_t clamor_py_numpy_handler(void);
 enum clamor_field {

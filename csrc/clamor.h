@@ -64,18 +64,15 @@ size_t clamor_region_size(void);
 size_t clamor_page_size(void);
 int clamor_region_role(void);
 
-/* A child forked from a process that has a region becomes a worker: the
- * region is replaced (same address) by a fresh private mapping with every
- * page not present, and no thread of the parent survives.  This runs by
- * itself from a pthread_atfork() child handler; it is exposed for tests.
- * If the parent was serving pages, the same handler then starts the
- * child's page server and its pager (connected to the parent), so the
- * child can touch region memory from its first instruction;
- * clamor_pager_start() afterwards answers EBUSY. */
-int clamor_region_reset_after_fork(void);
-
-/* Endpoint of the page server of the parent at fork time ("" if none):
- * what a forked worker's pager connects to. */
+/* A child forked from a process that has a region becomes a worker: from a
+ * pthread_atfork() child handler, the region is replaced (same address) by
+ * a fresh private mapping with every page not present, and no thread of the
+ * parent survives.  If the parent was serving pages, the same handler then
+ * starts the child's page server and its pager (connected to the parent),
+ * so the child can touch region memory from its first instruction;
+ * clamor_pager_start() afterwards answers EBUSY.
+ * clamor_fork_parent_endpoint() is the endpoint of the parent's page server
+ * at fork time ("" if none): what a forked worker's pager connects to. */
 const char *clamor_fork_parent_endpoint(void);
 
 /* ---- libzmq ----------------------------------------------------------- */
@@ -279,7 +276,7 @@ size_t clamor_heap_footprint(void);
 /* Detail of the calling thread's last failure ("" if none). */
 const char *clamor_last_error(void);
 
-/* ---- heap redirection (driver; interpose.c, pyheap.c) ------------------ */
+/* ---- heap redirection (driver) ---------------------------------------- */
 
 /* Patch the GOT of every loaded shared object (but glibc, the loader and
  * clamor's own module) so that malloc, calloc, realloc, free,
@@ -301,49 +298,6 @@ int clamor_heap_suspend(void);
 void clamor_heap_resume(int depth);
 /* Threads inside a heap block right now (not suspended). */
 int clamor_heap_threads(void);
-/* Python extension only: wrap the three PyMem domains (once; needs the
- * GIL), and set/restore numpy's NEP 49 data handler for a block (0 or -1
- * with a Python exception set). */
-int clamor_py_heap_install(void);
-int clamor_py_numpy_enter(void);
-int clamor_py_numpy_exit(void);
-/* Python extension only: numpy's default data handler until the matching
- * clamor_py_numpy_exit() (heap suspension). */
-int clamor_py_numpy_suspend(void);
-/* Python extension only: hand numpy's cache of shape buffers to the side of
- * the heap block the calling thread is on (inside 1, outside 0); needs the
- * allocators of that side to be in place.  0 or -1 (the error is printed). */
-int clamor_py_numpy_dims_flush(int inside);
-/* Python extension only: how many times region memory was freed outside a
- * heap block on the driver (region objects dying in ordinary code). */
-unsigned long clamor_py_region_dropped(void);
-/* Python extension only: give the dicts and lists in `objs` (a list, such
- * as gc.get_objects()) that lie outside the region but grew a table in it
- * a table outside; outside every block.  How many moved, or -1. */
-long clamor_py_rehome(uintptr_t objs);
-/* Python extension only: the capsule of clamor's numpy data handler, made
- * on the first call (0 if it could not be). */
-uintptr_t clamor_py_numpy_handler(void);
-/* Python extension only (share()): the pointer fields of the object at
- * `obj` that hold no Python reference, as (CLAMOR_FIELD_*, address) pairs
- * in out[2 * max]; returns how many (0 for other types), -1 on error.  The
- * caller keeps the object alive. */
-enum clamor_field {
-    CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,
-    CLAMOR_FIELD_VALUES, CLAMOR_FIELD_TABLE, CLAMOR_FIELD_BUFFER, CLAMOR_FIELD_UTF8, CLAMOR_FIELD_WSTR,
-    CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
-};
-int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
-/* Bytes of the object's own body (basic size and items). */
-size_t clamor_py_body_size(uintptr_t obj);
-/* Conservative scan of the aligned words of [lo, lo + len), driver only:
- * words into the region but outside [lo, lo + len) go to inner[] (a repeat
- * of the previous one dropped), words inside one of the npriv sorted,
- * disjoint ranges [priv[2i], priv[2i+1]) go to outer[] as (offset, word)
- * pairs.  Stops when either array is full; returns the bytes scanned (len
- * once done). */
-size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
-                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
 
 #ifdef __cplusplus
 }

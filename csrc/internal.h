@@ -1,7 +1,11 @@
-/* internal.h -- shared internals of clamor's C core (prefix _cl_ / cl_).
+/* internal.h -- the internals of clamor's C core, shared between its files.
  *
- * Not installed, not part of the API.  Holds the process-wide region state,
- * page-state encoding, error and statistics helpers that several files use.
+ * Not installed, not part of the API (that is clamor.h).  Each function is
+ * declared under the file that defines it, with the state it shares; the
+ * page protocol has its own header (wire.h), and so does the run-time
+ * binding of libzmq (zmqdl.h).  Prefixes: cl_<file>_ for what one file
+ * exports to the others, clamor_py_ for the hooks only the Python extension
+ * has (pyheap.c, pyshare.c: cffi declares them in clamor/_cdefs.h).
  */
 #ifndef CLAMOR_INTERNAL_H
 #define CLAMOR_INTERNAL_H
@@ -16,41 +20,20 @@
 
 #define CL_OS_PAGE ((size_t)4096)
 
-/* ---- errors (error.c) ---------------------------------------------------- */
+/* ---- error.c: the failure detail ---------------------------------------- */
 
 /* Record a one-line detail for the calling thread and return `err`, so that
  * `return cl_err(EINVAL, "...", ...)` reads naturally. */
 int cl_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void cl_err_clear(void);
 
-/* ---- page states (pagetable.c) ------------------------------------------- *
- *
- * One 32-bit word per page of a worker's region.  The low byte is the state,
- * bit 8 says a thread is (or was) waiting on it, bits 16.. hold an errno for
- * CL_PG_ERROR.  Words are read and written with atomics and waited on with
- * futex(2) (futex.c), which the fault handler may use: it is a plain system
- * call.
- *
- *   ABSENT  -> WANTED   a fault, a prefetch or read-ahead asked for it
- *   WANTED  -> PRESENT  the pager copied it in and opened the public view
- *   WANTED  -> HELD     read-ahead data arrived; public view still closed so
- *                       that the first touch tells the pager to read further
- *   HELD    -> WANTED   that first touch (the pager then opens it)
- *   WANTED  -> ERROR    the fetch failed; every waiter reports the errno
- *   PRESENT -> ABSENT   dropped (invalidated, or on request)
- *   PRESENT -> HELD     evicted to bound mappings: closed, bytes kept
- */
-enum {
-    CL_PG_ABSENT = 0,
-    CL_PG_WANTED = 1,
-    CL_PG_PRESENT = 2,
-    CL_PG_HELD = 3,
-    CL_PG_ERROR = 4,
-};
-#define CL_PG_STATE(w) ((w) & 0xffu)
-#define CL_PG_WAITERS 0x100u
-#define CL_PG_ERRNO(w) ((int)((w) >> 16))
-#define CL_PG_MKERR(e) (CL_PG_ERROR | ((uint32_t)(e) << 16))
+/* ---- futex.c ------------------------------------------------------------ */
+
+/* Wait while *w == val (timeout_ms < 0: forever), wake every waiter.
+ * Async-signal-safe. */
+int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
+void cl_futex_wake(_Atomic uint32_t *w);
+
+/* ---- region.c: the mapping ---------------------------------------------- */
 
 /* Process-wide region state.  Written only by region calls (not
  * thread-safe against each other); read by everyone. */
@@ -78,10 +61,42 @@ static inline char *cl_page_addr(uint64_t idx) {
     return (char *)(cl_region.base + ((uintptr_t)idx << cl_region.page_shift));
 }
 
-/* Wait while *w == val (timeout_ms < 0: forever), wake every waiter
- * (futex.c).  Async-signal-safe. */
-int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
-void cl_futex_wake(_Atomic uint32_t *w);
+/* ---- pagetable.c: page states, install, drop ---------------------------- */
+
+/* One 32-bit word per page of a worker's region.  The low byte is the state,
+ * bit 8 says a thread is (or was) waiting on it, bits 16.. hold an errno for
+ * CL_PG_ERROR.  Words are read and written with atomics and waited on with
+ * futex(2) (futex.c), which the fault handler may use: it is a plain system
+ * call.
+ *
+ *   ABSENT  -> WANTED   a fault, a prefetch or read-ahead asked for it
+ *   WANTED  -> PRESENT  the pager copied it in and opened the public view
+ *   WANTED  -> HELD     read-ahead data arrived; public view still closed so
+ *                       that the first touch tells the pager to read further
+ *   HELD    -> WANTED   that first touch (the pager then opens it)
+ *   WANTED  -> ERROR    the fetch failed; every waiter reports the errno
+ *   PRESENT -> ABSENT   dropped (invalidated, or on request)
+ *   PRESENT -> HELD     evicted to bound mappings: closed, bytes kept
+ */
+enum {
+    CL_PG_ABSENT = 0,
+    CL_PG_WANTED = 1,
+    CL_PG_PRESENT = 2,
+    CL_PG_HELD = 3,
+    CL_PG_ERROR = 4,
+};
+#define CL_PG_STATE(w) ((w) & 0xffu)
+#define CL_PG_WAITERS 0x100u
+#define CL_PG_ERRNO(w) ((int)((w) >> 16))
+#define CL_PG_MKERR(e) (CL_PG_ERROR | ((uint32_t)(e) << 16))
+
+/* Page word bit: invalidated while its fetch was in flight; the reply is
+ * stale and must not be installed. */
+#define CL_PG_STALE 0x200u
+/* Page word bit (WANTED pages with waiters): the reply is here and the
+ * pager is writing and opening the page; waiters spin instead of sleeping,
+ * so that their wake-up overlaps that work (fault.c, pager.c). */
+#define CL_PG_ARRIVING 0x400u
 
 /* The page table (pagetable.c).  cl_pt_init() maps the state words of a
  * fresh worker region (every page ABSENT) and cl_pt_free() unmaps them;
@@ -95,19 +110,19 @@ void cl_pt_after_fork(void);
 int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);
 
-/* ---- allocator hooks (alloc.c) ------------------------------------------- */
+/* Worker: odd while held pages are being dropped (their memory punched),
+ * bumped at the start and at the end of each drop (pagetable.c); a page
+ * server copying a page checks it was even and did not move during the
+ * copy. */
+extern _Atomic uint64_t cl_pt_drops;
 
-/* 1 if any byte of [off, off+len) of the region belongs to memory the
- * allocator has handed out (now or since its last reuse), else 0.  Lock-free;
- * the page server calls it to refuse pages nobody allocated. */
-int cl_alloc_range_used(uint64_t off, uint64_t len);
-/* Forget all allocator state (region closed). */
-void cl_alloc_reset(void);
-
-/* ---- fault handler (fault.c) --------------------------------------------- */
+/* ---- fault.c: the SIGSEGV handler --------------------------------------- */
 
 /* Wake fd the handler writes a page index to (-1: no pager). */
 extern _Atomic int cl_fault_wake_fd;
+
+/* ---- pager.c: fetch and install (workers) ------------------------------- */
+
 /* Words on the pager's pipe: a page index; with CL_REQ_MARKER, set by the
  * handler when the page was HELD (read-ahead marker); or a run of pages from
  * clamor_prefetch(): CL_REQ_RANGE | count << 40 | first. */
@@ -116,7 +131,56 @@ extern _Atomic int cl_fault_wake_fd;
 #define CL_REQ_INDEX ((1ull << 40) - 1)
 #define CL_REQ_MAXRUN 0x3fffffull
 
-/* ---- page versions (version.c, driver) ------------------------------------ */
+/* Stage of the task running in this worker (sent with every page request),
+ * the highest stage it has run, and a counter bumped after every change of
+ * stage.  A worker re-running a task of an older stage (lineage recovery)
+ * is "rewound": it may hold old versions, so its page server refuses
+ * requests of newer stages (server.c). */
+extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
+extern _Atomic uint64_t cl_worker_view;
+int cl_pager_stop_after_fork(void);
+
+/* ---- prefetch.c --------------------------------------------------------- */
+
+/* Post page idx (already WANTED) to the pager: 0, ENOTCONN (no pager) or
+ * write(2)'s errno. */
+int cl_prefetch_enqueue(uint64_t idx);
+/* Worker: how many of the n bytes at p can be read (they lie before the
+ * first page the driver never allocated), fetching them. */
+size_t cl_prefetch_readable(const void *p, size_t n);
+
+/* ---- peers.c: the pager's peers and hints (pager thread only) ----------- */
+
+#define CL_PEERS_MAX 64
+struct cl_zmq_pollitem;
+void *cl_peer_sock(int k);
+void *cl_peer_connect(void *ctx, int k, const char *endpoint);
+int cl_peer_pollitems(struct cl_zmq_pollitem *it); /* room for CL_PEERS_MAX */
+void cl_peer_close_all(bool abandon);
+void cl_peer_silent(int k);
+bool cl_peer_is(int k, const char *endpoint);
+void cl_hints_take(void *sock, uint32_t stage);
+int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
+
+/* ---- server.c: the page server ------------------------------------------ */
+
+int cl_server_stop_after_fork(void);
+
+/* ---- directory.c: who holds which page (driver) ------------------------- */
+
+int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen);
+int cl_dir_peer_of(const void *id, size_t idlen);
+int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint);
+void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer);
+void cl_dir_miss(uint64_t first, uint32_t count, int peer);
+size_t cl_dir_hints(int self, uint32_t stage, uint8_t *out, size_t cap);
+void cl_dir_changed(uint64_t p, uint32_t stage);
+void cl_dir_reset(void);
+void cl_dir_forget_all(void);
+/* The driver is about to write page p: forget its holders.  Async-signal-safe. */
+void cl_dir_page_written(uint64_t p);
+
+/* ---- version.c: page versions (driver) ---------------------------------- */
 
 /* Called by the fault handler for a write to a write-protected driver page:
  * log its content for the current stage and open it.  Async-signal-safe.
@@ -132,68 +196,84 @@ int cl_version_open(uintptr_t a, size_t len);
 void cl_version_discarded(uint64_t first, uint64_t n);
 void cl_version_reset(void);
 
-/* Stage of the task running in this worker (sent with every page request),
- * the highest stage it has run, and a counter bumped after every change of
- * stage.  A worker re-running a task of an older stage (lineage recovery)
- * is "rewound": it may hold old versions, so its page server refuses
- * requests of newer stages (server.c). */
-extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
-extern _Atomic uint64_t cl_worker_view;
-/* Worker: odd while held pages are being dropped (their memory punched),
- * bumped at the start and at the end of each drop (pagetable.c); a page
- * server copying a page checks it was even and did not move during the
- * copy. */
-extern _Atomic uint64_t cl_pt_drops;
-/* Page word bit: invalidated while its fetch was in flight; the reply is
- * stale and must not be installed. */
-#define CL_PG_STALE 0x200u
-/* Page word bit (WANTED pages with waiters): the reply is here and the
- * pager is writing and opening the page; waiters spin instead of sleeping,
- * so that their wake-up overlaps that work (fault.c, pager.c). */
-#define CL_PG_ARRIVING 0x400u
-
-/* ---- page directory (directory.c, driver) --------------------------------- */
-
-int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen);
-int cl_dir_peer_of(const void *id, size_t idlen);
-int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint);
-void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer);
-void cl_dir_miss(uint64_t first, uint32_t count, int peer);
-size_t cl_dir_hints(int self, uint32_t stage, uint8_t *out, size_t cap);
-void cl_dir_changed(uint64_t p, uint32_t stage);
-void cl_dir_reset(void);
-void cl_dir_forget_all(void);
 /* Copy-on-write versions are on (a stage has begun): only then do pages
  * change at known points, so only then may peers serve them. */
 bool cl_version_active(void);
 bool cl_version_open_now(uint64_t p);
-/* The driver is about to write page p: forget its holders.  Async-signal-safe. */
-void cl_dir_page_written(uint64_t p);
 
-/* ---- pager and server ---------------------------------------------------- */
+/* ---- alloc.c: the region allocator -------------------------------------- */
 
-int cl_pager_stop_after_fork(void);
+/* 1 if any byte of [off, off+len) of the region belongs to memory the
+ * allocator has handed out (now or since its last reuse), else 0.  Lock-free;
+ * the page server calls it to refuse pages nobody allocated. */
+int cl_alloc_range_used(uint64_t off, uint64_t len);
+/* Forget all allocator state (region closed). */
+void cl_alloc_reset(void);
 
-/* ---- the pager's peers and hints (peers.c; pager thread only) ------------ */
+/* ---- interpose.c: malloc interposition ---------------------------------- */
 
-#define CL_PEERS_MAX 64
-struct cl_zmq_pollitem;
-void *cl_peer_sock(int k);
-void *cl_peer_connect(void *ctx, int k, const char *endpoint);
-int cl_peer_pollitems(struct cl_zmq_pollitem *it); /* room for CL_PEERS_MAX */
-void cl_peer_close_all(bool abandon);
-void cl_peer_silent(int k);
-bool cl_peer_is(int k, const char *endpoint);
-void cl_hints_take(void *sock, uint32_t stage);
-int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
-
-int cl_server_stop_after_fork(void);
-/* Ask the pager to fetch [first, first+count) pages (already WANTED). */
-int cl_pager_enqueue(uint64_t idx);
-size_t cl_region_readable(const void *p, size_t n);
+/* Depth of the calling thread's heap blocks (0: outside every block). */
+extern __thread int cl_heap_depth __attribute__((tls_model("initial-exec")));
+/* In a forked child: no thread is inside a block any more. */
 void cl_heap_reset_after_fork(void);
 
-/* ---- statistics (stats.c) ------------------------------------------------ */
+/* ---- pyheap.c: Python's allocators (the Python extension only) ---------- */
+
+/* Wrap the three PyMem domains (once; needs the GIL), and set/restore
+ * numpy's NEP 49 data handler for a block (0 or -1 with a Python exception
+ * set). */
+int clamor_py_heap_install(void);
+int clamor_py_numpy_enter(void);
+int clamor_py_numpy_exit(void);
+/* numpy's default data handler until the matching clamor_py_numpy_exit()
+ * (heap suspension). */
+int clamor_py_numpy_suspend(void);
+/* Hand numpy's cache of shape buffers to the side of the heap block the
+ * calling thread is on (inside 1, outside 0); needs the allocators of that
+ * side to be in place.  0 or -1 (the error is printed). */
+int clamor_py_numpy_dims_flush(int inside);
+/* How many times region memory was freed outside a heap block on the
+ * driver (region objects dying in ordinary code). */
+unsigned long clamor_py_region_dropped(void);
+/* Give the dicts and lists in `objs` (a list, such as gc.get_objects())
+ * that lie outside the region but grew a table in it a table outside;
+ * outside every block.  How many moved, or -1. */
+long clamor_py_rehome(uintptr_t objs);
+/* The capsule of clamor's numpy data handler, made on the first call (0 if
+ * it could not be). */
+uintptr_t clamor_py_numpy_handler(void);
+/* numpy's C API is loaded: 0, or -1. */
+int cl_py_numpy_ready(void);
+
+/* ---- pyfreelist.c: CPython's free lists (the Python extension only) ----- */
+
+/* Empty CPython's free lists of region objects, outside every heap block:
+ * how many region objects were on them, or -1 (the error is printed). */
+long clamor_py_freelists_flush(void);
+
+/* ---- pyshare.c: what share() cannot see (the Python extension only) ----- */
+
+/* The pointer fields of the object at `obj` that hold no Python reference,
+ * as (CLAMOR_FIELD_*, address) pairs in out[2 * max]; returns how many (0
+ * for other types), -1 on error.  The caller keeps the object alive. */
+enum clamor_field {
+    CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,
+    CLAMOR_FIELD_VALUES, CLAMOR_FIELD_TABLE, CLAMOR_FIELD_BUFFER, CLAMOR_FIELD_UTF8, CLAMOR_FIELD_WSTR,
+    CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
+};
+int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+/* Bytes of the object's own body (basic size and items). */
+size_t clamor_py_body_size(uintptr_t obj);
+/* Conservative scan of the aligned words of [lo, lo + len), driver only:
+ * words into the region but outside [lo, lo + len) go to inner[] (a repeat
+ * of the previous one dropped), words inside one of the npriv sorted,
+ * disjoint ranges [priv[2i], priv[2i+1]) go to outer[] as (offset, word)
+ * pairs.  Stops when either array is full; returns the bytes scanned (len
+ * once done). */
+size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
+                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
+
+/* ---- stats.c: counters and the latency histogram ------------------------ */
 
 /* The counters of struct clamor_stats (CLAMOR_STATS in clamor.h), as relaxed
  * atomics; the VALUE fields are worked out by clamor_stats_get(). */
@@ -209,8 +289,5 @@ void cl_stats_latency(uint64_t ns);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t cl_now_ns(void);
-
-/* pyheap.c (Python extension only): numpy's C API is loaded; 0 or -1. */
-int cl_py_numpy_ready(void);
 
 #endif /* CLAMOR_INTERNAL_H */

@@ -74,7 +74,7 @@ static void *w_realloc(void *p, size_t n) {
         /* worker: a private copy; the region block stays (its old size is
          * the driver's to know: copy what can be read of n bytes) */
         void *q = __libc_malloc(n);
-        if (q) memcpy(q, p, cl_region_readable(p, n));
+        if (q) memcpy(q, p, cl_prefetch_readable(p, n));
         return q;
     }
     if (cl_heap_depth) { /* move the block into the region */

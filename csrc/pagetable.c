@@ -191,7 +191,7 @@ static void discard_stale(uint64_t i) {
     uint32_t s = atomic_load(w);
     if (s & CL_PG_WAITERS) {
         atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
-        if (cl_pager_enqueue(i) != 0) { /* no pager: the waiter must not hang */
+        if (cl_prefetch_enqueue(i) != 0) { /* no pager: the waiter must not hang */
             atomic_store(w, CL_PG_MKERR(ENOTCONN));
             cl_futex_wake(w);
         }
@@ -349,7 +349,7 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             uint32_t exp = CL_PG_WANTED;
             if (!atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) { /* a waiter came */
                 atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
-                if (cl_pager_enqueue(i) != 0) {
+                if (cl_prefetch_enqueue(i) != 0) {
                     atomic_store(w, CL_PG_MKERR(ENOTCONN));
                     cl_futex_wake(w);
                 }

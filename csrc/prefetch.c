@@ -87,7 +87,7 @@ int clamor_prefetch(const void *addr, size_t len) {
  * For realloc of a region block on a worker, whose old size only the
  * driver knows: copying up to n readable bytes keeps every byte of the old
  * block, and never faults on a page that would end the process. */
-size_t cl_region_readable(const void *p, size_t n) {
+size_t cl_prefetch_readable(const void *p, size_t n) {
     uintptr_t a = (uintptr_t)p;
     if (n == 0 || cl_region.role != CLAMOR_ROLE_WORKER || a - cl_region.base >= cl_region.size) return 0;
     if (n > cl_region.size - (a - cl_region.base)) n = cl_region.size - (a - cl_region.base);
@@ -107,7 +107,7 @@ size_t cl_region_readable(const void *p, size_t n) {
     return n;
 }
 
-int cl_pager_enqueue(uint64_t idx) {
+int cl_prefetch_enqueue(uint64_t idx) {
     int fd = atomic_load(&cl_fault_wake_fd);
     if (fd < 0) return ENOTCONN;
     return write(fd, &idx, sizeof idx) == sizeof idx ? 0 : errno;

@@ -30,8 +30,6 @@
 
 #include "internal.h"
 
-extern __thread int cl_heap_depth __attribute__((tls_model("initial-exec")));
-
 static PyMemAllocatorEx orig[3];
 static int py_heap_install(void);
 static int installed;
@@ -75,7 +73,7 @@ static void *h_realloc(void *ctx, void *p, size_t n) {
         /* a worker: a private copy; the region block stays.  Its old size
          * is the driver's to know: copy what can be read of n bytes. */
         void *q = o->malloc(o->ctx, n);
-        if (q) memcpy(q, p, cl_region_readable(p, n));
+        if (q) memcpy(q, p, cl_prefetch_readable(p, n));
         return q;
     }
     if (cl_heap_depth && p) {
@@ -131,7 +129,7 @@ static void *n_realloc(void *ctx, void *p, size_t n) {
     if (worker()) {
         if (!p || !in_region(p)) return realloc(p, n ? n : 1);
         void *q = malloc(n ? n : 1); /* a private copy; the region block stays */
-        if (q) memcpy(q, p, cl_region_readable(p, n));
+        if (q) memcpy(q, p, cl_prefetch_readable(p, n));
         return q;
     }
     if (p && !in_region(p)) { /* an array from before, grown in the block */

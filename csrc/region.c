@@ -127,6 +127,8 @@ static int new_memfd(size_t size, int *fd_out) {
     return 0;
 }
 
+static int reset_after_fork(void);
+
 /* A forked worker may touch the region before any of its own code runs:
  * the interpreter's after-fork work reuses objects from CPython's free lists
  * and reads dicts and caches that grew inside a heap() block.  Every page is
@@ -134,10 +136,10 @@ static int new_memfd(size_t size, int *fd_out) {
  * fork() returns to the child, and such a touch is fetched like any other
  * instead of dying for want of a pager.  (glibc has unlocked malloc by the
  * time child handlers run; the threads are this process's first.)  A
- * failure leaves them stopped; clamor/region.py tries again. */
+ * failure leaves them stopped; clamor/memory/region.py tries again. */
 static void atfork_child(void) {
     cl_heap_reset_after_fork(); /* first: allocations below must not go to the region */
-    if (cl_region.role == CLAMOR_ROLE_NONE || clamor_region_reset_after_fork() != 0) return;
+    if (cl_region.role == CLAMOR_ROLE_NONE || reset_after_fork() != 0) return;
     const char *parent = clamor_fork_parent_endpoint();
     if (!parent[0]) { /* no page server to fetch from: a touch ends with a clear message, not a bare SIGSEGV */
         clamor_fault_install();
@@ -236,7 +238,9 @@ static char fork_parent_ep[256];
 
 const char *clamor_fork_parent_endpoint(void) { return fork_parent_ep; }
 
-int clamor_region_reset_after_fork(void) {
+/* Make this forked child a worker: a fresh private memfd at the same
+ * address, every page absent, none of the parent's threads. */
+static int reset_after_fork(void) {
     if (cl_region.role == CLAMOR_ROLE_NONE) return cl_err(ENXIO, "no region to reset");
     /* The parent's threads are gone; forget them without touching their
      * (now orphaned) libzmq state. */

@@ -401,16 +401,22 @@ def _prototypes(text):
     return out
 
 
-def test_cdefs_match_public_header():
+def test_cdefs_match_the_headers():
     cdefs = _prototypes((ROOT / "clamor" / "_cdefs.h").read_text())
-    header = _prototypes((ROOT / "csrc" / "clamor.h").read_text())
+    public = _prototypes((ROOT / "csrc" / "clamor.h").read_text())
+    internal = _prototypes((ROOT / "csrc" / "internal.h").read_text())
     assert len(cdefs) >= 40, sorted(cdefs)  # the regex found them
+    header = {**public, **internal}
+    assert not set(public) & set(internal), "declared in both headers"
     missing = sorted(set(cdefs) - set(header))
-    assert not missing, f"declared in _cdefs.h but not in csrc/clamor.h: {missing}"
+    assert not missing, f"declared in _cdefs.h but in neither csrc/clamor.h nor csrc/internal.h: {missing}"
     differ = {n: (cdefs[n], header[n]) for n in cdefs if cdefs[n] != header[n]}
     assert not differ, differ
-    # every function of the public header reaches Python
+    # every function of the public header reaches Python; the hooks only the
+    # Python extension has are internal, and reach Python too
     assert sorted(set(header) - set(cdefs)) == []
+    assert not [n for n in public if n.startswith("clamor_py_")]
+    assert internal and all(n.startswith("clamor_py_") for n in internal), sorted(internal)
     from clamor._native import lib
     for name in cdefs:
         assert callable(getattr(lib, name)), name
