@@ -54,12 +54,10 @@ static struct {
         size_t idlen;
         char endpoint[200];
         double load;
-        uint64_t redirects, misses;
         uint64_t hint_next; /* where its hint sweep goes on */
     } peer[MAXPEERS];
     uint64_t hi;                /* pages at or past it were never recorded held */
     uint64_t rng;
-    uint64_t redirects, misses;
 } D;
 
 static pthread_mutex_t dir_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -157,8 +155,6 @@ int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, cons
     }
     for (int i = 0; i < D.npeers; i++) D.peer[i].load *= 0.995; /* recent redirects weigh most */
     D.peer[pick].load += 1.0;
-    D.peer[pick].redirects++;
-    D.redirects++;
     *endpoint = D.peer[pick].endpoint;
     return pick;
 }
@@ -225,8 +221,6 @@ void cl_dir_page_written(uint64_t p) {
 void cl_dir_miss(uint64_t first, uint32_t count, int peer) {
     if (peer < 0 || peer >= D.npeers || !D.holders) return;
     for (uint64_t p = first; p < first + count; p++) D.holders[p] &= ~(1ull << peer);
-    D.peer[peer].misses++;
-    D.misses++;
 }
 
 /* Page p changed before `stage`: no worker holds the new version. */
@@ -267,11 +261,6 @@ void clamor_replication_reset(void) {
     D.npeers = 0;
     memset(D.peer, 0, sizeof D.peer);
     pthread_mutex_unlock(&dir_lock);
-}
-
-void clamor_replication_stats(uint64_t *redirects, uint64_t *misses) {
-    *redirects = D.redirects;
-    *misses = D.misses;
 }
 
 void cl_dir_reset(void) {

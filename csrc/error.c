@@ -20,6 +20,4 @@ int cl_err(int err, const char *fmt, ...) {
     return err;
 }
 
-void cl_err_clear(void) { cl_errbuf[0] = '\0'; }
-
 const char *clamor_last_error(void) { return cl_errbuf; }

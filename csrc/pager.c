@@ -505,7 +505,7 @@ static void *pager_main(void *arg) {
                 uint32_t ev = 0;
                 size_t sz = sizeof ev;
                 on_reply(it[j].socket);
-                if (cl_zmq.getsockopt(it[j].socket, 15 /* ZMQ_EVENTS */, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN))
+                if (cl_zmq.getsockopt(it[j].socket, CL_ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN))
                     break;
             }
         }

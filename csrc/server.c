@@ -311,7 +311,7 @@ static void *server_main(void *arg) {
                 uint32_t ev = 0;
                 size_t sz = sizeof ev;
                 serve_one();
-                if (cl_zmq.getsockopt(S.sock, 15 /* ZMQ_EVENTS */, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
+                if (cl_zmq.getsockopt(S.sock, CL_ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
             }
         }
     }

@@ -39,7 +39,6 @@ int clamor_zmq_load(const char *path) {
     struct cl_zmq z;
     SYM(ctx_new, "zmq_ctx_new");
     SYM(ctx_term, "zmq_ctx_term");
-    SYM(ctx_set, "zmq_ctx_set");
     SYM(socket, "zmq_socket");
     SYM(close, "zmq_close");
     SYM(setsockopt, "zmq_setsockopt");
@@ -50,7 +49,6 @@ int clamor_zmq_load(const char *path) {
     SYM(recv, "zmq_recv");
     SYM(msg_init, "zmq_msg_init");
     SYM(msg_init_size, "zmq_msg_init_size");
-    SYM(msg_init_data, "zmq_msg_init_data");
     SYM(msg_send, "zmq_msg_send");
     SYM(msg_recv, "zmq_msg_recv");
     SYM(msg_close, "zmq_msg_close");

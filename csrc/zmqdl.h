@@ -10,25 +10,17 @@
 
 #include <stddef.h>
 
-#define CL_ZMQ_REQ 3
-#define CL_ZMQ_REP 4
 #define CL_ZMQ_DEALER 5
 #define CL_ZMQ_ROUTER 6
 #define CL_ZMQ_DONTWAIT 1
 #define CL_ZMQ_SNDMORE 2
-#define CL_ZMQ_IO_THREADS 1
 #define CL_ZMQ_SNDHWM 23
-#define CL_ZMQ_RCVHWM 24
 #define CL_ZMQ_MAXMSGSIZE 22
 #define CL_ZMQ_RCVMORE 13
 #define CL_ZMQ_LINGER 17
-#define CL_ZMQ_RCVTIMEO 27
-#define CL_ZMQ_SNDTIMEO 28
+#define CL_ZMQ_EVENTS 15
 #define CL_ZMQ_LAST_ENDPOINT 32
-#define CL_ZMQ_ROUTER_MANDATORY 33
-#define CL_ZMQ_IMMEDIATE 39
 #define CL_ZMQ_POLLIN 1
-#define CL_ZMQ_POLLOUT 2
 #define CL_ZMQ_ETERM (156384712 + 53)
 
 typedef union cl_zmq_msg {
@@ -46,7 +38,6 @@ typedef struct cl_zmq_pollitem {
 struct cl_zmq {
     void *(*ctx_new)(void);
     int (*ctx_term)(void *);
-    int (*ctx_set)(void *, int, int);
     void *(*socket)(void *, int);
     int (*close)(void *);
     int (*setsockopt)(void *, int, const void *, size_t);
@@ -57,7 +48,6 @@ struct cl_zmq {
     int (*recv)(void *, void *, size_t, int);
     int (*msg_init)(cl_zmq_msg *);
     int (*msg_init_size)(cl_zmq_msg *, size_t);
-    int (*msg_init_data)(cl_zmq_msg *, void *, size_t, void (*)(void *, void *), void *);
     int (*msg_send)(cl_zmq_msg *, void *, int);
     int (*msg_recv)(cl_zmq_msg *, void *, int);
     int (*msg_close)(cl_zmq_msg *);
