@@ -49,7 +49,8 @@ def _flush_dims(inside):
 
 
 def prepare_fork():
-    """Call right before ``os.fork()`` of a worker.
+    """Call right before ``os.fork()`` of a worker, before making anything
+    the child reads.
 
     CPython keeps freed objects of the common types (lists, tuples, dicts,
     floats, ...) on free lists and hands them out again, and numpy keeps
@@ -57,11 +58,14 @@ def prepare_fork():
     after it can sit there; a forked worker starts with every region page
     absent and no pager yet, so the interpreter's own first allocations
     after fork would touch the region and kill the child.  A full
-    collection empties the free lists; numpy's cache is flushed.
+    collection empties the free lists; numpy's cache is flushed; tables
+    that ordinary dicts and lists took from the region go back outside.
     """
     if _installed:
         gc.collect()
         _flush_dims(active())
+        if not active():
+            _rehome()
         global _dropped_seen
         _dropped_seen = lib.clamor_py_region_dropped()
 
@@ -71,18 +75,22 @@ _dropped_seen = 0
 
 def release_dropped():
     """Before the runtime makes objects that travel (a stage's payload):
-    if region objects died in ordinary code since the last look, empty the
-    caches that may hold them, so that the runtime's own objects are not
-    taken from the region and shipped as if the user had shared them.
-    Outside heap blocks only; cheap when nothing was dropped."""
+    CPython's free lists and numpy's cache of shape buffers may hold region
+    objects that died in ordinary code since a block.  They are emptied, so
+    that the runtime's own tuples and dicts are not region memory shipped as
+    if the user had shared it.  A full collection as well when region
+    memory was freed outside a block since the last look (a dying container
+    may keep others alive in a cycle).  Outside heap blocks only."""
     global _dropped_seen
     if not _installed or active():
         return
     n = lib.clamor_py_region_dropped()
     if n != _dropped_seen:
         gc.collect()
-        _flush_dims(False)
         _dropped_seen = lib.clamor_py_region_dropped()
+    if lib.clamor_py_freelists_flush() < 0:
+        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+    _flush_dims(False)
 
 
 def active():

@@ -5,10 +5,14 @@ lives in the region travels as a reference (offset, dtype, shape, strides),
 never as its bytes: the receiving worker faults in the pages it reads.  So a
 closure that captures a 1 GiB region array pickles to a few hundred bytes.
 A Python object that lives in the region (built under ``clamor.heap()``)
-travels as its offset and is used in place by forked workers.
+travels as its offset and is used in place by forked workers, once
+``clamor.share()`` vouches for it; one that share() refuses travels by
+value, as any other object does (the reason is logged at INFO level on the
+``clamor.serialize`` logger; call ``clamor.share(obj)`` to see it).
 """
 import ctypes
 import io
+import logging
 import pickle
 import types
 
@@ -16,9 +20,13 @@ import cloudpickle
 import numpy as np
 
 from .. import errors
+from ..errors import NotShareable
 from ..memory import region
-from .collection import DataCollection
 from ..memory.refs import ArrayRef
+from ..memory.share import share
+from .collection import DataCollection
+
+log = logging.getLogger("clamor.serialize")
 
 
 def _from_ref(ref):
@@ -39,7 +47,8 @@ def _in_region(a):
     return region.contains(addr, max(a.nbytes, 1))
 
 
-# Region objects already checked by clamor.share(): id -> (type, length).
+# Region objects already checked by clamor.share(): id -> (type, length),
+# or ("by value", type, length) for one share() refused.
 # A walk of a big structure costs, so it is not repeated for every stage;
 # one that grew or shrank, or an id now naming another object, is checked
 # again.  (A same-size change, such as d[k] = a new object, is not seen:
@@ -74,10 +83,23 @@ class _Pickler(cloudpickle.CloudPickler):
         # behind it.
         if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
             sig = (type(obj), _length(obj))
-            if _shared.get(id(obj)) != sig:
-                from ..memory.share import share
+            known = _shared.get(id(obj))
+            if known == sig:
+                return ("clamor-object", id(obj) - _base)
+            if known == ("by value",) + sig:
+                return None
+            try:
                 share(obj)
-                _shared[id(obj)] = sig
+            except NotShareable as err:
+                # Workers could not read it in place: it travels by value,
+                # like any object outside the region, and the task computes
+                # what it would in one process.  (Often not the user's at
+                # all: a tuple or dict that CPython took from a free list
+                # holding region objects that died after a block.)
+                log.info("a region %s travels by value: %s", type(obj).__name__, err)
+                _shared[id(obj)] = ("by value",) + sig
+                return None
+            _shared[id(obj)] = sig
             return ("clamor-object", id(obj) - _base)
         return None
 

@@ -1,0 +1,104 @@
+/* pyfreelist.c -- hand CPython's free lists back to ordinary memory.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).  CPython keeps
+ * dead objects of the common types (floats, tuples of up to 19 items,
+ * lists, dicts and small dict key tables) on free lists and hands them to
+ * the next object of that type.  A region object that dies outside a heap()
+ * block goes there without any call to the allocator, and the runtime's own
+ * next tuple or dict would then be region memory: shipped as if the user
+ * had shared it, and read by workers at the wrong version.  A full
+ * collection empties the lists, but costs tens of milliseconds; this does
+ * it through the types themselves, in a few: it takes objects of each kind
+ * until it has more outside the region than the list holds, then lets
+ * those go first (they fill the list) and the region ones last (the list
+ * is full: they go back to the region allocator).  The capacities are CPython's
+ * (3.11-3.13: 100 floats, 2000 tuples of each size, 80 lists, 80 dicts, 80
+ * key tables); taking more than that is harmless.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "internal.h"
+
+#define TUPLE_SIZES 19
+#define TAKE_TUPLES 2100
+#define TAKE_OTHERS 200
+
+static inline int regional(PyObject *o) {
+    if (cl_in_region((uintptr_t)o)) return 1;
+    // a dict outside whose key table came off the key-table list
+    return PyDict_CheckExact(o) && cl_in_region((uintptr_t)((PyDictObject *)o)->ma_keys);
+}
+
+// Let go of held[0..n): outside the region first.
+static void release(PyObject **held, Py_ssize_t n) {
+    for (int pass = 0; pass < 2; pass++)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (held[i] && regional(held[i]) == pass) Py_CLEAR(held[i]);
+}
+
+static PyObject *make(int kind, Py_ssize_t size) {
+    switch (kind) {
+    case 0: return PyFloat_FromDouble(0.5);
+    case 1: return PyList_New(0);
+    case 2: {
+        PyObject *d = PyDict_New(); // its key table comes with its first item
+        if (d && PyDict_SetItem(d, Py_None, Py_None) < 0) Py_CLEAR(d);
+        return d;
+    }
+    default: {
+        PyObject *t = PyTuple_New(size);
+        if (t)
+            for (Py_ssize_t i = 0; i < size; i++) {
+                Py_INCREF(Py_None);
+                PyTuple_SET_ITEM(t, i, Py_None);
+            }
+        return t;
+    }
+    }
+}
+
+static int flush(long *moved) {
+    // Enough objects outside the region to fill a list on their own, plus
+    // every region one the list held (no more than its capacity).
+    PyObject **held = PyMem_RawMalloc(sizeof(PyObject *) * 2 * TAKE_TUPLES);
+    if (!held) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+    for (int kind = 0; kind < 3 + TUPLE_SIZES && rc == 0; kind++) {
+        Py_ssize_t size = kind >= 3 ? kind - 2 : 0, want = kind >= 3 ? TAKE_TUPLES : TAKE_OTHERS;
+        Py_ssize_t n = 0, outside = 0, region = 0;
+        while (outside < want && n < 2 * want) {
+            if (!(held[n] = make(kind, size))) {
+                rc = -1; // the Python error is set
+                break;
+            }
+            if (regional(held[n++])) region++;
+            else outside++;
+        }
+        *moved += region;
+        release(held, n);
+    }
+    PyMem_RawFree(held);
+    return rc;
+}
+
+/* The calling thread outside every heap block.  Returns how many region
+ * objects were on the lists, or -1 (the error is printed). */
+long clamor_py_freelists_flush(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long moved = 0;
+    if (cl_heap_depth) {
+        PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_flush inside a heap block");
+        moved = -1;
+    } else if (flush(&moved) < 0) {
+        moved = -1;
+    }
+    if (moved < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return moved;
+}
+#endif /* CLAMOR_WITH_PYTHON */
