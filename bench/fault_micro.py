@@ -15,14 +15,13 @@ last line printed is the benchmark's JSON line.
 """
 import argparse
 import glob
-import json
 import os
-import shutil
 import subprocess
 import sys
 
+from _common import ROOT, c_compiler, last_json_line
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 CSRC = os.path.join(ROOT, "csrc")
 SOURCE = os.path.join(HERE, "fault_micro.c")
 
@@ -55,9 +54,7 @@ def build(build_dir):
     deps = sources + glob.glob(os.path.join(CSRC, "*.h"))
     if os.path.exists(exe) and os.path.getmtime(exe) >= max(map(os.path.getmtime, deps)):
         return exe
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise SystemExit("fault_micro: no C compiler (cc) found")
+    cc = c_compiler("fault_micro")
     tmp = exe + ".tmp%d" % os.getpid()
     cmd = [cc, "-std=gnu11", "-O2", "-pthread", "-I" + CSRC, *sources, "-o", tmp, "-ldl", "-lm"]
     subprocess.run(cmd, check=True)
@@ -91,9 +88,8 @@ def main(argv=None):
     if proc.returncode != 0:
         print(f"fault_micro: the benchmark failed (exit {proc.returncode})", file=sys.stderr)
         return proc.returncode or 1
-    lines = proc.stdout.strip().splitlines()
     try:
-        json.loads(lines[-1])
+        last_json_line(proc.stdout)
     except (IndexError, ValueError):
         print("fault_micro: the benchmark printed no JSON line", file=sys.stderr)
         return 1

@@ -59,10 +59,7 @@ come from.
                         [--page-size 64K] [--readahead 0]
 """
 import argparse
-import concurrent.futures
-import ctypes
-import json
-import multiprocessing as mp
+import functools
 import os
 import pickle
 import shutil
@@ -75,7 +72,8 @@ import time
 
 import numpy as np
 
-from clamor import geo
+from _common import Spawned, bounds, die_with_parent, json_line, parse_size
+from clamor.demo import geo
 
 # ---- a small RESP client ------------------------------------------------------------
 
@@ -126,11 +124,6 @@ class Resp:
         self.sock.close()
 
 
-def _die_with_parent():
-    # PR_SET_PDEATHSIG: redis-server goes if this script is killed
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
 class RedisServer:
     """redis-server on a free loopback port, no persistence, own temp dir."""
 
@@ -146,7 +139,8 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--daemonize", "no", "--logfile", ""],
-            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            # redis-server goes if this script is killed
+            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=functools.partial(die_with_parent, signal.SIGKILL))
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -272,41 +266,8 @@ def redis_worker(conn, port):
         return
 
 
-class Procs:
-    """``n`` spawned processes running ``target(conn, *args)``."""
-
-    def __init__(self, n, target, *args):
-        ctx = mp.get_context("spawn")  # never a fork of a process with a region
-        self.procs, self.conns = [], []
-        self.pool = concurrent.futures.ThreadPoolExecutor(n)
-        for _ in range(n):
-            a, b = ctx.Pipe()
-            p = ctx.Process(target=target, args=(b,) + args, daemon=True)
-            p.start()
-            b.close()
-            self.procs.append(p)
-            self.conns.append(a)
-
-    def map(self, fn):
-        return list(self.pool.map(fn, range(len(self.conns))))
-
-    def close(self):
-        for c in self.conns:
-            try:
-                c.send(None)
-                c.close()
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self.pool.shutdown()
-
-
 def shares(n, w):
-    b = [(n * i) // w for i in range(w + 1)]
+    b = bounds(n, w)
     return [slice(b[i], b[i + 1]) for i in range(w)]
 
 
@@ -338,15 +299,6 @@ def compare_redis(ref, got, meta, queries):
     return same, ties, wrong, topdiff, err
 
 
-def parse_size(text):
-    """"64K", "1M", "65536" -> bytes; None stays None."""
-    if text is None:
-        return None
-    t = text.strip().upper().rstrip("B").rstrip("I")
-    shift = {"K": 10, "M": 20}.get(t[-1:], 0)
-    return int(t[:-1] if shift else t) << shift
-
-
 def mib(n):
     return f"{n / 2**20:10,.1f} MiB"
 
@@ -363,8 +315,10 @@ def main():
     ap.add_argument("--redis-queries", type=int, default=20_000)
     ap.add_argument("--region", default="paris", choices=sorted(geo.REGIONS))
     ap.add_argument("--radius-km", type=float, default=100.0)
-    ap.add_argument("--page-size", default=None, help="clamor page size, e.g. 64K (default: the region's)")
-    ap.add_argument("--readahead", default=None, help="clamor read-ahead window, e.g. 0 or 4M (default: clamor's)")
+    ap.add_argument("--page-size", type=parse_size, default=None,
+                    help="clamor page size, e.g. 64K (default: the region's)")
+    ap.add_argument("--readahead", type=parse_size, default=None,
+                    help="clamor read-ahead window, e.g. 0 or 4M (default: clamor's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
@@ -382,13 +336,13 @@ def main():
     try:
         # Every worker of every system exists before the data does.
         redis = RedisServer()
-        bcast = Procs(w, broadcast_worker)
-        rclients = Procs(w, redis_worker, redis.port)
+        bcast = Spawned(w, broadcast_worker)
+        rclients = Spawned(w, redis_worker, redis.port)
         for c in rclients.conns:
             c.recv()
         if args.readahead is not None:
-            clamor.configure(readahead=parse_size(args.readahead))  # the forked workers inherit it
-        with clamor.Cluster(workers=w, page_size=parse_size(args.page_size), progress=None) as cl:
+            clamor.configure(readahead=args.readahead)  # the forked workers inherit it
+        with clamor.Cluster(workers=w, page_size=args.page_size, progress=None) as cl:
             t0 = time.perf_counter()
             places = geo.load_places(args.dataset)
             n = len(places) * args.scale
@@ -503,7 +457,7 @@ def main():
           f"{bcast_s / clamor_s:.2f}x; per query: redis / clamor = {redis_q / cl_q:.1f}x   "
           f"[{time.perf_counter() - t_all:.0f} s in all]")
     ok = bool(not bad_clamor and not bad_bcast and not wrong and not topdiff and err <= 0.01)
-    print(json.dumps({
+    json_line({
         "bench": "geo", "workers": w, "places": n, "queries": args.queries, "redis_queries": len(rq),
         "region_bytes": region_bytes, "page_size": clamor.region.page_size(),
         "readahead": clamor.configure()["readahead"],
@@ -516,7 +470,7 @@ def main():
         "bytes_ratio": round(bcast_bytes / clamor_bytes, 2),
         "speedup_vs_broadcast": round(bcast_s / clamor_s, 3),
         "speedup_vs_redis": round(redis_q / cl_q, 2),
-    }))
+    })
     return 0 if ok else 1
 
 

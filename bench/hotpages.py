@@ -58,10 +58,8 @@ same two ratios under the rate limit (``rate_driver_bytes_ratio``,
 """
 import argparse
 import ctypes
-import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -69,6 +67,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from _common import bounds, c_compiler, json_line, zipf_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "hotpages.c")
@@ -78,9 +78,7 @@ RATE_ENV = "CLAMOR_SERVE_RATE"
 
 def compile_lib(build_dir):
     """hotpages.c -> build_dir/hotpages.so; returns the path."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise SystemExit("hotpages: no C compiler (cc) found")
+    cc = c_compiler("hotpages")
     out = os.path.join(build_dir, "hotpages.so")
     subprocess.run([cc, "-std=gnu11", "-O2", "-shared", "-fPIC", "-pthread", SOURCE, "-o", out], check=True)
     return out
@@ -113,11 +111,7 @@ def lookup(lib, addr, keys, threads=1):
 
 def zipf_keys(lib, rng, a, nkeys, size):
     """``size`` keys whose ranks are Zipf(a) over [0, nkeys)."""
-    ranks = np.empty(0, dtype=np.uint64)
-    while ranks.size < size:
-        z = rng.zipf(a, size * 2)
-        ranks = np.concatenate([ranks, (z[z <= nkeys] - 1).astype(np.uint64)])
-    keys = np.ascontiguousarray(ranks[:size])
+    keys = np.ascontiguousarray(zipf_ranks(rng, a, nkeys, size).astype(np.uint64))
     lib.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
     return keys
 
@@ -212,8 +206,8 @@ def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
     """Keys for one stage, and the driver's own answers per task."""
     keys = zipf_keys(lib, rng, args.zipf, nkeys, tasks * lookups)
     expect = []
-    bounds = [len(keys) * i // tasks for i in range(tasks + 1)]     # as parallelize() cuts it
-    for part in (keys[bounds[i]:bounds[i + 1]] for i in range(tasks)):
+    b = bounds(len(keys), tasks)     # as parallelize() cuts it
+    for part in (keys[b[i]:b[i + 1]] for i in range(tasks)):
         s, found = lookup(lib, addr, part)
         if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
             raise SystemExit("hotpages: the driver's own lookups do not match the values of the keys")
@@ -339,7 +333,7 @@ def main(argv=None):
                zipf_a=args.zipf, slots=1 << bits, keys=nkeys, table_bytes=table_bytes, page_size=psize,
                build_s=build_s, reps=reps, threads=args.threads, runs=rows, rate_runs=rrows, warmup=warmup,
                verified=True)
-    print(json.dumps(out))
+    json_line(out)
     return 0
 
 

@@ -45,81 +45,18 @@ iteration against the median of the later ones.
 
     python bench/kmeans.py [--quick] [--points N] [--workers W] [--partitions P] [--reps R] [--readahead 2M]
 """
+import argparse
+import multiprocessing
 import os
+import statistics
+import sys
+import time
 
-# One BLAS thread per process: W processes on W cores, as MPI ranks would be.
-# Must be set before numpy loads OpenBLAS.
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+from _common import (MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, parse_size,
+                     partial_sums, update)
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
+one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from scan import MIB, ensure_built, parse_size  # noqa: E402
-
-BLOCK = 1 << 16  # rows per distance block: 64K x k doubles stays in L2-ish sizes
-
-
-# ---- the kernel, shared by both implementations --------------------------------
-
-def partial_sums(x, c):
-    """(per-cluster sums (k, d), counts (k,)) of the points ``x`` (n, d)
-    assigned to their nearest centroid in ``c`` (k, d)."""
-    k, d = c.shape
-    sums = np.zeros((k, d))
-    counts = np.zeros(k, np.int64)
-    cc = np.einsum("ij,ij->i", c, c)
-    ct = np.ascontiguousarray(c.T)
-    for s in range(0, len(x), BLOCK):
-        xb = x[s:s + BLOCK]
-        dist = xb @ ct            # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 does not change argmin
-        dist *= -2.0
-        dist += cc
-        lab = dist.argmin(axis=1)
-        counts += np.bincount(lab, minlength=k)
-        for j in range(d):
-            sums[:, j] += np.bincount(lab, weights=xb[:, j], minlength=k)
-    return sums, counts
-
-
-def add(a, b):
-    return a[0] + b[0], a[1] + b[1]
-
-
-def update(c, sums, counts):
-    """New centroids; a cluster with no points keeps its centroid."""
-    out = c.copy()
-    nz = counts > 0
-    out[nz] = sums[nz] / counts[nz, None]
-    return out
-
-
-def bounds(n, parts):
-    return [(n * i) // parts for i in range(parts + 1)]
-
-
-# ---- data ----------------------------------------------------------------------
-
-def make_points(n, k, d, seed, out=None):
-    """n points around k random centres (unit Gaussian noise), made in
-    chunks so the temporaries stay small."""
-    rng = np.random.default_rng(seed)
-    centres = rng.uniform(-10, 10, size=(k, d))
-    x = np.empty((n, d)) if out is None else out
-    step = 1 << 20
-    for s in range(0, n, step):
-        m = min(step, n - s)
-        x[s:s + m] = centres[rng.integers(0, k, size=m)] + rng.standard_normal((m, d))
-    init = x[np.sort(rng.choice(n, size=k, replace=False))].copy()
-    return x, init
 
 
 # ---- baseline: multiprocessing Pool over copy-on-write points --------------------
@@ -328,7 +265,7 @@ def main(argv=None):
         "verified": True,
         "same_bits": all(r["same_bits"] for r in rounds),
     }
-    print(json.dumps(out))
+    json_line(out)
     return 0
 
 

@@ -11,13 +11,14 @@ the same loop inside a heap() block (region allocator), for reference.
 """
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _common import json_line
 
 SRC = r"""
 #include <stdlib.h>
@@ -78,9 +79,9 @@ def main():
     print(f"  glibc, not patched            {b:8.1f}")
     print(f"  patched, outside heap()       {a:8.1f}   ratio {a / b:.3f}")
     print(f"  patched, inside heap()        {i:8.1f}   (region allocator)")
-    print(json.dumps({"bench": "malloc_overhead", "pairs": n, "reps": reps, "glibc_ns": round(b, 2),
-                      "outside_heap_ns": round(a, 2), "inside_heap_ns": round(i, 2),
-                      "overhead_ratio": round(a / b, 4), "patched_slots": slots}))
+    json_line({"bench": "malloc_overhead", "pairs": n, "reps": reps, "glibc_ns": round(b, 2),
+               "outside_heap_ns": round(a, 2), "inside_heap_ns": round(i, 2),
+               "overhead_ratio": round(a / b, 4), "patched_slots": slots})
 
 
 if __name__ == "__main__":

@@ -33,16 +33,13 @@ is one JSON object.
     python bench/pagesize.py [--quick] [--sizes 4K,64K,1M] [--accesses K] [--reps N]
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from scan import GIB, KIB, MIB, die_with_parent, ensure_built, human, parse_size  # noqa: E402
+from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, json_line, last_json_line, parse_size
 
 SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 2 * MIB, 4 * MIB]
 TIE = 0.10
@@ -103,7 +100,7 @@ def run_one(page_size, array_bytes, scan_bytes, noahead_bytes, accesses, seed):
 
     import clamor
     from clamor import region
-    from clamor.tasks import TaskServer
+    from clamor.runtime.tasks import TaskServer
 
     region.init(page_size=page_size)
     n = array_bytes // 8
@@ -151,7 +148,7 @@ def child(args):
     die_with_parent()
     ensure_built(False)
     out = run_one(args.page, args.array, args.scan, args.noahead, args.accesses, args.seed)
-    print(json.dumps(out), flush=True)
+    json_line(out)
     return 0
 
 
@@ -169,7 +166,7 @@ def measure(page, array, scan, noahead, accesses, seed):
             proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"pagesize: the run for page size {page} failed (exit {proc.returncode})")
-    return json.loads(out.strip().splitlines()[-1])
+    return last_json_line(out)
 
 
 def main(argv=None):
@@ -270,7 +267,7 @@ def main(argv=None):
                                         "noahead_gbps": round(x["noahead_gbps"], 3),
                                         "score": round(x["score"], 3)} for x in rows},
     }
-    print(json.dumps(out))
+    json_line(out)
     return 0
 
 

@@ -28,25 +28,18 @@ iterations before the failure, the first excluded: it faults the points in),
 
     python bench/recovery.py [--quick] [--points N] [--iters 10] [--fail-at 4] [--workers W]
 """
+import argparse
 import os
+import signal
+import statistics
+import sys
+import threading
+import time
 
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+from _common import MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, partial_sums, update
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
+one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from kmeans import add, bounds, make_points, partial_sums, update  # noqa: E402
-from scan import MIB, ensure_built  # noqa: E402
 
 
 def serial_trajectory(x, init, parts, iters):
@@ -170,7 +163,7 @@ def main(argv=None):
                                     "speculative_copies")},
         "verified": verified,
     }
-    print(json.dumps(out))
+    json_line(out)
     return 0
 
 

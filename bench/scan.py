@@ -27,8 +27,6 @@ tcp_fresh_gbps.
     python bench/scan.py [--quick] [--readahead 4M] [--page-size 64K] [--mode spawn|fork]
 """
 import argparse
-import glob
-import json
 import mmap
 import os
 import socket
@@ -37,71 +35,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
-
-
-# ---- build --------------------------------------------------------------------
-
-def _stale():
-    so = glob.glob(os.path.join(ROOT, "clamor", "_clamor*.so"))
-    if not so:
-        return True
-    built = min(os.path.getmtime(p) for p in so)
-    srcs = glob.glob(os.path.join(ROOT, "csrc", "*.[ch]")) + [os.path.join(ROOT, "clamor", f)
-                                                               for f in ("_cdefs.h", "_build.py")]
-    return any(os.path.getmtime(p) > built for p in srcs if os.path.exists(p))
-
-
-def ensure_built(allowed=True):
-    """Build the C core (pip install -e) if it is missing or older than its
-    sources, then import clamor."""
-    def build():
-        print("bench: building clamor (pip install -e) ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", ROOT], check=True)
-
-    if allowed and os.path.exists(os.path.join(ROOT, "setup.py")) and _stale():
-        build()
-    try:
-        import clamor
-    except ImportError:  # not installed in this interpreter (workers need it importable too)
-        if not allowed:
-            raise
-        build()
-        import importlib
-
-        importlib.invalidate_caches()
-        import clamor
-    return clamor
-
-
-def parse_size(s):
-    """'64K', '4M', '1G', '4096', '0' -> bytes."""
-    s = str(s).strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": KIB, "M": MIB, "G": GIB}.get(s[-1:], 1)
-    return int(float(s[:-1] if mult > 1 else s) * mult)
-
-
-def human(n):
-    for unit, m in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if n >= m and n % m == 0:
-            return f"{n // m} {unit}"
-    return f"{n} B"
+from _common import GIB, MIB, die_with_parent, ensure_built, human, json_line, parse_size
 
 
 # ---- loopback TCP baseline ------------------------------------------------------
-
-def die_with_parent():
-    """Have the kernel end this process when its parent dies (prctl), so a
-    killed benchmark leaves nothing behind."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - Linux only
-        pass
-
 
 def _tcp_sender(port, total, msg, mode):
     """Child process: connect, then stream or answer requests."""
@@ -281,7 +218,7 @@ def main(argv=None):
     import numpy as np
 
     from clamor import region
-    from clamor.tasks import TaskServer
+    from clamor.runtime.tasks import TaskServer
 
     region.init(page_size=args.page_size)
     page_size = region.page_size()
@@ -373,7 +310,7 @@ def main(argv=None):
         "driver_cpu_s_per_gib": dcpu,
         "verified": True,
     }
-    print(json.dumps(out))
+    json_line(out)
     return 0
 
 

@@ -40,9 +40,6 @@ rounds, so clamor's rounds get cheaper as its workers' caches fill; the
 late figures are nearer its steady state (one page refetched a round).
 """
 import argparse
-import concurrent.futures
-import json
-import multiprocessing as mp
 import os
 import pickle
 import socket
@@ -51,6 +48,8 @@ import sys
 import time
 
 import numpy as np
+
+from _common import Spawned, json_line, zipf_ranks
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -148,24 +147,17 @@ def broadcast_worker(conn):
         sock.close()
 
 
-class Broadcast:
+class Broadcast(Spawned):
     """``n`` spawned processes that get the whole table every round, over a
     socketpair each (multiprocessing.Pipe), all sends at once."""
 
     MODES = ("pickle", "zero-copy")
 
     def __init__(self, n):
-        ctx = mp.get_context("spawn")   # never a fork of a process with a region
-        self.procs, self.conns, self.socks = [], [], []
-        self.pool = concurrent.futures.ThreadPoolExecutor(n)
+        self.socks = []   # the same socketpairs, for sendall of the raw buffer
+        super().__init__(n, broadcast_worker)
         try:
-            for _ in range(n):
-                a, b = ctx.Pipe()
-                p = ctx.Process(target=broadcast_worker, args=(b,), daemon=True)
-                p.start()
-                b.close()
-                self.procs.append(p)
-                self.conns.append(a)
+            for a in self.conns:
                 self.socks.append(socket.socket(fileno=os.dup(a.fileno())))
         except BaseException:
             self.close()
@@ -192,41 +184,16 @@ class Broadcast:
                 self.socks[i].sendall(raw)
                 return self.conns[i].recv()
             size = len(meta) + raw.nbytes
-        answers = list(self.pool.map(one, range(len(self.conns))))
+        answers = self.map(one)
         return answers, size * len(self.conns)
 
     def close(self):
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for c in self.conns + self.socks:
-            c.close()
-        self.pool.shutdown()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
+        for s in self.socks:
+            s.close()
 
 
 # ---- the driver -----------------------------------------------------------------------
-
-def zipf_indices(rng, a, n, size):
-    """``size`` indices into the key set, rank r drawn with p ~ r^-a."""
-    out = np.empty(0, dtype=np.int64)
-    while out.size < size:
-        z = rng.zipf(a, size * 2)
-        out = np.concatenate([out, z[z <= n] - 1])
-    return out[:size]
-
 
 def mib(n):
     return f"{n / (1 << 20):9.2f} MiB"
@@ -299,7 +266,7 @@ def main(argv=None):
                 last = updated if updated is not None else 0
                 # each share ends with the key updated last; the driver's own
                 # answer comes from its key -> value arrays, not the table
-                picks = [np.append(zipf_indices(rng, args.zipf, n, args.lookups), last) for _ in range(W)]
+                picks = [np.append(zipf_ranks(rng, args.zipf, n, args.lookups), last) for _ in range(W)]
                 shares = [keys[i] for i in picks]
                 expect = [(int(vals[i].sum()), len(i), int(vals[last])) for i in picks]
 
@@ -356,7 +323,7 @@ def main(argv=None):
     def col(k):
         return [r[k] for r in rows]
 
-    print(json.dumps({
+    json_line({
         "bench": "streaming", "clamor_round_s": cl_med, "broadcast_round_s": bc_med, "speedup": bc_med / cl_med,
         "broadcast_zero_copy_round_s": zc_med, "speedup_vs_zero_copy": zc_med / cl_med,
         "late_rounds_from": half, "clamor_late_round_s": cl_late, "broadcast_late_round_s": bc_late,
@@ -370,7 +337,7 @@ def main(argv=None):
         "clamor_faults_per_round": col("faults"), "pages_changed_per_round": col("changed"),
         "pages_invalidated_per_round": col("invalidated"), "clamor_task_s_per_round": col("task_s"),
         "clamor_bytes_total": tot["bytes_from_driver"] + tot["bytes_from_peers"], "verified": True,
-    }))
+    })
     return 0
 
 

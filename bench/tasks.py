@@ -31,16 +31,12 @@ rest side by side.
     python bench/tasks.py [--quick] [--tasks N] [--workers W] [--reps R] [--profile]
 """
 import argparse
-import json
 import multiprocessing
-import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from scan import ensure_built  # noqa: E402
+from _common import ensure_built, json_line
 
 
 def noop(x):
@@ -216,7 +212,7 @@ def main(argv=None):
         "pool_tasks_per_s_all": [round(n / v, 1) for v in r["pool_n"]],
         "stages_run": stats["stages"],
     }
-    print(json.dumps(out))
+    json_line(out)
     return 0
 
 

@@ -1,0 +1,251 @@
+"""What the benchmarks share: sizes, the build, helper processes, random
+keys, the k-means kernel, and the JSON line every script ends with.
+
+A benchmark imports this module and clamor, never another benchmark.
+Run as ``python bench/NAME.py``, a script finds this module beside it
+(Python puts the script's folder first on ``sys.path``; processes started
+by ``multiprocessing``'s spawn get the same path).
+
+What a task runs on a *spawned* worker (``python -m clamor.worker``, as
+scan.py and pagesize.py start it) stays in its script: cloudpickle sends a
+script's own functions by value, but a function of this module by
+reference, and a spawned worker cannot import it.  Forked workers (a
+``Cluster``'s) can: they inherit the driver's modules.
+
+numpy is imported inside the functions that use it: kmeans.py and
+recovery.py must fix the BLAS thread count before numpy loads (see
+``one_blas_thread``), and scan.py's TCP sender stays a bare process.
+"""
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+
+
+# ---- sizes -------------------------------------------------------------------------
+
+def parse_size(s):
+    """'64K', '4M', '1G', '1.5M', '64KiB', '4096', '0' -> bytes (K, M, G are
+    powers of 1024).  For argparse's ``type=``: a default of None stays None."""
+    s = str(s).strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": KIB, "M": MIB, "G": GIB}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def human(n):
+    """4096 -> '4 KiB'; a size that is no whole number of KiB stays in bytes."""
+    for unit, m in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    return f"{n} B"
+
+
+# ---- the build ---------------------------------------------------------------------
+
+def _stale():
+    import glob
+
+    so = glob.glob(os.path.join(ROOT, "clamor", "_clamor*.so"))
+    if not so:
+        return True
+    built = min(os.path.getmtime(p) for p in so)
+    srcs = glob.glob(os.path.join(ROOT, "csrc", "*.[ch]")) + [os.path.join(ROOT, "clamor", f)
+                                                               for f in ("_cdefs.h", "_build.py")]
+    return any(os.path.getmtime(p) > built for p in srcs if os.path.exists(p))
+
+
+def ensure_built(allowed=True):
+    """Build the C core (pip install -e) if it is missing or older than its
+    sources, then import clamor and return it.  ``allowed=False`` (a
+    script's ``--no-build``) never builds."""
+    def build():
+        print("bench: building clamor (pip install -e) ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", ROOT], check=True)
+
+    if allowed and os.path.exists(os.path.join(ROOT, "setup.py")) and _stale():
+        build()
+    try:
+        import clamor
+    except ImportError:  # not installed in this interpreter (workers need it importable too)
+        if not allowed:
+            raise
+        build()
+        import importlib
+
+        importlib.invalidate_caches()
+        import clamor
+    return clamor
+
+
+def c_compiler(who):
+    """$CC, else cc, else gcc; exits naming ``who`` when there is none."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise SystemExit(f"{who}: no C compiler (cc) found")
+    return cc
+
+
+# ---- helper processes ----------------------------------------------------------------
+
+def die_with_parent(sig=signal.SIGTERM):
+    """Have the kernel send ``sig`` to this process when its parent dies
+    (prctl PR_SET_PDEATHSIG), so a killed benchmark leaves nothing behind.
+    Call it first thing in a child, or pass it (with ``functools.partial``
+    for another signal) as a ``preexec_fn``."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - Linux only
+        pass
+
+
+class Spawned:
+    """``n`` processes started by spawn, each running ``target(conn, *args)``
+    on its end of a ``multiprocessing.Pipe`` (a socketpair), and a thread a
+    process to talk to all of them at once.  Spawn, never fork: they start
+    before the region exists and must not become clamor workers.  ``close``
+    sends each one None, which a target takes as its cue to return."""
+
+    def __init__(self, n, target, *args):
+        ctx = mp.get_context("spawn")
+        self.procs, self.conns = [], []
+        self.pool = ThreadPoolExecutor(n)
+        try:
+            for _ in range(n):
+                a, b = ctx.Pipe()
+                p = ctx.Process(target=target, args=(b,) + args, daemon=True)
+                p.start()
+                b.close()
+                self.procs.append(p)
+                self.conns.append(a)
+        except BaseException:
+            self.close()
+            raise
+
+    def map(self, fn):
+        """``fn(i)`` for every process i, on the threads; the results in order."""
+        return list(self.pool.map(fn, range(len(self.conns))))
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+        self.pool.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def one_blas_thread():
+    """One BLAS thread per process, W processes on W cores, as MPI ranks
+    would be, unless the environment says otherwise.  Must run before
+    numpy loads OpenBLAS."""
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(v, "1")
+
+
+# ---- partitions and random keys -------------------------------------------------------
+
+def bounds(n, parts):
+    """Where ``parts`` near-equal contiguous chunks of ``n`` items start,
+    and ``n`` last: how ``Cluster.parallelize`` cuts a sequence."""
+    return [(n * i) // parts for i in range(parts + 1)]
+
+
+def zipf_ranks(rng, a, n, size):
+    """``size`` ranks in [0, n), rank r drawn with p ~ (r + 1)^-a (int64)."""
+    import numpy as np
+
+    out = np.empty(0, dtype=np.int64)
+    while out.size < size:
+        z = rng.zipf(a, size * 2)
+        out = np.concatenate([out, z[z <= n] - 1])
+    return out[:size]
+
+
+# ---- the k-means kernel (kmeans.py, recovery.py) -----------------------------------------
+
+BLOCK = 1 << 16  # rows per distance block: 64K x k doubles stays in L2-ish sizes
+
+
+def partial_sums(x, c):
+    """(per-cluster sums (k, d), counts (k,)) of the points ``x`` (n, d)
+    assigned to their nearest centroid in ``c`` (k, d)."""
+    import numpy as np
+
+    k, d = c.shape
+    sums = np.zeros((k, d))
+    counts = np.zeros(k, np.int64)
+    cc = np.einsum("ij,ij->i", c, c)
+    ct = np.ascontiguousarray(c.T)
+    for s in range(0, len(x), BLOCK):
+        xb = x[s:s + BLOCK]
+        dist = xb @ ct            # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 does not change argmin
+        dist *= -2.0
+        dist += cc
+        lab = dist.argmin(axis=1)
+        counts += np.bincount(lab, minlength=k)
+        for j in range(d):
+            sums[:, j] += np.bincount(lab, weights=xb[:, j], minlength=k)
+    return sums, counts
+
+
+def add(a, b):
+    return a[0] + b[0], a[1] + b[1]
+
+
+def update(c, sums, counts):
+    """New centroids; a cluster with no points keeps its centroid."""
+    out = c.copy()
+    nz = counts > 0
+    out[nz] = sums[nz] / counts[nz, None]
+    return out
+
+
+def make_points(n, k, d, seed, out=None):
+    """n points around k random centres (unit Gaussian noise), made in
+    chunks so the temporaries stay small; and k of them as initial centroids."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-10, 10, size=(k, d))
+    x = np.empty((n, d)) if out is None else out
+    step = 1 << 20
+    for s in range(0, n, step):
+        m = min(step, n - s)
+        x[s:s + m] = centres[rng.integers(0, k, size=m)] + rng.standard_normal((m, d))
+    init = x[np.sort(rng.choice(n, size=k, replace=False))].copy()
+    return x, init
+
+
+# ---- the JSON line ---------------------------------------------------------------------
+
+def json_line(figures):
+    """Print a benchmark's figures as one JSON object on one line: its last line."""
+    print(json.dumps(figures), flush=True)
+
+
+def last_json_line(text):
+    """The JSON object on the last line of ``text`` (a benchmark's output);
+    IndexError when there is no line, ValueError when it is not JSON."""
+    return json.loads(text.strip().splitlines()[-1])
