@@ -11,6 +11,7 @@
 #define CLAMOR_INTERNAL_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,6 +33,33 @@ int cl_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
  * Async-signal-safe. */
 int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
 void cl_futex_wake(_Atomic uint32_t *w);
+
+/* ---- thread.c: the service threads' start and stop ------------------------ */
+
+/* A service thread (the pager, the page server) with its libzmq context,
+ * its socket and the pipe that wakes it.  Initialise with CL_THREAD_INIT. */
+struct cl_thread {
+    pthread_t th;
+    bool running;
+    void *ctx, *sock;
+    int pipe_r, pipe_w;
+    _Atomic int stop;
+};
+#define CL_THREAD_INIT {.pipe_r = -1, .pipe_w = -1}
+/* The word cl_thread_join() writes to the pipe. */
+#define CL_THREAD_STOP UINT64_MAX
+/* Make the pipe (non-blocking), the context and a socket of `socktype`
+ * (CL_ZMQ_*); on failure nothing is left open. */
+int cl_thread_open(struct cl_thread *t, int socktype);
+/* Run fn(NULL) on t, every signal blocked, named `name` (15 chars). */
+int cl_thread_start(struct cl_thread *t, void *(*fn)(void *), const char *name);
+/* Set the stop flag, wake the thread through its pipe and join it. */
+void cl_thread_join(struct cl_thread *t);
+/* Close the socket, the context and the pipe (the thread is not running;
+ * other sockets of the context closed first).  Idempotent. */
+void cl_thread_close(struct cl_thread *t);
+/* In a forked child: forget the parent's context and socket, close the pipe. */
+void cl_thread_abandon(struct cl_thread *t);
 
 /* ---- region.c: the mapping ---------------------------------------------- */
 

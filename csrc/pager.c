@@ -27,8 +27,6 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +39,7 @@
 
 #define MAX_INFLIGHT 64
 #define PENDING_CAP 8192
-#define MSG_STOP UINT64_MAX
+#define MSG_STOP CL_THREAD_STOP
 
 enum kind { K_DEMAND, K_AHEAD, K_PREFETCH };
 
@@ -68,11 +66,7 @@ struct run {
 };
 
 static struct pager {
-    pthread_t th;
-    bool running;
-    void *ctx, *sock;
-    int pipe_r, pipe_w;
-    _Atomic int stop;
+    struct cl_thread t; /* thread.c */
     char endpoint[256];
     struct req inflight[MAX_INFLIGHT];
     unsigned ninflight;
@@ -80,7 +74,7 @@ static struct pager {
     unsigned phead, plen;
     uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
     unsigned nrecent;
-} P = {.pipe_r = -1, .pipe_w = -1};
+} P = {.t = CL_THREAD_INIT};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
 _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
@@ -172,7 +166,7 @@ static int send_one(struct run *r) {
                             .count = r->count, .stage = stage, .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
-    if (cl_zmq.send(peer >= 0 ? cl_peer_sock(peer) : P.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
+    if (cl_zmq.send(peer >= 0 ? cl_peer_sock(peer) : P.t.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
@@ -303,14 +297,14 @@ static void back_to_driver(struct req *q, unsigned slot, bool missing) {
     q->peer = -1;
     q->direct = false;
     CL_COUNT(peer_fallbacks, 1);
-    send_get(P.sock, q, slot, flags, missing ? peer : 0);
+    send_get(P.t.sock, q, slot, flags, missing ? peer : 0);
 }
 
 static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_hdr *h) {
     char ep[256];
-    int n = cl_zmq.recv(P.sock, ep, sizeof ep - 1, 0);
-    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.sock, h->stage);
-    cl_zmq_drain(P.sock);
+    int n = cl_zmq.recv(P.t.sock, ep, sizeof ep - 1, 0);
+    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.t.sock, h->stage);
+    cl_zmq_drain(P.t.sock);
     void *s = NULL;
     if (n > 0 && n < (int)sizeof ep) {
         ep[n] = '\0';
@@ -322,10 +316,10 @@ static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_h
                 if (P.inflight[i].used && P.inflight[i].peer == k && &P.inflight[i] != q)
                     back_to_driver(&P.inflight[i], i, false);
         }
-        s = cl_peer_connect(P.ctx, k, ep);
+        s = cl_peer_connect(P.t.ctx, k, ep);
     }
     if (!s) {
-        send_get(P.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
+        send_get(P.t.sock, q, slot, CL_WIRE_NOREDIRECT, 0);
         return;
     }
     q->peer = (int)h->status;
@@ -395,7 +389,7 @@ static void on_reply(void *sock) {
     cl_zmq.msg_close(&m);
     unsigned slot = h.tag & 0xffff;
     struct req *q = slot < MAX_INFLIGHT ? &P.inflight[slot] : NULL;
-    bool from_peer = sock != P.sock;
+    bool from_peer = sock != P.t.sock;
     if (!q || !q->used || q->gen != (uint16_t)(h.tag >> 16) ||
         (from_peer ? q->peer < 0 || cl_peer_sock(q->peer) != sock : q->peer >= 0)) { /* late or foreign */
         cl_zmq_drain(sock);
@@ -478,11 +472,11 @@ static void check_timeouts(void) {
 static void drain_pipe(void) {
     uint64_t buf[256];
     while (P.plen < PENDING_CAP - 2 * 256) {
-        ssize_t n = read(P.pipe_r, buf, sizeof buf);
+        ssize_t n = read(P.t.pipe_r, buf, sizeof buf);
         if (n <= 0) return;
         for (ssize_t i = 0; i < n / 8; i++) {
             uint64_t v = buf[i];
-            if (v == MSG_STOP) atomic_store(&P.stop, 1);
+            if (v == MSG_STOP) atomic_store(&P.t.stop, 1);
             else if (v & CL_REQ_RANGE) on_range(v & CL_REQ_INDEX, (uint32_t)((v >> 40) & CL_REQ_MAXRUN));
             else if (v & CL_REQ_MARKER) on_marker(v & ~CL_REQ_MARKER);
             else on_demand(v);
@@ -492,8 +486,8 @@ static void drain_pipe(void) {
 
 static void *pager_main(void *arg) {
     (void)arg;
-    while (!atomic_load(&P.stop)) {
-        cl_zmq_pollitem it[2 + CL_PEERS_MAX] = {{P.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.pipe_r, CL_ZMQ_POLLIN, 0}};
+    while (!atomic_load(&P.t.stop)) {
+        cl_zmq_pollitem it[2 + CL_PEERS_MAX] = {{P.t.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, P.t.pipe_r, CL_ZMQ_POLLIN, 0}};
         int n = 2 + cl_peer_pollitems(it + 2);
         long timeout = P.ninflight ? 100 : 1000;
         if (P.plen >= PENDING_CAP - 2 * 256) it[1].events = 0;
@@ -516,8 +510,8 @@ static void *pager_main(void *arg) {
 }
 
 int clamor_pager_start(const char *endpoint) {
-    int rc, fds[2] = {-1, -1};
-    if (P.running) return cl_err(EBUSY, "the pager is already running (connected to %s)", P.endpoint);
+    int rc;
+    if (P.t.running) return cl_err(EBUSY, "the pager is already running (connected to %s)", P.endpoint);
     if (cl_region.role != CLAMOR_ROLE_WORKER)
         return cl_err(ENXIO, "no worker region: call clamor_region_attach() first");
     if (!endpoint || !*endpoint) return cl_err(EINVAL, "no page-server endpoint given");
@@ -530,20 +524,10 @@ int clamor_pager_start(const char *endpoint) {
     P.ra_next = UINT64_MAX - 1;
     for (unsigned k = 0; k < 4; k++) P.recent[k] = UINT64_MAX - 1;
     P.nrecent = 0;
-    atomic_store(&P.stop, 0);
     snprintf(P.endpoint, sizeof P.endpoint, "%s", endpoint);
-    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return cl_err(errno, "pipe2: %s", strerror(errno));
-    fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
-    P.ctx = cl_zmq.ctx_new();
-    if (!P.ctx) {
-        rc = cl_err(EMFILE, "zmq_ctx_new failed");
-        goto err;
-    }
-    if (!(P.sock = cl_zmq_socket(P.ctx, CL_ZMQ_DEALER))) {
-        rc = EIO;
-        goto err;
-    }
-    if (cl_zmq.connect(P.sock, endpoint) != 0) {
+    if ((rc = cl_thread_open(&P.t, CL_ZMQ_DEALER))) return rc;
+    fcntl(P.t.pipe_w, F_SETPIPE_SZ, 1 << 20);
+    if (cl_zmq.connect(P.t.sock, endpoint) != 0) {
         rc = cl_err(EINVAL, "cannot connect the pager to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
         goto err;
     }
@@ -553,49 +537,23 @@ int clamor_pager_start(const char *endpoint) {
         struct cl_wire_hdr h = {.type = CL_WIRE_REGISTER};
         uint8_t buf[CL_WIRE_HDR];
         cl_wire_encode(&h, buf);
-        cl_zmq.send(P.sock, buf, sizeof buf, CL_ZMQ_SNDMORE);
-        cl_zmq.send(P.sock, mine, strlen(mine), 0);
+        cl_zmq.send(P.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE);
+        cl_zmq.send(P.t.sock, mine, strlen(mine), 0);
     }
-    P.pipe_r = fds[0];
-    P.pipe_w = fds[1];
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old); /* signals go to the application's threads */
-    rc = pthread_create(&P.th, NULL, pager_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc) {
-        rc = cl_err(rc, "pthread_create: %s", strerror(rc));
-        goto err;
-    }
-    pthread_setname_np(P.th, "clamor-pager"); /* for top -H, perf and bench/scan.py's CPU figures */
-    P.running = true;
-    atomic_store(&cl_fault_wake_fd, fds[1]);
+    if ((rc = cl_thread_start(&P.t, pager_main, "clamor-pager"))) goto err;
+    atomic_store(&cl_fault_wake_fd, P.t.pipe_w);
     return 0;
 err:
-    if (P.sock) cl_zmq.close(P.sock);
-    if (P.ctx) cl_zmq.ctx_term(P.ctx);
-    P.sock = P.ctx = NULL;
-    close(fds[0]);
-    close(fds[1]);
-    P.pipe_r = P.pipe_w = -1;
+    cl_thread_close(&P.t);
     return rc;
 }
 
 int clamor_pager_stop(void) {
-    if (!P.running) return 0;
+    if (!P.t.running) return 0;
     atomic_store(&cl_fault_wake_fd, -1);
-    uint64_t stop = MSG_STOP;
-    atomic_store(&P.stop, 1);
-    if (write(P.pipe_w, &stop, sizeof stop) < 0) { /* the flag alone stops it within a poll period */ }
-    pthread_join(P.th, NULL);
-    cl_peer_close_all(false);
-    cl_zmq.close(P.sock);
-    cl_zmq.ctx_term(P.ctx);
-    P.sock = P.ctx = NULL;
-    close(P.pipe_r);
-    close(P.pipe_w);
-    P.pipe_r = P.pipe_w = -1;
-    P.running = false;
+    cl_thread_join(&P.t);
+    cl_peer_close_all(false); /* sockets of P.t's context: before it ends */
+    cl_thread_close(&P.t);
     /* Anything still wanted will never arrive. */
     for (unsigned i = 0; i < MAX_INFLIGHT; i++)
         if (P.inflight[i].used) fail_run(P.inflight[i].first, P.inflight[i].count, ESHUTDOWN, true);
@@ -611,12 +569,8 @@ int cl_pager_stop_after_fork(void) {
     /* The thread did not survive fork; its libzmq context must not be used
      * (libzmq is not fork-safe), so it is abandoned, not closed. */
     atomic_store(&cl_fault_wake_fd, -1);
-    if (P.pipe_r >= 0) close(P.pipe_r);
-    if (P.pipe_w >= 0) close(P.pipe_w);
-    P.pipe_r = P.pipe_w = -1;
-    P.sock = P.ctx = NULL;
+    cl_thread_abandon(&P.t);
     cl_peer_close_all(true); /* abandoned with the parent's libzmq state */
-    P.running = false;
     P.plen = P.ninflight = 0;
     return 0;
 }

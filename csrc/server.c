@@ -30,9 +30,6 @@
  * queue.  Unset or 0: no limit.
  */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,15 +41,11 @@
 #include "zmqdl.h"
 
 static struct server {
-    pthread_t th;
-    bool running;
-    void *ctx, *sock;
-    int pipe_r, pipe_w;
-    _Atomic int stop;
+    struct cl_thread t; /* thread.c */
     char endpoint[256];
-} S = {.pipe_r = -1, .pipe_w = -1};
+} S = {.t = CL_THREAD_INIT};
 
-const char *clamor_server_endpoint(void) { return S.running ? S.endpoint : ""; }
+const char *clamor_server_endpoint(void) { return S.t.running ? S.endpoint : ""; }
 
 /* Only the server thread touches RL once the server runs. */
 static struct { double rate, burst, tokens; uint64_t last_ns; } RL;
@@ -82,9 +75,9 @@ static void rate_take(size_t bytes) {
 static void reply_hdr(cl_zmq_msg *id, struct cl_wire_hdr *h, const void *body, size_t blen) {
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(h, buf);
-    cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    cl_zmq.send(S.sock, body, blen, CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.t.sock, body, blen, CL_ZMQ_DONTWAIT);
 }
 
 static void reply_err(cl_zmq_msg *id, uint32_t tag, const struct cl_wire_hdr *req, int err, const char *why) {
@@ -138,12 +131,12 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
                                     .stage = rq->stage, .tag = rq->tag};
             uint8_t buf[CL_WIRE_HDR];
             cl_wire_encode(&h, buf);
-            cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-            cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-            cl_zmq.send(S.sock, ep, strlen(ep), hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT);
+            cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+            cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+            cl_zmq.send(S.t.sock, ep, strlen(ep), hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT);
             if (hl) {
                 rate_take(hl);
-                cl_zmq.send(S.sock, hint_buf, hl, CL_ZMQ_DONTWAIT);
+                cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT);
                 CL_COUNT(hint_bytes, hl);
             }
             CL_COUNT(redirects, 1);
@@ -230,23 +223,23 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     CL_COUNT(requests_served, 1);
     CL_COUNT(pages_served, rq->count);
     CL_COUNT(bytes_served, len);
-    cl_zmq.send(S.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    cl_zmq.send(S.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    if (cl_zmq.msg_send(&body, S.sock, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT) < 0) {
+    cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    if (cl_zmq.msg_send(&body, S.t.sock, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT) < 0) {
         cl_zmq.msg_close(&body); /* dropped (the peer went away): not served after all */
         CL_COUNT(requests_served, -(uint64_t)1);
         CL_COUNT(pages_served, -(uint64_t)rq->count);
         CL_COUNT(bytes_served, -(uint64_t)len);
         return;
     }
-    if (hl && cl_zmq.send(S.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0) CL_COUNT(hint_bytes, hl);
+    if (hl && cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0) CL_COUNT(hint_bytes, hl);
     if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->stage, self);
 }
 
 static void serve_one(void) {
     cl_zmq_msg id, m;
     cl_zmq.msg_init(&id);
-    if (cl_zmq.msg_recv(&id, S.sock, CL_ZMQ_DONTWAIT) < 0) {
+    if (cl_zmq.msg_recv(&id, S.t.sock, CL_ZMQ_DONTWAIT) < 0) {
         cl_zmq.msg_close(&id);
         return;
     }
@@ -255,7 +248,7 @@ static void serve_one(void) {
         return;
     }
     cl_zmq.msg_init(&m);
-    if (cl_zmq.msg_recv(&m, S.sock, 0) < 0) {
+    if (cl_zmq.msg_recv(&m, S.t.sock, 0) < 0) {
         cl_zmq.msg_close(&m);
         cl_zmq.msg_close(&id);
         return;
@@ -267,9 +260,9 @@ static void serve_one(void) {
     if (!bad && h.type == CL_WIRE_REGISTER && extra) { /* [hdr][endpoint]: no reply */
         cl_zmq_msg ep;
         cl_zmq.msg_init(&ep);
-        if (cl_zmq.msg_recv(&ep, S.sock, 0) >= 0) {
+        if (cl_zmq.msg_recv(&ep, S.t.sock, 0) >= 0) {
             bool more = cl_zmq.msg_more(&ep);
-            if (more) cl_zmq_drain(S.sock);
+            if (more) cl_zmq_drain(S.t.sock);
             if (more || cl_region.role != CLAMOR_ROLE_DRIVER ||
                 cl_dir_register(cl_zmq.msg_data(&id), cl_zmq.msg_size(&id), cl_zmq.msg_data(&ep),
                                 cl_zmq.msg_size(&ep)) != 0)
@@ -280,7 +273,7 @@ static void serve_one(void) {
         return;
     }
     if (extra) {
-        cl_zmq_drain(S.sock);
+        cl_zmq_drain(S.t.sock);
         if (!bad) bad = EBADMSG;
     }
     if (bad) {
@@ -303,15 +296,15 @@ static void serve_one(void) {
 
 static void *server_main(void *arg) {
     (void)arg;
-    while (!atomic_load(&S.stop)) {
-        cl_zmq_pollitem it[2] = {{S.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, S.pipe_r, CL_ZMQ_POLLIN, 0}};
+    while (!atomic_load(&S.t.stop)) {
+        cl_zmq_pollitem it[2] = {{S.t.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, S.t.pipe_r, CL_ZMQ_POLLIN, 0}};
         if (cl_zmq.poll(it, 2, 1000) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
         if (it[0].revents & CL_ZMQ_POLLIN) {
             for (int k = 0; k < 1024; k++) {
                 uint32_t ev = 0;
                 size_t sz = sizeof ev;
                 serve_one();
-                if (cl_zmq.getsockopt(S.sock, CL_ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
+                if (cl_zmq.getsockopt(S.t.sock, CL_ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & CL_ZMQ_POLLIN)) break;
             }
         }
     }
@@ -319,83 +312,44 @@ static void *server_main(void *arg) {
 }
 
 int clamor_server_start(const char *endpoint, char *bound, size_t boundlen) {
-    int rc, fds[2] = {-1, -1};
-    if (S.running) return cl_err(EBUSY, "the page server is already running at %s", S.endpoint);
+    int rc;
+    if (S.t.running) return cl_err(EBUSY, "the page server is already running at %s", S.endpoint);
     if (cl_region.role == CLAMOR_ROLE_NONE) return cl_err(ENXIO, "no region: map or attach one first");
     if (!endpoint || !*endpoint) endpoint = "tcp://127.0.0.1:*";
     if ((rc = cl_zmq_require())) return rc;
-    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return cl_err(errno, "pipe2: %s", strerror(errno));
-    atomic_store(&S.stop, 0);
-    if (!(S.ctx = cl_zmq.ctx_new())) {
-        rc = cl_err(EMFILE, "zmq_ctx_new failed");
-        goto err;
-    }
-    if (!(S.sock = cl_zmq_socket(S.ctx, CL_ZMQ_ROUTER))) {
-        rc = EIO;
-        goto err;
-    }
+    if ((rc = cl_thread_open(&S.t, CL_ZMQ_ROUTER))) return rc;
     int64_t maxmsg = CL_WIRE_MAX_REQUEST;
     int hwm = 100000;
-    cl_zmq.setsockopt(S.sock, CL_ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-    cl_zmq.setsockopt(S.sock, CL_ZMQ_SNDHWM, &hwm, sizeof hwm);
-    if (cl_zmq.bind(S.sock, endpoint) != 0) {
+    cl_zmq.setsockopt(S.t.sock, CL_ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    cl_zmq.setsockopt(S.t.sock, CL_ZMQ_SNDHWM, &hwm, sizeof hwm);
+    if (cl_zmq.bind(S.t.sock, endpoint) != 0) {
         int e = cl_zmq.errno_();
         rc = cl_err(e == EADDRINUSE ? EADDRINUSE : EINVAL, "cannot bind the page server to %s: %s", endpoint,
                     cl_zmq.strerror(e));
         goto err;
     }
     size_t sz = sizeof S.endpoint;
-    if (cl_zmq.getsockopt(S.sock, CL_ZMQ_LAST_ENDPOINT, S.endpoint, &sz) != 0)
+    if (cl_zmq.getsockopt(S.t.sock, CL_ZMQ_LAST_ENDPOINT, S.endpoint, &sz) != 0)
         snprintf(S.endpoint, sizeof S.endpoint, "%s", endpoint);
-    S.pipe_r = fds[0];
-    S.pipe_w = fds[1];
     rate_init();
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    rc = pthread_create(&S.th, NULL, server_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc) {
-        rc = cl_err(rc, "pthread_create: %s", strerror(rc));
-        goto err;
-    }
-    pthread_setname_np(S.th, "clamor-server"); /* for top -H, perf and bench/scan.py's CPU figures */
-    S.running = true;
+    if ((rc = cl_thread_start(&S.t, server_main, "clamor-server"))) goto err;
     if (bound && boundlen) snprintf(bound, boundlen, "%s", S.endpoint);
     return 0;
 err:
-    if (S.sock) cl_zmq.close(S.sock);
-    if (S.ctx) cl_zmq.ctx_term(S.ctx);
-    S.sock = S.ctx = NULL;
-    close(fds[0]);
-    close(fds[1]);
-    S.pipe_r = S.pipe_w = -1;
+    cl_thread_close(&S.t);
     return rc;
 }
 
 int clamor_server_stop(void) {
-    if (!S.running) return 0;
-    atomic_store(&S.stop, 1);
-    char c = 1;
-    if (write(S.pipe_w, &c, 1) < 0) { /* the flag alone stops it within a poll period */ }
-    pthread_join(S.th, NULL);
-    cl_zmq.close(S.sock);
-    cl_zmq.ctx_term(S.ctx);
-    S.sock = S.ctx = NULL;
-    close(S.pipe_r);
-    close(S.pipe_w);
-    S.pipe_r = S.pipe_w = -1;
-    S.running = false;
+    if (!S.t.running) return 0;
+    cl_thread_join(&S.t);
+    cl_thread_close(&S.t);
     S.endpoint[0] = '\0';
     return 0;
 }
 
 int cl_server_stop_after_fork(void) {
-    if (S.pipe_r >= 0) close(S.pipe_r);
-    if (S.pipe_w >= 0) close(S.pipe_w);
-    S.pipe_r = S.pipe_w = -1;
-    S.sock = S.ctx = NULL;
-    S.running = false;
+    cl_thread_abandon(&S.t);
     S.endpoint[0] = '\0';
     return 0;
 }
