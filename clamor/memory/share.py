@@ -156,6 +156,9 @@ def _own_keys(o, path):
     a heap block (one non-string key does it) keeps its own keys, in the
     region, where workers read them."""
     from .._native import lib
+    from .hooks import install
+
+    install()   # (the block below needs Python's allocators wrapped)
 
     def convert(fresh):
         lib.clamor_heap_enter()
@@ -204,13 +207,24 @@ class _Walk:
     for or may accept outside the region, built when first needed."""
 
     def __init__(self):
-        self.amap = _pyshare.AddressMap()
+        self._amap = self._scanner = None
         self._alive = None
-        self.scanner = _pyshare.Scanner(self.amap, self.ok_address)
         self.unsure = []
         self.doubt_path = None
         self.referents = set()
         self.buffers = []
+
+    @property
+    def amap(self):
+        if self._amap is None:   # reading /proc/self/maps costs milliseconds
+            self._amap = _pyshare.AddressMap()
+        return self._amap
+
+    @property
+    def scanner(self):
+        if self._scanner is None:
+            self._scanner = _pyshare.Scanner(self.amap, self.ok_address)
+        return self._scanner
 
     def ok_address(self, addr):
         """A private address that is an object the workers have, or a
@@ -233,8 +247,10 @@ class _Walk:
             if region.contains(addr, size) or (code == lib.CLAMOR_FIELD_KEYS and self.amap.in_image(addr)):
                 continue  # (the interpreter's shared empty keys table is static)
             name = _pyshare.FIELD_NAMES[code]
+            split = code == lib.CLAMOR_FIELD_KEYS and any(c == lib.CLAMOR_FIELD_VALUES for c, _ in _pyshare.fields(o))
             hint = {lib.CLAMOR_FIELD_KEYS: ": a dict sharing the keys of a class's instances (vars() of an "
-                                           "instance); copy it with dict() inside clamor.heap()",
+                                           "instance); copy it with dict() inside clamor.heap()" if split else
+                                           ": the dict grew outside clamor.heap(); rebuild it inside the block",
                     lib.CLAMOR_FIELD_UTF8: ": CPython made it on a request outside the block; build the "
                                            "string inside clamor.heap() and ship it before asking for its "
                                            "UTF-8 form outside"}.get(code, ": rebuild it inside clamor.heap()")
@@ -283,8 +299,6 @@ def share(obj, limit=20_000_000):
     end."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
-    from .hooks import install
-    install()
     walk = _Walk()
     root = _Path()
     stack = [(root, obj)]
@@ -309,6 +323,10 @@ def share(obj, limit=20_000_000):
                 raise NotShareable(f"{path} (ndarray at {id(o):#x}) has its data in the region but is itself an "
                                    f"object outside it, which workers cannot follow a pointer to: make the array "
                                    f"inside clamor.heap(), or pass it to tasks directly (it travels by reference)")
+            if _inherited is None:
+                raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region, and no "
+                                   f"Cluster has forked workers yet: start the Cluster first (what exists when it "
+                                   f"forks is inherited), or build it inside clamor.heap()")
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
         walk.fields(path, o)
@@ -341,7 +359,7 @@ def share(obj, limit=20_000_000):
         warnings.warn(ShareWarning(f"share() scanned {walk.scanner.budget >> 20} MiB of the C memory behind "
                                    f"{walk.unsure[0]} and stopped: what lies past that is not checked"),
                       stacklevel=2)
-    if walk.scanner.doubts:
+    if walk._scanner is not None and walk.scanner.doubts:
         off, addr, where = walk.scanner.doubts[0]
         warnings.warn(ShareWarning(f"share() cannot tell whether byte {off} of {where}, reached through the C "
                                    f"memory of {walk.doubt_path}, is a pointer: it holds {addr:#x}, an address in "
