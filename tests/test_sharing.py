@@ -168,3 +168,17 @@ def test_sources_take_any_iterable_and_check_text_encodings():
     assert out["latin-1"] == ["caf\xe9", "na\xefve"]
     assert out["utf-16"][0] == "ConfigError" and "0x0a" in out["utf-16"][1]
     assert out["unknown"][0] == "ConfigError"
+
+
+def test_a_read_only_region_view_stays_read_only_on_the_worker():
+    out = scenario("""
+        a = clamor.zeros((4, 4)); a[:] = np.arange(16.0).reshape(4, 4)
+        views = {"broadcast": np.broadcast_to(a[0], (3, 4)), "diagonal": a.diagonal(), "plain": a[1:3]}
+        with clamor.Cluster(workers=1, progress=False) as c:
+            got = {k: c.range(1).map(lambda _, v=v: (bool(v.flags.writeable), v.tolist())).collect()[0]
+                   for k, v in views.items()}
+        want = {k: [bool(v.flags.writeable), v.tolist()] for k, v in views.items()}
+        print(json.dumps({"got": got, "want": want}))
+        """)
+    assert out["got"] == out["want"], out
+    assert out["want"]["broadcast"][0] is False and out["want"]["plain"][0] is True

@@ -55,7 +55,7 @@ def _ref_at(offset, nbytes):
 class ArrayRef:
     """A region ndarray shipped as offset + dtype + shape + strides."""
 
-    __slots__ = ("offset", "data_offset", "span", "dtype", "shape", "strides")
+    __slots__ = ("offset", "data_offset", "span", "dtype", "shape", "strides", "writeable")
 
     def __init__(self, a):
         if a is None or isinstance(a, (float, complex, str, bytes, np.generic)):
@@ -76,6 +76,8 @@ class ArrayRef:
         self.dtype = a.dtype
         self.shape = a.shape
         self.strides = a.strides
+        # a read-only view (broadcast_to, diagonal) stays read-only
+        self.writeable = bool(a.flags.writeable)
 
     def get(self):
         """The array, in this process's region (no copy)."""
@@ -83,13 +85,17 @@ class ArrayRef:
         if not region.size():
             raise errors.NoRegion("no region in this process to resolve the array in")
         flat = view(base + self.offset, np.uint8, (self.span,))
-        return np.ndarray(self.shape, np.dtype(self.dtype), buffer=flat, offset=self.data_offset,
-                          strides=self.strides)
+        out = np.ndarray(self.shape, np.dtype(self.dtype), buffer=flat, offset=self.data_offset,
+                         strides=self.strides)
+        if not getattr(self, "writeable", True):
+            out.flags.writeable = False
+        return out
 
     def __getstate__(self):
         return {k: getattr(self, k) for k in self.__slots__}
 
     def __setstate__(self, st):
+        self.writeable = True   # (a reference pickled before the field existed)
         for k, v in st.items():
             setattr(self, k, v)
 
