@@ -321,7 +321,7 @@ static void worker(int wfd, void *argp) {
 
 int main(int argc, char **argv) {
     long n = 2000, mib = 256;
-    const char *libzmq = getenv("CLAMOR_LIBZMQ"), *mode = "full";
+    const char *libzmq = NULL, *mode = "full"; /* NULL: clamor_zmq_load reads CLAMOR_LIBZMQ */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) n = 300, mib = 64, mode = "quick";
         else if (!strcmp(argv[i], "--smoke")) n = 50, mib = 16, mode = "smoke";

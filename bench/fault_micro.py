@@ -10,8 +10,9 @@ fault_micro.c for what each figure covers.
     python bench/fault_micro.py --smoke    # 50 faults on 16 MiB (tests use it)
 
 The binary is compiled with plain ``cc`` from csrc/*.c into bench/out/ (or
---build-dir), and is given the libzmq that the installed pyzmq ships.  The
-last line printed is the benchmark's JSON line.
+--build-dir), and is given the libzmq that clamor loads (pyzmq's copy), or
+the one CLAMOR_LIBZMQ names.  The last line printed is the benchmark's JSON
+line.
 """
 import argparse
 import glob
@@ -27,23 +28,16 @@ SOURCE = os.path.join(HERE, "fault_micro.c")
 
 
 def libzmq_path():
-    """The libzmq shared library that the installed pyzmq loads."""
-    env = os.environ.get("CLAMOR_LIBZMQ")
-    if env:
-        return env
-    import zmq
-
-    root = os.path.dirname(os.path.dirname(zmq.__file__))
-    found = sorted(glob.glob(os.path.join(root, "pyzmq.libs", "libzmq*.so*")))
-    if found:
-        return found[0]
-    # A pyzmq built against a system libzmq: importing zmq mapped it.
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1]
-            if "libzmq" in os.path.basename(path):
-                return path
-    raise SystemExit("fault_micro: cannot find libzmq; set CLAMOR_LIBZMQ=/path/to/libzmq.so")
+    """CLAMOR_LIBZMQ, else the libzmq that clamor loads (clamor/_native.py
+    finds the copy pyzmq ships: the one lookup in Python)."""
+    if os.environ.get("CLAMOR_LIBZMQ"):
+        return os.environ["CLAMOR_LIBZMQ"]
+    try:
+        from clamor._native import LIBZMQ_PATH
+    except ImportError as err:
+        raise SystemExit(f"fault_micro: cannot import clamor to find libzmq ({err}); "
+                         "pip install -e . or set CLAMOR_LIBZMQ=/path/to/libzmq.so") from err
+    return LIBZMQ_PATH
 
 
 def build(build_dir):
