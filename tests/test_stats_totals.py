@@ -150,3 +150,15 @@ print(json.dumps(out))
     npages = out["nbytes"] // out["page"]
     assert out["nbytes"] <= out["stage_bytes"] == out["total_bytes"] <= out["nbytes"] + out["page"], out
     assert npages <= out["stage_faults"] == out["faults"] <= npages + 1, out
+
+
+def test_the_counters_frame_is_eight_integers_and_a_bad_one_is_refused():
+    import pytest
+    from clamor.errors import ProtocolError
+    from clamor.runtime import serialize
+    c = {k: (i + 1) * 10**12 for i, k in enumerate(serialize.COUNTERS)}
+    frame = serialize.pack_counters(c)
+    assert len(frame) == 64 and serialize.unpack_counters(frame) == c
+    for bad in (frame[:-1], frame + b"\0", b"", "x"):
+        with pytest.raises(ProtocolError):
+            serialize.unpack_counters(bad)

@@ -373,7 +373,7 @@ class Runtime:
         region.set_stage(version)
         if key in self.cancelled:   # another copy finished while this one waited here
             self.cancelled.discard(key)
-            self.sock.send_multipart([b"SKIP", key, pickle.dumps(counters())])
+            self.sock.send_multipart([b"SKIP", key, serialize.pack_counters(counters())])
             return
         if len(self.cancelled) > 4096:   # cancels of tasks that had already run
             self.cancelled.clear()
@@ -391,12 +391,12 @@ class Runtime:
             # a reference the driver would read at its own, later version
             done = freeze(res)
             # the counters after it: pickling region rows may fault
-            self.sock.send_multipart([b"DONE", key, done, pickle.dumps(counters())])
+            self.sock.send_multipart([b"DONE", key, done, serialize.pack_counters(counters())])
         except BaseException as err:  # SystemExit from user code too: report it, keep the worker
             missing = err.missing if isinstance(err, FetchFailed) else None
             msg = f"{type(err).__name__}: {err}"
             self.sock.send_multipart([b"FAIL", key, pickle.dumps((msg, traceback.format_exc(), missing)),
-                                      pickle.dumps(counters())])
+                                      serialize.pack_counters(counters())])
 
 
 def counters():

@@ -14,6 +14,7 @@ import ctypes
 import io
 import logging
 import pickle
+import struct
 import types
 
 import cloudpickle
@@ -135,3 +136,23 @@ def dumps_task(obj):
 
 def loads(data):
     return _Unpickler(io.BytesIO(data)).load()
+
+
+# A worker's running counters, sent with every report as eight
+# little-endian uint64s: integers need no pickle.
+COUNTERS = ("faults", "bytes_fetched", "bytes_from_peers", "served", "redirects", "direct", "fallbacks", "timeouts")
+_COUNTERS = struct.Struct("<8Q")
+
+
+def pack_counters(counters):
+    """The counters' frame, from a dict with the COUNTERS keys."""
+    return _COUNTERS.pack(*(int(counters[k]) for k in COUNTERS))
+
+
+def unpack_counters(frame):
+    """The dict a counters' frame holds; ProtocolError if it is not one."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)) or len(frame) != _COUNTERS.size:
+        raise errors.ProtocolError(f"a counters frame holds {_COUNTERS.size} bytes, not "
+                                   f"{len(frame) if hasattr(frame, '__len__') else frame!r}")
+    return dict(zip(COUNTERS, _COUNTERS.unpack(frame)))
+

@@ -484,7 +484,11 @@ class Stages:
         do a failed task's and read-ahead that landed after a task ended
         (in the worker's next report), and nothing counts twice.  Each worker's
         reports arrive in order on one socket."""
-        now = pickle.loads(frame)
+        try:
+            now = serialize.unpack_counters(frame)
+        except errors.ProtocolError as err:   # counted nowhere, rather than stop the action
+            log.warning("worker %s sent a malformed report: %s", w.get("pid"), err)
+            return
         last = w.get("counters") or {}
         w["counters"] = now
         w["served"], w["followed"], w["fallbacks"] = now["served"], now["redirects"], now["fallbacks"]
