@@ -158,13 +158,12 @@ def fork(body, *args):
     """Driver: fork a local worker that runs ``body(*args)`` and exits;
     returns its pid.  The child dies with this process (see DESIGN), ignores
     Ctrl-C (the driver's to handle) and closes the driver's listening
-    sockets."""
-    from ..memory.heap import prepare_fork   # here: heap imports the compiled core
+    sockets.
 
-    # First: what is made from here on is read by the child, and must not be
-    # taken from a free list that holds region objects dropped since a block
-    # (so the caller passes ``args`` rather than a partial made before).
-    prepare_fork()
+    The caller runs ``clamor.memory.hooks.prepare_fork()`` first, before it
+    makes ``args``: what the child reads must not come from a free list
+    that holds region objects dropped since a heap() block (the arguments'
+    tuple is made at the call, before this runs)."""
     lifeline()
     parent = os.getpid()
     main = threading.current_thread() is threading.main_thread()

@@ -41,7 +41,8 @@ from ..memory import region
 from .collection import NpyFiles, Parallel, Range, TextFiles
 from .executor import worker_main
 from ..memory.heap import install as install_heap_hooks
-from ..memory.heap import outside, prepare_fork
+from ..memory.heap import outside
+from ..memory.hooks import prepare_fork
 from .lineage import Lineage
 from ..memory.share import note_fork
 from .scheduler import Scheduler, Speculation

@@ -33,6 +33,7 @@ import zmq
 from . import _liveness
 from .. import errors
 from ..memory import region
+from ..memory.hooks import prepare_fork
 
 
 class TaskServer:
@@ -84,6 +85,7 @@ class TaskServer:
 
         for _ in range(n):
             # the child is a worker already (the region's fork hook)
+            prepare_fork()   # before the arguments are made: none may come from a free list
             self._procs.append(_liveness.fork(serve, self.endpoint))
         return self._await(len(self.workers) + n, timeout)
 
