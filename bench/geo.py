@@ -387,7 +387,7 @@ def main():
             blob = pickle.dumps((tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
             pickle_s = time.perf_counter() - t0
 
-            def ship(i):
+            def ship(i, blob=blob):
                 bcast.conns[i].send(queries[sl[i]])
                 bcast.conns[i].send_bytes(blob)
                 return bcast.conns[i].recv()

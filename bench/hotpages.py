@@ -291,7 +291,7 @@ def main(argv=None):
                               "time_ratio": med[p]["time_s"] / off["time_s"],
                               "cpu_ratio": (med[p]["driver_cpu_s"] + med[p]["workers_cpu_s"])
                               / (off["driver_cpu_s"] + off["workers_cpu_s"])} for p in POLICIES[1:]}}
-        print(f"medians: " + "; ".join(f"{p} {med[p]['time_s']:.2f}s, driver {mib(med[p]['driver_bytes']):.0f} MiB, "
+        print("medians: " + "; ".join(f"{p} {med[p]['time_s']:.2f}s, driver {mib(med[p]['driver_bytes']):.0f} MiB, "
                                        f"peers {mib(med[p]['peer_bytes']):.0f} MiB" for p in POLICIES), flush=True)
         for p in POLICIES[1:]:
             print(f"{p}: driver bytes {out['ratios'][p]['driver_bytes_ratio']:.2f}x of off, "

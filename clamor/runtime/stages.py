@@ -59,6 +59,7 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
+from .interrupt import Deferred
 from .progress import StageProgress
 from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
                         TaskFailedEvent, TaskSkippedEvent, TickEvent, TaskSpec, WorkerJoinedEvent, WorkerLostEvent)
@@ -325,47 +326,49 @@ class Stages:
         next_check = time.monotonic() + 0.5
         alone_since = None
         try:
-            while True:
-                if self._trouble is not None:     # before sending anything more
-                    err, self._trouble = self._trouble, None
-                    raise err
-                while pending:
-                    ins = pending.popleft()
-                    if isinstance(ins, Run):
-                        # A Run decided before its worker was lost in the same batch of
-                        # events is stale: WorkerLostEvent already took the task back.
-                        if ins.worker in self._workers:
-                            self._send_task(ins)
-                    elif isinstance(ins, Cancel):
-                        if ins.worker in self._workers:
-                            self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])
-                        self._totals["copies_cancelled"] += 1
-                    elif isinstance(ins, StageAborted) and ins.stage_id == asid:
-                        raise ins.error
-                    elif isinstance(ins, StageFinished) and ins.stage_id == asid:
-                        return
-                if all(p in job.results for p in job.parts):
-                    return        # the rest are duplicates of other attempts' tasks
-                job.bar.update(0)
-                if self._sock.poll(100):
-                    pending.extend(self._sched.handle(TickEvent(time.monotonic())))
-                    for _ in range(10000):
-                        try:
-                            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        pending.extend(self._on_message(frames))
-                elif self.speculation is not None:
-                    pending.extend(self._sched.handle(TickEvent(time.monotonic())))
-                if time.monotonic() >= next_check:
-                    pending.extend(self._check_liveness())
-                    next_check = time.monotonic() + 0.5
-                    if self._workers:
-                        alone_since = None
-                    elif alone_since is None:
-                        alone_since = time.monotonic()
-                    elif time.monotonic() - alone_since > self.start_timeout:
-                        raise errors.WorkerLost(f"no live workers for {self.start_timeout}s")
+            with Deferred() as interrupt:
+                while True:
+                    interrupt.check()
+                    if self._trouble is not None:     # before sending anything more
+                        err, self._trouble = self._trouble, None
+                        raise err
+                    while pending:
+                        ins = pending.popleft()
+                        if isinstance(ins, Run):
+                            # A Run decided before its worker was lost in the same batch of
+                            # events is stale: WorkerLostEvent already took the task back.
+                            if ins.worker in self._workers:
+                                self._send_task(ins)
+                        elif isinstance(ins, Cancel):
+                            if ins.worker in self._workers:
+                                self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])
+                            self._totals["copies_cancelled"] += 1
+                        elif isinstance(ins, StageAborted) and ins.stage_id == asid:
+                            raise ins.error
+                        elif isinstance(ins, StageFinished) and ins.stage_id == asid:
+                            return
+                    if all(p in job.results for p in job.parts):
+                        return        # the rest are duplicates of other attempts' tasks
+                    job.bar.update(0)
+                    if self._sock.poll(100):
+                        pending.extend(self._sched.handle(TickEvent(time.monotonic())))
+                        for _ in range(10000):
+                            try:
+                                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                            except zmq.Again:
+                                break
+                            pending.extend(self._on_message(frames))
+                    elif self.speculation is not None:
+                        pending.extend(self._sched.handle(TickEvent(time.monotonic())))
+                    if time.monotonic() >= next_check:
+                        pending.extend(self._check_liveness())
+                        next_check = time.monotonic() + 0.5
+                        if self._workers:
+                            alone_since = None
+                        elif alone_since is None:
+                            alone_since = time.monotonic()
+                        elif time.monotonic() - alone_since > self.start_timeout:
+                            raise errors.WorkerLost(f"no live workers for {self.start_timeout}s")
         except BaseException:
             # Given up (a failed task, a lost input, Ctrl-C): the workers drop
             # this attempt's tasks still queued with them instead of running
@@ -418,7 +421,13 @@ class Stages:
                 "cache": cache, "restore": lin.restore_ids(version)}
 
     # -- messages -----------------------------------------------------------------------
+    # frames in each message a worker sends, its identity first
+    _FRAMES = {b"HB": 3, b"HELLO": 3, b"DONE": 5, b"SKIP": 4, b"FAIL": 5}
+
     def _on_message(self, frames):
+        if len(frames) < 2 or self._FRAMES.get(frames[1], len(frames)) != len(frames):
+            log.warning("dropped a malformed message of %d frames (%r)", len(frames), frames[1:2])
+            return []
         ident, kind = frames[0], frames[1]
         if kind == b"HB":
             wid = frames[2]
