@@ -29,6 +29,11 @@ Policy
   (the least loaded of them, ties to the earliest joined); otherwise to the
   least loaded live worker with a free slot (same tie-break).  A worker never
   holds more than ``slots`` tasks; tasks wait while every slot is taken.
+- A task with ``only`` goes to the least loaded of those workers with a
+  free slot.  While none has one, it waits at the head of the queue, and
+  the tasks behind it wait too (the queue is FIFO).  Once none of them is
+  live, its stage is aborted with ``clamor.errors.WorkerLost``, with
+  ``recover`` or without.  Such a task never gets a speculative copy.
 - A stage with no tasks finishes at once, in its turn.
 - ``TaskFailedEvent`` aborts the stage (one ``StageAborted`` with the task's
   error) and drops its unassigned tasks.  Its tasks still running keep their
@@ -100,12 +105,19 @@ __all__ = ["Scheduler", "Speculation", "TaskSpec", "Event", "Instruction", "Work
 class TaskSpec:
     """One task.  ``key`` is hashable and unique for the scheduler's life
     (e.g. ``(stage_id, partition)``).  ``prefer`` names workers holding the
-    task's input: a preference, not a constraint.  (No __post_init__: one is
-    built per task, so construction stays cheap; pass a tuple.)"""
+    task's input: a preference, not a constraint.  ``only``, if not empty,
+    is a constraint: the task runs on one of these workers or not at all.
+    (No __post_init__: one is built per task, so construction stays cheap;
+    pass tuples.)"""
     key: object
     stage_id: int
     partition: int
     prefer: tuple = ()
+    only: tuple = ()
+
+
+def _names(workers):
+    return ", ".join(w.decode() if isinstance(w, bytes) else repr(w) for w in workers)
 
 
 # ---- events (stimuli in) ----
@@ -549,8 +561,20 @@ class Scheduler:
             if st.state == _PENDING:
                 st.state = _RUNNING
             while queue and free:
-                spec = queue.popleft()
-                w = self._preferred(spec.prefer) if spec.prefer else None
+                spec = queue[0]
+                if spec.only:
+                    w = self._preferred(spec.only)
+                    if w is None:
+                        if any(wid in self._workers for wid in spec.only):
+                            self._free = free
+                            return    # its workers are busy: it, and the tasks behind it, wait
+                        self._abort(st, errors.WorkerLost(
+                            f"task {spec.key!r} may only run on {_names(spec.only)}, and none of them is live"), out)
+                        break
+                    queue.popleft()
+                else:
+                    queue.popleft()
+                    w = self._preferred(spec.prefer) if spec.prefer else None
                 if w is None:
                     idle = self._idle
                     while True:        # free > 0, so a valid entry exists
@@ -578,7 +602,7 @@ class Scheduler:
                 continue
             limit = max(spec.multiplier * median(st.times), spec.min_runtime)
             slow = [t for t in st.running.values()
-                    if not t.speculated and len(t.copies) == 1 and self._now - t.start > limit]
+                    if not t.speculated and not t.spec.only and len(t.copies) == 1 and self._now - t.start > limit]
             for t in sorted(slow, key=lambda t: t.start):
                 w = self._least_loaded(exclude=t.copies)
                 if w is None:
