@@ -10,7 +10,7 @@ from ._native import ffi as _ffi, lib as _lib  # noqa: F401  (loads the core)
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
                      NotDriver, NotSerializable, NotShareable, PageFetchError, ProtocolError, RegionError,
                      RegionExhausted, RegionInUse, ShareWarning, TaskError, TaskTimeout, TransportError,
-                     VersionExpired, WorkerLost)
+                     VersionExpired, WorkerLost, WorkerRefused)
 # the memory layer: the region, allocation, heap(), share(), references, I/O
 from .memory import region
 from .memory.alloc import alloc, array, asarray, c_api, calloc, empty, free, full, get_include, heap_stats, in_region, \
@@ -34,5 +34,5 @@ __all__ = [
     "readinto", "recv_into", "write", "fromfile", "errors",
     "ClamorError", "BuildError", "ConfigError", "RegionError", "RegionInUse", "NoRegion", "AllocError",
     "InvalidSize", "InvalidPointer", "RegionExhausted", "NotDriver", "PageFetchError", "TransportError",
-    "ProtocolError", "TaskError", "WorkerLost", "VersionExpired", "NotSerializable", "TaskTimeout",
+    "ProtocolError", "TaskError", "WorkerLost", "WorkerRefused", "VersionExpired", "NotSerializable", "TaskTimeout",
 ]

@@ -109,6 +109,11 @@ class WorkerLost(ClamorError):
     """A worker process died or stopped answering."""
 
 
+class WorkerRefused(ClamorError):
+    """The driver did not let this worker join: the Cluster expects no more
+    workers, or is closed."""
+
+
 class VersionExpired(WorkerLost):
     """A lost output can only be recomputed through the snapshot of an
     unpersisted collection, and the page version that snapshot was made at

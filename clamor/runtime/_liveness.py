@@ -36,6 +36,8 @@ import select
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -188,6 +190,16 @@ def fork(body, *args):
         code = 1
     finally:
         os._exit(code)
+
+
+def spawn(args, env=None):
+    """Driver: start ``python -m clamor.worker`` with ``args`` as a fresh
+    interpreter that dies with this process, as a forked worker does (it
+    gets the lifeline's read end); returns the Popen."""
+    fd = lifeline()
+    env = {**os.environ, "CLAMOR_DIE_WITH_PARENT": "1", "CLAMOR_PARENT_PID": str(os.getpid()),
+           "CLAMOR_LIFELINE_FD": str(fd), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "clamor.worker", *args], env=env, pass_fds=(fd,))
 
 
 def reap(pid, deadline):

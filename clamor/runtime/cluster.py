@@ -26,7 +26,6 @@ import logging
 import math
 import numbers
 import os
-import pickle
 import signal
 import statistics
 import time
@@ -53,6 +52,7 @@ _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
 # Redirect a page request to a worker that holds the page (paper section 4.2):
 # never, to a random holder, or to the less loaded of two random holders.
 REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
+START_METHODS = ("fork", "spawn")
 
 
 def any_open():
@@ -101,7 +101,13 @@ class Cluster(Stages):
     1.5x longer than the stage's median once 75% of its tasks are done),
     False, or a ``clamor.Speculation(multiplier, quantile, min_runtime)``.
 
-    ``workers`` defaults to ``os.cpu_count()``.  ``replication``:
+    ``workers`` local workers are started with ``start_method``: "fork"
+    (the default: Python objects built under ``clamor.heap()`` are used in
+    place) or "spawn" (fresh interpreters, ``clamor worker``: region arrays
+    only, see docs/guide.md).  ``remote`` more workers, started by hand with
+    ``join_command()``, are waited for before the first stage.
+
+    ``workers`` defaults to ``os.cpu_count()`` (to 0 with ``remote``).  ``replication``:
     "two-choices" (default), "random" or "off" (peers serving hot pages).
     ``heartbeat_timeout``: seconds of silence after which a worker is lost.
     ``start_timeout``: seconds to wait for workers to start.  Bad settings
@@ -110,11 +116,15 @@ class Cluster(Stages):
 
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
                  heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
-                 replace_workers=True, speculation=True, max_attempts=4):
+                 replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0):
+        if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
+            raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
         if workers is None:
-            workers = os.cpu_count() or 1
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise errors.ConfigError(f"workers must be a positive int, not {workers!r}")
+            workers = 0 if remote else os.cpu_count() or 1
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0 or workers + remote < 1:
+            raise errors.ConfigError(f"workers must be a positive int (or 0 with remote workers), not {workers!r}")
+        if start_method not in START_METHODS:
+            raise errors.ConfigError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
         for name, v in (("heartbeat_timeout", heartbeat_timeout), ("start_timeout", start_timeout)):
@@ -134,12 +144,14 @@ class Cluster(Stages):
         self.speculation, self.max_attempts = speculation, max_attempts
         self.replication = replication
         self.nworkers = workers
+        self.remote = remote
+        self.start_method = start_method
         self.slots = slots
         self.progress = progress
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.start_timeout = float(start_timeout)
         self._geometry = (base, region_size, page_size)
-        self._started = self._closed = False
+        self._opened = self._started = self._closed = False
         self._stage_stats = collections.deque(maxlen=1000)
         self._attempt_stats = collections.OrderedDict()   # attempt -> its stat, for reports (the last 1000)
         self._totals = collections.Counter()
@@ -161,10 +173,28 @@ class Cluster(Stages):
         this process is open, RegionError in a worker, ConfigError for a
         geometry the region does not have, WorkerLost if workers do not
         start, ClamorError once closed."""
-        if self._closed:
-            raise errors.ClamorError("this cluster is closed")
+        self._open()
         if self._started:
             return self
+        try:
+            for _ in range(self.nworkers):
+                self._spawn_worker()
+            self._started = True
+            self._await_workers()
+        except BaseException:
+            self.close()
+            raise
+        log.info("cluster up: %d workers, page server %s", len(self._workers), self.page_endpoint)
+        return self
+
+    @outside
+    def _open(self):
+        """What start() does before it starts workers: the region, the page
+        server, the control socket (``endpoint``)."""
+        if self._closed:
+            raise errors.ClamorError("this cluster is closed")
+        if self._opened:
+            return
         base, size, psize = self._geometry
         if region.role() is None:
             region.init(base=base, size=size, page_size=psize)
@@ -192,7 +222,12 @@ class Cluster(Stages):
         self._workers = {}      # wid -> {"pid", "blocks", "pages", "last_hb", "stages", "seen"}
         self._pids = []         # every worker process ever forked, reaped at close
         self._pid_of = {}
-        self._expected = set()  # forked, HELLO not yet received
+        self._expected = set()  # started or welcomed, HELLO not yet received
+        self._joining = {}      # pid -> wid: spawned, JOIN not yet received
+        self._procs = []        # the spawned ones' Popen objects
+        self._remote = set()    # wids of the workers started by hand
+        self._far = set()       # wids whose pid this host cannot check (another PID namespace)
+        self._remote_open = self.remote   # hand-started workers still welcome
         self._start_failures = 0  # replacements in a row that died before joining
         self._wids = itertools.count()
         self._lineage = Lineage()
@@ -208,45 +243,54 @@ class Cluster(Stages):
         # Stops the workers when the Cluster is collected or at exit, if
         # close() has not; it must not reference the Cluster.
         self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._workers,
-                                           self._expected, self._pid_of, self._pids)
+                                           self._expected, self._pid_of, self._pids, self._procs)
         _live.add(self)
         note_fork()
-        try:
-            for _ in range(self.nworkers):
-                self._spawn_worker()
-            self._started = True
-            self._await_workers()
-        except BaseException:
-            self.close()
-            raise
-        log.info("cluster up: %d workers, page server %s", self.nworkers, self.page_endpoint)
-        return self
+        self._opened = True
 
     def _await_workers(self):
         deadline = time.monotonic() + self.start_timeout
-        while len(self._workers) < self.nworkers:
+        while len(self._workers) < self.nworkers + self.remote:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(min(left, 0.5) * 1000)):
                 self._check_pids_at_start()
                 if left <= 0:
-                    raise errors.WorkerLost(f"{len(self._workers)} of {self.nworkers} workers started "
-                                            f"within {self.start_timeout}s")
+                    raise errors.WorkerLost(self._who_joined())
                 continue
-            frames = self._sock.recv_multipart()
-            if frames[1] == b"HELLO":
-                self._joined(frames[0], pickle.loads(frames[2]))
+            self._on_message(self._sock.recv_multipart())
+
+    def _who_joined(self):
+        local = sum(w not in self._remote for w in self._workers)
+        msg = [f"{local} of {self.nworkers} local workers started"] if self.nworkers else []
+        if self.remote:
+            joined = sorted(f"{w.decode()} (pid {self._pid_of[w]})" for w in self._workers if w in self._remote)
+            msg.append(f"{len(joined)} of {self.remote} remote workers joined ({', '.join(joined) or 'none'}); "
+                       f"each missing one starts with {self.join_command()!r}")
+        return f"within {self.start_timeout}s: " + "; ".join(msg)
+
+    def join_command(self):
+        """The command that starts a worker which joins this cluster (one of
+        its ``remote`` workers).  Ready before start() waits for them."""
+        self._open()
+        return f"clamor worker --driver {self.endpoint}"
 
     def _spawn_worker(self):
-        """Fork one more worker; it joins when its HELLO arrives."""
-        prepare_fork()   # before the arguments are made: none may come from a free list
+        """Start one more local worker; it joins when its HELLO arrives."""
         wid = b"w%d" % next(self._wids)
-        pid = _liveness.fork(worker_main, self.endpoint, wid)
+        if self.start_method == "fork":
+            prepare_fork()   # before the arguments are made: none may come from a free list
+            pid = _liveness.fork(worker_main, self.endpoint, wid)
+        else:
+            proc = _liveness.spawn(["--driver", self.endpoint])
+            self._procs.append(proc)
+            pid = proc.pid
+            self._joining[pid] = wid
         self._pids.append(pid)
         self._pid_of[wid] = pid
         self._expected.add(wid)
         if self._started:
             self._totals["workers_replaced"] += 1
-            log.info("forked worker %s (pid %d) to replace a lost one", wid.decode(), pid)
+            log.info("started worker %s (pid %d) to replace a lost one", wid.decode(), pid)
 
     def _check_pids_at_start(self):
         for pid in self._pids:
@@ -271,6 +315,33 @@ class Cluster(Stages):
         if not self._started:
             return []
         return [self._pid_of[w] for w in sorted(set(self._workers) | self._expected, key=lambda w: int(w[1:]))]
+
+    def run(self, fn, *args, workers=None, **kwargs):
+        """Call ``fn(*args, **kwargs)`` once on each worker, or on those
+        ``workers`` names (indexes into ``worker_pids``' order, live ones
+        only), as one stage; returns the results in that order.  Like a
+        task, the call reads the globals as they stand now, and what it
+        moves counts in ``stats()``.  A call that raises fails with
+        TaskError; a worker lost before its call ends fails it with
+        WorkerLost (the call runs there or nowhere)."""
+        self._check()
+        live = sorted(self._workers, key=lambda w: int(w[1:]))
+        if workers is None:
+            chosen = live
+        else:
+            if isinstance(workers, int):
+                workers = [workers]
+            chosen = []
+            for i in workers:
+                if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(live):
+                    raise errors.ConfigError(f"workers names live workers by index, 0 to {len(live) - 1}, "
+                                             f"not {i!r}")
+                chosen.append(live[int(i)])
+        if not chosen:
+            return []
+        node = Parallel(self, range(len(chosen)), len(chosen)).map(lambda _: fn(*args, **kwargs))
+        parts = self._run_action(node, "collect", None, only={p: (w,) for p, w in enumerate(chosen)})
+        return [r for part in parts for r in part]
 
     # -- sources ----------------------------------------------------------------------
     def _check(self):
@@ -403,7 +474,7 @@ class Cluster(Stages):
 
 
 @outside
-def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, timeout=5.0):
+def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, procs, timeout=5.0):
     """Stop a cluster's workers (STOP, then SIGKILL after ``timeout``), reap
     them and close its socket.  Runs from close(), or as the Cluster's
     finalizer (garbage collection, exit)."""
@@ -414,14 +485,17 @@ def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, timeout=5.0):
             sock.send_multipart([wid, b"STOP"], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
-    for wid in list(expected):   # still starting: nothing to finish
-        try:
-            os.kill(pid_of[wid], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for wid in list(expected):   # still starting: nothing to finish (one started by hand goes once we do)
+        if pid_of.get(wid) in pids:
+            try:
+                os.kill(pid_of[wid], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + timeout
     for pid in list(pids):
         _liveness.reap(pid, deadline)
+    for proc in procs:
+        proc.poll()   # reaped above: the Popen learns it, and does not warn that it still runs
     sock.close()
     ctx.term()
     region.reset_peers()

@@ -65,6 +65,7 @@ import zmq
 
 from ..memory import region
 from . import serialize
+from ._liveness import LinkWatch, heartbeats
 from .collection import partition_result
 
 log = logging.getLogger("clamor.worker")
@@ -190,7 +191,12 @@ class TaskContext:
 
 
 class Runtime:
-    def __init__(self, driver, wid):
+    """A worker's side of the runtime.  ``link_grace``: watch the control
+    connection (ZMTP heartbeats, ``self.link``), for a worker that cannot
+    check the driver's process by PID; the connection must be made within
+    that many seconds."""
+
+    def __init__(self, driver, wid, link_grace=None):
         self.driver = driver
         self.wid = wid
         self.ctx = zmq.Context()
@@ -207,6 +213,10 @@ class Runtime:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
         self.sock.setsockopt(zmq.IDENTITY, wid)
+        self.link = None
+        if link_grace is not None:
+            heartbeats(self.sock)
+            self.link = LinkWatch(self.sock, link_grace)
         self.sock.connect(driver)
 
     # -- blocks from peers --------------------------------------------------------
@@ -306,18 +316,25 @@ class Runtime:
             value = partition_result(stage["action"], node.partition(p, ctx), stage["arg"])
         return value, ctx.new_cached
 
-    def loop(self):
+    def loop(self, alive=None):
+        """Run tasks until STOP, or until ``alive()`` (checked each second
+        the driver is silent) says the driver is gone; by default, until
+        this process's parent, the driver that forked it, is."""
         self.service.start()
         info = {"pid": os.getpid(), "blocks": self.endpoint, "pages": region.server_endpoint(),
                 "counters": counters()}
         self.sock.send_multipart([b"HELLO", pickle.dumps(info)])
-        driver_pid = os.getppid()
+        if alive is None:
+            driver_pid = os.getppid()
+
+            def alive():
+                return os.getppid() == driver_pid
         try:
             while True:
                 if not self.inbox:
                     if not self.sock.poll(1000):
-                        if os.getppid() != driver_pid:
-                            log.warning("driver is gone; worker %s exits", self.wid)
+                        if not alive():
+                            log.warning("driver is gone; worker %s exits", self.wid.decode())
                             return
                         continue
                 self._receive()

@@ -34,10 +34,24 @@ def _from_ref(ref):
     return ref.get()
 
 
+# False in a worker not forked from the driver (clamor/runtime/worker.py)
+_in_place = [True]
+
+
+def objects_in_place(allowed):
+    """Whether this process may use the driver's region objects in place:
+    only one forked from the driver has the type objects they point at."""
+    _in_place[0] = bool(allowed)
+
+
 def _object_at(offset):
     """The Python object at region ``offset`` (a new reference).  Only for
     objects the driver built under clamor.heap(), in a process forked from
     it (their type pointers must be valid here)."""
+    if not _in_place[0]:
+        raise NotShareable("a Python object built under clamor.heap() is used in place only by workers forked from "
+                           "the driver, and this one was not (start_method='spawn', or started with clamor worker); "
+                           "keep such data in region arrays, which any worker reads, or use forked workers")
     return ctypes.cast(region.base() + offset, ctypes.py_object).value
 
 

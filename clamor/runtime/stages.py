@@ -44,6 +44,7 @@ old bytes and the next new task sees new ones again.
 """
 import bisect
 import collections
+import json
 import logging
 import os
 import pickle
@@ -59,6 +60,7 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
+from ._liveness import pid_namespace, shares_pids
 from .interrupt import Deferred
 from .progress import StageProgress
 from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
@@ -73,9 +75,9 @@ class _InputsLost(Exception):
 
 class _Job:
     __slots__ = ("kind", "node", "parent", "action", "arg", "parts", "version", "results", "losses", "stat",
-                 "bar", "reads", "rerun", "attempts", "asids")
+                 "bar", "reads", "rerun", "attempts", "asids", "only")
 
-    def __init__(self, kind, node, parent, action, arg, parts, version, rerun):
+    def __init__(self, kind, node, parent, action, arg, parts, version, rerun, only=None):
         self.kind, self.node, self.parent, self.action, self.arg = kind, node, parent, action, arg
         self.parts, self.version, self.rerun = list(parts), version, rerun
         self.results = {}                       # partition -> value (map jobs: worker id)
@@ -83,6 +85,7 @@ class _Job:
         self.reads = (set(), set())             # (shuffle ids, cache keys) the tasks fetch
         self.attempts = 0
         self.asids = []                         # its attempts' scheduler stage ids
+        self.only = only or {}                  # partition -> the workers it may run on (Cluster.run)
 
     @property
     def computes(self):
@@ -103,14 +106,14 @@ class Stages:
 
     # -- planning -----------------------------------------------------------------------
     @outside
-    def _run_action(self, node, kind, arg, partitions=None):
+    def _run_action(self, node, kind, arg, partitions=None, only=None):
         self._check()
         release_dropped()
         try:
             for st in self._plan(node):
                 self._run_job("map", st[0], parent=st[1])
             parts = list(range(node.num_partitions)) if partitions is None else partitions
-            return self._run_job("result", node, action=kind, arg=arg, parts=parts)
+            return self._run_job("result", node, action=kind, arg=arg, parts=parts, only=only)
         finally:
             self._drop_restored()
 
@@ -189,14 +192,14 @@ class Stages:
         return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
 
     # -- jobs and attempts ----------------------------------------------------------
-    def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None):
+    def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None, only=None):
         rerun = version is not None
         if version is None:
             version = self._begin_stage()
         if kind == "map":
             parts = list(range(node.deps[parent].num_partitions)) if parts is None else parts
             self._lineage.shuffle_started(node.shuffle_ids[parent], node.deps[parent].num_partitions, version)
-        job = _Job(kind, node, parent, action, arg, parts, version, rerun)
+        job = _Job(kind, node, parent, action, arg, parts, version, rerun, only)
         if rerun:
             self._totals["recovery_jobs"] += 1
             log.info("recomputing %d partition(s) of %r at stage %d", len(parts), job.computes, version)
@@ -294,7 +297,7 @@ class Stages:
             if not prefer and last in self._workers and affine[last] < share:
                 affine[last] += 1
                 prefer = (last,)
-            tasks.append(TaskSpec((asid, p), asid, p, prefer))
+            tasks.append(TaskSpec((asid, p), asid, p, prefer, job.only.get(p, ())))
         stat = {"stage": job.version, "kind": job.kind if job.kind == "map" else job.action, "tasks": len(tasks),
                 "durations": [], "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,
                 "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values()),
@@ -422,7 +425,7 @@ class Stages:
 
     # -- messages -----------------------------------------------------------------------
     # frames in each message a worker sends, its identity first
-    _FRAMES = {b"HB": 3, b"HELLO": 3, b"DONE": 5, b"SKIP": 4, b"FAIL": 5}
+    _FRAMES = {b"HB": 3, b"JOIN": 3, b"HELLO": 3, b"DONE": 5, b"SKIP": 4, b"FAIL": 5}
 
     def _on_message(self, frames):
         if len(frames) < 2 or self._FRAMES.get(frames[1], len(frames)) != len(frames):
@@ -434,6 +437,8 @@ class Stages:
             if wid in self._workers:
                 self._workers[wid]["last_hb"] = time.monotonic()
             return []
+        if kind == b"JOIN":
+            return self._join(ident, frames[2])
         if kind == b"HELLO":
             return self._joined(ident, pickle.loads(frames[2]))
         w = self._workers.get(ident)
@@ -513,17 +518,46 @@ class Stages:
         self._count_moved(asid, {"faults": d["faults"], "bytes_from_peers": d["bytes_from_peers"],
                                  "bytes_from_driver": d["bytes_fetched"] - d["bytes_from_peers"]})
 
+    def _join(self, ident, frame):
+        """A worker not forked from here asks to join (clamor/runtime/worker.py):
+        one this cluster spawned, or one of its ``remote`` workers."""
+        try:
+            body = json.loads(frame)
+            pid, pidns = int(body["pid"]), body.get("pidns")
+        except (ValueError, TypeError, KeyError) as err:
+            log.warning("dropped a malformed JOIN: %s", err)
+            return []
+        local = shares_pids(pidns)
+        wid = self._joining.pop(pid, None) if local else None
+        if wid is None:
+            if self._closed or self._remote_open <= 0:
+                reason = ("the cluster is closed" if self._closed else
+                          f"it expects no more workers ({self.remote} remote, all joined)")
+                self._sock.send_multipart([ident, b"REFUSED", json.dumps({"reason": reason}).encode()])
+                return []
+            self._remote_open -= 1
+            wid = b"w%d" % next(self._wids)
+            self._remote.add(wid)
+            if not local:
+                self._far.add(wid)
+            self._pid_of[wid] = pid
+            self._expected.add(wid)
+        welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace()}
+        self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
+        return []
+
     def _joined(self, wid, info):
         if wid in self._workers or wid not in self._expected:
             return []
         self._expected.discard(wid)
         self._start_failures = 0
-        info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current(), sent=set())
+        info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current(), sent=set(),
+                    far=wid in self._far)
         self._workers[wid] = info
         for other in self._workers:   # its endpoint may be a lost worker's, reused: no longer dead
             if other != wid:
                 self._sock.send_multipart([other, b"LIVE", pickle.dumps([info["blocks"]])])
-        replacement = int(wid[1:]) >= self.nworkers
+        replacement = int(wid[1:]) >= self.nworkers + self.remote
         log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
         return self._sched.handle(WorkerJoinedEvent(wid, self.slots))
 
@@ -534,8 +568,7 @@ class Stages:
         for wid, info in list(self._workers.items()):
             reason = None
             try:
-                proc = psutil.Process(info["pid"])
-                if proc.status() == psutil.STATUS_ZOMBIE:
+                if not info["far"] and psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE:
                     reason = "process exited"
             except psutil.NoSuchProcess:
                 reason = "process gone"
@@ -544,6 +577,8 @@ class Stages:
             if reason:
                 out.extend(self._lose(wid, reason))
         for wid in list(self._expected):   # a replacement that died before its HELLO
+            if wid in self._far:
+                continue
             pid = self._pid_of[wid]
             try:
                 dead = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -565,8 +600,7 @@ class Stages:
                             f"no live workers ({self._start_failures} replacements died while starting)")
                     continue
                 log.warning("worker %s (pid %d) died while starting", wid.decode(), pid)
-                if self.replace_workers and not self._closed:
-                    self._spawn_worker()
+                self._replace(wid)
         return out
 
     def _lose(self, wid, reason):
@@ -576,7 +610,9 @@ class Stages:
         self._totals["workers_lost"] += 1
         # One that stopped answering may still run: it must not come back.
         # Once reaped, close() must never wait for, or kill, its reused pid.
-        if _kill_and_reap(info["pid"]) and info["pid"] in self._pids:
+        if info["far"]:
+            self._sock.send_multipart([wid, b"STOP"])
+        elif _kill_and_reap(info["pid"]) and info["pid"] in self._pids:
             self._pids.remove(info["pid"])
         if info.get("pages"):
             region.forget_peer(info["pages"])
@@ -589,14 +625,21 @@ class Stages:
             self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]]),
                                        pickle.dumps([info["pages"]] if info.get("pages") else [])])
         out = self._sched.handle(WorkerLostEvent(wid, reason))
-        if self.replace_workers and not self._closed:
-            self._spawn_worker()
+        self._replace(wid)
         if self.recover and self._current is not None:
             t = self._loss_trouble(wid, reason, running, shuffles, keys)
             # giving up outranks retrying: with no worker left, a retry would wait start_timeout for nothing
             if t is not None and (self._trouble is None or isinstance(t, errors.WorkerLost)):
                 self._trouble = t
         return out
+
+    def _replace(self, wid):
+        """A local worker lost gets a replacement (``replace_workers``); a
+        remote one leaves its place to the next worker that joins."""
+        if wid in self._remote:
+            self._remote_open += 1
+        elif self.replace_workers and not self._closed:
+            self._spawn_worker()
 
     def _loss_trouble(self, wid, reason, running, shuffles, keys):
         """What losing ``wid`` means for the running attempt: None (its
@@ -610,7 +653,7 @@ class Stages:
                 if job.losses[key[1]] >= self.max_attempts:
                     return errors.WorkerLost(f"partition {key[1]} of stage {job.version} was lost with its worker "
                                              f"{job.losses[key[1]]} times (last: worker {wid.decode()}: {reason})")
-        if not self._workers and not self.replace_workers:
+        if not self._workers and not self._expected and not self.replace_workers:
             return errors.WorkerLost(f"no live workers (worker {wid.decode()} lost: {reason})")
         read_shuffles, read_cache = job.reads
         outputs_lost = job.kind == "map" and any(w == wid for w in job.results.values())

@@ -1,28 +1,44 @@
-"""Worker entry point: ``python -m clamor.worker --driver ENDPOINT``.
+"""A worker started on its own: ``clamor worker --driver ENDPOINT`` (or
+``python -m clamor.worker``), or spawned by a Cluster with
+``start_method="spawn"``.
 
-Connects to the driver's control endpoint (clamor.tasks.TaskServer),
-attaches the region (unless this process is a forked worker that has it
-already), then runs the functions the driver sends until told to stop or
-until the driver is gone (clamor/runtime/_liveness.py tells how it knows), so a
-worker never outlives its driver.  A STOP goes ahead of tasks still
-queued here.
+It joins the Cluster at ENDPOINT and then speaks the same protocol as a
+forked worker (clamor/runtime/executor.py, docs/wire.md).  Joining is one
+exchange on a connection of its own:
+
+    worker -> driver   JOIN json{"pid", "pidns"}
+    driver -> worker   WELCOME json{"wid", "pages", "pid", "pidns"}
+                       REFUSED json{"reason"}
+
+``wid`` is the identity the driver gives this worker; ``pages`` the
+driver's page server.  The worker attaches the region through it (mapped
+at the driver's address unless ``--base`` says otherwise), opens its
+control socket under ``wid`` and says HELLO, as a forked worker does.
+
+Such a worker has the driver's pages but not the driver's process image,
+so a Python object built under ``clamor.heap()`` cannot be used in place
+here (its type pointers name the driver's memory): a task that reads one
+fails with NotShareable.  Arrays in the region travel by reference and work.
+
+The worker lives as long as the driver: a spawned one dies with it at once
+(clamor/runtime/_liveness.py), one started by hand exits once the driver's
+process is gone (same PID namespace) or its connection is (elsewhere).
 """
 import argparse
+import json
 import logging
 import math
 import os
-import pickle
 import signal
 import stat
 import sys
-import traceback
 
-import cloudpickle
 import zmq
 
 from .. import errors
 from ..memory import region
-from ._liveness import LinkWatch, beat, heartbeats, pid_alive, pid_namespace, shares_pids, watch_lifeline
+from . import serialize
+from ._liveness import pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
 
@@ -47,79 +63,66 @@ def _connect(sock, driver):
         raise kind(f"cannot connect to the driver at {driver!r}: {err}") from err
 
 
-def serve(driver, base=None, connect_timeout=None):
-    """Serve tasks from the driver at ``driver`` until STOP or until the
-    driver is gone.  Gives up if the driver does not answer within
-    ``connect_timeout`` seconds (default: CLAMOR_CONNECT_TIMEOUT, else 30).
-    A bad endpoint or time-out raises ConfigError, a driver that does not
-    answer TransportError."""
-    connect_timeout = _connect_timeout(connect_timeout)
-    ctx = zmq.Context()
+def _ask_to_join(ctx, driver, timeout):
+    """The driver's WELCOME, as a dict; TransportError if it does not
+    answer, WorkerRefused if it says no."""
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
-    watch = beating = token = None
     try:
         _connect(sock, driver)
-        sock.send_multipart([b"READY"])
-        if not sock.poll(int(connect_timeout * 1000)):
-            raise errors.TransportError(f"no answer from the driver at {driver} within {connect_timeout:g} s")
+        sock.send_multipart([b"JOIN", json.dumps({"pid": os.getpid(), "pidns": pid_namespace()}).encode()])
+        if not sock.poll(int(timeout * 1000)):
+            raise errors.TransportError(f"no answer from the driver at {driver} within {timeout:g} s")
         frames = sock.recv_multipart()
-        page_ep, driver_pid = frames[1], int(frames[2])
-        driver_ns = frames[3].decode() if len(frames) > 3 else None
-        if region.role() != "worker":
-            region.connect(page_ep.decode(), base=base)
+    finally:
+        sock.close()
+    try:
+        kind, body = frames[0], json.loads(frames[1])
+    except (IndexError, ValueError) as err:
+        raise errors.ProtocolError(f"the driver at {driver} answered JOIN with a malformed message") from err
+    if kind == b"REFUSED":
+        raise errors.WorkerRefused(f"the driver at {driver} refused this worker: {body.get('reason')}")
+    if kind != b"WELCOME" or not {"wid", "pages", "pid"} <= set(body):
+        raise errors.ProtocolError(f"the driver at {driver} answered JOIN with {kind!r}")
+    return body
+
+
+def join(driver, base=None, connect_timeout=None):
+    """Join the Cluster whose control endpoint is ``driver`` and run its
+    tasks until it stops this worker or is gone.  A bad endpoint or
+    time-out raises ConfigError, a driver that does not answer
+    TransportError, one that says no WorkerRefused."""
+    from .executor import Runtime   # (not at import: ``python -m clamor.worker`` stays light until it joins)
+
+    timeout = _connect_timeout(connect_timeout)
+    if region.role() is not None:
+        raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
+    ctx = zmq.Context()
+    watch = None
+    try:
+        welcome = _ask_to_join(ctx, driver, timeout)
+        region.connect(welcome["pages"], base=base)
         region.ensure_handler_first()
-        if shares_pids(driver_ns):
+        serialize.objects_in_place(False)
+        driver_pid = int(welcome["pid"])
+        if shares_pids(welcome.get("pidns")):
+            rt = Runtime(driver, welcome["wid"].encode())
+
             def alive():
                 return pid_alive(driver_pid)
-        else:
-            # The connection tells: a new one, with heartbeats (options
-            # apply to new connections; the driver takes the identity that
-            # ATTACHED comes from).
-            sock.close()
-            sock = ctx.socket(zmq.DEALER)
-            sock.linger = 0
-            heartbeats(sock)
-            alive = watch = LinkWatch(sock, connect_timeout)
-            _connect(sock, driver)
-            token = os.urandom(8)
-            beating = beat(ctx, driver, token)
-        info = {"pid": os.getpid(), "server": region.server_endpoint(), "base": region.base(),
-                "pidns": pid_namespace(), "hb": token}
-        sock.send_multipart([b"ATTACHED", pickle.dumps(info)])
-        inbox = []
-        while True:
-            if not inbox and not sock.poll(1000):
-                if not alive():
-                    log.warning("the driver (pid %d) is gone; exiting", driver_pid)
-                    return
-                continue
-            while sock.poll(0):   # all that waits: a STOP goes ahead of queued tasks
-                inbox.append(sock.recv_multipart())
-            if any(f[0] == b"STOP" for f in inbox):
-                return
-            frames = inbox.pop(0)
-            if frames[0] != b"TASK":
-                continue
-            tid, payload = frames[1], frames[2]
-            region.ensure_handler_first()
-            try:
-                fn, args, kwargs = pickle.loads(payload)
-                out = [b"ok", cloudpickle.dumps(fn(*args, **kwargs))]
-            except Exception as err:  # the driver raises TaskError with this
-                out = [b"err", pickle.dumps((f"{type(err).__name__}: {err}", traceback.format_exc()))]
-            sock.send_multipart([b"RESULT", tid] + out)
+        else:   # the connection tells (clamor/runtime/_liveness.py)
+            rt = Runtime(driver, welcome["wid"].encode(), link_grace=timeout)
+            alive = watch = rt.link
+        rt.loop(alive)
     finally:
         if watch is not None:
-            beating.set()
             watch.close()
-        sock.close()
         ctx.term()
 
 
 def _tie_to_local_driver():
-    """Spawned by a local driver (TaskServer.spawn): die with it at once,
-    like a forked worker.  False if it is gone already."""
+    """Spawned by a local driver: die with it at once, like a forked
+    worker.  False if it is gone already."""
     parent = int(os.environ.pop("CLAMOR_PARENT_PID", "0") or 0)
     fd = os.environ.pop("CLAMOR_LIFELINE_FD", "")
     try:
@@ -144,8 +147,8 @@ def _address(text):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m clamor.worker", description=__doc__.splitlines()[0])
-    ap.add_argument("--driver", required=True, help="the driver's control endpoint, e.g. tcp://127.0.0.1:5555")
+    ap = argparse.ArgumentParser(prog="clamor worker", description=__doc__.splitlines()[0])
+    ap.add_argument("--driver", required=True, help="the Cluster's control endpoint, e.g. tcp://127.0.0.1:5555")
     ap.add_argument("--base", type=_address, default=None,
                     help="map the region at this address instead of the driver's (pointer-free data only)")
     ap.add_argument("--connect-timeout", type=float, default=None,
@@ -159,9 +162,9 @@ def main(argv=None):
         for var in ("CLAMOR_PARENT_PID", "CLAMOR_LIFELINE_FD"):
             os.environ.pop(var, None)
     try:
-        serve(args.driver, base=args.base, connect_timeout=args.connect_timeout)
+        join(args.driver, base=args.base, connect_timeout=args.connect_timeout)
     except errors.ClamorError as err:
-        print(f"clamor.worker: {err}", file=sys.stderr)
+        print(f"clamor worker: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
