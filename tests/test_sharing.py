@@ -1,6 +1,6 @@
 """What share() lets through must be right on the workers; what it cannot
-vouch for it names.  References keep their exact dtype.  TaskServer checks
-its arguments and its time-outs.
+vouch for it names.  References keep their exact dtype.  Cluster.run checks
+its arguments, and a call pinned to a worker fails when that worker is lost.
 
 Each scenario runs a driver in its own interpreter, with forked workers, and
 compares what the workers computed with the driver's own values.
@@ -88,31 +88,45 @@ def test_references_keep_the_exact_dtype_and_refuse_what_is_not_data():
     assert out["none"][0] == "TypeError"
 
 
-def test_taskserver_checks_workers_and_stops_a_task_past_its_timeout():
+def test_cluster_run_checks_workers_and_a_pinned_call_fails_with_its_worker():
+    """run() names workers by index into the live ones; a call pinned to a
+    worker that is lost while it runs (here: a call that would sleep ten
+    minutes, its worker killed after a second) fails at once with
+    WorkerLost and runs nowhere else; the cluster goes on with the others."""
     out = scenario("""
-        from clamor.runtime.tasks import TaskServer
         res = {}
-        ts = TaskServer()
-        res["map, no workers"] = attempt(ts.map, abs, [1, 2])
-        ts.fork(2)
-        res["worker 5"] = attempt(ts.run, abs, -1, worker=5)
-        res["worker -1"] = attempt(ts.run, abs, -1, worker=-1)
-        res["runs"] = ts.map(abs, [-1, -2, -3])
-        t0 = time.monotonic()
-        res["timeout"] = attempt(ts.run, time.sleep, 600, worker=1, timeout=1.0)
-        res["timeout took"] = time.monotonic() - t0
-        res["stopped worker"] = attempt(ts.run, abs, -4, worker=1)
-        res["other worker"] = ts.run(abs, -4, worker=0)
-        ts.close()
-        res["after close"] = [attempt(ts.run, abs, -1)[0], attempt(ts.fork, 1)[0], attempt(ts.spawn, 1)[0]]
+        res["no workers"] = attempt(clamor.Cluster, workers=0)
+        cl = clamor.Cluster(workers=2, progress=False, replace_workers=False)
+        with cl:
+            res["worker 5"] = attempt(cl.run, abs, -1, workers=[5])
+            res["worker -1"] = attempt(cl.run, abs, -1, workers=[-1])
+            res["worker True"] = attempt(cl.run, abs, -1, workers=[True])
+            res["runs"] = cl.run(abs, -3)
+            res["map"] = cl.parallelize([-1, -2, -3], 3).map(abs).collect()
+            pids = cl.worker_pids
+            res["pinned"] = cl.run(os.getpid, workers=[1]) == [pids[1]]
+            killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+            killer.start()
+            t0 = time.monotonic()
+            res["lost"] = attempt(cl.run, time.sleep, 600, workers=[1])
+            res["lost took"] = time.monotonic() - t0
+            killer.join()
+            res["left"] = [cl.worker_pids == [pids[0]], cl.run(os.getpid) == [pids[0]]]
+            res["stopped worker"] = attempt(cl.run, abs, -4, workers=[1])
+            res["other worker"] = cl.run(abs, -4, workers=[0])
+        res["after close"] = [attempt(cl.run, abs, -1)[0], attempt(cl.start)[0], attempt(cl.range, 3)[0]]
         print(json.dumps(res))
         """)
-    assert out["map, no workers"][0] == "WorkerLost"
-    assert out["worker 5"][0] == "ConfigError" and out["worker -1"][0] == "ConfigError"
-    assert out["runs"] == [1, 2, 3]
-    assert out["timeout"][0] == "TaskTimeout" and out["timeout took"] < 10
-    assert out["stopped worker"][0] == "WorkerLost"
-    assert out["other worker"] == 4
+    assert out["no workers"][0] == "ConfigError" and "positive int" in out["no workers"][1]
+    for k in ("worker 5", "worker -1", "worker True"):
+        assert out[k][0] == "ConfigError", (k, out[k])
+    assert out["runs"] == [3, 3]
+    assert out["map"] == [1, 2, 3]
+    assert out["pinned"]
+    assert out["lost"][0] == "WorkerLost" and out["lost took"] < 10, out["lost"]
+    assert out["left"] == [True, True]
+    assert out["stopped worker"][0] == "ConfigError"      # index 1 no longer names a live worker
+    assert out["other worker"] == [4]
     assert out["after close"] == ["ClamorError"] * 3
 
 
