@@ -1,7 +1,8 @@
 """Fault-path scenarios: workers read driver memory page by page.
 
 Each test runs a driver in a subprocess (see helpers.run_py); the driver
-forks or spawns workers through clamor.runtime.tasks.TaskServer.
+runs a clamor.Cluster whose workers are forked, spawned, or started by
+hand, and calls functions on them with ``Cluster.run``.
 """
 import json
 import signal
@@ -11,7 +12,6 @@ import json, os, sys, threading
 import numpy as np
 import clamor
 from clamor import region
-from clamor.runtime.tasks import TaskServer
 """
 
 
@@ -19,12 +19,11 @@ def test_random_reads_on_worker_equal_driver_values(py):
     p = py(DRIVER + """
 a = clamor.array(np.random.default_rng(0).standard_normal(1 << 25))   # 256 MiB
 idx = np.random.default_rng(1).integers(0, a.size, 20000)
-with TaskServer() as ts:
-    ts.spawn(1)
+with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False) as cl:
     def f(r, idx):
         x = r.get()
         return x[idx].copy(), clamor.stats()
-    got, st = ts.run(f, clamor.ref(a), idx)
+    got, st = cl.run(f, clamor.ref(a), idx)[0]
 assert np.array_equal(got, a[idx]), "values differ"
 assert st["faults"] > 0 and st["pages_fetched"] > 0
 assert st["bytes_fetched"] < a.nbytes, "sparse reads must not move the whole array"
@@ -37,8 +36,7 @@ print(json.dumps(st))
 def test_many_threads_fault_one_page_fetch_it_once(py):
     py(DRIVER + """
 a = clamor.array(np.arange(1 << 22, dtype=np.int64))   # 32 MiB, 512 pages
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     def f(r):
         clamor.configure(readahead=0)
         x = r.get()
@@ -49,8 +47,8 @@ with TaskServer() as ts:
         def reader(i):
             barrier.wait()
             out[i] = int(x[100000 + i])          # same 64 KiB page for all
-        ts_ = [threading.Thread(target=reader, args=(i,)) for i in range(n)]
-        [t.start() for t in ts_]; [t.join() for t in ts_]
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(n)]
+        [t.start() for t in threads]; [t.join() for t in threads]
         one = clamor.stats()["pages_fetched"] - before
         # different pages at once: each thread its own page
         barrier2 = threading.Barrier(n)
@@ -58,11 +56,11 @@ with TaskServer() as ts:
         def reader2(i):
             barrier2.wait()
             out2[i] = int(x[(i + 20) * 8192 * 2])   # page i+40
-        ts_ = [threading.Thread(target=reader2, args=(i,)) for i in range(n)]
-        [t.start() for t in ts_]; [t.join() for t in ts_]
+        threads = [threading.Thread(target=reader2, args=(i,)) for i in range(n)]
+        [t.start() for t in threads]; [t.join() for t in threads]
         many = clamor.stats()["pages_fetched"] - before - one
         return out, out2, one, many
-    out, out2, one, many = ts.run(f, clamor.ref(a))
+    out, out2, one, many = cl.run(f, clamor.ref(a))[0]
 assert out == [100000 + i for i in range(32)], out
 assert out2 == [(i + 20) * 16384 for i in range(32)], out2
 assert one == 1, f"one page fetched {one} times"
@@ -73,12 +71,11 @@ assert many == 32, f"{many} pages fetched for 32 distinct pages"
 def test_numpy_and_scipy_loops_holding_the_gil_fault_fine(py):
     py(DRIVER + """
 a = clamor.array(np.random.default_rng(2).random((2000, 500)))
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False) as cl:
     def f(r):
         x = r.get()
         return float(x.sum()), x.mean(axis=0), float(np.linalg.norm(x[::7]))
-    s, m, n = ts.run(f, clamor.ref(a))
+    s, m, n = cl.run(f, clamor.ref(a))[0]
 assert s == float(a.sum()) and np.array_equal(m, a.mean(axis=0)) and n == float(np.linalg.norm(a[::7]))
 """, check=True)
 
@@ -86,14 +83,13 @@ assert s == float(a.sum()) and np.array_equal(m, a.mean(axis=0)) and n == float(
 def test_sequential_scan_uses_read_ahead(py):
     p = py(DRIVER + """
 a = clamor.array(np.arange(1 << 24, dtype=np.float64))   # 128 MiB, 2048 pages
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     def f(r, ra):
         clamor.configure(readahead=ra)
         clamor.reset_stats()
         s = float(r.get().sum())
         return s, clamor.stats()
-    s, st = ts.run(f, clamor.ref(a), 8 << 20)
+    s, st = cl.run(f, clamor.ref(a), 8 << 20)[0]
 assert s == float(a.sum())
 print(json.dumps(st))
 """, check=True)
@@ -105,23 +101,53 @@ print(json.dumps(st))
     assert st["faults"] < 400, st
 
 
-def test_region_pages_start_absent_in_forked_worker_and_driver_writes_stay_out(py):
-    py(DRIVER + """
+def test_region_pages_start_absent_in_forked_worker_and_driver_writes_stay_out(py, tmp_path):
+    # A forked worker's region is memory of its own, every page absent at
+    # first, so a driver write never reaches it through shared memory.  The
+    # driver writes page 0 while the stage runs, once the worker holds it:
+    # for the rest of that stage the worker still sees the old bytes, in
+    # the page it holds and in one it fetches after the write (a page
+    # request is answered as its stage sees the page).  The next stage
+    # drops the changed pages on the worker and sees the write.
+    py(DRIVER + f"""
+import time
 a = clamor.array(np.zeros(1 << 20))        # 8 MiB
 a[:] = 1.0
-with TaskServer() as ts:
-    ts.fork(1)
+far = 1 << 19                              # 4 MiB further: a page the worker has not read
+flags = {str(tmp_path)!r}
+def wait_for(name):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(flags, name)):
+        assert time.monotonic() < deadline, "no " + name
+        time.sleep(0.01)
+def say(name):
+    open(os.path.join(flags, name), "w").close()
+def writer():
+    wait_for("read")
+    a[0] = 2.0                             # the worker holds page 0 already
+    a[far] = 2.0
+    say("written")
+with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     def first(r):
+        clamor.configure(readahead=0)
         x = r.get()
         before = clamor.stats()["faults"]
         v = float(x[0])
-        return v, clamor.stats()["faults"] - before
-    v, faults = ts.run(first, clamor.ref(a))
+        faults = clamor.stats()["faults"] - before
+        say("read")
+        wait_for("written")
+        return v, faults, float(x[0]), float(x[far])
+    t = threading.Thread(target=writer)
+    t.start()
+    v, faults, held, fetched = cl.run(first, clamor.ref(a))[0]
+    t.join()
     assert v == 1.0 and faults >= 1, (v, faults)
-    a[0] = 2.0                             # the worker holds page 0 already
+    assert held == 1.0, "worker saw a later driver write through shared memory"
+    assert fetched == 1.0, "a page fetched during a stage showed a driver write made while it ran"
     def again(r):
-        return float(r.get()[0])
-    assert ts.run(again, clamor.ref(a)) == 1.0, "worker saw a later driver write through shared memory"
+        x = r.get()
+        return float(x[0]), float(x[far])
+    assert cl.run(again, clamor.ref(a))[0] == (2.0, 2.0), "the next stage missed the driver's writes"
 """, check=True)
 
 
