@@ -1,4 +1,4 @@
-"""Region geometry and configuration, the task plane around it, and the cffi
+"""Region geometry and configuration, functions run on workers over it, and the cffi
 declarations.
 
 A process holds at most one region for its life, so everything that maps,
@@ -307,42 +307,48 @@ def test_stats_keys_and_types():
     check_stats(clamor.stats())
 
 
-# ---- the task plane ----------------------------------------------------------------
+# ---- functions on workers ----------------------------------------------------------
 
-def test_task_server_run_task_error_and_recovery():
+def test_cluster_run_task_error_and_recovery():
     out = run_json(script("""
         import numpy as np
-        from clamor.runtime.tasks import TaskServer
 
         def read(r):
             import clamor
             x = r.get()
             return float(x.sum()), clamor.stats()
 
+        def where():
+            import os
+            from clamor import region
+            return [os.getpid(), region.role(), region.base()]
+
         def explode_here(n):
             return {"a": 1}["b" * n]
 
         a = clamor.array(np.arange(1 << 18, dtype="f8"))
         res = {}
-        with TaskServer() as ts:
-            res["workers"] = [sorted(w) for w in ts.spawn(1)]
-            res["sum"], res["worker stats"] = ts.run(read, clamor.ref(a))
+        with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:
+            res["workers"] = [cl.worker_pids, os.getpid(), cl.run(where), region.base()]
+            [(res["sum"], res["worker stats"])] = cl.run(read, clamor.ref(a))
             res["driver stats"] = clamor.stats()
             try:
-                ts.run(explode_here, 3)
+                cl.run(explode_here, 3)
                 res["error"] = None
             except clamor.TaskError as e:
-                res["error"] = [str(e), e.remote_traceback, isinstance(e, clamor.ClamorError)]
-            res["after"] = ts.run(lambda x, y=0: x * 2 + y, 20, y=2)
-            res["map"] = ts.map(lambda x: x * x, range(5))
+                res["error"] = [str(e), e.remote_traceback, isinstance(e, clamor.ClamorError), e.remote_type]
+            res["after"] = cl.run(lambda x, y=0: x * 2 + y, 20, y=2)
+            res["map"] = cl.parallelize(range(5), 3).map(lambda x: x * x).collect()
             try:
-                ts.run(lambda: 1 / 0)
+                cl.run(lambda: 1 / 0)
             except clamor.TaskError as e:
                 res["zero"] = str(e)
-            res["after again"] = ts.run(read, clamor.ref(a))[0]
+            res["after again"] = cl.run(read, clamor.ref(a))[0][0]
         print(json.dumps(res))
         """))
-    assert out["workers"] == [["base", "id", "pid", "server"]]
+    pids, driver_pid, where, base = out["workers"]
+    assert len(pids) == 1 and pids[0] != driver_pid
+    assert where == [[pids[0], "worker", base]]
     total = float(sum(range(1 << 18)))
     assert out["sum"] == total and out["after again"] == total
     ws, ds = out["worker stats"], out["driver stats"]
@@ -352,12 +358,12 @@ def test_task_server_run_task_error_and_recovery():
     assert ws["bytes_fetched"] == ws["pages_fetched"] * (64 << 10)
     assert ws["mappings"] >= 1 and ws["fetch_errors"] == 0
     assert ds["pages_served"] >= ws["pages_fetched"] and ds["faults"] == 0
-    msg, tb, typed = out["error"]
-    assert typed
+    msg, tb, typed, kind = out["error"]
+    assert typed and kind == "KeyError"
     assert msg.startswith("KeyError: 'bbb'")
     assert "Remote traceback" in msg and tb in msg
     assert "Traceback (most recent call last)" in tb and "explode_here" in tb and "KeyError" in tb
-    assert out["after"] == 42
+    assert out["after"] == [42]
     assert out["map"] == [0, 1, 4, 9, 16]
     assert "ZeroDivisionError" in out["zero"]
 
