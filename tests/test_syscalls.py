@@ -2,7 +2,11 @@
 not SIGSEGV, for pages that are not present; clamor.io makes them present
 first.  Each case first shows the plain call failing, then the wrapper
 working."""
-from test_faults import DRIVER
+DRIVER = """
+import os
+import numpy as np
+import clamor
+"""
 
 
 def test_syscalls_into_and_from_region_memory(py, tmp_path):
@@ -12,8 +16,7 @@ tmp = "{tmp_path}"
 a = clamor.array(np.arange(1 << 18, dtype=np.float64))      # 2 MiB, 32 pages
 with open(tmp + "/src.bin", "wb") as f:
     f.write(np.arange(4096, dtype=np.float64).tobytes())
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False) as cl:
     def cases(r, tmp):
         clamor.configure(readahead=0)
         x = r.get()
@@ -53,7 +56,7 @@ with TaskServer() as ts:
         dst3 = x[65536:69632]                                 # page 8
         out["fromfile"] = clamor.fromfile(tmp + "/src.bin", dst3) == 4096 and dst3.tolist() == list(np.arange(4096.0))
         return out
-    out = ts.run(cases, clamor.ref(a), tmp)
+    [out] = cl.run(cases, clamor.ref(a), tmp)
 print(out)
 assert out["write_plain"] == errno.EFAULT, out
 assert out["readinto_plain"] == errno.EFAULT, out
@@ -66,12 +69,11 @@ def test_prefetch_rejects_memory_outside_the_region(py):
     py(DRIVER + """
 import errno
 a = clamor.array(np.arange(10.0))
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False) as cl:
     def f():
         try:
             clamor.prefetch(np.zeros(10))
         except clamor.PageFetchError as e:
             return e.errno
-    assert ts.run(f) == errno.EFAULT
+    assert cl.run(f) == [errno.EFAULT]
 """, check=True)
