@@ -3,7 +3,11 @@ in its own calling convention; clamor's handler is put back in front before
 a task runs."""
 import signal
 
-from test_faults import DRIVER
+DRIVER = """
+import numpy as np
+import clamor
+from clamor import region
+"""
 
 NULL_DEREF = "import ctypes; ctypes.string_at(0)"
 
@@ -39,20 +43,19 @@ def test_faulthandler_enabled_after_clamor_is_chained_and_clamor_stays_first(py)
     p = py(DRIVER + """
 import faulthandler
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False) as cl:
     def enable_faulthandler():
         faulthandler.enable()           # replaces clamor's handler
         return region.handler_is_first()
-    assert ts.run(enable_faulthandler) is False
+    assert cl.run(enable_faulthandler) == [False]
     # the next task starts with clamor in front again, and region faults work
     def read(r):
         return region.handler_is_first(), float(r.get()[123456])
-    assert ts.run(read, clamor.ref(a)) == (True, 123456.0)
+    assert cl.run(read, clamor.ref(a)) == [(True, 123456.0)]
     def crash():
         import ctypes; ctypes.string_at(0)
     try:
-        ts.run(crash)
+        cl.run(crash)
     except clamor.WorkerLost:
         print("LOST")
 """)
