@@ -1,0 +1,223 @@
+"""Workers not forked from the driver: spawned by the Cluster
+(start_method="spawn") or started by hand (``remote``), joining with
+JOIN/WELCOME and then speaking the runtime's protocol; and Cluster.run,
+a call on each worker."""
+import pytest
+
+from helpers import scenario
+
+# (indented as the scenarios are: they are dedented together)
+HAND = """
+        import subprocess, sys
+        def by_hand(cl, *extra):
+            return subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint, *extra],
+                                    stderr=subprocess.PIPE, text=True)
+"""
+
+
+def test_spawned_workers_compute_what_forked_workers_and_one_process_compute():
+    out = scenario("""
+        rng = np.random.default_rng(7)
+        a = clamor.array(rng.integers(-10**9, 10**9, 1 << 20))
+        idx = rng.integers(0, a.size, (16, 500))
+        def job(cl):
+            first = cl.parallelize(list(range(16)), 8).map(lambda i: int(a[idx[i]].sum())).collect()
+            a[idx[3]] += 1        # an update between stages reaches every worker
+            second = cl.parallelize(list(range(16)), 8).map(lambda i: int(a[idx[i]].sum())).collect()
+            a[idx[3]] -= 1
+            return first + second
+        local = [int(a[idx[i]].sum()) for i in range(16)]
+        a[idx[3]] += 1
+        local += [int(a[idx[i]].sum()) for i in range(16)]
+        a[idx[3]] -= 1
+        res = {"one process": local}
+        for method in ("fork", "spawn"):
+            with clamor.Cluster(workers=2, start_method=method, progress=False) as cl:
+                res[method] = job(cl)
+                res[method + " pids"] = cl.worker_pids
+        res["me"] = os.getpid()
+        print(json.dumps(res))
+        """)
+    assert out["fork"] == out["one process"]
+    assert out["spawn"] == out["one process"]
+    assert len(set(out["spawn pids"])) == 2 and out["me"] not in out["spawn pids"]
+
+
+def test_a_spawned_worker_refuses_region_python_objects_with_a_typed_error():
+    out = scenario("""
+        with clamor.heap():
+            d = {"k": list(range(100))}
+        clamor.share(d)
+        res = {}
+        with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:
+            try:
+                cl.run(lambda: sum(d["k"]))
+            except clamor.TaskError as e:
+                res["error"] = [e.remote_type, str(e)[:400]]
+            a = clamor.zeros(10); a[:] = 4
+            res["array afterwards"] = cl.run(lambda: float(a.sum()))
+        with clamor.Cluster(workers=1, progress=False) as cl:
+            res["forked"] = cl.run(lambda: sum(d["k"]))
+        print(json.dumps(res))
+        """)
+    assert out["error"][0] == "NotShareable" and "forked" in out["error"][1]
+    assert out["array afterwards"] == [40.0]
+    assert out["forked"] == [4950]
+
+
+def test_a_worker_started_by_hand_joins_and_the_next_one_is_refused():
+    out = scenario(HAND + """
+        cl = clamor.Cluster(workers=1, remote=1, progress=False, start_timeout=30)
+        res = {"command": cl.join_command()}
+        p = by_hand(cl)
+        cl.start()
+        a = clamor.zeros(1 << 16); a[:] = 3
+        res["run"] = cl.run(lambda: (os.getpid(), float(a.sum())))
+        res["hand pid"], res["pids"] = p.pid, cl.worker_pids
+        extra = by_hand(cl)
+        deadline = time.monotonic() + 30
+        while extra.poll() is None and time.monotonic() < deadline:
+            res["while it waits"] = cl.range(100).sum()   # the driver answers JOIN while it reads its socket
+        res["extra rc"] = extra.wait(5)
+        res["extra says"] = extra.stderr.read().strip().splitlines()
+        cl.close()
+        res["hand rc"] = p.wait(30)
+        print(json.dumps(res))
+        """)
+    assert out["command"].startswith("clamor worker --driver tcp://127.0.0.1:")
+    pids = [r[0] for r in out["run"]]
+    assert out["hand pid"] in pids and sorted(pids) == sorted(out["pids"])
+    assert [r[1] for r in out["run"]] == [3.0 * (1 << 16)] * 2
+    assert out["while it waits"] == 4950
+    assert out["extra rc"] == 2
+    assert len(out["extra says"]) == 1 and "refused" in out["extra says"][0] and "no more workers" in out["extra says"][0]
+    assert out["hand rc"] == 0      # stopped by close()
+
+
+def test_start_says_who_joined_and_how_the_others_join():
+    out = scenario("""
+        cl = clamor.Cluster(workers=1, remote=2, progress=False, start_timeout=2)
+        cmd = cl.join_command()
+        res = {"start": attempt(cl.start), "command": cmd}
+        print(json.dumps(res))
+        """)
+    kind, msg, typed = out["start"]
+    assert kind == "WorkerLost" and typed
+    assert "1 of 1 local workers started" in msg and "0 of 2 remote workers joined" in msg
+    assert out["command"] in msg
+
+
+def test_a_lost_remote_worker_leaves_its_place_to_the_next_one():
+    out = scenario(HAND + """
+        cl = clamor.Cluster(workers=1, remote=1, progress=False, start_timeout=30)
+        cl.join_command()
+        first = by_hand(cl)
+        cl.start()
+        res = {"before": sorted(cl.run(os.getpid))}
+        first.kill(); first.wait()
+        time.sleep(1.0)
+        res["sum while one is lost"] = cl.range(10).sum()
+        second = by_hand(cl)
+        deadline = time.monotonic() + 30
+        while len(cl.run(os.getpid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)                 # (the driver reads JOIN and HELLO while it runs)
+        res["after"] = sorted(cl.run(os.getpid))
+        res["first"], res["second"] = first.pid, second.pid
+        res["lost"] = cl.stats()["recovery"]["workers_lost"]
+        cl.close()
+        second.wait(30)
+        print(json.dumps(res))
+        """)
+    assert out["first"] in out["before"] and out["first"] not in out["after"]
+    assert out["second"] in out["after"] and len(out["after"]) == 2
+    assert out["sum while one is lost"] == 45
+    assert out["lost"] == 1
+
+
+def test_spawned_workers_are_replaced_and_die_with_their_driver():
+    out = scenario("""
+        res = {}
+        with clamor.Cluster(workers=2, start_method="spawn", progress=False) as cl:
+            victim = cl.worker_pids[0]
+            os.kill(victim, signal.SIGKILL)
+            res["sum"] = cl.range(1000, partitions=8).sum()
+            deadline = time.monotonic() + 30
+            while len(cl.run(os.getpid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            res["pids"] = cl.run(os.getpid)
+            res["victim"] = victim
+            res["replaced"] = cl.stats()["recovery"]["workers_replaced"]
+        print(json.dumps(res))
+        """)
+    assert out["sum"] == 499500
+    assert out["victim"] not in out["pids"] and len(out["pids"]) == 2
+    assert out["replaced"] >= 1
+
+
+def test_run_calls_each_worker_once_in_order_and_reports_errors():
+    out = scenario("""
+        res = {}
+        with clamor.Cluster(workers=3, progress=False) as cl:
+            res["pids"] = cl.worker_pids
+            res["all"] = cl.run(os.getpid)
+            res["some"] = cl.run(os.getpid, workers=[2, 0])
+            res["args"] = cl.run(lambda x, y=0: x + y, 40, y=2, workers=1)
+            for bad in (3, -1, "0", True, [0, 7]):
+                res[f"bad {bad!r}"] = attempt(cl.run, os.getpid, workers=bad)
+            res["raises"] = attempt(cl.run, lambda: 1 / 0)
+            try:
+                cl.run(lambda: 1 / 0)
+            except clamor.TaskError as e:
+                res["remote type"] = e.remote_type
+            res["after"] = cl.range(10).sum()
+        print(json.dumps(res))
+        """)
+    assert out["all"] == out["pids"]
+    assert out["some"] == [out["pids"][2], out["pids"][0]]
+    assert out["args"] == [42]
+    for k in ("bad 3", "bad -1", "bad '0'", "bad True", "bad [0, 7]"):
+        assert out[k][0] == "ConfigError", (k, out[k])
+    assert out["raises"][0] == "TaskError" and out["remote type"] == "ZeroDivisionError"
+    assert out["after"] == 45
+
+
+def test_run_on_a_worker_that_dies_during_the_call_is_worker_lost():
+    out = scenario("""
+        res = {}
+        with clamor.Cluster(workers=2, progress=False, recover=True) as cl:
+            victim = cl.worker_pids[1]
+            def die_if_victim():
+                if os.getpid() == victim:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return os.getpid()
+            res["call"] = attempt(cl.run, die_if_victim)
+            res["after"] = cl.range(10).sum()
+        print(json.dumps(res))
+        """)
+    assert out["call"][0] == "WorkerLost" and out["call"][2]
+    assert out["after"] == 45
+
+
+@pytest.mark.parametrize("frames", [
+    [b"JOIN", b"not json"],
+    [b"JOIN", b"{}"],
+    [b"JOIN"],
+    [b"DONE", b"x"],
+    [b"HELLO"],
+])
+def test_malformed_control_messages_are_dropped_and_the_cluster_goes_on(frames):
+    out = scenario(f"""
+        import zmq
+        res = {{}}
+        with clamor.Cluster(workers=1, progress=False) as cl:
+            s = zmq.Context.instance().socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(cl.endpoint)
+            s.send_multipart({frames!r})
+            time.sleep(0.2)
+            res["sum"] = cl.range(10).sum()
+            res["again"] = cl.range(20).sum()
+            s.close()
+        print(json.dumps(res))
+        """)
+    assert out == {"sum": 45, "again": 190}
