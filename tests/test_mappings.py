@@ -1,5 +1,10 @@
 """Random access to 100,000+ distinct pages stays under vm.max_map_count."""
-from test_faults import DRIVER
+DRIVER = """
+import json, threading
+import numpy as np
+import clamor
+from clamor import region
+"""
 
 
 def test_100k_random_pages_do_not_exhaust_mappings(py):
@@ -7,8 +12,7 @@ def test_100k_random_pages_do_not_exhaust_mappings(py):
 region.init(size=4 << 30, page_size=4096)
 a = clamor.array(np.arange(1 << 27, dtype=np.int64))     # 1 GiB = 262144 pages of 4 KiB
 pages = np.random.default_rng(3).permutation(a.size // 512)[:110000]
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False) as cl:
     def f(r, pages):
         clamor.configure(readahead=0)
         x = r.get()
@@ -25,7 +29,7 @@ with TaskServer() as ts:
             maps = sum(1 for _ in fh)
         st = clamor.stats()
         return bad, maps, st, clamor.configure()["max_mappings"]
-    bad, maps, st, budget = ts.run(f, clamor.ref(a), pages, timeout=600)
+    [(bad, maps, st, budget)] = cl.run(f, clamor.ref(a), pages)
 print(json.dumps({"maps": maps, "budget": budget, **st}))
 assert not bad, bad[:5]
 assert st["pages_fetched"] >= 110000
