@@ -347,7 +347,6 @@ def test_region_exhaustion_then_recovery():
 
 WORKER_ALLOC = """
     import json, clamor
-    from clamor.runtime.tasks import TaskServer
 
     def attempt():
         import clamor
@@ -366,9 +365,8 @@ WORKER_ALLOC = """
                 out[name] = [type(e).__name__, str(e)]
         return out
 
-    with TaskServer() as ts:
-        ts.{how}(1)
-        res = ts.run(attempt)
+    with clamor.Cluster(workers=1, start_method="{how}", progress=False) as cl:
+        [res] = cl.run(attempt)
         res["driver_still_allocates"] = clamor.usable_size(clamor.alloc(64)) >= 64
     print(json.dumps(res))
 """
