@@ -7,8 +7,8 @@
 - ``lineage``: which partitions and blocks exist, and at which version;
 - ``executor``: what a worker runs; ``serialize``: what travels;
 - ``_liveness``: forking, reaping and watching worker processes;
-- ``progress``: the progress bar;
-- ``tasks`` and ``worker``: the plain task server used by tools and tests.
+- ``progress``: the progress bar; ``interrupt``: Ctrl-C between messages;
+- ``worker``: a worker that was not forked joins a Cluster (``clamor worker``).
 
 Imports ``clamor.memory`` and the top modules (``errors``, ``_native``),
 never the other way round.

@@ -1,7 +1,7 @@
 """How a worker and its driver stay tied, and tell whether the other is alive.
 
-DESIGN.  A local worker (forked by a Cluster or a TaskServer, or spawned by
-TaskServer.spawn) lives exactly as long as the driver *process*.  The
+DESIGN.  A local worker (forked by a Cluster, or spawned by one with
+start_method="spawn") lives exactly as long as the driver *process*.  The
 driver makes one *lifeline* pipe (``lifeline()``) and never writes to it.
 Its write end is close-on-exec, and every child forked from the driver
 closes its copy at once (an at-fork hook), so only the driver holds it.  A

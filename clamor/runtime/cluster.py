@@ -1,19 +1,24 @@
 """Cluster: the driver side of the BSP runtime.
 
 DESIGN.  The embedded default forks N local workers from the driver.  Fork,
-not spawn: Python objects the driver builds in the region point at type
+because Python objects the driver builds in the region point at type
 objects and other interpreter state outside it, and those addresses are
 only the same in a process of the same image.  Each worker gets its pager
 and page server back after fork (clamor/memory/region.py) and runs
-clamor.executor.Runtime.
+clamor.runtime.executor.Runtime.  Workers that were not forked (spawned
+with ``start_method="spawn"``, or ``remote`` ones started by hand) join
+first (clamor/runtime/worker.py: JOIN, WELCOME) and then run the same
+Runtime; they read region arrays and refuse region objects.
 
 The driver thread that calls an action runs the stages (clamor/runtime/stages.py)
 over one ROUTER socket.  A worker that dies is noticed within half a second
-through psutil (local processes) or after ``heartbeat_timeout`` without a
-heartbeat; it is killed and reaped, its work is recomputed from lineage on
-the others (clamor/runtime/lineage.py) and a replacement is forked in its place.
+through psutil (processes in the driver's PID namespace) or after
+``heartbeat_timeout`` without a heartbeat; it is killed and reaped, its
+work is recomputed from lineage on the others (clamor/runtime/lineage.py),
+and a local one is replaced (a remote one leaves its place to the next
+that joins).
 
-Workers live as long as the driver process, whichever thread forked them
+Workers live as long as the driver process, whichever thread started them
 (clamor/runtime/_liveness.py), and no longer than their Cluster: close(), the end of
 a ``with``, the Cluster being garbage-collected, or the driver's exit stop
 them.  The finalizer holds what stopping takes (socket, context, process
