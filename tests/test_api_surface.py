@@ -20,7 +20,6 @@ import json, os, socket, subprocess, sys
 import numpy as np
 import clamor
 from clamor import region
-from clamor.runtime.tasks import TaskServer
 """
 
 
@@ -61,27 +60,34 @@ def test_prefetch_outside_the_region_names_the_range_on_the_driver():
     assert e.value.errno == 14   # EFAULT
 
 
-def test_task_server_accepts_a_worker_started_elsewhere(py):
+def test_cluster_takes_a_worker_started_elsewhere(py):
     p = py(DRIVER + """
 a = clamor.array(np.arange(1000.0))
-with TaskServer() as ts:
-    proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", ts.endpoint])
-    try:
-        workers = ts.accept(1, timeout=60)
-        got = ts.run(lambda r: float(r.get().sum()), clamor.ref(a), timeout=60)
-    finally:
-        ts.close()
-        proc.wait(30)
+cl = clamor.Cluster(workers=0, remote=1, progress=False)
+cmd = cl.join_command()                 # before start: the control socket is open
+proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint])
 try:
-    TaskServer().accept(0)
-except clamor.ConfigError as e:
-    bad = str(e)
-print(json.dumps({"n": len(workers), "got": got, "code": proc.returncode, "bad": bad}))
+    with cl:
+        pids = cl.worker_pids
+        got = cl.run(lambda r: float(r.get().sum()), clamor.ref(a)) + cl.run(lambda: float(a[::2].sum()))
+finally:
+    cl.close()
+    proc.wait(30)
+bad = []
+for kw in ({"workers": 0}, {"workers": 0, "remote": -1}, {"remote": True}):
+    try:
+        clamor.Cluster(**kw)
+    except clamor.ConfigError as e:
+        bad.append(str(e))
+print(json.dumps({"pids": pids, "pid": proc.pid, "got": got, "code": proc.returncode, "bad": bad,
+                  "cmd": cmd, "endpoint": cl.endpoint}))
 """, timeout=120)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["n"] == 1 and out["got"] == 499500.0 and out["code"] == 0, out
-    assert "positive int" in out["bad"], out
+    assert out["pids"] == [out["pid"]] and out["got"] == [499500.0, 249500.0] and out["code"] == 0, out
+    assert out["cmd"] == "clamor worker --driver " + out["endpoint"], out
+    assert len(out["bad"]) == 3, out
+    assert "positive int" in out["bad"][0] and "int >= 0" in out["bad"][1] and "int >= 0" in out["bad"][2], out
 
 
 def test_c_code_built_apart_allocates_in_the_region_through_c_api(py, tmp_path):
