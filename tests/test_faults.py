@@ -156,16 +156,17 @@ def test_worker_page_server_serves_held_pages_to_peers(py):
 import zmq, struct
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 ps = region.page_size()
-with TaskServer() as ts:
-    ts.spawn(1)
+with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False) as cl:
     def touch(r):
-        x = r.get(); return float(x[0])         # page holding x[0] now held
-    assert ts.run(touch, clamor.ref(a)) == 0.0
-    ep = ts.workers[0]["server"]
+        clamor.configure(readahead=0)
+        x = r.get(); return float(x[0]), region.server_endpoint()   # page holding x[0] now held
+    v, ep = cl.run(touch, clamor.ref(a))[0]
+    assert v == 0.0
+    stage = region.stage_current()              # the stage the worker is in, as a peer's request says
     ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.connect(ep)
     first = (a.ctypes.data - region.base()) // ps
     def get(idx, tag):
-        s.send(struct.pack("<IBBHIIQII", 0x524d4c43, 1, 1, 0, 0, 0, idx, 1, tag))
+        s.send(struct.pack("<IBBHIIQII", 0x524d4c43, 1, 1, 0, 0, stage, idx, 1, tag))
         assert s.poll(5000)
         return s.recv_multipart()
     hdr, body = get(first, 1)
@@ -184,22 +185,21 @@ def test_ipc_transport(py, tmp_path):
 region.init()
 ep = region.serve("ipc://{tmp_path}/pages")
 a = clamor.array(np.arange(100000, dtype=np.int32))
-with TaskServer(page_endpoint=ep) as ts:
-    ts.spawn(1)
-    assert ts.run(lambda r: int(r.get().sum()), clamor.ref(a)) == int(a.sum())
+with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:
+    assert cl.page_endpoint == ep, cl.page_endpoint
+    assert cl.run(lambda r: int(r.get().sum()), clamor.ref(a)) == [int(a.sum())]
 """, check=True)
 
 
 def test_unallocated_page_is_a_clear_fatal_error(py):
     p = py(DRIVER + """
 a = clamor.array(np.arange(1000.0))
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False, replace_workers=False) as cl:
     def wild():
         x = clamor.view(region.base() + (1 << 30), np.float64, (10,))
         return float(x[0])
     try:
-        ts.run(wild)
+        cl.run(wild)
     except clamor.WorkerLost as e:
         print("LOST", e)
 """, timeout=60)
@@ -213,19 +213,24 @@ def test_driver_gone_ends_in_a_fatal_error_not_a_hang(py):
 import subprocess, time
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 r = clamor.ref(a)
-ts = TaskServer()
-# as a remote worker would be: not tied to the driver's process
-ts.spawn(1, env={"CLAMOR_FETCH_TIMEOUT_MS": "1500", "CLAMOR_DIE_WITH_PARENT": "0"})
-pid = ts.workers[0]["pid"]
+cl = clamor.Cluster(workers=0, remote=1, progress=False, speculation=False)
+cl.join_command()
+# a worker started by hand, as a remote one is: not tied to the driver's process
+env = {k: v for k, v in os.environ.items() if k not in ("CLAMOR_PARENT_PID", "CLAMOR_LIFELINE_FD")}
+env.update(CLAMOR_FETCH_TIMEOUT_MS="1500", CLAMOR_DIE_WITH_PARENT="0")
+proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint], env=env)
+cl.start()
+pid = cl.worker_pids[0]
+assert pid == proc.pid, (pid, proc.pid)
 def later(r):
     import time, os
+    clamor.configure(readahead=0)
     x = r.get()
     first = float(x[0])
     # the driver is killed while we sleep; the next page has nobody to serve it
     time.sleep(3)
     return float(x[-1])
-import cloudpickle, zmq
-ts._sock.send_multipart([ts.workers[0]["id"], b"TASK", b"0", cloudpickle.dumps((later, (r,), {}))])
+threading.Thread(target=cl.run, args=(later, r), daemon=True).start()
 time.sleep(1.0)
 print("WORKER", pid, flush=True)
 os.kill(os.getpid(), 9)
@@ -249,9 +254,8 @@ os.kill(os.getpid(), 9)
 def test_local_spawned_worker_dies_with_its_driver(py):
     p = py(DRIVER + """
 a = clamor.array(np.arange(1000.0))
-ts = TaskServer()
-ts.spawn(1)
-print("WORKER", ts.workers[0]["pid"], flush=True)
+cl = clamor.Cluster(workers=1, start_method="spawn", progress=False).start()
+print("WORKER", cl.worker_pids[0], flush=True)
 os.kill(os.getpid(), 9)
 """, timeout=60)
     import psutil, time
@@ -304,18 +308,20 @@ def serve():
             rep = struct.pack("<IBBHIIQII", magic, ver, 2, 0, 0, stage, idx, count, tag)
             fake.send_multipart([ident, rep, body])
 t = threading.Thread(target=serve, daemon=True); t.start()
-with TaskServer(page_endpoint=f"tcp://127.0.0.1:{port}") as ts:
-    ts.spawn(1)
+cl = clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False, replace_workers=False)
+cl.join_command()                      # the control socket is open, the workers not started yet:
+cl.page_endpoint = f"tcp://127.0.0.1:{port}"   # they are sent to our page server instead of the real one
+with cl:
     def read(r, pages):
         clamor.configure(readahead=0)
         x = r.get()
         return [[int(x[k * ps]), int(x[k * ps + ps - 1])] for k in pages]
-    got = ts.run(read, clamor.ref(a), [0, 3, 4, 15])
+    got = cl.run(read, clamor.ref(a), [0, 3, 4, 15])[0]
     want = [[((first + k) % 251) + 1] * 2 for k in (0, 3, 4, 15)]
     assert got == want, (got, want)
     print("PATTERN OK", flush=True)
     try:
-        ts.run(read, clamor.ref(a), [9])
+        cl.run(read, clamor.ref(a), [9])
     except clamor.WorkerLost as e:
         print("LOST", e, flush=True)
 stop.set(); t.join()
@@ -352,8 +358,7 @@ def test_a_failed_fetch_is_tried_again_by_the_next_access(py):
     the next prefetch failed at once and a plain touch ended the worker."""
     p = py(DRIVER + """
 a = clamor.array(np.arange(1 << 25, dtype=np.int64))      # 256 MiB
-with TaskServer() as ts:
-    ts.fork(1)
+with clamor.Cluster(workers=1, progress=False) as cl:
     def f(r):
         x = r.get()
         out = {}
@@ -368,7 +373,7 @@ with TaskServer() as ts:
         clamor.prefetch(x)
         out["sum"] = int(x.sum())
         return out
-    res = ts.run(f, clamor.ref(a), timeout=120)
+    res = cl.run(f, clamor.ref(a))[0]
 print(json.dumps(res))
 """, timeout=180)
     assert p.returncode == 0, p.stderr
