@@ -43,26 +43,44 @@ def test_spawned_workers_compute_what_forked_workers_and_one_process_compute():
     assert len(set(out["spawn pids"])) == 2 and out["me"] not in out["spawn pids"]
 
 
-def test_a_spawned_worker_refuses_region_python_objects_with_a_typed_error():
+def test_region_python_objects_bound_for_a_worker_not_forked_are_refused_on_the_driver():
     out = scenario("""
         with clamor.heap():
             d = {"k": list(range(100))}
         clamor.share(d)
-        res = {}
+        res = {"addr": hex(id(d))}
         with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:
-            try:
-                cl.run(lambda: sum(d["k"]))
-            except clamor.TaskError as e:
-                res["error"] = [e.remote_type, str(e)[:400]]
+            res["run"] = attempt(cl.run, lambda: sum(d["k"]))
+            res["map"] = attempt(lambda: cl.range(4).map(lambda i: d["k"][i]).collect())
             a = clamor.zeros(10); a[:] = 4
             res["array afterwards"] = cl.run(lambda: float(a.sum()))
         with clamor.Cluster(workers=1, progress=False) as cl:
             res["forked"] = cl.run(lambda: sum(d["k"]))
         print(json.dumps(res))
         """)
-    assert out["error"][0] == "NotShareable" and "forked" in out["error"][1]
+    for k in ("run", "map"):
+        kind, msg, typed = out[k]
+        assert kind == "NotShareable" and typed, out[k]
+        assert f"region dict at {out['addr']}" in msg and "w0" in msg and "forked" in msg
     assert out["array afterwards"] == [40.0]
     assert out["forked"] == [4950]
+
+
+def test_a_worker_not_forked_refuses_a_region_object_that_reaches_it_anyway():
+    """The worker's own guard, behind the driver's: an offset to a region
+    object is refused with NotShareable, never dereferenced."""
+    out = scenario("""
+        from clamor.runtime import serialize
+        with clamor.heap():
+            d = {"k": 1}
+        blob = serialize.dumps(d)
+        res = {"forked view": serialize.loads(blob) is d}
+        serialize.objects_in_place(False)
+        res["not forked"] = attempt(serialize.loads, blob)
+        print(json.dumps(res))
+        """)
+    assert out["forked view"] is True
+    assert out["not forked"][0] == "NotShareable" and out["not forked"][2]
 
 
 def test_a_worker_started_by_hand_joins_and_the_next_one_is_refused():

@@ -232,6 +232,7 @@ class Cluster(Stages):
         self._procs = []        # the spawned ones' Popen objects
         self._remote = set()    # wids of the workers started by hand
         self._far = set()       # wids whose pid this host cannot check (another PID namespace)
+        self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
         self._remote_open = self.remote   # hand-started workers still welcome
         self._start_failures = 0  # replacements in a row that died before joining
         self._wids = itertools.count()

@@ -85,6 +85,8 @@ def _length(obj):
 
 
 class _Pickler(cloudpickle.CloudPickler):
+    in_place = None     # the first region object pickled by offset: (type name, its path if known)
+
     def reducer_override(self, obj):
         if type(obj) is np.ndarray and obj.nbytes and not obj.dtype.hasobject and _in_region(obj):
             return _from_ref, (ArrayRef(obj),)
@@ -100,7 +102,7 @@ class _Pickler(cloudpickle.CloudPickler):
             sig = (type(obj), _length(obj))
             known = _shared.get(id(obj))
             if known == sig:
-                return ("clamor-object", id(obj) - _base)
+                return self._by_offset(obj)
             if known == ("by value",) + sig:
                 return None
             try:
@@ -115,8 +117,13 @@ class _Pickler(cloudpickle.CloudPickler):
                 _shared[id(obj)] = ("by value",) + sig
                 return None
             _shared[id(obj)] = sig
-            return ("clamor-object", id(obj) - _base)
+            return self._by_offset(obj)
         return None
+
+    def _by_offset(self, obj):
+        if self.in_place is None:
+            self.in_place = f"a region {type(obj).__name__} at {id(obj):#x}"
+        return ("clamor-object", id(obj) - _base)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -126,21 +133,26 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
-def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL):
-    """cloudpickle ``obj``, shipping region arrays by reference."""
+def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None):
+    """cloudpickle ``obj``, shipping region arrays by reference.  If
+    ``objects`` is a list, a description of the first region object sent
+    by offset (used in place: only forked workers can) is appended to it."""
     global _base
     _base = region.base() if region.size() else 0
     _end[0] = _base + region.size()
     buf = io.BytesIO()
-    _Pickler(buf, protocol=protocol).dump(obj)
+    p = _Pickler(buf, protocol=protocol)
+    p.dump(obj)
+    if objects is not None and p.in_place is not None:
+        objects.append(p.in_place)
     return buf.getvalue()
 
 
-def dumps_task(obj):
+def dumps_task(obj, objects=None):
     """``dumps`` of a stage's payload; what cannot travel is named in a
     NotSerializable error (the pickler's own error is its cause)."""
     try:
-        return dumps(obj)
+        return dumps(obj, objects=objects)
     except errors.ClamorError:
         raise  # NotShareable says what it found itself
     except Exception as err:  # pickle raises TypeError, PicklingError, AttributeError, ...

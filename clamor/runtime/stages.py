@@ -275,10 +275,15 @@ class Stages:
         desc = f"stage {job.version}: " + ("shuffle map" if job.kind == "map" else job.action)
         if job.rerun:
             desc += " (recomputing lost partitions)"
+        in_place = []
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
-                                        "action": job.action, "arg": job.arg, "locs": self._locs(job.version)})
+                                        "action": job.action, "arg": job.arg, "locs": self._locs(job.version)},
+                                       objects=in_place)
         sources = _sources(job.computes)
-        extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}) for p in missing}
+        extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}, objects=in_place)
+                  for p in missing}
+        if in_place:
+            self._check_in_place(job, missing, in_place[0])
         lineage = _cached_ids(node)
         nparts = len(job.parts)
         tasks = []
@@ -317,6 +322,21 @@ class Stages:
             job.bar.close()
             stat["duration_s"] = time.perf_counter() - t0
             self._record(stat)
+
+    def _check_in_place(self, job, parts, what):
+        """Region objects travel by offset, used in place: only a worker
+        forked from the driver has the interpreter objects they point at.
+        NotShareable if a task of ``parts`` may go to any other."""
+        may = set()
+        for p in parts:
+            may.update(job.only.get(p) or self._workers)
+        others = sorted(w.decode() for w in may if self._workers.get(w, {}).get("spawned"))
+        if others:
+            raise errors.NotShareable(
+                f"{what} is used by this stage, and Python objects built under clamor.heap() can only be used in "
+                f"place by workers forked from the driver; worker(s) {', '.join(others)} were not (spawned, or "
+                f"started with clamor worker). Keep such data in region arrays, which every worker reads, or "
+                f"use forked workers only")
 
     def _drive(self, asid, job, tasks, payload, extras):
         """Submit attempt ``asid`` and run the event loop until it ends."""
@@ -542,6 +562,7 @@ class Stages:
                 self._far.add(wid)
             self._pid_of[wid] = pid
             self._expected.add(wid)
+        self._joined_ids.add(wid)
         welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace()}
         self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
         return []
@@ -552,7 +573,7 @@ class Stages:
         self._expected.discard(wid)
         self._start_failures = 0
         info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current(), sent=set(),
-                    far=wid in self._far)
+                    far=wid in self._far, spawned=wid in self._joined_ids)
         self._workers[wid] = info
         for other in self._workers:   # its endpoint may be a lost worker's, reused: no longer dead
             if other != wid:
