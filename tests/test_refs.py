@@ -1,7 +1,8 @@
 """clamor.ref / Ref / ArrayRef: references that travel instead of the bytes.
 
-The driver is this process (default region); the workers are spawned with
-``python -m clamor.worker``, one at the driver's base and one at another base.
+The driver is this process (default region), with a Cluster of two workers
+that are fresh interpreters (``python -m clamor.worker``): one it spawns, at
+the driver's base, and one started by hand at another base.
 """
 import ctypes
 import json
@@ -17,7 +18,6 @@ import pytest
 
 import clamor
 from clamor import region
-from clamor.runtime.tasks import TaskServer
 
 OTHER_BASE = 0x300000000000
 POINT = np.dtype([("x", "<i4"), ("y", "<f8"), ("tag", "S3")])
@@ -27,11 +27,22 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def ts():
-    with TaskServer() as server:
-        server.spawn(1)                    # worker 0: the driver's base
-        server.spawn(1, base=OTHER_BASE)   # worker 1: somewhere else
-        yield server
+def cl():
+    c = clamor.Cluster(workers=1, start_method="spawn", remote=1, progress=False)
+    c.join_command()   # opens the control socket: c.endpoint
+    proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", c.endpoint,
+                             "--base", hex(OTHER_BASE)])
+    try:
+        with c:                            # worker 0: spawned, the driver's base
+            assert c.worker_pids[1] == proc.pid   # worker 1: by hand, somewhere else
+            yield c
+    finally:
+        c.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:   # (it never joined)
+            proc.kill()
+            proc.wait()
 
 
 def views():
@@ -146,32 +157,25 @@ def test_refs_in_a_process_without_region():
 
 
 # ---- in workers ------------------------------------------------------------------
-# A worker keeps every page it fetched, and nothing tells it when the driver
-# frees a block and writes new data at the same address (there is no stage
-# invalidation yet).  Tests here reuse memory that earlier tests freed, so each
-# worker function starts by dropping its copies: a new stage by hand.
-
-def _new_stage():
-    from clamor import region as wregion
-
-    wregion.drop_pages(0, wregion.size() // wregion.page_size())
-
+# A worker keeps the pages it fetched across stages.  Tests here reuse memory
+# that earlier tests freed and the driver wrote again: each cl.run is a stage,
+# and the driver's writes since the last one must be invalidated on the
+# workers before it runs, so no worker reads the bytes of a freed block.
 
 def _materialise(refs):
     from clamor import region as wregion
 
-    _new_stage()
-    return {"role": wregion.role(), "base": wregion.base(),
+    return {"role": wregion.role(), "base": wregion.base(), "pid": os.getpid(),
             "arrays": {k: np.array(r.get(), copy=True) for k, r in refs.items()}}
 
 
 @pytest.mark.parametrize("worker", [0, 1], ids=["same base", "other base"])
-def test_arrays_by_reference_in_a_worker(ts, worker):
+def test_arrays_by_reference_in_a_worker(cl, worker):
     vs = views()
-    out = ts.run(_materialise, {k: clamor.ref(v) for k, v in vs.items()}, worker=worker, timeout=60)
+    [out] = cl.run(_materialise, {k: clamor.ref(v) for k, v in vs.items()}, workers=[worker])
     assert out["role"] == "worker"
     assert out["base"] == (region.base() if worker == 0 else OTHER_BASE)
-    assert ts.workers[worker]["base"] == out["base"]
+    assert out["pid"] == cl.worker_pids[worker]
     for what, v in vs.items():
         check_same(out["arrays"][what], v, what)
 
@@ -181,25 +185,40 @@ def _read_raw(r):
 
     from clamor import region as wregion
 
-    _new_stage()
     return r.addr - wregion.base(), c.string_at(r.addr, r.nbytes)
 
 
 @pytest.mark.parametrize("worker", [0, 1], ids=["same base", "other base"])
-def test_raw_bytes_by_reference_in_a_worker(ts, worker):
+def test_raw_bytes_by_reference_in_a_worker(cl, worker):
     n = 200_000  # spans several pages
     p = clamor.alloc(n)
     data = os.urandom(n)
     ctypes.memmove(p, data, n)
     try:
-        off, got = ts.run(_read_raw, clamor.Ref(p, n), worker=worker, timeout=60)
+        [(off, got)] = cl.run(_read_raw, clamor.Ref(p, n), workers=[worker])
+        assert off == p - region.base()
+        assert got == data
+        # the worker holds these pages now; the driver writes them again
+        data = os.urandom(n)
+        ctypes.memmove(p, data, n)
+        [(off, got)] = cl.run(_read_raw, clamor.Ref(p, n), workers=[worker])
         assert off == p - region.base()
         assert got == data
     finally:
         clamor.free(p)
+    # memory freed and allocated again, with new bytes
+    q = clamor.alloc(n)
+    data = os.urandom(n)
+    ctypes.memmove(q, data, n)
+    try:
+        [(off, got)] = cl.run(_read_raw, clamor.Ref(q, n), workers=[worker])
+        assert off == q - region.base()
+        assert got == data
+    finally:
+        clamor.free(q)
 
 
-def test_closure_over_a_huge_array_pickles_small(ts):
+def test_closure_over_a_huge_array_pickles_small(cl):
     big = clamor.empty((1 << 27,), "f8")  # 1 GiB of region; only written pages cost memory
     big[0], big[-1], big[1 << 26] = 1.5, 2.5, 3.5
     r = clamor.ref(big)
@@ -207,7 +226,6 @@ def test_closure_over_a_huge_array_pickles_small(ts):
     def probe():
         import clamor as c
 
-        _new_stage()
         c.reset_stats()
         x = r.get()
         vals = (float(x[0]), float(x[-1]), float(x[1 << 26]), x.shape, str(x.dtype))
@@ -217,7 +235,8 @@ def test_closure_over_a_huge_array_pickles_small(ts):
     assert len(payload) < 10 * 1024, len(payload)
     assert len(cloudpickle.dumps((probe, (), {}))) < 10 * 1024
     for worker in (0, 1):
-        vals, fetched = ts.run(probe, worker=worker, timeout=60)
+        [(vals, fetched)] = cl.run(probe, workers=[worker])
+        assert cl.stage_stats()[-1]["payload_bytes"] < 10 * 1024   # what the stage shipped
         assert vals == (1.5, 2.5, 3.5, (1 << 27,), "float64")
         assert 0 < fetched < 64 << 20  # three pages (and read-ahead), not the GiB
     del big
