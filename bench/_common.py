@@ -6,11 +6,12 @@ Run as ``python bench/NAME.py``, a script finds this module beside it
 (Python puts the script's folder first on ``sys.path``; processes started
 by ``multiprocessing``'s spawn get the same path).
 
-What a task runs on a *spawned* worker (``python -m clamor.worker``, as
-scan.py and pagesize.py start it) stays in its script: cloudpickle sends a
-script's own functions by value, but a function of this module by
-reference, and a spawned worker cannot import it.  Forked workers (a
-``Cluster``'s) can: they inherit the driver's modules.
+What a task runs on a *spawned* worker (``Cluster(start_method="spawn")``:
+a fresh ``python -m clamor.worker``, as scan.py and pagesize.py start it)
+stays in its script: cloudpickle sends a script's own functions by value,
+but a function of this module by reference, and a spawned worker cannot
+import it.  Forked workers (the default ``start_method="fork"``) can: they
+inherit the driver's modules.
 
 numpy is imported inside the functions that use it: kmeans.py and
 recovery.py must fix the BLAS thread count before numpy loads (see
@@ -110,8 +111,9 @@ def die_with_parent(sig=signal.SIGTERM):
 class Spawned:
     """``n`` processes started by spawn, each running ``target(conn, *args)``
     on its end of a ``multiprocessing.Pipe`` (a socketpair), and a thread a
-    process to talk to all of them at once.  Spawn, never fork: they start
-    before the region exists and must not become clamor workers.  ``close``
+    process to talk to all of them at once.  Spawn, never fork: a process
+    forked from a region's driver attaches to the region as a worker (the C
+    core's fork hook), and these must stay plain processes.  ``close``
     sends each one None, which a target takes as its cue to return."""
 
     def __init__(self, n, target, *args):

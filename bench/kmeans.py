@@ -90,16 +90,16 @@ def _drop_task(first, count):
 
 
 def drop_worker_pages(cl, pts, workers):
-    """Make the next round cold: every worker drops its copy of the points.
-    W tasks on W idle workers go one to each (least-loaded placement); the
-    pids returned show whether they did."""
+    """Make the next round cold: every worker drops its copy of the points
+    (``cl.run``: one call pinned to each worker, a stage of its own).  The
+    pids returned show whether every worker did."""
     from clamor import region
     ps, base = region.page_size(), region.base()
     addr = pts.__array_interface__["data"][0]
     first = (addr - base) // ps
     count = (addr + pts.nbytes - 1 - base) // ps - first + 1
-    pids = cl.range(workers, partitions=workers).map(lambda _: _drop_task(first, count)).collect()
-    return len(set(pids)) == workers
+    pids = cl.run(_drop_task, first, count)
+    return len(pids) == workers and sorted(pids) == sorted(cl.worker_pids)
 
 
 def clamor_step(data, c):
@@ -176,7 +176,8 @@ def main(argv=None):
           f"one iteration serially in the driver {serial_s:.3f} s", flush=True)
 
     # The Pool forks before the region exists, so its processes are plain
-    # numpy processes (a fork after region.init makes a clamor worker).
+    # numpy processes (a process forked after region.init attaches to the
+    # region as a worker: the C core's fork hook).
     _POINTS, _BOUNDS = x, bounds(n, parts)
     pool = multiprocessing.get_context("fork").Pool(w)
     pool.map(int, range(w), chunksize=1)  # every pool process is up

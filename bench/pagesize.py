@@ -2,9 +2,12 @@
 """Which page size: sparse random reads against sequential scans.
 
 A region's page size is fixed when it is mapped, so every size runs in a
-fresh subprocess of this script (a driver) with one spawned worker.  The
-driver fills a float64 array of ``--array`` bytes.  The worker, starting with
-every page absent each time:
+fresh subprocess of this script (a driver) with a ``clamor.Cluster`` of one
+spawned worker (``start_method="spawn"``), which runs each measurement as a
+``cl.run`` call.  The driver fills a float64 array of ``--array`` bytes
+before the cluster starts and writes nothing after, so no stage invalidates
+a page.  The worker, starting with every page absent each time (each call
+drops the array's pages first):
 
   (a) random: reads K random 8-byte elements (one Python loop, each read a
       possible fault), timed per access; ``amplification`` = bytes fetched /
@@ -100,7 +103,6 @@ def run_one(page_size, array_bytes, scan_bytes, noahead_bytes, accesses, seed):
 
     import clamor
     from clamor import region
-    from clamor.runtime.tasks import TaskServer
 
     region.init(page_size=page_size)
     n = array_bytes // 8
@@ -115,14 +117,10 @@ def run_one(page_size, array_bytes, scan_bytes, noahead_bytes, accesses, seed):
     want_scan = float(a[:scan_bytes // 8].sum())
     want_noahead = float(a[:noahead_bytes // 8].sum())
     ref = clamor.ref(a)
-    ts = TaskServer()
-    try:
-        ts.spawn(1)
-        r = ts.run(random_task, ref, idx, timeout=900)
-        s = ts.run(scan_task, ref, scan_bytes, timeout=900)
-        z = ts.run(scan_task, ref, noahead_bytes, 0, timeout=900)
-    finally:
-        ts.close()
+    with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False) as cl:
+        r = cl.run(random_task, ref, idx)[0]
+        s = cl.run(scan_task, ref, scan_bytes)[0]
+        z = cl.run(scan_task, ref, noahead_bytes, 0)[0]
     if r["sum"] != float(want_random) or s["sum"] != want_scan or z["sum"] != want_noahead:
         raise SystemExit(f"pagesize: wrong result at page {page_size}: random {r['sum']} vs {want_random}, "
                          f"scan {s['sum']} vs {want_scan}, no read-ahead {z['sum']} vs {want_noahead}")

@@ -134,7 +134,8 @@ def main(argv=None):
     clamor = ensure_built(not args.no_build)
 
     # Fork the Pool before the cluster maps its region (a process forked from
-    # a region's driver becomes a clamor worker).
+    # a region's driver attaches to the region as a worker: the C core's
+    # fork hook).
     pool = multiprocessing.get_context("fork").Pool(w)
     pool.map(noop, range(w), chunksize=1)
     t = time.perf_counter()
