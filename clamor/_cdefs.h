@@ -43,6 +43,9 @@ uint32_t clamor_mappings(void);
 int clamor_server_start(const char *endpoint, char *bound, size_t boundlen);
 int clamor_server_stop(void);
 const char *clamor_server_endpoint(void);
+int clamor_security(int mode, const char *server_public, const char *server_secret, const char *client_public,
+                    const char *client_secret, const char *token);
+int clamor_security_mode(void);
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
                  uint64_t *page_size, int timeout_ms);
 
@@ -87,6 +90,8 @@ struct clamor_stats {
     uint64_t peer_direct;
     uint64_t hint_bytes;
     uint64_t peer_timeouts;   /* worker: peers silent for a second on a request (then the driver was asked) */
+    uint64_t peers_admitted;
+    uint64_t peers_refused;
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

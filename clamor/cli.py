@@ -45,6 +45,9 @@ def main(argv=None):
     w.add_argument("--base", default=None)
     w.add_argument("--connect-timeout", default=None,
                    help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
+    w.add_argument("--secret-file", default=None,
+                   help="a file holding the cluster's secret (default: CLAMOR_SECRET from the environment)")
+    w.add_argument("--no-encrypt", action="store_true", help="for a cluster made with encrypt=False")
     args = ap.parse_args(argv)
     if args.cmd == "demo" and args.demo == "geo":
         return _geo(args, g)
@@ -57,9 +60,12 @@ def main(argv=None):
     from clamor import worker
 
     argv = ["--driver", args.driver]
-    for flag, value in (("--base", args.base), ("--connect-timeout", args.connect_timeout)):
+    for flag, value in (("--base", args.base), ("--connect-timeout", args.connect_timeout),
+                        ("--secret-file", args.secret_file)):
         if value is not None:
             argv += [flag, value]
+    if args.no_encrypt:
+        argv.append("--no-encrypt")
     return worker.main(argv)
 
 

@@ -145,6 +145,25 @@ const char *clamor_server_endpoint(void);
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
                  uint64_t *page_size, int timeout_ms);
 
+/* ---- security (every socket the core opens) --------------------------- */
+
+/* From now on every socket the core opens authenticates its peer, before a
+ * frame of the peer's reaches clamor.  CLAMOR_SECURITY_CURVE (encrypted):
+ * servers use `server_secret`; clients expect `server_public` and present
+ * `client_public`/`client_secret`; a page server admits only clients that
+ * present `client_public` (the members' key).  CLAMOR_SECURITY_PLAIN
+ * (authenticated, not encrypted): user "clamor", password `token`.
+ * CLAMOR_SECURITY_NONE: neither (the default).  Keys are 40-character Z85
+ * strings; the arguments a mode does not use may be NULL.  Sockets already
+ * open keep what they had: call it before clamor_server_start() and
+ * clamor_pager_start().  A forked child keeps its parent's setting. */
+#define CLAMOR_SECURITY_NONE 0
+#define CLAMOR_SECURITY_CURVE 1
+#define CLAMOR_SECURITY_PLAIN 2
+int clamor_security(int mode, const char *server_public, const char *server_secret, const char *client_public,
+                    const char *client_secret, const char *token);
+int clamor_security_mode(void);
+
 /* ---- stages and page versions ----------------------------------------- */
 
 /* Driver: stage `stage` (> every earlier one) is about to be submitted.
@@ -223,6 +242,8 @@ void clamor_replication_reset(void);
     COUNTER(peer_direct)       /* worker: requests sent straight to a peer on a hint */                         \
     COUNTER(hint_bytes)        /* driver: bytes of holder hints sent with replies */                            \
     COUNTER(peer_timeouts)     /* worker: peers silent for a second on a request (then the driver was asked) */ \
+    COUNTER(peers_admitted)    /* page server: peers that proved they are members (security on) */             \
+    COUNTER(peers_refused)     /* page server: peers refused by its ZAP handler */                              \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

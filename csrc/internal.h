@@ -190,6 +190,16 @@ bool cl_peer_is(int k, const char *endpoint);
 void cl_hints_take(void *sock, uint32_t stage);
 int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
 
+/* ---- security.c: authentication of every socket the core opens ----------- */
+
+/* Apply the process's security to socket `s` of `type` (ROUTER: server,
+ * DEALER: client); 0 or EPROTO + cl_err. */
+int cl_security_apply(void *s, int type);
+/* Server: a ZAP handler socket bound in `ctx` (NULL when security is off,
+ * or + cl_err on failure); cl_zap_serve() answers what waits on it. */
+void *cl_zap_open(void *ctx);
+void cl_zap_serve(void *zap);
+
 /* ---- server.c: the page server ------------------------------------------ */
 
 int cl_server_stop_after_fork(void);

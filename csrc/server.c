@@ -42,6 +42,7 @@
 
 static struct server {
     struct cl_thread t; /* thread.c */
+    void *zap;          /* its ZAP handler (security.c), NULL when security is off */
     char endpoint[256];
 } S = {.t = CL_THREAD_INIT};
 
@@ -297,8 +298,10 @@ static void serve_one(void) {
 static void *server_main(void *arg) {
     (void)arg;
     while (!atomic_load(&S.t.stop)) {
-        cl_zmq_pollitem it[2] = {{S.t.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, S.t.pipe_r, CL_ZMQ_POLLIN, 0}};
-        if (cl_zmq.poll(it, 2, 1000) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
+        cl_zmq_pollitem it[3] = {{S.t.sock, 0, CL_ZMQ_POLLIN, 0}, {NULL, S.t.pipe_r, CL_ZMQ_POLLIN, 0},
+                                 {S.zap, 0, CL_ZMQ_POLLIN, 0}};
+        if (cl_zmq.poll(it, S.zap ? 3 : 2, 1000) < 0 && cl_zmq.errno_() == CL_ZMQ_ETERM) break;
+        if (it[2].revents & CL_ZMQ_POLLIN) cl_zap_serve(S.zap);
         if (it[0].revents & CL_ZMQ_POLLIN) {
             for (int k = 0; k < 1024; k++) {
                 uint32_t ev = 0;
@@ -318,6 +321,11 @@ int clamor_server_start(const char *endpoint, char *bound, size_t boundlen) {
     if (!endpoint || !*endpoint) endpoint = "tcp://127.0.0.1:*";
     if ((rc = cl_zmq_require())) return rc;
     if ((rc = cl_thread_open(&S.t, CL_ZMQ_ROUTER))) return rc;
+    /* the handler first: a peer that connects before it would be refused */
+    if (clamor_security_mode() != CLAMOR_SECURITY_NONE && !(S.zap = cl_zap_open(S.t.ctx))) {
+        rc = EPROTO;
+        goto err;
+    }
     int64_t maxmsg = CL_WIRE_MAX_REQUEST;
     int hwm = 100000;
     cl_zmq.setsockopt(S.t.sock, CL_ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
@@ -336,6 +344,8 @@ int clamor_server_start(const char *endpoint, char *bound, size_t boundlen) {
     if (bound && boundlen) snprintf(bound, boundlen, "%s", S.endpoint);
     return 0;
 err:
+    if (S.zap) cl_zmq.close(S.zap);
+    S.zap = NULL;
     cl_thread_close(&S.t);
     return rc;
 }
@@ -343,12 +353,15 @@ err:
 int clamor_server_stop(void) {
     if (!S.t.running) return 0;
     cl_thread_join(&S.t);
+    if (S.zap) cl_zmq.close(S.zap);   /* before the context ends: zmq_ctx_term waits for it */
+    S.zap = NULL;
     cl_thread_close(&S.t);
     S.endpoint[0] = '\0';
     return 0;
 }
 
 int cl_server_stop_after_fork(void) {
+    S.zap = NULL;   /* the parent's: abandoned with its context */
     cl_thread_abandon(&S.t);
     S.endpoint[0] = '\0';
     return 0;

@@ -79,6 +79,10 @@ void *cl_zmq_socket(void *ctx, int type) {
     }
     int zero = 0;
     cl_zmq.setsockopt(s, CL_ZMQ_LINGER, &zero, sizeof zero);
+    if (cl_security_apply(s, type) != 0) {
+        cl_zmq.close(s);
+        return NULL;
+    }
     return s;
 }
 

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#define CL_ZMQ_REP 4
 #define CL_ZMQ_DEALER 5
 #define CL_ZMQ_ROUTER 6
 #define CL_ZMQ_DONTWAIT 1
@@ -20,6 +21,15 @@
 #define CL_ZMQ_LINGER 17
 #define CL_ZMQ_EVENTS 15
 #define CL_ZMQ_LAST_ENDPOINT 32
+#define CL_ZMQ_PLAIN_SERVER 44
+#define CL_ZMQ_PLAIN_USERNAME 45
+#define CL_ZMQ_PLAIN_PASSWORD 46
+#define CL_ZMQ_CURVE_SERVER 47
+#define CL_ZMQ_CURVE_PUBLICKEY 48
+#define CL_ZMQ_CURVE_SECRETKEY 49
+#define CL_ZMQ_CURVE_SERVERKEY 50
+#define CL_ZMQ_ZAP_DOMAIN 55
+#define CL_ZMQ_ZAP_ENFORCE_DOMAIN 93
 #define CL_ZMQ_POLLIN 1
 #define CL_ZMQ_ETERM (156384712 + 53)
 
@@ -66,7 +76,8 @@ extern int cl_zmq_loaded;
 /* 0 if libzmq is loaded, else ENOSYS with a detail saying what to do. */
 int cl_zmq_require(void);
 
-/* Open a socket with linger 0 and the given type; NULL + cl_err on failure. */
+/* Open a socket with linger 0 and the given type, with the process's
+ * security applied (security.c); NULL + cl_err on failure. */
 void *cl_zmq_socket(void *ctx, int type);
 
 /* Drain and drop the remaining frames of a multipart message. */

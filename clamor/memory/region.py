@@ -195,6 +195,29 @@ def server_endpoint():
     return ffi.string(lib.clamor_server_endpoint()).decode()
 
 
+SECURITY_MODES = {"none": 0, "curve": 1, "plain": 2}
+
+
+def secure(mode, server_public=None, server_secret=None, client_public=None, client_secret=None, token=None):
+    """Security for every socket the core opens from now on: "curve"
+    (encrypted, Z85 keys), "plain" (``token``, not encrypted) or "none".
+    Sockets already open keep theirs: call before serve() and connect()."""
+    if mode not in SECURITY_MODES:
+        raise errors.ConfigError(f"security mode must be one of {sorted(SECURITY_MODES)}, not {mode!r}")
+
+    def arg(v):
+        return ffi.NULL if v is None else (v if isinstance(v, bytes) else str(v).encode())
+    with _lock:
+        check(lib.clamor_security(SECURITY_MODES[mode], arg(server_public), arg(server_secret), arg(client_public),
+                                  arg(client_secret), arg(token)), "setting the sockets' security")
+
+
+def security():
+    """The core's security mode now: "none", "curve" or "plain"."""
+    mode = lib.clamor_security_mode()
+    return next(k for k, v in SECURITY_MODES.items() if v == mode)
+
+
 @outside
 def stop_serving():
     with _lock:
@@ -409,7 +432,8 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
-                "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "latency_count")
+                "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
+                "peers_refused", "latency_count")
 
 
 def stats():

@@ -47,6 +47,7 @@ from .executor import worker_main
 from ..memory.heap import install as install_heap_hooks
 from ..memory.heap import outside
 from ..memory.hooks import prepare_fork
+from . import security
 from .lineage import Lineage
 from ..memory.share import note_fork
 from .scheduler import Scheduler, Speculation
@@ -112,6 +113,11 @@ class Cluster(Stages):
     only, see docs/guide.md).  ``remote`` more workers, started by hand with
     ``join_command()``, are waited for before the first stage.
 
+    Every socket of the cluster admits only processes that hold its
+    ``secret`` (default: CLAMOR_SECRET, else a fresh random one, read back
+    from ``cl.secret``) and, with ``encrypt`` (the default), encrypts what
+    it sends (clamor/runtime/security.py).
+
     ``workers`` defaults to ``os.cpu_count()`` (to 0 with ``remote``).  ``replication``:
     "two-choices" (default), "random" or "off" (peers serving hot pages).
     ``heartbeat_timeout``: seconds of silence after which a worker is lost.
@@ -121,7 +127,8 @@ class Cluster(Stages):
 
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
                  heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
-                 replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0):
+                 replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0,
+                 secret=None, encrypt=True):
         if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
             raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
         if workers is None:
@@ -151,6 +158,9 @@ class Cluster(Stages):
         self.nworkers = workers
         self.remote = remote
         self.start_method = start_method
+        # the cluster's secret: given, else CLAMOR_SECRET, else a fresh one
+        self._security = security.Security(security.from_environment(secret) or security.new_secret(), encrypt)
+        self.encrypt = self._security.encrypt
         self.slots = slots
         self.progress = progress
         self.heartbeat_timeout = float(heartbeat_timeout)
@@ -212,15 +222,23 @@ class Cluster(Stages):
                     raise errors.ConfigError(f"this process's region already has {name} {have:#x}; a cluster "
                                              f"cannot use {want!r} (the region's geometry is fixed when it is mapped)")
         _only_open_cluster()
-        self.page_endpoint = region.server_endpoint() or region.serve()
+        self._security.core()   # the page server and every socket the core opens from now on
+        served = region.server_endpoint()
+        if served:   # started before, without this cluster's keys: again, at the same endpoint
+            region.stop_serving()
+        self.page_endpoint = region.serve(served or "tcp://127.0.0.1:*")
         region.set_replication(REPLICATION[self.replication])
         region.reset_peers()  # holders from an earlier cluster in this process are gone
         # Workers inherit the allocator wrappers: a region object a worker
         # drops must never reach glibc's or pymalloc's free.
         install_heap_hooks()
         self._ctx = zmq.Context()
+        self._guard = security.Guard(self._ctx, self._security, "driver")
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.linger = 0
+        self._security.server(self._sock)
+        self._guard.watch(self._sock, "control endpoint")
+        self._guard.start()
         self._sock.bind("tcp://127.0.0.1:*")
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sched = Scheduler(recover=self.recover, speculation=self.speculation)
@@ -248,7 +266,8 @@ class Cluster(Stages):
         self._driver0 = region.stats()
         # Stops the workers when the Cluster is collected or at exit, if
         # close() has not; it must not reference the Cluster.
-        self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._workers,
+        self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._guard,
+                                           self._workers,
                                            self._expected, self._pid_of, self._pids, self._procs)
         _live.add(self)
         note_fork()
@@ -274,20 +293,27 @@ class Cluster(Stages):
                        f"each missing one starts with {self.join_command()!r}")
         return f"within {self.start_timeout}s: " + "; ".join(msg)
 
+    @property
+    def secret(self):
+        """The cluster's join secret: a worker started by hand needs it, in
+        CLAMOR_SECRET or a file named by --secret-file."""
+        return self._security.secret
+
     def join_command(self):
         """The command that starts a worker which joins this cluster (one of
         its ``remote`` workers).  Ready before start() waits for them."""
         self._open()
-        return f"clamor worker --driver {self.endpoint}"
+        return f"clamor worker --driver {self.endpoint}" + ("" if self.encrypt else " --no-encrypt")
 
     def _spawn_worker(self):
         """Start one more local worker; it joins when its HELLO arrives."""
         wid = b"w%d" % next(self._wids)
         if self.start_method == "fork":
             prepare_fork()   # before the arguments are made: none may come from a free list
-            pid = _liveness.fork(worker_main, self.endpoint, wid)
+            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security)
         else:
-            proc = _liveness.spawn(["--driver", self.endpoint])
+            proc = _liveness.spawn(["--driver", self.endpoint] + ([] if self.encrypt else ["--no-encrypt"]),
+                                   {"CLAMOR_SECRET": self._security.secret})
             self._procs.append(proc)
             pid = proc.pid
             self._joining[pid] = wid
@@ -480,7 +506,7 @@ class Cluster(Stages):
 
 
 @outside
-def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, procs, timeout=5.0):
+def _shutdown(owner, sock, ctx, guard, workers, expected, pid_of, pids, procs, timeout=5.0):
     """Stop a cluster's workers (STOP, then SIGKILL after ``timeout``), reap
     them and close its socket.  Runs from close(), or as the Cluster's
     finalizer (garbage collection, exit)."""
@@ -503,5 +529,6 @@ def _shutdown(owner, sock, ctx, workers, expected, pid_of, pids, procs, timeout=
     for proc in procs:
         proc.poll()   # reaped above: the Popen learns it, and does not warn that it still runs
     sock.close()
+    guard.stop()
     ctx.term()
     region.reset_peers()

@@ -67,6 +67,7 @@ from ..memory import region
 from . import serialize
 from ._liveness import LinkWatch, heartbeats
 from .collection import partition_result
+from .security import Guard
 
 log = logging.getLogger("clamor.worker")
 
@@ -85,15 +86,18 @@ class FetchFailed(Exception):
 class Service(threading.Thread):
     """Serves blocks to peers and sends heartbeats."""
 
-    def __init__(self, ctx, store, driver, wid):
+    def __init__(self, ctx, store, driver, wid, security, guard):
         super().__init__(name="clamor-blocks", daemon=True)
         self.store = store
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
+        security.server(self.sock)
+        guard.watch(self.sock, "block server")
         self.sock.bind("tcp://127.0.0.1:*")
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.hb = ctx.socket(zmq.DEALER)
         self.hb.linger = 0
+        security.client(self.hb)
         self.hb.connect(driver)
         self.wid = wid
         self.stopped = threading.Event()
@@ -196,10 +200,12 @@ class Runtime:
     check the driver's process by PID; the connection must be made within
     that many seconds."""
 
-    def __init__(self, driver, wid, link_grace=None):
+    def __init__(self, driver, wid, security, link_grace=None):
         self.driver = driver
         self.wid = wid
+        self.security = security
         self.ctx = zmq.Context()
+        self.guard = Guard(self.ctx, security, f"worker {wid.decode()}")
         self.store = {}
         self.stages = collections.OrderedDict()   # attempt -> the stage's payload, pickled
         self.loaded = collections.OrderedDict()   # attempt -> the payload loaded (holds region objects)
@@ -208,10 +214,12 @@ class Runtime:
         self.cancelled = set()             # keys of queued tasks the driver cancelled
         self.dead = set()                  # block endpoints of peers the driver declared lost
         self.stopping = False              # a STOP came: queued tasks are not run
-        self.service = Service(self.ctx, self.store, driver, wid)
+        self.service = Service(self.ctx, self.store, driver, wid, security, self.guard)
+        self.guard.start()
         self.endpoint = self.service.endpoint
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        security.client(self.sock)
         self.sock.setsockopt(zmq.IDENTITY, wid)
         self.link = None
         if link_grace is not None:
@@ -225,6 +233,7 @@ class Runtime:
         if s is None:
             s = self.peers[ep] = self.ctx.socket(zmq.DEALER)
             s.linger = 0
+            self.security.client(s)
             s.connect(ep)
         return s
 
@@ -357,6 +366,7 @@ class Runtime:
             self.sock.close()
             for s in self.peers.values():
                 s.close()
+            self.guard.stop()
 
     def _release_region_objects(self):
         """Drop every reference this worker holds to region objects before
@@ -426,11 +436,11 @@ def counters():
             "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"]}
 
 
-def worker_main(driver, wid):
+def worker_main(driver, wid, security):
     """What a forked worker runs (clamor._liveness.fork does the rest)."""
     # Every object inherited at fork goes to the collector's permanent
     # generation: region objects among them have their list links in region
     # pages, which the driver rewrites, and this worker's collections must
     # never walk or relink them.
     gc.freeze()
-    Runtime(driver, wid).loop()
+    Runtime(driver, wid, security).loop()

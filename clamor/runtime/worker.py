@@ -32,12 +32,14 @@ import os
 import signal
 import stat
 import sys
+import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
 from ..memory import region
-from . import serialize
+from . import security, serialize
 from ._liveness import pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
@@ -63,18 +65,44 @@ def _connect(sock, driver):
         raise kind(f"cannot connect to the driver at {driver!r}: {err}") from err
 
 
-def _ask_to_join(ctx, driver, timeout):
-    """The driver's WELCOME, as a dict; TransportError if it does not
-    answer, WorkerRefused if it says no."""
+def _ask_to_join(ctx, driver, timeout, sec):
+    """The driver's WELCOME, as a dict.  Until ``timeout`` the connection
+    is retried (the driver may start after this worker); TransportError if
+    it never answers, WorkerRefused if it says no or refuses this worker's
+    secret."""
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    sec.client(sock)
+    mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
     try:
         _connect(sock, driver)
         sock.send_multipart([b"JOIN", json.dumps({"pid": os.getpid(), "pidns": pid_namespace()}).encode()])
-        if not sock.poll(int(timeout * 1000)):
-            raise errors.TransportError(f"no answer from the driver at {driver} within {timeout:g} s")
-        frames = sock.recv_multipart()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(mon, zmq.POLLIN)
+        deadline = time.monotonic() + timeout
+        failed = 0
+        while True:
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
+            if sock in ready:
+                frames = sock.recv_multipart()
+                break
+            if mon in ready:
+                ev = recv_monitor_message(mon)["event"]
+                failed = 0 if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED else failed + 1
+                if failed >= 3:    # (one failure may be a driver going down; three are not)
+                    raise errors.WorkerRefused(
+                        f"the driver at {driver} refused this worker's credentials: its secret differs from "
+                        f"the cluster's (set CLAMOR_SECRET, or --secret-file, to the driver's cl.secret)"
+                        + ("" if sec.encrypt else "; or the driver encrypts and this worker does not"))
+                continue
+            if not ready:
+                raise errors.TransportError(f"no answer from the driver at {driver} within {timeout:g} s")
     finally:
+        sock.disable_monitor()
+        mon.close()
         sock.close()
     try:
         kind, body = frames[0], json.loads(frames[1])
@@ -87,31 +115,38 @@ def _ask_to_join(ctx, driver, timeout):
     return body
 
 
-def join(driver, base=None, connect_timeout=None):
+def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True):
     """Join the Cluster whose control endpoint is ``driver`` and run its
-    tasks until it stops this worker or is gone.  A bad endpoint or
-    time-out raises ConfigError, a driver that does not answer
-    TransportError, one that says no WorkerRefused."""
+    tasks until it stops this worker or is gone.  ``secret``: the
+    cluster's (default CLAMOR_SECRET).  A bad endpoint, time-out or secret
+    raises ConfigError, a driver that does not answer TransportError, one
+    that says no or refuses the secret WorkerRefused."""
     from .executor import Runtime   # (not at import: ``python -m clamor.worker`` stays light until it joins)
 
     timeout = _connect_timeout(connect_timeout)
+    secret = security.from_environment(secret)
+    if secret is None:
+        raise errors.ConfigError("no secret: a worker needs its cluster's, in CLAMOR_SECRET or a file named by "
+                                 "--secret-file (the driver's is cl.secret)")
+    sec = security.Security(secret, encrypt)
     if region.role() is not None:
         raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
     ctx = zmq.Context()
     watch = None
     try:
-        welcome = _ask_to_join(ctx, driver, timeout)
+        welcome = _ask_to_join(ctx, driver, timeout, sec)
+        sec.core()   # the pager and this worker's page server: before they open a socket
         region.connect(welcome["pages"], base=base)
         region.ensure_handler_first()
         serialize.objects_in_place(False)
         driver_pid = int(welcome["pid"])
         if shares_pids(welcome.get("pidns")):
-            rt = Runtime(driver, welcome["wid"].encode())
+            rt = Runtime(driver, welcome["wid"].encode(), sec)
 
             def alive():
                 return pid_alive(driver_pid)
         else:   # the connection tells (clamor/runtime/_liveness.py)
-            rt = Runtime(driver, welcome["wid"].encode(), link_grace=timeout)
+            rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout)
             alive = watch = rt.link
         rt.loop(alive)
     finally:
@@ -149,6 +184,10 @@ def _address(text):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="clamor worker", description=__doc__.splitlines()[0])
     ap.add_argument("--driver", required=True, help="the Cluster's control endpoint, e.g. tcp://127.0.0.1:5555")
+    ap.add_argument("--secret-file", default=None,
+                    help="a file holding the cluster's secret (default: CLAMOR_SECRET from the environment)")
+    ap.add_argument("--no-encrypt", action="store_true",
+                    help="authenticate without encrypting, for a cluster made with encrypt=False")
     ap.add_argument("--base", type=_address, default=None,
                     help="map the region at this address instead of the driver's (pointer-free data only)")
     ap.add_argument("--connect-timeout", type=float, default=None,
@@ -162,7 +201,9 @@ def main(argv=None):
         for var in ("CLAMOR_PARENT_PID", "CLAMOR_LIFELINE_FD"):
             os.environ.pop(var, None)
     try:
-        join(args.driver, base=args.base, connect_timeout=args.connect_timeout)
+        secret = security.read_secret_file(args.secret_file) if args.secret_file else None
+        join(args.driver, base=args.base, connect_timeout=args.connect_timeout, secret=secret,
+             encrypt=not args.no_encrypt)
     except errors.ClamorError as err:
         print(f"clamor worker: {err}", file=sys.stderr)
         return 2
