@@ -65,7 +65,8 @@ def test_cluster_takes_a_worker_started_elsewhere(py):
 a = clamor.array(np.arange(1000.0))
 cl = clamor.Cluster(workers=0, remote=1, progress=False)
 cmd = cl.join_command()                 # before start: the control socket is open
-proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint])
+proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint],
+                        env={**os.environ, "CLAMOR_SECRET": cl.secret})
 try:
     with cl:
         pids = cl.worker_pids

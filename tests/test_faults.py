@@ -163,7 +163,8 @@ with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation
     v, ep = cl.run(touch, clamor.ref(a))[0]
     assert v == 0.0
     stage = region.stage_current()              # the stage the worker is in, as a peer's request says
-    ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.connect(ep)
+    from clamor.runtime.security import Security
+    ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); Security(cl.secret).client(s); s.connect(ep)   # a member
     first = (a.ctypes.data - region.base()) // ps
     def get(idx, tag):
         s.send(struct.pack("<IBBHIIQII", 0x524d4c43, 1, 1, 0, 0, stage, idx, 1, tag))
@@ -217,7 +218,7 @@ cl = clamor.Cluster(workers=0, remote=1, progress=False, speculation=False)
 cl.join_command()
 # a worker started by hand, as a remote one is: not tied to the driver's process
 env = {k: v for k, v in os.environ.items() if k not in ("CLAMOR_PARENT_PID", "CLAMOR_LIFELINE_FD")}
-env.update(CLAMOR_FETCH_TIMEOUT_MS="1500", CLAMOR_DIE_WITH_PARENT="0")
+env.update(CLAMOR_FETCH_TIMEOUT_MS="1500", CLAMOR_DIE_WITH_PARENT="0", CLAMOR_SECRET=cl.secret)
 proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint], env=env)
 cl.start()
 pid = cl.worker_pids[0]
@@ -281,15 +282,20 @@ def test_pages_land_whole_at_their_offset_and_a_short_reply_is_fatal(py):
     # page opened half-written.
     p = py(DRIVER + """
 import struct, zmq
+from clamor.runtime.security import Guard, Security
 region.init()
-real = region.serve()
 a = clamor.array(np.zeros(1 << 20, dtype=np.uint8))     # 16 pages of 64 KiB
 ps = region.page_size()
 first = (a.ctypes.data - region.base()) // ps
 short = first + 9
+cl = clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False, replace_workers=False)
+cl.join_command()                      # the control socket and page server are open, the workers not started yet
+real = cl.page_endpoint
+sec = Security(cl.secret)              # our page server is one of the cluster's: it holds the secret
 ctx = zmq.Context()
-fake = ctx.socket(zmq.ROUTER); port = fake.bind_to_random_port("tcp://127.0.0.1")
-up = ctx.socket(zmq.DEALER); up.connect(real)
+guard = Guard(ctx, sec, "fake page server"); guard.start()
+fake = ctx.socket(zmq.ROUTER); sec.server(fake); port = fake.bind_to_random_port("tcp://127.0.0.1")
+up = ctx.socket(zmq.DEALER); sec.client(up); up.connect(real)
 stop = threading.Event()
 def serve():
     while not stop.is_set():
@@ -308,9 +314,7 @@ def serve():
             rep = struct.pack("<IBBHIIQII", magic, ver, 2, 0, 0, stage, idx, count, tag)
             fake.send_multipart([ident, rep, body])
 t = threading.Thread(target=serve, daemon=True); t.start()
-cl = clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False, replace_workers=False)
-cl.join_command()                      # the control socket is open, the workers not started yet:
-cl.page_endpoint = f"tcp://127.0.0.1:{port}"   # they are sent to our page server instead of the real one
+cl.page_endpoint = f"tcp://127.0.0.1:{port}"   # the workers are sent to our page server instead of the real one
 with cl:
     def read(r, pages):
         clamor.configure(readahead=0)

@@ -11,7 +11,7 @@ HAND = """
         import subprocess, sys
         def by_hand(cl, *extra):
             return subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint, *extra],
-                                    stderr=subprocess.PIPE, text=True)
+                                    stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAMOR_SECRET": cl.secret})
 """
 
 

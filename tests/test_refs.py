@@ -31,7 +31,7 @@ def cl():
     c = clamor.Cluster(workers=1, start_method="spawn", remote=1, progress=False)
     c.join_command()   # opens the control socket: c.endpoint
     proc = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", c.endpoint,
-                             "--base", hex(OTHER_BASE)])
+                             "--base", hex(OTHER_BASE)], env={**os.environ, "CLAMOR_SECRET": c.secret})
     try:
         with c:                            # worker 0: spawned, the driver's base
             assert c.worker_pids[1] == proc.pid   # worker 1: by hand, somewhere else

@@ -47,7 +47,8 @@ def orphan_worker():
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", "tcp://127.0.0.1:1",
                           "--connect-timeout", "3"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=clean_env({"CLAMOR_SECRET": "a secret of the right length"}))
     yield p, t0
     if p.poll() is None:
         p.kill()
@@ -291,6 +292,7 @@ STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fet
              "pages_served", "bytes_served", "requests_served", "bad_requests", "evictions", "pages_dropped",
              "pages_invalidated", "pages_logged", "pages_unchanged", "versions", "version_bytes",
              "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",
+             "peers_admitted", "peers_refused",
              "latency_count", "mappings")
 STAT_FLOATS = ("fetch_p50_us", "fetch_p99_us", "fetch_max_us")
 
