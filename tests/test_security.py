@@ -1,0 +1,197 @@
+"""Only the cluster's members get anything: every socket of a Cluster
+(control, heartbeats, page servers, block servers) authenticates with the
+cluster's secret before a frame of the peer's is read.  Each scenario is a
+real driver with real workers, and real processes that are not members."""
+import pytest
+
+from helpers import scenario
+
+OUTSIDERS = """
+        import pickle, random, socket as so, subprocess, sys
+        import zmq
+        from clamor.runtime.security import Security
+        ctx = zmq.Context.instance()
+
+        def endpoints(cl):
+            w = next(iter(cl._workers.values()))
+            return {"control": cl.endpoint, "driver pages": cl.page_endpoint, "worker pages": w["pages"],
+                    "worker blocks": w["blocks"]}
+
+        def dealer(ep, sec=None, member_keys=None):
+            s = ctx.socket(zmq.DEALER); s.linger = 0
+            if sec is not None:
+                sec.client(s)
+            if member_keys is not None:       # the server's key, but a key pair of its own
+                s.curve_publickey, s.curve_secretkey = member_keys
+            s.connect(ep)
+            return s
+
+        GET = __import__("struct").pack("<IBBHIIQII", 0x524d4c43, 1, 1, 0, 0, 0, 0, 1, 7)
+        HELLO_PAGES = __import__("struct").pack("<IBBHIIQII", 0x524d4c43, 1, 4, 0, 0, 0, 0, 0, 9)
+"""
+
+
+def test_an_outsiders_pickle_never_runs_and_the_cluster_goes_on(tmp_path):
+    mark = tmp_path / "ran"
+    out = scenario(OUTSIDERS + f"""
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch {mark}",))
+        res = {{}}
+        with clamor.Cluster(workers=2, progress=False) as cl:
+            res["before"] = cl.range(10).sum()
+            for name, ep in endpoints(cl).items():
+                s = dealer(ep)
+                for frames in ([b"HELLO", pickle.dumps(Evil())], [b"JOIN", pickle.dumps(Evil())],
+                               [b"GET", pickle.dumps(Evil())], [GET], [HELLO_PAGES]):
+                    s.send_multipart(frames)
+                res[name] = s.poll(1500)          # no answer of any kind
+                s.close()
+            res["after"] = cl.range(100).sum()
+            res["workers"] = len(cl.run(os.getpid))
+        res["ran"] = os.path.exists("{mark}")
+        print(json.dumps(res))
+        """)
+    assert out["before"] == 45 and out["after"] == 4950 and out["workers"] == 2
+    for name in ("control", "driver pages", "worker pages", "worker blocks"):
+        assert out[name] == 0, (name, out)
+    assert out["ran"] is False
+
+
+def test_a_peer_that_knows_the_server_key_but_not_the_secret_is_refused_by_zap():
+    """CURVE completes (the peer has the server's public key, say leaked),
+    and the ZAP handlers refuse its own key: no page, no block, no control
+    message, on the Python sockets and the core's alike."""
+    out = scenario(OUTSIDERS + """
+        res = {}
+        with clamor.Cluster(workers=1, progress=False) as cl:
+            sec = Security(cl.secret)
+            stranger = zmq.curve_keypair()
+            before = region.stats()["peers_refused"]
+            for name, ep in endpoints(cl).items():
+                s = dealer(ep, sec, member_keys=stranger)
+                s.send_multipart([GET] if "pages" in name else [b"GET", pickle.dumps(("cache", 1, 0, 0))])
+                res[name] = s.poll(1500)
+                s.close()
+            res["driver core refused"] = region.stats()["peers_refused"] - before
+            member = dealer(cl.page_endpoint, sec)     # the same request from a member is answered
+            member.send(HELLO_PAGES)
+            res["member answered"] = member.poll(5000)
+            member.close()
+            res["after"] = cl.range(10).sum()
+        print(json.dumps(res))
+        """)
+    for name in ("control", "driver pages", "worker pages", "worker blocks"):
+        assert out[name] == 0, (name, out)
+    assert out["driver core refused"] >= 1
+    assert out["member answered"] == 1
+    assert out["after"] == 45
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fuzzed_bytes_before_authentication_change_nothing(seed):
+    out = scenario(OUTSIDERS + f"""
+        rng = random.Random({seed})
+        res = {{}}
+        a = clamor.array(np.arange(1 << 18, dtype=np.int64))
+        with clamor.Cluster(workers=2, progress=False) as cl:
+            res["before"] = cl.parallelize(list(range(8)), 4).map(lambda i: int(a[i::8].sum())).collect()
+            for name, ep in endpoints(cl).items():
+                host, port = ep[len("tcp://"):].rsplit(":", 1)
+                for k in range(20):
+                    c = so.create_connection((host, int(port)), timeout=2)
+                    n = rng.choice([1, 10, 64, 1000, 70000])
+                    head = rng.choice([b"", b"\\xff" + bytes(8) + b"\\x7f\\x03\\x00NULL" + bytes(16)])
+                    try:
+                        c.sendall(head + rng.randbytes(n))
+                    except OSError:
+                        pass                      # the peer may close on the first bad byte
+                    c.close()
+                s = dealer(ep)                    # frames from an unauthenticated ZeroMQ peer too
+                for k in range(50):
+                    s.send_multipart([rng.randbytes(rng.choice([0, 1, 32, 300])) for _ in range(rng.randint(1, 6))])
+                s.close()
+            time.sleep(0.5)
+            res["after"] = cl.parallelize(list(range(8)), 4).map(lambda i: int(a[i::8].sum())).collect()
+            res["workers"] = len(cl.run(os.getpid))
+        res["want"] = [int(a[i::8].sum()) for i in range(8)]
+        print(json.dumps(res))
+        """)
+    assert out["before"] == out["after"] == out["want"]
+    assert out["workers"] == 2
+
+
+def test_a_worker_with_the_wrong_secret_is_refused_and_the_driver_logs_one_line():
+    out = scenario(OUTSIDERS + """
+        import logging, io
+        buf = io.StringIO()
+        logging.getLogger("clamor").addHandler(logging.StreamHandler(buf))
+        res = {}
+        cl = clamor.Cluster(workers=1, remote=1, progress=False, start_timeout=30)
+        cl.join_command()
+        env = {k: v for k, v in os.environ.items() if k != "CLAMOR_SECRET"}
+        wrong = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint,
+                                  "--connect-timeout", "20"], env={**env, "CLAMOR_SECRET": "not the secret, but long"},
+                                 stderr=subprocess.PIPE, text=True)
+        right = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint],
+                                 env={**env, "CLAMOR_SECRET": cl.secret}, stderr=subprocess.PIPE, text=True)
+        cl.start()
+        res["wrong rc"] = wrong.wait(30)
+        res["wrong says"] = wrong.stderr.read().strip().splitlines()
+        res["sum"] = cl.range(10).sum()
+        res["workers"] = len(cl.run(os.getpid))
+        cl.close()
+        res["right rc"] = right.wait(30)
+        res["driver log"] = [l for l in buf.getvalue().splitlines() if "handshake" in l or "refused" in l]
+        print(json.dumps(res))
+        """)
+    assert out["wrong rc"] == 2
+    assert len(out["wrong says"]) == 1 and "secret differs" in out["wrong says"][0], out["wrong says"]
+    assert out["sum"] == 45 and out["workers"] == 2 and out["right rc"] == 0
+    assert len(out["driver log"]) == 1 and "does not hold this cluster's secret" in out["driver log"][0], out
+
+
+def test_without_encryption_members_still_authenticate():
+    out = scenario(OUTSIDERS + """
+        res = {}
+        cl = clamor.Cluster(workers=1, remote=1, progress=False, encrypt=False, start_timeout=30)
+        res["command"] = cl.join_command()
+        env = {**os.environ, "CLAMOR_SECRET": cl.secret}
+        ok = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint, "--no-encrypt"], env=env)
+        curve = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint,
+                                  "--connect-timeout", "15"], env=env, stderr=subprocess.PIPE, text=True)
+        cl.start()
+        a = clamor.zeros(1 << 16); a[:] = 2
+        res["run"] = [r[1] for r in cl.run(lambda: (os.getpid(), float(a.sum())))]
+        plain = Security("a different secret entirely", encrypt=False)
+        s = dealer(cl.page_endpoint, plain)
+        s.send(HELLO_PAGES)
+        res["wrong token answered"] = s.poll(1500)
+        res["curve worker rc"] = curve.wait(30)
+        cl.close()
+        res["ok rc"] = ok.wait(30)
+        print(json.dumps(res))
+        """)
+    assert out["command"].endswith("--no-encrypt")
+    assert out["run"] == [2.0 * (1 << 16)] * 2
+    assert out["wrong token answered"] == 0
+    assert out["curve worker rc"] == 2 and out["ok rc"] == 0
+
+
+def test_a_secret_too_short_or_unreadable_is_a_config_error(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    out = scenario(f"""
+        import subprocess, sys
+        res = {{"short": attempt(clamor.Cluster, workers=1, secret="abc"),
+                "not str": attempt(clamor.Cluster, workers=1, secret=b"x" * 40)}}
+        for name, argv in (("file short", ["--secret-file", "{short}"]), ("file missing", ["--secret-file", "{tmp_path}/none"])):
+            p = subprocess.run([sys.executable, "-m", "clamor.worker", "--driver", "tcp://127.0.0.1:1", *argv],
+                               capture_output=True, text=True, timeout=60)
+            res[name] = [p.returncode, p.stderr.strip()]
+        print(json.dumps(res))
+        """)
+    assert out["short"][0] == "ConfigError" and "too short" in out["short"][1]
+    assert out["not str"][0] == "ConfigError"
+    assert out["file short"][0] == 2 and "too short" in out["file short"][1]
+    assert out["file missing"][0] == 2 and "cannot read the secret file" in out["file missing"][1]
