@@ -1,7 +1,10 @@
-"""Worker life cycle: workers live exactly as long as the driver process
-(whichever thread forked them) and no longer than their Cluster; liveness
-across PID namespaces; reaping; a prompt close(); typed errors at the
-edges.  Real processes, killed for real; each scenario in a subprocess.
+"""Worker life cycle: a Cluster's workers, forked, spawned (start_method=
+"spawn") or started by hand (remote=), live exactly as long as the driver
+process (whichever thread started them) and no longer than their Cluster;
+liveness across PID namespaces; reaping; a prompt close(); STOP ahead of
+queued tasks; typed errors at the edges, a worker the Cluster does not
+expect among them.  Real processes, killed for real; each scenario in a
+subprocess.
 """
 import json
 import os
@@ -20,6 +23,7 @@ from helpers import gone, wait_gone
 from clamor.runtime import _liveness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECRET = "a secret of the right length"   # for a worker that must get past the secret to the error at hand
 
 
 def env(**extra):
@@ -104,7 +108,7 @@ CLUSTER_DRIVER = """
 import json, sys, threading, time, clamor
 box = {}
 def start():
-    box["cl"] = clamor.Cluster(workers=2, progress=False).start()
+    box["cl"] = clamor.Cluster(workers=2, start_method=sys.argv[2], progress=False).start()
 if sys.argv[1] == "thread":                 # no PR_SET_PDEATHSIG then: the lifeline alone
     th = threading.Thread(target=start)
     th.start()
@@ -114,72 +118,73 @@ else:
 cl = box["cl"]
 time.sleep(0.5)
 assert cl.range(10).sum() == 45
-print(json.dumps({"pids": cl.worker_pids, "lost": cl.stats()["recovery"]["workers_lost"]}), flush=True)
+ports = [int(ep.rsplit(":", 1)[1]) for ep in (cl.endpoint, cl.page_endpoint)]
+print(json.dumps({"pids": cl.worker_pids, "lost": cl.stats()["recovery"]["workers_lost"], "ports": ports}),
+      flush=True)
 cl.range(2, partitions=2).map(lambda x: time.sleep(60)).collect()
 """
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
 @pytest.mark.parametrize("started_in", ["main", "thread"])
-def test_killing_the_driver_kills_workers_within_two_seconds_even_mid_task(started_in):
-    p, out = start(CLUSTER_DRIVER, started_in)
+def test_killing_the_driver_kills_workers_within_two_seconds_even_mid_task_and_frees_its_ports(started_in,
+                                                                                                start_method):
+    p, out = start(CLUSTER_DRIVER, started_in, start_method)
     try:
-        pids = out["pids"]
+        pids, ports = out["pids"], out["ports"]
         assert out["lost"] == 0 and len(pids) == 2 and not any(gone(w) for w in pids)
         time.sleep(0.7)                                     # the tasks are running
         assert not any(gone(w) for w in pids)
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
-        assert wait_gone(pids, 2.0), [(w, psutil.Process(w).status()) for w in pids if not gone(w)]
-    finally:
-        finish(p)
-
-
-TASKSERVER_DRIVER = """
-import json, sys, threading, time, clamor
-from clamor.runtime.tasks import TaskServer
-ts = TaskServer()
-if sys.argv[1] == "thread":
-    th = threading.Thread(target=ts.fork, args=(1,))
-    th.start()
-    th.join()
-else:
-    ts.fork(1)
-assert ts.run(lambda: 6 * 7) == 42
-ports = [int(ep.rsplit(":", 1)[1]) for ep in (ts.endpoint, ts.page_endpoint)]
-print(json.dumps({"pid": ts.workers[0]["pid"], "ports": ports}), flush=True)
-ts.run(time.sleep, 60)
-"""
-
-
-@pytest.mark.parametrize("forked_in", ["main", "thread"])
-def test_taskserver_forked_worker_dies_with_its_driver_mid_task_and_frees_its_ports(forked_in):
-    p, out = start(TASKSERVER_DRIVER, forked_in)
-    try:
-        pid, ports = out["pid"], out["ports"]
-        time.sleep(0.7)                                     # the task is running
-        assert not gone(pid)
-        assert not listening_ports(pid) & set(ports)        # the driver's listening sockets were closed in it
+        for w in pids:                                      # the driver's listening sockets are not in them
+            assert not listening_ports(w) & set(ports), (w, listening_ports(w), ports)
         assert not any(refused(port) for port in ports)
         p.send_signal(signal.SIGKILL)
         p.wait(10)
-        assert wait_gone([pid], 2.0), "a forked TaskServer worker outlived its driver"
+        assert wait_gone(pids, 2.0), [(w, psutil.Process(w).status()) for w in pids if not gone(w)]
         assert all(refused(port) for port in ports)
     finally:
         finish(p)
 
 
-def test_taskserver_workers_leave_ctrl_c_to_the_driver():
+def test_a_worker_started_by_hand_exits_once_its_driver_is_killed():
+    # Not tied to the driver by a lifeline: it checks the driver's PID (the
+    # same PID namespace) once the driver has been silent for a second.
+    p, out = start("""
+        import json, os, subprocess, sys, time, clamor
+        cl = clamor.Cluster(workers=0, remote=1, progress=False)
+        cl.join_command()
+        w = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint],
+                             env={**os.environ, "CLAMOR_SECRET": cl.secret})
+        cl.start()
+        assert cl.run(lambda: 6 * 7) == [42] and cl.worker_pids == [w.pid]
+        ports = [int(ep.rsplit(":", 1)[1]) for ep in (cl.endpoint, cl.page_endpoint)]
+        print(json.dumps({"pid": w.pid, "ports": ports}), flush=True)
+        time.sleep(60)
+        """)
+    try:
+        pid, ports = out["pid"], out["ports"]
+        time.sleep(1.5)                                     # idle, and silent for more than a second
+        assert not gone(pid)
+        assert not listening_ports(pid) & set(ports)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        assert wait_gone([pid], 4.0), "a worker started by hand outlived its driver"
+        assert all(refused(port) for port in ports)
+    finally:
+        finish(p)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_workers_leave_ctrl_c_to_the_driver(start_method):
     p, pids = start("""
-        import json, time, clamor
-        from clamor.runtime.tasks import TaskServer
-        with TaskServer() as ts:
-            ts.fork(2)
-            print(json.dumps([w["pid"] for w in ts.workers]), flush=True)
+        import json, sys, time, clamor
+        with clamor.Cluster(workers=2, start_method=sys.argv[1], progress=False) as cl:
+            print(json.dumps(cl.worker_pids), flush=True)
             try:
-                ts.gather([(0, time.sleep, (1.5,), {}), (1, time.sleep, (1.5,), {})])
+                cl.run(time.sleep, 1.5)
             except KeyboardInterrupt:
                 print("INTERRUPTED", flush=True)
-        """, start_new_session=True)
+        """, start_method, start_new_session=True)
     try:
         time.sleep(0.7)
         os.killpg(p.pid, signal.SIGINT)                     # Ctrl-C: the whole process group
@@ -222,69 +227,140 @@ needs_pidns = pytest.mark.skipif(UNSHARE is None, reason="PID namespaces are not
 NS_WORKER = """
 import json, os, subprocess, sys
 UNSHARE = json.loads(sys.argv[1])
-def ns_worker(ts):
-    # a worker in its own PID namespace, as in a container: not tied to this process
+def ns_worker(cl):
+    # a worker in its own PID namespace, as in a container: not tied to this
+    # process; it joins when cl.start() (or an action) reads its JOIN
+    cl.join_command()                                     # opens the control socket: cl.endpoint
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_")}
-    p = subprocess.Popen(UNSHARE + [sys.executable, "-m", "clamor.worker", "--driver", ts.endpoint], env=clean)
-    ts._await(len(ts.workers) + 1, 30)
-    return p
+    clean["CLAMOR_SECRET"] = cl.secret
+    return subprocess.Popen(UNSHARE + [sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint], env=clean)
 """
 
 
-@needs_pidns
-def test_workers_in_another_pid_namespace_serve_and_their_loss_is_noticed():
+@pytest.fixture(scope="module")
+def pidns_scenario():
+    """Three workers in PID namespaces of their own serve a Cluster; then
+    one is killed during a call pinned to it (its connection closes) and
+    another stopped during one (silent, its connection open), the third
+    still live.  Each loss is timed, and its reason read from the driver's
+    log."""
     out, _ = run_json(NS_WORKER + """
-import signal, threading, time, psutil, clamor
-from clamor.runtime.tasks import TaskServer
+import logging, signal, threading, time, psutil, clamor
+reasons = []
+class Losses(logging.Handler):
+    def emit(self, record):
+        msg = record.getMessage()
+        if " lost: " in msg:
+            reasons.append(msg)
+logging.getLogger("clamor").addHandler(Losses())
 res = {}
-def attempt(what, worker, fn, *args):
+def ns_ino(pid="self"):
+    return os.stat(f"/proc/{pid}/ns/pid").st_ino
+def index_of(host):
+    # a worker's index in cl.run, told by its PID namespace: its PID is 1 in each
+    return cl.run(ns_ino).index(ns_ino(host))
+def attempt(what, host, fn, *args, before=None):
+    i = index_of(host)
+    if before is not None:
+        before()
     t0 = time.monotonic()
     try:
-        res[what] = ts.run(fn, *args, worker=worker, timeout=30)
+        res[what] = cl.run(fn, *args, workers=[i])[0]
     except clamor.ClamorError as e:
         res[what] = f"{type(e).__name__}: {e}"
     res[what + "_s"] = time.monotonic() - t0
-with TaskServer() as ts:
-    procs = [ns_worker(ts), ns_worker(ts)]
+    res[what + "_why"] = reasons[-1] if reasons else None
+cl = clamor.Cluster(workers=0, remote=3, progress=False, speculation=False)
+procs = [ns_worker(cl) for _ in range(3)]
+with cl:                                                  # start(): they join
     hosts = [psutil.Process(p.pid).children()[0].pid for p in procs]   # their PIDs out here
-    res["pids"] = [w["pid"] for w in ts.workers]          # as they see themselves
+    res["pids"] = cl.worker_pids                          # as they see themselves
     time.sleep(3)                                         # the driver's PID means nothing in there
-    attempt("first", 0, lambda: 6 * 7)
-    attempt("second", 1, lambda: 6 * 7)
+    res["served"] = [cl.run(lambda: 6 * 7, workers=[i])[0] for i in range(3)]
     threading.Timer(1.0, os.kill, (hosts[0], signal.SIGKILL)).start()
-    attempt("killed", 0, time.sleep, 60)                  # its connection closes
-    os.kill(hosts[1], signal.SIGSTOP)                     # silent, connection open
-    attempt("stopped", 1, time.sleep, 60)
+    attempt("killed", hosts[0], time.sleep, 60)           # its connection closes
+    res["left_after_kill"] = len(cl.worker_pids)
+    attempt("stopped", hosts[1], time.sleep, 60,          # silent, connection open
+            before=lambda: os.kill(hosts[1], signal.SIGSTOP))
     os.kill(hosts[1], signal.SIGKILL)
-    for p in procs:
+    res["left"] = cl.run(lambda: 6 * 7)                   # the third serves on
+    for p in procs[:2]:
         p.wait(10)
 print(json.dumps(res))
-""", args=(json.dumps(UNSHARE),))
-    assert out["pids"] == [1, 1], out
-    assert out["first"] == out["second"] == 42, out
-    assert out["killed"].startswith("WorkerLost") and "connection" in out["killed"], out
-    assert out["killed_s"] < 6, out
-    assert out["stopped"].startswith("WorkerLost") and "heartbeat" in out["stopped"], out
+""", args=(json.dumps(UNSHARE),), timeout=240)
+    return out
+
+
+class LossNotNoticedByConnection(Exception):
+    """The known gap below: a far worker's closed connection goes unseen."""
+
+
+@needs_pidns
+def test_workers_in_another_pid_namespace_serve_and_a_silent_one_is_lost_by_heartbeat(pidns_scenario):
+    out = pidns_scenario
+    assert out["pids"] == [1, 1, 1], out
+    assert out["served"] == [42, 42, 42], out
+    assert out["killed"].startswith("WorkerLost") and out["left_after_kill"] == 2, out
+    assert out["stopped"].startswith("WorkerLost"), out
+    assert "(pid 1) lost: no heartbeat" in out["stopped_why"], out
     assert 9 < out["stopped_s"] < 16, out
+    assert out["left"] == [42], out
+
+
+@needs_pidns
+@pytest.mark.xfail(strict=True, raises=LossNotNoticedByConnection,
+                   reason="a Cluster checks a worker in another PID namespace by heartbeat only: a closed "
+                          "connection is not noticed before heartbeat_timeout")
+def test_a_worker_in_another_pid_namespace_is_lost_as_soon_as_its_connection_closes(pidns_scenario):
+    out = pidns_scenario
+    assert out["killed"].startswith("WorkerLost"), out
+    if not ("connection" in out["killed_why"] and out["killed_s"] < 6):
+        raise LossNotNoticedByConnection(out)
 
 
 @needs_pidns
 def test_a_worker_in_another_pid_namespace_exits_when_its_driver_is_killed():
     p, out = start(NS_WORKER + """
-import time, psutil
-from clamor.runtime.tasks import TaskServer
-ts = TaskServer()
-w = ns_worker(ts)
+import time, psutil, clamor
+cl = clamor.Cluster(workers=0, remote=1, progress=False)
+w = ns_worker(cl)
+cl.start()
+assert cl.run(lambda: 6 * 7) == [42]
 print(json.dumps({"unshare": w.pid, "worker": psutil.Process(w.pid).children()[0].pid}), flush=True)
 time.sleep(60)
 """, json.dumps(UNSHARE))
     try:
+        time.sleep(1.5)                                     # the driver's PID means nothing in there
         assert not gone(out["worker"])
         p.send_signal(signal.SIGKILL)
         p.wait(10)
         assert wait_gone([out["worker"], out["unshare"]], 5.0)      # the connection closed: it noticed
     finally:
         finish(p)
+
+
+class StopEndsInATraceback(Exception):
+    """The known gap below: a far worker fails on its way out."""
+
+
+@needs_pidns
+@pytest.mark.xfail(strict=True, raises=StopEndsInATraceback,
+                   reason="a worker in another PID namespace closes its control socket in Runtime.loop, then "
+                          "join() closes the link watch on it: ZMQError (not a socket), a traceback, exit 1")
+def test_a_worker_in_another_pid_namespace_stopped_by_close_exits_quietly():
+    out, err = run_json(NS_WORKER + """
+import time, clamor
+cl = clamor.Cluster(workers=0, remote=1, progress=False)
+w = ns_worker(cl)
+with cl:
+    served = cl.run(lambda: 6 * 7)
+t0 = time.monotonic()
+code = w.wait(30)
+print(json.dumps({"served": served, "code": code, "took": time.monotonic() - t0}))
+""", args=(json.dumps(UNSHARE),))
+    assert out["served"] == [42] and out["took"] < 5, out
+    if out["code"] != 0 or "Traceback" in err:
+        raise StopEndsInATraceback(out, err[-2000:])
 
 
 # ---- reaping, finalizing, closing -----------------------------------------------------
@@ -335,43 +411,69 @@ def test_a_cluster_dropped_without_close_stops_its_workers():
     assert out["again"] == 45
 
 
-def test_stop_goes_ahead_of_tasks_queued_on_a_worker():
+HOW = ["fork", "spawn", "remote"]
+
+# A cluster of ``n`` workers forked, spawned, or started by hand (``remote``:
+# started by this script, then awaited by start()); the hand-started ones'
+# Popen objects too.
+CLUSTER_OF = """
+import os, subprocess, sys, clamor
+def cluster_of(how, n, **kw):
+    if how != "remote":
+        return clamor.Cluster(workers=n, start_method=how, progress=False, **kw), []
+    cl = clamor.Cluster(workers=0, remote=n, progress=False, **kw)
+    cl.join_command()
+    env = {**os.environ, "CLAMOR_SECRET": cl.secret}
+    return cl, [subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint], env=env)
+                for _ in range(n)]
+"""
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_stop_goes_ahead_of_tasks_queued_on_a_worker(how):
     # The protocol itself: three TASKs and a STOP wait together in the
     # worker's queue (it is stopped while they arrive).  It must exit without
     # running any (each would be answered FAIL: their stage is unknown).
-    out, _ = run_json("""
-        import json, os, pickle, signal, time, clamor
-        with clamor.Cluster(workers=1, progress=False) as cl:
+    out, _ = run_json(CLUSTER_OF + textwrap.dedent("""
+        import json, os, pickle, signal, time
+        cl, procs = cluster_of(sys.argv[1], 1)
+        with cl:
             assert cl.range(4).sum() == 6
             pid = cl.worker_pids[0]
+            wid = next(iter(cl._workers))
             os.kill(pid, signal.SIGSTOP)
             for k in range(3):
-                cl._sock.send_multipart([b"w0", b"TASK", pickle.dumps((999, k)), b"999", b"0", b"", b"", b""])
-            cl._sock.send_multipart([b"w0", b"STOP"])
+                cl._sock.send_multipart([wid, b"TASK", pickle.dumps((999, k)), b"999", b"0", b"", b"", b""])
+            cl._sock.send_multipart([wid, b"STOP"])
             time.sleep(0.5)
             os.kill(pid, signal.SIGCONT)
-            replies, exited, t0 = [], None, time.monotonic()
+            replies, exited, code, t0 = [], None, None, time.monotonic()
             while time.monotonic() - t0 < 4:
                 while cl._sock.poll(50):
                     replies.append(cl._sock.recv_multipart()[1].decode())
-                if exited is None and os.waitpid(pid, os.WNOHANG)[0]:
-                    exited = time.monotonic() - t0
-                    t0 = time.monotonic() - 3.5       # a last look for replies
-        print(json.dumps({"replies": [r for r in replies if r != "HB"], "exited": exited}))
-        """)
+                if exited is None:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        exited, code = time.monotonic() - t0, os.waitstatus_to_exitcode(status)
+                        t0 = time.monotonic() - 3.5       # a last look for replies
+        print(json.dumps({"replies": [r for r in replies if r != "HB"], "exited": exited, "code": code}))
+        """), args=(how,))
     assert out["exited"] is not None and out["exited"] < 2, out
+    assert out["code"] == 0, out                  # it stopped, it was not killed
     assert out["replies"] == [], out
 
 
-def test_close_after_ctrl_c_does_not_wait_for_queued_tasks(tmp_path):
-    out, _ = run_json("""
-        import json, os, signal, sys, threading, time, clamor
-        TMP = sys.argv[1]
+@pytest.mark.parametrize("how", HOW)
+def test_close_after_ctrl_c_does_not_wait_for_queued_tasks(tmp_path, how):
+    out, _ = run_json(CLUSTER_OF + textwrap.dedent("""
+        import json, os, signal, threading, time
+        TMP = sys.argv[2]
         def task(x):
             open(os.path.join(TMP, str(x)), "w").close()
             time.sleep(1.5)
             return x
-        with clamor.Cluster(workers=2, slots=4, progress=False, speculation=False) as cl:
+        cl, procs = cluster_of(sys.argv[1], 2, slots=4, speculation=False)
+        with cl:
             assert cl.range(2).sum() == 1
             threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
             try:
@@ -381,42 +483,27 @@ def test_close_after_ctrl_c_does_not_wait_for_queued_tasks(tmp_path):
                 res = "interrupted"
             t0 = time.monotonic()
             cl.close()
+            for p in procs:                       # close() does not wait for those started by hand
+                p.wait(30)
             took = time.monotonic() - t0
-        print(json.dumps({"res": res, "took": took, "started": len(os.listdir(TMP))}))
-        """, args=(str(tmp_path),))
+        codes = [p.returncode for p in procs]
+        print(json.dumps({"res": res, "took": took, "started": len(os.listdir(TMP)), "codes": codes}))
+        """), args=(how, str(tmp_path)))
     assert out["res"] == "interrupted"
     assert out["took"] < 2.0, out                # the running tasks end; the 3 queued on each are not run
     assert out["started"] <= 4, out
-
-
-def test_taskserver_close_does_not_wait_for_queued_tasks():
-    out, _ = run_json("""
-        import json, os, signal, threading, time, clamor
-        from clamor.runtime.tasks import TaskServer
-        with TaskServer() as ts:
-            ts.fork(1)
-            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-            try:
-                ts.gather([(0, time.sleep, (1.5,), {}) for _ in range(5)])
-            except KeyboardInterrupt:
-                pass
-            pid = ts.workers[0]["pid"]
-            t0 = time.monotonic()
-            ts.close()
-            took = time.monotonic() - t0
-        print(json.dumps({"took": took}))
-        """)
-    assert out["took"] < 2.0, out
+    assert all(c == 0 for c in out["codes"]), out
 
 
 # ---- typed errors at the edges -----------------------------------------------------------
 
 @pytest.mark.parametrize("argv, extra_env, says", [
-    (["--driver", "garbage"], {}, "cannot connect to the driver at 'garbage'"),
+    (["--driver", "tcp://garbage"], {}, "cannot connect to the driver at 'tcp://garbage'"),
     (["--driver", "tcp://127.0.0.1:1"], {"CLAMOR_CONNECT_TIMEOUT": "abc"}, "CLAMOR_CONNECT_TIMEOUT must be a number"),
     (["--driver", "tcp://127.0.0.1:1", "--connect-timeout", "-1"], {}, "must be a positive number"),
 ])
 def test_worker_command_line_errors_are_one_line_messages(argv, extra_env, says):
+    extra_env = {"CLAMOR_SECRET": SECRET, **extra_env}
     p = subprocess.run([sys.executable, "-m", "clamor.worker", *argv], env=env(**extra_env), capture_output=True,
                        text=True, timeout=30, cwd=ROOT)
     assert p.returncode not in (0, None)
@@ -424,10 +511,49 @@ def test_worker_command_line_errors_are_one_line_messages(argv, extra_env, says)
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("remote", [0, 1])
+def test_a_worker_the_cluster_does_not_expect_is_refused_with_a_one_line_message(remote):
+    # Every place is taken (the cluster's forked worker, or its one remote
+    # worker, has joined): a worker started by hand is refused when an action
+    # reads its JOIN, exits non-zero, and the cluster runs on as it was.
+    out, _ = run_json("""
+        import json, os, subprocess, sys, time, clamor
+        remote = int(sys.argv[1])
+        cl = clamor.Cluster(workers=1 - remote, remote=remote, progress=False)
+        env = {**os.environ, "CLAMOR_SECRET": cl.secret}     # (a member: it holds the secret)
+        first = []
+        if remote:
+            cl.join_command()
+            first = [subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint], env=env)]
+        with cl:
+            pids = cl.worker_pids
+            extra = subprocess.Popen([sys.executable, "-m", "clamor.worker", "--driver", cl.endpoint], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            t0 = time.monotonic()
+            while extra.poll() is None and time.monotonic() - t0 < 30:
+                cl.run(time.sleep, 0.2)              # the driver reads its socket during an action
+            out, err = extra.communicate(timeout=30)
+            after = {"pids": cl.worker_pids, "sum": cl.range(10).sum(), "workers": cl.stats()["workers"]}
+        for p in first:
+            p.wait(30)
+        print(json.dumps({"pids": pids, "code": extra.returncode, "out": out, "err": err, "after": after,
+                          "first": [p.returncode for p in first]}))
+        """, args=(str(remote),))
+    err = out["err"].strip()
+    assert out["code"] not in (0, None), out
+    assert err.splitlines() == [err], out
+    assert err.startswith("clamor worker: ") and "refused this worker" in err, out
+    assert "expects no more workers" in err, out
+    assert "Traceback" not in out["err"] and out["out"] == "", out
+    assert out["after"] == {"pids": out["pids"], "sum": 45, "workers": 1}, out
+    assert out["first"] == [0] * remote, out
+
+
 def test_clamor_worker_cli_takes_a_connect_timeout():
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "clamor", "worker", "--driver", "tcp://127.0.0.1:1",
-                        "--connect-timeout", "0.5"], env=env(), capture_output=True, text=True, timeout=30, cwd=ROOT)
+                        "--connect-timeout", "0.5"], env=env(CLAMOR_SECRET=SECRET), capture_output=True, text=True,
+                       timeout=30, cwd=ROOT)
     assert p.returncode != 0
     assert "no answer from the driver at tcp://127.0.0.1:1 within 0.5 s" in p.stderr, p.stderr
     assert time.monotonic() - t0 < 15
