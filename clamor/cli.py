@@ -1,4 +1,4 @@
-"""Command line: ``clamor demo [geo|pages]`` and ``clamor worker --driver ENDPOINT``.
+"""Command line: ``clamor demo [geo|pages]`` and ``clamor worker tcp://HOST:PORT``.
 
 ``clamor demo`` with no name runs ``geo`` (clamor/demo/geo.py): k-d tree
 queries over real places, against a single-process run.  ``pages``
@@ -24,6 +24,10 @@ def _geo(args, ap):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:   # its own parser: clamor/runtime/worker.py
+        from clamor.runtime import worker
+
+        return worker.main(argv[1:])
     # "clamor demo" and "clamor demo --quick" mean the geo demo
     if argv[:1] == ["demo"] and (len(argv) == 1 or argv[1] not in DEMOS + ("-h", "--help")):
         argv.insert(1, "geo")
@@ -40,14 +44,7 @@ def main(argv=None):
     pg.add_argument("--workers", type=int, default=2)
     pg.add_argument("--mib", type=int, default=1024, help="size of the global array")
     pg.add_argument("--lookups", type=int, default=4000)
-    w = sub.add_parser("worker", help="run a worker: clamor worker --driver tcp://HOST:PORT")
-    w.add_argument("--driver", required=True)
-    w.add_argument("--base", default=None)
-    w.add_argument("--connect-timeout", default=None,
-                   help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
-    w.add_argument("--secret-file", default=None,
-                   help="a file holding the cluster's secret (default: CLAMOR_SECRET from the environment)")
-    w.add_argument("--no-encrypt", action="store_true", help="for a cluster made with encrypt=False")
+    sub.add_parser("worker", add_help=False, help="run a worker: clamor worker tcp://HOST:PORT (--help for more)")
     args = ap.parse_args(argv)
     if args.cmd == "demo" and args.demo == "geo":
         return _geo(args, g)
@@ -57,16 +54,7 @@ def main(argv=None):
         from clamor.demo import pages
 
         return pages.demo(args)
-    from clamor import worker
-
-    argv = ["--driver", args.driver]
-    for flag, value in (("--base", args.base), ("--connect-timeout", args.connect_timeout),
-                        ("--secret-file", args.secret_file)):
-        if value is not None:
-            argv += [flag, value]
-    if args.no_encrypt:
-        argv.append("--no-encrypt")
-    return worker.main(argv)
+    return 0   # (not reached: "worker" is handled above, and a subcommand is required)
 
 
 if __name__ == "__main__":

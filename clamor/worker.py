@@ -1,5 +1,6 @@
-"""``python -m clamor.worker --driver ENDPOINT``: the entry point of a worker
-started by hand (the code is ``clamor.runtime.worker``)."""
+"""``python -m clamor.worker tcp://HOST:PORT``: the entry point of a worker
+that joins a Cluster, as ``clamor worker`` (the code is
+``clamor.runtime.worker``)."""
 import sys
 
 from .runtime.worker import main

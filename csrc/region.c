@@ -137,6 +137,17 @@ static int reset_after_fork(void);
  * instead of dying for want of a pager.  (glibc has unlocked malloc by the
  * time child handlers run; the threads are this process's first.)  A
  * failure leaves them stopped; clamor/memory/region.py tries again. */
+/* Where a forked worker's page server binds: on the host its driver's
+ * serves on (so that peers reach it wherever they reach the driver), any
+ * port; on loopback for any other transport. */
+static void child_server_endpoint(const char *parent, char *out, size_t n) {
+    const char *colon = strrchr(parent, ':');
+    if (strncmp(parent, "tcp://", 6) == 0 && colon && colon > parent + 6)
+        snprintf(out, n, "tcp://%.*s:*", (int)(colon - (parent + 6)), parent + 6);
+    else
+        snprintf(out, n, "tcp://127.0.0.1:*");
+}
+
 static void atfork_child(void) {
     cl_heap_reset_after_fork(); /* first: allocations below must not go to the region */
     if (cl_region.role == CLAMOR_ROLE_NONE || reset_after_fork() != 0) return;
@@ -145,8 +156,9 @@ static void atfork_child(void) {
         clamor_fault_install();
         return;
     }
-    char bound[256];
-    clamor_server_start("tcp://127.0.0.1:*", bound, sizeof bound); /* first: the pager names it to the driver */
+    char bound[256], mine[256];
+    child_server_endpoint(parent, mine, sizeof mine);
+    clamor_server_start(mine, bound, sizeof bound); /* first: the pager names it to the driver */
     clamor_pager_start(parent);
 }
 

@@ -86,7 +86,7 @@ print(json.dumps({"pids": pids, "pid": proc.pid, "got": got, "code": proc.return
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["pids"] == [out["pid"]] and out["got"] == [499500.0, 249500.0] and out["code"] == 0, out
-    assert out["cmd"] == "clamor worker --driver " + out["endpoint"], out
+    assert out["cmd"] == "clamor worker " + out["endpoint"], out
     assert len(out["bad"]) == 3, out
     assert "positive int" in out["bad"][0] and "int >= 0" in out["bad"][1] and "int >= 0" in out["bad"][2], out
 

@@ -102,7 +102,7 @@ def test_a_worker_started_by_hand_joins_and_the_next_one_is_refused():
         res["hand rc"] = p.wait(30)
         print(json.dumps(res))
         """)
-    assert out["command"].startswith("clamor worker --driver tcp://127.0.0.1:")
+    assert out["command"].startswith("clamor worker tcp://127.0.0.1:")
     pids = [r[0] for r in out["run"]]
     assert out["hand pid"] in pids and sorted(pids) == sorted(out["pids"])
     assert [r[1] for r in out["run"]] == [3.0 * (1 << 16)] * 2

@@ -466,7 +466,8 @@ def _after_fork_child():
         return
     try:
         out = ffi.new("char[]", 256)
-        lib.clamor_server_start(b"tcp://127.0.0.1:*", out, 256)
+        host = parent[6:].rsplit(":", 1)[0] if parent.startswith("tcp://") else "127.0.0.1"
+        lib.clamor_server_start(f"tcp://{host}:*".encode(), out, 256)   # as csrc/region.c does
         lib.clamor_pager_start(parent.encode())
     except Exception:  # pragma: no cover - never raise inside a fork hook
         pass

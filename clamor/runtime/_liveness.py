@@ -22,7 +22,8 @@ worker's socket sends ZMTP heartbeats (``heartbeats``; libzmq's I/O thread
 answers them, so a busy driver still does) and drops a connection silent
 for HEARTBEAT_TIMEOUT_MS; the worker then exits.  The driver sees a closed
 connection at once, and a silent worker by its application heartbeats
-(``beat``), sent from a thread so that a running task does not stop them.
+(HB, sent by the worker's block-service thread, clamor/runtime/executor.py,
+so that a running task does not stop them).
 Only across namespaces: a worker that shares the driver's must survive a
 driver stopped for a while (Ctrl-Z), and a dropped connection would come
 back under an identity the driver does not know.
@@ -277,25 +278,3 @@ class LinkWatch:
     def close(self):
         self.sock.disable_monitor()
         self.mon.close()
-
-
-def beat(ctx, endpoint, token):
-    """Send [HB, token] to ``endpoint`` every HEARTBEAT_IVL_MS from a thread
-    and a socket of its own, so that the driver hears from this worker
-    while a task runs (ZMTP heartbeats do not tell a ROUTER's user which
-    peer went silent).  Returns the Event that stops it."""
-    stop = threading.Event()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
-
-    def run():
-        while not stop.wait(HEARTBEAT_IVL_MS / 1000):
-            try:
-                sock.send_multipart([b"HB", token], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:   # its queue is full: the driver is not reading
-                pass
-        sock.close()
-
-    threading.Thread(target=run, name="clamor-beat", daemon=True).start()
-    return stop

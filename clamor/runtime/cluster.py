@@ -128,7 +128,7 @@ class Cluster(Stages):
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
                  heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
                  replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0,
-                 secret=None, encrypt=True):
+                 secret=None, encrypt=True, listen=None, pages_port=None):
         if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
             raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
         if workers is None:
@@ -158,6 +158,11 @@ class Cluster(Stages):
         self.nworkers = workers
         self.remote = remote
         self.start_method = start_method
+        self._listen, self._host = _listen_endpoint(listen)
+        if pages_port is not None and (isinstance(pages_port, bool) or not isinstance(pages_port, int)
+                                       or not 0 <= pages_port <= 65535):
+            raise errors.ConfigError(f"pages_port must be a port number (0 for any), not {pages_port!r}")
+        self._pages_port = pages_port or "*"
         # the cluster's secret: given, else CLAMOR_SECRET, else a fresh one
         self._security = security.Security(security.from_environment(secret) or security.new_secret(), encrypt)
         self.encrypt = self._security.encrypt
@@ -224,9 +229,11 @@ class Cluster(Stages):
         _only_open_cluster()
         self._security.core()   # the page server and every socket the core opens from now on
         served = region.server_endpoint()
-        if served:   # started before, without this cluster's keys: again, at the same endpoint
+        if served:   # started before, without this cluster's keys: again
             region.stop_serving()
-        self.page_endpoint = region.serve(served or "tcp://127.0.0.1:*")
+        if not served or (self._host != "127.0.0.1" or self._pages_port != "*"):
+            served = f"tcp://{self._host}:{self._pages_port}"   # where remote workers reach it
+        self.page_endpoint = region.serve(served)
         region.set_replication(REPLICATION[self.replication])
         region.reset_peers()  # holders from an earlier cluster in this process are gone
         # Workers inherit the allocator wrappers: a region object a worker
@@ -239,7 +246,10 @@ class Cluster(Stages):
         self._security.server(self._sock)
         self._guard.watch(self._sock, "control endpoint")
         self._guard.start()
-        self._sock.bind("tcp://127.0.0.1:*")
+        try:
+            self._sock.bind(self._listen)
+        except zmq.ZMQError as err:
+            raise errors.TransportError(f"cannot listen on {self._listen}: {err}") from err
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sched = Scheduler(recover=self.recover, speculation=self.speculation)
         self._workers = {}      # wid -> {"pid", "blocks", "pages", "last_hb", "stages", "seen"}
@@ -303,14 +313,14 @@ class Cluster(Stages):
         """The command that starts a worker which joins this cluster (one of
         its ``remote`` workers).  Ready before start() waits for them."""
         self._open()
-        return f"clamor worker --driver {self.endpoint}" + ("" if self.encrypt else " --no-encrypt")
+        return f"clamor worker {self.endpoint}" + ("" if self.encrypt else " --no-encrypt")
 
     def _spawn_worker(self):
         """Start one more local worker; it joins when its HELLO arrives."""
         wid = b"w%d" % next(self._wids)
         if self.start_method == "fork":
             prepare_fork()   # before the arguments are made: none may come from a free list
-            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security)
+            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host)
         else:
             proc = _liveness.spawn(["--driver", self.endpoint] + ([] if self.encrypt else ["--no-encrypt"]),
                                    {"CLAMOR_SECRET": self._security.secret})
@@ -503,6 +513,26 @@ class Cluster(Stages):
         outlives its stage adds to it when it reports, during a later
         action; the totals of stats() are always the sum."""
         return [dict(s) for s in self._stage_stats]
+
+
+def _listen_endpoint(listen):
+    """(endpoint, host) of a ``listen`` setting: None (loopback, any port),
+    "HOST:PORT" or "tcp://HOST:PORT".  The host must be an address of this
+    host that workers can reach, not a wildcard: it is also where the page
+    server listens and what forked workers' servers bind."""
+    if listen is None:
+        return "tcp://127.0.0.1:*", "127.0.0.1"
+    if not isinstance(listen, str):
+        raise errors.ConfigError(f"listen must be 'HOST:PORT' or 'tcp://HOST:PORT', not {listen!r}")
+    ep = listen if listen.startswith("tcp://") else "tcp://" + listen
+    host, sep, port = ep[6:].rpartition(":")
+    if not sep or not host or not (port == "*" or (port.isdigit() and int(port) <= 65535)):
+        raise errors.ConfigError(f"listen must be 'HOST:PORT' or 'tcp://HOST:PORT' (port 0-65535 or *), "
+                                 f"not {listen!r}")
+    if host in ("*", "0.0.0.0", "[::]", "::"):
+        raise errors.ConfigError(f"listen on an address of this host that the workers can reach, not {host!r}: "
+                                 f"workers are told it, and the page server listens there too")
+    return ep, host
 
 
 @outside

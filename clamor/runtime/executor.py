@@ -86,14 +86,14 @@ class FetchFailed(Exception):
 class Service(threading.Thread):
     """Serves blocks to peers and sends heartbeats."""
 
-    def __init__(self, ctx, store, driver, wid, security, guard):
+    def __init__(self, ctx, store, driver, wid, security, guard, bind):
         super().__init__(name="clamor-blocks", daemon=True)
         self.store = store
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
         security.server(self.sock)
         guard.watch(self.sock, "block server")
-        self.sock.bind("tcp://127.0.0.1:*")
+        self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.hb = ctx.socket(zmq.DEALER)
         self.hb.linger = 0
@@ -200,7 +200,7 @@ class Runtime:
     check the driver's process by PID; the connection must be made within
     that many seconds."""
 
-    def __init__(self, driver, wid, security, link_grace=None):
+    def __init__(self, driver, wid, security, link_grace=None, blocks="tcp://127.0.0.1:*", slots=None):
         self.driver = driver
         self.wid = wid
         self.security = security
@@ -214,7 +214,8 @@ class Runtime:
         self.cancelled = set()             # keys of queued tasks the driver cancelled
         self.dead = set()                  # block endpoints of peers the driver declared lost
         self.stopping = False              # a STOP came: queued tasks are not run
-        self.service = Service(self.ctx, self.store, driver, wid, security, self.guard)
+        self.slots = slots
+        self.service = Service(self.ctx, self.store, driver, wid, security, self.guard, blocks)
         self.guard.start()
         self.endpoint = self.service.endpoint
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -331,7 +332,7 @@ class Runtime:
         this process's parent, the driver that forked it, is."""
         self.service.start()
         info = {"pid": os.getpid(), "blocks": self.endpoint, "pages": region.server_endpoint(),
-                "counters": counters()}
+                "counters": counters(), "slots": self.slots}
         self.sock.send_multipart([b"HELLO", pickle.dumps(info)])
         if alive is None:
             driver_pid = os.getppid()
@@ -436,11 +437,11 @@ def counters():
             "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"]}
 
 
-def worker_main(driver, wid, security):
+def worker_main(driver, wid, security, host):
     """What a forked worker runs (clamor._liveness.fork does the rest)."""
     # Every object inherited at fork goes to the collector's permanent
     # generation: region objects among them have their list links in region
     # pages, which the driver rewrites, and this worker's collections must
     # never walk or relink them.
     gc.freeze()
-    Runtime(driver, wid, security).loop()
+    Runtime(driver, wid, security, blocks=f"tcp://{host}:*").loop()

@@ -580,7 +580,10 @@ class Stages:
                 self._sock.send_multipart([other, b"LIVE", pickle.dumps([info["blocks"]])])
         replacement = int(wid[1:]) >= self.nworkers + self.remote
         log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
-        return self._sched.handle(WorkerJoinedEvent(wid, self.slots))
+        slots = info.get("slots")
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 4096:
+            slots = self.slots    # (None: the cluster's)
+        return self._sched.handle(WorkerJoinedEvent(wid, slots))
 
     # -- losing workers -----------------------------------------------------------------
     def _check_liveness(self):

@@ -1,6 +1,7 @@
-"""A worker started on its own: ``clamor worker --driver ENDPOINT`` (or
-``python -m clamor.worker``), or spawned by a Cluster with
-``start_method="spawn"``.
+"""A worker that joins a Cluster: ``clamor worker tcp://HOST:PORT``.
+
+The same as ``python -m clamor.worker``; a Cluster with
+``start_method="spawn"`` starts its local workers so.
 
 It joins the Cluster at ENDPOINT and then speaks the same protocol as a
 forked worker (clamor/runtime/executor.py, docs/wire.md).  Joining is one
@@ -30,6 +31,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import stat
 import sys
 import time
@@ -115,12 +117,34 @@ def _ask_to_join(ctx, driver, timeout, sec):
     return body
 
 
-def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True):
+def advertised_address(driver):
+    """The address of this host that the driver's host reaches it by: the
+    local end of the route to the driver (nothing is sent)."""
+    host, _, port = driver[len("tcp://"):].rpartition(":") if driver.startswith("tcp://") else ("", "", "")
+    host = host.strip("[]")
+    if not host or host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, int(port) if port.isdigit() else 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError as err:
+        raise errors.ConfigError(f"cannot tell this host's address towards {driver}: {err}; "
+                                 f"give one with --advertise") from err
+
+
+def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, advertise=None, slots=None,
+         page_port=None, block_port=None):
     """Join the Cluster whose control endpoint is ``driver`` and run its
     tasks until it stops this worker or is gone.  ``secret``: the
-    cluster's (default CLAMOR_SECRET).  A bad endpoint, time-out or secret
-    raises ConfigError, a driver that does not answer TransportError, one
-    that says no or refuses the secret WorkerRefused."""
+    cluster's (default CLAMOR_SECRET).  ``advertise``: the address peers
+    reach this worker by (default: this host's address towards the driver);
+    its page and block servers listen there, on ``page_port`` and
+    ``block_port`` (default: any).  ``slots``: tasks it holds at once
+    (default: the cluster's).  A bad endpoint, time-out or secret raises
+    ConfigError, a driver that does not answer TransportError, one that
+    says no or refuses the secret WorkerRefused."""
     from .executor import Runtime   # (not at import: ``python -m clamor.worker`` stays light until it joins)
 
     timeout = _connect_timeout(connect_timeout)
@@ -129,6 +153,11 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True):
         raise errors.ConfigError("no secret: a worker needs its cluster's, in CLAMOR_SECRET or a file named by "
                                  "--secret-file (the driver's is cl.secret)")
     sec = security.Security(secret, encrypt)
+    if not driver.startswith(("tcp://", "ipc://")):
+        driver = "tcp://" + driver          # a bare HOST:PORT
+    host = advertise or advertised_address(driver)
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
     if region.role() is not None:
         raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
     ctx = zmq.Context()
@@ -136,17 +165,18 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True):
     try:
         welcome = _ask_to_join(ctx, driver, timeout, sec)
         sec.core()   # the pager and this worker's page server: before they open a socket
-        region.connect(welcome["pages"], base=base)
+        region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or '*'}")
         region.ensure_handler_first()
         serialize.objects_in_place(False)
         driver_pid = int(welcome["pid"])
+        blocks = f"tcp://{host}:{block_port or '*'}"
         if shares_pids(welcome.get("pidns")):
-            rt = Runtime(driver, welcome["wid"].encode(), sec)
+            rt = Runtime(driver, welcome["wid"].encode(), sec, blocks=blocks, slots=slots)
 
             def alive():
                 return pid_alive(driver_pid)
         else:   # the connection tells (clamor/runtime/_liveness.py)
-            rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout)
+            rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout, blocks=blocks, slots=slots)
             alive = watch = rt.link
         rt.loop(alive)
     finally:
@@ -183,7 +213,13 @@ def _address(text):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="clamor worker", description=__doc__.splitlines()[0])
-    ap.add_argument("--driver", required=True, help="the Cluster's control endpoint, e.g. tcp://127.0.0.1:5555")
+    ap.add_argument("endpoint", nargs="?", help="the Cluster's control endpoint: tcp://HOST:PORT or HOST:PORT")
+    ap.add_argument("--driver", default=None, help="the same, as an option")
+    ap.add_argument("--advertise", default=None,
+                    help="the address peers reach this worker by (default: this host's address towards the driver)")
+    ap.add_argument("--slots", type=int, default=None, help="tasks this worker holds at once (default: the cluster's)")
+    ap.add_argument("--page-port", type=int, default=None, help="port of this worker's page server (default: any)")
+    ap.add_argument("--block-port", type=int, default=None, help="port of this worker's block server (default: any)")
     ap.add_argument("--secret-file", default=None,
                     help="a file holding the cluster's secret (default: CLAMOR_SECRET from the environment)")
     ap.add_argument("--no-encrypt", action="store_true",
@@ -193,6 +229,13 @@ def main(argv=None):
     ap.add_argument("--connect-timeout", type=float, default=None,
                     help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
     args = ap.parse_args(argv)
+    driver = args.driver or args.endpoint
+    if not driver or (args.driver and args.endpoint and args.driver != args.endpoint):
+        ap.error("give the driver's endpoint once: clamor worker tcp://HOST:PORT (or --driver tcp://HOST:PORT)")
+    for name in ("slots", "page_port", "block_port"):
+        v = getattr(args, name)
+        if v is not None and not (1 <= v <= (65535 if name != "slots" else 4096)):
+            ap.error(f"--{name.replace('_', '-')} out of range: {v}")
     logging.basicConfig(level=os.environ.get("CLAMOR_LOG", "WARNING"))
     if os.environ.pop("CLAMOR_DIE_WITH_PARENT", "") == "1":
         if not _tie_to_local_driver():
@@ -202,8 +245,9 @@ def main(argv=None):
             os.environ.pop(var, None)
     try:
         secret = security.read_secret_file(args.secret_file) if args.secret_file else None
-        join(args.driver, base=args.base, connect_timeout=args.connect_timeout, secret=secret,
-             encrypt=not args.no_encrypt)
+        join(driver, base=args.base, connect_timeout=args.connect_timeout, secret=secret,
+             encrypt=not args.no_encrypt, advertise=args.advertise, slots=args.slots, page_port=args.page_port,
+             block_port=args.block_port)
     except errors.ClamorError as err:
         print(f"clamor worker: {err}", file=sys.stderr)
         return 2
