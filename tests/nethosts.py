@@ -429,14 +429,16 @@ class Hosts:
                     k = next(_COUNTER)
                 self.counter = k
                 self.net = self._choose_net(prefix, k)
-                x = self.net.network_address.packed[2]
+                tag = self.net.network_address.packed[2]
+                while _link_exists(f"{LINK_PREFIX}{tag}br"):     # a prefix given: its X may be taken
+                    tag += 256
                 self.prefix = str(self.net.network_address).rsplit(".", 1)[0]
                 self.root_addr = f"{self.prefix}.254"
-                self.bridge = f"{LINK_PREFIX}{x}br"
+                self.bridge = f"{LINK_PREFIX}{tag}br"
                 self._make_bridge()
                 self.root = RootHost(self, "root", None, self.root_addr, None)
                 for i in range(n):
-                    self._hosts.append(self._make_host(i, k, x))
+                    self._hosts.append(self._make_host(i, k, tag))
             if rate is not None:
                 for h in self._hosts:
                     h.set_rate(rate)
@@ -491,9 +493,9 @@ class Hosts:
         _ip("addr", "add", f"{self.root_addr}/24", "dev", self.bridge)
         _ip("link", "set", "dev", self.bridge, "up")
 
-    def _make_host(self, i, k, x):
+    def _make_host(self, i, k, tag):
         name = f"{NS_PREFIX}{_owner()}-{k}-h{i}"
-        veth = f"{LINK_PREFIX}{x}v{i}"
+        veth = f"{LINK_PREFIX}{tag}v{i}"
         host = Host(self, i, name, f"{self.prefix}.{i + 1}", veth)
         host.deleted = True               # until it is whole: teardown removes what exists by name
         self._hosts_partial = host

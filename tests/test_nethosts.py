@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import nethosts
 from nethosts import Hosts, available, measure_tcp, require_hosts
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -36,10 +37,11 @@ while True:
     c.close()
 """
 
-# A client: sends argv[3] to argv[1]:argv[2], prints what comes back.
+# A client: sends argv[3] to argv[1]:argv[2], prints what comes back;
+# argv[4], if given, is the timeout in seconds.
 CLIENT = r"""
 import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float((sys.argv[4:] or [5])[0]))
 c.sendall(sys.argv[3].encode())
 c.shutdown(socket.SHUT_WR)
 out = b""
@@ -193,7 +195,7 @@ def test_delete_makes_a_host_vanish():
         h[0].delete()                     # again: nothing to do
         # the other host carries on
         assert echo_from_root(h[1].addr, port1, b"still here") == b"still here"
-        r = h[1].run(py(CLIENT, h[0].addr, port0, "x"), capture_output=True, timeout=20)
+        r = h[1].run(py(CLIENT, h[0].addr, port0, "x", 1.0), capture_output=True, timeout=20)
         assert r.returncode != 0
 
 
@@ -267,8 +269,16 @@ def test_teardown_when_the_driver_ends(end):
         assert info["after_fork"]
         if end == "sigterm":
             d.send_signal(signal.SIGTERM)
+            d.wait(30)
         elif end == "sigkill":
-            d.send_signal(signal.SIGKILL)
+            # left behind, until the next start cleans up after the dead owner
+            # (the lock keeps a test run beside this one from cleaning first)
+            with nethosts._machine_lock():
+                d.send_signal(signal.SIGKILL)
+                d.wait(30)
+                assert all(n in netns_list() for n in info["names"]) and not gone(info["pid"])
+            with Hosts(1):
+                pass
         d.wait(30)
     finally:
         if d.poll() is None:
@@ -276,11 +286,6 @@ def test_teardown_when_the_driver_ends(end):
             d.wait()
         d.stdout.close()
     assert d.returncode == {"exit": 0, "sigterm": -signal.SIGTERM, "sigkill": -signal.SIGKILL}[end]
-    if end == "sigkill":
-        # left behind, until the next start cleans up after the dead owner
-        assert all(n in netns_list() for n in info["names"]) and not gone(info["pid"])
-        with Hosts(1):
-            pass
     assert not wait_gone([info["pid"]])
     assert_removed(info["names"], info["links"])
 
