@@ -70,3 +70,21 @@ def test_a_restricted_task_gets_no_speculative_copy():
     assert runs(out) == []
     out = done(s, 1, 0, "a")
     assert [type(i) for i in out] == [StageFinished]
+
+
+def test_losing_the_last_worker_a_queued_restricted_task_may_use_aborts_at_once():
+    s = sched("a", slots=1)
+    submit(s, 1, 1)                                     # a is full
+    s.handle(pinned(2, [("a",)]))                       # waits for a's slot
+    out = s.handle(WorkerLostEvent("a"))
+    aborted = [i for i in out if isinstance(i, StageAborted) and i.stage_id == 2]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, errors.WorkerLost)
+    assert s.stage_state(2) == "aborted" and s.pending_count() == 0
+
+
+def test_restricted_to_an_unknown_worker_aborts_at_once_even_with_no_free_slot():
+    s = sched("a", slots=1)
+    submit(s, 1, 1)                                     # no free slot anywhere
+    out = s.handle(pinned(2, [("nobody",)]))
+    assert [type(i) for i in out] == [StageAborted]
+    assert s.stage_state(1) == "running"                # the other stage goes on

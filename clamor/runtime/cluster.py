@@ -197,6 +197,11 @@ class Cluster(Stages):
         if self._started:
             return self
         try:
+            # Copy-on-write from now on: a forked worker may fetch a page
+            # before its first task (the interpreter's after-fork work, the
+            # arguments it was forked with), and a driver write made after
+            # that must reach the changed list of the first stage.
+            region.stage_begin(region.stage_current() + 1)
             for _ in range(self.nworkers):
                 self._spawn_worker()
             self._started = True
@@ -261,6 +266,7 @@ class Cluster(Stages):
         self._remote = set()    # wids of the workers started by hand
         self._far = set()       # wids whose pid this host cannot check (another PID namespace)
         self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
+        self._born = {}         # forked wid -> the stage it was forked at
         self._remote_open = self.remote   # hand-started workers still welcome
         self._start_failures = 0  # replacements in a row that died before joining
         self._wids = itertools.count()
@@ -321,6 +327,7 @@ class Cluster(Stages):
         if self.start_method == "fork":
             prepare_fork()   # before the arguments are made: none may come from a free list
             pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host)
+            self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
         else:
             proc = _liveness.spawn(["--driver", self.endpoint] + ([] if self.encrypt else ["--no-encrypt"]),
                                    {"CLAMOR_SECRET": self._security.secret})

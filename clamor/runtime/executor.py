@@ -364,6 +364,8 @@ class Runtime:
         finally:
             self.service.stopped.set()
             self.service.join(2)
+            if self.link is not None:
+                self.link.close()   # its monitor first: it watches self.sock
             self.sock.close()
             for s in self.peers.values():
                 s.close()

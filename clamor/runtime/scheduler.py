@@ -373,6 +373,7 @@ class Scheduler:
         if lost:
             lost.sort(key=lambda t: (t.stage.seq, t.spec.partition))
             self._on_lost_tasks(ev.worker, lost, ev.reason, out)
+        self._abort_unplaceable(out)
         if len(self._idle) > 4 * len(self._workers) + 64:
             self._rebuild_idle()
 
@@ -401,6 +402,8 @@ class Scheduler:
         if specs:
             self._ready.append(st)
             self._npending += len(specs)
+            if any(spec.only for spec in specs):
+                self._abort_unplaceable(out)
 
     def _task_done(self, ev, out):
         t = self._take(ev.key, ev.worker, out)
@@ -505,6 +508,17 @@ class Scheduler:
         st.running = {}
         if report:
             out.append(StageAborted(st.id, error))
+
+    def _abort_unplaceable(self, out):
+        """Abort the stages that hold a task none of whose ``only`` workers
+        is live: whether or not any slot is free, it can never run."""
+        live = self._workers
+        for st in list(self._ready):
+            if st.state in (_PENDING, _RUNNING):
+                spec = next((s for s in st.queue if s.only and not any(w in live for w in s.only)), None)
+                if spec is not None:
+                    self._abort(st, errors.WorkerLost(
+                        f"task {spec.key!r} may only run on {_names(spec.only)}, and none of them is live"), out)
 
     def _abort_unassigned(self, out):
         for st in self._ready:

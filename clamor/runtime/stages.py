@@ -572,7 +572,11 @@ class Stages:
             return []
         self._expected.discard(wid)
         self._start_failures = 0
-        info.update(last_hb=time.monotonic(), stages=set(), seen=region.stage_current(), sent=set(),
+        # A forked worker's copies reflect the stage it was forked at, which a
+        # stage begun before its HELLO may have changed; one that joined has
+        # fetched nothing yet.
+        seen = self._born.pop(wid, region.stage_current())
+        info.update(last_hb=time.monotonic(), stages=set(), seen=seen, sent=set(),
                     far=wid in self._far, spawned=wid in self._joined_ids)
         self._workers[wid] = info
         for other in self._workers:   # its endpoint may be a lost worker's, reused: no longer dead
@@ -596,6 +600,8 @@ class Stages:
                     reason = "process exited"
             except psutil.NoSuchProcess:
                 reason = "process gone"
+            if reason is None and info["far"] and not self._connected(wid):
+                reason = "its connection closed"
             if reason is None and now - info["last_hb"] > self.heartbeat_timeout:
                 reason = f"no heartbeat for {now - info['last_hb']:.1f}s"
             if reason:
@@ -626,6 +632,19 @@ class Stages:
                 log.warning("worker %s (pid %d) died while starting", wid.decode(), pid)
                 self._replace(wid)
         return out
+
+    def _connected(self, wid):
+        """Whether the control socket still has a connection to ``wid``: a
+        worker this host cannot check by pid is lost as soon as its
+        connection closes, not only after ``heartbeat_timeout``."""
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            self._sock.send_multipart([wid, b"PING"], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as err:
+            return err.errno != zmq.EHOSTUNREACH    # (EAGAIN: its queue is full, but it is there)
+        finally:
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
 
     def _lose(self, wid, reason):
         info = self._workers.pop(wid)

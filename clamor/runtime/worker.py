@@ -161,7 +161,6 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
     if region.role() is not None:
         raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
     ctx = zmq.Context()
-    watch = None
     try:
         welcome = _ask_to_join(ctx, driver, timeout, sec)
         sec.core()   # the pager and this worker's page server: before they open a socket
@@ -177,11 +176,9 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
                 return pid_alive(driver_pid)
         else:   # the connection tells (clamor/runtime/_liveness.py)
             rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout, blocks=blocks, slots=slots)
-            alive = watch = rt.link
+            alive = rt.link
         rt.loop(alive)
     finally:
-        if watch is not None:
-            watch.close()
         ctx.term()
 
 
