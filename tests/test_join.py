@@ -224,12 +224,15 @@ def test_run_on_a_worker_that_dies_during_the_call_is_worker_lost():
     [b"HELLO"],
 ])
 def test_malformed_control_messages_are_dropped_and_the_cluster_goes_on(frames):
+    """From a peer that holds the secret (an outsider's never get read)."""
     out = scenario(f"""
         import zmq
+        from clamor.runtime.security import Security
         res = {{}}
         with clamor.Cluster(workers=1, progress=False) as cl:
             s = zmq.Context.instance().socket(zmq.DEALER)
             s.linger = 0
+            Security(cl.secret).client(s)
             s.connect(cl.endpoint)
             s.send_multipart({frames!r})
             time.sleep(0.2)

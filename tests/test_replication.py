@@ -133,7 +133,9 @@ with clamor.Cluster(workers=1, progress=False, replication="random") as cl:
         region.set_stage(777)                                  # as if it ran stage 777
         return float(a[0]), region.server_endpoint()
     (v, ep), = cl.range(1, partitions=1).map(hold).collect()
+    from clamor.runtime.security import Security
     s = zmq.Context.instance().socket(zmq.DEALER)
+    Security(cl.secret).client(s)                              # a member of the cluster, as a peer is
     s.connect(ep)
     out = {}
     for name, stage, idx in [("older", 776, page), ("newer", 778, page), ("same", 777, page),
