@@ -21,6 +21,7 @@ size_t clamor_region_size(void);
 size_t clamor_page_size(void);
 int clamor_region_role(void);
 const char *clamor_fork_parent_endpoint(void);
+int clamor_set_fork_ports(unsigned lo, unsigned hi);
 
 int clamor_zmq_load(const char *path);
 

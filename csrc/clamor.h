@@ -74,6 +74,10 @@ int clamor_region_role(void);
  * clamor_fork_parent_endpoint() is the endpoint of the parent's page server
  * at fork time ("" if none): what a forked worker's pager connects to. */
 const char *clamor_fork_parent_endpoint(void);
+/* The ports a forked child's page server may bind, the first free one of
+ * lo..hi, on the host of the parent's page server (0, 0: any port, the
+ * default).  EINVAL unless 0 < lo <= hi <= 65535 or both are 0. */
+int clamor_set_fork_ports(unsigned lo, unsigned hi);
 
 /* ---- libzmq ----------------------------------------------------------- */
 

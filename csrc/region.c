@@ -137,15 +137,35 @@ static int reset_after_fork(void);
  * instead of dying for want of a pager.  (glibc has unlocked malloc by the
  * time child handlers run; the threads are this process's first.)  A
  * failure leaves them stopped; clamor/memory/region.py tries again. */
-/* Where a forked worker's page server binds: on the host its driver's
- * serves on (so that peers reach it wherever they reach the driver), any
- * port; on loopback for any other transport. */
-static void child_server_endpoint(const char *parent, char *out, size_t n) {
+static unsigned fork_port_lo, fork_port_hi;
+
+int clamor_set_fork_ports(unsigned lo, unsigned hi) {
+    if (!(lo == 0 && hi == 0) && !(lo > 0 && lo <= hi && hi <= 65535))
+        return cl_err(EINVAL, "a port range is 1 <= lo <= hi <= 65535 (or 0, 0 for any), not %u..%u", lo, hi);
+    fork_port_lo = lo;
+    fork_port_hi = hi;
+    return 0;
+}
+
+/* Start a forked worker's page server on the host its driver's serves on
+ * (so that peers reach it wherever they reach the driver; loopback for
+ * any other transport), on any port or the first free one of the range. */
+static void start_child_server(const char *parent) {
     const char *colon = strrchr(parent, ':');
-    if (strncmp(parent, "tcp://", 6) == 0 && colon && colon > parent + 6)
-        snprintf(out, n, "tcp://%.*s:*", (int)(colon - (parent + 6)), parent + 6);
+    char host[200], ep[256], bound[256];
+    if (strncmp(parent, "tcp://", 6) == 0 && colon && colon > parent + 6 && colon - (parent + 6) < (long)sizeof host)
+        snprintf(host, sizeof host, "%.*s", (int)(colon - (parent + 6)), parent + 6);
     else
-        snprintf(out, n, "tcp://127.0.0.1:*");
+        snprintf(host, sizeof host, "127.0.0.1");
+    if (!fork_port_lo) {
+        snprintf(ep, sizeof ep, "tcp://%s:*", host);
+        clamor_server_start(ep, bound, sizeof bound);
+        return;
+    }
+    for (unsigned p = fork_port_lo; p <= fork_port_hi; p++) {
+        snprintf(ep, sizeof ep, "tcp://%s:%u", host, p);
+        if (clamor_server_start(ep, bound, sizeof bound) != EADDRINUSE) return;
+    }
 }
 
 static void atfork_child(void) {
@@ -156,9 +176,7 @@ static void atfork_child(void) {
         clamor_fault_install();
         return;
     }
-    char bound[256], mine[256];
-    child_server_endpoint(parent, mine, sizeof mine);
-    clamor_server_start(mine, bound, sizeof bound); /* first: the pager names it to the driver */
+    start_child_server(parent); /* first: the pager names it to the driver */
     clamor_pager_start(parent);
 }
 

@@ -242,3 +242,29 @@ def test_malformed_control_messages_are_dropped_and_the_cluster_goes_on(frames):
         print(json.dumps(res))
         """)
     assert out == {"sum": 45, "again": 190}
+
+
+def test_local_workers_listen_on_the_ports_they_are_given():
+    """A firewall can be opened for a fixed range: forked and spawned
+    workers' page and block servers take the first free ports of
+    worker_ports; bad ranges are ConfigError."""
+    out = scenario("""
+        import zmq
+        taken = zmq.Context.instance().socket(zmq.ROUTER)
+        taken.bind("tcp://127.0.0.1:47331")                 # the first port of the range is busy
+        res = {}
+        for method in ("fork", "spawn"):
+            with clamor.Cluster(workers=2, start_method=method, worker_ports=(47331, 47340), progress=False) as cl:
+                pages = cl.run(lambda: region.server_endpoint())
+                blocks = [w["blocks"] for w in cl._workers.values()]
+                res[method] = sorted(int(ep.rsplit(":", 1)[1]) for ep in pages + blocks)
+                res[method + " sum"] = cl.range(10).sum()
+        for bad in ((0, 10), (10, 5), (1, 70000), [47000, 47010], (1.5, 2), "47000-47010"):
+            res[f"bad {bad!r}"] = attempt(clamor.Cluster, workers=1, worker_ports=bad)
+        print(json.dumps(res))
+        """)
+    for method in ("fork", "spawn"):
+        assert out[method] == [47332, 47333, 47334, 47335], out
+        assert out[method + " sum"] == 45
+    bad = [k for k in out if k.startswith("bad ")]
+    assert len(bad) == 6 and all(out[k][0] == "ConfigError" for k in bad), out

@@ -170,16 +170,45 @@ def contains(addr, nbytes=1):
 
 
 @outside
+def port_range(endpoint):
+    """(host, lo, hi) of "tcp://HOST:LO-HI", else None."""
+    if endpoint.startswith("tcp://"):
+        host, _, ports = endpoint[6:].rpartition(":")
+        lo, sep, hi = ports.partition("-")
+        if host and sep and lo.isdigit() and hi.isdigit():
+            return host, int(lo), int(hi)
+    return None
+
+
 def serve(endpoint="tcp://127.0.0.1:*"):
-    """Start this process's page server; returns the endpoint it bound."""
+    """Start this process's page server; returns the endpoint it bound.
+    "tcp://HOST:LO-HI" binds the first free port of that range."""
     if not isinstance(endpoint, str):
         raise errors.ConfigError(f"endpoint must be a string, not {endpoint!r}")
+    rng = port_range(endpoint)
+    if rng is not None:
+        host, lo, hi = rng
+        if not 0 < lo <= hi <= 65535:
+            raise errors.ConfigError(f"{endpoint}: a port range is 1 <= LO <= HI <= 65535")
+        for port in range(lo, hi + 1):
+            try:
+                return serve(f"tcp://{host}:{port}")
+            except errors.TransportError as err:
+                if err.errno != errno.EADDRINUSE:
+                    raise
+        raise errors.TransportError(f"no free port in {lo}-{hi} on {host} for the page server", errno.EADDRINUSE)
     _check_port(endpoint)
     out = ffi.new("char[]", 256)
     with _lock:
         check(lib.clamor_server_start(endpoint.encode(), out, 256), "starting the page server",
               {errno.EINVAL: errors.TransportError})
     return ffi.string(out).decode()
+
+
+def set_fork_ports(lo=0, hi=0):
+    """The ports a forked worker's page server may bind (the first free one
+    of lo..hi, on its driver's host); 0, 0: any."""
+    check(lib.clamor_set_fork_ports(lo, hi), "setting the forked workers' ports")
 
 
 def _check_port(endpoint):

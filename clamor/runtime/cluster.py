@@ -128,7 +128,7 @@ class Cluster(Stages):
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
                  heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
                  replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0,
-                 secret=None, encrypt=True, listen=None, pages_port=None):
+                 secret=None, encrypt=True, listen=None, pages_port=None, worker_ports=None):
         if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
             raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
         if workers is None:
@@ -163,6 +163,14 @@ class Cluster(Stages):
                                        or not 0 <= pages_port <= 65535):
             raise errors.ConfigError(f"pages_port must be a port number (0 for any), not {pages_port!r}")
         self._pages_port = pages_port or "*"
+        if worker_ports is not None:
+            ok = (isinstance(worker_ports, tuple) and len(worker_ports) == 2
+                  and all(isinstance(p, int) and not isinstance(p, bool) for p in worker_ports)
+                  and 0 < worker_ports[0] <= worker_ports[1] <= 65535)
+            if not ok:
+                raise errors.ConfigError(f"worker_ports must be a (lo, hi) tuple of ports, not {worker_ports!r}")
+        self._worker_ports = worker_ports
+        self._ports = "*" if worker_ports is None else f"{worker_ports[0]}-{worker_ports[1]}"
         # the cluster's secret: given, else CLAMOR_SECRET, else a fresh one
         self._security = security.Security(security.from_environment(secret) or security.new_secret(), encrypt)
         self.encrypt = self._security.encrypt
@@ -239,6 +247,7 @@ class Cluster(Stages):
         if not served or (self._host != "127.0.0.1" or self._pages_port != "*"):
             served = f"tcp://{self._host}:{self._pages_port}"   # where remote workers reach it
         self.page_endpoint = region.serve(served)
+        region.set_fork_ports(*(self._worker_ports or (0, 0)))   # forked workers' page servers
         region.set_replication(REPLICATION[self.replication])
         region.reset_peers()  # holders from an earlier cluster in this process are gone
         # Workers inherit the allocator wrappers: a region object a worker
@@ -326,11 +335,13 @@ class Cluster(Stages):
         wid = b"w%d" % next(self._wids)
         if self.start_method == "fork":
             prepare_fork()   # before the arguments are made: none may come from a free list
-            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host)
+            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
             self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
         else:
-            proc = _liveness.spawn(["--driver", self.endpoint] + ([] if self.encrypt else ["--no-encrypt"]),
-                                   {"CLAMOR_SECRET": self._security.secret})
+            args = ["--driver", self.endpoint, "--advertise", self._host] + ([] if self.encrypt else ["--no-encrypt"])
+            if self._worker_ports:
+                args += ["--ports", self._ports]
+            proc = _liveness.spawn(args, {"CLAMOR_SECRET": self._security.secret})
             self._procs.append(proc)
             pid = proc.pid
             self._joining[pid] = wid

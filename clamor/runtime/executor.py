@@ -63,6 +63,7 @@ import cloudpickle
 import numpy as np
 import zmq
 
+from .. import errors
 from ..memory import region
 from . import serialize
 from ._liveness import LinkWatch, heartbeats
@@ -93,7 +94,7 @@ class Service(threading.Thread):
         self.sock.linger = 0
         security.server(self.sock)
         guard.watch(self.sock, "block server")
-        self.sock.bind(bind)
+        _bind(self.sock, bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.hb = ctx.socket(zmq.DEALER)
         self.hb.linger = 0
@@ -429,6 +430,24 @@ class Runtime:
                                       serialize.pack_counters(counters())])
 
 
+def _bind(sock, endpoint):
+    """Bind ``sock`` to ``endpoint``; "tcp://HOST:LO-HI": the first free
+    port of the range."""
+    rng = region.port_range(endpoint)
+    if rng is None:
+        sock.bind(endpoint)
+        return
+    host, lo, hi = rng
+    for port in range(lo, hi + 1):
+        try:
+            sock.bind(f"tcp://{host}:{port}")
+            return
+        except zmq.ZMQError as err:
+            if err.errno != zmq.EADDRINUSE:
+                raise
+    raise errors.TransportError(f"no free port in {lo}-{hi} on {host} for the block server")
+
+
 def counters():
     """This worker's counters as they stand, sent with every report: all
     cumulative since the worker started (the driver takes differences).
@@ -439,11 +458,11 @@ def counters():
             "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"]}
 
 
-def worker_main(driver, wid, security, host):
+def worker_main(driver, wid, security, host, ports="*"):
     """What a forked worker runs (clamor._liveness.fork does the rest)."""
     # Every object inherited at fork goes to the collector's permanent
     # generation: region objects among them have their list links in region
     # pages, which the driver rewrites, and this worker's collections must
     # never walk or relink them.
     gc.freeze()
-    Runtime(driver, wid, security, blocks=f"tcp://{host}:*").loop()
+    Runtime(driver, wid, security, blocks=f"tcp://{host}:{ports}").loop()

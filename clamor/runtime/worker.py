@@ -135,13 +135,14 @@ def advertised_address(driver):
 
 
 def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, advertise=None, slots=None,
-         page_port=None, block_port=None):
+         page_port=None, block_port=None, ports=None):
     """Join the Cluster whose control endpoint is ``driver`` and run its
     tasks until it stops this worker or is gone.  ``secret``: the
     cluster's (default CLAMOR_SECRET).  ``advertise``: the address peers
     reach this worker by (default: this host's address towards the driver);
     its page and block servers listen there, on ``page_port`` and
-    ``block_port`` (default: any).  ``slots``: tasks it holds at once
+    ``block_port`` (default: any; ``ports``, "LO-HI": the first free ones
+    of that range).  ``slots``: tasks it holds at once
     (default: the cluster's).  A bad endpoint, time-out or secret raises
     ConfigError, a driver that does not answer TransportError, one that
     says no or refuses the secret WorkerRefused."""
@@ -164,11 +165,11 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
     try:
         welcome = _ask_to_join(ctx, driver, timeout, sec)
         sec.core()   # the pager and this worker's page server: before they open a socket
-        region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or '*'}")
+        region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or ports or '*'}")
         region.ensure_handler_first()
         serialize.objects_in_place(False)
         driver_pid = int(welcome["pid"])
-        blocks = f"tcp://{host}:{block_port or '*'}"
+        blocks = f"tcp://{host}:{block_port or ports or '*'}"
         if shares_pids(welcome.get("pidns")):
             rt = Runtime(driver, welcome["wid"].encode(), sec, blocks=blocks, slots=slots)
 
@@ -217,6 +218,8 @@ def main(argv=None):
     ap.add_argument("--slots", type=int, default=None, help="tasks this worker holds at once (default: the cluster's)")
     ap.add_argument("--page-port", type=int, default=None, help="port of this worker's page server (default: any)")
     ap.add_argument("--block-port", type=int, default=None, help="port of this worker's block server (default: any)")
+    ap.add_argument("--ports", default=None, metavar="LO-HI",
+                    help="page and block servers take the first free ports of this range")
     ap.add_argument("--secret-file", default=None,
                     help="a file holding the cluster's secret (default: CLAMOR_SECRET from the environment)")
     ap.add_argument("--no-encrypt", action="store_true",
@@ -233,6 +236,10 @@ def main(argv=None):
         v = getattr(args, name)
         if v is not None and not (1 <= v <= (65535 if name != "slots" else 4096)):
             ap.error(f"--{name.replace('_', '-')} out of range: {v}")
+    if args.ports is not None:
+        lo, sep, hi = args.ports.partition("-")
+        if not (sep and lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi) <= 65535):
+            ap.error(f"--ports takes LO-HI, two ports, not {args.ports!r}")
     logging.basicConfig(level=os.environ.get("CLAMOR_LOG", "WARNING"))
     if os.environ.pop("CLAMOR_DIE_WITH_PARENT", "") == "1":
         if not _tie_to_local_driver():
@@ -244,7 +251,7 @@ def main(argv=None):
         secret = security.read_secret_file(args.secret_file) if args.secret_file else None
         join(driver, base=args.base, connect_timeout=args.connect_timeout, secret=secret,
              encrypt=not args.no_encrypt, advertise=args.advertise, slots=args.slots, page_port=args.page_port,
-             block_port=args.block_port)
+             block_port=args.block_port, ports=args.ports)
     except errors.ClamorError as err:
         print(f"clamor worker: {err}", file=sys.stderr)
         return 2
