@@ -202,3 +202,30 @@ def test_a_secret_too_short_or_unreadable_is_a_config_error(tmp_path):
     assert out["not str"][0] == "ConfigError"
     assert out["file short"][0] == 2 and "too short" in out["file short"][1]
     assert out["file missing"][0] == 2 and "cannot read the secret file" in out["file missing"][1]
+
+
+def test_the_cores_security_settings_are_checked():
+    out = scenario("""
+        import zmq
+        pub, sec = zmq.curve_keypair()
+        res = {
+            "short key": attempt(region.secure, "curve", pub[:39], sec, pub, sec),
+            "not z85": attempt(region.secure, "curve", b"~" * 40, sec, pub, sec),
+            "missing": attempt(region.secure, "curve", None, sec, pub, sec),
+            "mode": attempt(region.secure, "ssl"),
+            "empty token": attempt(region.secure, "plain", token=""),
+            "long token": attempt(region.secure, "plain", token="x" * 200),
+            "still none": region.security(),
+        }
+        region.secure("curve", pub, sec, pub, sec)
+        res["curve"] = region.security()
+        region.secure("plain", token="t" * 64)
+        res["plain"] = region.security()
+        region.secure("none")
+        res["none"] = region.security()
+        print(json.dumps(res))
+        """)
+    for k in ("short key", "not z85", "missing", "mode", "empty token", "long token"):
+        assert out[k][0] == "ConfigError" and out[k][2], (k, out[k])
+    assert out["still none"] == "none"
+    assert (out["curve"], out["plain"], out["none"]) == ("curve", "plain", "none")
