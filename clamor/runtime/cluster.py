@@ -400,7 +400,11 @@ class Cluster(Stages):
         if not chosen:
             return []
         node = Parallel(self, range(len(chosen)), len(chosen)).map(lambda _: fn(*args, **kwargs))
-        parts = self._run_action(node, "collect", None, only={p: (w,) for p, w in enumerate(chosen)})
+        try:
+            parts = self._run_action(node, "collect", None, only={p: (w,) for p, w in enumerate(chosen)})
+        except errors.WorkerLost as err:
+            names = ", ".join(w.decode() for w in chosen if w not in self._workers) or "?"
+            raise errors.WorkerLost(f"run(): worker {names} was lost before its call returned ({err})") from err
         return [r for part in parts for r in part]
 
     # -- sources ----------------------------------------------------------------------
