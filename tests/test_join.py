@@ -268,3 +268,18 @@ def test_local_workers_listen_on_the_ports_they_are_given():
         assert out[method + " sum"] == 45
     bad = [k for k in out if k.startswith("bad ")]
     assert len(bad) == 6 and all(out[k][0] == "ConfigError" for k in bad), out
+
+
+def test_a_cluster_idle_longer_than_the_heartbeat_timeout_keeps_its_workers():
+    out = scenario("""
+        res = {}
+        with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=2) as cl:
+            res["pids"] = cl.run(os.getpid)
+            time.sleep(3.5)                     # nobody reads the workers' heartbeats meanwhile
+            res["after"] = cl.run(os.getpid)
+            time.sleep(3.5)
+            res["sum"] = cl.range(10).sum()
+            res["lost"] = cl.stats()["recovery"]["workers_lost"]
+        print(json.dumps(res))
+        """)
+    assert out["after"] == out["pids"] and out["sum"] == 45 and out["lost"] == 0, out

@@ -214,6 +214,7 @@ class Cluster(Stages):
                 self._spawn_worker()
             self._started = True
             self._await_workers()
+            self._idle_since = time.monotonic()
         except BaseException:
             self.close()
             raise

@@ -110,12 +110,39 @@ class Stages:
         self._check()
         release_dropped()
         try:
+            self._catch_up()
             for st in self._plan(node):
                 self._run_job("map", st[0], parent=st[1])
             parts = list(range(node.num_partitions)) if partitions is None else partitions
             return self._run_job("result", node, action=kind, arg=arg, parts=parts, only=only)
         finally:
             self._drop_restored()
+            self._idle_since = time.monotonic()
+
+    def _catch_up(self):
+        """Between actions nobody reads the control socket.  Read what waits
+        there (heartbeats, joins, late reports), and do not count the time
+        nobody listened as a worker's silence: a cluster left idle longer
+        than ``heartbeat_timeout`` lost every worker at its next action.  (A
+        worker that died meanwhile is found by its pid or its closed
+        connection; one that went silent, within ``heartbeat_timeout``.)"""
+        now = time.monotonic()
+        idle = getattr(self, "_idle_since", None)
+        if idle is not None:
+            for info in self._workers.values():
+                info["last_hb"] += now - idle
+            self._idle_since = None
+        with Deferred() as interrupt:
+            for _ in range(100000):
+                try:
+                    frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                for ins in self._on_message(frames):
+                    # (no stage runs, so nothing is assigned: only late copies are cancelled)
+                    if isinstance(ins, Cancel) and ins.worker in self._workers:
+                        self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])
+            interrupt.check()
 
     def _plan(self, node):
         """Map stages never computed that ``node`` needs, dependencies first."""
