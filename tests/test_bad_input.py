@@ -350,3 +350,25 @@ def test_ctrl_c_never_tears_a_message_the_driver_reads():
         """)
     assert out["sizes"] == [5] and out["ids"]
     assert out["interrupts"] > 0
+
+
+def test_a_loop_that_never_checks_can_still_be_left_with_a_later_ctrl_c():
+    out = scenario("""
+        from clamor.runtime.interrupt import Deferred, ESCAPE_S
+        def press(after):
+            time.sleep(after)
+            signal.raise_signal(signal.SIGINT)
+        threading.Thread(target=press, args=(0.2,)).start()
+        threading.Thread(target=press, args=(0.3,)).start()            # soon after: it waits too
+        threading.Thread(target=press, args=(0.4 + ESCAPE_S,)).start() # later: it is out at once
+        t0 = time.monotonic()
+        try:
+            with Deferred():
+                while time.monotonic() - t0 < 30:
+                    time.sleep(0.05)                                    # never checks
+            res = {"left": False}
+        except KeyboardInterrupt:
+            res = {"left": True, "after": time.monotonic() - t0}
+        print(json.dumps(res))
+        """)
+    assert out["left"] and 2.0 < out["after"] < 10, out

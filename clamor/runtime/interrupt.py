@@ -5,8 +5,10 @@ KeyboardInterrupt raised between two frames, the message would be torn: its
 head lost and its tail read later as a message of its own, and the report it
 carried (a task done, a slot free) lost for good.  Within ``Deferred``, a
 SIGINT is noted instead, and ``check()`` raises it where the loop is between
-messages.  A second SIGINT before that raises at once, so a stuck loop can
-still be left.
+messages.  A SIGINT that comes more than ``ESCAPE_S`` seconds after one still
+waiting raises at once, so a stuck loop can still be left (signals in quick
+succession, a held key or a process group signalled twice, wait for the
+next check like the first).
 
 Only the main thread receives signals, and only Python's own handler is
 replaced: in another thread, or where the program installed its own handler,
@@ -14,13 +16,17 @@ replaced: in another thread, or where the program installed its own handler,
 """
 import signal
 import threading
+import time
 
 __all__ = ["Deferred"]
+
+ESCAPE_S = 2.0
 
 
 class Deferred:
     def __init__(self):
         self.pending = False
+        self._since = 0.0
         self._installed = False
 
     def __enter__(self):
@@ -31,9 +37,11 @@ class Deferred:
         return self
 
     def _note(self, signum, frame):
-        if self.pending:
+        now = time.monotonic()
+        if self.pending and now - self._since > ESCAPE_S:
             raise KeyboardInterrupt
-        self.pending = True
+        if not self.pending:
+            self.pending, self._since = True, now
 
     def check(self):
         """Raise the KeyboardInterrupt noted since the last call, if any."""
