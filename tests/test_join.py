@@ -283,3 +283,63 @@ def test_a_cluster_idle_longer_than_the_heartbeat_timeout_keeps_its_workers():
         print(json.dumps(res))
         """)
     assert out["after"] == out["pids"] and out["sum"] == 45 and out["lost"] == 0, out
+
+
+def test_a_worker_whose_images_differ_is_refused_and_its_place_stays_open(tmp_path):
+    """A hand-started worker that would import another build of numpy's
+    core module (a file of its own first on its path) is refused at
+    joining, naming the library; the driver logs it and the next worker
+    takes the place."""
+    out = scenario(HAND + f"""
+        import logging, io, shutil, numpy
+        from clamor.runtime import images
+        buf = io.StringIO()
+        logging.getLogger("clamor").addHandler(logging.StreamHandler(buf))
+        core = [n for n in images.loaded() if n.startswith("rel:numpy/") and "_multiarray_umath" in n][0][4:]
+        shadow = "{tmp_path}/shadow"
+        os.makedirs(os.path.dirname(os.path.join(shadow, core)))
+        shutil.copy(sys.executable, os.path.join(shadow, core))   # an ELF file with another build-id
+        cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=60)
+        cl.join_command()
+        env = {{**os.environ, "CLAMOR_SECRET": cl.secret, "PYTHONPATH": shadow}}
+        bad = subprocess.Popen([sys.executable, "-m", "clamor.worker", cl.endpoint, "--connect-timeout", "30"],
+                               env=env, stderr=subprocess.PIPE, text=True)
+        starting = threading.Thread(target=cl.start)      # start() answers JOIN while it waits
+        starting.start()
+        res = {{"bad rc": bad.wait(60), "bad says": bad.stderr.read().strip().splitlines()}}
+        good = by_hand(cl)                                  # the place the refused one left
+        starting.join(60)
+        res["run"] = cl.run(lambda: 6 * 7)
+        res["log"] = [l for l in buf.getvalue().splitlines() if "refused to join" in l]
+        res["core"] = core
+        cl.close()
+        good.wait(30)
+        print(json.dumps(res))
+        """)
+    assert out["bad rc"] == 2 and len(out["bad says"]) == 1, out
+    says = out["bad says"][0]
+    assert "images differ" in says and out["core"] in says and "numpy" in says, says
+    assert out["run"] == [42]
+    assert len(out["log"]) == 1 and out["core"] in out["log"][0]
+
+
+def test_a_join_left_waiting_by_a_worker_that_gave_up_takes_no_place():
+    """A worker that asked to join while the driver was not reading, and
+    gave up, leaves its JOIN queued: it must not take the place of the
+    worker that comes next."""
+    out = scenario(HAND + """
+        cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=60)
+        cl.join_command()
+        early = subprocess.Popen([sys.executable, "-m", "clamor.worker", cl.endpoint, "--connect-timeout", "2"],
+                                 env={**os.environ, "CLAMOR_SECRET": cl.secret}, stderr=subprocess.PIPE, text=True)
+        res = {"early rc": early.wait(60), "early says": early.stderr.read().strip()}
+        late = by_hand(cl)
+        cl.start()
+        res["run"] = cl.run(os.getpid)
+        res["late"] = late.pid
+        cl.close()
+        late.wait(30)
+        print(json.dumps(res))
+        """)
+    assert out["early rc"] == 2 and "no answer" in out["early says"], out
+    assert out["run"] == [out["late"]]

@@ -276,6 +276,7 @@ class Cluster(Stages):
         self._remote = set()    # wids of the workers started by hand
         self._far = set()       # wids whose pid this host cannot check (another PID namespace)
         self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
+        self._welcomed_at = {}  # wid -> when its WELCOME left, until its HELLO
         self._born = {}         # forked wid -> the stage it was forked at
         self._remote_open = self.remote   # hand-started workers still welcome
         self._start_failures = 0  # replacements in a row that died before joining
@@ -305,6 +306,7 @@ class Cluster(Stages):
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(min(left, 0.5) * 1000)):
                 self._check_pids_at_start()
+                self._check_liveness()    # a welcomed worker gone before its HELLO frees its place
                 if left <= 0:
                     raise errors.WorkerLost(self._who_joined())
                 continue

@@ -60,7 +60,8 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
-from ._liveness import pid_namespace, shares_pids
+from . import images
+from ._liveness import pid_alive, pid_namespace, shares_pids
 from .interrupt import Deferred
 from .progress import StageProgress
 from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
@@ -472,7 +473,7 @@ class Stages:
 
     # -- messages -----------------------------------------------------------------------
     # frames in each message a worker sends, its identity first
-    _FRAMES = {b"HB": 3, b"JOIN": 3, b"HELLO": 3, b"DONE": 5, b"SKIP": 4, b"FAIL": 5}
+    _FRAMES = {b"HB": 3, b"JOIN": 3, b"LEAVE": 3, b"HELLO": 3, b"DONE": 5, b"SKIP": 4, b"FAIL": 5}
 
     def _on_message(self, frames):
         if len(frames) < 2 or self._FRAMES.get(frames[1], len(frames)) != len(frames):
@@ -486,6 +487,8 @@ class Stages:
             return []
         if kind == b"JOIN":
             return self._join(ident, frames[2])
+        if kind == b"LEAVE":
+            return self._left(frames[2])
         if kind == b"HELLO":
             return self._joined(ident, pickle.loads(frames[2]))
         w = self._workers.get(ident)
@@ -575,6 +578,8 @@ class Stages:
             log.warning("dropped a malformed JOIN: %s", err)
             return []
         local = shares_pids(pidns)
+        if local and not pid_alive(pid):    # it gave up waiting for an answer (the driver was not reading)
+            return []
         wid = self._joining.pop(pid, None) if local else None
         if wid is None:
             if self._closed or self._remote_open <= 0:
@@ -590,14 +595,36 @@ class Stages:
             self._pid_of[wid] = pid
             self._expected.add(wid)
         self._joined_ids.add(wid)
-        welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace()}
+        self._welcomed_at[wid] = time.monotonic()
+        welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace(),
+                   "images": images.loaded()}
         self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
+        return []
+
+    def _left(self, frame):
+        """A welcomed worker that will not join after all (its images differ
+        from the driver's): its place is free again."""
+        try:
+            body = json.loads(frame)
+            wid = body["wid"].encode()
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("dropped a malformed LEAVE: %s", err)
+            return []
+        if wid in self._expected and wid in self._joined_ids:
+            self._expected.discard(wid)
+            self._joining = {p: w for p, w in self._joining.items() if w != wid}
+            if wid in self._remote:
+                self._remote.discard(wid)
+                self._remote_open += 1
+            log.warning("worker %s (pid %s) refused to join: %s", wid.decode(), self._pid_of.get(wid),
+                        str(body.get("reason"))[:2000])
         return []
 
     def _joined(self, wid, info):
         if wid in self._workers or wid not in self._expected:
             return []
         self._expected.discard(wid)
+        self._welcomed_at.pop(wid, None)
         self._start_failures = 0
         # A forked worker's copies reflect the stage it was forked at, which a
         # stage begun before its HELLO may have changed; one that joined has
@@ -635,6 +662,13 @@ class Stages:
                 out.extend(self._lose(wid, reason))
         for wid in list(self._expected):   # a replacement that died before its HELLO
             if wid in self._far:
+                # no pid to check: one silent past start_timeout after its WELCOME is gone
+                if now - self._welcomed_at.get(wid, now) > self.start_timeout:
+                    self._expected.discard(wid)
+                    self._remote.discard(wid)
+                    self._remote_open += 1
+                    log.warning("worker %s was welcomed %.0f s ago and never said HELLO; its place is open "
+                                "again", wid.decode(), now - self._welcomed_at.pop(wid))
                 continue
             pid = self._pid_of[wid]
             try:

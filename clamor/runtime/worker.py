@@ -41,7 +41,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
 from ..memory import region
-from . import security, serialize
+from . import images, security, serialize
 from ._liveness import pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
@@ -90,6 +90,7 @@ def _ask_to_join(ctx, driver, timeout, sec):
             ready = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
             if sock in ready:
                 frames = sock.recv_multipart()
+                _check_images(sock, frames, driver)
                 break
             if mon in ready:
                 ev = recv_monitor_message(mon)["event"]
@@ -132,6 +133,26 @@ def advertised_address(driver):
     except OSError as err:
         raise errors.ConfigError(f"cannot tell this host's address towards {driver}: {err}; "
                                  f"give one with --advertise") from err
+
+
+def _check_images(sock, frames, driver):
+    """After a WELCOME: refuse to join (LEAVE, then WorkerRefused) if this
+    worker's images differ from the driver's (clamor/runtime/images.py)."""
+    try:
+        kind, body = frames[0], json.loads(frames[1])
+    except (IndexError, ValueError):
+        return                      # (the caller says what is wrong with it)
+    if kind != b"WELCOME" or not isinstance(body.get("images"), dict):
+        return
+    bad = images.mismatches(body["images"])
+    if not bad:
+        return
+    reason = f"{len(bad)} of its images differ from the driver's: " + "; ".join(bad[:5]) + \
+        ("; ..." if len(bad) > 5 else "")
+    sock.send_multipart([b"LEAVE", json.dumps({"wid": body.get("wid"), "reason": reason}).encode()])
+    sock.poll(1000, zmq.POLLOUT)
+    time.sleep(0.2)                 # (linger is 0: give the message a moment to leave)
+    raise errors.WorkerRefused(f"this worker cannot join the cluster at {driver}: {reason}")
 
 
 def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, advertise=None, slots=None,
