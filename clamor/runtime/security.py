@@ -142,6 +142,16 @@ class Guard(threading.Thread):
         self.zap.linger = 0
         self.zap.bind("inproc://zeromq.zap.01")
         self.monitors = {}
+        # woken only by a request, a failed handshake or stop(): a thread
+        # that wakes on a timer makes and frees Python objects while another
+        # thread is inside clamor.heap(), and those refill the free lists it
+        # takes its objects from, outside the region
+        self._wake = ctx.socket(zmq.PAIR)
+        self._wake.linger = 0
+        self._wake.bind(f"inproc://clamor-guard-{id(self):x}")
+        self._waker = ctx.socket(zmq.PAIR)
+        self._waker.linger = 0
+        self._waker.connect(f"inproc://clamor-guard-{id(self):x}")
         self.stopping = threading.Event()
         self.admitted = self.refused = 0
 
@@ -151,14 +161,15 @@ class Guard(threading.Thread):
     def run(self):
         poller = zmq.Poller()
         poller.register(self.zap, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
         for m in self.monitors:
             poller.register(m, zmq.POLLIN)
         try:
             while not self.stopping.is_set():
-                for sock, _ in poller.poll(250):
+                for sock, _ in poller.poll():
                     if sock is self.zap:
                         self._answer()
-                    else:
+                    elif sock is not self._wake:
                         self._failed(sock)
         except zmq.ContextTerminated:
             pass
@@ -166,6 +177,7 @@ class Guard(threading.Thread):
             for m in self.monitors:
                 m.close()
             self.zap.close()
+            self._wake.close()
 
     def _answer(self):
         frames = self.zap.recv_multipart()
@@ -195,7 +207,12 @@ class Guard(threading.Thread):
 
     def stop(self):
         self.stopping.set()
+        try:
+            self._waker.send(b"", flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
         self.join(2)
+        self._waker.close()
 
 
 def from_environment(secret=None, path=None):
