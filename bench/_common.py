@@ -1,5 +1,6 @@
 """What the benchmarks share: sizes, the build, helper processes, random
-keys, the k-means kernel, and the JSON line every script ends with.
+keys, the k-means kernel, the hot-pages table's C library, CPU time by
+thread, and the JSON line every script ends with.
 
 A benchmark imports this module and clamor, never another benchmark.
 Run as ``python bench/NAME.py``, a script finds this module beside it
@@ -17,6 +18,7 @@ numpy is imported inside the functions that use it: kmeans.py and
 recovery.py must fix the BLAS thread count before numpy loads (see
 ``one_blas_thread``), and scan.py's TCP sender stays a bare process.
 """
+import ctypes
 import json
 import multiprocessing as mp
 import os
@@ -251,3 +253,69 @@ def last_json_line(text):
     """The JSON object on the last line of ``text`` (a benchmark's output);
     IndexError when there is no line, ValueError when it is not JSON."""
     return json.loads(text.strip().splitlines()[-1])
+
+
+# ---- the hot-pages table (bench/hotpages.c) ---------------------------------------
+
+HOTPAGES_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hotpages.c")
+
+
+def compile_hotpages(build_dir, who="hotpages"):
+    """hotpages.c -> build_dir/hotpages.so; returns the path."""
+    out = os.path.join(build_dir, "hotpages.so")
+    subprocess.run([c_compiler(who), "-std=gnu11", "-O2", "-shared", "-fPIC", "-pthread", HOTPAGES_C, "-o", out],
+                   check=True)
+    return out
+
+
+def load_hotpages(path):
+    """The hot-pages library at ``path``, its functions typed."""
+    lib = ctypes.CDLL(path)
+    u64, p64 = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
+    lib.hp_build.restype = ctypes.c_size_t
+    lib.hp_build.argtypes = [ctypes.c_void_p, ctypes.c_uint, u64]
+    lib.hp_lookup.restype = u64
+    lib.hp_lookup.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, p64]
+    lib.hp_lookup_mt.restype = u64
+    lib.hp_lookup_mt.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, p64]
+    lib.hp_expect.restype = u64
+    lib.hp_expect.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.hp_keys.restype = None
+    lib.hp_keys.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return lib
+
+
+def hot_lookup(lib, addr, keys, threads=1):
+    """(checksum, keys found) of ``keys`` (uint64 array) in the table at
+    ``addr``, on ``threads`` C threads."""
+    import numpy as np
+
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    found = ctypes.c_uint64()
+    s = lib.hp_lookup_mt(addr, keys.ctypes.data, keys.size, threads, ctypes.byref(found))
+    return int(s), int(found.value)
+
+
+# ---- CPU time ------------------------------------------------------------------------
+
+def thread_cpu():
+    """{thread name: CPU seconds} of this process, from /proc/self/task
+    (threads of the same name are summed: clamor-pager, clamor-server,
+    ZMQbg/IO/0, python for the interpreter's own)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                s = f.read()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        name = s[s.index("(") + 1:s.rindex(")")]
+        fields = s[s.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
+def cpu_delta(before, after):
+    """What each thread of ``after`` spent since ``before`` (thread_cpu())."""
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}

@@ -71,7 +71,6 @@ and network namespaces; exits with status 2 and a message when there are
 none.
 """
 import argparse
-import ctypes
 import json
 import os
 import resource
@@ -89,14 +88,17 @@ from _common import (
     GIB,
     MIB,
     bounds,
-    c_compiler,
+    compile_hotpages,
+    cpu_delta,
+    hot_lookup,
     human,
     json_line,
+    load_hotpages,
     parse_size,
+    thread_cpu,
     zipf_ranks,
 )
 
-SOURCE = os.path.join(HERE, "hotpages.c")
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4
 HOST_ENV = "CLAMOR_BENCH_HOST"      # a worker's host index, for the tasks to report (every pid is 1)
@@ -210,26 +212,6 @@ class Orchestrator:
 
 # ---- CPU ----------------------------------------------------------------------------------
 
-def thread_cpu():
-    """{thread name: CPU seconds} of this process (threads of one name summed)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                s = f.read()
-        except FileNotFoundError:
-            continue
-        name = s[s.index("(") + 1:s.rindex(")")]
-        fields = s[s.rindex(")") + 2:].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def cpu_delta(before, after):
-    return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
-
-
 def self_cpu():
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -326,36 +308,13 @@ def cpu_task():
     return int(os.environ.get(HOST_ENV, "-1")), (self_cpu(), thread_cpu())
 
 
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    u64, p64 = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
-    lib.hp_build.restype = ctypes.c_size_t
-    lib.hp_build.argtypes = [ctypes.c_void_p, ctypes.c_uint, u64]
-    lib.hp_lookup_mt.restype = u64
-    lib.hp_lookup_mt.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, p64]
-    lib.hp_expect.restype = u64
-    lib.hp_expect.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    lib.hp_keys.restype = None
-    lib.hp_keys.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return lib
-
-
-def lookup(lib, addr, keys, threads=1):
-    import numpy as np
-
-    keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    found = ctypes.c_uint64()
-    s = lib.hp_lookup_mt(addr, keys.ctypes.data, keys.size, threads, ctypes.byref(found))
-    return int(s), int(found.value)
-
-
 def make_hot_task(so_path, addr, threads):
     def task(keys):
         from clamor import region
 
-        lib = load_lib(so_path)
+        lib = load_hotpages(so_path)
         t, t0 = time.perf_counter(), time.time()     # one clock for every host: they share the kernel
-        s, found = lookup(lib, addr, keys, threads)
+        s, found = hot_lookup(lib, addr, keys, threads)
         return [(s, found, int(os.environ.get(HOST_ENV, "-1")), time.perf_counter() - t,
                  region.stats()["peer_fallbacks"], t0)]
     return task
@@ -527,7 +486,7 @@ class Driver:
         b = bounds(len(keys), self.tasks)
         for i in range(self.tasks):
             part = keys[b[i]:b[i + 1]]
-            s, found = lookup(self.hp, self.table, part)
+            s, found = hot_lookup(self.hp, self.table, part)
             if s != self.hp.hp_expect(part.ctypes.data, part.size) or found != part.size:
                 raise SystemExit("hosts: the driver's own lookups do not match the values of the keys")
             expect.append((s, found))
@@ -538,10 +497,8 @@ class Driver:
         from clamor._native import lib as clib
 
         args = self.args
-        so = os.path.join(tmp, "hotpages.so")
-        subprocess.run([c_compiler("hosts"), "-std=gnu11", "-O2", "-shared", "-fPIC", "-pthread", SOURCE, "-o", so],
-                       check=True)
-        self.hp = load_lib(so)
+        so = compile_hotpages(tmp, "hosts")
+        self.hp = load_hotpages(so)
         bits = args.bits
         nkeys = int((1 << bits) * 0.5)
         alloc = int(ffi.cast("uintptr_t", ffi.addressof(clib, "clamor_malloc")))

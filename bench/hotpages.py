@@ -57,56 +57,20 @@ same two ratios under the rate limit (``rate_driver_bytes_ratio``,
 ``rate_time_ratio``, medians in ``rate_limited``).
 """
 import argparse
-import ctypes
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from _common import bounds, c_compiler, json_line, zipf_ranks
+from _common import bounds, compile_hotpages, hot_lookup, json_line, load_hotpages, zipf_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "hotpages.c")
 POLICIES = ("off", "random", "two-choices")
 RATE_ENV = "CLAMOR_SERVE_RATE"
-
-
-def compile_lib(build_dir):
-    """hotpages.c -> build_dir/hotpages.so; returns the path."""
-    cc = c_compiler("hotpages")
-    out = os.path.join(build_dir, "hotpages.so")
-    subprocess.run([cc, "-std=gnu11", "-O2", "-shared", "-fPIC", "-pthread", SOURCE, "-o", out], check=True)
-    return out
-
-
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    u64, p64 = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
-    lib.hp_build.restype = ctypes.c_size_t
-    lib.hp_build.argtypes = [ctypes.c_void_p, ctypes.c_uint, u64]
-    lib.hp_lookup.restype = u64
-    lib.hp_lookup.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, p64]
-    lib.hp_lookup_mt.restype = u64
-    lib.hp_lookup_mt.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, p64]
-    lib.hp_expect.restype = u64
-    lib.hp_expect.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    lib.hp_keys.restype = None
-    lib.hp_keys.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return lib
-
-
-def lookup(lib, addr, keys, threads=1):
-    """(checksum, keys found) of ``keys`` (uint64 array) in the table, on
-    ``threads`` C threads."""
-    keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    found = ctypes.c_uint64()
-    s = lib.hp_lookup_mt(addr, keys.ctypes.data, keys.size, threads, ctypes.byref(found))
-    return int(s), int(found.value)
 
 
 def zipf_keys(lib, rng, a, nkeys, size):
@@ -119,9 +83,9 @@ def zipf_keys(lib, rng, a, nkeys, size):
 def make_task(so_path, addr, threads):
     def task(keys):
         import clamor
-        lib = load_lib(so_path)     # dlopen again in the worker: the loader's handle, cheap
+        lib = load_hotpages(so_path)     # dlopen again in the worker: the loader's handle, cheap
         t = time.perf_counter()
-        s, found = lookup(lib, addr, keys, threads)
+        s, found = hot_lookup(lib, addr, keys, threads)
         st = clamor.region.stats()
         return [(s, found, os.getpid(), time.perf_counter() - t, st["evictions"], st["peer_fallbacks"])]
     return task
@@ -208,7 +172,7 @@ def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
     expect = []
     b = bounds(len(keys), tasks)     # as parallelize() cuts it
     for part in (keys[b[i]:b[i + 1]] for i in range(tasks)):
-        s, found = lookup(lib, addr, part)
+        s, found = hot_lookup(lib, addr, part)
         if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
             raise SystemExit("hotpages: the driver's own lookups do not match the values of the keys")
         expect.append((s, found))
@@ -246,8 +210,8 @@ def main(argv=None):
     from clamor._native import ffi, lib as clib
 
     with tempfile.TemporaryDirectory(prefix="hotpages-") as tmp:
-        so_path = compile_lib(tmp)
-        hp = load_lib(so_path)
+        so_path = compile_hotpages(tmp)
+        hp = load_hotpages(so_path)
         clamor.region.init(page_size=args.page_size)
         psize = clamor.region.page_size()
         nkeys = int((1 << bits) * args.load)

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, MIB, die_with_parent, ensure_built, human, json_line, parse_size
+from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, json_line, parse_size, thread_cpu
 
 
 # ---- loopback TCP baseline ------------------------------------------------------
@@ -137,28 +137,6 @@ def tcp_rate(total, msg, mode):
 
 
 # ---- CPU time by thread ---------------------------------------------------------------
-
-def thread_cpu():
-    """{thread name: CPU seconds} of this process, from /proc/self/task
-    (threads of the same name are summed: clamor-pager, clamor-server,
-    ZMQbg/IO/0, python for the interpreter's own)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                s = f.read()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        name = s[s.index("(") + 1:s.rindex(")")]
-        fields = s[s.rindex(")") + 2:].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return out
-
-
-def cpu_delta(before, after):
-    return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
-
 
 # ---- the scan, run on the worker ----------------------------------------------------
 
