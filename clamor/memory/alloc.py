@@ -137,16 +137,22 @@ def _owned(cptr):
     return ffi.gc(cptr, release)
 
 
+def _shape(shape):
+    """A shape as a tuple of checked dimensions: an int (numpy's too) or a
+    sequence of them."""
+    try:
+        shape = (operator.index(shape),)
+    except TypeError:
+        shape = tuple(shape)
+    return tuple(_size(s, "dimension") for s in shape)
+
+
 def view(addr, dtype, shape, strides=None, owned=False):
     """An ndarray over region memory at ``addr`` (no copy).  With ``owned``,
     the block is freed when the last view of it is gone.  Every byte the
     view can reach must lie in this process's region (InvalidPointer)."""
     dtype = _plain(np.dtype(dtype))
-    try:
-        shape = (operator.index(shape),)
-    except TypeError:
-        shape = tuple(shape)
-    shape = tuple(_size(s, "dimension") for s in shape)
+    shape = _shape(shape)
     addr = int(ffi.cast("uintptr_t", _ptr(addr)))
     count = 1
     for s in shape:
@@ -181,11 +187,7 @@ def empty(shape, dtype=float, align=64):
     ConfigError for an object dtype (Python objects cannot live there as
     plain data); otherwise errors as ``alloc``."""
     dtype = _plain(np.dtype(dtype))
-    try:
-        shape = (operator.index(shape),)
-    except TypeError:
-        shape = tuple(shape)
-    shape = tuple(_size(s, "dimension") for s in shape)
+    shape = _shape(shape)
     align = _size(align, "align")
     if align == 0 or align & (align - 1):
         raise errors.InvalidSize(f"align must be a power of two, not {align}")
