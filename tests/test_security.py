@@ -175,6 +175,7 @@ def test_without_encryption_members_still_authenticate():
         s.send(HELLO_PAGES)
         res["wrong token answered"] = s.poll(1500)
         res["curve worker rc"] = curve.wait(30)
+        res["curve worker says"] = curve.stderr.read()
         cl.close()
         res["ok rc"] = ok.wait(30)
         print(json.dumps(res))
@@ -183,6 +184,7 @@ def test_without_encryption_members_still_authenticate():
     assert out["run"] == [2.0 * (1 << 16)] * 2
     assert out["wrong token answered"] == 0
     assert out["curve worker rc"] == 2 and out["ok rc"] == 0
+    assert "start this worker with --no-encrypt" in out["curve worker says"], out
 
 
 def test_a_secret_too_short_or_unreadable_is_a_config_error(tmp_path):
@@ -229,3 +231,22 @@ def test_the_cores_security_settings_are_checked():
         assert out[k][0] == "ConfigError" and out[k][2], (k, out[k])
     assert out["still none"] == "none"
     assert (out["curve"], out["plain"], out["none"]) == ("curve", "plain", "none")
+
+
+def test_a_worker_without_encryption_is_told_the_cluster_encrypts():
+    out = scenario("""
+        import subprocess, sys
+        cl = clamor.Cluster(workers=1, progress=False)
+        cl.join_command()
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "clamor.worker", cl.endpoint, "--no-encrypt", "--connect-timeout", "20"],
+                           env={**os.environ, "CLAMOR_SECRET": cl.secret}, capture_output=True, text=True, timeout=60)
+        res = {"rc": p.returncode, "says": p.stderr.strip().splitlines(), "took": time.monotonic() - t0}
+        cl.start()
+        res["sum"] = cl.range(10).sum()
+        cl.close()
+        print(json.dumps(res))
+        """)
+    # (the driver answers no JOIN before start(): the refusal is libzmq's, at the handshake)
+    assert out["rc"] == 2 and len(out["says"]) == 1 and "it encrypts" in out["says"][0], out
+    assert out["took"] < 15 and out["sum"] == 45

@@ -93,13 +93,19 @@ def _ask_to_join(ctx, driver, timeout, sec):
                 _check_images(sock, frames, driver)
                 break
             if mon in ready:
-                ev = recv_monitor_message(mon)["event"]
-                failed = 0 if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED else failed + 1
+                msg = recv_monitor_message(mon)
+                if msg["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+                        msg["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                    # (libzmq does not try again after this one)
+                    raise errors.WorkerRefused(
+                        f"the driver at {driver} does not speak this worker's security mechanism: "
+                        + ("it encrypts (CURVE), and this worker was started with --no-encrypt" if not sec.encrypt
+                           else "its cluster was made with encrypt=False: start this worker with --no-encrypt"))
+                failed = 0 if msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED else failed + 1
                 if failed >= 3:    # (one failure may be a driver going down; three are not)
                     raise errors.WorkerRefused(
                         f"the driver at {driver} refused this worker's credentials: its secret differs from "
-                        f"the cluster's (set CLAMOR_SECRET, or --secret-file, to the driver's cl.secret)"
-                        + ("" if sec.encrypt else "; or the driver encrypts and this worker does not"))
+                        f"the cluster's (set CLAMOR_SECRET, or --secret-file, to the driver's cl.secret)")
                 continue
             if not ready:
                 raise errors.TransportError(f"no answer from the driver at {driver} within {timeout:g} s")
