@@ -105,7 +105,9 @@ def _ask_to_join(ctx, driver, timeout, sec):
                 if failed >= 3:    # (one failure may be a driver going down; three are not)
                     raise errors.WorkerRefused(
                         f"the driver at {driver} refused this worker's credentials: its secret differs from "
-                        f"the cluster's (set CLAMOR_SECRET, or --secret-file, to the driver's cl.secret)")
+                        f"the cluster's (set CLAMOR_SECRET, or --secret-file, to the driver's cl.secret)"
+                        + ("" if sec.encrypt else ", or the cluster encrypts and this worker was started with "
+                                                  "--no-encrypt"))
                 continue
             if not ready:
                 raise errors.TransportError(f"no answer from the driver at {driver} within {timeout:g} s")
