@@ -277,6 +277,7 @@ class Cluster(Stages):
         self._far = set()       # wids whose pid this host cannot check (another PID namespace)
         self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
         self._welcomed_at = {}  # wid -> when its WELCOME left, until its HELLO
+        self._idle_since = None  # when the last action ended: nobody read the socket since
         self._born = {}         # forked wid -> the stage it was forked at
         self._remote_open = self.remote   # hand-started workers still welcome
         self._start_failures = 0  # replacements in a row that died before joining

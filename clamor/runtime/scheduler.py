@@ -579,12 +579,11 @@ class Scheduler:
                 if spec.only:
                     w = self._preferred(spec.only)
                     if w is None:
-                        if any(wid in self._workers for wid in spec.only):
-                            self._free = free
-                            return    # its workers are busy: it, and the tasks behind it, wait
-                        self._abort(st, errors.WorkerLost(
-                            f"task {spec.key!r} may only run on {_names(spec.only)}, and none of them is live"), out)
-                        break
+                        # Its workers are busy (one with none live was aborted when it was
+                        # submitted or they were lost: _abort_unplaceable): it, and the
+                        # tasks behind it, wait.
+                        self._free = free
+                        return
                     queue.popleft()
                 else:
                     queue.popleft()

@@ -128,7 +128,7 @@ class Stages:
         worker that died meanwhile is found by its pid or its closed
         connection; one that went silent, within ``heartbeat_timeout``.)"""
         now = time.monotonic()
-        idle = getattr(self, "_idle_since", None)
+        idle = self._idle_since
         if idle is not None:
             for info in self._workers.values():
                 info["last_hb"] += now - idle

@@ -157,9 +157,8 @@ def _check_images(sock, frames, driver):
         return
     reason = f"{len(bad)} of its images differ from the driver's: " + "; ".join(bad[:5]) + \
         ("; ..." if len(bad) > 5 else "")
+    sock.linger = 1000              # closing it waits (up to a second) for the LEAVE to leave
     sock.send_multipart([b"LEAVE", json.dumps({"wid": body.get("wid"), "reason": reason}).encode()])
-    sock.poll(1000, zmq.POLLOUT)
-    time.sleep(0.2)                 # (linger is 0: give the message a moment to leave)
     raise errors.WorkerRefused(f"this worker cannot join the cluster at {driver}: {reason}")
 
 
