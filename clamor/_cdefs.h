@@ -47,6 +47,13 @@ const char *clamor_server_endpoint(void);
 int clamor_security(int mode, const char *server_public, const char *server_secret, const char *client_public,
                     const char *client_secret, const char *token);
 int clamor_security_mode(void);
+struct clamor_reloc { uint32_t word; uint32_t target; uint64_t value; };
+int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+void clamor_reloc_prune(uint32_t floor);
+void clamor_reloc_reset(void);
+void clamor_reloc_enable(int on);
+int clamor_reloc_enabled(void);
+int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr);
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
                  uint64_t *page_size, int timeout_ms);
 
@@ -93,6 +100,9 @@ struct clamor_stats {
     uint64_t peer_timeouts;   /* worker: peers silent for a second on a request (then the driver was asked) */
     uint64_t peers_admitted;
     uint64_t peers_refused;
+    uint64_t reloc_pages;
+    uint64_t reloc_words;
+    uint64_t reloc_bytes;
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;
@@ -102,6 +112,10 @@ void clamor_stats_get(struct clamor_stats *out);
 void clamor_stats_reset(void);
 
 void *clamor_malloc(size_t size);
+void *clamor_malloc_atomic(size_t size);
+void *clamor_calloc_atomic(size_t n, size_t size);
+void *clamor_aligned_alloc_atomic(size_t align, size_t size);
+int clamor_block_atomic(const void *ptr);
 void *clamor_calloc(size_t n, size_t size);
 void *clamor_realloc(void *ptr, size_t size);
 void *clamor_aligned_alloc(size_t align, size_t size);
@@ -138,6 +152,12 @@ enum clamor_field {
     CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
 };
 int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+struct clamor_image { uintptr_t base, lo, hi; char name[4096]; };
+size_t clamor_images(struct clamor_image *out, size_t max);
+#define CLAMOR_NO_TARGET 0xffffffff
+size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uintptr_t *thi, const uint32_t *tid,
+                       size_t nt, const uintptr_t *priv, size_t npriv, uintptr_t *at, uint32_t *id, size_t max,
+                       size_t *done);
 size_t clamor_py_body_size(uintptr_t obj);
 size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
                       size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);

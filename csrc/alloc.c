@@ -27,6 +27,11 @@
  * most one empty slab; further empty slabs go back to the span pool.  One
  * mutex guards all of it except those page-map reads; it is held across
  * fork() so that a child inherits consistent metadata.
+ *
+ * Atomic blocks (Boehm's term): clamor_malloc_atomic() promises that the
+ * block never holds a pointer (numpy data, clamor.empty).  They come from
+ * slabs and spans of their own, so that clamor_block_atomic() answers for
+ * a whole slab, and the conservative scan of share() never reads them.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -56,6 +61,7 @@ typedef struct cl_span {
     uint64_t first, npages;      // 4 KiB pages from the region base
     uint64_t dlo, dhi;           // pages that may not read zero: hull, or dlo == dhi
     uint8_t kind;
+    uint8_t atomic;              // its blocks never hold pointers
     uint8_t cls;                 // slab only, from here on
     uint32_t csize, nslots, nfree;
     uint64_t used[];             // bit set: slot handed out
@@ -78,7 +84,7 @@ static size_t cl_heap_size;
 static cl_span *cl_bins[CL_NBINS];
 static uint64_t cl_binmask[CL_BINW]; // bit set: bin not empty
 static uint64_t cl_free_pages;
-static cl_class cl_classes[CL_NCLASS];
+static cl_class cl_classes[2][CL_NCLASS]; // [atomic][class]
 
 // Published for lock-free readers (cl_alloc_range_used, statistics).
 static _Atomic uintptr_t *_Atomic cl_pmap_pub;
@@ -375,14 +381,15 @@ static int heap_enter(void) {
 
 /* ---- blocks ---------------------------------------------------------------- */
 
-static void *slab_alloc(unsigned c, size_t req) {
-    cl_class *k = &cl_classes[c];
+static void *slab_alloc(unsigned c, size_t req, int atomic) {
+    cl_class *k = &cl_classes[atomic][c];
     cl_span *s = k->partial;
     if (!s) {
         size_t csize = cls_size(c);
         uint32_t nslots = (uint32_t)(CL_SLAB_BYTES / csize), words = (nslots + 63) / 64;
         if (!(s = span_take(CL_SLAB_PAGES, CL_OS_PAGE, words * sizeof(uint64_t), req))) return NULL;
         s->kind = CL_SPAN_SLAB;
+        s->atomic = (uint8_t)atomic;
         s->cls = (uint8_t)c;
         s->csize = (uint32_t)csize;
         s->nslots = s->nfree = nslots;
@@ -407,13 +414,13 @@ static void *slab_alloc(unsigned c, size_t req) {
 // to 4 KiB come from the smallest class that is a multiple of the alignment
 // (the power-of-two classes guarantee one); all else is a span.  dirty[]
 // gets the byte range of the block that may not read zero.
-static void *heap_alloc(size_t size, size_t align, size_t dirty[2], const char *fn) {
+static void *heap_alloc(size_t size, size_t align, size_t dirty[2], const char *fn, int atomic) {
     dirty[0] = 0;
     dirty[1] = size;
     if (size <= CLAMOR_SMALL_MAX && align <= CL_OS_PAGE) {
         unsigned c = cls_of(size);
         while (cls_size(c) % align) c++;
-        return slab_alloc(c, size);
+        return slab_alloc(c, size, atomic);
     }
     if (size > cl_heap_size || align > cl_heap_size) {
         errno = cl_err(ENOMEM, "%s: %zu bytes (alignment %zu) do not fit in the %zu-byte region",
@@ -424,6 +431,7 @@ static void *heap_alloc(size_t size, size_t align, size_t dirty[2], const char *
     cl_span *d = span_take(n, align < CL_OS_PAGE ? CL_OS_PAGE : align, 0, size);
     if (!d) return NULL;
     d->kind = CL_SPAN_LARGE;
+    d->atomic = (uint8_t)atomic;
     map_fill(d->first, n, (uintptr_t)d | CL_USED);
     dirty[0] = d->dlo < d->dhi ? (size_t)((d->dlo - d->first) << CL_PG_SHIFT) : 0;
     dirty[1] = d->dlo < d->dhi ? (size_t)((d->dhi - d->first) << CL_PG_SHIFT) : 0;
@@ -454,7 +462,7 @@ static void block_free(cl_span *d, const void *p) {
         span_release(d);
         return;
     }
-    cl_class *k = &cl_classes[d->cls];
+    cl_class *k = &cl_classes[d->atomic][d->cls];
     size_t i = (size_t)((const char *)p - pg_addr(d->first)) / d->csize;
     d->used[i / 64] &= ~(1ull << (i % 64));
     acct(-(int64_t)d->csize, 0);
@@ -509,34 +517,42 @@ static int block_resize(cl_span *d, size_t size) {
 /* ---- public API -------------------------------------------------------------- */
 
 // heap_alloc() for the public calls: checks the role, takes the lock.
-static void *heap_alloc_locked(size_t size, size_t align, size_t dirty[2], const char *fn) {
+static void *heap_alloc_locked(size_t size, size_t align, size_t dirty[2], const char *fn, int atomic) {
     int rc = heap_enter();
     if (rc) {
         errno = rc;
         return NULL;
     }
-    void *p = heap_alloc(size, align, dirty, fn);
+    void *p = heap_alloc(size, align, dirty, fn, atomic);
     pthread_mutex_unlock(&cl_heap_lock);
     return p;
 }
 
 void *clamor_malloc(size_t size) {
     size_t dirty[2];
-    return heap_alloc_locked(size, 16, dirty, "clamor_malloc");
+    return heap_alloc_locked(size, 16, dirty, "clamor_malloc", 0);
 }
 
-void *clamor_calloc(size_t n, size_t size) {
+void *clamor_malloc_atomic(size_t size) {
+    size_t dirty[2];
+    return heap_alloc_locked(size, 16, dirty, "clamor_malloc_atomic", 1);
+}
+
+static void *calloc_kind(size_t n, size_t size, int atomic) {
     size_t total, dirty[2];
     if (__builtin_mul_overflow(n, size, &total)) {
         errno = cl_err(ENOMEM, "clamor_calloc: %zu * %zu bytes overflows", n, size);
         return NULL;
     }
-    char *p = heap_alloc_locked(total, 16, dirty, "clamor_calloc");
+    char *p = heap_alloc_locked(total, 16, dirty, "clamor_calloc", atomic);
     if (!p) return NULL;
     if (dirty[1] > total) dirty[1] = total;
     if (dirty[0] < dirty[1]) memset(p + dirty[0], 0, dirty[1] - dirty[0]);
     return p;
 }
+
+void *clamor_calloc(size_t n, size_t size) { return calloc_kind(n, size, 0); }
+void *clamor_calloc_atomic(size_t n, size_t size) { return calloc_kind(n, size, 1); }
 
 void *clamor_aligned_alloc(size_t align, size_t size) {
     size_t dirty[2];
@@ -544,7 +560,16 @@ void *clamor_aligned_alloc(size_t align, size_t size) {
         errno = cl_err(EINVAL, "clamor_aligned_alloc: alignment %zu is not a power of two", align);
         return NULL;
     }
-    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, "clamor_aligned_alloc");
+    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, "clamor_aligned_alloc", 0);
+}
+
+void *clamor_aligned_alloc_atomic(size_t align, size_t size) {
+    size_t dirty[2];
+    if (align == 0 || (align & (align - 1))) {
+        errno = cl_err(EINVAL, "clamor_aligned_alloc_atomic: alignment %zu is not a power of two", align);
+        return NULL;
+    }
+    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, "clamor_aligned_alloc_atomic", 1);
 }
 
 int clamor_free_checked(void *ptr) {
@@ -580,6 +605,7 @@ void *clamor_realloc(void *ptr, size_t size) {
     }
     cl_span *d = heap_lookup(ptr);
     size_t old = d ? block_usable(d) : 0;
+    int atomic = d ? d->atomic : 0;
     int done = d && block_resize(d, size);
     pthread_mutex_unlock(&cl_heap_lock);
     if (!d) {
@@ -587,7 +613,7 @@ void *clamor_realloc(void *ptr, size_t size) {
         return NULL;
     }
     if (done) return ptr;
-    void *q = clamor_malloc(size);
+    void *q = atomic ? clamor_malloc_atomic(size) : clamor_malloc(size);
     if (!q) return NULL; // the old block stays as it was
     memcpy(q, ptr, old < size ? old : size);
     clamor_free(ptr);
@@ -624,6 +650,17 @@ int clamor_block_of(const void *ptr, uintptr_t *start, size_t *size) {
     }
     pthread_mutex_unlock(&cl_heap_lock);
     return rc ? cl_err(rc, "clamor_block_of: %#lx is not inside a live block", (unsigned long)a) : 0;
+}
+
+int clamor_block_atomic(const void *ptr) {
+    uintptr_t start;
+    size_t size;
+    if (clamor_block_of(ptr, &start, &size) != 0) return -1;
+    pthread_mutex_lock(&cl_heap_lock);
+    uintptr_t e = map_get(((uintptr_t)ptr - cl_heap_base) >> CL_PG_SHIFT);
+    int atomic = (e & CL_USED) ? ((cl_span *)(e & ~CL_USED))->atomic : -1;
+    pthread_mutex_unlock(&cl_heap_lock);
+    return atomic;
 }
 
 // Usable bytes of live blocks (class size, or whole pages for spans).

@@ -202,6 +202,36 @@ void clamor_set_stage(uint32_t stage);
  * returned.  Thread-safe. */
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
 
+/* ---- relocations (portable region objects) ----------------------------- */
+
+/* A word of a region page that points out of the region, at `target`: the
+ * driver's word is `value`; a worker that relocates writes its own address
+ * of the target plus (value - the driver's address of it).  Target 0 is
+ * null: the word reads 0 there.  `word` counts 8-byte words from the start
+ * of the page (clamor/memory/portable.py computes these). */
+struct clamor_reloc {
+    uint32_t word;
+    uint32_t target;
+    uint64_t value;
+};
+/* Driver: the relocations of page `page` as of stage `stage` (until a later
+ * call replaces them), sorted by word; n may be 0.  EPERM if not the
+ * driver, ERANGE for a page outside the region, EINVAL for a word outside
+ * the page.  Thread-safe. */
+int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+/* Driver: forget the lists no request at stage >= floor can be served. */
+void clamor_reloc_prune(uint32_t floor);
+/* Forget every list and target (region closed). */
+void clamor_reloc_reset(void);
+/* Worker: ask for relocations with every page (a worker not forked from the
+ * driver), or not.  Pages held before keep what they had. */
+void clamor_reloc_enable(int on);
+int clamor_reloc_enabled(void);
+/* Worker: target `target` (> 0) is at `driver_addr` in the driver and at
+ * `local_addr` here.  A page that names a target not bound fails to load
+ * (ENOKEY).  Thread-safe. */
+int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr);
+
 /* ---- dynamic replication (driver) -------------------------------------- */
 
 /* Redirect requests for pages that workers hold to one of those workers:
@@ -248,6 +278,9 @@ void clamor_replication_reset(void);
     COUNTER(peer_timeouts)     /* worker: peers silent for a second on a request (then the driver was asked) */ \
     COUNTER(peers_admitted)    /* page server: peers that proved they are members (security on) */             \
     COUNTER(peers_refused)     /* page server: peers refused by its ZAP handler */                              \
+    COUNTER(reloc_pages)       /* worker: pages fetched with relocations */                                     \
+    COUNTER(reloc_words)       /* worker: words relocated */                                                    \
+    COUNTER(reloc_bytes)       /* worker: bytes of relocation lists received */                                 \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \
@@ -281,6 +314,14 @@ void *clamor_calloc(size_t n, size_t size);
 void *clamor_realloc(void *ptr, size_t size);
 /* `align` a power of two; size need not be a multiple of it (unlike C11). */
 void *clamor_aligned_alloc(size_t align, size_t size);
+/* The same for a block that will never hold a pointer (array data): its
+ * memory is never scanned for pointers out of the region. */
+void *clamor_malloc_atomic(size_t size);
+void *clamor_calloc_atomic(size_t n, size_t size);
+void *clamor_aligned_alloc_atomic(size_t align, size_t size);
+/* 1 if the live block that holds ptr is atomic, 0 if not, -1 (and the
+ * detail) if ptr is not inside a live block or this is not the driver. */
+int clamor_block_atomic(const void *ptr);
 /* free(NULL) is a no-op.  Freeing a pointer that clamor did not return, or
  * freeing twice, does not crash: errno is set to EINVAL, the detail is in
  * clamor_last_error(), and the heap is left as it was. */

@@ -311,6 +311,26 @@ size_t clamor_py_body_size(uintptr_t obj);
 size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
                       size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
 
+/* ---- pyreloc.c: for clamor/memory/portable.py ------------------------------ */
+
+/* An ELF object of the process: load base, and the hull [lo, hi) of its
+ * loadable segments; name as the loader has it ("" for the executable). */
+struct clamor_image {
+    uintptr_t base, lo, hi;
+    char name[4096];
+};
+/* Images into out[0..max); returns how many there are. */
+size_t clamor_images(struct clamor_image *out, size_t max);
+#define CLAMOR_NO_TARGET 0xffffffffu
+/* Aligned words of [lo, lo + len) that point at one of the nt targets
+ * (sorted, disjoint [tlo[i], thi[i]), number tid[i]) go to at[]/id[]; those
+ * pointing into one of the npriv private ranges (sorted [lo, hi) pairs) and
+ * no target get CLAMOR_NO_TARGET; region words are skipped.  Stops when max
+ * are found; *done gets the bytes scanned.  Returns the count. */
+size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uintptr_t *thi, const uint32_t *tid,
+                       size_t nt, const uintptr_t *priv, size_t npriv, uintptr_t *at, uint32_t *id, size_t max,
+                       size_t *done);
+
 /* ---- stats.c: counters and the latency histogram ------------------------ */
 
 /* The counters of struct clamor_stats (CLAMOR_STATS in clamor.h), as relaxed
@@ -327,5 +347,21 @@ void cl_stats_latency(uint64_t ns);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t cl_now_ns(void);
+
+/* ---- reloc.c: relocations with the pages ------------------------------- */
+
+/* The relocation frame for pages [first, first+count) at `stage` (the
+ * driver's list of that stage's version, checked against the words of
+ * `data`, the pages served: ESTALE if none agrees; a worker's own lists):
+ * malloc'd into *out, its size returned; 0 and *err on failure. */
+size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char *data, void **out, int *err);
+/* Worker: put the driver's words back into a copy of pages it holds. */
+void cl_reloc_restore(uint64_t first, uint32_t count, char *data);
+/* Worker: relocate the reply data of [first, first+count) (len bytes) by
+ * the frame, and keep each page's list.  0, EBADMSG, ENOKEY, ENOMEM. */
+int cl_reloc_apply(uint64_t first, uint32_t count, char *data, size_t len, const void *frame, size_t flen);
+/* Worker: does it hold the lists of these pages (fetched with them)? */
+bool cl_reloc_held(uint64_t first, uint32_t count);
+void cl_reloc_forget(uint64_t first, uint64_t count);
 
 #endif /* CLAMOR_INTERNAL_H */

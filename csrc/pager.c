@@ -162,7 +162,9 @@ static int send_one(struct run *r) {
     q->gen++;
     uint32_t stage = atomic_load(&cl_worker_stage);
     int peer = cl_hints_peer(r->first, r->count, stage);
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = peer >= 0 ? CL_WIRE_DIRECT : 0, .index = r->first,
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET,
+                            .flags = (peer >= 0 ? CL_WIRE_DIRECT : 0) | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0),
+                            .index = r->first,
                             .count = r->count, .stage = stage, .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
@@ -279,7 +281,8 @@ static void finish(struct req *q) {
 }
 
 static void send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, uint32_t status) {
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = flags, .status = status, .index = q->first,
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0),
+                            .status = status, .index = q->first,
                             .count = q->count, .stage = atomic_load(&cl_worker_stage),
                             .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
@@ -335,12 +338,34 @@ static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_h
  * by memcpy through the fill view).  The public view stays closed until
  * install_run opens it, so no thread sees a half-written page.
  * 0, EBADMSG (no such frame or the wrong size), or pwrite's errno. */
-static int write_pages(void *sock, uint64_t first, size_t len) {
+static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs) {
     cl_zmq_msg m;
     cl_zmq.msg_init(&m);
     int rc = EBADMSG;
     if (cl_zmq.msg_recv(&m, sock, 0) >= 0 && cl_zmq.msg_size(&m) == len) {
-        const char *p = cl_zmq.msg_data(&m);
+        char *p = cl_zmq.msg_data(&m);
+        if (relocs) { /* the relocations frame: the words are rewritten before anyone sees the page */
+            int more = 0;
+            size_t sz = sizeof more;
+            cl_zmq_msg r;
+            cl_zmq.msg_init(&r);
+            if (cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz) != 0 || !more ||
+                cl_zmq.msg_recv(&r, sock, 0) < 0) {
+                cl_zmq.msg_close(&r);
+                cl_zmq.msg_close(&m);
+                return EBADMSG;
+            }
+            size_t rl = cl_zmq.msg_size(&r);
+            rc = cl_reloc_apply(first, count, p, len, cl_zmq.msg_data(&r), rl);
+            cl_zmq.msg_close(&r);
+            if (rc) {
+                cl_zmq.msg_close(&m);
+                return rc;
+            }
+            CL_COUNT(reloc_bytes, rl);
+            CL_COUNT(reloc_words, (rl - 4) / sizeof(struct clamor_reloc));
+            if (rl > 4) CL_COUNT(reloc_pages, count);
+        }
         off_t off = (off_t)((size_t)first << cl_region.page_shift);
         size_t done = 0;
         rc = 0;
@@ -421,9 +446,10 @@ static void on_reply(void *sock) {
     int rc = EBADMSG, more = 0;
     size_t sz = sizeof more;
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
-    if (h.index == q->first && h.count == q->count && more) {
+    bool relocs = clamor_reloc_enabled();
+    if (h.index == q->first && h.count == q->count && more && relocs == !!(h.flags & CL_WIRE_RELOC)) {
         announce(q->first, q->count);
-        rc = write_pages(sock, q->first, len);
+        rc = write_pages(sock, q->first, q->count, len, relocs);
     }
     if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
     cl_zmq_drain(sock);

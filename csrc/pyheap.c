@@ -15,7 +15,9 @@
  * region (measured: a KDTree's `maxes` array landed outside that way).
  * clamor's NEP 49 handler, set for the block's duration in the current
  * context, allocates straight from the region; arrays remember their handler,
- * so their data is freed through it wherever they die.
+ * so their data is freed through it wherever they die.  Array data is
+ * allocated atomic (alloc.c): the conservative scan never reads it, and the
+ * items of an object array are walked through the array by share().
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -118,11 +120,11 @@ static inline bool worker(void) { return cl_region.role != CLAMOR_ROLE_DRIVER; }
 
 static void *n_malloc(void *ctx, size_t n) {
     (void)ctx;
-    return worker() ? malloc(n ? n : 1) : clamor_malloc(n ? n : 1);
+    return worker() ? malloc(n ? n : 1) : clamor_malloc_atomic(n ? n : 1);
 }
 static void *n_calloc(void *ctx, size_t n, size_t sz) {
     (void)ctx;
-    return worker() ? calloc(n ? n : 1, sz ? sz : 1) : clamor_calloc(n ? n : 1, sz ? sz : 1);
+    return worker() ? calloc(n ? n : 1, sz ? sz : 1) : clamor_calloc_atomic(n ? n : 1, sz ? sz : 1);
 }
 static void *n_realloc(void *ctx, void *p, size_t n) {
     (void)ctx;
@@ -133,7 +135,7 @@ static void *n_realloc(void *ctx, void *p, size_t n) {
         return q;
     }
     if (p && !in_region(p)) { /* an array from before, grown in the block */
-        void *q = clamor_malloc(n ? n : 1);
+        void *q = clamor_malloc_atomic(n ? n : 1);
         if (q) {
             size_t old = malloc_usable_size(p);
             memcpy(q, p, old < n ? old : n);

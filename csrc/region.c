@@ -251,6 +251,7 @@ int clamor_region_close(void) {
     close(cl_region.memfd);
     cl_alloc_reset();
     cl_version_reset();
+    clamor_reloc_reset();
     cl_dir_reset();
     memset(&cl_region, 0, sizeof cl_region);
     cl_region.memfd = -1;

@@ -153,6 +153,9 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     }
     size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
     const char *src;
+    void *rbuf = NULL; /* the relocations frame, for a request with CL_WIRE_RELOC */
+    size_t rlen = 0;
+    int rerr = 0;
     if (cl_region.role == CLAMOR_ROLE_DRIVER) {
         if (!cl_alloc_range_used(off, len)) {
             reply_err(id, rq->tag, rq, ENOENT, "page never allocated");
@@ -166,6 +169,10 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         }
         if (rewound_for(rq->stage, &view)) {
             reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older stage");
+            return;
+        }
+        if ((rq->flags & CL_WIRE_RELOC) && (!clamor_reloc_enabled() || !cl_reloc_held(rq->index, rq->count))) {
+            reply_err(id, rq->tag, rq, EAGAIN, "peer holds the page without its relocations");
             return;
         }
         src = cl_region.fill + off;
@@ -201,6 +208,15 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             return;
         }
         memcpy(cl_zmq.msg_data(&body), src, len);
+        /* This worker's copy is relocated for its own address space: the
+         * driver's words go back for a peer that does not relocate, and a
+         * peer that does gets the lists (read before the check below, which
+         * voids the copy if the pages were fetched again meanwhile). */
+        if (rq->flags & CL_WIRE_RELOC) {
+            rlen = cl_reloc_frame(rq->index, rq->count, rq->stage, cl_zmq.msg_data(&body), &rbuf, &rerr);
+        } else if (clamor_reloc_enabled()) {
+            cl_reloc_restore(rq->index, rq->count, cl_zmq.msg_data(&body));
+        }
         atomic_thread_fence(memory_order_acquire);
         /* A change of stage during the copy may have swapped in an older
          * version (a lineage re-run), and a drop may have punched a page
@@ -208,14 +224,23 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
          * than risk mixing. */
         if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view ||
             atomic_load(&cl_pt_drops) != drops) {
+            free(rbuf);
             cl_zmq.msg_close(&body);
             reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
             return;
         }
     }
+    if ((rq->flags & CL_WIRE_RELOC) && cl_region.role == CLAMOR_ROLE_DRIVER)
+        rlen = cl_reloc_frame(rq->index, rq->count, rq->stage, cl_zmq.msg_data(&body), &rbuf, &rerr);
+    if ((rq->flags & CL_WIRE_RELOC) && !rbuf) {
+        cl_zmq.msg_close(&body);
+        reply_err(id, rq->tag, rq, rerr ? rerr : ENOMEM, "cannot list the pages' relocations");
+        return;
+    }
     size_t hl = hints_for(self, rq);
-    rate_take(len + hl); /* hints travel on the same link */
-    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .flags = hl ? CL_WIRE_HINTS : 0, .index = rq->index,
+    rate_take(len + rlen + hl); /* relocations and hints travel on the same link */
+    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .flags = (hl ? CL_WIRE_HINTS : 0) | (rbuf ? CL_WIRE_RELOC : 0),
+                            .index = rq->index,
                             .count = rq->count, .stage = rq->stage, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
@@ -226,12 +251,18 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     CL_COUNT(bytes_served, len);
     cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-    if (cl_zmq.msg_send(&body, S.t.sock, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT) < 0) {
+    int more = (hl || rbuf) ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT;
+    if (cl_zmq.msg_send(&body, S.t.sock, more) < 0) {
+        free(rbuf);
         cl_zmq.msg_close(&body); /* dropped (the peer went away): not served after all */
         CL_COUNT(requests_served, -(uint64_t)1);
         CL_COUNT(pages_served, -(uint64_t)rq->count);
         CL_COUNT(bytes_served, -(uint64_t)len);
         return;
+    }
+    if (rbuf) {
+        cl_zmq.send(S.t.sock, rbuf, rlen, hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT);
+        free(rbuf);
     }
     if (hl && cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0) CL_COUNT(hint_bytes, hl);
     if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->stage, self);

@@ -49,8 +49,9 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
     h->index = get64(p + 16);
     h->count = get32(p + 24);
     if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
-    uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT
-                       : h->type == CL_WIRE_PAGES || h->type == CL_WIRE_REDIRECT ? CL_WIRE_HINTS
+    uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT | CL_WIRE_RELOC
+                       : h->type == CL_WIRE_PAGES ? CL_WIRE_HINTS | CL_WIRE_RELOC
+                       : h->type == CL_WIRE_REDIRECT ? CL_WIRE_HINTS
                        : 0;
     if (h->flags & ~allowed) return EPROTO;
     switch (h->type) {

@@ -13,8 +13,11 @@
  *                     in status, minus one, did not have it),
  *                     CL_WIRE_DIRECT (sent to a peer on a hint, without
  *                     asking the driver: served only by a peer that runs
- *                     the request's stage); PAGES and REDIRECT:
- *                     CL_WIRE_HINTS (a hints frame follows); other bits
+ *                     the request's stage), CL_WIRE_RELOC (send
+ *                     the pages' relocations); PAGES and REDIRECT:
+ *                     CL_WIRE_HINTS (a hints frame follows); PAGES:
+ *                     CL_WIRE_RELOC (a relocations frame follows the
+ *                     data); other bits
  *                     and other types: reserved, zero
  *     8    4 status   replies: 0 or an errno value (ERROR)
  *    12    4 stage    the stage whose page versions the requester may see
@@ -30,6 +33,12 @@
  *                           (driver only; no reply)
  * Replies:
  *   PAGES  [hdr][data]      data = count pages, count << page_shift bytes
+ *   PAGES  [hdr][data][relocs], with CL_WIRE_RELOC, for a GET with it:
+ *                           relocs = u32 n, then n struct clamor_reloc
+ *                           (clamor.h; 16 bytes, word counted from the
+ *                           start of data), sorted by word.  A hints
+ *                           frame, if any, comes after it.  A worker that
+ *                           cannot send them answers EAGAIN.
  *   PAGES  [hdr][data][hints], REDIRECT [hdr][endpoint][hints], with
  *                           CL_WIRE_HINTS: from the driver to a registered
  *                           worker, for a request of the current stage.
@@ -78,6 +87,7 @@ enum cl_wire_type {
 /* (4 stays reserved: version 1 servers refused it) */
 #define CL_WIRE_DIRECT 8u
 #define CL_WIRE_HINTS 16u
+#define CL_WIRE_RELOC 32u
 
 struct cl_wire_hdr {
     uint8_t version;

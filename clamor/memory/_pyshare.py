@@ -83,6 +83,7 @@ class Scanner:
         self._types = None
         self.doubts = []
         self.scanned = set()
+        self.blocks = []    # (start, length) of the region blocks scanned
         self.bytes = 0
         self._inner = ffi.new("uintptr_t[]", 4096)
         self._outer = ffi.new("uintptr_t[]", 512)
@@ -119,7 +120,9 @@ class Scanner:
                     start = int(self._blk[0])
                     if start not in self.scanned:
                         self.scanned.add(start)
-                        if not self._python_object(start):
+                        # an atomic block (array data) holds no pointer: never read as if it did
+                        if lib.clamor_block_atomic(ffi.cast("void *", start)) != 1 and not self._python_object(start):
+                            self.blocks.append((start, int(self._len[0])))
                             todo.append((start, int(self._len[0]), f"the region block at {start:#x}", depth + 1))
         return True
 

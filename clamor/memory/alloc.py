@@ -42,10 +42,11 @@ def _fail(what):
     raise error(rc, what, _ALLOC_CLASSES)
 
 
-def alloc(nbytes, align=16):
+def alloc(nbytes, align=16, atomic=False):
     """Allocate ``nbytes`` in the region; returns the address (an int).
 
-    ``align`` must be a power of two.  Maps the region with its defaults if
+    ``align`` must be a power of two.  ``atomic``: the block will never
+    hold a pointer (plain data), so ``share()`` never scans it.  Maps the region with its defaults if
     this process has none yet.  Raises InvalidSize (negative, non-integer or
     huge size, bad alignment), RegionExhausted (no room: a MemoryError),
     NotDriver (in a worker); the allocation functions below alike.
@@ -55,7 +56,10 @@ def alloc(nbytes, align=16):
         raise errors.InvalidSize(f"align must be a power of two, not {align}")
     region.ensure()
     ffi.errno = 0
-    p = lib.clamor_malloc(nbytes) if align <= 16 else lib.clamor_aligned_alloc(align, nbytes)
+    if atomic:
+        p = lib.clamor_malloc_atomic(nbytes) if align <= 16 else lib.clamor_aligned_alloc_atomic(align, nbytes)
+    else:
+        p = lib.clamor_malloc(nbytes) if align <= 16 else lib.clamor_aligned_alloc(align, nbytes)
     if p == ffi.NULL:
         _fail(f"alloc({nbytes})")
     return _addr(p)
@@ -194,7 +198,7 @@ def empty(shape, dtype=float, align=64):
     n = dtype.itemsize
     for s in shape:
         n *= s
-    addr = alloc(max(n, 1), align=max(align, dtype.alignment, 16))
+    addr = alloc(max(n, 1), align=max(align, dtype.alignment, 16), atomic=True)
     return view(addr, dtype, shape, owned=True)
 
 

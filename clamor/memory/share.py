@@ -204,9 +204,14 @@ def _opaque(o):
 
 class _Walk:
     """One share() call: the address map and the objects it has vouched
-    for or may accept outside the region, built when first needed."""
+    for or may accept outside the region, built when first needed.
+    ``mode``: None for forked workers, or a portable walk
+    (``portable._Mode``), which decides what outside the region workers
+    not forked from the driver can have, and records the words to
+    relocate."""
 
-    def __init__(self):
+    def __init__(self, mode=None):
+        self.mode = mode
         self._amap = self._scanner = None
         self._alive = None
         self.unsure = []
@@ -229,13 +234,17 @@ class _Walk:
     def ok_address(self, addr):
         """A private address that is an object the workers have, or a
         Python reference the walk follows (and names better)."""
-        if addr in self.referents or addr == HANDLER or (_inherited is not None and addr in _inherited):
+        if addr in self.referents or addr == HANDLER:
+            return True
+        if self.mode is None and _inherited is not None and addr in _inherited:
             return True
         if any(lo <= addr < hi for lo, hi in self.buffers):
             return True
         if self._alive is None:
             self._alive = {id(o): o for o in gc.get_objects() if isinstance(o, _STATIC)}
         o = self._alive.get(addr)
+        if self.mode is not None:
+            return o is not None and self.mode.outside_ok(o)
         return o is not None and _ok_outside(o)
 
     def fields(self, path, o):
@@ -281,13 +290,15 @@ class _Walk:
                                f"{addr:#x}, an address in this process's private memory outside the region; "
                                f"share() cannot tell what lies there (memory a library allocated outside "
                                f"clamor.heap(), or a cache it reused): build it inside clamor.heap()") from None
+        if self.mode is not None:
+            self.mode.opaque(path, o, self.scanner.blocks)
         if not done:
             self.unsure.append(path)
         if self.scanner.doubts and self.doubt_path is None:
             self.doubt_path = f"{path} ({name})"
 
 
-def share(obj, limit=20_000_000):
+def share(obj, limit=20_000_000, portable=False):
     """Check that workers can use ``obj`` in place; returns ``obj``.
 
     Raises NotShareable naming the path to the first object, raw pointer
@@ -296,10 +307,26 @@ def share(obj, limit=20_000_000):
     memory the workers inherited.  Warns (``ShareWarning``) where it cannot
     tell: a word in C memory behind an extension object that may or may not
     be a pointer out of the region, or C memory too large to scan to the
-    end."""
+    end.
+
+    ``portable=True`` asks instead whether workers that were not forked
+    from the driver (spawned, on other hosts) can use it: everything
+    outside the region that ``obj`` points at must be in a loaded image,
+    importable (a module, a class, a function), or an immutable constant a
+    worker can make equal (see ``clamor.memory.portable``)."""
+    if portable:
+        from . import portable as _portable
+        _portable.check(obj, limit)
+        return obj
+    _walk(obj, limit, None)
+    return obj
+
+
+def _walk(obj, limit, mode):
+    """share()'s walk; ``mode`` as for ``_Walk``."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
-    walk = _Walk()
+    walk = _Walk(mode)
     root = _Path()
     stack = [(root, obj)]
     seen = set()
@@ -313,6 +340,9 @@ def share(obj, limit=20_000_000):
         if n > limit:
             raise NotShareable(f"more than {limit} objects reachable from the shared object")
         inside = region.contains(id(o), sys.getsizeof(o) if not isinstance(o, type) else 1)
+        if not inside and mode is not None and not (isinstance(o, np.ndarray) and path is root):
+            mode.outside(path, o)      # a relocation target, or NotShareable
+            continue
         if not inside:
             if _ok_outside(o) or walk.amap.in_image(id(o)):
                 continue  # inherited, or part of a loaded image: its own referents came with it
@@ -330,6 +360,8 @@ def share(obj, limit=20_000_000):
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
         walk.fields(path, o)
+        if mode is not None:
+            mode.inside(path, o)       # the words of it to relocate
         if isinstance(o, np.ndarray):
             # ndarrays are not gc containers: their base, dtype and items are
             # walked here
@@ -358,14 +390,13 @@ def share(obj, limit=20_000_000):
     if walk.unsure:
         warnings.warn(ShareWarning(f"share() scanned {walk.scanner.budget >> 20} MiB of the C memory behind "
                                    f"{walk.unsure[0]} and stopped: what lies past that is not checked"),
-                      stacklevel=2)
+                      stacklevel=3)
     if walk._scanner is not None and walk.scanner.doubts:
         off, addr, where = walk.scanner.doubts[0]
         warnings.warn(ShareWarning(f"share() cannot tell whether byte {off} of {where}, reached through the C "
                                    f"memory of {walk.doubt_path}, is a pointer: it holds {addr:#x}, an address in "
                                    f"this process's private memory outside the region (it may be bytes left from "
-                                   f"an earlier use of that memory)"), stacklevel=2)
-    return obj
+                                   f"an earlier use of that memory)"), stacklevel=3)
 
 
 def _dtype_parts(dt):

@@ -19,6 +19,9 @@ Control messages, multipart:
                                            (peers that died)
                        LIVE pickled-list-of-block-endpoints   (a new peer at one of those)
                        DROP pickled-list-of-block-key-prefixes
+                       TARGETS pickled-list-of-(id, spec)   (relocation targets to
+                                           bind before the next task: a worker not
+                                           forked from the driver only)
                        STOP
     worker -> driver   HELLO pickled-info    (its counters at start among them)
                        DONE key pickled-result pickled-counters
@@ -64,7 +67,7 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import region
+from ..memory import portable, region
 from . import serialize
 from ._liveness import LinkWatch, heartbeats
 from .collection import partition_result
@@ -213,6 +216,7 @@ class Runtime:
         self.peers = {}
         self.inbox = collections.deque()   # messages from the driver not yet handled
         self.cancelled = set()             # keys of queued tasks the driver cancelled
+        self.bind_error = None             # why relocation targets could not be bound here
         self.dead = set()                  # block endpoints of peers the driver declared lost
         self.stopping = False              # a STOP came: queued tasks are not run
         self.slots = slots
@@ -360,6 +364,9 @@ class Runtime:
                     for k in [k for k in self.store if any(k[:len(px)] == px for px in prefixes)]:
                         self.store.pop(k, None)
                     continue
+                if kind == b"TARGETS":
+                    self._targets(frames[1])
+                    continue
                 if kind == b"TASK":
                     self._task(frames)
         finally:
@@ -371,6 +378,15 @@ class Runtime:
             for s in self.peers.values():
                 s.close()
             self.guard.stop()
+
+    def _targets(self, frame):
+        """Bind the relocation targets the driver's next tasks name
+        (clamor/memory/portable.py); a failure fails those tasks, with its
+        reason, instead of a page that could not be relocated."""
+        try:
+            portable.bind(pickle.loads(frame))
+        except Exception as err:
+            self.bind_error = err
 
     def _release_region_objects(self):
         """Drop every reference this worker holds to region objects before
@@ -411,6 +427,8 @@ class Runtime:
         region.ensure_handler_first()
         t0 = time.perf_counter()
         try:
+            if self.bind_error is not None:
+                raise self.bind_error
             stage = self.loaded.get(attempt)
             if stage is None:
                 stage = self.loaded[attempt] = serialize.loads(self.stages[attempt])

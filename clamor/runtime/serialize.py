@@ -8,7 +8,10 @@ A Python object that lives in the region (built under ``clamor.heap()``)
 travels as its offset and is used in place by forked workers, once
 ``clamor.share()`` vouches for it; one that share() refuses travels by
 value, as any other object does (the reason is logged at INFO level on the
-``clamor.serialize`` logger; call ``clamor.share(obj)`` to see it).
+``clamor.serialize`` logger; call ``clamor.share(obj)`` to see it).  For a
+cluster whose workers are none of them forked, every region object goes
+by offset, and the Cluster checks that it is portable before it ships
+(``clamor.memory.portable``): those workers relocate its pages.
 """
 import ctypes
 import io
@@ -40,7 +43,8 @@ _in_place = [True]
 
 def objects_in_place(allowed):
     """Whether this process may use the driver's region objects in place:
-    only one forked from the driver has the type objects they point at."""
+    one forked from the driver, or one that maps the region at the driver's
+    address and relocates its pages (clamor.memory.portable)."""
     _in_place[0] = bool(allowed)
 
 
@@ -49,9 +53,9 @@ def _object_at(offset):
     objects the driver built under clamor.heap(), in a process forked from
     it (their type pointers must be valid here)."""
     if not _in_place[0]:
-        raise NotShareable("a Python object built under clamor.heap() is used in place only by workers forked from "
-                           "the driver, and this one was not (start_method='spawn', or started with clamor worker); "
-                           "keep such data in region arrays, which any worker reads, or use forked workers")
+        raise NotShareable("a Python object built under clamor.heap() is used in place only by workers that map the "
+                           "region at the driver's address, and this one was started with another --base; keep such "
+                           "data in region arrays, which any worker reads")
     return ctypes.cast(region.base() + offset, ctypes.py_object).value
 
 
@@ -86,6 +90,8 @@ def _length(obj):
 
 class _Pickler(cloudpickle.CloudPickler):
     in_place = None     # the first region object pickled by offset: (type name, its path if known)
+    roots = None        # a list: every region object pickled by offset is appended
+    forked = True       # check with share() (False: no worker is forked; the Cluster checks portability)
 
     def reducer_override(self, obj):
         if type(obj) is np.ndarray and obj.nbytes and not obj.dtype.hasobject and _in_region(obj):
@@ -99,6 +105,8 @@ class _Pickler(cloudpickle.CloudPickler):
         # worker, once clamor.share() found nothing outside the region
         # behind it.
         if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
+            if not self.forked:
+                return self._by_offset(obj)
             sig = (type(obj), _length(obj))
             known = _shared.get(id(obj))
             if known == sig:
@@ -123,6 +131,8 @@ class _Pickler(cloudpickle.CloudPickler):
     def _by_offset(self, obj):
         if self.in_place is None:
             self.in_place = f"a region {type(obj).__name__} at {id(obj):#x}"
+        if self.roots is not None:
+            self.roots.append(obj)
         return ("clamor-object", id(obj) - _base)
 
 
@@ -133,26 +143,29 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
-def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None):
+def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forked=True):
     """cloudpickle ``obj``, shipping region arrays by reference.  If
     ``objects`` is a list, a description of the first region object sent
-    by offset (used in place: only forked workers can) is appended to it."""
+    by offset (used in place) is appended to it; if ``roots`` is a list,
+    every such object.  ``forked``: some worker may be forked (region
+    objects are checked with share(), and go by value if refused)."""
     global _base
     _base = region.base() if region.size() else 0
     _end[0] = _base + region.size()
     buf = io.BytesIO()
     p = _Pickler(buf, protocol=protocol)
+    p.roots, p.forked = roots, forked
     p.dump(obj)
     if objects is not None and p.in_place is not None:
         objects.append(p.in_place)
     return buf.getvalue()
 
 
-def dumps_task(obj, objects=None):
+def dumps_task(obj, objects=None, roots=None, forked=True):
     """``dumps`` of a stage's payload; what cannot travel is named in a
     NotSerializable error (the pickler's own error is its cause)."""
     try:
-        return dumps(obj, objects=objects)
+        return dumps(obj, objects=objects, roots=roots, forked=forked)
     except errors.ClamorError:
         raise  # NotShareable says what it found itself
     except Exception as err:  # pickle raises TypeError, PicklingError, AttributeError, ...

@@ -60,7 +60,7 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
-from . import images
+from ..memory import images, portable
 from ._liveness import pid_alive, pid_namespace, shares_pids
 from .interrupt import Deferred
 from .progress import StageProgress
@@ -180,6 +180,7 @@ class Stages:
         changed = region.stage_begin(sid)
         if changed.size:
             self._changes[sid] = changed
+            portable.driver().note_changed(changed)
         # The page versions worth keeping are those of the stages a task may
         # still read at: this one, those recorded outputs were made at (lost
         # ones included: lineage re-runs read there), and those of tasks
@@ -193,6 +194,7 @@ class Stages:
         self._lineage.prune(self.unpersisted_versions)
         keep = sorted({sid} | self._lineage.versions() | set(self._attempt_version.values()))
         region.versions_keep(keep)
+        portable.driver().prune(keep[0])
         self._trim_changes(keep)
         return sid
 
@@ -303,15 +305,17 @@ class Stages:
         desc = f"stage {job.version}: " + ("shuffle map" if job.kind == "map" else job.action)
         if job.rerun:
             desc += " (recomputing lost partitions)"
-        in_place = []
+        in_place, roots = [], []
+        forked = self.start_method == "fork" and self.nworkers > 0
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
                                         "action": job.action, "arg": job.arg, "locs": self._locs(job.version)},
-                                       objects=in_place)
+                                       objects=in_place, roots=roots, forked=forked)
         sources = _sources(job.computes)
-        extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}, objects=in_place)
+        extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}, objects=in_place,
+                                     roots=roots, forked=forked)
                   for p in missing}
-        if in_place:
-            self._check_in_place(job, missing, in_place[0])
+        if roots:
+            self._check_in_place(job, missing, roots)
         lineage = _cached_ids(node)
         nparts = len(job.parts)
         tasks = []
@@ -351,20 +355,38 @@ class Stages:
             stat["duration_s"] = time.perf_counter() - t0
             self._record(stat)
 
-    def _check_in_place(self, job, parts, what):
-        """Region objects travel by offset, used in place: only a worker
-        forked from the driver has the interpreter objects they point at.
-        NotShareable if a task of ``parts`` may go to any other."""
+    def _check_in_place(self, job, parts, roots):
+        """Region objects travel by offset, used in place.  A worker not
+        forked from the driver can use them only if they are portable: their
+        pages' relocations are listed now (clamor/memory/portable.py), and
+        pages whose lists changed are dropped by those workers.
+        NotShareable if a task of ``parts`` may go to such a worker and they
+        are not portable, or the worker cannot relocate (another region
+        base, another hash seed)."""
         may = set()
         for p in parts:
             may.update(job.only.get(p) or self._workers)
-        others = sorted(w.decode() for w in may if self._workers.get(w, {}).get("spawned"))
-        if others:
+        others = sorted(w for w in may if self._workers.get(w, {}).get("spawned"))
+        if not others:
+            return
+        what = f"a region {type(roots[0]).__name__} at {id(roots[0]):#x}"
+        elsewhere = [w.decode() for w in others if not self._workers[w].get("same_base")]
+        if elsewhere:
             raise errors.NotShareable(
-                f"{what} is used by this stage, and Python objects built under clamor.heap() can only be used in "
-                f"place by workers forked from the driver; worker(s) {', '.join(others)} were not (spawned, or "
-                f"started with clamor worker). Keep such data in region arrays, which every worker reads, or "
-                f"use forked workers only")
+                f"{what} is used by this stage, and worker(s) {', '.join(elsewhere)} map the region at another "
+                f"address (--base): Python objects built under clamor.heap() are used in place only at the "
+                f"driver's address. Keep such data in region arrays, which every worker reads")
+        rel = portable.driver()
+        changed = rel.prepare(roots, region.stage_current())
+        if rel.seeded is not None:
+            unseeded = [w.decode() for w in others if not self._workers[w].get("hash_ok")]
+            if unseeded:
+                raise errors.NotShareable(portable.seed_message(rel.seeded) +
+                                          f" (worker(s) {', '.join(unseeded)} hash differently)")
+        if changed.size:
+            for w in self._workers.values():
+                if w.get("spawned"):
+                    w["reloc_inval"] = np.union1d(w.get("reloc_inval", changed), changed).astype(np.uint64)
 
     def _drive(self, asid, job, tasks, payload, extras):
         """Submit attempt ``asid`` and run the event loop until it ends."""
@@ -455,8 +477,26 @@ class Stages:
         w["stages"].add(ins.stage_id)
         version = job.version
         inval = self._invalidations(w, version) if w["seen"] != version else b""
+        if w.get("spawned"):
+            inval = self._relocation_news(ins.worker, w, inval)
         self._sock.send_multipart([ins.worker, b"TASK", pickle.dumps(ins.key), str(ins.stage_id).encode(),
                                    str(version).encode(), payload if first else b"", extras[ins.partition], inval])
+
+    def _relocation_news(self, wid, w, inval):
+        """Before a task goes to a worker not forked from the driver: the
+        relocation targets it has not bound yet (TARGETS), and the pages
+        whose relocation lists changed, added to ``inval``."""
+        rel = portable.driver()
+        specs = rel.specs_for(w["reloc_sent"])
+        if specs:
+            self._sock.send_multipart([wid, b"TARGETS", pickle.dumps(specs)])
+            w["reloc_sent"].update(i for i, _ in specs)
+        extra = w.pop("reloc_inval", None)
+        if extra is None or not extra.size:
+            return inval
+        if inval:
+            extra = np.union1d(np.frombuffer(inval, dtype=np.uint64), extra)
+        return extra.astype(np.uint64).tobytes()
 
     def _locs(self, version):
         """Where the blocks are, for tasks reading at ``version``: cached
@@ -596,8 +636,11 @@ class Stages:
             self._expected.add(wid)
         self._joined_ids.add(wid)
         self._welcomed_at[wid] = time.monotonic()
+        base = body.get("base")
+        self._join_info[wid] = {"hash_ok": body.get("hash") == portable.hash_digest(),
+                                "same_base": base is None or base == region.base()}
         welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace(),
-                   "images": images.loaded()}
+                   "images": images.loaded(), "base": region.base()}
         self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
         return []
 
@@ -631,7 +674,8 @@ class Stages:
         # fetched nothing yet.
         seen = self._born.pop(wid, region.stage_current())
         info.update(last_hb=time.monotonic(), stages=set(), seen=seen, sent=set(),
-                    far=wid in self._far, spawned=wid in self._joined_ids)
+                    far=wid in self._far, spawned=wid in self._joined_ids, reloc_sent=set(),
+                    **self._join_info.pop(wid, {}))
         self._workers[wid] = info
         for other in self._workers:   # its endpoint may be a lost worker's, reused: no longer dead
             if other != wid:

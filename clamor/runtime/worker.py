@@ -41,7 +41,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
 from ..memory import region
-from . import images, security, serialize
+from ..memory import images, portable
+from . import security, serialize
 from ._liveness import pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
@@ -67,7 +68,7 @@ def _connect(sock, driver):
         raise kind(f"cannot connect to the driver at {driver!r}: {err}") from err
 
 
-def _ask_to_join(ctx, driver, timeout, sec):
+def _ask_to_join(ctx, driver, timeout, sec, base=None):
     """The driver's WELCOME, as a dict.  Until ``timeout`` the connection
     is retried (the driver may start after this worker); TransportError if
     it never answers, WorkerRefused if it says no or refuses this worker's
@@ -79,7 +80,10 @@ def _ask_to_join(ctx, driver, timeout, sec):
                                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
     try:
         _connect(sock, driver)
-        sock.send_multipart([b"JOIN", json.dumps({"pid": os.getpid(), "pidns": pid_namespace()}).encode()])
+        # (the hash seed and the region's address say whether this worker can
+        # relocate the driver's region objects: clamor/memory/portable.py)
+        sock.send_multipart([b"JOIN", json.dumps({"pid": os.getpid(), "pidns": pid_namespace(),
+                                                  "hash": portable.hash_digest(), "base": base}).encode()])
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
@@ -145,7 +149,7 @@ def advertised_address(driver):
 
 def _check_images(sock, frames, driver):
     """After a WELCOME: refuse to join (LEAVE, then WorkerRefused) if this
-    worker's images differ from the driver's (clamor/runtime/images.py)."""
+    worker's images differ from the driver's (clamor/memory/images.py)."""
     try:
         kind, body = frames[0], json.loads(frames[1])
     except (IndexError, ValueError):
@@ -191,11 +195,12 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
         raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
     ctx = zmq.Context()
     try:
-        welcome = _ask_to_join(ctx, driver, timeout, sec)
+        welcome = _ask_to_join(ctx, driver, timeout, sec, base)
         sec.core()   # the pager and this worker's page server: before they open a socket
+        portable.enable()   # every page fetched comes with its relocations
         region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or ports or '*'}")
         region.ensure_handler_first()
-        serialize.objects_in_place(False)
+        serialize.objects_in_place(region.base() == welcome.get("base"))
         driver_pid = int(welcome["pid"])
         blocks = f"tcp://{host}:{block_port or ports or '*'}"
         if shares_pids(welcome.get("pidns")):

@@ -1,0 +1,559 @@
+"""Portable region objects: Python objects built under ``clamor.heap()``,
+used in place by workers that were not forked from the driver.
+
+A region object points out of the region: at its type, at ``None`` and
+small ints inside libpython, at a dtype inside numpy, at an interned string
+in the driver's heap.  A forked worker has all of those at the driver's
+addresses; a spawned one, or one on another host, has them elsewhere
+(ASLR stays on).  So the driver lists, for each region page, the words that
+point out of the region and what they point at (a *target*), and a worker
+that was not forked rewrites those words against its own address space as
+the page arrives, before any thread can read it (``csrc/reloc.c``).
+
+Finding the words (driver, ``prepare``): the walk of ``share()`` visits
+every object reachable from the objects a stage ships, and for each one
+reads the words that can hold pointers: all of a container's or an
+instance's body, its item array, its dict's keys and values tables, an
+object array's items, the C memory of an extension object and the region
+blocks that memory leads to (conservatively, as a collector does, skipping
+atomic blocks: array data is never read as pointers); only the type word
+of an int, float, str or bytes (their other words are data).  A word that
+points at a target is a relocation; the garbage-collector links of a
+region object are relocated to null (a worker sees the object untracked).
+
+Targets, each numbered once for the driver's life:
+
+- an image (the executable, libpython, an extension module, a shared
+  library): the word is an offset into it (static types, ``None``, small
+  ints, numpy's built-in dtypes, a Cython vtable);
+- a symbol: a module, class or function the worker imports by name;
+- a constant the worker makes equal and keeps: a str (interned), an int,
+  float, complex, bytes, or a tuple or frozenset of those, a built-in
+  dtype;
+- clamor's numpy allocator (every region array names it).
+
+Anything else outside the region (a mutable object, a class defined in
+``__main__``, a pointer of C memory into the driver's heap) is not
+portable: ``share(obj, portable=True)`` and the Cluster raise NotShareable
+naming the path to it and why.
+
+A dict or set with str or bytes keys stores their hashes, which CPython
+seeds per process; a worker reads it correctly only with the driver's
+seed (``PYTHONHASHSEED``, passed to the workers a Cluster spawns).
+"""
+import ctypes
+import hashlib
+import importlib
+import os
+import pickle
+import sys
+import time
+import types
+
+import numpy as np
+
+from .. import errors
+from .._native import ffi, lib
+from . import _pyshare, images, region
+from .hooks import HANDLER
+from .share import _HEAPTYPE, _MANAGED_DICT, _walk
+
+NotShareable = errors.NotShareable
+
+_HAVE_GC = 1 << 14
+# types whose words past the type pointer are data (never read as pointers)
+_DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.datetime64, np.timedelta64)
+_CONST_SCALARS = (int, float, complex, str, bytes)
+_HASHED_BY_SEED = (str, bytes)
+
+
+def hash_digest():
+    """A digest of this interpreter's str/bytes hash secret (equal in two
+    processes iff their str hashes agree)."""
+    secret = (ctypes.c_char * 24).in_dll(ctypes.pythonapi, "_Py_HashSecret")
+    return hashlib.blake2b(bytes(secret), digest_size=16).hexdigest()
+
+
+def seed_passes_on():
+    """Whether workers started from this process's environment get its
+    hash secret: PYTHONHASHSEED is set to a number."""
+    return os.environ.get("PYTHONHASHSEED", "random").isdigit()
+
+
+def loaded_images():
+    """[(portable name, path, base, lo, hi)] of this process's ELF objects."""
+    cap = 1024
+    while True:
+        buf = ffi.new("struct clamor_image[]", cap)
+        n = lib.clamor_images(buf, cap)
+        if n <= cap:
+            break
+        cap = n + 64
+    out = []
+    for i in range(n):
+        raw = ffi.string(buf[i].name).decode(errors="surrogateescape")
+        path = os.path.realpath("/proc/self/exe" if not raw else raw)
+        if not raw.startswith("/") and raw:
+            continue    # the vDSO: no file
+        out.append((images.portable_name(path), path, int(buf[i].base), int(buf[i].lo), int(buf[i].hi)))
+    return out
+
+
+def _module_of_file(path):
+    for name, m in list(sys.modules.items()):
+        f = getattr(m, "__file__", None)
+        if f and f.endswith((".so", ".pyd")) and os.path.realpath(f) == path:
+            return name
+    return None
+
+
+def _lookup(module, qualname):
+    obj = importlib.import_module(module)
+    for part in qualname.split(".") if qualname else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_const(o, depth=0):
+    if type(o) in _CONST_SCALARS:
+        return True
+    if type(o) in (tuple, frozenset) and depth < 8 and len(o) <= 64:
+        return all(_is_const(x, depth + 1) for x in o)
+    return False
+
+
+def _seeded(k, depth=0):
+    if isinstance(k, _HASHED_BY_SEED):
+        return True
+    if isinstance(k, (tuple, frozenset)) and depth < 8:
+        return any(_seeded(x, depth + 1) for x in k)
+    return False
+
+
+class _Targets:
+    """The driver's relocation targets: id -> (spec, driver address)."""
+
+    def __init__(self):
+        self.specs = [("null",)]
+        self.addrs = [0]
+        self.by_addr = {}       # object address -> id
+        self.keep = []          # the objects: alive while numbered, so an address never names two
+        self.by_image = {}      # portable name -> id
+        self.images = []        # (lo, hi, id), this walk's
+        self._ranges = None
+
+    def _new(self, spec, addr, obj=None):
+        tid = len(self.specs)
+        self.specs.append(spec)
+        self.addrs.append(addr)
+        if obj is not None:
+            self.by_addr[addr] = tid
+            self.keep.append(obj)
+            self._ranges = None
+        return tid
+
+    def refresh_images(self):
+        imgs = []
+        for name, path, base, lo, hi in loaded_images():
+            tid = self.by_image.get(name)
+            if tid is None or self.addrs[tid] != base:
+                tid = self.by_image[name] = self._new(("image", name, _module_of_file(path), base), base)
+            imgs.append((lo, hi, tid))
+        self.images = sorted(imgs)
+        self._ranges = None
+        if HANDLER and HANDLER not in self.by_addr and not self.in_image(HANDLER):
+            # every region array names clamor's numpy allocator (not a gc referent)
+            self._new(("handler", HANDLER), HANDLER, ctypes.cast(HANDLER, ctypes.py_object).value)
+
+    def in_image(self, addr):
+        return any(lo <= addr < hi for lo, hi, _ in self.images)
+
+    def ranges(self):
+        """Sorted target ranges for clamor_py_match: (lo[], hi[], id[], n)."""
+        if self._ranges is None:
+            rs = sorted(self.images + [(a, a + 1, t) for a, t in self.by_addr.items()])
+            clean = []
+            for r in rs:      # (an object inside an image's hull is covered by the image)
+                if clean and r[0] < clean[-1][1]:
+                    continue
+                clean.append(r)
+            n = len(clean)
+            self._ranges = (ffi.new("uintptr_t[]", [r[0] for r in clean] or [0]),
+                            ffi.new("uintptr_t[]", [r[1] for r in clean] or [0]),
+                            ffi.new("uint32_t[]", [r[2] for r in clean] or [0]), n)
+        return self._ranges
+
+    def classify(self, o):
+        """Number ``o`` (outside the region) as a target; None if an image
+        covers it, else the reason it is not portable."""
+        a = id(o)
+        if a in self.by_addr or self.in_image(a):
+            return None
+        if a == HANDLER:
+            self._new(("handler", a), a, o)
+            return None
+        if isinstance(o, types.ModuleType):
+            try:
+                ok = importlib.import_module(o.__name__) is o
+            except Exception:
+                ok = False
+            if not ok:
+                return f"module {o.__name__!r} cannot be imported by name"
+            self._new(("symbol", o.__name__, "", a), a, o)
+            return None
+        if isinstance(o, (type, types.FunctionType, types.BuiltinFunctionType)):
+            mod = getattr(o, "__module__", None)
+            if mod is None and isinstance(getattr(o, "__self__", None), types.ModuleType):
+                mod = o.__self__.__name__
+            qual = getattr(o, "__qualname__", None)
+            what = f"{'class' if isinstance(o, type) else 'function'} {mod}.{qual}"
+            if mod in (None, "__main__") or not qual or "<locals>" in qual:
+                return f"{what} cannot be imported by a worker (define it in a module the workers can import)"
+            try:
+                found = _lookup(mod, qual) is o
+            except Exception:
+                found = False
+            if not found:
+                return f"{what} is not what importing {mod} and looking up {qual} gives"
+            self._new(("symbol", mod, qual, a), a, o)
+            return None
+        if type(o) is str:
+            self._new(("str", o, a), a, o)
+            return None
+        if _is_const(o):
+            self._new(("const", pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL), a), a, o)
+            return None
+        if type(o) is np.dtype:
+            try:
+                builtin = np.dtype(o.str) is o
+            except TypeError:
+                builtin = False
+            if builtin:
+                self._new(("dtype", o.str, a), a, o)
+                return None
+            return "a dtype made at run time outside the region: make it inside clamor.heap()"
+        return (f"a {'mutable ' if not _is_const(o) else ''}{type(o).__name__} outside the region, which a worker "
+                f"not forked from the driver cannot have: build it inside clamor.heap()")
+
+
+class _Mode:
+    """The portable side of one share() walk: classifies what lies outside
+    the region and collects the extents to read for relocations."""
+
+    def __init__(self, targets):
+        self.t = targets
+        self.extents = []       # (lo, length, strict, path, what)
+        self.gc_words = []      # addresses of region objects' gc links
+        self.seeded = None      # path of a dict or set whose keys hash by the seed
+        self.blocks_seen = set()
+
+    def outside(self, path, o):
+        why = self.t.classify(o)
+        if why is not None:
+            raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is not portable to workers not forked "
+                               f"from the driver: {why}")
+
+    def outside_ok(self, o):
+        return self.t.classify(o) is None
+
+    def inside(self, path, o):
+        if isinstance(o, (type, types.FunctionType, types.CodeType, types.ModuleType)):
+            raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) was made inside clamor.heap(): a class, "
+                               f"function or module in the region is not portable; define it in a module")
+        t = type(o)
+        a = id(o)
+        flags = t.__flags__
+        if flags & _HAVE_GC:
+            self.gc_words += (a - 16, a - 8)
+        if isinstance(o, _DATA_ONLY) and t is not np.void:
+            if flags & _HEAPTYPE:
+                raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): an instance of a class "
+                                   f"derived from {_solid_name(t)} is not portable to workers not forked from the "
+                                   f"driver (its data would be read as pointers): use the built-in type")
+            self.extents.append((a + 8, 8, True, path, "type"))
+        else:
+            body = lib.clamor_py_body_size(a)
+            # a set's body and a dtype's hold hashes, which are data
+            strict = not isinstance(o, (set, frozenset, np.dtype))
+            self.extents.append((a + 8, max(0, body - 8), strict, path, "body"))
+            if flags & _HEAPTYPE and flags & _MANAGED_DICT:
+                pre = 16 + (16 if flags & _HAVE_GC else 0)
+                self.extents.append((a - pre, 16, True, path, "dict pointers"))
+        for code, addr in _pyshare.fields(o):
+            if code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_VALUES,
+                        lib.CLAMOR_FIELD_TABLE, lib.CLAMOR_FIELD_SUBARRAY, lib.CLAMOR_FIELD_CMETA) \
+                    or (code == lib.CLAMOR_FIELD_DATA and isinstance(o, np.ndarray) and o.dtype.hasobject
+                        and o.base is None):
+                if not region.contains(addr, 1):
+                    continue     # (checked by share(): a static empty table)
+                lo, n = _block(addr)
+                hashes = code in (lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_TABLE)
+                self.extents.append((lo, n, not hashes, path, _pyshare.FIELD_NAMES[code]))
+        if self.seeded is None and isinstance(o, (dict, set, frozenset)):
+            if any(_seeded(k) for k in (o.keys() if isinstance(o, dict) else o)):
+                self.seeded = str(path)
+
+    def opaque(self, path, o, blocks):
+        for lo, n in blocks:
+            if lo not in self.blocks_seen:
+                self.blocks_seen.add(lo)
+                self.extents.append((lo, n, False, path, "C memory"))
+
+
+def _solid_name(t):
+    for b in t.__mro__:
+        if not b.__flags__ & _HEAPTYPE:
+            return b.__name__
+    return "object"
+
+
+def _block(addr):
+    start, size = ffi.new("uintptr_t *"), ffi.new("size_t *")
+    if lib.clamor_block_of(ffi.cast("void *", addr), start, size) != 0:
+        return addr, 8
+    return int(start[0]), int(size[0])
+
+
+class Relocations:
+    """The driver's relocation lists, kept current for the objects shipped
+    in place to workers not forked from it."""
+
+    def __init__(self):
+        self.targets = _Targets()
+        self.roots = {}         # id -> object, every root shipped in place
+        self.lists = {}         # page -> entries installed (bytes)
+        self.covered = set()    # pages the last walk read
+        self.changed = []       # pages the driver changed since the last walk
+        self.seeded = None
+        self.used = set()       # targets named by an installed list
+        self.cost = {"walks": 0, "seconds": 0.0, "pages": 0, "entries": 0}
+
+    def note_changed(self, pages):
+        if len(pages):
+            self.changed.append(np.asarray(pages, dtype=np.uint64))
+
+    def prepare(self, roots, stage, limit=20_000_000):
+        """Walk ``roots`` (with every root shipped before) if anything they
+        cover may have changed, install the lists that differ at ``stage``,
+        and return the pages whose lists changed (workers must fetch them
+        again).  NotShareable if a root is not portable."""
+        new = [r for r in roots if id(r) not in self.roots]
+        if not new and not self._dirty():
+            return np.zeros(0, np.uint64)
+        roots_now = dict(self.roots)
+        roots_now.update((id(r), r) for r in roots)
+        t0 = time.perf_counter()
+        entries, covered, seeded = self._walk(list(roots_now.values()), limit)
+        self.roots = roots_now
+        self.covered = covered
+        self.changed = []
+        self.seeded = seeded
+        out = self._install(entries, stage)
+        self.cost["walks"] += 1
+        self.cost["seconds"] += time.perf_counter() - t0
+        return out
+
+    def _dirty(self):
+        if not self.changed or not self.covered:
+            return False
+        ch = np.unique(np.concatenate(self.changed))
+        return any(int(p) in self.covered for p in ch)
+
+    def _walk(self, roots, limit):
+        t = self.targets
+        t.refresh_images()
+        mode = _Mode(t)
+        for r in roots:
+            _walk(r, limit, mode)
+        return _entries(mode, t), _pages_of(mode), mode.seeded
+
+    def _install(self, entries, stage):
+        changed = []
+        for page in sorted(set(entries) | set(self.lists)):
+            e = entries.get(page, b"")
+            if self.lists.get(page, b"") == e:
+                continue
+            n = len(e) // 16
+            buf = ffi.from_buffer("struct clamor_reloc[]", bytearray(e)) if n else ffi.NULL
+            rc = lib.clamor_reloc_set(stage, page, buf, n)
+            if rc:
+                from .._native import check
+                check(rc, "clamor_reloc_set")
+            if e:
+                self.lists[page] = e
+                self.used.update(np.frombuffer(e, dtype=[("w", "<u4"), ("t", "<u4"), ("v", "<u8")])["t"].tolist())
+            else:
+                self.lists.pop(page, None)
+            changed.append(page)
+        self.cost["pages"] = len(self.lists)
+        self.cost["entries"] = sum(len(e) for e in self.lists.values()) // 16
+        return np.asarray(changed, dtype=np.uint64)
+
+    def prune(self, floor):
+        """Forget the lists no request at a stage >= ``floor`` is served."""
+        lib.clamor_reloc_prune(floor)
+
+    def specs_for(self, sent):
+        """[(id, spec)] of the targets a list names that are not in
+        ``sent`` (a worker binds them before it runs a task)."""
+        return [(i, self.targets.specs[i]) for i in sorted(self.used - sent) if i]
+
+
+def _entries(mode, t):
+    """{page: entries as bytes, sorted by word} from the walk's extents."""
+    tlo, thi, tid, nt = t.ranges()
+    amap = _pyshare.AddressMap()
+    cap = 1 << 16
+    at = ffi.new("uintptr_t[]", cap)
+    ids = ffi.new("uint32_t[]", cap)
+    done = ffi.new("size_t *")
+    found = {}
+    for lo, n, strict, path, what in mode.extents:
+        pos = 0
+        while pos < n:
+            k = lib.clamor_py_match(lo + pos, n - pos, tlo, thi, tid, nt, amap.private, amap.nprivate,
+                                    at, ids, cap, done)
+            pos += int(done[0])
+            for i in range(k):
+                a, target = int(at[i]), int(ids[i])
+                if target == lib.CLAMOR_NO_TARGET:
+                    if strict:
+                        word = int(ffi.cast("uintptr_t *", a)[0])
+                        raise NotShareable(f"{path}: its {what} holds at byte {a - lo} a pointer ({word:#x}) into "
+                                           f"this process's private memory outside the region, which a worker not "
+                                           f"forked from the driver cannot follow (a weak reference, a cached "
+                                           f"buffer, memory a library allocated outside clamor.heap())")
+                    continue    # C memory: share()'s scan has warned about it
+                found[a] = target
+    for a in mode.gc_words:
+        found[a] = 0
+    base, shift = region.base(), (region.page_size() - 1).bit_length()
+    if not found:
+        return {}
+    addrs = np.fromiter(found.keys(), dtype=np.uint64, count=len(found))
+    tids = np.fromiter(found.values(), dtype=np.uint32, count=len(found))
+    order = np.argsort(addrs)
+    addrs, tids = addrs[order], tids[order]
+    off = addrs - np.uint64(base)
+    pages = off >> np.uint64(shift)
+    rec = np.empty(len(addrs), dtype=[("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
+    rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
+    rec["t"] = tids
+    rec["v"] = [int(ffi.cast("uintptr_t *", int(a))[0]) for a in addrs]
+    out = {}
+    cuts = np.flatnonzero(np.diff(pages)) + 1
+    for chunk in np.split(np.arange(len(addrs)), cuts):
+        out[int(pages[chunk[0]])] = rec[chunk].tobytes()
+    return out
+
+
+def _pages_of(mode):
+    base, ps = region.base(), region.page_size()
+    pages = set()
+    for lo, n, *_ in mode.extents:
+        pages.update(range((lo - base) // ps, (lo + max(n, 1) - 1 - base) // ps + 1))
+    for a in mode.gc_words:
+        pages.add((a - base) // ps)
+    return pages
+
+
+def check(obj, limit=20_000_000):
+    """share(obj, portable=True): NotShareable unless workers not forked
+    from the driver can use ``obj`` in place."""
+    mode = _Mode(_driver().targets)
+    mode.t.refresh_images()
+    _walk(obj, limit, mode)
+    _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
+    if mode.seeded is not None and not seed_passes_on():
+        raise NotShareable(seed_message(mode.seeded))
+
+
+def seed_message(path):
+    return (f"{path} is a dict or set keyed by str or bytes, whose hashes CPython seeds per process: a worker not "
+            f"forked from the driver reads it right only with the driver's seed.  Start the driver with "
+            f"PYTHONHASHSEED set (for example PYTHONHASHSEED=0 python job.py): a Cluster passes it to the workers "
+            f"it spawns; give hand-started workers the same")
+
+
+_DRIVER = [None]
+
+
+def _driver():
+    if _DRIVER[0] is None:
+        _DRIVER[0] = Relocations()
+    return _DRIVER[0]
+
+
+def driver():
+    """This process's Relocations (the driver's)."""
+    return _driver()
+
+
+# ---- worker --------------------------------------------------------------------------
+
+_bound = {}     # id -> the object a target resolved to (kept alive here)
+
+
+def enable():
+    """Ask for relocations with every page this worker fetches."""
+    lib.clamor_reloc_enable(1)
+
+
+def bind(specs):
+    """Resolve and bind targets [(id, spec)] in this worker.  NotShareable
+    if one cannot be had here (an image not loaded, a symbol not found)."""
+    imgs = None
+    for tid, spec in specs:
+        if tid in _bound:
+            continue
+        kind = spec[0]
+        if kind == "image":
+            _, name, module, dbase = spec
+            if module:
+                try:
+                    importlib.import_module(module)
+                except Exception as err:
+                    raise NotShareable(f"a region object points into {module}, which this worker cannot import: "
+                                       f"{err}") from err
+            imgs = imgs if imgs is not None and not module else {n: b for n, _, b, _, _ in loaded_images()}
+            local = imgs.get(name)
+            if local is None:
+                path = images.local_path(name)
+                if path is not None:
+                    try:
+                        ctypes.CDLL(path)
+                    except OSError:
+                        pass
+                    imgs = {n: b for n, _, b, _, _ in loaded_images()}
+                    local = imgs.get(name)
+            if local is None:
+                raise NotShareable(f"a region object points into {name.removeprefix('rel:')}, which this worker "
+                                   f"has not loaded and cannot load")
+            obj, daddr, laddr = None, dbase, local
+        elif kind == "symbol":
+            _, module, qual, daddr = spec
+            try:
+                obj = _lookup(module, qual)
+            except Exception as err:
+                raise NotShareable(f"a region object refers to {module}{'.' + qual if qual else ''}, which this "
+                                   f"worker cannot import: {type(err).__name__}: {err}") from err
+            laddr = id(obj)
+        elif kind == "str":
+            obj, daddr = sys.intern(spec[1]), spec[2]
+            laddr = id(obj)
+        elif kind == "const":
+            obj, daddr = pickle.loads(spec[1]), spec[2]
+            laddr = id(obj)
+        elif kind == "dtype":
+            obj, daddr = np.dtype(spec[1]), spec[2]
+            laddr = id(obj)
+        elif kind == "handler":
+            obj, daddr, laddr = None, spec[1], HANDLER
+        else:
+            raise errors.ProtocolError(f"unknown relocation target kind {kind!r}")
+        rc = lib.clamor_reloc_bind(tid, daddr, laddr)
+        if rc:
+            from .._native import check as _check
+            _check(rc, "clamor_reloc_bind")
+        _bound[tid] = obj
+

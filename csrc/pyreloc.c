@@ -1,0 +1,101 @@
+/* pyreloc.c -- what clamor/memory/portable.py needs from C to list a
+ * page's relocations: the loaded images, and a scan that finds the words
+ * pointing at relocation targets.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).
+ *
+ * clamor_images() lists every ELF object of the process (dl_iterate_phdr):
+ * its load base and the hull of its PT_LOAD segments, .bss included, which
+ * /proc/self/maps shows as an anonymous mapping that could not be told
+ * from others.  A pointer into that hull is an offset into that image.
+ *
+ * clamor_py_match() reads every aligned word of [lo, lo+len) and reports
+ * those that point at a target (sorted, disjoint ranges: an image's hull,
+ * or an object's first byte) with the target's number, and those that
+ * point into private memory outside the region and every target, with
+ * CLAMOR_NO_TARGET.  Words into the region are not reported: a worker maps
+ * the region at the driver's address.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define _GNU_SOURCE
+#include <link.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct img_ctx {
+    struct clamor_image *out;
+    size_t max, n;
+};
+
+static int one_image(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct img_ctx *c = arg;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+        if (a < lo) lo = a;
+        if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
+    }
+    if (lo >= hi) return 0;
+    if (c->n < c->max) {
+        struct clamor_image *m = &c->out[c->n];
+        m->base = info->dlpi_addr;
+        m->lo = lo;
+        m->hi = hi;
+        snprintf(m->name, sizeof m->name, "%s", info->dlpi_name ? info->dlpi_name : "");
+    }
+    c->n++;
+    return 0;
+}
+
+size_t clamor_images(struct clamor_image *out, size_t max) {
+    struct img_ctx c = {out, max, 0};
+    dl_iterate_phdr(one_image, &c);
+    return c.n;
+}
+
+static long find(uintptr_t w, const uintptr_t *lo, const uintptr_t *hi, size_t n) {
+    size_t a = 0, b = n;
+    while (a < b) {
+        size_t m = (a + b) / 2;
+        if (w < lo[m]) b = m;
+        else if (w >= hi[m]) a = m + 1;
+        else return (long)m;
+    }
+    return -1;
+}
+
+size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uintptr_t *thi, const uint32_t *tid,
+                       size_t nt, const uintptr_t *priv, size_t npriv, uintptr_t *at, uint32_t *id, size_t max,
+                       size_t *done) {
+    uintptr_t p = (lo + 7) & ~(uintptr_t)7, end = lo + len;
+    uintptr_t tmin = nt ? tlo[0] : 1, tmax = nt ? thi[nt - 1] : 0;
+    size_t n = 0;
+    for (; p + 8 <= end && n < max; p += 8) {
+        uintptr_t w = *(const uintptr_t *)p;
+        if (w < 4096 || cl_in_region(w)) continue;
+        long k = w >= tmin && w < tmax ? find(w, tlo, thi, nt) : -1;
+        if (k >= 0) {
+            at[n] = p;
+            id[n++] = tid[k];
+        } else if (npriv) { /* priv: sorted [lo, hi) pairs */
+            size_t a = 0, b = npriv;
+            while (a < b) {
+                size_t m = (a + b) / 2;
+                if (w < priv[2 * m]) b = m;
+                else if (w >= priv[2 * m + 1]) a = m + 1;
+                else {
+                    at[n] = p;
+                    id[n++] = CLAMOR_NO_TARGET;
+                    break;
+                }
+            }
+        }
+    }
+    *done = p >= end ? len : p - lo;
+    return n;
+}
+#endif /* CLAMOR_WITH_PYTHON */

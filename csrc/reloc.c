@@ -1,0 +1,337 @@
+/* reloc.c -- relocations: region pages that hold pointers out of the region.
+ *
+ * DESIGN.  A Python object built under clamor.heap() points out of the
+ * region: at its type, at None and small ints inside libpython, at a
+ * numpy dtype inside numpy, at an interned string in the driver's heap.
+ * A worker forked from the driver has all of those at the same addresses;
+ * one that was not (spawned, on another host) has them elsewhere.  So the
+ * driver lists, for every page that holds such pointers, each word and the
+ * target it points at (an image, or an object the worker finds by import
+ * or makes equal: clamor/memory/portable.py finds them), and a worker that
+ * asks (CL_WIRE_RELOC) gets the list with the page and rewrites each word
+ * against its own address space before the page becomes visible.  This is
+ * pointer swizzling at page-fault time, with the pointer map of the JDK's
+ * class-data-sharing archive in place of type descriptors.
+ *
+ * An entry is (word within the page, target, the driver's word).  A worker
+ * writes local[target] + (word - driver[target]); target 0 is "null" (the
+ * driver's garbage-collector links of region objects: a worker sees them
+ * untracked).  Keeping the driver's word makes a list self-contained: a
+ * worker serving a peer that wants the driver's bytes (a forked one) puts
+ * them back, and a peer that relocates overwrites every listed word anyway.
+ *
+ * Driver: each page's list has a history by stage (a list is valid from
+ * the stage it was computed at until a newer one replaces it), so that a
+ * request of an older stage gets the list of the version it is served;
+ * clamor_reloc_prune drops what no kept stage can ask for.
+ * Worker: one list per page it holds, replaced when the page is fetched
+ * again, served to peers with the page.
+ *
+ * Locks: one mutex, taken by Python's calls, the page server and the
+ * pager; never by the fault handler.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+#include "wire.h"
+
+struct rlist {
+    struct rlist *next; /* driver: older lists of the page */
+    uint32_t from;      /* driver: first stage it is valid at */
+    uint32_t n;
+    struct clamor_reloc e[];
+};
+
+static struct {
+    pthread_mutex_t lock;
+    struct rlist **page; /* per page: newest list, or NULL */
+    uint64_t npages;
+    uint64_t *touched;   /* driver: pages that have a history */
+    size_t ntouched, captouched;
+    uint64_t *tdrv, *tloc; /* worker: per target, driver's and local address */
+    uint8_t *tset;
+    uint32_t ntargets;
+    _Atomic int on;      /* worker: ask for relocations */
+} R = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int ensure_pages(void) {
+    if (R.page && R.npages == cl_region.npages) return 0;
+    if (R.page) return cl_err(EBUSY, "relocations of another region are still held");
+    void *m = mmap(NULL, cl_region.npages * sizeof(void *), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return cl_err(ENOMEM, "cannot map the relocation table");
+    R.page = m;
+    R.npages = cl_region.npages;
+    return 0;
+}
+
+static void free_chain(struct rlist *l) {
+    while (l) {
+        struct rlist *n = l->next;
+        free(l);
+        l = n;
+    }
+}
+
+static struct rlist *make(uint32_t from, const struct clamor_reloc *e, uint32_t n) {
+    struct rlist *l = malloc(sizeof *l + (size_t)n * sizeof *e);
+    if (!l) return NULL;
+    l->next = NULL;
+    l->from = from;
+    l->n = n;
+    if (n) memcpy(l->e, e, (size_t)n * sizeof *e);
+    return l;
+}
+
+int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *e, uint32_t n) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver lists relocations");
+    if (page >= cl_region.npages) return cl_err(ERANGE, "page %llu is outside the region", (unsigned long long)page);
+    uint64_t words = cl_region.page_size / 8;
+    for (uint32_t i = 0; i < n; i++)
+        if (e[i].word >= words) return cl_err(EINVAL, "relocation word %u is outside the page", e[i].word);
+    struct rlist *l = make(stage, e, n);
+    if (!l) return cl_err(ENOMEM, "out of memory for relocations");
+    pthread_mutex_lock(&R.lock);
+    int rc = ensure_pages();
+    if (rc) {
+        pthread_mutex_unlock(&R.lock);
+        free(l);
+        return rc;
+    }
+    struct rlist *old = R.page[page];
+    if (!old && R.ntouched == R.captouched) {
+        size_t cap = R.captouched ? 2 * R.captouched : 1024;
+        uint64_t *t = realloc(R.touched, cap * sizeof *t);
+        if (!t) {
+            pthread_mutex_unlock(&R.lock);
+            free(l);
+            return cl_err(ENOMEM, "out of memory for relocations");
+        }
+        R.touched = t;
+        R.captouched = cap;
+    }
+    if (!old) R.touched[R.ntouched++] = page;
+    if (old && old->from >= stage) { /* a newer computation for the same stage replaces it */
+        l->next = old->next;
+        free(old);
+    } else {
+        l->next = old;
+    }
+    R.page[page] = l;
+    pthread_mutex_unlock(&R.lock);
+    return 0;
+}
+
+void clamor_reloc_prune(uint32_t floor) {
+    pthread_mutex_lock(&R.lock);
+    for (size_t i = 0; R.page && i < R.ntouched; i++) {
+        struct rlist *l = R.page[R.touched[i]];
+        while (l && l->from > floor) l = l->next; /* the list a request at `floor` gets */
+        if (l) {
+            free_chain(l->next);
+            l->next = NULL;
+        }
+    }
+    pthread_mutex_unlock(&R.lock);
+}
+
+void clamor_reloc_reset(void) {
+    pthread_mutex_lock(&R.lock);
+    if (R.page) {
+        for (uint64_t i = 0; i < R.npages; i++)
+            if (R.page[i]) free_chain(R.page[i]);
+        munmap(R.page, R.npages * sizeof(void *));
+    }
+    R.page = NULL;
+    R.npages = 0;
+    free(R.touched);
+    R.touched = NULL;
+    R.ntouched = R.captouched = 0;
+    free(R.tdrv);
+    free(R.tloc);
+    free(R.tset);
+    R.tdrv = R.tloc = NULL;
+    R.tset = NULL;
+    R.ntargets = 0;
+    atomic_store(&R.on, 0);
+    pthread_mutex_unlock(&R.lock);
+}
+
+int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr) {
+    if (target == 0) return cl_err(EINVAL, "target 0 is null, it cannot be bound");
+    if (target > 1u << 26) return cl_err(ERANGE, "relocation target %u is out of range", target);
+    pthread_mutex_lock(&R.lock);
+    if (target >= R.ntargets) {
+        uint32_t cap = R.ntargets ? R.ntargets : 256;
+        while (cap <= target) cap *= 2;
+        uint64_t *d = realloc(R.tdrv, cap * sizeof *d), *l = d ? realloc(R.tloc, cap * sizeof *l) : NULL;
+        uint8_t *s = l ? realloc(R.tset, cap) : NULL;
+        if (d) R.tdrv = d;
+        if (l) R.tloc = l;
+        if (!s) {
+            pthread_mutex_unlock(&R.lock);
+            return cl_err(ENOMEM, "out of memory for relocation targets");
+        }
+        memset(s + R.ntargets, 0, cap - R.ntargets);
+        R.tset = s;
+        R.ntargets = cap;
+    }
+    R.tdrv[target] = driver_addr;
+    R.tloc[target] = local_addr;
+    R.tset[target] = 1;
+    pthread_mutex_unlock(&R.lock);
+    return 0;
+}
+
+void clamor_reloc_enable(int on) { atomic_store(&R.on, on ? 1 : 0); }
+int clamor_reloc_enabled(void) { return atomic_load(&R.on); }
+
+/* ---- the data plane (server and pager threads) ------------------------------- */
+
+/* Does every word the list names hold the driver's word it recorded?
+ * (Null entries are garbage-collector links, which the driver's collector
+ * rewrites at any time, and which read null anyway.) */
+static bool matches(const struct rlist *l, const char *page) {
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (!l->e[i].target) continue;
+        uint64_t w;
+        memcpy(&w, page + (size_t)l->e[i].word * 8, 8);
+        if (w != l->e[i].value) return false;
+    }
+    return true;
+}
+
+size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char *data, void **out, int *err) {
+    /* [u32 n][n entries]: word counted from the start of the reply's data */
+    *err = 0;
+    *out = NULL;
+    pthread_mutex_lock(&R.lock);
+    size_t n = 0;
+    uint64_t words = cl_region.page_size / 8;
+    struct rlist *pick[CL_WIRE_MAX_COUNT];
+    for (uint32_t k = 0; k < count; k++) {
+        struct rlist *l = R.page && first + k < R.npages ? R.page[first + k] : NULL;
+        if (cl_region.role == CLAMOR_ROLE_DRIVER && l) {
+            /* The list of the stage's version: the newest from that stage
+             * or before, else (a list first made later, for objects that
+             * were there already) the oldest.  Whichever it is must agree
+             * with the bytes served, word for word, or none is sent: a
+             * relocation applied to the wrong bytes would corrupt them. */
+            const char *page = data + (size_t)k * cl_region.page_size;
+            struct rlist *c = l, *oldest = l;
+            while (c && c->from > stage) {
+                oldest = c;
+                c = c->next;
+            }
+            if (!c) c = oldest;
+            if (!matches(c, page)) {
+                for (c = l; c && !matches(c, page); c = c->next) {}
+            }
+            if (!c) {
+                pthread_mutex_unlock(&R.lock);
+                *err = ESTALE;
+                return 0;
+            }
+            l = c;
+        }
+        pick[k] = l;
+        if (l) n += l->n;
+    }
+    size_t bytes = 4 + n * sizeof(struct clamor_reloc);
+    uint8_t *b = malloc(bytes);
+    if (!b) {
+        pthread_mutex_unlock(&R.lock);
+        *err = ENOMEM;
+        return 0;
+    }
+    uint32_t n32 = (uint32_t)n;
+    memcpy(b, &n32, 4);
+    struct clamor_reloc *o = (struct clamor_reloc *)(b + 4);
+    for (uint32_t k = 0; k < count; k++)
+        for (uint32_t i = 0; pick[k] && i < pick[k]->n; i++) {
+            *o = pick[k]->e[i];
+            o->word += (uint32_t)(k * words);
+            o++;
+        }
+    pthread_mutex_unlock(&R.lock);
+    *out = b;
+    return bytes;
+}
+
+void cl_reloc_restore(uint64_t first, uint32_t count, char *data) {
+    uint64_t words = cl_region.page_size / 8;
+    pthread_mutex_lock(&R.lock);
+    for (uint32_t k = 0; R.page && k < count; k++) {
+        struct rlist *l = first + k < R.npages ? R.page[first + k] : NULL;
+        for (uint32_t i = 0; l && i < l->n; i++)
+            memcpy(data + ((size_t)k * words + l->e[i].word) * 8, &l->e[i].value, 8);
+    }
+    pthread_mutex_unlock(&R.lock);
+}
+
+int cl_reloc_apply(uint64_t first, uint32_t count, char *data, size_t len, const void *frame, size_t flen) {
+    uint32_t n;
+    if (flen < 4) return EBADMSG;
+    memcpy(&n, frame, 4);
+    if (flen != 4 + (size_t)n * sizeof(struct clamor_reloc)) return EBADMSG;
+    const struct clamor_reloc *e = (const struct clamor_reloc *)((const char *)frame + 4);
+    uint64_t words = cl_region.page_size / 8, total = len / 8;
+    pthread_mutex_lock(&R.lock);
+    int rc = ensure_pages();
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        struct clamor_reloc r;
+        memcpy(&r, e + i, sizeof r);
+        if (r.word >= total) {
+            rc = EBADMSG;
+            break;
+        }
+        uint64_t v = 0;
+        if (r.target) {
+            if (r.target >= R.ntargets || !R.tset[r.target]) {
+                rc = cl_err(ENOKEY, "page %llu points at relocation target %u, which this worker has not bound",
+                            (unsigned long long)(first + r.word / words), r.target);
+                break;
+            }
+            v = R.tloc[r.target] + (r.value - R.tdrv[r.target]);
+        }
+        memcpy(data + (size_t)r.word * 8, &v, 8);
+    }
+    /* keep each page's list, in its own numbering, for serving peers */
+    size_t i = 0;
+    for (uint32_t k = 0; !rc && k < count; k++) {
+        size_t j = i;
+        while (j < n && e[j].word / words == k) j++;
+        struct rlist *l = make(0, e + i, (uint32_t)(j - i));
+        for (uint32_t m = 0; l && m < l->n; m++) l->e[m].word -= (uint32_t)(k * words);
+        if (!l) {
+            rc = ENOMEM;
+            break;
+        }
+        free_chain(R.page[first + k]);
+        R.page[first + k] = l;
+        i = j;
+    }
+    if (!rc && i != n) rc = EBADMSG; /* entries out of order */
+    pthread_mutex_unlock(&R.lock);
+    return rc;
+}
+
+void cl_reloc_forget(uint64_t first, uint64_t count) {
+    pthread_mutex_lock(&R.lock);
+    for (uint64_t p = first; R.page && p < first + count && p < R.npages; p++) {
+        free_chain(R.page[p]);
+        R.page[p] = NULL;
+    }
+    pthread_mutex_unlock(&R.lock);
+}
+
+bool cl_reloc_held(uint64_t first, uint32_t count) {
+    pthread_mutex_lock(&R.lock);
+    bool ok = R.page != NULL;
+    for (uint32_t k = 0; ok && k < count; k++) ok = R.page[first + k] != NULL;
+    pthread_mutex_unlock(&R.lock);
+    return ok;
+}
