@@ -4,7 +4,7 @@
  *
  * Built only into the Python extension (CLAMOR_WITH_PYTHON).
  *
- * clamor_images() lists every ELF object of the process (dl_iterate_phdr):
+ * clamor_py_images() lists every ELF object of the process (dl_iterate_phdr):
  * its load base and the hull of its PT_LOAD segments, .bss included, which
  * /proc/self/maps shows as an anonymous mapping that could not be told
  * from others.  A pointer into that hull is an offset into that image.
@@ -51,7 +51,7 @@ static int one_image(struct dl_phdr_info *info, size_t size, void *arg) {
     return 0;
 }
 
-size_t clamor_images(struct clamor_image *out, size_t max) {
+size_t clamor_py_images(struct clamor_image *out, size_t max) {
     struct img_ctx c = {out, max, 0};
     dl_iterate_phdr(one_image, &c);
     return c.n;

@@ -60,12 +60,15 @@ def attempt(f, *a, **k):
 """
 
 
-def scenario(body, timeout=120):
+def scenario(body, timeout=120, env=None):
     """Run a driver script (after PRELUDE, faulthandler on) in its own
-    interpreter; it must exit 0 and print one JSON line last, returned."""
+    interpreter, with ``env`` added to the environment (a None value takes
+    the variable out); it must exit 0 and print one JSON line last,
+    returned."""
     code = PRELUDE + textwrap.dedent(body)
+    full = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                       env={k: v for k, v in full.items() if v is not None})
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return json.loads(p.stdout.strip().splitlines()[-1])
 

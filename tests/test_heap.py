@@ -163,7 +163,7 @@ sys.exit(main(["demo", "geo", "--quick", "--queries", "2000"]))
 
 def test_fork_snapshot_does_not_grow_with_each_cluster():
     import importlib
-    share = importlib.import_module("clamor.memory.share")   # (clamor.share is also the function)
+    share = importlib.import_module("clamor.memory.walk")   # (the walk behind clamor.share)
     share.note_fork()
     first = len(share._inherited)
     for _ in range(3):

@@ -43,27 +43,34 @@ def test_spawned_workers_compute_what_forked_workers_and_one_process_compute():
     assert len(set(out["spawn pids"])) == 2 and out["me"] not in out["spawn pids"]
 
 
-def test_region_python_objects_bound_for_a_worker_not_forked_are_refused_on_the_driver():
-    out = scenario("""
+def test_region_python_objects_go_in_place_to_workers_that_can_relocate_them_only():
+    """A spawned worker maps the region at the driver's address and uses a
+    region dict in place (the same id); a hand-started one at another base
+    cannot, and the driver refuses to ship it there, naming the worker."""
+    out = scenario(HAND + """
         with clamor.heap():
             d = {"k": list(range(100))}
-        clamor.share(d)
         res = {"addr": hex(id(d))}
         with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:
-            res["run"] = attempt(cl.run, lambda: sum(d["k"]))
-            res["map"] = attempt(lambda: cl.range(4).map(lambda i: d["k"][i]).collect())
-            a = clamor.zeros(10); a[:] = 4
-            res["array afterwards"] = cl.run(lambda: float(a.sum()))
-        with clamor.Cluster(workers=1, progress=False) as cl:
-            res["forked"] = cl.run(lambda: sum(d["k"]))
+            res["spawned"] = cl.run(lambda: (hex(id(d)), sum(d["k"])))
+        cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=60)
+        cl.join_command()                     # (binds the endpoint)
+        p = by_hand(cl, "--base", hex(0x300000000000))
+        cl.start()
+        res["elsewhere"] = attempt(cl.run, lambda: sum(d["k"]))
+        res["map"] = attempt(lambda: cl.range(4).map(lambda i: d["k"][i]).collect())
+        a = clamor.zeros(10); a[:] = 4
+        res["array afterwards"] = cl.run(lambda: float(a.sum()))
+        cl.close()
+        p.wait(30)
         print(json.dumps(res))
-        """)
-    for k in ("run", "map"):
+        """, env={"PYTHONHASHSEED": "0"})
+    assert out["spawned"] == [[out["addr"], 4950]]
+    for k in ("elsewhere", "map"):
         kind, msg, typed = out[k]
         assert kind == "NotShareable" and typed, out[k]
-        assert f"region dict at {out['addr']}" in msg and "w0" in msg and "forked" in msg
+        assert f"region dict at {out['addr']}" in msg and "w0" in msg and "another address" in msg, msg
     assert out["array afterwards"] == [40.0]
-    assert out["forked"] == [4950]
 
 
 def test_a_worker_not_forked_refuses_a_region_object_that_reaches_it_anyway():
@@ -292,7 +299,7 @@ def test_a_worker_whose_images_differ_is_refused_and_its_place_stays_open(tmp_pa
     takes the place."""
     out = scenario(HAND + f"""
         import logging, io, shutil, numpy
-        from clamor.runtime import images
+        from clamor.memory import images
         buf = io.StringIO()
         logging.getLogger("clamor").addHandler(logging.StreamHandler(buf))
         core = [n for n in images.loaded() if n.startswith("rel:numpy/") and "_multiarray_umath" in n][0][4:]

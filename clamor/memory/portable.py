@@ -56,7 +56,7 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .share import _HEAPTYPE, _MANAGED_DICT, _walk
+from .walk import _HEAPTYPE, _MANAGED_DICT, _walk
 
 NotShareable = errors.NotShareable
 
@@ -85,7 +85,7 @@ def loaded_images():
     cap = 1024
     while True:
         buf = ffi.new("struct clamor_image[]", cap)
-        n = lib.clamor_images(buf, cap)
+        n = lib.clamor_py_images(buf, cap)
         if n <= cap:
             break
         cap = n + 64
@@ -326,7 +326,9 @@ class Relocations:
         self.changed = []       # pages the driver changed since the last walk
         self.seeded = None
         self.used = set()       # targets named by an installed list
-        self.cost = {"walks": 0, "seconds": 0.0, "pages": 0, "entries": 0}
+        # walks done, their time, pages they read (last walk), pages with a
+        # list and the entries of those lists (now)
+        self.cost = {"walks": 0, "seconds": 0.0, "covered": 0, "pages": 0, "entries": 0}
 
     def note_changed(self, pages):
         if len(pages):
@@ -350,6 +352,7 @@ class Relocations:
         self.seeded = seeded
         out = self._install(entries, stage)
         self.cost["walks"] += 1
+        self.cost["covered"] = len(covered)
         self.cost["seconds"] += time.perf_counter() - t0
         return out
 

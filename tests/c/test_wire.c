@@ -148,7 +148,8 @@ static void test_bad_fields(void) {
     }
 
     for (int bit = 2; bit < 16; bit++) { /* every reserved flag bit (0, 1, 3: GET's; 4: replies') */
-        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS)) continue; /* checked in test_replication_flags */
+        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS | CL_WIRE_RELOC))
+            continue; /* checked in test_replication_flags and test_reloc_flags */
         valid_get(b);
         b[6 + bit / 8] |= (uint8_t)(1u << (bit % 8));
         CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
@@ -196,6 +197,25 @@ static void test_bad_fields(void) {
 }
 
 /* ---- geometry payload ---------------------------------------------------- */
+
+/* RELOC: on GET (send relocations) and PAGES (a relocations frame follows) only */
+static void test_reloc_flags(void) {
+    uint8_t b[CL_WIRE_HDR];
+    struct cl_wire_hdr h;
+    struct cl_wire_hdr g = {.type = CL_WIRE_GET, .flags = CL_WIRE_RELOC | CL_WIRE_DIRECT, .index = 7, .count = 1};
+    cl_wire_encode(&g, b);
+    CHECK(cl_wire_decode(b, sizeof b, &h) == 0 && h.flags == (CL_WIRE_RELOC | CL_WIRE_DIRECT));
+    struct cl_wire_hdr p = {.type = CL_WIRE_PAGES, .flags = CL_WIRE_RELOC | CL_WIRE_HINTS, .index = 7, .count = 1};
+    cl_wire_encode(&p, b);
+    CHECK(cl_wire_decode(b, sizeof b, &h) == 0 && h.flags == (CL_WIRE_RELOC | CL_WIRE_HINTS));
+    static const uint8_t others[] = {CL_WIRE_REDIRECT, CL_WIRE_HELLO, CL_WIRE_HELLO_REPLY, CL_WIRE_ERROR,
+                                     CL_WIRE_REGISTER};
+    for (size_t i = 0; i < sizeof others; i++) {
+        struct cl_wire_hdr o = {.type = others[i], .flags = CL_WIRE_RELOC, .count = 1};
+        cl_wire_encode(&o, b);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
+    }
+}
 
 static void test_replication_flags(void) {
     uint8_t b[CL_WIRE_HDR];
@@ -328,6 +348,7 @@ int main(void) {
     test_lengths();
     test_bad_fields();
     test_replication_flags();
+    test_reloc_flags();
     test_geo();
     test_random(iters);
     return CHECK_SUMMARY("test_wire");

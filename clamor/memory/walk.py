@@ -1,0 +1,393 @@
+"""The walk behind ``clamor.share()``: what is reachable from an object,
+and whether workers can follow it.
+
+A forked worker sees two kinds of memory at the driver's addresses: the
+region (pages fetched on demand) and what it inherited at fork.  Anything
+else reachable from ``obj``, such as an object a library took from a free
+list or a cache while ``obj`` was built, is garbage on the worker.
+The walk visits what is reachable from ``obj`` and raises ``NotShareable``
+naming the path to the first thing that is neither in the region nor
+inherited.  It follows three kinds of pointer:
+
+- Python references: gc referents, with attribute, key and index names for
+  the message; numpy arrays through their base, dtype and, for object
+  arrays, their items;
+- the pointer fields that hold no Python reference, of the types it knows
+  (``_pyshare``): an array's data and its shape-and-strides buffer, a
+  dtype's subarray and C metadata, a list's item array, a dict's keys and
+  values tables, a set's table, a bytearray's and an ``array.array``'s
+  buffer, a str's cached UTF-8 (and, before 3.12, wide-char) copy;
+- every aligned word of objects of extension types it does not know (a
+  cKDTree, a deque, a Decimal), and of the region blocks those lead to, the
+  way a conservative collector scans: a word pointing into the process's
+  private writable memory outside the region, unless it is an object the
+  workers inherited, is something ``share`` cannot vouch for, and it says
+  so.
+
+A region instance of a class gets a dict with keys of its own, in the
+region (see ``_own_keys``).
+
+"Inherited" is what existed when the last Cluster of this process forked
+its workers (snapshot in ``note_fork``); before any fork, only objects that
+every process of the same image has (types, modules, functions and code
+objects, builtins, small ints, interned singletons, and whatever lies in a
+loaded image's own memory) count.
+"""
+import array
+import gc
+import sys
+import types
+import warnings
+
+import numpy as np
+
+from . import _pyshare, region
+from .. import errors
+from .._native import lib
+from .hooks import HANDLER
+
+_inherited = None  # ids of objects alive at the last fork
+
+
+from ..errors import NotShareable, ShareWarning  # noqa: E402,F401  (share()'s own)
+
+
+def note_fork():
+    """Remember what the workers about to be forked will inherit."""
+    global _inherited
+    # Neither the last snapshot nor the one being built may be walked: a set
+    # is a gc container whose referents are its int ids, so each fork would
+    # add the ids of those ints and the snapshot would double per Cluster.
+    _inherited = None
+    objs = gc.get_objects()
+    ids = set()
+    for o in objs:
+        ids.add(id(o))
+        for r in gc.get_referents(o):
+            ids.add(id(r))
+    _inherited = ids
+
+
+_STATIC = (type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType, types.CodeType,
+           types.MethodDescriptorType, types.WrapperDescriptorType, types.GetSetDescriptorType,
+           types.MemberDescriptorType)
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
+
+
+def _ok_outside(o):
+    if isinstance(o, (type, types.FunctionType, types.CodeType)):
+        # a static (C) type is in every process of the image; a class,
+        # function or code object made after the fork is not
+        static = isinstance(o, type) and not (o.__flags__ & _HEAPTYPE)
+        return static or _inherited is None or id(o) in _inherited
+    if isinstance(o, _STATIC) or o is None or o is True or o is False or o is Ellipsis or o is NotImplemented:
+        return True
+    if type(o) is int and -5 <= o <= 256:
+        return True
+    if type(o) is str and (not o or (len(o) == 1 and ord(o) < 256)):
+        return True  # the empty string and the Latin-1 characters are singletons
+    return _inherited is not None and id(o) in _inherited
+
+
+class _Path:
+    """Where an object was reached from the shared one, such as
+    ``obj['a'][3].base``: built as the walk goes, written out only for a
+    message (a repr of every key would cost, and some keys have none)."""
+    __slots__ = ("parent", "step", "key")
+
+    def __init__(self, parent=None, step="obj", key=None):
+        self.parent, self.step, self.key = parent, step, key
+
+    def __add__(self, step):
+        return _Path(self, step)
+
+    def __str__(self):
+        parts, p = [], self
+        while p is not None:
+            parts.append(p.step if p.key is None else p.step.format(_short_repr(p.key)))
+            p = p.parent
+        return "".join(reversed(parts))
+
+
+def _short_repr(k):
+    try:
+        r = repr(k)
+    except Exception:  # a huge int, a repr that fails
+        return f"<{type(k).__name__} at {id(k):#x}>"
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _children(o):
+    """(step, child) pairs, named where the structure gives a name."""
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield ("[{}]", k), v
+            yield ("<key {}>", k), k
+        return
+    if isinstance(o, (list, tuple)):
+        for i, v in enumerate(o):
+            yield ("[{}]", i), v
+        return
+    # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
+    # first request, outside the region, and would store its pointer in the
+    # region object.  gc referents visit the attribute values in place.
+    for r in gc.get_referents(o):
+        yield f" -> <{type(r).__name__}>", r
+
+
+_MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
+_NONSTR_KEY = -12345   # any non-str key converts a split dict to a combined one
+
+
+def _has_dict(o):
+    t = type(o)
+    return bool(t.__flags__ & _HEAPTYPE) and bool(t.__flags__ & _MANAGED_DICT or t.__dictoffset__)
+
+
+def _own_keys(o, path):
+    """Give a region instance a dict with its own keys table, in the region.
+
+    CPython shares one keys table among the instances of a class (split
+    dicts): the class's, made with the class, outside the region.  An
+    attribute name first set after the workers were forked is added to
+    that table in the driver only, and a worker, whose copy of the class
+    is from the fork, would not find it.  A dict made and converted inside
+    a heap block (one non-string key does it) keeps its own keys, in the
+    region, where workers read them."""
+    from .._native import lib
+    from .hooks import install
+
+    install()   # (the block below needs Python's allocators wrapped)
+
+    def convert(fresh):
+        lib.clamor_heap_enter()
+        try:
+            d = o.__dict__
+            if fresh:
+                d = o.__dict__ = dict(d)
+            d[_NONSTR_KEY] = None
+            del d[_NONSTR_KEY]
+        finally:
+            lib.clamor_heap_exit()
+        return region.contains(id(d), sys.getsizeof(d))
+
+    # The dict object may come from CPython's free list, outside the region
+    # (its keys, general ones, never do): then empty the lists and make a
+    # new one.
+    if not convert(False):
+        gc.collect()
+        if not convert(True):
+            raise NotShareable(f"{path}.__dict__ could not be placed in the region")
+
+
+# Types whose objects hold no pointer but Python references (walked as gc
+# referents) and the fields ``_pyshare.fields`` reports.
+_KNOWN = (int, float, complex, bytes, str, tuple, list, dict, set, frozenset, bytearray, array.array,
+          np.ndarray, np.dtype, range, slice, types.SimpleNamespace, types.MappingProxyType,
+          type(None), type(Ellipsis), type(NotImplemented)) + _STATIC
+_INLINE_SCALARS = (np.number, np.bool_, np.datetime64, np.timedelta64, np.bytes_, np.str_)
+
+
+def _solid(t):
+    """The first type of ``t``'s MRO written in C (not a class statement)."""
+    for b in t.__mro__:
+        if not b.__flags__ & _HEAPTYPE:
+            return b
+    return object
+
+
+def _opaque(o):
+    s = _solid(type(o))
+    return s is not object and not issubclass(s, _KNOWN) and not issubclass(s, _INLINE_SCALARS)
+
+
+class _Walk:
+    """One share() call: the address map and the objects it has vouched
+    for or may accept outside the region, built when first needed.
+    ``mode``: None for forked workers, or a portable walk
+    (``portable._Mode``), which decides what outside the region workers
+    not forked from the driver can have, and records the words to
+    relocate."""
+
+    def __init__(self, mode=None):
+        self.mode = mode
+        self._amap = self._scanner = None
+        self._alive = None
+        self.unsure = []
+        self.doubt_path = None
+        self.referents = set()
+        self.buffers = []
+
+    @property
+    def amap(self):
+        if self._amap is None:   # reading /proc/self/maps costs milliseconds
+            self._amap = _pyshare.AddressMap()
+        return self._amap
+
+    @property
+    def scanner(self):
+        if self._scanner is None:
+            self._scanner = _pyshare.Scanner(self.amap, self.ok_address)
+        return self._scanner
+
+    def ok_address(self, addr):
+        """A private address that is an object the workers have, or a
+        Python reference the walk follows (and names better)."""
+        if addr in self.referents or addr == HANDLER:
+            return True
+        if self.mode is None and _inherited is not None and addr in _inherited:
+            return True
+        if any(lo <= addr < hi for lo, hi in self.buffers):
+            return True
+        if self._alive is None:
+            self._alive = {id(o): o for o in gc.get_objects() if isinstance(o, _STATIC)}
+        o = self._alive.get(addr)
+        if self.mode is not None:
+            return o is not None and self.mode.outside_ok(o)
+        return o is not None and _ok_outside(o)
+
+    def fields(self, path, o):
+        """Refuse a raw pointer field of ``o`` (in the region) that leaves it."""
+        for code, addr in _pyshare.fields(o):
+            if code == lib.CLAMOR_FIELD_DATA and isinstance(o, np.ndarray):
+                continue  # through .base, or checked with the array's size below
+            size = 8 * o.ndim if code in (lib.CLAMOR_FIELD_DIMS, lib.CLAMOR_FIELD_STRIDES) else 1
+            if region.contains(addr, size) or (code == lib.CLAMOR_FIELD_KEYS and self.amap.in_image(addr)):
+                continue  # (the interpreter's shared empty keys table is static)
+            name = _pyshare.FIELD_NAMES[code]
+            split = code == lib.CLAMOR_FIELD_KEYS and any(c == lib.CLAMOR_FIELD_VALUES for c, _ in _pyshare.fields(o))
+            hint = {lib.CLAMOR_FIELD_KEYS: ": a dict sharing the keys of a class's instances (vars() of an "
+                                           "instance); copy it with dict() inside clamor.heap()" if split else
+                                           ": the dict grew outside clamor.heap(); rebuild it inside the block",
+                    lib.CLAMOR_FIELD_UTF8: ": CPython made it on a request outside the block; build the "
+                                           "string inside clamor.heap() and ship it before asking for its "
+                                           "UTF-8 form outside"}.get(code, ": rebuild it inside clamor.heap()")
+            raise NotShareable(f"{path}: the {name} of this {type(o).__name__} (at {id(o):#x}) lies at "
+                               f"{addr:#x}, outside the region, in memory workers read stale{hint}")
+        if isinstance(o, array.array) and len(o):
+            addr = o.buffer_info()[0]
+            if not region.contains(addr, len(o) * o.itemsize):
+                raise NotShareable(f"{path}: the buffer of this array.array lies at {addr:#x}, outside the region")
+
+    def opaque(self, path, o):
+        """Scan an object of an extension type share() does not know."""
+        name = type(o).__name__
+        body = lib.clamor_py_body_size(id(o))
+        refs = gc.get_referents(o)
+        self.referents = {id(r) for r in refs}
+        # the C fields of an object may point into the buffers of the arrays
+        # it holds (a cKDTree into its points): those arrays are walked
+        self.buffers = [(a, a + r.nbytes) for r in refs if isinstance(r, np.ndarray) and r.nbytes
+                        for a in (r.__array_interface__["data"][0],)]
+        try:
+            # past the reference count and the type pointer (the type is walked)
+            done = self.scanner.scan(id(o) + 16, max(0, body - 16), f"this {name}")
+        except _pyshare.CannotTell as err:
+            off, addr, where = err.args
+            where = f"byte {off + 16} of this {name}" if where == f"this {name}" else f"byte {off} of {where}"
+            raise NotShareable(f"{path} ({name} at {id(o):#x}): {where}, reached through its C fields, holds "
+                               f"{addr:#x}, an address in this process's private memory outside the region; "
+                               f"share() cannot tell what lies there (memory a library allocated outside "
+                               f"clamor.heap(), or a cache it reused): build it inside clamor.heap()") from None
+        if self.mode is not None:
+            self.mode.opaque(path, o, self.scanner.blocks)
+        if not done:
+            self.unsure.append(path)
+        if self.scanner.doubts and self.doubt_path is None:
+            self.doubt_path = f"{path} ({name})"
+
+
+def _walk(obj, limit, mode):
+    """share()'s walk; ``mode`` as for ``_Walk``."""
+    if not region.size():
+        raise errors.NoRegion("no region in this process")
+    walk = _Walk(mode)
+    root = _Path()
+    stack = [(root, obj)]
+    seen = set()
+    n = 0
+    while stack:
+        path, o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        n += 1
+        if n > limit:
+            raise NotShareable(f"more than {limit} objects reachable from the shared object")
+        inside = region.contains(id(o), sys.getsizeof(o) if not isinstance(o, type) else 1)
+        if not inside and mode is not None and not (isinstance(o, np.ndarray) and path is root):
+            mode.outside(path, o)      # a relocation target, or NotShareable
+            continue
+        if not inside:
+            if _ok_outside(o) or walk.amap.in_image(id(o)):
+                continue  # inherited, or part of a loaded image: its own referents came with it
+            if isinstance(o, np.ndarray) and not o.dtype.hasobject and o.nbytes and \
+                    region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
+                if path is root:
+                    continue  # shipped by itself, a region array travels as a reference
+                raise NotShareable(f"{path} (ndarray at {id(o):#x}) has its data in the region but is itself an "
+                                   f"object outside it, which workers cannot follow a pointer to: make the array "
+                                   f"inside clamor.heap(), or pass it to tasks directly (it travels by reference)")
+            if _inherited is None:
+                raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region, and no "
+                                   f"Cluster has forked workers yet: start the Cluster first (what exists when it "
+                                   f"forks is inherited), or build it inside clamor.heap()")
+            raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
+                               f"was not inherited by the workers: build it inside clamor.heap()")
+        walk.fields(path, o)
+        if mode is not None:
+            mode.inside(path, o)       # the words of it to relocate
+        if isinstance(o, np.ndarray):
+            # ndarrays are not gc containers: their base, dtype and items are
+            # walked here
+            if o.base is not None:
+                stack.append((path + ".base", o.base))
+            elif o.nbytes:
+                addr = o.__array_interface__["data"][0]
+                if not region.contains(addr, o.nbytes):
+                    raise NotShareable(f"{path}: the data of this {o.dtype} array of {o.nbytes} bytes lies at "
+                                       f"{addr:#x}, outside the region")
+            stack.append((path + ".dtype", o.dtype))
+            if o.dtype.hasobject:
+                for i, item in enumerate(o.ravel(order="K")):
+                    stack.append((_Path(path, ".flat[{}]", i), item))
+            continue
+        if isinstance(o, np.dtype):
+            for name, child in _dtype_parts(o):
+                stack.append((path + name, child))
+            continue
+        if _opaque(o):
+            walk.opaque(path, o)
+        if _has_dict(o):
+            _own_keys(o, path)
+        for step, child in _children(o):
+            stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
+    if walk.unsure:
+        warnings.warn(ShareWarning(f"share() scanned {walk.scanner.budget >> 20} MiB of the C memory behind "
+                                   f"{walk.unsure[0]} and stopped: what lies past that is not checked"),
+                      stacklevel=3)
+    if walk._scanner is not None and walk.scanner.doubts:
+        off, addr, where = walk.scanner.doubts[0]
+        warnings.warn(ShareWarning(f"share() cannot tell whether byte {off} of {where}, reached through the C "
+                                   f"memory of {walk.doubt_path}, is a pointer: it holds {addr:#x}, an address in "
+                                   f"this process's private memory outside the region (it may be bytes left from "
+                                   f"an earlier use of that memory)"), stacklevel=3)
+
+
+def _dtype_parts(dt):
+    """A dtype's Python parts: its scalar type, field names and table, sub-array
+    base and shape, metadata."""
+    yield ".type", dt.type
+    if dt.names is not None:
+        yield ".names", dt.names
+    if dt.fields is not None:
+        for table in gc.get_referents(dt.fields):   # the mappingproxy's dict
+            yield ".fields", table
+    if dt.subdtype is not None:
+        yield ".subdtype[0]", dt.subdtype[0]
+        yield ".subdtype[1]", dt.subdtype[1]
+    if dt.metadata is not None:
+        for table in gc.get_referents(dt.metadata):
+            yield ".metadata", table
