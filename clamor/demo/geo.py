@@ -235,10 +235,14 @@ def demo(args):
         print(e, file=sys.stderr)
         return 2
     t_start = time.perf_counter()
-    with clamor.Cluster(workers=args.workers, progress=None) as cl:
-        # The workers exist before the data does: they are forked first, and
-        # nothing they need is in their memory but what they fault in.
-        print(f"cluster: {args.workers} workers forked, page size {clamor.region.page_size() >> 10} KiB",
+    with clamor.Cluster(workers=args.workers, start_method=args.start_method, progress=None) as cl:
+        # The workers exist before the data does: they are started first
+        # (forked, or spawned as fresh interpreters), and nothing they need
+        # is in their memory but what they fault in.  A spawned worker has
+        # its libraries at other addresses: the tree's pages come with the
+        # words to relocate (clamor/memory/portable.py).
+        how = "spawned" if args.start_method == "spawn" else "forked"
+        print(f"cluster: {args.workers} workers {how}, page size {clamor.region.page_size() >> 10} KiB",
               flush=True)
         t0 = time.perf_counter()
         places = load_places(args.dataset)
@@ -306,6 +310,9 @@ def add_arguments(p):
     p.add_argument("--radius-km", type=float, default=100.0)
     p.add_argument("--partitions", type=int, default=None, help="default: 4 per worker")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-method", choices=("fork", "spawn"), default="fork",
+                   help="fork the workers from the driver, or spawn fresh interpreters that use the tree in "
+                        "place after relocating its pages")
     p.add_argument("--quick", action="store_true", help="a small version: cities5000, 100,000 queries")
 
 
