@@ -154,6 +154,7 @@ enum clamor_field {
 int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
 struct clamor_image { uintptr_t base, lo, hi; char name[4096]; };
 size_t clamor_py_images(struct clamor_image *out, size_t max);
+size_t clamor_py_array_cache_offset(void);
 #define CLAMOR_NO_TARGET 0xffffffff
 size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uintptr_t *thi, const uint32_t *tid,
                        size_t nt, const uintptr_t *priv, size_t npriv, uintptr_t *at, uint32_t *id, size_t max,

@@ -321,6 +321,7 @@ struct clamor_image {
 };
 /* Images into out[0..max); returns how many there are. */
 size_t clamor_py_images(struct clamor_image *out, size_t max);
+size_t clamor_py_array_cache_offset(void);
 #define CLAMOR_NO_TARGET 0xffffffffu
 /* Aligned words of [lo, lo + len) that point at one of the nt targets
  * (sorted, disjoint [tlo[i], thi[i]), number tid[i]) go to at[]/id[]; those

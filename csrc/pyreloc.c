@@ -22,7 +22,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
+#define NO_IMPORT_ARRAY
+#include <numpy/arrayobject.h>
+
 #include "internal.h"
+
+/* Offset of an ndarray's cached buffer description (numpy's, made when a
+ * buffer of the array is taken: a worker starts without one). */
+size_t clamor_py_array_cache_offset(void) { return offsetof(PyArrayObject_fields, _buffer_info); }
 
 struct img_ctx {
     struct clamor_image *out;

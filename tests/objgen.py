@@ -610,8 +610,9 @@ def on_worker(payload, direct):
 
 # ---- the driver ------------------------------------------------------------------------
 
-def build_round(seed, rep, kinds):
-    """Churn, build every kind under heap() (in one to three blocks), share."""
+def build_round(seed, rep, kinds, portable=False):
+    """Churn, build every kind under heap() (in one to three blocks), share
+    (``portable``: for workers not forked from the driver)."""
     r, nr = random.Random(seed), np.random.default_rng(seed)
     plan = [(kind, j) for kind in kinds for j in range(KINDS[kind][1])]
     r.shuffle(plan)
@@ -629,7 +630,7 @@ def build_round(seed, rep, kinds):
         k = rep["kinds"].setdefault(kind, {"cases": 0, "approved": 0, "refused": 0, "inside": KINDS[kind][2]})
         k["cases"] += 1
         try:
-            clamor.share(obj)
+            clamor.share(obj, portable=portable)
         except clamor.NotShareable as e:
             msg = str(e)
             k["refused"] += 1
@@ -715,14 +716,21 @@ def run_round(cl, cases, payloads, rep):
 
 def main(variant, seeds, kinds=tuple(KINDS)):
     """Run the rounds of ``seeds``, objects built "after_fork" (the workers
-    exist) or "before_fork"; print the report as one JSON line."""
+    exist) or "before_fork", or for "spawn"ed workers (this module then
+    imported by its name, so that they import its classes and functions);
+    print the report as one JSON line."""
     t0 = time.monotonic()
     rep = {"variant": variant, "defined": list(kinds), "kinds": {}, "refusals": {}, "errors": [], "failed_stages": [],
            "mismatches": [], "compared": 0}
     # A task lost with its worker is not run again: a replacement, forked
     # later, inherits what the lost worker could not read, and would hide it.
     opts = dict(workers=2, progress=False, max_attempts=1, speculation=False)
-    if variant == "before_fork":
+    if variant == "spawn":
+        with clamor.Cluster(start_method="spawn", **opts) as cl:
+            for seed in seeds:
+                run_round(cl, *build_round(seed, rep, kinds, portable=True), rep)
+            rep["recovery"] = cl.stats()["recovery"]
+    elif variant == "before_fork":
         rounds = [build_round(seed, rep, kinds) for seed in seeds]
         with clamor.Cluster(**opts) as cl:
             for cases, payloads in rounds:

@@ -26,13 +26,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def run_driver(code, timeout=150):
+def run_driver(code, timeout=150, env=None):
     """Run ``code`` in a fresh interpreter (faulthandler on, as scenario.py
     does); returns its last stdout line as JSON, with its exit status under
     "exit" and the fatal lines of its stderr (workers share it) under
     "fatal".  A driver that printed its line and then died still reports."""
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                       env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})})
     lines = p.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("{"), f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\n" \
                                                 f"stderr:\n{p.stderr[-5000:]}"
@@ -93,6 +93,16 @@ def check(out, floor):
 def test_workers_read_objects_built_after_the_fork_as_the_driver_does():
     """Workers forked first; each round's objects are built after."""
     check(differential("after_fork", [101, 102, 103, 104]), floor=0.8)
+
+
+def test_spawned_workers_read_region_objects_in_place_as_the_driver_does():
+    """Workers not forked from the driver use every kind of region object
+    in place, their pages relocated as they arrive: every object that
+    share(portable=True) approves reads the same on them as on the driver.
+    (The driver imports objgen by name, so the workers import its classes.)"""
+    code = "import objgen\nobjgen.main('spawn', [201, 202, 203, 204])\n"
+    out = run_driver(code, timeout=300, env={"PYTHONPATH": HERE, "PYTHONHASHSEED": "0"})
+    check(out, floor=0.8)
 
 
 def test_workers_read_objects_built_before_the_cluster_as_the_driver_does():

@@ -65,6 +65,7 @@ _HAVE_GC = 1 << 14
 _DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.datetime64, np.timedelta64)
 _CONST_SCALARS = (int, float, complex, str, bytes)
 _HASHED_BY_SEED = (str, bytes)
+_ARRAY_CACHE = lib.clamor_py_array_cache_offset()
 
 
 def hash_digest():
@@ -80,6 +81,9 @@ def seed_passes_on():
     return os.environ.get("PYTHONHASHSEED", "random").isdigit()
 
 
+_NAMES = {}     # path -> portable name (naming costs a look at sys.path and the file system)
+
+
 def loaded_images():
     """[(portable name, path, base, lo, hi)] of this process's ELF objects."""
     cap = 1024
@@ -92,10 +96,13 @@ def loaded_images():
     out = []
     for i in range(n):
         raw = ffi.string(buf[i].name).decode(errors="surrogateescape")
-        path = os.path.realpath("/proc/self/exe" if not raw else raw)
         if not raw.startswith("/") and raw:
             continue    # the vDSO: no file
-        out.append((images.portable_name(path), path, int(buf[i].base), int(buf[i].lo), int(buf[i].hi)))
+        named = _NAMES.get(raw)
+        if named is None:
+            path = os.path.realpath("/proc/self/exe" if not raw else raw)
+            named = _NAMES[raw] = (images.portable_name(path), path)
+        out.append((*named, int(buf[i].base), int(buf[i].lo), int(buf[i].hi)))
     return out
 
 
@@ -157,6 +164,7 @@ class _Targets:
         for name, path, base, lo, hi in loaded_images():
             tid = self.by_image.get(name)
             if tid is None or self.addrs[tid] != base:
+                # (the module is looked for once: a library a module pulled in has none)
                 tid = self.by_image[name] = self._new(("image", name, _module_of_file(path), base), base)
             imgs.append((lo, hi, tid))
         self.images = sorted(imgs)
@@ -243,8 +251,9 @@ class _Mode:
     def __init__(self, targets):
         self.t = targets
         self.extents = []       # (lo, length, strict, path, what)
-        self.gc_words = []      # addresses of region objects' gc links
+        self.null_words = []    # addresses of words a worker reads as null
         self.seeded = None      # path of a dict or set whose keys hash by the seed
+        self.root = None        # what the walk started from, for messages
         self.blocks_seen = set()
 
     def outside(self, path, o):
@@ -263,8 +272,21 @@ class _Mode:
         t = type(o)
         a = id(o)
         flags = t.__flags__
+        # The type word: a type that is no gc referent (a numpy DType class,
+        # made at run time) is still one to relocate.
+        why = self.t.classify(t) if not region.contains(id(t), 1) else "it lies in the region"
+        if why is not None:
+            raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): its type is not portable to "
+                               f"workers not forked from the driver: {why}")
+        # Words a worker must see null: the collector's links (the object
+        # is not in the worker's lists), the weak-reference list (the
+        # driver's weak references), an array's cached buffer description.
         if flags & _HAVE_GC:
-            self.gc_words += (a - 16, a - 8)
+            self.null_words += (a - 16, a - 8)
+        if t.__weakrefoffset__ > 0:
+            self.null_words.append(a + t.__weakrefoffset__)
+        if isinstance(o, np.ndarray):
+            self.null_words.append(a + _ARRAY_CACHE)
         if isinstance(o, _DATA_ONLY) and t is not np.void:
             if flags & _HEAPTYPE:
                 raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): an instance of a class "
@@ -273,9 +295,9 @@ class _Mode:
             self.extents.append((a + 8, 8, True, path, "type"))
         else:
             body = lib.clamor_py_body_size(a)
-            # a set's body and a dtype's hold hashes, which are data
-            strict = not isinstance(o, (set, frozenset, np.dtype))
-            self.extents.append((a + 8, max(0, body - 8), strict, path, "body"))
+            # (a set's body and a dtype's hold a few hashes: one that looks
+            # like a private address refuses it, rather than pass a pointer)
+            self.extents.append((a + 8, max(0, body - 8), True, path, "body"))
             if flags & _HEAPTYPE and flags & _MANAGED_DICT:
                 pre = 16 + (16 if flags & _HAVE_GC else 0)
                 self.extents.append((a - pre, 16, True, path, "dict pointers"))
@@ -287,11 +309,14 @@ class _Mode:
                 if not region.contains(addr, 1):
                     continue     # (checked by share(): a static empty table)
                 lo, n = _block(addr)
-                hashes = code in (lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_TABLE)
-                self.extents.append((lo, n, not hashes, path, _pyshare.FIELD_NAMES[code]))
+                if code == lib.CLAMOR_FIELD_ITEMS:
+                    lo, n = addr, 8 * len(o)     # (the spare capacity past the items holds old words)
+                # a keys table and a set's table hold hashes, values tables spare slots: data
+                strict = code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_DATA, lib.CLAMOR_FIELD_SUBARRAY)
+                self.extents.append((lo, n, strict, path, _pyshare.FIELD_NAMES[code]))
         if self.seeded is None and isinstance(o, (dict, set, frozenset)):
             if any(_seeded(k) for k in (o.keys() if isinstance(o, dict) else o)):
-                self.seeded = str(path)
+                self.seeded = f"{path} (in {self.root})" if self.root else str(path)
 
     def opaque(self, path, o, blocks):
         for lo, n in blocks:
@@ -334,11 +359,13 @@ class Relocations:
         if len(pages):
             self.changed.append(np.asarray(pages, dtype=np.uint64))
 
-    def prepare(self, roots, stage, limit=20_000_000):
+    def prepare(self, roots, stage, seeds_agree=True, limit=20_000_000):
         """Walk ``roots`` (with every root shipped before) if anything they
         cover may have changed, install the lists that differ at ``stage``,
         and return the pages whose lists changed (workers must fetch them
-        again).  NotShareable if a root is not portable."""
+        again).  NotShareable if a root is not portable, or holds a dict
+        keyed by str while the workers' hash seeds differ from the
+        driver's (``seeds_agree`` false); nothing is kept of such roots."""
         new = [r for r in roots if id(r) not in self.roots]
         if not new and not self._dirty():
             return np.zeros(0, np.uint64)
@@ -346,6 +373,8 @@ class Relocations:
         roots_now.update((id(r), r) for r in roots)
         t0 = time.perf_counter()
         entries, covered, seeded = self._walk(list(roots_now.values()), limit)
+        if seeded is not None and not seeds_agree:
+            raise NotShareable(seed_message(seeded))
         self.roots = roots_now
         self.covered = covered
         self.changed = []
@@ -367,6 +396,7 @@ class Relocations:
         t.refresh_images()
         mode = _Mode(t)
         for r in roots:
+            mode.root = f"a region {type(r).__name__} at {id(r):#x}"
             _walk(r, limit, mode)
         return _entries(mode, t), _pages_of(mode), mode.seeded
 
@@ -410,7 +440,7 @@ def _entries(mode, t):
     at = ffi.new("uintptr_t[]", cap)
     ids = ffi.new("uint32_t[]", cap)
     done = ffi.new("size_t *")
-    found = {}
+    found = dict.fromkeys(mode.null_words, 0)
     for lo, n, strict, path, what in mode.extents:
         pos = 0
         while pos < n:
@@ -420,16 +450,15 @@ def _entries(mode, t):
             for i in range(k):
                 a, target = int(at[i]), int(ids[i])
                 if target == lib.CLAMOR_NO_TARGET:
-                    if strict:
+                    if strict and a not in found:
                         word = int(ffi.cast("uintptr_t *", a)[0])
                         raise NotShareable(f"{path}: its {what} holds at byte {a - lo} a pointer ({word:#x}) into "
                                            f"this process's private memory outside the region, which a worker not "
                                            f"forked from the driver cannot follow (a weak reference, a cached "
                                            f"buffer, memory a library allocated outside clamor.heap())")
                     continue    # C memory: share()'s scan has warned about it
-                found[a] = target
-    for a in mode.gc_words:
-        found[a] = 0
+                if a not in found:
+                    found[a] = target
     base, shift = region.base(), (region.page_size() - 1).bit_length()
     if not found:
         return {}
@@ -455,19 +484,20 @@ def _pages_of(mode):
     pages = set()
     for lo, n, *_ in mode.extents:
         pages.update(range((lo - base) // ps, (lo + max(n, 1) - 1 - base) // ps + 1))
-    for a in mode.gc_words:
+    for a in mode.null_words:
         pages.add((a - base) // ps)
     return pages
 
 
-def check(obj, limit=20_000_000):
+def check(obj, limit=20_000_000, seed=True):
     """share(obj, portable=True): NotShareable unless workers not forked
-    from the driver can use ``obj`` in place."""
+    from the driver can use ``obj`` in place (``seed``: also unless its str
+    hashes need a seed the workers will not have)."""
     mode = _Mode(_driver().targets)
     mode.t.refresh_images()
     _walk(obj, limit, mode)
     _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
-    if mode.seeded is not None and not seed_passes_on():
+    if seed and mode.seeded is not None and not seed_passes_on():
         raise NotShareable(seed_message(mode.seeded))
 
 

@@ -167,6 +167,8 @@ def _own_keys(o, path):
             d = o.__dict__
             if fresh:
                 d = o.__dict__ = dict(d)
+            elif _owns_keys(d):
+                return True     # done before: nothing is written (a stage may be running)
             d[_NONSTR_KEY] = None
             del d[_NONSTR_KEY]
         finally:
@@ -180,6 +182,16 @@ def _own_keys(o, path):
         gc.collect()
         if not convert(True):
             raise NotShareable(f"{path}.__dict__ could not be placed in the region")
+
+
+def _owns_keys(d):
+    """A dict in the region, combined (no values table of a class's
+    instances), whose keys table is in the region too."""
+    if not region.contains(id(d), sys.getsizeof(d)):
+        return False
+    f = dict(_pyshare.fields(d))
+    keys = f.get(lib.CLAMOR_FIELD_KEYS)
+    return lib.CLAMOR_FIELD_VALUES not in f and keys is not None and region.contains(keys, 1)
 
 
 # Types whose objects hold no pointer but Python references (walked as gc

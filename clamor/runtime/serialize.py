@@ -9,9 +9,9 @@ travels as its offset and is used in place by forked workers, once
 ``clamor.share()`` vouches for it; one that share() refuses travels by
 value, as any other object does (the reason is logged at INFO level on the
 ``clamor.serialize`` logger; call ``clamor.share(obj)`` to see it).  For a
-cluster whose workers are none of them forked, every region object goes
-by offset, and the Cluster checks that it is portable before it ships
-(``clamor.memory.portable``): those workers relocate its pages.
+cluster with workers that were not forked, a region object goes by offset
+only if it is also portable (``clamor.memory.portable``): those workers
+relocate its pages.
 """
 import ctypes
 import io
@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import errors
 from ..errors import NotShareable
-from ..memory import region
+from ..memory import portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import share
 from .collection import DataCollection
@@ -73,6 +73,7 @@ def _in_region(a):
 # again.  (A same-size change, such as d[k] = a new object, is not seen:
 # call clamor.share() after such a change if in doubt.)
 _shared = {}
+_portable = {}   # the same for the portable walk
 # Code and collections travel by value even when a heap() block made them:
 # a lambda, a closure or a collection written inside the block is the task,
 # not data it reads.
@@ -88,10 +89,39 @@ def _length(obj):
         return -1
 
 
+def _portable_check(obj):
+    # (a seed the workers lack is the Cluster's to say, as an error)
+    portable.check(obj, seed=False)
+
+
+def _vouched(obj, known, check):
+    """Does ``check`` (share() for forked workers, its portable walk for the
+    others) pass ``obj``, as remembered in ``known`` for the same object?
+    An object it refuses travels by value, like any object outside the
+    region, and the task computes what it would in one process.  (Often
+    not the user's at all: a tuple or dict that CPython took from a free
+    list holding region objects that died after a block.)"""
+    sig = (type(obj), _length(obj))
+    seen = known.get(id(obj))
+    if seen == sig:
+        return True
+    if seen == ("by value",) + sig:
+        return False
+    try:
+        check(obj)
+    except NotShareable as err:
+        log.info("a region %s travels by value: %s", type(obj).__name__, err)
+        known[id(obj)] = ("by value",) + sig
+        return False
+    known[id(obj)] = sig
+    return True
+
+
 class _Pickler(cloudpickle.CloudPickler):
     in_place = None     # the first region object pickled by offset: (type name, its path if known)
     roots = None        # a list: every region object pickled by offset is appended
-    forked = True       # check with share() (False: no worker is forked; the Cluster checks portability)
+    forked = True       # some worker may be forked: check with share()
+    portable = False    # some worker is not: check that it is portable
 
     def reducer_override(self, obj):
         if type(obj) is np.ndarray and obj.nbytes and not obj.dtype.hasobject and _in_region(obj):
@@ -105,26 +135,9 @@ class _Pickler(cloudpickle.CloudPickler):
         # worker, once clamor.share() found nothing outside the region
         # behind it.
         if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
-            if not self.forked:
-                return self._by_offset(obj)
-            sig = (type(obj), _length(obj))
-            known = _shared.get(id(obj))
-            if known == sig:
-                return self._by_offset(obj)
-            if known == ("by value",) + sig:
+            if (self.forked and not _vouched(obj, _shared, share)) or \
+                    (self.portable and not _vouched(obj, _portable, _portable_check)):
                 return None
-            try:
-                share(obj)
-            except NotShareable as err:
-                # Workers could not read it in place: it travels by value,
-                # like any object outside the region, and the task computes
-                # what it would in one process.  (Often not the user's at
-                # all: a tuple or dict that CPython took from a free list
-                # holding region objects that died after a block.)
-                log.info("a region %s travels by value: %s", type(obj).__name__, err)
-                _shared[id(obj)] = ("by value",) + sig
-                return None
-            _shared[id(obj)] = sig
             return self._by_offset(obj)
         return None
 
@@ -143,29 +156,31 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
-def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forked=True):
+def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forked=True, portable=False):
     """cloudpickle ``obj``, shipping region arrays by reference.  If
     ``objects`` is a list, a description of the first region object sent
     by offset (used in place) is appended to it; if ``roots`` is a list,
     every such object.  ``forked``: some worker may be forked (region
-    objects are checked with share(), and go by value if refused)."""
+    objects are checked with share(), and go by value if refused);
+    ``portable``: some worker was not forked (they are checked to be
+    portable, and go by value if not)."""
     global _base
     _base = region.base() if region.size() else 0
     _end[0] = _base + region.size()
     buf = io.BytesIO()
     p = _Pickler(buf, protocol=protocol)
-    p.roots, p.forked = roots, forked
+    p.roots, p.forked, p.portable = roots, forked, portable
     p.dump(obj)
     if objects is not None and p.in_place is not None:
         objects.append(p.in_place)
     return buf.getvalue()
 
 
-def dumps_task(obj, objects=None, roots=None, forked=True):
+def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
     """``dumps`` of a stage's payload; what cannot travel is named in a
     NotSerializable error (the pickler's own error is its cause)."""
     try:
-        return dumps(obj, objects=objects, roots=roots, forked=forked)
+        return dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable)
     except errors.ClamorError:
         raise  # NotShareable says what it found itself
     except Exception as err:  # pickle raises TypeError, PicklingError, AttributeError, ...

@@ -225,6 +225,7 @@ class Stages:
     def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None, only=None):
         rerun = version is not None
         if version is None:
+            self._vouch(kind, node, parent, action, arg, parts)
             version = self._begin_stage()
         if kind == "map":
             parts = list(range(node.deps[parent].num_partitions)) if parts is None else parts
@@ -306,13 +307,18 @@ class Stages:
         if job.rerun:
             desc += " (recomputing lost partitions)"
         in_place, roots = [], []
+        # Region objects that died since (a walk replaced an instance's dict)
+        # sit on CPython's free lists: the payload's own dicts and tuples
+        # must not be made of them.
+        release_dropped()
         forked = self.start_method == "fork" and self.nworkers > 0
+        others = self.start_method != "fork" or self.remote > 0
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
                                         "action": job.action, "arg": job.arg, "locs": self._locs(job.version)},
-                                       objects=in_place, roots=roots, forked=forked)
+                                       objects=in_place, roots=roots, forked=forked, portable=others)
         sources = _sources(job.computes)
         extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}, objects=in_place,
-                                     roots=roots, forked=forked)
+                                     roots=roots, forked=forked, portable=others)
                   for p in missing}
         if roots:
             self._check_in_place(job, missing, roots)
@@ -355,6 +361,23 @@ class Stages:
             stat["duration_s"] = time.perf_counter() - t0
             self._record(stat)
 
+    def _vouch(self, kind, node, parent, action, arg, parts):
+        """Before a stage begins: pickle what it will ship once, so that the
+        region objects that go in place to workers not forked from the
+        driver are checked now.  The check may rewrite an instance's dict
+        (walk._own_keys), and a write after the stage began would reach its
+        tasks as a page version whose relocations no walk listed."""
+        if self.start_method == "fork" and not self.remote:
+            return
+        release_dropped()
+        forked = self.start_method == "fork" and self.nworkers > 0
+        src = _sources(node if kind != "map" else node.deps[parent])
+        every = range(node.deps[parent].num_partitions if kind == "map" else node.num_partitions)
+        serialize.dumps_task({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg},
+                             forked=forked, portable=True)
+        for p in every if parts is None else parts:
+            serialize.dumps({"src": {s.id: s.task_data(p) for s in src}}, forked=forked, portable=True)
+
     def _check_in_place(self, job, parts, roots):
         """Region objects travel by offset, used in place.  A worker not
         forked from the driver can use them only if they are portable: their
@@ -376,13 +399,13 @@ class Stages:
                 f"{what} is used by this stage, and worker(s) {', '.join(elsewhere)} map the region at another "
                 f"address (--base): Python objects built under clamor.heap() are used in place only at the "
                 f"driver's address. Keep such data in region arrays, which every worker reads")
-        rel = portable.driver()
-        changed = rel.prepare(roots, region.stage_current())
-        if rel.seeded is not None:
-            unseeded = [w.decode() for w in others if not self._workers[w].get("hash_ok")]
-            if unseeded:
-                raise errors.NotShareable(portable.seed_message(rel.seeded) +
-                                          f" (worker(s) {', '.join(unseeded)} hash differently)")
+        unseeded = [w.decode() for w in others if not self._workers[w].get("hash_ok")]
+        try:
+            changed = portable.driver().prepare(roots, region.stage_current(), seeds_agree=not unseeded)
+        except errors.NotShareable as err:
+            if unseeded and "PYTHONHASHSEED" in str(err):
+                raise errors.NotShareable(f"{err} (worker(s) {', '.join(unseeded)} hash differently)") from None
+            raise
         if changed.size:
             for w in self._workers.values():
                 if w.get("spawned"):

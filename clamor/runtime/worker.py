@@ -26,6 +26,7 @@ The worker lives as long as the driver: a spawned one dies with it at once
 process is gone (same PID namespace) or its connection is (elsewhere).
 """
 import argparse
+import gc
 import json
 import logging
 import math
@@ -201,6 +202,11 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
         region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or ports or '*'}")
         region.ensure_handler_first()
         serialize.objects_in_place(region.base() == welcome.get("base"))
+        # What this interpreter made to start goes to the collector's
+        # permanent generation: the full collections before a page changes
+        # (executor._release_region_objects) then walk the tasks' objects only.
+        gc.collect()
+        gc.freeze()
         driver_pid = int(welcome["pid"])
         blocks = f"tcp://{host}:{block_port or ports or '*'}"
         if shares_pids(welcome.get("pidns")):
