@@ -41,7 +41,9 @@ A dict or set with str or bytes keys stores their hashes, which CPython
 seeds per process; a worker reads it correctly only with the driver's
 seed (``PYTHONHASHSEED``, passed to the workers a Cluster spawns).
 """
+import bisect
 import ctypes
+import functools
 import hashlib
 import importlib
 import os
@@ -147,6 +149,7 @@ class _Targets:
         self.keep = []          # the objects: alive while numbered, so an address never names two
         self.by_image = {}      # portable name -> id
         self.images = []        # (lo, hi, id), this walk's
+        self._starts = []
         self._ranges = None
 
     def _new(self, spec, addr, obj=None):
@@ -168,13 +171,15 @@ class _Targets:
                 tid = self.by_image[name] = self._new(("image", name, _module_of_file(path), base), base)
             imgs.append((lo, hi, tid))
         self.images = sorted(imgs)
+        self._starts = [lo for lo, _, _ in self.images]
         self._ranges = None
         if HANDLER and HANDLER not in self.by_addr and not self.in_image(HANDLER):
             # every region array names clamor's numpy allocator (not a gc referent)
             self._new(("handler", HANDLER), HANDLER, ctypes.cast(HANDLER, ctypes.py_object).value)
 
     def in_image(self, addr):
-        return any(lo <= addr < hi for lo, hi, _ in self.images)
+        i = bisect.bisect_right(self._starts, addr) - 1
+        return i >= 0 and addr < self.images[i][1]
 
     def ranges(self):
         """Sorted target ranges for clamor_py_match: (lo[], hi[], id[], n)."""
@@ -345,65 +350,86 @@ class Relocations:
 
     def __init__(self):
         self.targets = _Targets()
-        self.roots = {}         # id -> object, every root shipped in place
+        self.roots = {}         # id -> object, every root shipped in place (and alive)
+        self.per_root = {}      # id -> ({page: entries}, {page: what its last walk read there})
         self.lists = {}         # page -> entries installed (bytes)
-        self.covered = set()    # pages the last walk read
+        self.orphans = set()    # pages listing words of roots forgotten since
         self.changed = []       # pages the driver changed since the last walk
         self.seeded = None
         self.used = set()       # targets named by an installed list
         # walks done, their time, pages they read (last walk), pages with a
         # list and the entries of those lists (now)
-        self.cost = {"walks": 0, "seconds": 0.0, "covered": 0, "pages": 0, "entries": 0}
+        self.cost = {"walks": 0, "seconds": 0.0, "walked_pages": 0, "covered": 0, "pages": 0, "entries": 0}
 
     def note_changed(self, pages):
         if len(pages):
             self.changed.append(np.asarray(pages, dtype=np.uint64))
 
     def prepare(self, roots, stage, seeds_agree=True, limit=20_000_000):
-        """Walk ``roots`` (with every root shipped before) if anything they
-        cover may have changed, install the lists that differ at ``stage``,
-        and return the pages whose lists changed (workers must fetch them
-        again).  NotShareable if a root is not portable, or holds a dict
-        keyed by str while the workers' hash seeds differ from the
-        driver's (``seeds_agree`` false); nothing is kept of such roots."""
-        new = [r for r in roots if id(r) not in self.roots]
-        if not new and not self._dirty():
+        """List the relocations of ``roots`` and install the lists that
+        differ at ``stage``; return the pages whose lists changed (workers
+        must fetch them again).  NotShareable if a root is not portable, or
+        holds a dict keyed by str while the workers' hash seeds differ from
+        the driver's (``seeds_agree`` false); nothing is kept of such roots.
+
+        A page's list is the union of the words of every root shipped so
+        far that is still alive.  A root is walked when first shipped, and
+        again when the driver changed a page its last walk read."""
+        self._forget_dead()
+        changed = np.unique(np.concatenate(self.changed)) if self.changed else np.zeros(0, np.uint64)
+        todo = {id(r): r for r in roots if id(r) not in self.roots}
+        if changed.size:
+            ch = set(changed.tolist())
+            todo.update((k, self.roots[k]) for k, (_, read) in self.per_root.items()
+                        if k in self.roots and _read_changed(read, ch))
+        if not todo and not self.orphans:
+            self.changed = []
             return np.zeros(0, np.uint64)
-        roots_now = dict(self.roots)
-        roots_now.update((id(r), r) for r in roots)
         t0 = time.perf_counter()
-        entries, covered, seeded = self._walk(list(roots_now.values()), limit)
+        t = self.targets
+        t.refresh_images()
+        amap = _pyshare.AddressMap()
+        walked, seeded = {}, None
+        for k, r in todo.items():
+            mode = _Mode(t)
+            mode.root = f"a region {type(r).__name__} at {id(r):#x}"
+            _walk(r, limit, mode)
+            walked[k] = (_entries(mode, t, amap), _read(mode))
+            seeded = seeded or mode.seeded
         if seeded is not None and not seeds_agree:
             raise NotShareable(seed_message(seeded))
-        self.roots = roots_now
-        self.covered = covered
+        pages, self.orphans = self.orphans, set()
+        for k, (entries, cov) in walked.items():
+            old = self.per_root.get(k)
+            pages.update(entries)
+            if old is not None:
+                pages.update(old[0])
+            self.per_root[k] = (entries, cov)
+            self.roots[k] = todo[k]
         self.changed = []
         self.seeded = seeded
-        out = self._install(entries, stage)
+        out = self._install(pages, stage)
         self.cost["walks"] += 1
-        self.cost["covered"] = len(covered)
+        self.cost["walked_pages"] += sum(len(read) for _, read in walked.values())
+        self.cost["covered"] = len(set().union(*(read for _, read in self.per_root.values())))
         self.cost["seconds"] += time.perf_counter() - t0
         return out
 
-    def _dirty(self):
-        if not self.changed or not self.covered:
-            return False
-        ch = np.unique(np.concatenate(self.changed))
-        return any(int(p) in self.covered for p in ch)
+    def _forget_dead(self):
+        """Roots no one but this table holds any more: their objects may be
+        freed, and no task can read them."""
+        for k in [k for k, r in self.roots.items() if sys.getrefcount(r) <= 3]:   # (the dict, r, the call)
+            del self.roots[k]
+            entries, _ = self.per_root.pop(k, ({}, None))
+            self.orphans.update(entries)     # (their words may be another object's soon)
 
-    def _walk(self, roots, limit):
-        t = self.targets
-        t.refresh_images()
-        mode = _Mode(t)
-        for r in roots:
-            mode.root = f"a region {type(r).__name__} at {id(r):#x}"
-            _walk(r, limit, mode)
-        return _entries(mode, t), _pages_of(mode), mode.seeded
+    def _page_list(self, page):
+        return functools.reduce(_union, (e[page] for e, _ in self.per_root.values() if page in e), b"")
 
-    def _install(self, entries, stage):
+    def _install(self, pages, stage):
         changed = []
-        for page in sorted(set(entries) | set(self.lists)):
-            e = entries.get(page, b"")
+        for page in sorted(pages):
+            e = self._page_list(page)
             if self.lists.get(page, b"") == e:
                 continue
             n = len(e) // 16
@@ -414,7 +440,7 @@ class Relocations:
                 check(rc, "clamor_reloc_set")
             if e:
                 self.lists[page] = e
-                self.used.update(np.frombuffer(e, dtype=[("w", "<u4"), ("t", "<u4"), ("v", "<u8")])["t"].tolist())
+                self.used.update(np.frombuffer(e, _ENTRY)["t"].tolist())
             else:
                 self.lists.pop(page, None)
             changed.append(page)
@@ -432,10 +458,22 @@ class Relocations:
         return [(i, self.targets.specs[i]) for i in sorted(self.used - sent) if i]
 
 
-def _entries(mode, t):
+_ENTRY = np.dtype([("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
+
+
+def _union(a, b):
+    """Two pages' entries (bytes) as one list, sorted by word."""
+    if not a or not b:
+        return a or b
+    e = np.concatenate([np.frombuffer(a, _ENTRY), np.frombuffer(b, _ENTRY)])
+    _, first = np.unique(e["w"], return_index=True)
+    return e[first].tobytes()
+
+
+def _entries(mode, t, amap=None):
     """{page: entries as bytes, sorted by word} from the walk's extents."""
     tlo, thi, tid, nt = t.ranges()
-    amap = _pyshare.AddressMap()
+    amap = amap or _pyshare.AddressMap()
     cap = 1 << 16
     at = ffi.new("uintptr_t[]", cap)
     ids = ffi.new("uint32_t[]", cap)
@@ -468,7 +506,7 @@ def _entries(mode, t):
     addrs, tids = addrs[order], tids[order]
     off = addrs - np.uint64(base)
     pages = off >> np.uint64(shift)
-    rec = np.empty(len(addrs), dtype=[("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
+    rec = np.empty(len(addrs), dtype=_ENTRY)
     rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
     rec["t"] = tids
     rec["v"] = [int(ffi.cast("uintptr_t *", int(a))[0]) for a in addrs]
@@ -479,14 +517,33 @@ def _entries(mode, t):
     return out
 
 
-def _pages_of(mode):
+def _read(mode):
+    """{page: (the byte ranges of it the walk read, their digest)}.  The
+    walk's result depends on those bytes only (reference counts and the
+    collector's links are not among them), so a page the driver changed
+    whose ranges read the same needs no new walk."""
     base, ps = region.base(), region.page_size()
-    pages = set()
+    spans = {}
     for lo, n, *_ in mode.extents:
-        pages.update(range((lo - base) // ps, (lo + max(n, 1) - 1 - base) // ps + 1))
-    for a in mode.null_words:
-        pages.add((a - base) // ps)
-    return pages
+        pos, end = lo, lo + n
+        while pos < end:
+            page = (pos - base) // ps
+            stop = min(end, base + (page + 1) * ps)
+            spans.setdefault(page, []).append((pos, stop - pos))
+            pos = stop
+    return {page: (rs, _digest(rs)) for page, rs in spans.items()}
+
+
+def _digest(ranges):
+    h = hashlib.blake2b(digest_size=16)
+    for lo, n in ranges:
+        h.update(ctypes.string_at(lo, n))
+    return h.digest()
+
+
+def _read_changed(read, changed):
+    """Did any page of ``changed`` change where the walk read it?"""
+    return any(p in read and _digest(read[p][0]) != read[p][1] for p in changed)
 
 
 def check(obj, limit=20_000_000, seed=True):
