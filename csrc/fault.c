@@ -89,6 +89,8 @@ static const char *cause(int err) {
     case ERANGE: return "the page lies outside the region the server has";
     case EACCES: return "write to a page that is mapped read-only on this worker";
     case EPROTO: case EBADMSG: return "malformed reply from the page server";
+    case ENOKEY: return "the page's relocations name a target this worker has not bound (reloc.c)";
+    case ENOTRECOVERABLE: return "the driver has no relocation list that agrees with the bytes of that page version";
     case ESHUTDOWN: return "the pager was stopped";
     default: return "the page could not be fetched";
     }

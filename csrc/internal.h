@@ -353,7 +353,7 @@ uint64_t cl_now_ns(void);
 
 /* The relocation frame for pages [first, first+count) at `stage` (the
  * driver's list of that stage's version, checked against the words of
- * `data`, the pages served: ESTALE if none agrees; a worker's own lists):
+ * `data`, the pages served: ENOTRECOVERABLE if none agrees; a worker's own lists):
  * malloc'd into *out, its size returned; 0 and *err on failure. */
 size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char *data, void **out, int *err);
 /* Worker: put the driver's words back into a copy of pages it holds. */

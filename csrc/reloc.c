@@ -31,7 +31,6 @@
  * pager; never by the fault handler.
  */
 #define _GNU_SOURCE
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -236,20 +235,8 @@ size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char
                 for (c = l; c && !matches(c, page); c = c->next) {}
             }
             if (!c) {
-                if (getenv("CLAMOR_DEBUG_RELOC")) {
-                    const struct rlist *d = l;
-                    for (uint32_t i = 0; i < d->n; i++) {
-                        uint64_t w;
-                        memcpy(&w, page + (size_t)d->e[i].word * 8, 8);
-                        if (d->e[i].target && w != d->e[i].value)
-                            fprintf(stderr, "reloc mismatch page %llu word %u (addr %#llx) target %u want %#llx have %#llx stage %u from %u\n",
-                                    (unsigned long long)(first + k), d->e[i].word,
-                                    (unsigned long long)(cl_region.base + ((first + k) << cl_region.page_shift) + d->e[i].word * 8),
-                                    d->e[i].target, (unsigned long long)d->e[i].value, (unsigned long long)w, stage, d->from);
-                    }
-                }
                 pthread_mutex_unlock(&R.lock);
-                *err = ESTALE;
+                *err = ENOTRECOVERABLE;
                 return 0;
             }
             l = c;

@@ -273,14 +273,11 @@ os.kill(os.getpid(), 9)
         raise AssertionError("a local worker outlived its driver by 5 s")
 
 
-def test_pages_land_whole_at_their_offset_and_a_short_reply_is_fatal(py):
-    # The pager writes each reply into the worker's memfd at the pages' offset
-    # (pwrite) before it opens them.  A page server of our own answers every
-    # GET with a byte pattern of the page's index, and one page with a frame
-    # one byte short: the pattern must arrive whole at the right pages, and
-    # the short reply must end in the malformed-reply fatal error, never in a
-    # page opened half-written.
-    p = py(DRIVER + """
+# A page server of our own, put in the driver's place for a spawned worker:
+# it answers every GET with a byte pattern of the page's index, one page
+# (`short`) with a frame one byte short, and with the relocations frame the
+# worker asked for (RELOCS: a list of (word, target, value) per reply).
+FAKE_SERVER = DRIVER + """
 import struct, zmq
 from clamor.runtime.security import Guard, Security
 region.init()
@@ -311,15 +308,26 @@ def serve():
             body = b"".join(bytes([(i % 251) + 1]) * ps for i in range(idx, idx + count))
             if idx <= short < idx + count:
                 body = body[:-1]
-            rep = struct.pack("<IBBHIIQII", magic, ver, 2, 0, 0, stage, idx, count, tag)
-            fake.send_multipart([ident, rep, body])
+            rel = flags & 32                                # the worker relocates: send a list
+            rep = struct.pack("<IBBHIIQII", magic, ver, 2, rel, 0, stage, idx, count, tag)
+            extra = [struct.pack("<I", len(RELOCS)) + b"".join(struct.pack("<IIQ", *e) for e in RELOCS)] if rel else []
+            fake.send_multipart([ident, rep, body] + extra)
 t = threading.Thread(target=serve, daemon=True); t.start()
 cl.page_endpoint = f"tcp://127.0.0.1:{port}"   # the workers are sent to our page server instead of the real one
+def read(r, pages):
+    clamor.configure(readahead=0)
+    x = r.get()
+    return [[int(x[k * ps]), int(x[k * ps + ps - 1])] for k in pages]
+"""
+
+
+def test_pages_land_whole_at_their_offset_and_a_short_reply_is_fatal(py):
+    # The pager writes each reply into the worker's memfd at the pages' offset
+    # (pwrite) before it opens them.  The pattern must arrive whole at the
+    # right pages, and the short reply must end in the malformed-reply fatal
+    # error, never in a page opened half-written.
+    p = py("RELOCS = []\n" + FAKE_SERVER + """
 with cl:
-    def read(r, pages):
-        clamor.configure(readahead=0)
-        x = r.get()
-        return [[int(x[k * ps]), int(x[k * ps + ps - 1])] for k in pages]
     got = cl.run(read, clamor.ref(a), [0, 3, 4, 15])[0]
     want = [[((first + k) % 251) + 1] * 2 for k in (0, 3, 4, 15)]
     assert got == want, (got, want)
@@ -333,6 +341,25 @@ stop.set(); t.join()
     assert "PATTERN OK" in p.stdout, p.stdout + p.stderr
     assert "LOST" in p.stdout, p.stdout + p.stderr
     assert "malformed reply from the page server" in p.stderr, p.stderr
+
+
+def test_relocations_that_cannot_apply_are_a_clear_fatal_error(py):
+    """A spawned worker asks for each page's relocations.  A list that
+    names a target the worker never bound, or a word past the reply,
+    fails the access with its reason: the page is never opened half
+    relocated."""
+    for relocs, says in (("[(3, 77, 0x7f0000001000)]", "name a target this worker has not bound"),
+                         ("[(1 << 20, 0, 0)]", "malformed reply from the page server")):
+        p = py(f"RELOCS = {relocs}\n" + FAKE_SERVER + """
+with cl:
+    try:
+        cl.run(read, clamor.ref(a), [2])
+    except clamor.WorkerLost as e:
+        print("LOST", e, flush=True)
+stop.set(); t.join()
+""", timeout=90)
+        assert "LOST" in p.stdout, p.stdout + p.stderr
+        assert says in p.stderr, p.stderr
 
 
 def test_a_region_block_grown_on_a_worker_becomes_a_private_copy(py):
