@@ -349,6 +349,7 @@ class Relocations:
     in place to workers not forked from it."""
 
     def __init__(self):
+        self.generation = region.generation()
         self.targets = _Targets()
         self.roots = {}         # id -> object, every root shipped in place (and alive)
         self.per_root = {}      # id -> ({page: entries}, {page: what its last walk read there})
@@ -569,9 +570,19 @@ _DRIVER = [None]
 
 
 def _driver():
-    if _DRIVER[0] is None:
-        _DRIVER[0] = Relocations()
-    return _DRIVER[0]
+    d = _DRIVER[0]
+    if d is None or d.generation != region.generation():   # (a region closed since: its lists went with it)
+        d = _DRIVER[0] = Relocations()
+    return d
+
+
+def reset():
+    """Forget every list, target and root (the objects it held may go):
+    a Cluster closes.  Its workers were the only ones to read them."""
+    if _DRIVER[0] is not None:
+        _DRIVER[0] = None
+        if lib.clamor_region_role() == lib.CLAMOR_ROLE_DRIVER:
+            lib.clamor_reloc_reset()
 
 
 def driver():

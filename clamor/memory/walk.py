@@ -146,7 +146,7 @@ def _has_dict(o):
     return bool(t.__flags__ & _HEAPTYPE) and bool(t.__flags__ & _MANAGED_DICT or t.__dictoffset__)
 
 
-def _own_keys(o, path):
+def _own_keys(o, path, again=True):
     """Give a region instance a dict with its own keys table, in the region.
 
     CPython shares one keys table among the instances of a class (split
@@ -155,7 +155,10 @@ def _own_keys(o, path):
     that table in the driver only, and a worker, whose copy of the class
     is from the fork, would not find it.  A dict made and converted inside
     a heap block (one non-string key does it) keeps its own keys, in the
-    region, where workers read them."""
+    region, where workers read them.  ``again`` false: a dict that has
+    its own keys already is left as it is (the portable walk, which may
+    run after a stage began: a write then would be a page version its
+    relocation lists do not describe)."""
     from .._native import lib
     from .hooks import install
 
@@ -167,8 +170,8 @@ def _own_keys(o, path):
             d = o.__dict__
             if fresh:
                 d = o.__dict__ = dict(d)
-            elif _owns_keys(d):
-                return True     # done before: nothing is written (a stage may be running)
+            elif not again and _owns_keys(d):
+                return True     # done before: nothing is written
             d[_NONSTR_KEY] = None
             del d[_NONSTR_KEY]
         finally:
@@ -373,7 +376,7 @@ def _walk(obj, limit, mode):
         if _opaque(o):
             walk.opaque(path, o)
         if _has_dict(o):
-            _own_keys(o, path)
+            _own_keys(o, path, again=mode is None)
         for step, child in _children(o):
             stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
     if walk.unsure:

@@ -49,6 +49,7 @@ from ..memory.heap import outside
 from ..memory.hooks import prepare_fork
 from . import security
 from .lineage import Lineage
+from ..memory import portable
 from ..memory.share import note_fork
 from .scheduler import Scheduler, Speculation
 from .stages import Stages
@@ -368,6 +369,9 @@ class Cluster(Stages):
         """Stop every worker (STOP, then SIGKILL after ``timeout``) and reap."""
         self._closed = True
         _live.discard(self)
+        # The relocation lists were this cluster's workers': the objects they
+        # kept listed may go now (a later cluster lists what it ships).
+        portable.reset()
         fin = getattr(self, "_finalizer", None)
         state = fin.detach() if fin is not None else None
         if state is not None:   # (None: closed already)
