@@ -106,11 +106,12 @@ def run_mode(clamor, mode, args, tree, meta, queries, ref):
                 "s": s, "bad": geo.check_equal(ref, geo.concat(parts)), "faults": st["faults"],
                 "bytes": st["bytes_from_driver"] + st["bytes_from_peers"], "stage_s": st["duration_s"],
                 "walks": walks, "walk_s": cost["seconds"] - before["seconds"],
-                "walked_pages": walks * cost["covered"],   # (a walk's pages: the last walk's count)
+                "walked_pages": cost["walked_pages"] - before["walked_pages"],
             })
         workers = cl.run(reloc_stats)
+        lists = {"pages": cost["pages"], "entries": cost["entries"]}   # (the lists go with the cluster)
     return {"start_s": start_s, "imports_s": imports_s, "cold": stages[0], "warm": stages[1:],
-            "bad": sum(x["bad"] for x in stages), "workers": workers}
+            "bad": sum(x["bad"] for x in stages), "workers": workers, "lists": lists}
 
 
 def main():
@@ -136,7 +137,6 @@ def main():
         ap.error("--workers, --scale, --queries, --reps and --rounds must be positive")
 
     import clamor
-    from clamor.memory import portable
 
     t_all = time.perf_counter()
     clamor.region.init(page_size=args.page_size)   # (the clusters find it mapped, with this page size)
@@ -202,7 +202,7 @@ def main():
     fetched = wsum("spawn", "pages_fetched")
     walked = total("spawn", "walked_pages")
     walk_s = total("spawn", "walk_s")
-    cost = portable.driver().cost
+    cost = runs["spawn"][-1]["lists"]
     # reloc_us_per_page: the driver's time to compute one page's relocation
     # list, i.e. its walks (every object the stage ships, read for words
     # that point out of the region, and the lists made of them) over the

@@ -108,12 +108,16 @@ def loaded_images():
     return out
 
 
+_MODULE_FILES = {}   # realpath of an extension module's file -> its name (grows as modules load)
+
+
 def _module_of_file(path):
-    for name, m in list(sys.modules.items()):
-        f = getattr(m, "__file__", None)
-        if f and f.endswith((".so", ".pyd")) and os.path.realpath(f) == path:
-            return name
-    return None
+    if path not in _MODULE_FILES:
+        for name, m in list(sys.modules.items()):
+            f = getattr(m, "__file__", None)
+            if f and f.endswith(".so") and name not in _MODULE_FILES.values():
+                _MODULE_FILES.setdefault(os.path.realpath(f), name)
+    return _MODULE_FILES.get(path)
 
 
 def _lookup(module, qualname):

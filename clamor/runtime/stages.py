@@ -307,10 +307,14 @@ class Stages:
         if job.rerun:
             desc += " (recomputing lost partitions)"
         in_place, roots = [], []
-        # Region objects that died since (a walk replaced an instance's dict)
-        # sit on CPython's free lists: the payload's own dicts and tuples
-        # must not be made of them.
-        release_dropped()
+        # Region objects that died since the action began (a dict a walk
+        # replaced, what the check before the stage pickled) may sit on
+        # CPython's free lists: the payload's own dicts and tuples must not
+        # be made of them, or a check remembered for an address would pass
+        # them as region objects.  (Forked-only clusters check every object
+        # as it is pickled, and keep the one emptying at the action's start.)
+        if self.start_method != "fork" or self.remote:
+            release_dropped()
         forked = self.start_method == "fork" and self.nworkers > 0
         others = self.start_method != "fork" or self.remote > 0
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
