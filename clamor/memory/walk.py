@@ -47,6 +47,10 @@ from .._native import lib
 from .hooks import HANDLER
 
 _inherited = None  # ids of objects alive at the last fork
+# Instance dicts _own_keys rewrote: the dicts and key tables that died then
+# may sit on CPython's free lists, which the runtime empties before it
+# pickles what travels (hooks.release_dropped).
+conversions = [0]
 
 
 from ..errors import NotShareable, ShareWarning  # noqa: E402,F401  (share()'s own)
@@ -170,8 +174,15 @@ def _own_keys(o, path, again=True):
             d = o.__dict__
             if fresh:
                 d = o.__dict__ = dict(d)
-            elif not again and _owns_keys(d):
-                return True     # done before: nothing is written
+            elif not again:
+                depth = lib.clamor_heap_suspend()   # (the check's own objects are no region objects)
+                try:
+                    owns = _owns_keys(d)
+                finally:
+                    lib.clamor_heap_resume(depth)
+                if owns:
+                    return True     # done before: nothing is written
+            conversions[0] += 1
             d[_NONSTR_KEY] = None
             del d[_NONSTR_KEY]
         finally:
@@ -182,6 +193,7 @@ def _own_keys(o, path, again=True):
     # (its keys, general ones, never do): then empty the lists and make a
     # new one.
     if not convert(False):
+        conversions[0] += 1
         gc.collect()
         if not convert(True):
             raise NotShareable(f"{path}.__dict__ could not be placed in the region")
@@ -376,7 +388,7 @@ def _walk(obj, limit, mode):
         if _opaque(o):
             walk.opaque(path, o)
         if _has_dict(o):
-            _own_keys(o, path, again=mode is None)
+            _own_keys(o, path, again=False)
         for step, child in _children(o):
             stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
     if walk.unsure:

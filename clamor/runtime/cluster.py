@@ -278,6 +278,7 @@ class Cluster(Stages):
         self._far = set()       # wids whose pid this host cannot check (another PID namespace)
         self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
         self._join_info = {}      # wid -> what its JOIN said of relocating (hash_ok, same_base)
+        self._conversions_seen = 0  # walk.conversions when the free lists were last emptied
         self._welcomed_at = {}  # wid -> when its WELCOME left, until its HELLO
         self._idle_since = None  # when the last action ended: nobody read the socket since
         self._born = {}         # forked wid -> the stage it was forked at

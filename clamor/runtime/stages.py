@@ -60,7 +60,7 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
-from ..memory import images, portable
+from ..memory import images, portable, walk
 from ._liveness import pid_alive, pid_namespace, shares_pids
 from .interrupt import Deferred
 from .progress import StageProgress
@@ -110,6 +110,7 @@ class Stages:
     def _run_action(self, node, kind, arg, partitions=None, only=None):
         self._check()
         release_dropped()
+        self._conversions_seen = walk.conversions[0]
         try:
             self._catch_up()
             for st in self._plan(node):
@@ -307,14 +308,7 @@ class Stages:
         if job.rerun:
             desc += " (recomputing lost partitions)"
         in_place, roots = [], []
-        # Region objects that died since the action began (a dict a walk
-        # replaced, what the check before the stage pickled) may sit on
-        # CPython's free lists: the payload's own dicts and tuples must not
-        # be made of them, or a check remembered for an address would pass
-        # them as region objects.  (Forked-only clusters check every object
-        # as it is pickled, and keep the one emptying at the action's start.)
-        if self.start_method != "fork" or self.remote:
-            release_dropped()
+        self._release_converted()
         forked = self.start_method == "fork" and self.nworkers > 0
         others = self.start_method != "fork" or self.remote > 0
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
@@ -373,7 +367,7 @@ class Stages:
         tasks as a page version whose relocations no walk listed."""
         if self.start_method == "fork" and not self.remote:
             return
-        release_dropped()
+        self._release_converted()
         forked = self.start_method == "fork" and self.nworkers > 0
         src = _sources(node if kind != "map" else node.deps[parent])
         every = range(node.deps[parent].num_partitions if kind == "map" else node.num_partitions)
@@ -381,6 +375,15 @@ class Stages:
                              forked=forked, portable=True)
         for p in every if parts is None else parts:
             serialize.dumps({"src": {s.id: s.task_data(p) for s in src}}, forked=forked, portable=True)
+
+    def _release_converted(self):
+        """Dicts that a walk replaced since the free lists were last emptied
+        (walk._own_keys) may sit on CPython's free lists: the payload's own
+        dicts must not be made of them, or a check remembered for an
+        address would pass them as region objects.  Empty the lists then."""
+        if walk.conversions[0] != self._conversions_seen:
+            self._conversions_seen = walk.conversions[0]
+            release_dropped()
 
     def _check_in_place(self, job, parts, roots):
         """Region objects travel by offset, used in place.  A worker not
