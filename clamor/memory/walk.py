@@ -150,7 +150,7 @@ def _has_dict(o):
     return bool(t.__flags__ & _HEAPTYPE) and bool(t.__flags__ & _MANAGED_DICT or t.__dictoffset__)
 
 
-def _own_keys(o, path, again=True):
+def _own_keys(o, path):
     """Give a region instance a dict with its own keys table, in the region.
 
     CPython shares one keys table among the instances of a class (split
@@ -159,10 +159,10 @@ def _own_keys(o, path, again=True):
     that table in the driver only, and a worker, whose copy of the class
     is from the fork, would not find it.  A dict made and converted inside
     a heap block (one non-string key does it) keeps its own keys, in the
-    region, where workers read them.  ``again`` false: a dict that has
-    its own keys already is left as it is (the portable walk, which may
-    run after a stage began: a write then would be a page version its
-    relocation lists do not describe)."""
+    region, where workers read them.  A dict that has its own keys
+    already is left as it is: a walk may run after a stage began, and a
+    write then would change pages for nothing (and, for workers not forked,
+    be a page version no relocation list describes)."""
     from .._native import lib
     from .hooks import install
 
@@ -174,7 +174,7 @@ def _own_keys(o, path, again=True):
             d = o.__dict__
             if fresh:
                 d = o.__dict__ = dict(d)
-            elif not again:
+            else:
                 depth = lib.clamor_heap_suspend()   # (the check's own objects are no region objects)
                 try:
                     owns = _owns_keys(d)
@@ -388,7 +388,7 @@ def _walk(obj, limit, mode):
         if _opaque(o):
             walk.opaque(path, o)
         if _has_dict(o):
-            _own_keys(o, path, again=False)
+            _own_keys(o, path)
         for step, child in _children(o):
             stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
     if walk.unsure:
