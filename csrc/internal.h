@@ -363,6 +363,5 @@ void cl_reloc_restore(uint64_t first, uint32_t count, char *data);
 int cl_reloc_apply(uint64_t first, uint32_t count, char *data, size_t len, const void *frame, size_t flen);
 /* Worker: does it hold the lists of these pages (fetched with them)? */
 bool cl_reloc_held(uint64_t first, uint32_t count);
-void cl_reloc_forget(uint64_t first, uint64_t count);
 
 #endif /* CLAMOR_INTERNAL_H */

@@ -323,15 +323,6 @@ int cl_reloc_apply(uint64_t first, uint32_t count, char *data, size_t len, const
     return rc;
 }
 
-void cl_reloc_forget(uint64_t first, uint64_t count) {
-    pthread_mutex_lock(&R.lock);
-    for (uint64_t p = first; R.page && p < first + count && p < R.npages; p++) {
-        free_chain(R.page[p]);
-        R.page[p] = NULL;
-    }
-    pthread_mutex_unlock(&R.lock);
-}
-
 bool cl_reloc_held(uint64_t first, uint32_t count) {
     pthread_mutex_lock(&R.lock);
     bool ok = R.page != NULL;

@@ -360,7 +360,6 @@ class Relocations:
         self.lists = {}         # page -> entries installed (bytes)
         self.orphans = set()    # pages listing words of roots forgotten since
         self.changed = []       # pages the driver changed since the last walk
-        self.seeded = None
         self.used = set()       # targets named by an installed list
         # walks done, their time, pages they read (last walk), pages with a
         # list and the entries of those lists (now)
@@ -412,7 +411,6 @@ class Relocations:
             self.per_root[k] = (entries, cov)
             self.roots[k] = todo[k]
         self.changed = []
-        self.seeded = seeded
         out = self._install(pages, stage)
         self.cost["walks"] += 1
         self.cost["walked_pages"] += sum(len(read) for _, read in walked.values())
