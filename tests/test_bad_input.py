@@ -333,7 +333,7 @@ def test_ctrl_c_never_tears_a_message_the_driver_reads():
                 time.sleep(0.002)
                 signal.raise_signal(signal.SIGINT)
         got, interrupts = [], 0
-        threading.Thread(target=send).start()
+        threading.Thread(target=send, daemon=True).start()   # (a receiver that gave up must not leave it blocking the exit)
         threading.Thread(target=interrupt).start()
         deadline = time.monotonic() + 30     # (a lost message would leave it short of N)
         try:
