@@ -344,13 +344,8 @@ def main():
             clamor.configure(readahead=args.readahead)  # the forked workers inherit it
         with clamor.Cluster(workers=w, page_size=args.page_size, progress=None) as cl:
             t0 = time.perf_counter()
-            places = geo.load_places(args.dataset)
-            n = len(places) * args.scale
-            meta = clamor.empty(n, geo.RECORD)
-            geo.fill_records(meta, places, args.scale, seed=args.seed)
-            del places
-            with clamor.heap():
-                tree = geo.build_tree(meta)
+            meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
+            n = len(meta)
             region_bytes = clamor.heap_stats()["allocated"]
             build_s = time.perf_counter() - t0
             queries = geo.make_queries(args.queries, args.region, args.radius_km, seed=args.seed + 1)

@@ -141,13 +141,8 @@ def main():
     t_all = time.perf_counter()
     clamor.region.init(page_size=args.page_size)   # (the clusters find it mapped, with this page size)
     t0 = time.perf_counter()
-    places = geo.load_places(args.dataset)
-    n = len(places) * args.scale
-    meta = clamor.empty(n, geo.RECORD)
-    geo.fill_records(meta, places, args.scale, seed=args.seed)
-    del places
-    with clamor.heap():
-        tree = geo.build_tree(meta)
+    meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
+    n = len(meta)
     region_bytes = clamor.heap_stats()["allocated"]
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -554,22 +554,21 @@ static void *calloc_kind(size_t n, size_t size, int atomic) {
 void *clamor_calloc(size_t n, size_t size) { return calloc_kind(n, size, 0); }
 void *clamor_calloc_atomic(size_t n, size_t size) { return calloc_kind(n, size, 1); }
 
-void *clamor_aligned_alloc(size_t align, size_t size) {
+static void *aligned_kind(size_t align, size_t size, const char *fn, int atomic) {
     size_t dirty[2];
     if (align == 0 || (align & (align - 1))) {
-        errno = cl_err(EINVAL, "clamor_aligned_alloc: alignment %zu is not a power of two", align);
+        errno = cl_err(EINVAL, "%s: alignment %zu is not a power of two", fn, align);
         return NULL;
     }
-    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, "clamor_aligned_alloc", 0);
+    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, fn, atomic);
+}
+
+void *clamor_aligned_alloc(size_t align, size_t size) {
+    return aligned_kind(align, size, "clamor_aligned_alloc", 0);
 }
 
 void *clamor_aligned_alloc_atomic(size_t align, size_t size) {
-    size_t dirty[2];
-    if (align == 0 || (align & (align - 1))) {
-        errno = cl_err(EINVAL, "clamor_aligned_alloc_atomic: alignment %zu is not a power of two", align);
-        return NULL;
-    }
-    return heap_alloc_locked(size, align < 16 ? 16 : align, dirty, "clamor_aligned_alloc_atomic", 1);
+    return aligned_kind(align, size, "clamor_aligned_alloc_atomic", 1);
 }
 
 int clamor_free_checked(void *ptr) {

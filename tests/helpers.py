@@ -100,3 +100,20 @@ def shared_library(tmp_path, name, source, include=None):
     cmd = ["cc", "-shared", "-fPIC", "-O1"] + (["-I", str(include)] if include else []) + ["-o", str(lib), str(src)]
     subprocess.run(cmd, check=True)
     return lib
+
+
+def shadow_numpy(tmp_path):
+    """Driver lines (indented as scenario bodies are) that set ``core``, the
+    portable name of numpy's core module, and ``shadow``, a directory with
+    another ELF file (another build-id) at that name, to put first on a
+    worker's path; and ``buf``, what the clamor logger says."""
+    return f"""
+        import io, logging, shutil, threading, numpy
+        from clamor.memory import images
+        buf = io.StringIO()
+        logging.getLogger("clamor").addHandler(logging.StreamHandler(buf))
+        core = [n for n in images.loaded() if n.startswith("rel:numpy/") and "_multiarray_umath" in n][0][4:]
+        shadow = "{tmp_path}/shadow"
+        os.makedirs(os.path.dirname(os.path.join(shadow, core)))
+        shutil.copy(sys.executable, os.path.join(shadow, core))   # an ELF file with another build-id
+"""

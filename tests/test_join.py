@@ -4,7 +4,7 @@ JOIN/WELCOME and then speaking the runtime's protocol; and Cluster.run,
 a call on each worker."""
 import pytest
 
-from helpers import scenario
+from helpers import scenario, shadow_numpy
 
 # (indented as the scenarios are: they are dedented together)
 HAND = """
@@ -297,23 +297,15 @@ def test_a_worker_whose_images_differ_is_refused_and_its_place_stays_open(tmp_pa
     core module (a file of its own first on its path) is refused at
     joining, naming the library; the driver logs it and the next worker
     takes the place."""
-    out = scenario(HAND + f"""
-        import logging, io, shutil, numpy
-        from clamor.memory import images
-        buf = io.StringIO()
-        logging.getLogger("clamor").addHandler(logging.StreamHandler(buf))
-        core = [n for n in images.loaded() if n.startswith("rel:numpy/") and "_multiarray_umath" in n][0][4:]
-        shadow = "{tmp_path}/shadow"
-        os.makedirs(os.path.dirname(os.path.join(shadow, core)))
-        shutil.copy(sys.executable, os.path.join(shadow, core))   # an ELF file with another build-id
+    out = scenario(HAND + shadow_numpy(tmp_path) + """
         cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=60)
         cl.join_command()
-        env = {{**os.environ, "CLAMOR_SECRET": cl.secret, "PYTHONPATH": shadow}}
+        env = {**os.environ, "CLAMOR_SECRET": cl.secret, "PYTHONPATH": shadow}
         bad = subprocess.Popen([sys.executable, "-m", "clamor.worker", cl.endpoint, "--connect-timeout", "30"],
                                env=env, stderr=subprocess.PIPE, text=True)
         starting = threading.Thread(target=cl.start)      # start() answers JOIN while it waits
         starting.start()
-        res = {{"bad rc": bad.wait(60), "bad says": bad.stderr.read().strip().splitlines()}}
+        res = {"bad rc": bad.wait(60), "bad says": bad.stderr.read().strip().splitlines()}
         good = by_hand(cl)                                  # the place the refused one left
         starting.join(60)
         res["run"] = cl.run(lambda: 6 * 7)

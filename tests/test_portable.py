@@ -11,7 +11,7 @@ PYTHONHASHSEED=0 unless a test takes it out.
 import os
 import textwrap
 
-from helpers import scenario
+from helpers import scenario, shadow_numpy
 from nethosts import require_hosts
 from test_hosts import HOSTS
 from test_join import HAND
@@ -298,15 +298,7 @@ def test_a_worker_with_another_version_of_a_library_is_refused_naming_it_and_bot
     names the library and the driver's and the worker's versions (the
     worker's copy of numpy's core module, first on its path, belongs to a
     numpy 9.9.9 there)."""
-    out = drive(HAND, f"""
-        import logging, io, shutil, threading, numpy
-        from clamor.memory import images
-        buf = io.StringIO()
-        logging.getLogger("clamor").addHandler(logging.StreamHandler(buf))
-        core = [n for n in images.loaded() if n.startswith("rel:numpy/") and "_multiarray_umath" in n][0][4:]
-        shadow = "{tmp_path}/shadow"
-        os.makedirs(os.path.dirname(os.path.join(shadow, core)))
-        shutil.copy(sys.executable, os.path.join(shadow, core))     # an ELF file with another build-id
+    out = drive(HAND, shadow_numpy(tmp_path) + """
         info = os.path.join(shadow, "numpy-9.9.9.dist-info")
         os.makedirs(info)
         with open(os.path.join(info, "METADATA"), "w") as f:
@@ -315,12 +307,12 @@ def test_a_worker_with_another_version_of_a_library_is_refused_naming_it_and_bot
             f.write("numpy\\n")
         cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=60)
         cl.join_command()
-        env = {{**os.environ, "CLAMOR_SECRET": cl.secret, "PYTHONPATH": shadow}}
+        env = {**os.environ, "CLAMOR_SECRET": cl.secret, "PYTHONPATH": shadow}
         bad = subprocess.Popen([sys.executable, "-m", "clamor.worker", cl.endpoint, "--connect-timeout", "30"],
                                env=env, stderr=subprocess.PIPE, text=True)
         starting = threading.Thread(target=cl.start)
         starting.start()
-        res = {{"bad rc": bad.wait(60), "bad says": bad.stderr.read().strip().splitlines()}}
+        res = {"bad rc": bad.wait(60), "bad says": bad.stderr.read().strip().splitlines()}
         good = by_hand(cl)
         starting.join(60)
         res["run"] = cl.run(lambda: 6 * 7)

@@ -160,6 +160,18 @@ def build_tree(meta):
     return tree
 
 
+def build(clamor, dataset, scale, seed):
+    """The records of ``dataset`` (``scale`` copies) in a region array and
+    a KDTree over them built under ``clamor.heap()``: (meta, tree)."""
+    places = load_places(dataset)
+    meta = clamor.empty(len(places) * scale, RECORD)
+    fill_records(meta, places, scale, seed=seed)
+    del places
+    with clamor.heap():
+        tree = build_tree(meta)
+    return meta, tree
+
+
 # ---- the query ------------------------------------------------------------------
 
 def answer(tree, meta, queries):
