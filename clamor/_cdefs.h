@@ -22,6 +22,10 @@ size_t clamor_page_size(void);
 int clamor_region_role(void);
 const char *clamor_fork_parent_endpoint(void);
 int clamor_set_fork_ports(unsigned lo, unsigned hi);
+int clamor_map_share(int on);
+int clamor_map_info(int *fd, uint8_t *cookie);
+int clamor_map_attach(int pid, int fd, const uint8_t *cookie);
+int clamor_map_status(void);
 
 int clamor_zmq_load(const char *path);
 
@@ -60,6 +64,8 @@ int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
 int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
+uint64_t clamor_moved_count(void);
+void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
 int clamor_versions_keep(const uint32_t *stages, size_t n);
 void clamor_peer_gone(const char *endpoint);
@@ -103,6 +109,7 @@ struct clamor_stats {
     uint64_t reloc_pages;
     uint64_t reloc_words;
     uint64_t reloc_bytes;
+    uint64_t pages_mapped;
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -148,6 +149,7 @@ static inline void map_set(uint64_t pg, uintptr_t v) {
 
 static void map_fill(uint64_t first, uint64_t n, uintptr_t v) {
     for (uint64_t i = 0; i < n; i++) map_set(first + i, v);
+    if (v & CL_USED) cl_map_mark_used(first << CL_PG_SHIFT, n << CL_PG_SHIFT);
 }
 
 static void list_push(cl_span **head, cl_span *s) {
@@ -166,7 +168,7 @@ static void list_unlink(cl_span **head, cl_span *s) {
 
 // Counters change under the lock but are read without it; a negative delta
 // wraps, which unsigned arithmetic undoes.
-static inline void acct(int64_t allocated, int64_t footprint) {
+static inline void footprint_add(int64_t allocated, int64_t footprint) {
     atomic_fetch_add_explicit(&cl_allocated, (size_t)allocated, memory_order_relaxed);
     atomic_fetch_add_explicit(&cl_footprint, (size_t)footprint, memory_order_relaxed);
 }
@@ -206,9 +208,13 @@ static int bin_next(unsigned b) {
 // Only the memfd is touched, never the mapping.  See fallocate(2).
 static int pages_punch(uint64_t first, uint64_t n) {
     int saved = errno, rc = -1;
-    if (cl_region.memfd >= 0)
-        rc = fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                       (off_t)(first << CL_PG_SHIFT), (off_t)(n << CL_PG_SHIFT));
+    if (cl_region.memfd >= 0) {
+        rc = cl_version_punch(first << CL_PG_SHIFT, n << CL_PG_SHIFT);
+        if (rc) {
+            errno = rc;
+            rc = -1;
+        }
+    }
     if (rc == 0 && n) /* workers must drop their copies: every region page it touched */
         cl_version_discarded((first << CL_PG_SHIFT) >> cl_region.page_shift,
                              ((((first + n) << CL_PG_SHIFT) - 1) >> cl_region.page_shift) -
@@ -350,7 +356,10 @@ static int heap_init(void) {
     s->npages = n;
     // A new memfd reads zero; one that has data (the heap was reset on a
     // live region) might not anywhere.
-    if (fstat(cl_region.memfd, &st) != 0 || st.st_blocks != 0) dirty_clip(s, 0, n);
+    off_t data = lseek(cl_region.memfd, 0, SEEK_DATA);
+    if (fstat(cl_region.memfd, &st) != 0 || (data >= 0 && (uint64_t)data < cl_region.size) ||
+        (data < 0 && errno != ENXIO))
+        dirty_clip(s, 0, n);
     bin_push(s);
     atomic_store_explicit(&cl_pages_pub, n, memory_order_relaxed);
     atomic_store_explicit(&cl_pmap_pub, cl_pmap, memory_order_release);
@@ -397,7 +406,7 @@ static void *slab_alloc(unsigned c, size_t req, int atomic) {
         map_fill(s->first, CL_SLAB_PAGES, (uintptr_t)s | CL_USED);
         list_push(&k->partial, s);
         k->nempty++;
-        acct(0, CL_SLAB_BYTES);
+        footprint_add(0, CL_SLAB_BYTES);
     }
     if (s->nfree == s->nslots) k->nempty--;
     // Lowest free slot: a block freed and asked for again comes back in place.
@@ -406,7 +415,7 @@ static void *slab_alloc(unsigned c, size_t req, int atomic) {
     unsigned bit = (unsigned)__builtin_ctzll(~s->used[w]);
     s->used[w] |= 1ull << bit;
     if (--s->nfree == 0) list_unlink(&k->partial, s);
-    acct(s->csize, 0);
+    footprint_add(s->csize, 0);
     return pg_addr(s->first) + (size_t)(w * 64 + bit) * s->csize;
 }
 
@@ -435,7 +444,7 @@ static void *heap_alloc(size_t size, size_t align, size_t dirty[2], const char *
     map_fill(d->first, n, (uintptr_t)d | CL_USED);
     dirty[0] = d->dlo < d->dhi ? (size_t)((d->dlo - d->first) << CL_PG_SHIFT) : 0;
     dirty[1] = d->dlo < d->dhi ? (size_t)((d->dhi - d->first) << CL_PG_SHIFT) : 0;
-    acct((int64_t)n << CL_PG_SHIFT, (int64_t)n << CL_PG_SHIFT);
+    footprint_add((int64_t)n << CL_PG_SHIFT, (int64_t)n << CL_PG_SHIFT);
     return pg_addr(d->first);
 }
 
@@ -458,14 +467,14 @@ static size_t block_usable(const cl_span *d) {
 
 static void block_free(cl_span *d, const void *p) {
     if (d->kind == CL_SPAN_LARGE) {
-        acct(-(int64_t)(d->npages << CL_PG_SHIFT), -(int64_t)(d->npages << CL_PG_SHIFT));
+        footprint_add(-(int64_t)(d->npages << CL_PG_SHIFT), -(int64_t)(d->npages << CL_PG_SHIFT));
         span_release(d);
         return;
     }
     cl_class *k = &cl_classes[d->atomic][d->cls];
     size_t i = (size_t)((const char *)p - pg_addr(d->first)) / d->csize;
     d->used[i / 64] &= ~(1ull << (i % 64));
-    acct(-(int64_t)d->csize, 0);
+    footprint_add(-(int64_t)d->csize, 0);
     if (d->nfree++ == 0) list_push(&k->partial, d);
     if (d->nfree < d->nslots) return;
     if (!k->nempty) { // keep one empty slab so a malloc/free loop stays cheap
@@ -473,7 +482,7 @@ static void block_free(cl_span *d, const void *p) {
         return;
     }
     list_unlink(&k->partial, d);
-    acct(0, -(int64_t)CL_SLAB_BYTES);
+    footprint_add(0, -(int64_t)CL_SLAB_BYTES);
     span_release(d);
 }
 
@@ -489,7 +498,7 @@ static int block_resize(cl_span *d, size_t size) {
         t->npages = d->npages - n;
         t->kind = CL_SPAN_LARGE;
         d->npages = n;
-        acct(-(int64_t)(t->npages << CL_PG_SHIFT), -(int64_t)(t->npages << CL_PG_SHIFT));
+        footprint_add(-(int64_t)(t->npages << CL_PG_SHIFT), -(int64_t)(t->npages << CL_PG_SHIFT));
         span_release(t);
         return 1;
     }
@@ -510,7 +519,7 @@ static int block_resize(cl_span *d, size_t size) {
     }
     map_fill(end, more, (uintptr_t)d | CL_USED);
     d->npages = n;
-    acct((int64_t)more << CL_PG_SHIFT, (int64_t)more << CL_PG_SHIFT);
+    footprint_add((int64_t)more << CL_PG_SHIFT, (int64_t)more << CL_PG_SHIFT);
     return 1;
 }
 

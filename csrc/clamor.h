@@ -79,6 +79,22 @@ const char *clamor_fork_parent_endpoint(void);
  * default).  EINVAL unless 0 < lo <= hi <= 65535 or both are 0. */
 int clamor_set_fork_ports(unsigned lo, unsigned hi);
 
+/* ---- same host: workers map the driver's pages (samehost.c) ----------- */
+
+/* Driver: children forked from now on map its pages instead of fetching
+ * them (on, the default of a Cluster) or fetch them (off). */
+int clamor_map_share(int on);
+/* Driver: the descriptor of its memfd and the 16-byte cookie a worker
+ * checks it against (what clamor_map_attach() takes).  EPERM elsewhere. */
+int clamor_map_info(int *fd, uint8_t *cookie);
+/* Worker: map the driver's pages from now on, through /proc/PID/fd/FD.
+ * 0; EHOSTUNREACH (another host or network namespace), EACCES/EPERM
+ * (another user, a container boundary), EBADF (not this cluster's memfd),
+ * ENOENT, EINVAL; the detail says which.  The worker then fetches. */
+int clamor_map_attach(int pid, int fd, const uint8_t *cookie);
+/* Worker: 1 if it maps the driver's pages, else 0. */
+int clamor_map_status(void);
+
 /* ---- libzmq ----------------------------------------------------------- */
 
 /* Resolve the libzmq functions clamor uses from the shared library at
@@ -180,6 +196,11 @@ int clamor_security_mode(void);
 int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
+/* Pages of the last clamor_stage_begin() whose bytes did not change but
+ * moved to another location of the driver's memfd (logged with a group):
+ * workers that map the driver's pages drop them; the others keep theirs. */
+uint64_t clamor_moved_count(void);
+void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
 /* Driver: keep only the versions that the stages in `stages` (n of them,
  * ascending: those a task may still read at) need; the lowest becomes the
@@ -281,6 +302,7 @@ void clamor_replication_reset(void);
     COUNTER(reloc_pages)       /* worker: pages fetched with relocations */                                     \
     COUNTER(reloc_words)       /* worker: words relocated */                                                    \
     COUNTER(reloc_bytes)       /* worker: bytes of relocation lists received */                                 \
+    COUNTER(pages_mapped)      /* worker: pages mapped from the driver's memory (same host), not fetched */     \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

@@ -250,6 +250,12 @@ static void handler(int sig, siginfo_t *si, void *uc) {
             return; /* open now: the access is retried */
         case CL_PG_ABSENT:
         case CL_PG_HELD:
+            /* Same host as the driver: map its page where it lies. */
+            if (CL_PG_STATE(s) == CL_PG_ABSENT && atomic_load_explicit(&cl_region.map_on, memory_order_relaxed) &&
+                cl_map_run(idx, false, true) == 0) {
+                s = atomic_load(w);
+                continue;
+            }
             if (atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) {
                 bool fresh = CL_PG_STATE(s) == CL_PG_ABSENT;
                 post(a, fresh ? idx : idx | CL_REQ_MARKER);

@@ -76,6 +76,17 @@ struct cl_region {
     char *fill;             /* second RW view of the memfd (workers) */
     _Atomic uint32_t *pages; /* page-state words (workers), npages long */
     int install_prot;       /* protection of a present page (workers) */
+    /* Same-host mapping (samehost.c).  The driver's memfd holds every
+     * location a page's bytes may be at (homes, twins, a pool: nlocs pages),
+     * then the location table. */
+    uint64_t nlocs;
+    struct cl_maphdr *maphdr;   /* header of the location table (driver: RW, worker: RO) */
+    _Atomic uint64_t *loctab;   /* per page: its current location (cl_loc_*) */
+    _Atomic uint8_t *locflags;  /* per page: CL_LOC_USED, CL_LOC_RELOC */
+    bool map_share;             /* driver: forked children map its pages */
+    _Atomic bool map_on;        /* worker: maps the driver's pages (srcfd) */
+    int srcfd;                  /* worker: the driver's memfd, or -1 */
+    _Atomic uint32_t *wloc;     /* worker: per page, location id + 1 it maps, 0: own memfd */
 };
 extern struct cl_region cl_region;
 
@@ -88,6 +99,40 @@ static inline uint64_t cl_page_of(uintptr_t a) {
 static inline char *cl_page_addr(uint64_t idx) {
     return (char *)(cl_region.base + ((uintptr_t)idx << cl_region.page_shift));
 }
+
+/* ---- samehost.c: the location table ------------------------------------ */
+
+/* A page's bytes are at one of three locations of the driver's memfd: its
+ * home (id p, where the region's view starts), its twin (id npages + p), or
+ * a pool slot (id 2 * npages + k).  The table has one word per page: the
+ * stage from which its current location holds what tasks read ("since",
+ * high 32 bits) and the location's id XOR p (low 32 bits), so that a
+ * zero-filled table reads "at home since stage 0". */
+#define CL_MAP_MAGIC 0x70616d726f6d616cull /* "lamormap" */
+struct cl_maphdr {
+    uint64_t magic;
+    uint8_t cookie[16];
+    uint64_t npages, nlocs, size, base;
+    uint32_t page_shift, pad;
+};
+#define CL_LOC_USED 1u  /* the allocator handed out part of the page */
+#define CL_LOC_RELOC 2u /* the page has had a relocation list */
+static inline uint64_t cl_loc_make(uint64_t p, uint32_t since, uint32_t id) {
+    return (uint64_t)since << 32 | (uint32_t)(id ^ (uint32_t)p);
+}
+static inline uint32_t cl_loc_id(uint64_t p, uint64_t e) { return (uint32_t)e ^ (uint32_t)p; }
+static inline uint32_t cl_loc_since(uint64_t e) { return (uint32_t)(e >> 32); }
+/* Bytes of the driver's memfd: locations, then the table. */
+uint64_t cl_map_table_offset(void);
+uint64_t cl_map_file_size(void);
+/* Driver: make the table (memfd sized, header written); a worker's forked
+ * child: switch to mapping (keep the driver's fd).  0 or errno + cl_err. */
+int cl_map_driver_init(int fd);
+int cl_map_child_init(int driver_fd);
+void cl_map_close(void);
+/* The allocator handed out [off, off+len) of the region. */
+void cl_map_mark_used(uint64_t off, uint64_t len);
+void cl_map_mark_reloc(uint64_t page);
 
 /* ---- pagetable.c: page states, install, drop ---------------------------- */
 
@@ -137,6 +182,13 @@ void cl_pt_free(void);
 void cl_pt_after_fork(void);
 int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);
+/* Map page idx (and its mappable neighbours) from the driver's memfd.
+ * `claimed`: the caller set it WANTED (the pager, a prefetch), else it must
+ * be ABSENT.  `from_handler`: never wait for the page table's lock, never
+ * evict (EAGAIN instead).  0: mapped, or no longer the caller's to map;
+ * EAGAIN: fetch it instead (an older version, a page to relocate, never
+ * allocated, mapping off). */
+int cl_map_run(uint64_t idx, bool claimed, bool from_handler);
 
 /* Worker: odd while held pages are being dropped (their memory punched),
  * bumped at the start and at the end of each drop (pagetable.c); a page
@@ -232,6 +284,9 @@ int cl_version_open(uintptr_t a, size_t len);
 /* The allocator punched pages [first, first+n) out of the memfd (they read
  * zero now, with no write fault): list them as changed at the next stage. */
 void cl_version_discarded(uint64_t first, uint64_t n);
+/* The allocator frees [off, off+len) of the region: punch the bytes out of
+ * the location each page is at now.  0 or errno. */
+int cl_version_punch(uint64_t off, uint64_t len);
 void cl_version_reset(void);
 
 /* Copy-on-write versions are on (a stage has begun): only then do pages

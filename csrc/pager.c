@@ -229,6 +229,7 @@ static void read_ahead(uint64_t end, uint64_t marker) {
 }
 
 static void on_demand(uint64_t idx) {
+    if (atomic_load(&cl_region.map_on) && cl_map_run(idx, true, false) == 0) return;
     pend(idx, 1, K_DEMAND, -1);
     uint64_t b = half_window();
     bool seq = false;
@@ -251,7 +252,20 @@ static void on_marker(uint64_t idx) {
     read_ahead(P.ra_next + b, P.ra_next);
 }
 
-static void on_range(uint64_t first, uint32_t count) { pend(first, count, K_PREFETCH, -1); }
+static void on_range(uint64_t first, uint32_t count) {
+    if (!atomic_load(&cl_region.map_on)) {
+        pend(first, count, K_PREFETCH, -1);
+        return;
+    }
+    /* same host: map what can be mapped, fetch the rest */
+    uint64_t run = first, end = first + count;
+    for (uint64_t i = first; i < end; i++) {
+        if (cl_map_run(i, true, false) != 0) continue;
+        if (i > run) pend(run, (uint32_t)(i - run), K_PREFETCH, -1);
+        run = i + 1;
+    }
+    if (end > run) pend(run, (uint32_t)(end - run), K_PREFETCH, -1);
+}
 
 /* ---- receiving -------------------------------------------------------------- */
 

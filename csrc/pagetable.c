@@ -26,14 +26,42 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h"
 
-static pthread_mutex_t pt_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t mappings = 1;     /* public-view mappings, under pt_lock */
 static uint32_t max_mappings_set; /* 0: default */
 static uint64_t *evict_ring;      /* run starts, oldest first */
+static uint32_t mapping_budget(void);
 static uint32_t evict_cap, evict_head, evict_len;
+
+/* ---- pt_lock ------------------------------------------------------------- */
+
+/* A futex lock (0 free, 1 held, 2 held with waiters), so that the fault
+ * handler can try it: a try never waits, and no holder of the lock ever
+ * touches region memory, so the handler cannot interrupt a holder that it
+ * would need to finish. */
+static _Atomic uint32_t pt_word;
+
+static void pt_lock(void) {
+    uint32_t c = 0;
+    if (atomic_compare_exchange_strong(&pt_word, &c, 1)) return;
+    if (c != 2) c = atomic_exchange(&pt_word, 2);
+    while (c != 0) {
+        cl_futex_wait(&pt_word, 2, -1);
+        c = atomic_exchange(&pt_word, 2);
+    }
+}
+
+static bool pt_trylock(void) {
+    uint32_t c = 0;
+    return atomic_compare_exchange_strong(&pt_word, &c, 1);
+}
+
+static void pt_unlock(void) {
+    if (atomic_exchange(&pt_word, 0) == 2) cl_futex_wake(&pt_word);
+}
 
 /* ---- the table ----------------------------------------------------------- */
 
@@ -41,9 +69,19 @@ int cl_pt_init(void) {
     size_t tbl = (size_t)cl_region.npages * sizeof(uint32_t);
     void *pt = mmap(NULL, tbl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (pt == MAP_FAILED) return cl_err(errno, "mmap of the page table: %s", strerror(errno));
+    if (!evict_ring) { /* made here: the fault handler may push to it */
+        evict_cap = 1u << 17;
+        void *r = mmap(NULL, sizeof(uint64_t) * evict_cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (r == MAP_FAILED) {
+            munmap(pt, tbl);
+            return cl_err(errno, "mmap of the eviction ring: %s", strerror(errno));
+        }
+        evict_ring = r;
+    }
     cl_region.pages = pt;
     cl_region.install_prot = PROT_READ | PROT_WRITE;
     mappings = 1;
+    (void)mapping_budget(); /* read /proc now: the fault handler consults it */
     evict_head = evict_len = 0;
     return 0;
 }
@@ -54,7 +92,7 @@ void cl_pt_free(void) {
 }
 
 /* A parent's thread may have held the lock at fork(). */
-void cl_pt_after_fork(void) { pthread_mutex_init(&pt_lock, NULL); }
+void cl_pt_after_fork(void) { atomic_store(&pt_word, 0); }
 
 /* ---- mapping accounting (pager side) ------------------------------------- */
 
@@ -62,24 +100,51 @@ static inline bool is_open(uint64_t i) {
     return CL_PG_STATE(atomic_load_explicit(&cl_region.pages[i], memory_order_relaxed)) == CL_PG_PRESENT;
 }
 
-/* Change in the number of mappings if [first, first+count) flipped to
- * accessible (open=1) or inaccessible (open=0); all pages assumed the other
- * way now. */
-static int map_delta(uint64_t first, uint64_t count, int open) {
-    /* mappings = 1 + number of boundaries where openness changes.  Only the
-     * two outer boundaries of the run can change. */
-    int d = 0;
+/* Where a page's public view comes from: the worker's own memfd at the
+ * page's offset, or a location of the driver's (same host), and whether it
+ * is open.  Two neighbours share a mapping when their keys join: same
+ * file, same protection, consecutive offsets. */
+struct key {
+    uint64_t off;
+    bool drv, open;
+};
+
+static inline uint32_t wloc_of(uint64_t i) {
+    return cl_region.wloc ? atomic_load_explicit(&cl_region.wloc[i], memory_order_relaxed) : 0;
+}
+
+static inline struct key key_of(uint64_t i) {
+    uint32_t l = wloc_of(i);
+    return (struct key){l ? l - 1 : i, l != 0, is_open(i)};
+}
+
+static inline bool joins(struct key a, struct key b) {
+    return a.drv == b.drv && a.open == b.open && b.off == a.off + 1;
+}
+
+/* Change in the number of mappings if [first, first+count) became one run
+ * from the given file (drv), at offsets off0.., open or not.
+ * mappings = 1 + the number of neighbours that do not join. */
+static int delta_to(uint64_t first, uint64_t count, bool drv, uint64_t off0, bool open) {
     uint64_t end = first + count;
+    int old = 0, now = 0;
+    for (uint64_t j = first; j + 1 < end; j++) old += !joins(key_of(j), key_of(j + 1));
+    struct key a = {off0, drv, open}, b = {off0 + count - 1, drv, open};
     if (first > 0) {
-        bool left = is_open(first - 1);
-        d += (left != (bool)open) - (left != !open);
+        struct key l = key_of(first - 1);
+        old += !joins(l, key_of(first));
+        now += !joins(l, a);
     }
     if (end < cl_region.npages) {
-        bool right = is_open(end);
-        d += (right != (bool)open) - (right != !open);
+        struct key r = key_of(end);
+        old += !joins(key_of(end - 1), r);
+        now += !joins(b, r);
     }
-    return d;
+    return now - old;
 }
+
+/* The same for the worker's own memfd, opened (open=1) or closed. */
+static int map_delta(uint64_t first, uint64_t count, int open) { return delta_to(first, count, false, first, open); }
 
 /* clamor_set_max_mappings(), or half of vm.max_map_count. */
 static uint32_t mapping_budget(void) {
@@ -104,11 +169,7 @@ uint32_t clamor_max_mappings(void) { return mapping_budget(); }
 uint32_t clamor_mappings(void) { return mappings; }
 
 static void ring_push(uint64_t idx) {
-    if (!evict_ring) {
-        evict_cap = 1u << 17;
-        evict_ring = malloc(sizeof(uint64_t) * evict_cap);
-        if (!evict_ring) return;
-    }
+    if (!evict_ring) return;
     if (evict_len == evict_cap) { /* forget the oldest */
         evict_head = (evict_head + 1) % evict_cap;
         evict_len--;
@@ -127,14 +188,50 @@ _Atomic uint64_t cl_pt_drops;
  * closed and simply faults again.  cl_pt_drops is odd while a drop is
  * under way (pt_lock makes this the only writer): a page server that
  * copies a page checks it was even and unchanged around the copy. */
+/* Put the worker's own memfd back under [first, first+count), closed, where
+ * the driver's pages were mapped (same host).  pt_lock held. */
+static int own_closed(uint64_t first, uint64_t count) {
+    void *a = mmap(cl_page_addr(first), (size_t)count << cl_region.page_shift, PROT_NONE,
+                   MAP_SHARED | MAP_FIXED | MAP_NORESERVE, cl_region.memfd, (off_t)(first << cl_region.page_shift));
+    if (a == MAP_FAILED) return errno;
+    for (uint64_t j = first; j < first + count; j++) atomic_store(&cl_region.wloc[j], 0);
+    return 0;
+}
+
+/* Close [first, first+count): runs of the driver's pages by putting the
+ * worker's memfd back (after copying their bytes into it when `keep`, so
+ * that the worker's own writes survive), the rest by mprotect. */
+static int close_runs(uint64_t first, uint64_t count, bool keep) {
+    uint64_t end = first + count;
+    for (uint64_t i = first; i < end;) {
+        uint64_t s = i;
+        bool drv = wloc_of(i) != 0;
+        while (i < end && (wloc_of(i) != 0) == drv) i++;
+        size_t off = (size_t)s << cl_region.page_shift, len = (size_t)(i - s) << cl_region.page_shift;
+        if (!drv) {
+            if (mprotect(cl_page_addr(s), len, PROT_NONE) != 0) return errno;
+            continue;
+        }
+        for (size_t done = 0; keep && done < len;) {
+            ssize_t w = pwrite(cl_region.memfd, cl_page_addr(s) + done, len - done, (off_t)(off + done));
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) return w < 0 ? errno : EIO;
+            done += (size_t)w;
+        }
+        int rc = own_closed(s, i - s);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 static int drop_locked(uint64_t first, uint64_t count) {
     size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
     int d = map_delta(first, count, 0);
     atomic_fetch_add(&cl_pt_drops, 1);
-    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0) {
+    int rc = close_runs(first, count, false);
+    if (rc) {
         atomic_fetch_add(&cl_pt_drops, 1);
-        return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
-                      (unsigned long)count, strerror(errno));
+        return cl_err(rc, "closing pages %lu+%lu: %s", (unsigned long)first, (unsigned long)count, strerror(rc));
     }
     mappings = (uint32_t)((int64_t)mappings + d);
     fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
@@ -149,14 +246,14 @@ static int drop_locked(uint64_t first, uint64_t count) {
  * counts of the objects it holds.  A page fetched again would carry the
  * driver's counts, and a reference taken before would be released against
  * a count that never had it: the object would be freed here, and its
- * memory reused by this worker over bytes the driver still uses.  pt_lock
- * held. */
+ * memory reused by this worker over bytes the driver still uses.  A page
+ * mapped from the driver's memfd is copied into the worker's own first: a
+ * closed mapping of its own would bound nothing.  pt_lock held. */
 static int close_locked(uint64_t first, uint64_t count) {
-    size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
     int d = map_delta(first, count, 0);
-    if (mprotect((void *)(cl_region.base + off), len, PROT_NONE) != 0)
-        return cl_err(errno, "mprotect(PROT_NONE) of pages %lu+%lu: %s", (unsigned long)first,
-                      (unsigned long)count, strerror(errno));
+    int rc = close_runs(first, count, true);
+    if (rc)
+        return cl_err(rc, "closing pages %lu+%lu: %s", (unsigned long)first, (unsigned long)count, strerror(rc));
     mappings = (uint32_t)((int64_t)mappings + d);
     for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_HELD);
     return 0;
@@ -206,7 +303,7 @@ static int install_run(uint64_t first, uint64_t count);
  * view) and wake the waiters. */
 int cl_pt_install(uint64_t first, uint64_t count) {
     int rc = 0;
-    pthread_mutex_lock(&pt_lock);
+    pt_lock();
     /* install the runs of pages not invalidated meanwhile */
     uint64_t i = first, end = first + count;
     while (i < end) {
@@ -219,7 +316,7 @@ int cl_pt_install(uint64_t first, uint64_t count) {
         int r = install_run(s, i - s);
         if (r && !rc) rc = r;
     }
-    pthread_mutex_unlock(&pt_lock);
+    pt_unlock();
     return rc;
 }
 
@@ -256,7 +353,7 @@ out:
 
 int cl_pt_drop(uint64_t first, uint64_t count) {
     int rc = 0;
-    pthread_mutex_lock(&pt_lock);
+    pt_lock();
     /* Drop maximal runs of present pages; pages in flight stay as they are. */
     uint64_t i = first, end = first + count;
     while (i < end && rc == 0) {
@@ -280,7 +377,7 @@ int cl_pt_drop(uint64_t first, uint64_t count) {
             if (!rc && i < cl_region.npages && is_open(i)) ring_push(i);
         }
     }
-    pthread_mutex_unlock(&pt_lock);
+    pt_unlock();
     return rc;
 }
 
@@ -324,7 +421,7 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             return cl_err(EINVAL, "page %lu is outside the region (%lu pages)", (unsigned long)pages[k],
                           (unsigned long)cl_region.npages);
     int rc = 0;
-    pthread_mutex_lock(&pt_lock);
+    pt_lock();
     for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
         uint64_t i = pages[k];
         _Atomic uint32_t *w = &cl_region.pages[i];
@@ -369,6 +466,119 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             break;
         }
     }
-    pthread_mutex_unlock(&pt_lock);
+    pt_unlock();
+    return rc;
+}
+
+/* ---- mapping the driver's pages (same host) ---------------------------------- */
+
+/* Pages mapped at one fault, at most: an aligned window, so that a scan
+ * takes one fault per window rather than per page.  Mapping costs no copy
+ * and no memory; the kernel fills the page-table entries on first touch. */
+#define MAP_WINDOW_BYTES ((size_t)4 << 20)
+
+/* Page j can be mapped for a task of `stage`: the driver allocated it, a
+ * worker that relocates does not need its relocations, and its current
+ * location holds what that stage reads.  *id gets the location. */
+static bool mappable(uint64_t j, uint32_t stage, bool reloc, uint32_t *id) {
+    uint8_t f = atomic_load_explicit(&cl_region.locflags[j], memory_order_relaxed);
+    if (!(f & CL_LOC_USED) || (reloc && (f & CL_LOC_RELOC))) return false;
+    uint64_t e = atomic_load_explicit(&cl_region.loctab[j], memory_order_acquire);
+    *id = cl_loc_id(j, e);
+    return cl_loc_since(e) <= stage && *id < cl_region.nlocs;
+}
+
+/* Claimed page j goes back: absent, or to the pager if a thread waits. */
+static void give_back(uint64_t j) {
+    _Atomic uint32_t *w = &cl_region.pages[j];
+    uint32_t exp = CL_PG_WANTED;
+    if (atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) return;
+    if (cl_prefetch_enqueue(j) != 0) {
+        atomic_store(w, CL_PG_MKERR(ENOTCONN));
+        cl_futex_wake(w);
+    }
+}
+
+static int map_locked(uint64_t idx, bool claimed, bool from_handler) {
+    uint32_t s = atomic_load(&cl_region.pages[idx]);
+    if (CL_PG_STATE(s) != (claimed ? CL_PG_WANTED : CL_PG_ABSENT)) return 0; /* no longer the caller's */
+    /* Outside a task (stage 0) the worker reads "now", which no kept
+     * version promises to stay: those few touches are fetched. */
+    uint32_t stage = atomic_load(&cl_worker_stage), id;
+    bool reloc = clamor_reloc_enabled();
+    if (stage == 0 || !mappable(idx, stage, reloc, &id)) return EAGAIN;
+    uint64_t win = MAP_WINDOW_BYTES >> cl_region.page_shift;
+    if (!win) win = 1;
+    uint64_t lo = idx & ~(win - 1), hi = lo + win > cl_region.npages ? cl_region.npages : lo + win;
+    uint64_t a = idx, b = idx + 1;
+    uint32_t id2;
+    while (a > lo && CL_PG_STATE(atomic_load(&cl_region.pages[a - 1])) == CL_PG_ABSENT &&
+           mappable(a - 1, stage, reloc, &id2) && (uint64_t)id2 + (idx - a + 1) == id)
+        a--;
+    while (b < hi && CL_PG_STATE(atomic_load(&cl_region.pages[b])) == CL_PG_ABSENT &&
+           mappable(b, stage, reloc, &id2) && id2 == (uint64_t)id + (b - idx))
+        b++;
+    uint32_t budget = mapping_budget();
+    int d = delta_to(a, b - a, true, id - (idx - a), true);
+    if (d > 0 && mappings + (uint32_t)d + 2 > budget) { /* +2: a neighbour claimed meanwhile */
+        if (from_handler) return EAGAIN;
+        a = idx;
+        b = idx + 1;
+        while ((d = delta_to(idx, 1, true, id, true)) > 0 && mappings + (uint32_t)d + 2 > budget &&
+               evict_locked() == 0) {}
+    }
+    /* Claim the pages; a fault elsewhere may take a neighbour first. */
+    if (!claimed) {
+        uint32_t exp = CL_PG_ABSENT;
+        if (!atomic_compare_exchange_strong(&cl_region.pages[idx], &exp, CL_PG_WANTED)) return 0;
+    }
+    for (uint64_t j = idx; j-- > a;) {
+        uint32_t exp = CL_PG_ABSENT;
+        if (!atomic_compare_exchange_strong(&cl_region.pages[j], &exp, CL_PG_WANTED)) {
+            a = j + 1;
+            break;
+        }
+    }
+    for (uint64_t j = idx + 1; j < b; j++) {
+        uint32_t exp = CL_PG_ABSENT;
+        if (!atomic_compare_exchange_strong(&cl_region.pages[j], &exp, CL_PG_WANTED)) {
+            b = j;
+            break;
+        }
+    }
+    uint32_t id0 = (uint32_t)(id - (idx - a));
+    d = delta_to(a, b - a, true, id0, true);
+    void *m = mmap(cl_page_addr(a), (size_t)(b - a) << cl_region.page_shift, cl_region.install_prot,
+                   MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, cl_region.srcfd, (off_t)id0 << cl_region.page_shift);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        /* the range may have lost its mapping: put the worker's own back */
+        mmap(cl_page_addr(a), (size_t)(b - a) << cl_region.page_shift, PROT_NONE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE,
+             cl_region.memfd, (off_t)(a << cl_region.page_shift));
+        for (uint64_t j = a; j < b; j++)
+            if (j != idx || !claimed) give_back(j);
+        (void)e; /* fetched instead */
+        return EAGAIN;
+    }
+    for (uint64_t j = a; j < b; j++) atomic_store(&cl_region.wloc[j], (uint32_t)(id0 + (j - a) + 1));
+    mappings = (uint32_t)((int64_t)mappings + d);
+    if (d > 0) ring_push(a);
+    for (uint64_t j = a; j < b; j++) {
+        uint32_t old = atomic_exchange(&cl_region.pages[j], CL_PG_PRESENT);
+        if (old & CL_PG_WAITERS) cl_futex_wake(&cl_region.pages[j]);
+    }
+    CL_COUNT(pages_mapped, b - a);
+    return 0;
+}
+
+int cl_map_run(uint64_t idx, bool claimed, bool from_handler) {
+    if (!atomic_load_explicit(&cl_region.map_on, memory_order_acquire) || idx >= cl_region.npages) return EAGAIN;
+    if (from_handler) {
+        if (!pt_trylock()) return EAGAIN;
+    } else {
+        pt_lock();
+    }
+    int rc = map_locked(idx, claimed, from_handler);
+    pt_unlock();
     return rc;
 }

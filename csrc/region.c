@@ -30,7 +30,7 @@
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
-struct cl_region cl_region = {.memfd = -1};
+struct cl_region cl_region = {.memfd = -1, .srcfd = -1};
 
 static bool atfork_registered;
 
@@ -198,16 +198,27 @@ static int region_map(uintptr_t base, size_t size, size_t psize, int role) {
     if (cl_region.role != CLAMOR_ROLE_NONE)
         return cl_err(EBUSY, "this process already has a region at 0x%lx", (unsigned long)cl_region.base);
     if ((rc = geometry(&base, &size, &psize))) return rc;
-    if ((rc = new_memfd(size, &fd))) return rc;
-    if ((rc = map_fixed(base, size, role == CLAMOR_ROLE_DRIVER ? PROT_READ | PROT_WRITE : PROT_NONE, fd)))
-        goto err;
     cl_region.base = base;
     cl_region.size = size;
     cl_region.page_size = psize;
     cl_region.page_shift = (unsigned)__builtin_ctzll(psize);
     cl_region.npages = size >> cl_region.page_shift;
+    /* locations of the driver's memfd: homes, twins and a pool as large */
+    cl_region.nlocs = 3 * cl_region.npages;
+    if (cl_region.nlocs >= UINT32_MAX) {
+        rc = cl_err(EINVAL, "a region of %lu pages is too many to version (at most 2^30): choose larger pages",
+                    (unsigned long)cl_region.npages);
+        goto err;
+    }
+    if ((rc = new_memfd(role == CLAMOR_ROLE_DRIVER ? cl_map_file_size() : size, &fd))) goto err;
+    if ((rc = map_fixed(base, size, role == CLAMOR_ROLE_DRIVER ? PROT_READ | PROT_WRITE : PROT_NONE, fd)))
+        goto err;
     cl_region.memfd = fd;
     if (role == CLAMOR_ROLE_WORKER && (rc = map_worker_side(fd))) {
+        munmap((void *)base, size);
+        goto err;
+    }
+    if (role == CLAMOR_ROLE_DRIVER && (rc = cl_map_driver_init(fd))) {
         munmap((void *)base, size);
         goto err;
     }
@@ -219,9 +230,10 @@ static int region_map(uintptr_t base, size_t size, size_t psize, int role) {
     cl_region.role = role;
     return 0;
 err:
-    close(fd);
+    if (fd >= 0) close(fd);
     memset(&cl_region, 0, sizeof cl_region);
     cl_region.memfd = -1;
+    cl_region.srcfd = -1;
     return rc;
 }
 
@@ -248,6 +260,7 @@ int clamor_region_close(void) {
         munmap(cl_region.fill, cl_region.size);
         cl_pt_free();
     }
+    cl_map_close();
     close(cl_region.memfd);
     cl_alloc_reset();
     cl_version_reset();
@@ -255,6 +268,7 @@ int clamor_region_close(void) {
     cl_dir_reset();
     memset(&cl_region, 0, sizeof cl_region);
     cl_region.memfd = -1;
+    cl_region.srcfd = -1;
     return 0;
 }
 
@@ -294,8 +308,22 @@ static int reset_after_fork(void) {
     if (was_worker) {
         munmap(cl_region.fill, cl_region.size);
         cl_pt_free();
+    } else {
+        cl_version_reset(); /* the driver's versions, and its writable view of its memfd */
     }
-    close(oldfd);
+    /* Same host as the driver: map its pages, through the memfd inherited
+     * (the driver's own, or the one a worker parent mapped from). */
+    int srcfd = -1;
+    if (was_worker ? cl_region.srcfd >= 0 : cl_region.map_share) srcfd = was_worker ? cl_region.srcfd : oldfd;
+    if (was_worker && cl_region.wloc) munmap((void *)cl_region.wloc, (size_t)cl_region.npages * 4);
+    cl_region.wloc = NULL;
+    if (srcfd < 0) {
+        cl_map_close();
+    } else if (cl_map_child_init(srcfd) != 0) {
+        close(srcfd);
+        srcfd = -1;
+    }
+    if (oldfd != srcfd) close(oldfd);
     cl_region.memfd = fd;
     cl_region.role = CLAMOR_ROLE_WORKER;
     return map_worker_side(fd);

@@ -94,6 +94,7 @@ int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *e
         if (e[i].word >= words) return cl_err(EINVAL, "relocation word %u is outside the page", e[i].word);
     struct rlist *l = make(stage, e, n);
     if (!l) return cl_err(ENOMEM, "out of memory for relocations");
+    if (n) cl_map_mark_reloc(page); /* a worker that relocates fetches it */
     pthread_mutex_lock(&R.lock);
     int rc = ensure_pages();
     if (rc) {

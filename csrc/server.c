@@ -98,9 +98,14 @@ static size_t hints_for(int self, const struct cl_wire_hdr *rq) {
     return cl_region.role == CLAMOR_ROLE_DRIVER ? cl_dir_hints(self, rq->stage, hint_buf, sizeof hint_buf) : 0;
 }
 
+/* Pages this worker holds in its own memory.  Pages it maps from the
+ * driver's (same host) are not served: peers get them from the driver,
+ * from the same memory. */
 static bool pages_held(uint64_t first, uint32_t count) {
     for (uint64_t i = first; i < first + count; i++)
-        if (CL_PG_STATE(atomic_load(&cl_region.pages[i])) != CL_PG_PRESENT) return false;
+        if (CL_PG_STATE(atomic_load(&cl_region.pages[i])) != CL_PG_PRESENT ||
+            (cl_region.wloc && atomic_load(&cl_region.wloc[i])))
+            return false;
     return true;
 }
 

@@ -3,31 +3,39 @@
  * DESIGN.  Stage S begins with clamor_stage_begin(S).  From then on the
  * region is write-protected in the driver; the first write to a page in
  * epoch S faults, and the fault handler (fault.c, through
- * cl_version_on_write) copies the page's content into a version slot
- * labelled "last stage S" (that content is what stages <= S see), pushes it
- * on the page's version list, notes the page in the epoch's dirty list and
- * opens the page for writing.  Everything it does is async-signal-safe: the
- * slot comes from a lock-free stack or a bump pointer over a pre-reserved
- * arena, the copy is memcpy, the rest atomics, futex and mprotect.
+ * cl_version_on_write) leaves the page's bytes where they are, as the
+ * version "last stage S" (what stages <= S read), copies them to a free
+ * location of the memfd (samehost.c: the page's home or twin, else a pool
+ * slot), points the driver's view of the page there with mmap(MAP_FIXED),
+ * and opens it for writing.  The location table then says the page is at
+ * the copy from stage S+1 on.  Workers on the same host that mapped the old
+ * location keep reading it until they drop the page at a later stage; no
+ * driver write ever reaches memory a reader maps.  Everything the handler
+ * does is async-signal-safe: a location comes from a lock-free stack or a
+ * bump pointer, the copy is memcpy, the rest atomics, futex, mmap and
+ * mprotect.
  *
  * At the next clamor_stage_begin(S+1), each page of epoch S's dirty list is
  * compared with the version it logged: identical bytes (reference counts
  * that went up and down again, a value written back) mean no change, and
- * the version is dropped; otherwise the page is on the changed list that
- * travels with stage S+1's tasks, so workers drop their copy.  The dirty
- * pages are write-protected again.
+ * the view goes back to the old location, the copy freed; otherwise the
+ * page is on the changed list that travels with stage S+1's tasks, so
+ * workers drop their copy or mapping.  The dirty pages are write-protected
+ * again.
  *
  * A request for page p at stage s gets the version with the smallest last
  * stage >= s, else the current content.  The page server copies current
  * content under a seqlock on the page's log word, so a driver write racing
  * with the copy sends the logged version instead of torn bytes.
  *
- * clamor_versions_keep(stages) drops the versions none of those stages can
- * ask for (the driver passes the stages a task may still read at).  The lock
- * here (vlock) is taken by the stage calls and the page server, never by the
- * fault handler.
+ * clamor_versions_keep(stages) frees the versions none of those stages can
+ * ask for (the driver passes the stages a task may still read at, and the
+ * stage each worker last ran at, whose pages it may still map).  The lock
+ * here (vlock) is taken by the stage calls and the page server, never by
+ * the fault handler.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -39,8 +47,13 @@
 #define NONE UINT32_MAX
 #define LOGGING 0x80000000u
 
+/* A version: the bytes at location id (its index in meta) are what page
+ * `page1 - 1` read in the stages up to last_stage.  page1 == 0: no version
+ * lives there.  `entry` is the table word the page had before it moved off
+ * that location, put back if the move is undone. */
 struct ver {
-    uint64_t page;
+    uint64_t page1;
+    uint64_t entry;
     uint32_t last_stage;
     _Atomic uint32_t next; /* older version, or NONE */
 };
@@ -49,12 +62,13 @@ static struct {
     bool on;                    /* copy-on-write active (a stage has begun) */
     _Atomic uint32_t epoch;     /* stage of the last clamor_stage_begin */
     _Atomic uint32_t *logged;   /* per page: epoch it was logged in (| LOGGING) */
-    _Atomic uint32_t *head;     /* per page: newest version slot or NONE */
-    char *arena;                /* version bytes, slot i at i << page_shift */
-    struct ver *meta;
-    uint32_t nslots;
-    _Atomic uint32_t bump;      /* next never-used slot */
-    _Atomic uint64_t free_top;  /* Treiber stack of free slots: tag << 32 | slot */
+    _Atomic uint32_t *head;     /* per page: newest version's location or NONE */
+    char *fview;                /* the memfd's locations, mapped read-write */
+    struct ver *meta;           /* per location */
+    uint64_t pool0;             /* first pool location */
+    uint32_t nslots;            /* pool locations */
+    _Atomic uint32_t bump;      /* next never-used pool slot */
+    _Atomic uint64_t free_top;  /* Treiber stack of free pool slots: tag << 32 | slot */
     _Atomic uint32_t *free_next;
     uint64_t *dirty;            /* pages logged (or discarded) in the current epoch */
     _Atomic uint8_t *discarded; /* per page: punched by the allocator in this epoch */
@@ -62,7 +76,13 @@ static struct {
     _Atomic uint32_t *changed_in; /* per page: the stage its last change became visible in */
     uint64_t *changed;          /* result of the last stage_begin */
     uint64_t nchanged;
+    _Atomic uint8_t *grouped;   /* per page: logged with its aligned group this epoch */
+    uint64_t *moved;            /* of the last stage_begin: unchanged pages left at a new location */
+    uint64_t nmoved;
     _Atomic uint64_t nversions;
+    uint64_t *vpages;           /* pages that have had a version, each once */
+    _Atomic uint8_t *vlisted;
+    _Atomic uint64_t nvpages;
     uint32_t gc_floor;          /* versions for stages below this are gone */
 } V;
 
@@ -100,29 +120,55 @@ static void begin_done(void) {
     cl_futex_wake(&beginning);
 }
 
-/* ---- slots (async-signal-safe) --------------------------------------------- */
+/* ---- locations (async-signal-safe) -------------------------------------------- */
+
+static inline char *loc_bytes(uint32_t id) { return V.fview + ((size_t)id << cl_region.page_shift); }
+static inline off_t loc_off(uint32_t id) { return (off_t)id << cl_region.page_shift; }
+static inline uint32_t cur_of(uint64_t p) { return cl_loc_id(p, atomic_load(&cl_region.loctab[p])); }
 
 static uint32_t slot_get(void) {
     uint64_t top = atomic_load(&V.free_top);
     while ((uint32_t)top != NONE) {
         uint32_t s = (uint32_t)top;
         uint64_t next = ((top >> 32) + 1) << 32 | atomic_load(&V.free_next[s]);
-        if (atomic_compare_exchange_weak(&V.free_top, &top, next)) return s;
+        if (atomic_compare_exchange_weak(&V.free_top, &top, next)) return (uint32_t)(V.pool0 + s);
     }
     uint32_t s = atomic_fetch_add(&V.bump, 1);
-    return s < V.nslots ? s : NONE;
+    return s < V.nslots ? (uint32_t)(V.pool0 + s) : NONE;
 }
 
-static void slot_put(uint32_t s) {
-    V.meta[s].page = UINT64_MAX;
-    /* give the memory back; the slot is reused later */
-    madvise(V.arena + ((size_t)s << cl_region.page_shift), cl_region.page_size, MADV_DONTNEED);
+/* A location no one reads any more: its memory goes back to the kernel, and
+ * a pool slot goes back on the stack.  Only a location no worker can still
+ * map is freed (the stages that could read it are gone). */
+static void loc_free(uint32_t id) {
+    V.meta[id].page1 = 0;
+    fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
+    if (id < V.pool0) return;
+    uint32_t s = (uint32_t)(id - V.pool0);
     uint64_t top = atomic_load(&V.free_top), next;
     do {
         atomic_store(&V.free_next[s], (uint32_t)top);
         next = ((top >> 32) + 1) << 32 | s;
     } while (!atomic_compare_exchange_weak(&V.free_top, &top, next));
-    atomic_fetch_sub(&V.nversions, 1);
+}
+
+/* Where page p's bytes go when the driver first writes it in an epoch: its
+ * home or its twin, whichever is neither where it is now nor holding a
+ * version, so that pages written together stay contiguous in the memfd
+ * (and in the mappings of the driver and of the workers); else the pool. */
+static uint32_t loc_choose(uint64_t p, uint32_t cur) {
+    uint32_t h = (uint32_t)p, t = (uint32_t)(cl_region.npages + p);
+    if (cur != h && !V.meta[h].page1) return h;
+    if (cur != t && !V.meta[t].page1) return t;
+    return slot_get();
+}
+
+/* Point the driver's view of page p at location id (read-only: the caller
+ * opens it for writing, or leaves it closed for copy-on-write). */
+static int view_at(uint64_t p, uint32_t id) {
+    void *a = mmap(cl_page_addr(p), cl_region.page_size, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_NORESERVE,
+                   cl_region.memfd, loc_off(id));
+    return a == MAP_FAILED ? errno : 0;
 }
 
 /* ---- setup --------------------------------------------------------------------- */
@@ -134,20 +180,26 @@ static void *reserve(size_t n) {
 
 static int versions_init(void) {
     uint64_t n = cl_region.npages;
-    /* room for two full copies of the region: virtual space only */
-    uint64_t slots = 2 * n > NONE - 1 ? NONE - 1 : 2 * n;
+    V.pool0 = 2 * n;
+    V.nslots = (uint32_t)(cl_region.nlocs - V.pool0);
     V.logged = reserve(n * 4);
     V.head = reserve(n * 4);
     V.dirty = reserve(n * 16); /* a page may be listed twice: logged, and discarded */
     V.discarded = reserve(n);
     V.changed = reserve(n * 8);
     V.changed_in = reserve(n * 4);
-    V.arena = reserve((size_t)slots << cl_region.page_shift);
-    V.meta = reserve(slots * sizeof(struct ver));
-    V.free_next = reserve(slots * 4);
-    if (!V.logged || !V.head || !V.dirty || !V.discarded || !V.changed || !V.changed_in || !V.arena || !V.meta || !V.free_next)
+    V.meta = reserve(cl_region.nlocs * sizeof(struct ver));
+    V.free_next = reserve((size_t)V.nslots * 4);
+    V.vpages = reserve(n * 8);
+    V.vlisted = reserve(n);
+    V.grouped = reserve(n);
+    V.moved = reserve(n * 8);
+    void *f = mmap(NULL, (size_t)cl_region.nlocs << cl_region.page_shift, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_NORESERVE, cl_region.memfd, 0);
+    V.fview = f == MAP_FAILED ? NULL : f;
+    if (!V.logged || !V.head || !V.dirty || !V.discarded || !V.changed || !V.changed_in || !V.meta || !V.free_next ||
+        !V.vpages || !V.vlisted || !V.grouped || !V.moved || !V.fview)
         return cl_err(ENOMEM, "cannot reserve address space for page versions");
-    V.nslots = (uint32_t)slots;
     V.free_top = NONE;
     return 0;
 }
@@ -176,17 +228,31 @@ static int log_page(uint64_t p, uint32_t e) {
         if (atomic_compare_exchange_weak(w, &cur, e | LOGGING)) break;
     }
     cl_dir_page_written(p); /* no worker's copy is current any more */
-    uint32_t s = slot_get();
-    if (s == NONE) return ENOMEM;
-    char *page = cl_page_addr(p);
-    memcpy(V.arena + ((size_t)s << cl_region.page_shift), page, cl_region.page_size);
-    V.meta[s].page = p;
-    V.meta[s].last_stage = e;
+    /* The bytes stay where they are, as the version of stages <= e: readers
+     * may have them mapped.  The driver's view moves to a copy. */
+    uint64_t entry = atomic_load(&cl_region.loctab[p]);
+    uint32_t old = cl_loc_id(p, entry), nl = loc_choose(p, old);
+    int rc = nl == NONE ? ENOMEM : 0;
+    if (!rc) {
+        memcpy(loc_bytes(nl), loc_bytes(old), cl_region.page_size);
+        if ((rc = view_at(p, nl))) loc_free(nl);
+    }
+    if (rc) {
+        atomic_store(w, cur);
+        cl_futex_wake(w);
+        return rc;
+    }
+    V.meta[old].page1 = p + 1;
+    V.meta[old].entry = entry;
+    V.meta[old].last_stage = e;
     uint32_t h;
     do {
         h = head_of(p);
-        atomic_store(&V.meta[s].next, h);
-    } while (!cas_head(p, h, s));
+        atomic_store(&V.meta[old].next, h);
+    } while (!cas_head(p, h, old));
+    /* readers of stages <= e keep the old location; later ones map this */
+    atomic_store(&cl_region.loctab[p], cl_loc_make(p, e + 1, nl));
+    if (!atomic_exchange(&V.vlisted[p], 1)) V.vpages[atomic_fetch_add(&V.nvpages, 1)] = p;
     atomic_fetch_add(&V.nversions, 1);
     V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
     CL_COUNT(pages_logged, 1);
@@ -208,12 +274,13 @@ static int on_write(uintptr_t addr) {
     uint32_t e = atomic_load(&V.epoch);
     uint64_t p = cl_page_of(addr);
     /* Past a few thousand pages an epoch, log aligned groups so the driver's
-     * mappings stay few (vm.max_map_count); unchanged pages in a group cost a
-     * copy now and are dropped at the next stage. */
+     * mappings stay few (vm.max_map_count): the group moves to consecutive
+     * locations together and stays there, unchanged pages included. */
     uint64_t nd = atomic_load(&V.ndirty), g = nd < 4096 ? 1 : nd < 16384 ? 16 : 256;
     uint64_t first = p & ~(g - 1), end = first + g;
     if (end > cl_region.npages) end = cl_region.npages;
     for (uint64_t q = first; q < end; q++) {
+        if (g > 1) atomic_store(&V.grouped[q], 1);
         int rc = log_page(q, e);
         if (rc) return rc;
     }
@@ -265,6 +332,7 @@ int clamor_stage_begin(uint32_t stage) {
     if (!V.logged && (rc = versions_init())) goto unlock;
     begin_exclusive();
     V.nchanged = 0;
+    V.nmoved = 0;
     if (!V.on) {
         /* first stage: everything written so far is the content of stage 1 */
         if ((rc = clamor_fault_install()) > 0) goto out;
@@ -304,12 +372,29 @@ int clamor_stage_begin(uint32_t stage) {
             if (discarded) V.changed[V.nchanged++] = p;
             continue;
         }
-        if (!discarded && memcmp(V.arena + ((size_t)s << cl_region.page_shift), cl_page_addr(p), cl_region.page_size) == 0) {
-            if (cas_head(p, s, atomic_load(&V.meta[s].next))) { /* no change after all */
-                slot_put(s);
+        bool grouped = atomic_exchange(&V.grouped[p], 0);
+        if (!discarded && memcmp(loc_bytes(s), cl_page_addr(p), cl_region.page_size) == 0) {
+            /* No change after all.  A page logged with its group stays with
+             * it, at the copy, so that the group stays one mapping: readers
+             * that map the page must drop it (the moved list), and the old
+             * location stays a version until none can read it.  Any other
+             * goes back to the old location, and the copy is freed. */
+            if (grouped) {
+                atomic_store(&cl_region.loctab[p], cl_loc_make(p, cl_loc_since(V.meta[s].entry), cur_of(p)));
+                V.moved[V.nmoved++] = p;
                 CL_COUNT(pages_unchanged, 1);
                 continue;
             }
+            uint32_t copy = cur_of(p);
+            if (view_at(p, s) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
+                atomic_store(&cl_region.loctab[p], V.meta[s].entry);
+                V.meta[s].page1 = 0;
+                atomic_fetch_sub(&V.nversions, 1);
+                loc_free(copy);
+                CL_COUNT(pages_unchanged, 1);
+                continue;
+            }
+            view_at(p, copy);
             V.changed[V.nchanged++] = p; /* logged again meanwhile: treat as changed */
         } else {
             V.changed[V.nchanged++] = p;
@@ -327,6 +412,10 @@ unlock:
 }
 
 uint64_t clamor_changed_count(void) { return V.nchanged; }
+
+uint64_t clamor_moved_count(void) { return V.nmoved; }
+
+void clamor_moved_copy(uint64_t *out, uint64_t n) { memcpy(out, V.moved, (n < V.nmoved ? n : V.nmoved) * sizeof *out); }
 
 void clamor_changed_copy(uint64_t *out, uint64_t n) {
     memcpy(out, V.changed, (n < V.nchanged ? n : V.nchanged) * sizeof *out);
@@ -357,25 +446,26 @@ int clamor_versions_keep(const uint32_t *stages, size_t n) {
         if (stages[i] < stages[i - 1]) return cl_err(EINVAL, "clamor_versions_keep: stages are not sorted");
     pthread_mutex_lock(&vlock);
     if (n && stages[0] > V.gc_floor) V.gc_floor = stages[0];
-    /* A slot with last stage L, whose next older slot has last stage L0 (0
-     * for none), answers the stages in (L0, L]: it goes if no stage to keep
-     * lies there.  Dropping it widens its newer neighbour's range only by
-     * stages not kept, so the order of the walk does not matter. */
-    uint32_t used = atomic_load(&V.bump);
-    if (used > V.nslots) used = V.nslots;
-    for (uint32_t s = 0; s < used; s++) {
-        uint64_t p = V.meta[s].page;
-        if (p >= cl_region.npages) continue;
+    /* A version with last stage L, whose next older one has last stage L0
+     * (0 for none), answers the stages in (L0, L]: it goes if no stage to
+     * keep lies there.  Dropping it widens its newer neighbour's range only
+     * by stages not kept, so the order of the walk does not matter. */
+    uint64_t np = atomic_load(&V.nvpages);
+    for (uint64_t k = 0; k < np; k++) {
+        uint64_t p = V.vpages[k];
         uint32_t prev = NONE;
-        for (uint32_t c = head_of(p); c != NONE; prev = c, c = atomic_load(&V.meta[c].next)) {
-            if (c != s) continue;
+        for (uint32_t c = head_of(p); c != NONE;) {
             uint32_t nx = atomic_load(&V.meta[c].next);
             uint32_t lo = nx == NONE ? 0 : V.meta[nx].last_stage;
-            if (any_in(stages, n, lo, V.meta[c].last_stage)) break;
-            /* the newest slot of the epoch being written stays: a write is logged there */
-            if (V.meta[c].last_stage >= atomic_load(&V.epoch)) break;
-            if (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true)) slot_put(c);
-            break;
+            /* the newest version of the epoch being written stays: a write is logged there */
+            bool keep = any_in(stages, n, lo, V.meta[c].last_stage) || V.meta[c].last_stage >= atomic_load(&V.epoch);
+            if (!keep && (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true))) {
+                loc_free(c);
+                atomic_fetch_sub(&V.nversions, 1);
+            } else {
+                prev = c;
+            }
+            c = nx;
         }
     }
     pthread_mutex_unlock(&vlock);
@@ -410,7 +500,7 @@ int cl_version_read(uint64_t p, uint32_t stage, void *dst) {
             if (V.meta[c].last_stage < stage) break;
             best = c;
         }
-        const char *src = best != NONE ? V.arena + ((size_t)best << cl_region.page_shift) : cl_page_addr(p);
+        const char *src = best != NONE ? loc_bytes(best) : cl_page_addr(p);
         memcpy(dst, src, cl_region.page_size);
         pthread_mutex_unlock(&vlock);
         /* Current content is stable unless a write was logged meanwhile
@@ -424,19 +514,40 @@ void cl_version_stats(uint64_t *n, uint64_t *bytes) {
     *bytes = *n << cl_region.page_shift;
 }
 
+/* Freed region memory reads zero from now on, at whichever location each
+ * page's bytes are (never a version's). */
+int cl_version_punch(uint64_t off, uint64_t len) {
+    if (!len) return 0;
+    uint64_t end = off + len;
+    while (off < end) {
+        uint64_t p = off >> cl_region.page_shift;
+        uint64_t in = off & (cl_region.page_size - 1), stop = (p + 1) << cl_region.page_shift;
+        if (stop > end) stop = end;
+        uint64_t id = cl_region.loctab ? cur_of(p) : p;
+        if (fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      (off_t)((id << cl_region.page_shift) + in), (off_t)(stop - off)) != 0)
+            return errno;
+        off = stop;
+    }
+    return 0;
+}
+
 void cl_version_reset(void) {
     size_t n = cl_region.npages;
     if (V.logged) {
-        uint64_t slots = V.nslots;
         munmap((void *)V.logged, n * 4);
         munmap((void *)V.head, n * 4);
         munmap(V.dirty, n * 16);
         munmap((void *)V.discarded, n);
         munmap(V.changed, n * 8);
         munmap((void *)V.changed_in, n * 4);
-        munmap(V.arena, (size_t)slots << cl_region.page_shift);
-        munmap(V.meta, slots * sizeof(struct ver));
-        munmap((void *)V.free_next, slots * 4);
+        munmap(V.meta, cl_region.nlocs * sizeof(struct ver));
+        munmap((void *)V.free_next, (size_t)V.nslots * 4);
+        munmap(V.vpages, n * 8);
+        munmap((void *)V.vlisted, n);
+        munmap((void *)V.grouped, n);
+        munmap(V.moved, n * 8);
+        if (V.fview) munmap(V.fview, (size_t)cl_region.nlocs << cl_region.page_shift);
     }
     memset(&V, 0, sizeof V);
 }
