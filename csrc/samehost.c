@@ -179,7 +179,7 @@ int clamor_map_attach(int pid, int fd, const uint8_t *cookie) {
     }
     const struct cl_maphdr *h = cl_region.maphdr;
     if (h->magic != CL_MAP_MAGIC || memcmp(h->cookie, cookie, sizeof h->cookie) != 0 ||
-        h->npages != cl_region.npages || h->page_shift != cl_region.page_shift || h->base != cl_region.base) {
+        h->npages != cl_region.npages || h->page_shift != cl_region.page_shift) {
         cl_map_close();
         return cl_err(EBADF, "%s is not this cluster's region (its cookie or geometry differs)", path);
     }

@@ -7,3 +7,34 @@ from helpers import run_py
 @pytest.fixture
 def py():
     return run_py
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "fetch_path: tests the fetch over a socket itself (read-ahead, the pager's retries, "
+                   "replies of a page server); runs with same_host='fetch' only")
+
+
+@pytest.fixture(params=["map", "fetch"])
+def same_host(request, monkeypatch):
+    """Run the test with workers on this host mapping the driver's pages
+    ("map", the default of a Cluster) and fetching them ("fetch"): every
+    Cluster the test makes, in this process or in a scenario's, takes the
+    mode from CLAMOR_SAME_HOST.  Suites of the fault path use it for every
+    test (``pytestmark = pytest.mark.usefixtures("same_host")``)."""
+    monkeypatch.setenv("CLAMOR_SAME_HOST", request.param)
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test of the fetch itself runs in fetch mode only."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("same_host") == "map" and item.get_closest_marker("fetch_path"):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -7,6 +7,12 @@ hand, and calls functions on them with ``Cluster.run``.
 import json
 import signal
 
+import pytest
+
+# Every test with workers that map the driver's pages and with workers that
+# fetch them (conftest.same_host); those about the fetch itself, fetch only.
+pytestmark = pytest.mark.usefixtures("same_host")
+
 DRIVER = """
 import json, os, sys, threading
 import numpy as np
@@ -15,7 +21,7 @@ from clamor import region
 """
 
 
-def test_random_reads_on_worker_equal_driver_values(py):
+def test_random_reads_on_worker_equal_driver_values(py, same_host):
     p = py(DRIVER + """
 a = clamor.array(np.random.default_rng(0).standard_normal(1 << 25))   # 256 MiB
 idx = np.random.default_rng(1).integers(0, a.size, 20000)
@@ -25,14 +31,19 @@ with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation
         return x[idx].copy(), clamor.stats()
     got, st = cl.run(f, clamor.ref(a), idx)[0]
 assert np.array_equal(got, a[idx]), "values differ"
-assert st["faults"] > 0 and st["pages_fetched"] > 0
+assert st["faults"] > 0 and st["pages_fetched"] + st["pages_mapped"] > 0
 assert st["bytes_fetched"] < a.nbytes, "sparse reads must not move the whole array"
 print(json.dumps(st))
 """, check=True)
     st = json.loads(p.stdout.strip().splitlines()[-1])
     assert st["fetch_errors"] == 0
+    if same_host == "map":   # a spawned worker on the driver's host maps, copies nothing
+        assert st["pages_mapped"] > 0 and st["bytes_fetched"] == 0, st
+    else:
+        assert st["pages_mapped"] == 0 and st["pages_fetched"] > 0, st
 
 
+@pytest.mark.fetch_path
 def test_many_threads_fault_one_page_fetch_it_once(py):
     py(DRIVER + """
 a = clamor.array(np.arange(1 << 22, dtype=np.int64))   # 32 MiB, 512 pages
@@ -80,6 +91,7 @@ assert s == float(a.sum()) and np.array_equal(m, a.mean(axis=0)) and n == float(
 """, check=True)
 
 
+@pytest.mark.fetch_path
 def test_sequential_scan_uses_read_ahead(py):
     p = py(DRIVER + """
 a = clamor.array(np.arange(1 << 24, dtype=np.float64))   # 128 MiB, 2048 pages
@@ -151,6 +163,7 @@ with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
 """, check=True)
 
 
+@pytest.mark.fetch_path
 def test_worker_page_server_serves_held_pages_to_peers(py):
     py(DRIVER + """
 import zmq, struct
@@ -209,6 +222,7 @@ with clamor.Cluster(workers=1, progress=False, replace_workers=False) as cl:
     assert "never allocated" in p.stderr, p.stderr
 
 
+@pytest.mark.fetch_path
 def test_driver_gone_ends_in_a_fatal_error_not_a_hang(py):
     p = py(DRIVER + """
 import subprocess, time
@@ -321,6 +335,7 @@ def read(r, pages):
 """
 
 
+@pytest.mark.fetch_path
 def test_pages_land_whole_at_their_offset_and_a_short_reply_is_fatal(py):
     # The pager writes each reply into the worker's memfd at the pages' offset
     # (pwrite) before it opens them.  The pattern must arrive whole at the
@@ -343,6 +358,7 @@ stop.set(); t.join()
     assert "malformed reply from the page server" in p.stderr, p.stderr
 
 
+@pytest.mark.fetch_path
 def test_relocations_that_cannot_apply_are_a_clear_fatal_error(py):
     """A spawned worker asks for each page's relocations.  A list that
     names a target the worker never bound, or a word past the reply,
@@ -384,6 +400,7 @@ print(json.dumps({"got": got, "driver_len": len(L)}))
     assert out == {"got": [[200011, 7, 7, 1, 46]], "driver_len": 200000}, out
 
 
+@pytest.mark.fetch_path
 def test_a_failed_fetch_is_tried_again_by_the_next_access(py):
     """A prefetch that timed out left its pages in the error state for good:
     the next prefetch failed at once and a plain touch ended the worker."""

@@ -183,6 +183,7 @@ def test_a_driver_update_between_stages_reaches_every_host():
             a[n // 2] = 12345
             res["s4"] = [cl.run(digest), digest(), parts(), plain_parts()]
             res["lost"] = cl.stats()["recovery"]["workers_lost"]
+            res["same_host"] = sorted((m["mode"], m["reason"]) for m in cl.stats()["same_host"]["workers"].values())
             res["codes"] = finish(cl, procs)
         print(json.dumps(res))
     """)
@@ -195,6 +196,11 @@ def test_a_driver_update_between_stages_reaches_every_host():
     got, want = out["elements"]
     assert got == [want] * 4
     assert out["lost"] == 0 and out["codes"] == [0, 0]
+    # the driver's host maps, the namespace hosts fetch and say why: one
+    # cluster of both kinds, each reading what the driver wrote
+    modes = out["same_host"]
+    assert [m for m, _ in modes] == ["fetch", "fetch", "map", "map"], modes
+    assert all("another network namespace" in why for m, why in modes if m == "fetch"), modes
 
 
 def test_remote_workers_serve_pages_to_peers_across_hosts():

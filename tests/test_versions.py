@@ -1,6 +1,12 @@
 """Globals across stages: caching, driver updates, invalidation, versions."""
 import json
+
 import numpy as np
+import pytest
+
+# Every test with workers that map the driver's pages and with workers that
+# fetch them (conftest.same_host).
+pytestmark = pytest.mark.usefixtures("same_host")
 
 DRIVER = """
 import json, os, sys, threading, time
@@ -60,12 +66,13 @@ with clamor.Cluster(workers=1, progress=False) as cl:
     s1b, st1b = cl.range(1, partitions=1).map(total).collect()[0]
     a[12345] = -1.0                                             # one page changes
     s2, st2 = cl.range(1, partitions=1).map(total).collect()[0]
-refetched = st2["pages_fetched"] - st1b["pages_fetched"]
-print(json.dumps({"first": st1["pages_fetched"], "again": st1b["pages_fetched"] - st1["pages_fetched"],
+moved = lambda st: st["pages_fetched"] + st["pages_mapped"]   # over a socket, or mapped (same host)
+refetched = moved(st2) - moved(st1b)
+print(json.dumps({"first": moved(st1), "again": moved(st1b) - moved(st1),
                   "after_update": refetched, "invalidated": st2["pages_invalidated"]}))
 assert s1 == s1b == float(np.arange(1 << 21, dtype=np.float64).sum())
 assert s2 == s1 - 12345.0 - 1.0
-assert st1b["pages_fetched"] == st1["pages_fetched"], "pages were fetched again without a change"
+assert moved(st1b) == moved(st1), "pages were fetched again without a change"
 assert refetched == 1, refetched
 assert st2["pages_invalidated"] == 1
 """, check=True)
@@ -106,7 +113,7 @@ with clamor.Cluster(workers=2, progress=False) as cl:
 """, check=True, timeout=120)
 
 
-def test_versions_are_dropped_and_shown_in_stats(py):
+def test_versions_are_dropped_and_shown_in_stats(py, same_host):
     p = py(DRIVER + """
 a = clamor.array(np.zeros(1 << 20))               # 128 pages
 with clamor.Cluster(workers=1, progress=False) as cl:
@@ -126,7 +133,9 @@ with clamor.Cluster(workers=1, progress=False) as cl:
     final = region.stats()["versions"]
 print(json.dumps({"held": held, "after": after["versions"], "kept": kept, "final": final}))
 assert held >= 128 * 65536
-assert after["versions"] == 0, after
+# A worker that maps the driver's pages may read the old locations until its
+# next task drops them: they go one stage later.
+assert after["versions"] == (128 if os.environ["CLAMOR_SAME_HOST"] == "map" else 0), after
 assert kept >= 128, "versions a live cached partition may need were dropped"
 assert final == 0, final
 """, check=True)

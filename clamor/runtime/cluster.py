@@ -51,6 +51,7 @@ from . import security
 from .lineage import Lineage
 from ..memory import portable
 from ..memory.share import note_fork
+from ..memory import samehost
 from .scheduler import Scheduler, Speculation
 from .stages import Stages
 
@@ -119,6 +120,12 @@ class Cluster(Stages):
     from ``cl.secret``) and, with ``encrypt`` (the default), encrypts what
     it sends (clamor/runtime/security.py).
 
+    ``same_host``: "map" (the default) lets every worker on this host map
+    the region's pages where they lie, read-only, instead of fetching them
+    over a socket; a worker that cannot (another host or network namespace,
+    another user) fetches, and ``stats()["same_host"]`` says why.  "fetch"
+    makes every worker fetch.  The default is CLAMOR_SAME_HOST, else "map".
+
     ``workers`` defaults to ``os.cpu_count()`` (to 0 with ``remote``).  ``replication``:
     "two-choices" (default), "random" or "off" (peers serving hot pages).
     ``heartbeat_timeout``: seconds of silence after which a worker is lost.
@@ -129,7 +136,13 @@ class Cluster(Stages):
     def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
                  heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
                  replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0,
-                 secret=None, encrypt=True, listen=None, pages_port=None, worker_ports=None):
+                 secret=None, encrypt=True, listen=None, pages_port=None, worker_ports=None, same_host=None):
+        if same_host is None:
+            same_host = os.environ.get("CLAMOR_SAME_HOST") or "map"
+        if same_host not in samehost.MODES:
+            raise errors.ConfigError(f"same_host must be one of {samehost.MODES} (or CLAMOR_SAME_HOST), "
+                                     f"not {same_host!r}")
+        self.same_host = same_host
         if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
             raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
         if workers is None:
@@ -251,6 +264,9 @@ class Cluster(Stages):
         self.page_endpoint = region.serve(served)
         region.set_fork_ports(*(self._worker_ports or (0, 0)))   # forked workers' page servers
         region.set_replication(REPLICATION[self.replication])
+        samehost.share(self.same_host == "map")   # forked workers map the driver's pages, or fetch them
+        samehost.decline("the cluster was made with same_host='fetch'" if self.same_host == "fetch" else
+                         "the driver's memfd could not be mapped after fork")
         region.reset_peers()  # holders from an earlier cluster in this process are gone
         # Workers inherit the allocator wrappers: a region object a worker
         # drops must never reach glibc's or pymalloc's free.
@@ -291,6 +307,7 @@ class Cluster(Stages):
         self._attempt_ids = itertools.count(1)
         self._current = self._trouble = None
         self._changes = {}      # stage -> pages the driver changed just before it
+        self._moves = {}        # stage -> pages that moved unchanged just before it (for workers that map)
         self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
         self._gone = {}         # lost worker -> its last reported counters (stats())
         # the driver's counters are the process's: stats() reports this cluster's share
@@ -529,6 +546,10 @@ class Cluster(Stages):
             "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
             "peer_timeouts": sum(w.get("timeouts", 0) for w in ws.values()),
         }
+        out["bytes_mapped"] = self._totals["bytes_mapped"]
+        out["same_host"] = {"mode": self.same_host,
+                            "workers": {w.decode(): dict(info.get("same_host") or {"mode": "fetch", "reason": "unknown"})
+                                        for w, info in getattr(self, "_workers", {}).items()}}
         out["recovery"] = {k: self._totals[k] for k in (
             "workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs", "speculative_copies",
             "copies_cancelled", "duplicate_results")}

@@ -67,7 +67,7 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import portable, region
+from ..memory import portable, region, samehost
 from . import serialize
 from ._liveness import LinkWatch, heartbeats
 from .collection import partition_result
@@ -337,7 +337,7 @@ class Runtime:
         this process's parent, the driver that forked it, is."""
         self.service.start()
         info = {"pid": os.getpid(), "blocks": self.endpoint, "pages": region.server_endpoint(),
-                "counters": counters(), "slots": self.slots}
+                "counters": counters(), "slots": self.slots, "same_host": samehost.status()}
         self.sock.send_multipart([b"HELLO", pickle.dumps(info)])
         if alive is None:
             driver_pid = os.getppid()
@@ -473,7 +473,8 @@ def counters():
     st = region.stats()
     return {"faults": st["faults"], "bytes_fetched": st["bytes_fetched"], "bytes_from_peers": st["bytes_from_peers"],
             "served": st["bytes_served"], "redirects": st["redirects"], "direct": st["peer_direct"],
-            "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"]}
+            "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"],
+            "mapped": st["pages_mapped"] * region.page_size()}
 
 
 def worker_main(driver, wid, security, host, ports="*"):

@@ -194,8 +194,9 @@ def loads(data):
 
 # A worker's running counters, sent with every report as eight
 # little-endian uint64s: integers need no pickle.
-COUNTERS = ("faults", "bytes_fetched", "bytes_from_peers", "served", "redirects", "direct", "fallbacks", "timeouts")
-_COUNTERS = struct.Struct("<8Q")
+COUNTERS = ("faults", "bytes_fetched", "bytes_from_peers", "served", "redirects", "direct", "fallbacks", "timeouts",
+            "mapped")
+_COUNTERS = struct.Struct("<9Q")
 
 
 def pack_counters(counters):

@@ -60,7 +60,7 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
-from ..memory import images, portable, walk
+from ..memory import images, portable, samehost, walk
 from ._liveness import pid_alive, pid_namespace, shares_pids
 from .interrupt import Deferred
 from .progress import StageProgress
@@ -69,6 +69,11 @@ from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFin
 
 log = logging.getLogger("clamor")
 
+
+
+def _maps(w):
+    """Worker ``w`` maps the driver's pages (same host)."""
+    return (w.get("same_host") or {}).get("mode") == "map"
 
 class _InputsLost(Exception):
     """Internal: the running attempt lost an input or an output; retry."""
@@ -182,6 +187,9 @@ class Stages:
         if changed.size:
             self._changes[sid] = changed
             portable.driver().note_changed(changed)
+        moved = samehost.moved()
+        if moved.size:
+            self._moves[sid] = moved
         # The page versions worth keeping are those of the stages a task may
         # still read at: this one, those recorded outputs were made at (lost
         # ones included: lineage re-runs read there), and those of tasks
@@ -193,7 +201,10 @@ class Stages:
         running = {k[0] for w in self._workers for k in self._sched.running(w)}
         self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
         self._lineage.prune(self.unpersisted_versions)
-        keep = sorted({sid} | self._lineage.versions() | set(self._attempt_version.values()))
+        # A worker that maps the driver's pages may read, until its next
+        # task drops what changed, the locations of the stage it last ran at.
+        mapping = {w["seen"] for w in self._workers.values() if _maps(w)}
+        keep = sorted({sid} | self._lineage.versions() | set(self._attempt_version.values()) | mapping)
         region.versions_keep(keep)
         portable.driver().prune(keep[0])
         self._trim_changes(keep)
@@ -205,11 +216,16 @@ class Stages:
         of stages with no such version between them are merged, those at or
         below the lowest dropped."""
         bounds = sorted(set(keep) | {w["seen"] for w in self._workers.values()})
-        merged = {}
-        for s, ch in self._changes.items():
-            if s > bounds[0]:
-                merged.setdefault(bounds[bisect.bisect_left(bounds, s)], []).append(ch)
-        self._changes = {b: chs[0] if len(chs) == 1 else np.unique(np.concatenate(chs)) for b, chs in merged.items()}
+
+        def trim(lists):
+            merged = {}
+            for s, ch in lists.items():
+                if s > bounds[0]:
+                    merged.setdefault(bounds[bisect.bisect_left(bounds, s)], []).append(ch)
+            return {b: chs[0] if len(chs) == 1 else np.unique(np.concatenate(chs)) for b, chs in merged.items()}
+
+        self._changes = trim(self._changes)
+        self._moves = trim(self._moves)
 
     def _invalidations(self, w, version):
         """Pages worker ``w`` must drop before a task at ``version``: those
@@ -218,6 +234,8 @@ class Stages:
         lo, hi = sorted((w["seen"], version))
         w["seen"] = version
         parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
+        if _maps(w):   # its mappings of pages that moved name the old locations
+            parts += [ch for s, ch in self._moves.items() if lo < s <= hi]
         if not parts:
             return b""
         return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
@@ -340,7 +358,7 @@ class Stages:
                 prefer = (last,)
             tasks.append(TaskSpec((asid, p), asid, p, prefer, job.only.get(p, ())))
         stat = {"stage": job.version, "kind": job.kind if job.kind == "map" else job.action, "tasks": len(tasks),
-                "durations": [], "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0,
+                "durations": [], "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0, "bytes_mapped": 0,
                 "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values()),
                 "attempt": job.attempts, "rerun": job.rerun}
         job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
@@ -627,7 +645,7 @@ class Stages:
         w["counters"] = now
         w["served"], w["followed"], w["fallbacks"] = now["served"], now["redirects"], now["fallbacks"]
         w["direct"], w["timeouts"] = now["direct"], now["timeouts"]
-        moved = ("faults", "bytes_fetched", "bytes_from_peers")
+        moved = ("faults", "bytes_fetched", "bytes_from_peers", "mapped")
         if any(now[k] < last.get(k, 0) for k in moved):
             last = {}   # a task zeroed the worker's counters (clamor.reset_stats())
         d = {k: now[k] - last.get(k, 0) for k in moved}
@@ -636,7 +654,8 @@ class Stages:
         # pages between the two columns of consecutive reports, never in or
         # out of their sum.)
         self._count_moved(asid, {"faults": d["faults"], "bytes_from_peers": d["bytes_from_peers"],
-                                 "bytes_from_driver": d["bytes_fetched"] - d["bytes_from_peers"]})
+                                 "bytes_from_driver": d["bytes_fetched"] - d["bytes_from_peers"],
+                                 "bytes_mapped": d["mapped"]})
 
     def _join(self, ident, frame):
         """A worker not forked from here asks to join (clamor/runtime/worker.py):
@@ -670,7 +689,8 @@ class Stages:
         self._join_info[wid] = {"hash_ok": body.get("hash") == portable.hash_digest(),
                                 "same_base": base is None or base == region.base()}
         welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace(),
-                   "images": images.loaded(), "base": region.base()}
+                   "images": images.loaded(), "base": region.base(),
+                   "map": samehost.info() if self.same_host == "map" else None}
         self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
         return []
 
@@ -703,6 +723,11 @@ class Stages:
         # stage begun before its HELLO may have changed; one that joined has
         # fetched nothing yet.
         seen = self._born.pop(wid, region.stage_current())
+        mode = info.get("same_host") if isinstance(info.get("same_host"), dict) else {}
+        info["same_host"] = {"mode": "map" if mode.get("mode") == "map" else "fetch", "reason": str(mode.get("reason", ""))[:500]}
+        if self.same_host == "map" and info["same_host"]["mode"] == "fetch":
+            log.log(logging.INFO if wid in self._far else logging.WARNING, "worker %s fetches the driver's pages "
+                    "instead of mapping them: %s", wid.decode(), info["same_host"]["reason"])
         info.update(last_hb=time.monotonic(), stages=set(), seen=seen, sent=set(),
                     far=wid in self._far, spawned=wid in self._joined_ids, reloc_sent=set(),
                     **self._join_info.pop(wid, {}))

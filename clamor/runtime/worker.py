@@ -8,11 +8,13 @@ forked worker (clamor/runtime/executor.py, docs/wire.md).  Joining is one
 exchange on a connection of its own:
 
     worker -> driver   JOIN json{"pid", "pidns"}
-    driver -> worker   WELCOME json{"wid", "pages", "pid", "pidns"}
+    driver -> worker   WELCOME json{"wid", "pages", "pid", "pidns", "images", "base", "map"}
                        REFUSED json{"reason"}
 
 ``wid`` is the identity the driver gives this worker; ``pages`` the
-driver's page server.  The worker attaches the region through it (mapped
+driver's page server; ``map`` (unless the cluster fetches) what a worker
+on the driver's host needs to map the driver's pages instead
+(clamor/memory/samehost.py).  The worker attaches the region through it (mapped
 at the driver's address unless ``--base`` says otherwise), opens its
 control socket under ``wid`` and says HELLO, as a forked worker does.
 
@@ -42,7 +44,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
 from ..memory import region
-from ..memory import images, portable
+from ..memory import images, portable, samehost
 from . import security, serialize
 from ._liveness import pid_alive, pid_namespace, shares_pids, watch_lifeline
 
@@ -201,6 +203,12 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
         portable.enable()   # every page fetched comes with its relocations
         region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or ports or '*'}")
         region.ensure_handler_first()
+        # On the driver's host, map its pages where they lie rather than fetch them.
+        if welcome.get("map"):
+            if not samehost.attach(welcome["map"]):
+                log.info("fetching the driver's pages: %s", samehost.status()["reason"])
+        else:
+            samehost.decline("the cluster was made with same_host='fetch'")
         serialize.objects_in_place(region.base() == welcome.get("base"))
         # What this interpreter made to start goes to the collector's
         # permanent generation: the full collections before a page changes
