@@ -1,6 +1,6 @@
 /* fault_micro.c -- what one remote page fault costs, next to what it is made of.
  *
- * Three figures, measured in the same run on 64 KiB pages over loopback:
+ * Four figures, measured in the same run on 64 KiB pages over loopback:
  *
  *   remote_fault_us  a worker (forked from the driver, so it is a worker by
  *                    itself) touches a page that is not present: SIGSEGV,
@@ -13,14 +13,29 @@
  *   local_fault_us   SIGSEGV + mprotect round trip on a page that is already
  *                    local (a private page closed with mprotect; the handler
  *                    opens it and the access is retried).
+ *   map_fault_us     same host, map mode: a second worker, forked after the
+ *                    driver called clamor_map_share(1) and clamor_stage_begin(1),
+ *                    at stage 1, touches a driver page it does not have:
+ *                    SIGSEGV, the handler mmaps the driver's memfd over the
+ *                    page's aligned 4 MiB window (64 pages, one mmap, no
+ *                    copy, no pager), and the retried access takes the
+ *                    kernel's minor fault on the driver's page-cache page.
+ *                    Each touch is the first page of a different 4 MiB
+ *                    window, windows in random order, so every touch is a
+ *                    mapping fault (a buffer of n + 20 windows: 280 MiB
+ *                    smoke, 1.25 GiB quick, 7.9 GiB full, virtual; only the
+ *                    touched pages are written).
  *
  * ratio = remote_fault_us / zmq_rtt_us (medians): how much the fault path adds
- * on top of the network round trip it cannot avoid.  The last line of output
- * is one JSON object with every figure.  Run it through bench/fault_micro.py,
- * which builds it and finds pyzmq's libzmq.
+ * on top of the network round trip it cannot avoid.  map_vs_local =
+ * map_fault_us / local_fault_us (medians; target <= 3): what mapping a
+ * driver page costs over the cheapest fault there is.  The last line of
+ * output is one JSON object with every figure.  Run it through
+ * bench/fault_micro.py, which builds it and finds pyzmq's libzmq.
  *
  * usage: fault_micro [--quick | --smoke] [-n N] [--mib M] [--libzmq PATH]
- *        (libzmq path also from CLAMOR_LIBZMQ)
+ *        (libzmq path also from CLAMOR_LIBZMQ; --mib sizes the remote-fault
+ *        buffer; the map buffer follows from N)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,6 +57,7 @@
 #include "zmqdl.h"
 
 #define PAGE ((size_t)64 << 10)
+#define MAP_WINDOW ((size_t)4 << 20) /* pagetable.c maps aligned windows of this size */
 #define WARMUP 20
 #define CHILD_TIMEOUT_MS 180000
 
@@ -50,7 +66,7 @@ struct summary {
     long n;
     double mean, p50, p99, max;
     double pager_p50, pager_p99; /* worker only: the pager's send->reply latency */
-    unsigned long faults, fetched, errors;
+    unsigned long faults, fetched, mapped, errors;
     char why[200];
 };
 
@@ -317,6 +333,58 @@ static void worker(int wfd, void *argp) {
     clamor_pager_stop();
 }
 
+/* ---- map fault: a worker on the driver's host maps the driver's pages ------ */
+
+/* The map buffer has `windows` aligned 4 MiB windows; the driver wrote the
+ * first page of each (pattern by word index in the buffer), and the worker
+ * touches that page, once per window, windows in random order. */
+struct map_arg {
+    const uint64_t *buf;
+    size_t windows;
+    long n;
+};
+
+static void map_worker(int wfd, void *argp) {
+    struct map_arg *a = argp;
+    alarm(CHILD_TIMEOUT_MS / 1000);
+    if (clamor_region_role() != CLAMOR_ROLE_WORKER) child_fail(wfd, "the forked child is not a worker");
+    if (!clamor_map_status()) child_fail(wfd, "the child forked after clamor_map_share(1) does not map");
+    clamor_set_readahead(0);
+    int rc = clamor_pager_start(clamor_fork_parent_endpoint());
+    if (rc != 0 && rc != EBUSY) child_fail(wfd, "clamor_pager_start");
+    clamor_set_stage(1); /* stage 0 faults are fetched, not mapped */
+    size_t *order = malloc(sizeof(size_t) * a->windows);
+    double *v = malloc(sizeof(double) * (size_t)a->n);
+    if (!order || !v) child_fail(wfd, "out of memory");
+    for (size_t i = 0; i < a->windows; i++) order[i] = i;
+    for (size_t i = a->windows - 1; i > 0; i--) { /* Fisher-Yates */
+        size_t j = (size_t)(rnd() % (i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    long bad = 0;
+    const size_t wpp = PAGE / sizeof(uint64_t), wpw = MAP_WINDOW / sizeof(uint64_t);
+    for (long i = -WARMUP; i < a->n; i++) {
+        size_t w = order[i + WARMUP] * wpw + (size_t)(rnd() % wpp);
+        double t0 = now_us();
+        uint64_t x = ((volatile const uint64_t *)a->buf)[w];
+        double t1 = now_us();
+        if (x != pattern(w)) bad++;
+        if (i >= 0) v[i] = t1 - t0;
+    }
+    if (bad) child_fail(wfd, "a mapped page had the wrong bytes");
+    struct clamor_stats st;
+    clamor_stats_get(&st);
+    struct summary sum = {0};
+    summarize(v, a->n, &sum);
+    sum.faults = st.faults;
+    sum.fetched = st.pages_fetched;
+    sum.mapped = st.pages_mapped;
+    sum.errors = st.fetch_errors;
+    report(wfd, &sum);
+    clamor_pager_stop();
+}
+
 /* ---- main -------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -335,18 +403,27 @@ int main(int argc, char **argv) {
     }
     size_t bytes = (size_t)mib << 20, pages = bytes / PAGE;
     if (n < 1 || (size_t)n + WARMUP > pages) die("-n %ld needs more than %zu pages: raise --mib", n, pages);
+    /* map mode: one window per touch, so that every touch maps */
+    size_t windows = (size_t)n + WARMUP, map_bytes = windows * MAP_WINDOW;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (clamor_zmq_load(libzmq) != 0) die("%s", clamor_last_error());
 
-    struct summary local, rtt, fault;
+    struct summary local, rtt, fault, map;
     measure_local(n < 1000 ? 1000 : n, &local);
 
-    /* the driver: a region of 64 KiB pages, one buffer, a page server */
-    size_t region = ((bytes >> 30) + 1) << 30;
+    /* the driver: a region of 64 KiB pages, two buffers, a page server */
+    size_t region = (((bytes + map_bytes + MAP_WINDOW) >> 30) + 1) << 30;
     if (clamor_region_init(0, region, PAGE) != 0) die("clamor_region_init: %s", clamor_last_error());
     uint64_t *buf = clamor_aligned_alloc(PAGE, bytes);
     if (!buf) die("clamor_aligned_alloc(%zu): %s", bytes, clamor_last_error());
     for (size_t w = 0; w < bytes / sizeof(uint64_t); w++) buf[w] = pattern(w);
+    /* aligned to the window (the region base is): window k is pages k*64.. */
+    uint64_t *mbuf = clamor_aligned_alloc(MAP_WINDOW, map_bytes);
+    if (!mbuf) die("clamor_aligned_alloc(%zu): %s", map_bytes, clamor_last_error());
+    if (((uintptr_t)mbuf - clamor_region_base()) % MAP_WINDOW) die("the map buffer is not window-aligned");
+    const size_t wpp = PAGE / sizeof(uint64_t), wpw = MAP_WINDOW / sizeof(uint64_t);
+    for (size_t k = 0; k < windows; k++) /* only the page each touch reads */
+        for (size_t w = k * wpw; w < k * wpw + wpp; w++) mbuf[w] = pattern(w);
     char ep[256];
     if (clamor_server_start("tcp://127.0.0.1:*", ep, sizeof ep) != 0)
         die("clamor_server_start: %s", clamor_last_error());
@@ -359,11 +436,23 @@ int main(int argc, char **argv) {
     reap(pid, rfd, &fault, "remote faults");
     struct clamor_stats st;
     clamor_stats_get(&st);
+    unsigned long served = (unsigned long)st.requests_served;
+
+    /* Same host: children forked from now on map the driver's pages, at the
+     * stage the driver begins (as a Cluster does before a stage's tasks). */
+    if (clamor_map_share(1) != 0) die("clamor_map_share: %s", clamor_last_error());
+    if (clamor_stage_begin(1) != 0) die("clamor_stage_begin: %s", clamor_last_error());
+    struct map_arg ma = {mbuf, windows, n};
+    pid = spawn(&rfd, map_worker, &ma);
+    reap(pid, rfd, &map, "map faults");
+    clamor_stats_get(&st);
+    unsigned long map_served = (unsigned long)st.requests_served - served;
     clamor_server_stop();
     clamor_region_close();
     if (fault.errors) die("the worker saw %lu fetch errors", fault.errors);
+    if (map.errors) die("the mapping worker saw %lu fetch errors", map.errors);
 
-    double ratio = fault.p50 / rtt.p50;
+    double ratio = fault.p50 / rtt.p50, map_vs_local = map.p50 / local.p50;
     printf("fault_micro (%s): 64 KiB pages, %ld samples each, read-ahead off, tcp loopback\n", mode, n);
     printf("  %-40s %9s %9s %9s %9s\n", "microseconds", "mean", "median", "p99", "max");
     printf("  %-40s %9.1f %9.1f %9.1f %9.1f\n", "remote fault (clamor worker, 64 KiB)", fault.mean, fault.p50,
@@ -372,18 +461,31 @@ int main(int argc, char **argv) {
            rtt.p99, rtt.max);
     printf("  %-40s %9.1f %9.1f %9.1f %9.1f\n", "local fault (SIGSEGV + mprotect)", local.mean, local.p50,
            local.p99, local.max);
+    printf("  %-40s %9.1f %9.1f %9.1f %9.1f\n", "map fault (same host, 4 MiB window)", map.mean, map.p50, map.p99,
+           map.max);
     printf("  %-40s %9s %9.1f %9.1f\n", "pager send->reply (inside the fault)", "", fault.pager_p50,
            fault.pager_p99);
     printf("  remote fault / zmq round trip (medians): %.2f (target <= 1.5)\n", ratio);
+    printf("  map fault / local fault (medians): %.2f (target <= 3)\n", map_vs_local);
     printf("  worker: %lu faults, %lu pages fetched; driver served %lu requests\n", fault.faults, fault.fetched,
-           (unsigned long)st.requests_served);
+           served);
+    printf("  mapping worker: %lu faults, %lu pages mapped (%.1f a fault), %lu fetched; driver served %lu requests\n",
+           map.faults, map.mapped, map.faults ? (double)map.mapped / (double)map.faults : 0.0, map.fetched,
+           map_served);
+    if (map.fetched || map.mapped != (unsigned long)windows * (MAP_WINDOW / PAGE))
+        printf("  note: expected %zu pages mapped and none fetched: not every touch was a full-window mapping\n",
+               windows * (MAP_WINDOW / PAGE));
     printf("{\"bench\": \"fault_micro\", \"mode\": \"%s\", \"n\": %ld, \"page_size\": %zu, "
            "\"remote_fault_us\": %.2f, \"zmq_rtt_us\": %.2f, \"ratio\": %.3f, \"local_fault_us\": %.2f, "
            "\"remote_fault_mean_us\": %.2f, \"remote_fault_p99_us\": %.2f, "
            "\"zmq_rtt_mean_us\": %.2f, \"zmq_rtt_p99_us\": %.2f, "
            "\"local_fault_mean_us\": %.2f, \"local_fault_p99_us\": %.2f, "
-           "\"pager_fetch_p50_us\": %.2f, \"pager_fetch_p99_us\": %.2f, \"faults\": %lu, \"pages_fetched\": %lu}\n",
+           "\"pager_fetch_p50_us\": %.2f, \"pager_fetch_p99_us\": %.2f, \"faults\": %lu, \"pages_fetched\": %lu, "
+           "\"map_fault_us\": %.2f, \"map_fault_mean_us\": %.2f, \"map_fault_p99_us\": %.2f, "
+           "\"map_vs_local\": %.3f, \"map_faults\": %lu, \"map_pages_mapped\": %lu, \"map_pages_fetched\": %lu, "
+           "\"map_window_bytes\": %zu, \"map_buffer_bytes\": %zu}\n",
            mode, n, PAGE, fault.p50, rtt.p50, ratio, local.p50, fault.mean, fault.p99, rtt.mean, rtt.p99,
-           local.mean, local.p99, fault.pager_p50, fault.pager_p99, fault.faults, fault.fetched);
+           local.mean, local.p99, fault.pager_p50, fault.pager_p99, fault.faults, fault.fetched, map.p50, map.mean,
+           map.p99, map_vs_local, map.faults, map.mapped, map.fetched, MAP_WINDOW, map_bytes);
     return 0;
 }

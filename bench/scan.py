@@ -26,7 +26,11 @@ the floor under any fetch-on-touch scan.  Rates are GB/s = 1e9 bytes/second.
 
 The last line is one JSON object; ``ratio`` = scan_gbps / tcp_gbps (medians
 over ``--reps`` rounds; target >= 0.5), ``ratio_fresh`` = scan_gbps /
-tcp_fresh_gbps.
+tcp_fresh_gbps.  Those scans fetch (``same_host="fetch"``).  Then a second
+cluster's worker, on the same host, maps the driver's pages instead
+(``same_host="map"``): ``map_scan_gbps`` is its cold scan, and ``map_ratio``
+its rate over this process summing the same array in its own memory, each
+round one after the other (medians; target >= 0.8).
 
     python bench/scan.py [--quick] [--readahead 4M] [--page-size 64K] [--mode spawn|fork]
 """
@@ -172,6 +176,43 @@ def scan_task(ref, readahead, warm):
     return out
 
 
+# ---- map mode: the worker maps the driver's pages (same host) ---------------------------
+
+def map_rounds(clamor, ref, want, size, reps, mode):
+    """The same cold scan by a worker that maps the driver's pages instead of
+    fetching them (``same_host="map"``), each round next to this process
+    summing the same array in its own memory: ``map_ratio`` is the worker's
+    rate over that one."""
+    x = ref.get()
+    cl = clamor.Cluster(workers=1, start_method=mode, progress=False, speculation=False, same_host="map")
+    out = []
+    try:
+        cl.start()
+        (w,) = cl.stats()["same_host"]["workers"].values()
+        if w["mode"] != "map":
+            raise SystemExit(f"scan: the worker does not map the driver's pages: {w['reason']}")
+        print(f"{'round':>5} {'local sum':>9} {'map scan':>8} {'ratio':>6} {'faults':>7} {'mapped':>7}   (GB/s)")
+        for r in range(reps):
+            t = time.perf_counter()
+            local = float(x.sum())
+            local_gbps = size / (time.perf_counter() - t) / 1e9
+            res = cl.run(scan_task, ref, None, False)[0]
+            if res["sum"] != want or local != want:
+                raise SystemExit(f"scan: wrong sum in map mode: worker {res['sum']!r}, driver {local!r}, want {want!r}")
+            st = res["stats"]
+            if st["pages_fetched"]:
+                raise SystemExit(f"scan: {st['pages_fetched']} pages fetched in map mode")
+            g = size / res["cold_s"] / 1e9
+            out.append({"map": g, "local": local_gbps, "faults": st["faults"], "pages_mapped": st["pages_mapped"]})
+            print(f"{r:>5} {local_gbps:>9.2f} {g:>8.2f} {g / local_gbps:>6.2f} {st['faults']:>7} "
+                  f"{st['pages_mapped']:>7}", flush=True)
+    finally:
+        cl.close()
+    print(f"median: map-mode scan {statistics.median(m['map'] for m in out):.2f} GB/s, "
+          f"{statistics.median(m['map'] / m['local'] for m in out):.2f} of this process's own sum (target >= 0.8)")
+    return out
+
+
 # ---- driver -------------------------------------------------------------------------
 
 def main(argv=None):
@@ -219,7 +260,7 @@ def main(argv=None):
 
     # run's calls are pinned (no speculative copy); off all the same, so that
     # nothing but the scan runs while it is timed
-    cl = clamor.Cluster(workers=1, start_method=args.mode, progress=False, speculation=False)
+    cl = clamor.Cluster(workers=1, start_method=args.mode, progress=False, speculation=False, same_host="fetch")
     rounds = []
     try:
         cl.start()
@@ -246,6 +287,8 @@ def main(argv=None):
                   f"{st['fetch_requests']:>6} {st['fetch_errors']:>5} {st['fetch_p50_us']:>7.0f}", flush=True)
     finally:
         cl.close()
+
+    maps = map_rounds(clamor, ref, want, size, reps, args.mode)
 
     med = lambda k: statistics.median(x[k] for x in rounds)  # noqa: E731
     scan_gbps, tcp_gbps = med("cold"), med("tcp")
@@ -288,6 +331,12 @@ def main(argv=None):
         "tcp_gbps_all": [round(x["tcp"], 3) for x in rounds],
         "worker_cpu_s_per_gib": wcpu,
         "driver_cpu_s_per_gib": dcpu,
+        "map_scan_gbps": round(statistics.median(m["map"] for m in maps), 3),
+        "map_local_gbps": round(statistics.median(m["local"] for m in maps), 3),
+        "map_ratio": round(statistics.median(m["map"] / m["local"] for m in maps), 3),
+        "map_scan_gbps_all": [round(m["map"], 3) for m in maps],
+        "map_faults": maps[-1]["faults"],
+        "map_pages_mapped": maps[-1]["pages_mapped"],
         "verified": True,
     }
     json_line(out)

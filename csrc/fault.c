@@ -221,6 +221,20 @@ static uint32_t spin_while(_Atomic uint32_t *w, uint32_t s) {
     }
 }
 
+/* Same host: a fault in the window after the previous fault's is a scan.
+ * The pager then maps and fills the next windows while this thread reads
+ * (cl_map_populate); the fault at the window after those asks for more. */
+#define POPULATE_WINDOWS 8
+static _Atomic uint64_t last_window = UINT64_MAX - 1;
+
+static void stream(uintptr_t addr, uint64_t idx) {
+    uint64_t win = cl_map_window(), k = idx / win;
+    uint64_t prev = atomic_exchange_explicit(&last_window, k, memory_order_relaxed);
+    if (prev + 1 != k && prev + POPULATE_WINDOWS != k) return;
+    uint64_t first = (k + 1) * win;
+    if (first < cl_region.npages && atomic_load(&cl_fault_wake_fd) >= 0) post(addr, CL_REQ_POPULATE | ((uint64_t)(POPULATE_WINDOWS - 1) << 40) | first);
+}
+
 static void handler(int sig, siginfo_t *si, void *uc) {
     int saved = errno;
     uintptr_t a = (uintptr_t)si->si_addr;
@@ -253,6 +267,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
             /* Same host as the driver: map its page where it lies. */
             if (CL_PG_STATE(s) == CL_PG_ABSENT && atomic_load_explicit(&cl_region.map_on, memory_order_relaxed) &&
                 cl_map_run(idx, false, true) == 0) {
+                stream(a, idx);
                 s = atomic_load(w);
                 continue;
             }

@@ -189,6 +189,12 @@ int cl_pt_drop(uint64_t first, uint64_t count);
  * EAGAIN: fetch it instead (an older version, a page to relocate, never
  * allocated, mapping off). */
 int cl_map_run(uint64_t idx, bool claimed, bool from_handler);
+/* Pages mapped at one fault at most: an aligned window. */
+uint64_t cl_map_window(void);
+/* Pager: map the windows [first, first + count * window) where they are
+ * absent and mappable, and fill their page-table entries
+ * (MADV_POPULATE_READ), so that a scan reading them takes no fault. */
+void cl_map_populate(uint64_t first, uint64_t count);
 
 /* Worker: odd while held pages are being dropped (their memory punched),
  * bumped at the start and at the end of each drop (pagetable.c); a page
@@ -208,6 +214,9 @@ extern _Atomic int cl_fault_wake_fd;
  * clamor_prefetch(): CL_REQ_RANGE | count << 40 | first. */
 #define CL_REQ_MARKER (1ull << 63)
 #define CL_REQ_RANGE (1ull << 62)
+/* Both bits: map and populate `count` windows of the driver's pages from
+ * `first` on (a scan streams through them; same host). */
+#define CL_REQ_POPULATE (CL_REQ_MARKER | CL_REQ_RANGE)
 #define CL_REQ_INDEX ((1ull << 40) - 1)
 #define CL_REQ_MAXRUN 0x3fffffull
 

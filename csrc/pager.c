@@ -517,6 +517,8 @@ static void drain_pipe(void) {
         for (ssize_t i = 0; i < n / 8; i++) {
             uint64_t v = buf[i];
             if (v == MSG_STOP) atomic_store(&P.t.stop, 1);
+            else if ((v & CL_REQ_POPULATE) == CL_REQ_POPULATE)
+                cl_map_populate(v & CL_REQ_INDEX, (v >> 40) & CL_REQ_MAXRUN);
             else if (v & CL_REQ_RANGE) on_range(v & CL_REQ_INDEX, (uint32_t)((v >> 40) & CL_REQ_MAXRUN));
             else if (v & CL_REQ_MARKER) on_marker(v & ~CL_REQ_MARKER);
             else on_demand(v);

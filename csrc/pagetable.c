@@ -582,3 +582,37 @@ int cl_map_run(uint64_t idx, bool claimed, bool from_handler) {
     pt_unlock();
     return rc;
 }
+
+uint64_t cl_map_window(void) {
+    uint64_t w = MAP_WINDOW_BYTES >> cl_region.page_shift;
+    return w ? w : 1;
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* A fresh mapping of the driver's memfd has no page-table entries: the
+ * first read of each 4 KiB takes a minor fault (64 KiB at a time with the
+ * kernel's fault-around), and filling them costs more than the scan reads
+ * on this machine kind.  The pager fills them ahead of a scan, on another
+ * CPU, outside the lock (a page dropped meanwhile only makes the madvise
+ * fail). */
+void cl_map_populate(uint64_t first, uint64_t count) {
+    uint64_t win = cl_map_window();
+    for (uint64_t k = 0; k < count; k++) {
+        uint64_t lo = first + k * win, hi = lo + win;
+        if (lo >= cl_region.npages) return;
+        if (hi > cl_region.npages) hi = cl_region.npages;
+        for (uint64_t i = lo; i < hi; i++) {
+            uint32_t s = CL_PG_STATE(atomic_load(&cl_region.pages[i]));
+            if (s == CL_PG_ABSENT && cl_map_run(i, false, false) != 0) return; /* not mappable: the stream ends */
+        }
+        for (uint64_t i = lo; i < hi;) { /* runs mapped from the driver */
+            while (i < hi && !wloc_of(i)) i++;
+            uint64_t s = i;
+            while (i < hi && wloc_of(i)) i++;
+            if (i > s) madvise(cl_page_addr(s), (size_t)(i - s) << cl_region.page_shift, MADV_POPULATE_READ);
+        }
+    }
+}
