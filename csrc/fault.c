@@ -221,6 +221,19 @@ static uint32_t spin_while(_Atomic uint32_t *w, uint32_t s) {
     }
 }
 
+/* Same host: map the page from this thread.  The page table's lock is
+ * held only briefly (no holder waits for anything while it has it), so a
+ * busy lock is tried again a few times before the page goes to the pager,
+ * which may be filling windows ahead of a scan. */
+static int map_here(uint64_t idx) {
+    for (int k = 0;; k++) {
+        int rc = cl_map_run(idx, false, true);
+        if (rc != EBUSY) return rc;
+        if (k == 64) return EAGAIN;
+        sched_yield();
+    }
+}
+
 /* Same host: a fault in the window after the previous fault's is a scan.
  * The pager then maps and fills the next windows while this thread reads
  * (cl_map_populate); the fault at the window after those asks for more. */
@@ -228,6 +241,7 @@ static uint32_t spin_while(_Atomic uint32_t *w, uint32_t s) {
 static _Atomic uint64_t last_window = UINT64_MAX - 1;
 
 static void stream(uintptr_t addr, uint64_t idx) {
+    if (!clamor_readahead()) return; /* read-ahead off: no filling ahead either */
     uint64_t win = cl_map_window(), k = idx / win;
     uint64_t prev = atomic_exchange_explicit(&last_window, k, memory_order_relaxed);
     if (prev + 1 != k && prev + POPULATE_WINDOWS != k) return;
@@ -266,7 +280,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
         case CL_PG_HELD:
             /* Same host as the driver: map its page where it lies. */
             if (CL_PG_STATE(s) == CL_PG_ABSENT && atomic_load_explicit(&cl_region.map_on, memory_order_relaxed) &&
-                cl_map_run(idx, false, true) == 0) {
+                map_here(idx) == 0) {
                 stream(a, idx);
                 s = atomic_load(w);
                 continue;

@@ -184,8 +184,8 @@ int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);
 /* Map page idx (and its mappable neighbours) from the driver's memfd.
  * `claimed`: the caller set it WANTED (the pager, a prefetch), else it must
- * be ABSENT.  `from_handler`: never wait for the page table's lock, never
- * evict (EAGAIN instead).  0: mapped, or no longer the caller's to map;
+ * be ABSENT.  `from_handler`: never wait for the page table's lock (EBUSY),
+ * never evict (EAGAIN).  0: mapped, or no longer the caller's to map;
  * EAGAIN: fetch it instead (an older version, a page to relocate, never
  * allocated, mapping off). */
 int cl_map_run(uint64_t idx, bool claimed, bool from_handler);

@@ -574,7 +574,7 @@ static int map_locked(uint64_t idx, bool claimed, bool from_handler) {
 int cl_map_run(uint64_t idx, bool claimed, bool from_handler) {
     if (!atomic_load_explicit(&cl_region.map_on, memory_order_acquire) || idx >= cl_region.npages) return EAGAIN;
     if (from_handler) {
-        if (!pt_trylock()) return EAGAIN;
+        if (!pt_trylock()) return EBUSY;
     } else {
         pt_lock();
     }

@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"

@@ -18,8 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def clean_env(extra=None):
-    """This environment without clamor's settings (CLAMOR_*), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_")}
+    """This environment without clamor's settings (CLAMOR_*), plus ``extra``;
+    CLAMOR_SAME_HOST stays, since the same_host fixture sets it for the test."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_") or k == "CLAMOR_SAME_HOST"}
     env.update(extra or {})
     return env
 

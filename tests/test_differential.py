@@ -22,6 +22,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+# Every test with workers that map the driver's pages and with workers that
+# fetch them (conftest.same_host).
+pytestmark = pytest.mark.usefixtures("same_host")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 

@@ -13,6 +13,11 @@ import pytest
 
 from helpers import scenario
 
+
+# Every test with workers that map the driver's pages and with workers that
+# fetch them (conftest.same_host).
+pytestmark = pytest.mark.usefixtures("same_host")
+
 BODY = """
         import hashlib, subprocess, sys, random
         rng = random.Random({seed})

@@ -2,7 +2,13 @@
 later action reads.  Each scenario runs a driver in its own interpreter and
 checks its results against the values computed in the driver."""
 
+import pytest
+
 from helpers import scenario as _scenario
+
+# Every test with workers that map the driver's pages and with workers that
+# fetch them (conftest.same_host).
+pytestmark = pytest.mark.usefixtures("same_host")
 
 KILL_ALL = """
 def kill_all_after(cl, delay):

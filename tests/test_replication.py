@@ -2,6 +2,12 @@
 import errno
 import json
 
+import pytest
+
+# Workers that map the driver's pages (same host) hold none of their own to
+# serve: these run with workers that fetch (conftest.same_host, fetch_path).
+pytestmark = [pytest.mark.usefixtures("same_host"), pytest.mark.fetch_path]
+
 PRE = """
 import json, os, signal, time, numpy as np, clamor
 from clamor import region

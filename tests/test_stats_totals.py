@@ -1,8 +1,13 @@
 """cl.stats() and cl.stage_stats() add up: every fault and every byte a
 worker fetched counts once, in the stage whose report carried it, including
 what a losing speculative copy or a failed task fetched.  Each scenario runs
-a driver in a subprocess with two forked workers and prints one JSON line."""
+a driver in a subprocess with two forked workers and prints one JSON line.
+The workers fetch (same_host="fetch"): the per-peer counters these check
+against count fetched bytes; what workers map is checked in
+test_samehost.py."""
 import json
+
+import pytest
 
 PRE = """
 import json, os, time, numpy as np, clamor
@@ -55,6 +60,8 @@ def check_adds_up(out):
     assert out["total_faults"] == out["stage_faults"] == out["own_faults"], out
 
 
+@pytest.mark.usefixtures("same_host")
+@pytest.mark.fetch_path
 def test_two_workers_reading_a_whole_table_count_twice_the_table(py):
     """Each worker reads every page of a 64 MiB table, in random order with
     read-ahead off (one fault per page).  16 partitions: each worker's first
@@ -87,6 +94,8 @@ print(json.dumps(out))
     assert 2 * npages <= out["first_stage_faults"] <= 2 * (npages + 1), out
 
 
+@pytest.mark.usefixtures("same_host")
+@pytest.mark.fetch_path
 def test_a_losing_speculative_copy_counts_what_it_fetched(py, tmp_path):
     """Partition 0's first copy reads the table, then straggles; its second
     copy, on the worker that read the table for partition 1, wins at once.
@@ -125,6 +134,8 @@ print(json.dumps(out))
     assert 2 * out["nbytes"] <= out["first_stage_bytes"] <= out["total_bytes"] <= 2 * out["nbytes"] + slack, out
 
 
+@pytest.mark.usefixtures("same_host")
+@pytest.mark.fetch_path
 def test_a_failed_task_counts_what_it_fetched(py):
     """A task that reads a table and then raises: its fetches count in its
     stage, with the report of the failure."""
@@ -152,13 +163,13 @@ print(json.dumps(out))
     assert npages <= out["stage_faults"] == out["faults"] <= npages + 1, out
 
 
-def test_the_counters_frame_is_eight_integers_and_a_bad_one_is_refused():
+def test_the_counters_frame_is_nine_integers_and_a_bad_one_is_refused():
     import pytest
     from clamor.errors import ProtocolError
     from clamor.runtime import serialize
     c = {k: (i + 1) * 10**12 for i, k in enumerate(serialize.COUNTERS)}
     frame = serialize.pack_counters(c)
-    assert len(frame) == 64 and serialize.unpack_counters(frame) == c
+    assert len(frame) == 72 and serialize.unpack_counters(frame) == c
     for bad in (frame[:-1], frame + b"\0", b"", "x"):
         with pytest.raises(ProtocolError):
             serialize.unpack_counters(bad)
