@@ -247,15 +247,17 @@ def demo(args):
         print(e, file=sys.stderr)
         return 2
     t_start = time.perf_counter()
-    with clamor.Cluster(workers=args.workers, start_method=args.start_method, progress=None) as cl:
+    with clamor.Cluster(workers=args.workers, start_method=args.start_method, progress=None,
+                        same_host=args.same_host) as cl:
         # The workers exist before the data does: they are started first
         # (forked, or spawned as fresh interpreters), and nothing they need
         # is in their memory but what they fault in.  A spawned worker has
         # its libraries at other addresses: the tree's pages come with the
         # words to relocate (clamor/memory/portable.py).
         how = "spawned" if args.start_method == "spawn" else "forked"
-        print(f"cluster: {args.workers} workers {how}, page size {clamor.region.page_size() >> 10} KiB",
-              flush=True)
+        modes = sorted({w["mode"] for w in cl.stats()["same_host"]["workers"].values()})
+        print(f"cluster: {args.workers} workers {how}, page size {clamor.region.page_size() >> 10} KiB, "
+              f"pages {' and '.join('mapped' if m == 'map' else 'fetched' for m in modes)}", flush=True)
         t0 = time.perf_counter()
         places = load_places(args.dataset)
         n = len(places) * args.scale
@@ -298,7 +300,8 @@ def demo(args):
     print(f"  single process scipy: {single_s:8.2f} s   ({1e6 * single_s / args.queries:.2f} us/query; "
           f"and {ref_build_s:.2f} s to build its tree)")
     print(f"  faults: {st['faults']:,}   bytes moved: {_mib(moved)} ({_mib(st['bytes_from_driver'])} from the "
-          f"driver, {_mib(st['bytes_from_peers'])} from peers)")
+          f"driver, {_mib(st['bytes_from_peers'])} from peers); mapped on this host, not copied: "
+          f"{_mib(st['bytes_mapped'])}")
     print(f"  region: {_mib(total)}; broadcasting it would move {_mib(total * args.workers)} "
           f"({total * args.workers / max(moved, 1):,.0f}x more)")
     print(f"  average distance to the top-rated place: {got[1].mean():.3f} km "
@@ -325,6 +328,9 @@ def add_arguments(p):
     p.add_argument("--start-method", choices=("fork", "spawn"), default="fork",
                    help="fork the workers from the driver, or spawn fresh interpreters that use the tree in "
                         "place after relocating its pages")
+    p.add_argument("--same-host", choices=("map", "fetch"), default=None,
+                   help="workers map the driver's pages where they lie (map, the default) or fetch them over "
+                        "a socket (fetch)")
     p.add_argument("--quick", action="store_true", help="a small version: cities5000, 100,000 queries")
 
 
