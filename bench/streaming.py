@@ -1,4 +1,5 @@
-"""Streaming updates: clamor's page invalidation against re-broadcast (Fig. 9).
+"""Streaming updates: clamor's page invalidation against re-broadcast (Fig. 9),
+and clamor's same-host mapping against shared memory and Ray.
 
 The driver builds an open-addressing hash table in the region: one int64
 array of (key, value) slots, placed by a multiplicative (Fibonacci) hash
@@ -6,14 +7,18 @@ with linear probing, half full.  Each round, every one of ``--workers``
 workers looks up ``--lookups`` keys drawn Zipf(``--zipf``) over the key set
 (plus the key updated last), vectorised with numpy, and returns a checksum.
 Between rounds the driver updates one hot key in place: it writes that
-key's value slot and nothing else.
+key's value slot and nothing else.  The rounds (updates and lookups) are
+drawn once, up front, so every system below runs the same ones.
 
-Both systems run the same rounds, interleaved, in one run:
+Three parts, in one run:
 
-  clamor     a ``clamor.Cluster``: the table travels by reference, workers
-             fault in the pages they read and keep them across rounds; the
-             page the driver wrote is invalidated on the workers (the list
-             travels with the next round's tasks) and fetched again.
+1. The rounds, clamor and the broadcast interleaved:
+
+  clamor     a ``clamor.Cluster`` (``same_host="map"``, the default): the
+             table travels by reference; workers on this host map the
+             driver's pages from its memfd as they touch them and keep
+             them across rounds; the page the driver wrote moves (copy on
+             write) and the workers drop it and map its new location.
   broadcast  ``--workers`` plain processes (spawned before the region
              exists), each on a socketpair: every round the driver ships
              the whole table to every worker, all at once, two ways:
@@ -23,14 +28,43 @@ Both systems run the same rounds, interleaved, in one run:
                          each worker keeps across rounds (pickle protocol 5,
                          out of band): the cheapest whole-table broadcast.
 
-Every round all three answers are checked against the driver's own sums
-over its key -> value arrays (which do not use the table), and all must see
-the updated key's new value.  Per round the script prints the times and the
-table bytes moved: clamor's ``bytes_from_driver`` (+ peers) from
+2. The same rounds again (the table put back as built) on a Cluster with
+   ``same_host="fetch"``: every page a worker touches comes over its
+   socket from the driver, and the page written is invalidated and fetched
+   again.  ``round_speedup_map`` = fetch-mode round time / map-mode round
+   time, over the rounds after the first (after a one-element update).
+
+3. Cold first rounds: round 0's lookups (the first stage that reads the
+   table, so every page a worker reads is touched for the first time),
+   ``--first-reps`` times on each system, in rotating order, the table as
+   round 0 read it:
+
+  map        a fresh ``Cluster(same_host="map")``;
+  fetch      a fresh ``Cluster(same_host="fetch")``;
+  shm        the table copied (untimed) into a
+             ``multiprocessing.shared_memory.SharedMemory`` block; as many
+             plain spawned processes attach to it by name and look up in
+             place, no copy (timed: attaching plus the lookups);
+  ray        only where ``import ray`` works (and not ``--no-ray``): a plain
+             spawned process is Ray's driver, ``ray.init(num_cpus=W,
+             include_dashboard=False)``, Ray's defaults otherwise; timed:
+             ``ray.put(table)`` (one object in the object store, as a Ray
+             user pays it each time the table is published) and one
+             ``ray.remote`` task per worker reading it zero-copy.
+
+   Every system's workers are started and have run one small untimed task
+   (a 1 MiB table that is not the region's; in Ray through its object
+   store) before the timed round, so worker start-up is in no figure.
+
+Every answer of every system is checked against the driver's own sums over
+its key -> value arrays (which do not use the table) and against the same
+lookups run in the driver, single-process; the script stops if any differ.
+Per round the script prints the times and the table bytes moved: clamor's
+``bytes_from_driver`` (+ peers) and ``bytes_mapped`` from
 ``cl.stage_stats()``, and the pickled bytes x workers for the broadcast.
 
-    python bench/streaming.py            # 2^25 slots = 512 MiB, 10 rounds
-    python bench/streaming.py --quick    # 2^23 slots = 128 MiB, 6 rounds
+    python bench/streaming.py            # 2^25 slots = 512 MiB, 10 rounds, 5 cold first rounds each
+    python bench/streaming.py --quick    # 2^23 slots = 128 MiB, 6 rounds, 3 cold first rounds each
 
 The last line printed is the JSON line.  ``clamor_round_s`` and
 ``broadcast_round_s`` (pickle) are medians over the rounds after the first,
@@ -38,6 +72,8 @@ The last line printed is the JSON line.  ``clamor_round_s`` and
 rounds.  Zipf lookups keep reaching pages no worker has read yet for several
 rounds, so clamor's rounds get cheaper as its workers' caches fill; the
 late figures are nearer its steady state (one page refetched a round).
+``first_round_vs_shm`` and ``first_round_vs_ray`` are medians of the cold
+first rounds: map mode / shm, map mode / Ray.
 """
 import argparse
 import os
@@ -49,7 +85,7 @@ import time
 
 import numpy as np
 
-from _common import Spawned, json_line, zipf_ranks
+from _common import Spawned, die_with_parent, json_line, zipf_ranks
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -193,6 +229,165 @@ class Broadcast(Spawned):
             s.close()
 
 
+# ---- the shared-memory baseline ----------------------------------------------------------
+
+TINY_BITS = 16   # the warm-up table: 2^16 slots = 1 MiB, not the region's
+
+
+def tiny_table(seed=0):
+    """(table, keys) of a small hash table in plain memory, for warm-up tasks."""
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(1, 1 << 62, size=1 << (TINY_BITS - 1), dtype=np.int64))
+    table = np.zeros((1 << TINY_BITS, 2), dtype=np.int64)
+    build(table, keys, keys, TINY_BITS)
+    return table, keys[:1000]
+
+
+def shm_worker(conn):
+    """Each round: (block name, shape, queries, bits): attach the
+    SharedMemory block by name, look the queries up in place (no copy),
+    reply answer(), then detach (after the reply: the time counts attaching
+    and the lookups)."""
+    from multiprocessing import shared_memory
+
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            name, shape, q, bits = msg
+            shm = shared_memory.SharedMemory(name=name)
+            try:
+                table = np.ndarray(shape, dtype=np.int64, buffer=shm.buf)
+                conn.send(answer(table, q, bits))
+            finally:
+                table = None
+                shm.close()
+    except (EOFError, OSError, KeyboardInterrupt):   # the driver is gone
+        return
+
+
+class ShmWorkers(Spawned):
+    """``n`` spawned processes that read a table in a SharedMemory block."""
+
+    def __init__(self, n):
+        super().__init__(n, shm_worker)
+
+    def round(self, name, shape, shares, bits):
+        """Each process attaches block ``name`` and runs one share; the answers."""
+        def one(i):
+            self.conns[i].send((name, shape, shares[i], bits))
+            return self.conns[i].recv()
+        return self.map(one)
+
+
+# ---- the Ray baseline ------------------------------------------------------------------
+
+def ray_lookup(table, q, bits, pause=0.0):
+    """The Ray task: (answer() over the table Ray hands it, zero-copy and
+    read-only; the worker's pid)."""
+    if pause:
+        time.sleep(pause)   # warm-up: keep every worker busy at once
+    return answer(table, q, bits), os.getpid()
+
+
+def ray_helper(conn, workers):
+    """Ray's driver, a plain spawned process (Ray's threads and processes
+    stay out of the region's driver).  Says first whether ``import ray``
+    works (its version, or None), then runs ray_command for each message
+    and replies ("ok", result) or ("error", text)."""
+    die_with_parent()
+    try:
+        import ray
+    except ImportError:
+        ray = None
+    state = {}
+    try:
+        conn.send(ray.__version__ if ray else None)
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            try:
+                conn.send(("ok", ray_command(ray, msg, workers, state)))
+            except Exception as err:   # Ray is there but failed: the driver stops and says why
+                import traceback
+
+                conn.send(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+    except (EOFError, OSError, KeyboardInterrupt):   # the driver is gone
+        return
+    finally:
+        state.clear()
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+
+def ray_command(ray, msg, workers, state):
+    """"start": ray.init, a warm-up task on each worker through the object
+    store, and a private copy of the table from the SharedMemory block
+    (none of it timed; returns its seconds).  "round": ray.put of the table
+    and one task per share; returns (answers, the put's seconds, the
+    round's seconds, how many worker processes ran the tasks).  "stop":
+    ray.shutdown."""
+    if msg[0] == "start":
+        from multiprocessing import shared_memory
+
+        _, name, shape, state["shares"], state["bits"] = msg
+        t = time.perf_counter()
+        ray.init(num_cpus=workers, include_dashboard=False)
+        # this script is __mp_main__ here, which Ray's workers cannot import: send its functions by value
+        ray.cloudpickle.register_pickle_by_value(sys.modules[ray_lookup.__module__])
+        state["look"] = look = ray.remote(ray_lookup)
+        tiny, tkeys = tiny_table()
+        ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
+        ray.get([look.remote(ref, tkeys, TINY_BITS, 0.3) for _ in range(workers)])
+        del ref
+        shm = shared_memory.SharedMemory(name=name)
+        view = np.ndarray(shape, dtype=np.int64, buffer=shm.buf)
+        state["table"] = view.copy()
+        del view
+        shm.close()
+        return time.perf_counter() - t
+    if msg[0] == "round":
+        look, bits = state["look"], state["bits"]
+        t = time.perf_counter()
+        ref = ray.put(state["table"])
+        put_s = time.perf_counter() - t
+        out = ray.get([look.remote(ref, q, bits) for q in state["shares"]])
+        took = time.perf_counter() - t
+        del ref
+        return [a for a, _ in out], put_s, took, len({pid for _, pid in out})
+    if msg[0] == "stop":
+        state.clear()
+        ray.shutdown()
+        return True
+    raise ValueError(f"unknown command {msg[0]!r}")
+
+
+class RayHelper(Spawned):
+    """One spawned process that drives Ray with ``workers`` CPUs (or says
+    that Ray is not installed: ``version`` None)."""
+
+    def __init__(self, workers, enabled=True):
+        self.version = None
+        if not enabled:
+            self.procs, self.conns, self.pool = [], [], None
+            return
+        super().__init__(1, ray_helper, workers)
+        self.version = self.conns[0].recv()
+
+    def call(self, *msg):
+        self.conns[0].send(msg)
+        status, out = self.conns[0].recv()
+        if status != "ok":
+            raise SystemExit(f"streaming: Ray failed:\n{out}")
+        return out
+
+    def close(self):
+        if self.pool is not None:
+            super().close()
+
+
 # ---- the driver -----------------------------------------------------------------------
 
 def mib(n):
@@ -201,26 +396,31 @@ def mib(n):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds")
+    ap.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds, 3 cold first rounds")
     ap.add_argument("--bits", type=int, help="log2 of the slot count (16 bytes a slot; default 25)")
     ap.add_argument("--rounds", type=int, help="rounds (default 10, --quick 6)")
+    ap.add_argument("--first-reps", type=int, help="cold first rounds on each system (default 5, --quick 3)")
+    ap.add_argument("--passes", type=int, default=2, help="passes of the rounds in each same_host mode")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--lookups", type=int, default=20000, help="lookups per worker per round")
     ap.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the lookups")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--hot", type=int, default=1000, help="the updated key is one of the hottest HOT")
     ap.add_argument("--page-size", type=int, help="clamor page size in bytes (default: the region's)")
+    ap.add_argument("--no-ray", action="store_true", help="leave Ray out even where it is installed")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     bits = args.bits or (23 if args.quick else 25)
     rounds = args.rounds or (6 if args.quick else 10)
+    first_reps = args.first_reps or (3 if args.quick else 5)
     W = args.workers
-    if rounds < 2 or W < 1 or not 0 < args.load < 1:
-        ap.error("need --rounds >= 2, --workers >= 1 and 0 < --load < 1")
+    if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
+        ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
 
-    # Spawn the broadcast side first, before this process has a region.
-    with Broadcast(W) as bc:
+    # Spawn the plain processes first, before this process has a region.
+    with Broadcast(W) as bc, ShmWorkers(W) as shw, RayHelper(W, enabled=not args.no_ray) as rh:
         import clamor
+        from multiprocessing import shared_memory
 
         rng = np.random.default_rng(args.seed)
         slots = 1 << bits
@@ -231,53 +431,105 @@ def main(argv=None):
         rng.shuffle(keys)                     # rank i (0 = hottest) is keys[i]
         n = len(keys)
         vals = rng.integers(1, 1 << 40, size=n, dtype=np.int64)
+        vals0 = vals.copy()                   # as built: parts 2 and 3 start from here
         table = clamor.zeros((slots, 2), dtype=np.int64)
         slot_of = build(table, keys, vals, bits)
         build_s = time.perf_counter() - t0
         assert np.array_equal(lookup(table, keys[:1000], bits), vals[:1000])
+        ray_note = (f"Ray {rh.version}" if rh.version else
+                    "Ray left out (--no-ray)" if args.no_ray else "ray not installed")
         print(f"streaming: hash table of {slots} slots ({mib(table.nbytes).strip()}, {n} keys) built in "
               f"{build_s:.1f}s; {W} workers x {args.lookups} lookups Zipf({args.zipf}) a round, "
-              f"one hot key updated between rounds", flush=True)
+              f"one hot key updated between rounds; {ray_note}", flush=True)
 
+        # The rounds, drawn up front (in the order the rounds drew them
+        # before) so that both clamor modes run the same ones: the key
+        # updated before the round and its new value, and each worker's
+        # ranks, which end with the key updated last.
+        plan = []
+        for r in range(rounds):
+            upd = newv = None
+            if r:
+                upd = int(rng.integers(0, min(args.hot, n)))
+                newv = int(rng.integers(1, 1 << 40))
+            last = upd if upd is not None else 0
+            plan.append((upd, newv, [np.append(zipf_ranks(rng, args.zipf, n, args.lookups), last)
+                                     for _ in range(W)]))
+        updated_keys = np.array(sorted({u for u, _, _ in plan if u is not None}), dtype=np.int64)
+
+        def restore():
+            """The table and the driver's values as built (no cluster is open)."""
+            vals[updated_keys] = vals0[updated_keys]
+            table[slot_of[updated_keys], 1] = vals0[updated_keys]
+
+        def begin_round(r):
+            """Round r's update, in place; its shares, and the driver's own
+            answers from its key -> value arrays (not the table)."""
+            upd, newv, picks = plan[r]
+            if upd is not None:
+                vals[upd] = newv
+                table[slot_of[upd], 1] = newv
+            return [keys[i] for i in picks], [(int(vals[i].sum()), len(i), int(vals[i[-1]])) for i in picks]
+
+        def check(where, answers, expect, shares):
+            """Every system's answers against the driver's and against the
+            same lookups run here, single-process."""
+            single = [answer(table, q, bits) for q in shares]
+            if single != expect:
+                raise SystemExit(f"streaming: {where}: the single-process lookups disagree with the driver's "
+                                 f"values\n  driver {expect}\n  single {single}")
+            for who, ans in answers.items():
+                if ans != expect:
+                    raise SystemExit(f"streaming: {where}: {who} disagrees with the driver\n"
+                                     f"  driver {expect}\n  {who} {ans}")
+
+        def task(part):
+            st = clamor.stats()
+            return [(answer(table, part, bits), os.getpid(), st["pages_invalidated"])]
+
+        tiny, tiny_keys = tiny_table()
+
+        def warm(part):   # a first task that does not read the region
+            return [answer(tiny, tiny_keys, TINY_BITS)]
+
+        def clamor_round(cl, shares):
+            """One stage of lookups: (seconds, answers, pids, invalidation counters, its stage stats)."""
+            t = time.perf_counter()
+            out = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
+            took = time.perf_counter() - t
+            return took, [a for a, _, _ in out], [p for _, p, _ in out], [v for _, _, v in out], cl.stage_stats()[-1]
+
+        def same_host(cl, want):
+            """Each worker's same_host mode; stops unless every one is ``want``."""
+            modes = cl.stats()["same_host"]["workers"]
+            bad = {w: m for w, m in modes.items() if m.get("mode") != want}
+            if bad or len(modes) != W:
+                raise SystemExit(f"streaming: a Cluster(same_host={want!r}) has {len(modes)} workers, these not in "
+                                 f"{want} mode: {bad}")
+            return {w: m["mode"] for w, m in modes.items()}
+
+        # ---- part 1: clamor (map mode) against the broadcast, round by round ----
         modes = Broadcast.MODES
         rows = []
-        with clamor.Cluster(workers=W, page_size=args.page_size, progress=False) as cl:
+        with clamor.Cluster(workers=W, page_size=args.page_size, progress=False, same_host="map") as cl:
             psize = clamor.region.page_size()
-            print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; broadcast over a "
-                  f"socketpair per worker: 'pickle' = pickle.dumps/loads of the table, 'zero-copy' = its raw "
-                  f"buffer into a kept bytearray", flush=True)
-            print(f"{'round':>5} | {'clamor s':>9} {'bytes':>13} {'faults':>6} {'changed':>7} {'inval':>5} "
-                  f"{'task s':>7} | {'pickle s':>9} {'zero-copy s':>11} {'bytes':>13} | {'speedup':>7} "
+            map_modes = same_host(cl, "map")
+            print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; clamor workers map the "
+                  f"driver's pages (same_host='map'); broadcast over a socketpair per worker: 'pickle' = "
+                  f"pickle.dumps/loads of the table, 'zero-copy' = its raw buffer into a kept bytearray", flush=True)
+            print(f"{'round':>5} | {'clamor s':>9} {'bytes':>13} {'mapped':>13} {'faults':>6} {'changed':>7} "
+                  f"{'inval':>5} {'task s':>7} | {'pickle s':>9} {'zero-copy s':>11} {'bytes':>13} | {'speedup':>7} "
                   f"{'vs 0-copy':>9}", flush=True)
 
-            def task(part):
-                st = clamor.stats()
-                return [(answer(table, part, bits), os.getpid(), st["pages_invalidated"])]
-
-            updated = None      # index of the key updated before this round
             inval_seen = {}     # worker pid -> pages_invalidated so far
             for r in range(rounds):
                 logged = cl.stats()["driver"]
-                if r:
-                    # the driver writes one value slot in place, seen by both
-                    updated = int(rng.integers(0, min(args.hot, n)))
-                    vals[updated] = int(rng.integers(1, 1 << 40))
-                    table[slot_of[updated], 1] = vals[updated]
-                last = updated if updated is not None else 0
-                # each share ends with the key updated last; the driver's own
-                # answer comes from its key -> value arrays, not the table
-                picks = [np.append(zipf_ranks(rng, args.zipf, n, args.lookups), last) for _ in range(W)]
-                shares = [keys[i] for i in picks]
-                expect = [(int(vals[i].sum()), len(i), int(vals[last])) for i in picks]
-
-                t = time.perf_counter()
-                out = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
-                row = {"clamor_s": time.perf_counter() - t}
-                st = cl.stage_stats()[-1]
+                shares, expect = begin_round(r)
+                took, got, pids, invs, st = clamor_round(cl, shares)
+                row = {"clamor_s": took}
                 after = cl.stats()["driver"]
-                got = [a for a, _, _ in out]
                 inval = 0
-                for _, pid, n_inv in out:   # counters are cumulative per worker
+                for pid, n_inv in zip(pids, invs):   # counters are cumulative per worker
                     inval += n_inv - inval_seen.get(pid, n_inv if r == 0 else 0)
                     inval_seen[pid] = n_inv
 
@@ -287,57 +539,183 @@ def main(argv=None):
                     answers[mode], sent = bc.round(mode, table, shares, bits)
                     row[mode + "_s"] = time.perf_counter() - t
                     row[mode + "_bytes"] = sent
-                for who, ans in answers.items():
-                    if ans != expect:
-                        raise SystemExit(f"streaming: round {r}: {who} disagrees with the driver\n"
-                                         f"  driver {expect}\n  {who} {ans}")
-                row.update(clamor_bytes=st["bytes_from_driver"] + st["bytes_from_peers"], faults=st["faults"],
+                check(f"round {r}", answers, expect, shares)
+                row.update(clamor_bytes=st["bytes_from_driver"] + st["bytes_from_peers"], mapped=st["bytes_mapped"],
+                           faults=st["faults"],
                            changed=(after["pages_logged"] - logged["pages_logged"])
                            - (after["pages_unchanged"] - logged["pages_unchanged"]),
                            invalidated=inval, task_s=st["task_s"]["max"])
                 rows.append(row)
-                print(f"{r:>5} | {row['clamor_s']:>9.4f} {mib(row['clamor_bytes'])} {row['faults']:>6} "
-                      f"{row['changed']:>7} {inval:>5} {row['task_s']:>7.4f} | {row['pickle_s']:>9.4f} "
-                      f"{row['zero-copy_s']:>11.4f} {mib(row['pickle_bytes'])} | "
+                print(f"{r:>5} | {row['clamor_s']:>9.4f} {mib(row['clamor_bytes'])} {mib(row['mapped'])} "
+                      f"{row['faults']:>6} {row['changed']:>7} {inval:>5} {row['task_s']:>7.4f} | "
+                      f"{row['pickle_s']:>9.4f} {row['zero-copy_s']:>11.4f} {mib(row['pickle_bytes'])} | "
                       f"{row['pickle_s'] / row['clamor_s']:>6.1f}x {row['zero-copy_s'] / row['clamor_s']:>8.1f}x",
                       flush=True)
             tot = cl.stats()
 
-    def med(k, first=1):
-        return statistics.median(r[k] for r in rows[first:])
+        # ---- part 2: the same rounds, map mode against fetch mode, with nothing between rounds ----
+        passes = {"map": [], "fetch": []}   # per pass, per round: seconds, bytes moved and mapped, faults
+        seen = {"map": map_modes}           # each mode's workers, as they reported it
+        print(f"the same rounds without the broadcast, {args.passes} passes a mode, alternating, the table put back "
+              f"as built before each: seconds per round, table bytes fetched / mapped", flush=True)
+        for k in range(args.passes):
+            for who in ("map", "fetch") if k % 2 == 0 else ("fetch", "map"):
+                restore()
+                rs = []
+                with clamor.Cluster(workers=W, page_size=args.page_size, progress=False, same_host=who) as cl:
+                    seen[who] = same_host(cl, who)
+                    for r in range(rounds):
+                        shares, expect = begin_round(r)
+                        took, got, _, _, st = clamor_round(cl, shares)
+                        check(f"{who}-mode pass {k} round {r}", {f"clamor ({who})": got}, expect, shares)
+                        rs.append({"s": took, "bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
+                                   "mapped": st["bytes_mapped"], "faults": st["faults"],
+                                   "task_s": st["task_s"]["max"]})
+                passes[who].append(rs)
+                moved, mapped = (mib(sum(x[c] for x in rs)).strip() for c in ("bytes", "mapped"))
+                print(f"  {who:<5} pass {k}: " + " ".join(f"{x['s']:.4f}" for x in rs) + f"  | {moved} / {mapped}",
+                      flush=True)
+
+        # ---- part 3: cold first rounds: map, fetch, shared memory, Ray ----
+        restore()
+        shares0, expect0 = begin_round(0)
+        # pages of the table holding the keys each worker looks up in round 0
+        npages = table.nbytes // psize
+        touched = [np.unique((table.ctypes.data + slot_of[i] * table.strides[0]) // psize) for i in plan[0][2]]
+        coverage = [len(t) / npages for t in touched]
+        coverage_all = len(np.unique(np.concatenate(touched))) / npages
+        first = {"map": [], "fetch": [], "shm": [], "ray": []}
+        first_detail = {"map": [], "fetch": [], "ray_put_s": [], "ray_workers_used": []}
+        shm = shared_memory.SharedMemory(create=True, size=table.nbytes)
+        try:
+            view = np.ndarray(table.shape, dtype=table.dtype, buffer=shm.buf)
+            view[:] = table
+            del view
+            # the shm workers' warm-up: a small table in a block of its own
+            tiny_shm = shared_memory.SharedMemory(create=True, size=tiny.nbytes)
+            try:
+                np.ndarray(tiny.shape, dtype=tiny.dtype, buffer=tiny_shm.buf)[:] = tiny
+                if shw.round(tiny_shm.name, tiny.shape, [tiny_keys] * W, TINY_BITS) != [answer(tiny, tiny_keys,
+                                                                                               TINY_BITS)] * W:
+                    raise SystemExit("streaming: the shm workers' warm-up answer is wrong")
+            finally:
+                tiny_shm.close()
+                tiny_shm.unlink()
+            systems = ["map", "fetch", "shm"]
+            if rh.version:
+                ray_start_s = rh.call("start", shm.name, table.shape, shares0, bits)
+                systems.append("ray")
+                print(f"Ray {rh.version} started with {W} CPUs, its workers warm, in {ray_start_s:.1f}s", flush=True)
+            print(f"cold first rounds (round 0's lookups, {first_reps} each, rotating order): they read "
+                  f"{100 * statistics.mean(coverage):.0f}% of the table's pages a worker "
+                  f"({100 * coverage_all:.0f}% all together)", flush=True)
+            for k in range(first_reps):
+                order = systems[k % len(systems):] + systems[:k % len(systems)]
+                line = []
+                for who in order:
+                    if who in ("map", "fetch"):
+                        with clamor.Cluster(workers=W, page_size=args.page_size, progress=False,
+                                            same_host=who) as cl:
+                            same_host(cl, who)
+                            if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
+                                    [answer(tiny, tiny_keys, TINY_BITS)] * W:
+                                raise SystemExit(f"streaming: the {who}-mode warm-up answer is wrong")
+                            took, got, pids, _, st = clamor_round(cl, shares0)
+                        first_detail[who].append({"bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
+                                                  "mapped": st["bytes_mapped"], "faults": st["faults"],
+                                                  "task_s": st["task_s"]["max"], "workers_used": len(set(pids))})
+                    elif who == "shm":
+                        t = time.perf_counter()
+                        got = shw.round(shm.name, table.shape, shares0, bits)
+                        took = time.perf_counter() - t
+                    else:
+                        got, put_s, took, used = rh.call("round")
+                        first_detail["ray_put_s"].append(put_s)
+                        first_detail["ray_workers_used"].append(used)
+                    check(f"cold first round {k}, {who}", {who: got}, expect0, shares0)
+                    first[who].append(took)
+                    line.append(f"{who} {took:.4f}s" + (f" (put {put_s:.4f}s)" if who == "ray" else ""))
+                print(f"  rep {k}: " + ", ".join(line), flush=True)
+            if rh.version:
+                rh.call("stop")
+        finally:
+            shm.close()
+            shm.unlink()
+        restore()
+
+    def med(k, first=1, rs=rows):
+        return statistics.median(r[k] for r in rs[first:])
 
     cl_med, bc_med, zc_med = med("clamor_s"), med("pickle_s"), med("zero-copy_s")
     # The Zipf tail keeps reaching pages no worker has read yet for several
     # rounds; the second half of the rounds is closer to the steady state.
     half = rounds // 2
     cl_late, bc_late, zc_late = med("clamor_s", half), med("pickle_s", half), med("zero-copy_s", half)
+
+    def pmed(who, first):   # median over every pass's rounds first..
+        return statistics.median(x["s"] for rs in passes[who] for x in rs[first:])
+
+    fe_med, fe_late, mp_med, mp_late = pmed("fetch", 1), pmed("fetch", half), pmed("map", 1), pmed("map", half)
+    fm = {who: statistics.median(v) for who, v in first.items() if v}
     print(f"median over rounds 1..{rounds - 1}: clamor {cl_med:.4f}s, broadcast {bc_med:.4f}s (pickle), "
           f"{zc_med:.4f}s (zero-copy); speedup {bc_med / cl_med:.1f}x, {zc_med / cl_med:.1f}x against the "
           f"zero-copy broadcast", flush=True)
     print(f"median over rounds {half}..{rounds - 1}: clamor {cl_late:.4f}s, broadcast {bc_late:.4f}s (pickle), "
           f"{zc_late:.4f}s (zero-copy); speedup {bc_late / cl_late:.1f}x, {zc_late / cl_late:.1f}x", flush=True)
-    print(f"clamor moved {mib(sum(r['clamor_bytes'] for r in rows)).strip()} in {rounds} rounds, the broadcast "
-          f"{mib(sum(r['pickle_bytes'] for r in rows)).strip()}; every checksum and every updated key agreed "
-          f"with the driver", flush=True)
+    print(f"clamor moved {mib(sum(r['clamor_bytes'] for r in rows)).strip()} and mapped "
+          f"{mib(sum(r['mapped'] for r in rows)).strip()} in {rounds} rounds, the broadcast "
+          f"{mib(sum(r['pickle_bytes'] for r in rows)).strip()}", flush=True)
+    print(f"rounds 1..{rounds - 1} of every pass, median: fetch mode {fe_med:.4f}s, map mode {mp_med:.4f}s: "
+          f"fetch/map = {fe_med / mp_med:.2f} ({fe_late / mp_late:.2f} over rounds {half}..)", flush=True)
+    print(f"cold first round, medians of {first_reps}: map {fm['map']:.4f}s, fetch {fm['fetch']:.4f}s, "
+          f"shared memory {fm['shm']:.4f}s: map/shm = {fm['map'] / fm['shm']:.2f}; "
+          + (f"Ray {fm['ray']:.4f}s (ray.put {statistics.median(first_detail['ray_put_s']):.4f}s): "
+             f"map/Ray = {fm['map'] / fm['ray']:.2f}" if "ray" in fm else ray_note), flush=True)
+    print("every checksum and every updated key agreed with the driver's values and with single-process lookups",
+          flush=True)
 
-    def col(k):
-        return [r[k] for r in rows]
+    def col(k, rs=rows):
+        return [r[k] for r in rs]
 
-    json_line({
+    figures = {
         "bench": "streaming", "clamor_round_s": cl_med, "broadcast_round_s": bc_med, "speedup": bc_med / cl_med,
         "broadcast_zero_copy_round_s": zc_med, "speedup_vs_zero_copy": zc_med / cl_med,
         "late_rounds_from": half, "clamor_late_round_s": cl_late, "broadcast_late_round_s": bc_late,
         "broadcast_zero_copy_late_round_s": zc_late, "speedup_late": bc_late / cl_late,
         "speedup_late_vs_zero_copy": zc_late / cl_late,
+        "first_round_vs_shm": fm["map"] / fm["shm"],
+    }
+    if "ray" in fm:
+        figures["first_round_vs_ray"] = fm["map"] / fm["ray"]
+    figures.update({
+        "round_speedup_map": fe_med / mp_med, "round_speedup_map_late": fe_late / mp_late,
+        "map_round_s": mp_med, "fetch_round_s": fe_med, "map_late_round_s": mp_late, "fetch_late_round_s": fe_late,
+        "first_round_s": fm, "first_round_s_list": {who: v for who, v in first.items() if v},
+        "first_round_speedup_map": fm["fetch"] / fm["map"],
+        "first_round_detail": {"map": first_detail["map"], "fetch": first_detail["fetch"]},
+        "ray_put_s_list": first_detail["ray_put_s"], "ray_workers_used": first_detail["ray_workers_used"],
+        "ray_version": rh.version,
+        "first_round_reps": first_reps, "first_round_page_coverage": coverage,
+        "first_round_page_coverage_all": coverage_all,
+        "same_host": {who: sorted(m.values()) for who, m in seen.items()},
         "table_bytes": int(table.nbytes), "slots": slots, "keys": n, "rounds": rounds, "workers": W,
         "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "page_size": psize, "build_s": build_s,
         "clamor_round_s_list": col("clamor_s"), "broadcast_round_s_list": col("pickle_s"),
         "broadcast_zero_copy_round_s_list": col("zero-copy_s"),
-        "clamor_bytes_per_round": col("clamor_bytes"), "broadcast_bytes_per_round": col("pickle_bytes"),
+        "clamor_bytes_per_round": col("clamor_bytes"), "clamor_mapped_bytes_per_round": col("mapped"),
+        "broadcast_bytes_per_round": col("pickle_bytes"),
         "clamor_faults_per_round": col("faults"), "pages_changed_per_round": col("changed"),
         "pages_invalidated_per_round": col("invalidated"), "clamor_task_s_per_round": col("task_s"),
-        "clamor_bytes_total": tot["bytes_from_driver"] + tot["bytes_from_peers"], "verified": True,
+        "passes": args.passes,
+        "pass_round_s": {who: [col("s", rs) for rs in v] for who, v in passes.items()},
+        "pass_bytes_per_round": {who: [col("bytes", rs) for rs in v] for who, v in passes.items()},
+        "pass_mapped_per_round": {who: [col("mapped", rs) for rs in v] for who, v in passes.items()},
+        "pass_faults_per_round": {who: [col("faults", rs) for rs in v] for who, v in passes.items()},
+        "clamor_bytes_total": tot["bytes_from_driver"] + tot["bytes_from_peers"],
+        "clamor_mapped_bytes_total": tot["bytes_mapped"],
+        "verified": True,
     })
+    json_line(figures)
     return 0
 
 
