@@ -30,7 +30,9 @@ tcp_fresh_gbps.  Those scans fetch (``same_host="fetch"``).  Then a second
 cluster's worker, on the same host, maps the driver's pages instead
 (``same_host="map"``): ``map_scan_gbps`` is its cold scan, and ``map_ratio``
 its rate over this process summing the same array in its own memory, each
-round one after the other (medians; target >= 0.8).
+round one after the other (medians; target >= 0.8).  ``cold_mmap_gbps``: the
+same bytes in a memfd of this process's, mapped afresh and summed cold, the
+floor under any scan of a fresh mapping on this machine.
 
     python bench/scan.py [--quick] [--readahead 4M] [--page-size 64K] [--mode spawn|fork]
 """
@@ -183,7 +185,16 @@ def map_rounds(clamor, ref, want, size, reps, mode):
     fetching them (``same_host="map"``), each round next to this process
     summing the same array in its own memory: ``map_ratio`` is the worker's
     rate over that one."""
+    import numpy as np
+
     x = ref.get()
+    # The floor under any scan of memory mapped anew: the same bytes in a
+    # memfd of this process's, mapped fresh each round and summed cold (every
+    # 4 KiB pays its page-table entry, as a worker's mapping does).
+    fd = os.memfd_create("scan-bench-cold", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    with mmap.mmap(fd, size) as m:
+        m[:] = memoryview(x).cast("B")
     cl = clamor.Cluster(workers=1, start_method=mode, progress=False, speculation=False, same_host="map")
     out = []
     try:
@@ -191,23 +202,32 @@ def map_rounds(clamor, ref, want, size, reps, mode):
         (w,) = cl.stats()["same_host"]["workers"].values()
         if w["mode"] != "map":
             raise SystemExit(f"scan: the worker does not map the driver's pages: {w['reason']}")
-        print(f"{'round':>5} {'local sum':>9} {'map scan':>8} {'ratio':>6} {'faults':>7} {'mapped':>7}   (GB/s)")
+        print(f"{'round':>5} {'local sum':>9} {'cold mmap':>9} {'map scan':>8} {'ratio':>6} {'faults':>7} "
+              f"{'mapped':>7}   (GB/s)")
         for r in range(reps):
             t = time.perf_counter()
             local = float(x.sum())
             local_gbps = size / (time.perf_counter() - t) / 1e9
+            with mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as m:
+                arr = np.frombuffer(m, dtype=np.float64)
+                t = time.perf_counter()
+                cold = float(arr.sum())
+                cold_gbps = size / (time.perf_counter() - t) / 1e9
+                del arr
             res = cl.run(scan_task, ref, None, False)[0]
-            if res["sum"] != want or local != want:
+            if res["sum"] != want or local != want or cold != want:
                 raise SystemExit(f"scan: wrong sum in map mode: worker {res['sum']!r}, driver {local!r}, want {want!r}")
             st = res["stats"]
             if st["pages_fetched"]:
                 raise SystemExit(f"scan: {st['pages_fetched']} pages fetched in map mode")
             g = size / res["cold_s"] / 1e9
-            out.append({"map": g, "local": local_gbps, "faults": st["faults"], "pages_mapped": st["pages_mapped"]})
-            print(f"{r:>5} {local_gbps:>9.2f} {g:>8.2f} {g / local_gbps:>6.2f} {st['faults']:>7} "
+            out.append({"map": g, "local": local_gbps, "cold": cold_gbps, "faults": st["faults"],
+                        "pages_mapped": st["pages_mapped"]})
+            print(f"{r:>5} {local_gbps:>9.2f} {cold_gbps:>9.2f} {g:>8.2f} {g / local_gbps:>6.2f} {st['faults']:>7} "
                   f"{st['pages_mapped']:>7}", flush=True)
     finally:
         cl.close()
+        os.close(fd)
     print(f"median: map-mode scan {statistics.median(m['map'] for m in out):.2f} GB/s, "
           f"{statistics.median(m['map'] / m['local'] for m in out):.2f} of this process's own sum (target >= 0.8)")
     return out
@@ -334,6 +354,8 @@ def main(argv=None):
         "map_scan_gbps": round(statistics.median(m["map"] for m in maps), 3),
         "map_local_gbps": round(statistics.median(m["local"] for m in maps), 3),
         "map_ratio": round(statistics.median(m["map"] / m["local"] for m in maps), 3),
+        "cold_mmap_gbps": round(statistics.median(m["cold"] for m in maps), 3),
+        "cold_mmap_ratio": round(statistics.median(m["cold"] / m["local"] for m in maps), 3),
         "map_scan_gbps_all": [round(m["map"], 3) for m in maps],
         "map_faults": maps[-1]["faults"],
         "map_pages_mapped": maps[-1]["pages_mapped"],
