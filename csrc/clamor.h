@@ -303,6 +303,7 @@ void clamor_replication_reset(void);
     COUNTER(reloc_words)       /* worker: words relocated */                                                    \
     COUNTER(reloc_bytes)       /* worker: bytes of relocation lists received */                                 \
     COUNTER(pages_mapped)      /* worker: pages mapped from the driver's memory (same host), not fetched */     \
+    COUNTER(pages_compacted)   /* driver: pages moved back home to bound its mappings */                        \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

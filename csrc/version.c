@@ -83,6 +83,7 @@ static struct {
     uint64_t *vpages;           /* pages that have had a version, each once */
     _Atomic uint8_t *vlisted;
     _Atomic uint64_t nvpages;
+    _Atomic uint64_t off_home;  /* pages whose bytes are not at their home */
     uint32_t gc_floor;          /* versions for stages below this are gone */
 } V;
 
@@ -252,6 +253,8 @@ static int log_page(uint64_t p, uint32_t e) {
     } while (!cas_head(p, h, old));
     /* readers of stages <= e keep the old location; later ones map this */
     atomic_store(&cl_region.loctab[p], cl_loc_make(p, e + 1, nl));
+    if (old == p) atomic_fetch_add(&V.off_home, 1);
+    else if (nl == p) atomic_fetch_sub(&V.off_home, 1);
     if (!atomic_exchange(&V.vlisted[p], 1)) V.vpages[atomic_fetch_add(&V.nvpages, 1)] = p;
     atomic_fetch_add(&V.nversions, 1);
     V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
@@ -323,6 +326,44 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Pages away from home split the driver's view (and the views of workers
+ * that map them): one mapping more on each side of each such page.  Past
+ * a quarter of the mapping budget (half of vm.max_map_count by default,
+ * clamor_set_max_mappings), pages whose home is free go back home at a
+ * stage begin, every page write-protected: the bytes are copied home, the
+ * view moves there, and the location left becomes a version of the epoch
+ * that ended (a worker may map it) until the workers that map pages have
+ * dropped the page (the moved list).  Under begin_exclusive and vlock. */
+static void compact(uint32_t prev) {
+    uint64_t budget = clamor_max_mappings(), target = budget / 16;
+    if (2 * atomic_load(&V.off_home) <= budget / 4) return;
+    uint64_t np = atomic_load(&V.nvpages);
+    for (uint64_t k = 0; k < np && atomic_load(&V.off_home) > target; k++) {
+        uint64_t p = V.vpages[k];
+        uint64_t entry = atomic_load(&cl_region.loctab[p]);
+        uint32_t cur = cl_loc_id(p, entry), h = (uint32_t)p;
+        if (cur == h || V.meta[h].page1 || (atomic_load(&V.logged[p]) & LOGGING)) continue;
+        uint32_t top = head_of(p);
+        if (top != NONE && V.meta[top].last_stage >= prev) continue; /* (not for a page of this epoch) */
+        memcpy(loc_bytes(h), loc_bytes(cur), cl_region.page_size);
+        if (view_at(p, h) != 0) continue;
+        V.meta[cur].page1 = p + 1;
+        V.meta[cur].entry = entry;
+        V.meta[cur].last_stage = prev;
+        atomic_store(&V.meta[cur].next, top);
+        if (!cas_head(p, top, cur)) { /* (no writer runs now: cannot happen) */
+            view_at(p, cur);
+            V.meta[cur].page1 = 0;
+            continue;
+        }
+        atomic_fetch_add(&V.nversions, 1);
+        atomic_store(&cl_region.loctab[p], cl_loc_make(p, cl_loc_since(entry), h));
+        atomic_fetch_sub(&V.off_home, 1);
+        V.moved[V.nmoved++] = p;
+        CL_COUNT(pages_compacted, 1);
+    }
+}
+
 int clamor_stage_begin(uint32_t stage) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver begins stages");
     if (stage == 0 || stage <= atomic_load(&V.epoch))
@@ -388,6 +429,8 @@ int clamor_stage_begin(uint32_t stage) {
             uint32_t copy = cur_of(p);
             if (view_at(p, s) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
                 atomic_store(&cl_region.loctab[p], V.meta[s].entry);
+                if (copy == p) atomic_fetch_add(&V.off_home, 1);
+                else if (s == p) atomic_fetch_sub(&V.off_home, 1);
                 V.meta[s].page1 = 0;
                 atomic_fetch_sub(&V.nversions, 1);
                 loc_free(copy);
@@ -404,6 +447,7 @@ int clamor_stage_begin(uint32_t stage) {
         atomic_store(&V.changed_in[V.changed[i]], stage);
         cl_dir_changed(V.changed[i], stage);
     }
+    compact(prev);
 out:
     begin_done();
 unlock:

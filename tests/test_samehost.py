@@ -255,3 +255,39 @@ print(data.decode())
     assert out["status"]["mode"] == "fetch" and why in out["status"]["reason"], out["status"]
     assert out["sum"] == float(sum(range(1 << 20)))
     assert out["st"]["pages_mapped"] == 0 and out["st"]["pages_fetched"] > 0
+
+
+def test_the_driver_moves_pages_back_home_to_bound_its_own_mappings(py):
+    # Scattered single-element writes leave pages at their twins, each one
+    # splitting the driver's view.  With a budget of 256 mappings the driver
+    # moves pages back home at stage begins (workers that map drop them),
+    # and every stage still reads exactly.
+    p = py(DRIVER + """
+def maps():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+rng = np.random.default_rng(11)
+n = 1 << 24                                       # 128 MiB: 2048 pages
+a = clamor.array(np.zeros(n, dtype=np.int64))
+want = np.zeros(n, dtype=np.int64)
+clamor.configure(max_mappings=256)
+worst = 0
+with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
+    base = maps()
+    for stage in range(80):
+        idx = rng.integers(0, n, 12)
+        a[idx] += stage + 1
+        want[idx] += stage + 1
+        got = cl.range(2, partitions=2).map(lambda i: int(a[i::2].sum())).collect()
+        assert got == [int(want[0::2].sum()), int(want[1::2].sum())], stage
+        worst = max(worst, maps() - base)
+    modes = sorted(m["mode"] for m in cl.stats()["same_host"]["workers"].values())
+st = region.stats()
+print(json.dumps({"worst": worst, "compacted": st["pages_compacted"], "modes": modes}))
+""", check=True, timeout=300)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["modes"] == ["map", "map"]
+    assert out["compacted"] > 0, out
+    # about 900 pages written once or more; at most 64 left away from home
+    # (2 mappings each), and the few a stage writes
+    assert out["worst"] <= 2 * 64 + 2 * 12 + 16, out
