@@ -328,13 +328,17 @@ def test_ctrl_c_never_tears_a_message_the_driver_reads():
         def send():
             for i in range(N):
                 tx.send_multipart([b"%d" % i, b"b", b"c", b"d", b"e"])
+        done = threading.Event()
         def interrupt():
             for _ in range(200):
+                if done.is_set():
+                    return
                 time.sleep(0.002)
                 signal.raise_signal(signal.SIGINT)
         got, interrupts = [], 0
         threading.Thread(target=send, daemon=True).start()   # (a receiver that gave up must not leave it blocking the exit)
-        threading.Thread(target=interrupt).start()
+        pressing = threading.Thread(target=interrupt)
+        pressing.start()
         deadline = time.monotonic() + 30     # (a lost message would leave it short of N)
         try:
             with Deferred() as d:            # one deferral throughout: no signal lands outside it
@@ -345,6 +349,8 @@ def test_ctrl_c_never_tears_a_message_the_driver_reads():
                         interrupts += 1
                     if rx.poll(100):
                         got.append(rx.recv_multipart())
+                done.set()                   # the presses end inside the deferral, whenever the reads do
+                pressing.join()
         except KeyboardInterrupt:            # one noted after the last check comes out at the end
             interrupts += 1
         print(json.dumps({"sizes": sorted({len(m) for m in got}), "ids": [int(m[0]) for m in got] == list(range(N)),

@@ -63,6 +63,10 @@ def _connect_timeout(value):
     return value
 
 
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
 def _connect(sock, driver):
     try:
         sock.connect(driver)
@@ -108,7 +112,10 @@ def _ask_to_join(ctx, driver, timeout, sec, base=None):
                         f"the driver at {driver} does not speak this worker's security mechanism: "
                         + ("it encrypts (CURVE), and this worker was started with --no-encrypt" if not sec.encrypt
                            else "its cluster was made with encrypt=False: start this worker with --no-encrypt"))
-                failed = 0 if msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED else failed + 1
+                if msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    failed = 0
+                elif msg["event"] in _HANDSHAKE_FAILED:   # (not connects, retries and closes)
+                    failed += 1
                 if failed >= 3:    # (one failure may be a driver going down; three are not)
                     raise errors.WorkerRefused(
                         f"the driver at {driver} refused this worker's credentials: its secret differs from "
