@@ -120,8 +120,11 @@ def _ask_to_join(ctx, driver, timeout, sec, base=None):
                     raise errors.WorkerRefused(
                         f"the driver at {driver} refused this worker's credentials: its secret differs from "
                         f"the cluster's (set CLAMOR_SECRET, or --secret-file, to the driver's cl.secret)"
-                        + ("" if sec.encrypt else ", or the cluster encrypts and this worker was started with "
-                                                  "--no-encrypt"))
+                        # (a driver that closes at once on a mechanism mismatch reads, here, as a
+                        # failed handshake with no detail: either cause may be the one)
+                        + (", or the cluster was made with encrypt=False: start this worker with --no-encrypt"
+                           if sec.encrypt else ", or the cluster encrypts and this worker was started with "
+                                               "--no-encrypt"))
                 continue
             if not ready:
                 raise errors.TransportError(f"no answer from the driver at {driver} within {timeout:g} s")
