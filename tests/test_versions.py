@@ -223,13 +223,14 @@ def test_driver_writes_racing_with_stage_starts_all_reach_the_workers(py):
     the driver's final bytes on every worker: a write fault that overlapped
     a stage start once logged its page where no stage looked (or reopened it
     just after the start closed it), and workers kept the old page for good.
-    The race is timing-dependent: several rounds make it likely to show."""
+    The race is timing-dependent: several rounds make it likely to show
+    (five in each mode, workers that map and workers that fetch)."""
     p = py(DRIVER + """
 N = 1 << 20
 a = clamor.array(np.zeros(N))
 bad = []
 with clamor.Cluster(workers=4, progress=False) as cl:
-    for rnd in range(8):
+    for rnd in range(5):
         stop = threading.Event()
         def writer():
             k = rnd * 100000
@@ -249,7 +250,7 @@ print(json.dumps({"bad": bad}))
 """, timeout=180)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(out["bad"]) == 32 and not any(out["bad"]), out
+    assert len(out["bad"]) == 20 and not any(out["bad"]), out
 
 
 def test_a_losing_copy_reads_its_own_stage_after_the_next_one_began(py, tmp_path):
