@@ -65,6 +65,7 @@ int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint64_t clamor_moved_count(void);
+void clamor_versions_map_floor(uint32_t stage);
 void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
 int clamor_versions_keep(const uint32_t *stages, size_t n);

@@ -200,6 +200,11 @@ void clamor_changed_copy(uint64_t *out, uint64_t n);
  * moved to another location of the driver's memfd (logged with a group):
  * workers that map the driver's pages drop them; the others keep theirs. */
 uint64_t clamor_moved_count(void);
+/* Driver: no worker that maps pages reads, through a mapping, a location
+ * of a stage below `stage` (the lowest stage such a worker last ran or
+ * runs at).  Versions that only those readers needed are freed by the
+ * next clamor_versions_keep(). */
+void clamor_versions_map_floor(uint32_t stage);
 void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
 /* Driver: keep only the versions that the stages in `stages` (n of them,

@@ -34,6 +34,7 @@ static uint32_t mappings = 1;     /* public-view mappings, under pt_lock */
 static uint32_t max_mappings_set; /* 0: default */
 static uint64_t *evict_ring;      /* run starts, oldest first */
 static uint32_t mapping_budget(void);
+static void read_default_budget(void);
 static uint32_t evict_cap, evict_head, evict_len;
 
 /* ---- pt_lock ------------------------------------------------------------- */
@@ -81,7 +82,7 @@ int cl_pt_init(void) {
     cl_region.pages = pt;
     cl_region.install_prot = PROT_READ | PROT_WRITE;
     mappings = 1;
-    (void)mapping_budget(); /* read /proc now: the fault handler consults it */
+    read_default_budget(); /* now: the fault handler consults the budget */
     evict_head = evict_len = 0;
     return 0;
 }
@@ -146,22 +147,28 @@ static int delta_to(uint64_t first, uint64_t count, bool drv, uint64_t off0, boo
 /* The same for the worker's own memfd, opened (open=1) or closed. */
 static int map_delta(uint64_t first, uint64_t count, int open) { return delta_to(first, count, false, first, open); }
 
+/* Half of vm.max_map_count, read once (at the first page table: never
+ * from the fault handler, which consults the budget). */
+static uint32_t default_budget;
+
+static void read_default_budget(void) {
+    if (default_budget) return;
+    long sys = 65530;
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &sys) != 1) sys = 65530;
+        fclose(f);
+    }
+    /* Leave half for the interpreter, libraries, thread stacks and the
+     * rest of the process. */
+    default_budget = (uint32_t)(sys / 2 > 1024 ? sys / 2 : 512);
+}
+
 /* clamor_set_max_mappings(), or half of vm.max_map_count. */
 static uint32_t mapping_budget(void) {
     if (max_mappings_set) return max_mappings_set;
-    static uint32_t dflt;
-    if (!dflt) {
-        long sys = 65530;
-        FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-        if (f) {
-            if (fscanf(f, "%ld", &sys) != 1) sys = 65530;
-            fclose(f);
-        }
-        /* Leave half for the interpreter, libraries, thread stacks and the
-         * rest of the process. */
-        dflt = (uint32_t)(sys / 2 > 1024 ? sys / 2 : 512);
-    }
-    return dflt;
+    if (!default_budget) read_default_budget(); /* (a driver: no page table, no handler use) */
+    return default_budget;
 }
 
 void clamor_set_max_mappings(uint32_t n) { max_mappings_set = n; }

@@ -320,7 +320,7 @@ static int reset_after_fork(void) {
     if (srcfd < 0) {
         cl_map_close();
     } else if (cl_map_child_init(srcfd) != 0) {
-        close(srcfd);
+        if (srcfd != oldfd) close(srcfd);
         srcfd = -1;
     }
     if (oldfd != srcfd) close(oldfd);

@@ -52,9 +52,10 @@
  * lives there.  `entry` is the table word the page had before it moved off
  * that location, put back if the move is undone. */
 struct ver {
-    uint64_t page1;
+    _Atomic uint64_t page1;
     uint64_t entry;
     uint32_t last_stage;
+    bool alias;            /* same bytes as the page's next newer content: kept only for readers that map it */
     _Atomic uint32_t next; /* older version, or NONE */
 };
 
@@ -84,6 +85,7 @@ static struct {
     _Atomic uint8_t *vlisted;
     _Atomic uint64_t nvpages;
     _Atomic uint64_t off_home;  /* pages whose bytes are not at their home */
+    uint32_t map_floor;         /* no mapping worker reads a location of a stage below this */
     uint32_t gc_floor;          /* versions for stages below this are gone */
 } V;
 
@@ -142,8 +144,10 @@ static uint32_t slot_get(void) {
  * a pool slot goes back on the stack.  Only a location no worker can still
  * map is freed (the stages that could read it are gone). */
 static void loc_free(uint32_t id) {
-    V.meta[id].page1 = 0;
+    /* punched before it reads free: a write fault may take it at once */
     fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
+    V.meta[id].alias = false;
+    atomic_store_explicit(&V.meta[id].page1, 0, memory_order_release);
     if (id < V.pool0) return;
     uint32_t s = (uint32_t)(id - V.pool0);
     uint64_t top = atomic_load(&V.free_top), next;
@@ -159,8 +163,8 @@ static void loc_free(uint32_t id) {
  * (and in the mappings of the driver and of the workers); else the pool. */
 static uint32_t loc_choose(uint64_t p, uint32_t cur) {
     uint32_t h = (uint32_t)p, t = (uint32_t)(cl_region.npages + p);
-    if (cur != h && !V.meta[h].page1) return h;
-    if (cur != t && !V.meta[t].page1) return t;
+    if (cur != h && !atomic_load_explicit(&V.meta[h].page1, memory_order_acquire)) return h;
+    if (cur != t && !atomic_load_explicit(&V.meta[t].page1, memory_order_acquire)) return t;
     return slot_get();
 }
 
@@ -246,6 +250,7 @@ static int log_page(uint64_t p, uint32_t e) {
     V.meta[old].page1 = p + 1;
     V.meta[old].entry = entry;
     V.meta[old].last_stage = e;
+    V.meta[old].alias = false;
     uint32_t h;
     do {
         h = head_of(p);
@@ -334,7 +339,60 @@ static int cmp_u64(const void *a, const void *b) {
  * view moves there, and the location left becomes a version of the epoch
  * that ended (a worker may map it) until the workers that map pages have
  * dropped the page (the moved list).  Under begin_exclusive and vlock. */
-static void compact(uint32_t prev) {
+/* Take version location `id` out of page p's list, its place taken by
+ * `repl` (NONE: simply unlinked).  Under vlock, no writer running. */
+static bool relink(uint64_t p, uint32_t id, uint32_t repl) {
+    uint32_t prevn = NONE;
+    for (uint32_t c = head_of(p); c != NONE; prevn = c, c = atomic_load(&V.meta[c].next)) {
+        if (c != id) continue;
+        uint32_t nx = atomic_load(&V.meta[c].next), to = repl == NONE ? nx : repl;
+        if (repl != NONE) atomic_store(&V.meta[repl].next, nx);
+        if (prevn == NONE) return cas_head(p, c, to);
+        atomic_store(&V.meta[prevn].next, to);
+        return true;
+    }
+    return false;
+}
+
+/* Page p's home holds a version no mapping worker can read through a
+ * mapping any more (below the map floor): free the home.  An alias (the
+ * same bytes as the next newer content) is dropped; any other version's
+ * bytes move to a pool slot, where the page server still finds them. */
+static bool free_home(uint64_t p) {
+    uint32_t h = (uint32_t)p;
+    if (V.meta[h].last_stage >= V.map_floor) return false;
+    if (V.meta[h].alias) {
+        if (!relink(p, h, NONE)) return false;
+        atomic_fetch_sub(&V.nversions, 1);
+        loc_free(h);
+        return true;
+    }
+    uint32_t sl = slot_get();
+    if (sl == NONE) return false;
+    memcpy(loc_bytes(sl), loc_bytes(h), cl_region.page_size);
+    V.meta[sl].entry = V.meta[h].entry;
+    V.meta[sl].last_stage = V.meta[h].last_stage;
+    V.meta[sl].alias = false;
+    atomic_store(&V.meta[sl].page1, p + 1);
+    if (!relink(p, h, sl)) {
+        loc_free(sl);
+        return false;
+    }
+    loc_free(h);
+    return true;
+}
+
+/* Pages away from home split the driver's view (and the views of workers
+ * that map them): one mapping more on each side of each such page.  Past
+ * a quarter of the mapping budget (half of vm.max_map_count by default,
+ * clamor_set_max_mappings), pages go back home at a stage begin, every
+ * page write-protected: the bytes are copied home, the view moves there,
+ * and the location left becomes an alias version of the epoch that ended
+ * (a worker may map it) until the workers that map pages have dropped the
+ * page (the moved list) and moved past that epoch.  A home that holds a
+ * version no mapping worker can read is freed first.  Under
+ * begin_exclusive and vlock. */
+static void compact(uint32_t prev, uint32_t stage) {
     uint64_t budget = clamor_max_mappings(), target = budget / 16;
     if (2 * atomic_load(&V.off_home) <= budget / 4) return;
     uint64_t np = atomic_load(&V.nvpages);
@@ -342,22 +400,27 @@ static void compact(uint32_t prev) {
         uint64_t p = V.vpages[k];
         uint64_t entry = atomic_load(&cl_region.loctab[p]);
         uint32_t cur = cl_loc_id(p, entry), h = (uint32_t)p;
-        if (cur == h || V.meta[h].page1 || (atomic_load(&V.logged[p]) & LOGGING)) continue;
+        if (cur == h || (atomic_load(&V.logged[p]) & LOGGING)) continue;
+        if (atomic_load(&V.meta[h].page1) && !free_home(p)) continue;
         uint32_t top = head_of(p);
         if (top != NONE && V.meta[top].last_stage >= prev) continue; /* (not for a page of this epoch) */
         memcpy(loc_bytes(h), loc_bytes(cur), cl_region.page_size);
         if (view_at(p, h) != 0) continue;
-        V.meta[cur].page1 = p + 1;
         V.meta[cur].entry = entry;
         V.meta[cur].last_stage = prev;
+        V.meta[cur].alias = true;
         atomic_store(&V.meta[cur].next, top);
+        atomic_store(&V.meta[cur].page1, p + 1);
         if (!cas_head(p, top, cur)) { /* (no writer runs now: cannot happen) */
             view_at(p, cur);
-            V.meta[cur].page1 = 0;
+            V.meta[cur].alias = false;
+            atomic_store(&V.meta[cur].page1, 0);
             continue;
         }
         atomic_fetch_add(&V.nversions, 1);
-        atomic_store(&cl_region.loctab[p], cl_loc_make(p, cl_loc_since(entry), h));
+        /* from the stage beginning now: a task of an earlier stage keeps its
+         * mapping of the old location, or fetches */
+        atomic_store(&cl_region.loctab[p], cl_loc_make(p, stage, h));
         atomic_fetch_sub(&V.off_home, 1);
         V.moved[V.nmoved++] = p;
         CL_COUNT(pages_compacted, 1);
@@ -421,7 +484,8 @@ int clamor_stage_begin(uint32_t stage) {
              * location stays a version until none can read it.  Any other
              * goes back to the old location, and the copy is freed. */
             if (grouped) {
-                atomic_store(&cl_region.loctab[p], cl_loc_make(p, cl_loc_since(V.meta[s].entry), cur_of(p)));
+                V.meta[s].alias = true;
+                atomic_store(&cl_region.loctab[p], cl_loc_make(p, stage, cur_of(p)));
                 V.moved[V.nmoved++] = p;
                 CL_COUNT(pages_unchanged, 1);
                 continue;
@@ -429,9 +493,10 @@ int clamor_stage_begin(uint32_t stage) {
             uint32_t copy = cur_of(p);
             if (view_at(p, s) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
                 atomic_store(&cl_region.loctab[p], V.meta[s].entry);
+                V.meta[s].alias = false;
                 if (copy == p) atomic_fetch_add(&V.off_home, 1);
                 else if (s == p) atomic_fetch_sub(&V.off_home, 1);
-                V.meta[s].page1 = 0;
+                atomic_store(&V.meta[s].page1, 0);
                 atomic_fetch_sub(&V.nversions, 1);
                 loc_free(copy);
                 CL_COUNT(pages_unchanged, 1);
@@ -447,7 +512,7 @@ int clamor_stage_begin(uint32_t stage) {
         atomic_store(&V.changed_in[V.changed[i]], stage);
         cl_dir_changed(V.changed[i], stage);
     }
-    compact(prev);
+    compact(prev, stage);
 out:
     begin_done();
 unlock:
@@ -458,6 +523,12 @@ unlock:
 uint64_t clamor_changed_count(void) { return V.nchanged; }
 
 uint64_t clamor_moved_count(void) { return V.nmoved; }
+
+void clamor_versions_map_floor(uint32_t stage) {
+    pthread_mutex_lock(&vlock);
+    V.map_floor = stage;
+    pthread_mutex_unlock(&vlock);
+}
 
 void clamor_moved_copy(uint64_t *out, uint64_t n) { memcpy(out, V.moved, (n < V.nmoved ? n : V.nmoved) * sizeof *out); }
 
@@ -503,6 +574,9 @@ int clamor_versions_keep(const uint32_t *stages, size_t n) {
             uint32_t lo = nx == NONE ? 0 : V.meta[nx].last_stage;
             /* the newest version of the epoch being written stays: a write is logged there */
             bool keep = any_in(stages, n, lo, V.meta[c].last_stage) || V.meta[c].last_stage >= atomic_load(&V.epoch);
+            /* an alias only serves readers that map it: the page server
+             * finds the same bytes in the next newer content */
+            if (V.meta[c].alias && V.meta[c].last_stage < V.map_floor) keep = false;
             if (!keep && (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true))) {
                 loc_free(c);
                 atomic_fetch_sub(&V.nversions, 1);
@@ -562,18 +636,33 @@ void cl_version_stats(uint64_t *n, uint64_t *bytes) {
  * page's bytes are (never a version's). */
 int cl_version_punch(uint64_t off, uint64_t len) {
     if (!len) return 0;
+    /* A first write (another thread) or a stage begin may move a page's
+     * view while this punches: wait out a write being logged, keep stage
+     * begins out, and punch again wherever the page went meanwhile. */
+    bool guard = cl_region.role == CLAMOR_ROLE_DRIVER && V.logged;
+    if (guard) writer_enter();
     uint64_t end = off + len;
-    while (off < end) {
+    int rc = 0;
+    while (off < end && !rc) {
         uint64_t p = off >> cl_region.page_shift;
         uint64_t in = off & (cl_region.page_size - 1), stop = (p + 1) << cl_region.page_shift;
         if (stop > end) stop = end;
-        uint64_t id = cl_region.loctab ? cur_of(p) : p;
-        if (fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      (off_t)((id << cl_region.page_shift) + in), (off_t)(stop - off)) != 0)
-            return errno;
+        for (uint32_t id = NONE;;) {
+            if (guard)
+                while (atomic_load(&V.logged[p]) & LOGGING) sched_yield();
+            uint32_t now = cl_region.loctab ? cur_of(p) : (uint32_t)p;
+            if (now == id) break;
+            id = now;
+            if (fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          (off_t)(((uint64_t)id << cl_region.page_shift) + in), (off_t)(stop - off)) != 0) {
+                rc = errno;
+                break;
+            }
+        }
         off = stop;
     }
-    return 0;
+    if (guard) writer_exit();
+    return rc;
 }
 
 void cl_version_reset(void) {

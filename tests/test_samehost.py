@@ -257,12 +257,16 @@ print(data.decode())
     assert out["st"]["pages_mapped"] == 0 and out["st"]["pages_fetched"] > 0
 
 
-def test_the_driver_moves_pages_back_home_to_bound_its_own_mappings(py):
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_driver_moves_pages_back_home_to_bound_its_own_mappings(py, cached):
     # Scattered single-element writes leave pages at their twins, each one
     # splitting the driver's view.  With a budget of 256 mappings the driver
     # moves pages back home at stage begins (workers that map drop them),
-    # and every stage still reads exactly.
-    p = py(DRIVER + """
+    # and every stage still reads exactly.  A collection cached at the first
+    # stage keeps that stage's versions, at the pages' homes: those move to
+    # the pool once no worker maps them, and the pages still go home.
+    p = py(DRIVER + f"""
+cached = {cached!r}
 def maps():
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
@@ -273,6 +277,9 @@ want = np.zeros(n, dtype=np.int64)
 clamor.configure(max_mappings=256)
 worst = 0
 with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
+    if cached:
+        kept = cl.range(4, partitions=2).map(lambda i: i * 2).cache()
+        kept.collect()
     base = maps()
     for stage in range(80):
         idx = rng.integers(0, n, 12)
@@ -283,7 +290,7 @@ with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
         worst = max(worst, maps() - base)
     modes = sorted(m["mode"] for m in cl.stats()["same_host"]["workers"].values())
 st = region.stats()
-print(json.dumps({"worst": worst, "compacted": st["pages_compacted"], "modes": modes}))
+print(json.dumps({{"worst": worst, "compacted": st["pages_compacted"], "modes": modes}}))
 """, check=True, timeout=300)
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["modes"] == ["map", "map"]
@@ -291,3 +298,51 @@ print(json.dumps({"worst": worst, "compacted": st["pages_compacted"], "modes": m
     # about 900 pages written once or more; at most 64 left away from home
     # (2 mappings each), and the few a stage writes
     assert out["worst"] <= 2 * 64 + 2 * 12 + 16, out
+
+
+def test_a_task_of_an_older_stage_keeps_reading_its_stage_after_pages_move_home(py):
+    # A page moved back home at stage 3 (compaction) is mapped by a task still
+    # running at stage 2 (a straggler, a lineage re-run).  The driver then
+    # writes the page twice, with stage 2 kept: the task must read its
+    # stage's bytes all along, through its mapping and after a fetch.
+    p = py(DRIVER + """
+import struct
+region.ensure(); region.serve()
+samehost.share(True)                # children forked from now on map the driver's pages
+clamor.configure(max_mappings=8)    # compaction with two pages away from home
+ps = region.page_size()
+per = ps // 8
+a = clamor.array(np.full(4 * per, 1.0))
+first = (a.ctypes.data - region.base()) // ps
+region.stage_begin(1)
+a[0] = 2.0; a[per] = 2.0            # the pages move to their twins
+region.stage_begin(2); region.versions_keep([2])
+region.stage_begin(3)               # and back home
+region.versions_keep([2, 3])
+compacted = region.stats()["pages_compacted"]
+r1, w1 = os.pipe(); r2, w2 = os.pipe()
+pid = os.fork()
+if pid == 0:                        # a worker still running a task of stage 2
+    clamor.configure(max_mappings=0)
+    region.set_stage(2)
+    before = float(a[0])
+    os.write(w1, b"x")
+    os.read(r2, 1)
+    after = float(a[0])
+    region.drop_pages(first, 1)
+    fetched = float(a[0])
+    os.write(w1, json.dumps([before, after, fetched]).encode())
+    os._exit(0)
+os.read(r1, 1)
+a[0] = 5.0
+region.stage_begin(4)
+region.versions_keep([2, 4])        # stage 2 is kept: the task still runs
+a[0] = 7.0                          # a location freed now would be reused here
+os.write(w2, b"x")
+got = json.loads(os.read(r1, 4096))
+os.waitpid(pid, 0)
+print(json.dumps({"compacted": compacted, "got": got}))
+""", check=True)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["compacted"] >= 1, out
+    assert out["got"] == [2.0, 2.0, 2.0], out

@@ -70,6 +70,13 @@ def status():
     return {"mode": "fetch", "reason": _reason}
 
 
+def map_floor(stage):
+    """Driver: no worker that maps pages still reads, through a mapping, a
+    location of a stage below ``stage``: versions only such readers needed
+    may go at the next ``versions_keep``."""
+    lib.clamor_versions_map_floor(int(stage))
+
+
 def moved():
     """Driver: the pages of the last stage begun that kept their bytes but
     moved in the driver's memfd; workers that map must drop them."""

@@ -204,7 +204,9 @@ class Stages:
         # A worker that maps the driver's pages may read, until its next
         # task drops what changed, the locations of the stage it last ran at.
         mapping = {w["seen"] for w in self._workers.values() if _maps(w)}
-        keep = sorted({sid} | self._lineage.versions() | set(self._attempt_version.values()) | mapping)
+        running_at = set(self._attempt_version.values())
+        keep = sorted({sid} | self._lineage.versions() | running_at | mapping)
+        samehost.map_floor(min({sid} | mapping | running_at))
         region.versions_keep(keep)
         portable.driver().prune(keep[0])
         self._trim_changes(keep)
