@@ -123,7 +123,6 @@ static inline uint64_t cl_loc_make(uint64_t p, uint32_t since, uint32_t id) {
 static inline uint32_t cl_loc_id(uint64_t p, uint64_t e) { return (uint32_t)e ^ (uint32_t)p; }
 static inline uint32_t cl_loc_since(uint64_t e) { return (uint32_t)(e >> 32); }
 /* Bytes of the driver's memfd: locations, then the table. */
-uint64_t cl_map_table_offset(void);
 uint64_t cl_map_file_size(void);
 /* Driver: make the table (memfd sized, header written); a worker's forked
  * child: switch to mapping (keep the driver's fd).  0 or errno + cl_err. */

@@ -37,7 +37,7 @@ static size_t table_bytes(void) {
     return (b + CL_OS_PAGE - 1) & ~(CL_OS_PAGE - 1);
 }
 
-uint64_t cl_map_table_offset(void) { return cl_region.nlocs << cl_region.page_shift; }
+static uint64_t cl_map_table_offset(void) { return cl_region.nlocs << cl_region.page_shift; }
 uint64_t cl_map_file_size(void) { return cl_map_table_offset() + table_bytes(); }
 
 static int map_table(int fd, int prot) {
