@@ -195,6 +195,10 @@ int clamor_security_mode(void);
  * other stage calls; driver threads may keep writing. */
 int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
+/* Driver: pages logged (first writes) since the last clamor_stage_begin();
+ * 0 also before the first.  A caller that numbers versions by stages asks
+ * it to begin a stage only when something was written. */
+uint64_t clamor_dirty_count(void);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 /* Pages of the last clamor_stage_begin() whose bytes did not change but
  * moved to another location of the driver's memfd (logged with a group):

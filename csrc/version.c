@@ -521,6 +521,7 @@ unlock:
 }
 
 uint64_t clamor_changed_count(void) { return V.nchanged; }
+uint64_t clamor_dirty_count(void) { return atomic_load(&V.ndirty); }
 
 uint64_t clamor_moved_count(void) { return V.nmoved; }
 

@@ -10,7 +10,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 ALLOWED = {
     "memory": {"errors", "_native"},
     "runtime": {"memory", "errors", "_native"},
-    "demo": {"memory", "runtime", "errors", "_native", "__init__"},   # (the public names, as a user)
+    "demo": {"memory", "runtime", "errors", "_native", "__init__"},
+    "dask": {"memory", "runtime", "errors", "_native"},   # (the public names, as a user)
     "errors": set(),
     "_native": {"errors", "_build"},
 }

@@ -405,6 +405,12 @@ def stage_begin(stage):
     return out
 
 
+def dirty_count():
+    """Driver: pages first written since the last stage began (0 before
+    the first stage)."""
+    return int(lib.clamor_dirty_count())
+
+
 def stage_current():
     """Driver: the number of the last stage begun (0 before the first)."""
     return int(lib.clamor_stage_current())

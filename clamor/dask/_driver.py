@@ -1,0 +1,222 @@
+"""The driver's side of clamor on Dask: versions, the page server and the
+control endpoint workers join through.
+
+Versions are the runtime's stages.  A region array pickled for Dask is
+stamped with the current stage; if the driver wrote to the region since
+that stage began, a new stage begins first, so the stamp names the bytes
+as they are now and later writes go to new page versions.  The changed
+pages of each stage are kept for workers that move between versions.
+
+The control endpoint (a ROUTER, CURVE or PLAIN with the secret, like a
+Cluster's) answers:
+
+    JOIN    json{"pid"}            -> WELCOME json{"pages", "stage", "base", "pid", "pidns"}
+    CHANGES json[lo, hi]           -> CHANGES <uint64 page indices changed in stages lo+1..hi>
+    PING    b""                    -> PONG, or BYE once detached
+
+A keeper thread asks the scheduler, every half second, which versions its
+tasks may still read, and frees the page versions no task needs.
+"""
+import json
+import logging
+import os
+import threading
+
+import numpy as np
+import zmq
+
+from .. import errors
+from ..memory import region, samehost
+from ..runtime import security
+from ..runtime._liveness import pid_namespace
+from . import _pickling
+
+log = logging.getLogger("clamor.dask")
+
+KEEP_PERIOD = 0.5   # seconds between the keeper's questions to the scheduler
+
+
+def _live_versions(dask_scheduler=None):
+    plugin = dask_scheduler.plugins.get("clamor")
+    return plugin.live() if plugin is not None else None
+
+
+class Driver:
+    """This process's region served to the workers of one Dask client."""
+
+    def __init__(self, client, secret, encrypt, host):
+        self.client = client
+        self.security = security.Security(secret, encrypt)
+        self.host = host
+        self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
+        self._changes = {}                # stage -> the pages changed when it began
+        self._stamps = {}                 # epoch -> versions stamped in it
+        self._epoch = 0
+        self._gone = threading.Event()    # detached: requests are answered BYE
+        self._stop = threading.Event()
+        self.versions_kept = 1
+
+    # -- versions --------------------------------------------------------
+
+    def stamp(self):
+        """(version, epoch) for a region array being pickled now."""
+        with self._lock:
+            if region.dirty_count():
+                self._begin()
+            v = region.stage_current()
+            self._stamps.setdefault(self._epoch, set()).add(v)
+            return v, self._epoch
+
+    def _begin(self):
+        sid = region.stage_current() + 1
+        changed = region.stage_begin(sid)
+        if changed.size:
+            self._changes[sid] = changed
+
+    def changes(self, lo, hi):
+        """Pages changed at the stages after ``lo`` up to ``hi`` (either
+        order)."""
+        lo, hi = sorted((int(lo), int(hi)))
+        with self._lock:
+            parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
+        if not parts:
+            return np.empty(0, dtype=np.uint64)
+        return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+
+    def next_epoch(self):
+        """Before asking the scheduler what it has seen: stamps from now on
+        are told apart from those that may be on their way.  Only when a
+        version could be freed, so that a graph sent twice with nothing
+        written between pickles (and tokenizes) the same."""
+        with self._lock:
+            if self.versions_kept > 1 or any(v != region.stage_current() for vs in self._stamps.values() for v in vs):
+                self._epoch += 1
+
+    def keep(self, live):
+        """Free the page versions that neither the scheduler's tasks
+        (``live``: its plugin's answer) nor stamps it may not have seen yet
+        read.  Graphs reach the scheduler in the order they were pickled,
+        so a stamp of an epoch older than the newest the scheduler has seen
+        was seen; those of that epoch and later may still be on their way."""
+        with self._lock:
+            seen = live["epoch"]
+            self._stamps = {e: vs for e, vs in self._stamps.items() if e >= seen}
+            stamped = set().union(*self._stamps.values()) if self._stamps else set()
+            keep = sorted({region.stage_current()} | set(live["versions"]) | stamped)
+            samehost.map_floor(keep[0])
+            region.versions_keep(keep)
+            self.versions_kept = len(keep)
+
+    # -- life --------------------------------------------------------------
+
+    def start(self):
+        if region.role() is None:
+            region.init()
+        elif region.role() != "driver":
+            raise errors.RegionError("clamor.dask.attach() runs in the driver, and this process is a worker")
+        if region.server_endpoint():
+            raise errors.RegionInUse("this process's region is served already (an open Cluster, or another "
+                                     "attach): close it, or detach, first")
+        self.security.core()
+        self.pages = region.serve(f"tcp://{self.host}:*")
+        region.reset_peers()
+        samehost.share(False)
+        with self._lock:
+            self._begin()   # from here on, a write is a new version
+        self._ctx = zmq.Context()
+        self._guard = security.Guard(self._ctx, self.security, "driver (dask)")
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.linger = 0
+        self.security.server(self._sock)
+        self._guard.watch(self._sock, "control endpoint")
+        self._guard.start()
+        try:
+            self._sock.bind(f"tcp://{self.host}:*")
+        except zmq.ZMQError as err:
+            self._close_sockets()
+            region.stop_serving()
+            raise errors.TransportError(f"cannot listen on {self.host}: {err}") from err
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        _pickling.install(self.stamp)
+        self._server = threading.Thread(target=self._serve, name="clamor-dask-control", daemon=True)
+        self._server.start()
+        self._keeper = threading.Thread(target=self._keep_loop, name="clamor-dask-keeper", daemon=True)
+        self._keeper.start()
+
+    def stop(self, grace=0.0):
+        """Stop stamping and serving pages.  The control endpoint answers
+        BYE for ``grace`` seconds more (workers not told by Dask learn it
+        so), then closes."""
+        _pickling.uninstall()
+        self._gone.set()
+        self._grace = grace
+        self._stop.set()
+        if threading.current_thread() is not self._keeper:
+            self._keeper.join()
+        if grace <= 0:
+            self._server.join()
+        region.stop_serving()
+
+    def _keep_loop(self):
+        while not self._stop.wait(KEEP_PERIOD):
+            if self.client.status in ("closing", "closed"):
+                log.info("the Dask client closed: clamor detaches from it")
+                from . import _detach_closed
+                _detach_closed(self)
+                return
+            self.next_epoch()
+            try:
+                live = self.client.run_on_scheduler(_live_versions)
+            except Exception as err:  # the scheduler away for a moment: keep everything
+                log.debug("could not ask the scheduler for live versions: %s", err)
+                continue
+            if live is not None:
+                self.keep(live)
+
+    def _serve(self):
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        deadline = None
+        try:
+            while True:
+                if self._gone.is_set():
+                    if deadline is None:
+                        deadline = _now() + self._grace
+                    if _now() >= deadline:
+                        return
+                if not poller.poll(100):
+                    continue
+                frames = self._sock.recv_multipart()
+                try:
+                    self._answer(frames)
+                except (ValueError, TypeError, KeyError, IndexError) as err:
+                    log.warning("a malformed request on the control endpoint: %s", err)
+                    self._sock.send_multipart([frames[0], b"ERROR", str(err).encode()])
+        finally:
+            self._close_sockets()
+
+    def _answer(self, frames):
+        who, kind = frames[0], frames[1]
+        if self._gone.is_set():
+            self._sock.send_multipart([who, b"BYE", b""])
+        elif kind == b"JOIN":
+            welcome = {"pages": self.pages, "stage": region.stage_current(), "base": region.base(),
+                       "pid": os.getpid(), "pidns": pid_namespace()}
+            self._sock.send_multipart([who, b"WELCOME", json.dumps(welcome).encode()])
+        elif kind == b"CHANGES":
+            lo, hi = json.loads(frames[2])
+            self._sock.send_multipart([who, b"CHANGES", self.changes(lo, hi).astype(np.uint64).tobytes()])
+        elif kind == b"PING":
+            self._sock.send_multipart([who, b"PONG", b""])
+        else:
+            raise ValueError(f"unknown request {kind[:32]!r}")
+
+    def _close_sockets(self):
+        self._sock.close()
+        self._guard.stop()
+        self._ctx.term()
+
+
+def _now():
+    import time
+    return time.monotonic()

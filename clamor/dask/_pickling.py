@@ -1,0 +1,240 @@
+"""How region arrays travel through Dask: by reference, with the version
+they were sent at, never by value.
+
+Dask pickles a graph with ``pickle`` or ``cloudpickle``; both consult
+``copyreg.dispatch_table``, so one entry for ``numpy.ndarray`` covers task
+arguments, closures, ``dask.delayed`` and ``dask.bag`` alike.  An array
+whose buffer lies in the region pickles as ``_global_array(ArrayRef,
+version)``; any other array pickles as numpy itself would, out-of-band
+buffers included (``_Buffer`` keeps protocol 5's zero-copy path and
+stays loadable without clamor).
+
+Where the reference is loaded decides what it becomes: an attached Dask
+worker gets the array itself (a view of its region), any other process
+(the scheduler, the driver) a ``GlobalArray`` that pickles back to the
+same reference, so the version it was stamped with survives the
+scheduler's re-pickling.
+"""
+import copyreg
+import io
+import logging
+import pickle
+import threading
+
+import cloudpickle
+import numpy as np
+
+from ..memory import region
+from ..memory.refs import ArrayRef, _bounds
+
+log = logging.getLogger("clamor.dask")
+
+_lock = threading.Lock()
+# The version a region array is sent at: a callable, set while attached,
+# returning (version, epoch); the epoch lets the driver tell stamps the
+# scheduler has seen from those still on their way (clamor/dask/_driver.py).
+_stamp = [None]
+_resolve = [False]    # True in an attached worker: references become arrays
+_loaded = [0]         # GlobalArrays loaded in this process (the scheduler scans graphs once there are any)
+_saved = {}           # what attach() replaced, put back by uninstall()
+
+
+class GlobalArray:
+    """A region array in transit where no region resolves it: its
+    reference and the version it was sent at.  Pickles to the same."""
+
+    __slots__ = ("ref", "version", "epoch")
+
+    def __init__(self, ref, version, epoch):
+        self.ref, self.version, self.epoch = ref, int(version), int(epoch)
+
+    def __reduce__(self):
+        return _global_array, (self.ref, self.version, self.epoch)
+
+    def __repr__(self):
+        return f"clamor.dask.GlobalArray({self.ref!r}, version={self.version})"
+
+
+def _global_array(ref, version, epoch):
+    if _resolve[0]:
+        return ref.get()
+    _loaded[0] += 1
+    return GlobalArray(ref, version, epoch)
+
+
+def in_region(a):
+    """Whether ndarray ``a`` is data of this process's region."""
+    if not a.nbytes or a.dtype.hasobject or not region.size():
+        return False
+    lo, hi = _bounds(a)
+    return region.contains(lo, max(hi - lo, 1))
+
+
+class _Buffer:
+    """numpy's protocol-5 buffer of an ordinary array, for a reducer that
+    does not know the pickler's protocol: a PickleBuffer (out of band if the
+    pickler takes them) from protocol 5 on, a copy of the bytes below."""
+
+    __slots__ = ("pb",)
+
+    def __init__(self, pb):
+        self.pb = pb
+
+    def __reduce_ex__(self, protocol):
+        if protocol >= 5:
+            return memoryview, (self.pb,)
+        return bytearray, (bytes(self.pb.raw()),)
+
+
+def _reduce_ndarray(a):
+    stamp = _stamp[0]
+    if stamp is not None and in_region(a):
+        return _global_array, (ArrayRef(a),) + stamp()
+    rv = a.__reduce_ex__(5)
+    args = rv[1]
+    if args and type(args[0]) is pickle.PickleBuffer:
+        rv = (rv[0], (_Buffer(args[0]),) + tuple(args[1:])) + tuple(rv[2:])
+    return rv
+
+
+def _normalize(x):
+    """dask's token of a region array: where it is and its version, not a
+    hash of its bytes (which would read all of them on every submit)."""
+    stamp = _stamp[0]
+    if stamp is not None and in_region(x):
+        r = ArrayRef(x)
+        return ("clamor-global", r.offset, r.data_offset, r.span, repr(r.dtype), r.shape, r.strides, stamp()[0])
+    return _saved["normalize"](x)
+
+
+def install(stamp):
+    """Send region arrays by reference, stamped with ``stamp()``."""
+    from dask.tokenize import normalize_token
+
+    with _lock:
+        if "normalize" not in _saved:
+            _saved["copyreg"] = copyreg.dispatch_table.get(np.ndarray)
+            _saved["normalize"] = normalize_token.dispatch(np.ndarray)
+            copyreg.pickle(np.ndarray, _reduce_ndarray)
+            normalize_token.register(np.ndarray, _normalize)
+        _stamp[0] = stamp
+
+
+def uninstall():
+    from dask.tokenize import normalize_token
+
+    with _lock:
+        _stamp[0] = None
+        _resolve[0] = False
+        if "normalize" in _saved:
+            if _saved["copyreg"] is None:
+                copyreg.dispatch_table.pop(np.ndarray, None)
+            else:
+                copyreg.dispatch_table[np.ndarray] = _saved["copyreg"]
+            normalize_token.register(np.ndarray, _saved.pop("normalize"))
+            _saved.pop("copyreg")
+
+
+def resolve(on):
+    """In an attached worker: references load as arrays."""
+    _resolve[0] = bool(on)
+
+
+def loaded():
+    return _loaded[0]
+
+
+class _Sink:
+    def write(self, b):
+        return len(b)
+
+
+def _out_of_band(buf):
+    return False
+
+
+class _Scanner(cloudpickle.CloudPickler):
+    """Walks what pickling would walk, writing nothing: the versions of the
+    GlobalArrays reached, the highest stamp among them, and whether a
+    region array is reached."""
+
+    def __init__(self):
+        super().__init__(_Sink(), protocol=5, buffer_callback=_out_of_band)
+        self.versions = set()
+        self.epoch = 0
+        self.region = False
+
+    def persistent_id(self, obj):
+        t = type(obj)
+        if t is GlobalArray:
+            self.versions.add(obj.version)
+            self.epoch = max(self.epoch, obj.epoch)
+            return 0
+        if t is np.ndarray:
+            if in_region(obj):
+                self.region = True
+            return 0
+        return None
+
+
+def versions_in(obj):
+    """(versions, highest stamp) of the region arrays ``obj`` holds (a
+    scheduler's view of a graph); versions is None if it cannot be
+    walked."""
+    s = _Scanner()
+    try:
+        s.dump(obj)
+    except Exception as err:  # an object that does not pickle again
+        log.warning("cannot look for region arrays in a task (%s: %s); it runs at the version of the others",
+                    type(err).__name__, err)
+        return None, s.epoch
+    return s.versions, s.epoch
+
+
+class _Copier(cloudpickle.CloudPickler):
+    """Pickles a result with its region arrays replaced by copies (kept
+    aside, in ``copies``) and its other buffers out of band."""
+
+    def __init__(self, f):
+        self.buffers, self.copies = [], []
+        super().__init__(f, protocol=5, buffer_callback=self._keep)
+
+    def _keep(self, buf):
+        self.buffers.append(buf)
+        return False
+
+    def persistent_id(self, obj):
+        if type(obj) is np.ndarray and in_region(obj):
+            self.copies.append(np.array(obj, copy=True))
+            return len(self.copies) - 1
+        return None
+
+
+class _Restorer(pickle.Unpickler):
+    def __init__(self, f, copies, buffers):
+        super().__init__(f, buffers=buffers)
+        self.copies = copies
+
+    def persistent_load(self, pid):
+        return self.copies[pid]
+
+
+def detach_result(value):
+    """A task's result as a value: region arrays in it become copies, read
+    at the task's version (a view would be read later at whatever version
+    its reader runs at).  Anything else is the same object."""
+    if type(value) is np.ndarray:
+        return np.array(value, copy=True) if in_region(value) else value
+    if value is None or type(value) in (int, float, bool, str, bytes, complex):
+        return value
+    s = _Scanner()
+    try:
+        s.dump(value)
+    except Exception:
+        return value   # (Dask keeps such a result in memory only; see docs/dask.md, limits)
+    if not s.region:
+        return value
+    f = io.BytesIO()
+    c = _Copier(f)
+    c.dump(value)
+    return _Restorer(io.BytesIO(f.getvalue()), c.copies, c.buffers).load()

@@ -1,0 +1,69 @@
+"""The scheduler's side: which version each task reads, and which
+versions tasks may still read.
+
+A graph arrives pickled; the region arrays in it load here as
+GlobalArrays, each with the version it was stamped with.  Every task of
+the graph is annotated with that version (tasks of one submission were
+pickled together, so they read one version, those that hold no array
+themselves too), and with the executor ``clamor-<version>``, which the
+worker plugin gates so that a worker runs tasks of one version at a time.
+A retry, or a recomputation after a worker is lost, keeps the annotation.
+
+A version stays live while a task annotated with it is known to the
+scheduler (not forgotten); the driver asks for ``live()``.
+"""
+import logging
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from . import _pickling
+
+log = logging.getLogger("clamor.dask")
+
+NAME = "clamor"
+
+
+class VersionPlugin(SchedulerPlugin):
+    name = NAME
+
+    def __init__(self):
+        self.keys_at = {}      # version -> keys annotated with it, not forgotten
+        self.version_of = {}   # key -> version
+        self.epoch = 0           # the highest stamp epoch seen in a graph
+        self.newest = None     # the highest version seen in a graph
+
+    def update_graph(self, scheduler, *, tasks=(), **kwargs):
+        if not _pickling.loaded():   # no region array ever reached this scheduler
+            return
+        new = [scheduler.tasks[k] for k in tasks
+               if k in scheduler.tasks and k not in self.version_of and scheduler.tasks[k].run_spec is not None]
+        if not new:
+            return
+        versions, epoch = _pickling.versions_in([ts.run_spec for ts in new])
+        self.epoch = max(self.epoch, epoch)
+        if versions is None:   # could not walk the graph: the newest version seen (logged)
+            versions = {self.newest} if self.newest is not None else set()
+        if not versions:
+            return
+        if len(versions) > 1:
+            log.info("a graph holds region arrays sent at versions %s: its tasks read the newest", sorted(versions))
+        v = max(versions)
+        self.newest = v if self.newest is None else max(self.newest, v)
+        keys = self.keys_at.setdefault(v, set())
+        for ts in new:
+            ts.annotations = {**(ts.annotations or {}), "clamor": v, "executor": f"clamor-{v}"}
+            keys.add(ts.key)
+            self.version_of[ts.key] = v
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish == "forgotten":
+            v = self.version_of.pop(key, None)
+            if v is not None:
+                keys = self.keys_at.get(v)
+                keys.discard(key)
+                if not keys:
+                    del self.keys_at[v]
+
+    def live(self):
+        """The versions tasks may still read, and the highest stamp seen."""
+        return {"versions": sorted(self.keys_at), "epoch": self.epoch}

@@ -1,0 +1,296 @@
+"""The worker's side: a Dask worker process attached to the driver's region.
+
+The plugin joins the driver's control endpoint, maps the region (every
+page absent) and starts clamor's pager and page server, as a worker of a
+Cluster does.  Region arrays in a task's graph load as views of that
+region; a task's first touch of a page fetches it, from the driver or a
+peer that holds it.
+
+A worker holds one version of each page, so it runs the tasks of one
+version at a time.  The scheduler names each task's version in its
+executor, ``clamor-<version>`` (clamor/dask/_scheduler.py); those
+executors share the worker's own thread pool and pass a gate that, when
+the version changes and no task of another version runs, drops the pages
+that changed between the two (asked of the driver) and moves the pager to
+the new version.  Versions take turns in the order their tasks arrived.
+
+A task's result leaves as a value: region arrays in it are copied at the
+task's version.
+"""
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import zmq
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from .. import errors
+from ..memory import region, samehost
+from ..runtime import security
+from ..runtime._liveness import pid_alive, pid_namespace
+from ..runtime.worker import advertised_address
+from . import _pickling
+
+log = logging.getLogger("clamor.dask")
+
+NAME = "clamor"
+PING_PERIOD = 0.5      # seconds between a worker's pings of the driver
+DRIVER_GRACE = 10.0    # seconds without an answer before a worker detaches itself
+
+
+class Link:
+    """Requests to the driver's control endpoint, one at a time."""
+
+    def __init__(self, endpoint, sec, timeout):
+        self.endpoint, self.sec, self.timeout = endpoint, sec, timeout
+        self.ctx = zmq.Context()
+        self.lock = threading.Lock()
+        self.sock = None
+        self._open()
+
+    def _open(self):
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sec.client(self.sock)
+        self.sock.connect(self.endpoint)
+
+    def ask(self, kind, body=b"", timeout=None):
+        """The driver's answer (kind, body); TransportError if none comes in
+        ``timeout`` seconds."""
+        timeout = self.timeout if timeout is None else timeout
+        with self.lock:
+            if self.sock is None:
+                raise errors.TransportError("the link to the driver is closed")
+            self.sock.send_multipart([kind, body])
+            if not self.sock.poll(int(timeout * 1000)):
+                self._open()   # a late answer must not be read as the next one's
+                raise errors.TransportError(
+                    f"no answer from the clamor driver at {self.endpoint} within {timeout:g} s (it is gone, "
+                    f"or this worker's secret is not the driver's)")
+            frames = self.sock.recv_multipart()
+        if len(frames) != 2:
+            raise errors.ProtocolError(f"the driver answered {kind.decode()} with {len(frames)} frames")
+        if frames[0] == b"ERROR":
+            raise errors.ProtocolError(f"the driver refused {kind.decode()}: {frames[1].decode(errors='replace')}")
+        return frames[0], frames[1]
+
+    def close(self):
+        with self.lock:
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+        self.ctx.term()
+
+
+class Gate:
+    """Tasks of one version at a time; the version changes when none runs,
+    in the order versions were asked for."""
+
+    def __init__(self, link, stage):
+        self.link = link
+        self.current = int(stage)
+        self.running = 0
+        self.switches = 0
+        self.closed = None            # why, once closed
+        self._cond = threading.Condition()
+        self._waiting = {}            # ticket -> version
+        self._tickets = 0
+
+    def stamp(self):
+        return self.current, 0
+
+    def enter(self, version):
+        with self._cond:
+            self._tickets += 1
+            ticket = self._tickets
+            self._waiting[ticket] = version
+            try:
+                while True:
+                    if self.closed:
+                        raise errors.ClamorError(f"clamor is detached from this worker ({self.closed}): a task that "
+                                                 f"reads the driver's globals cannot run here")
+                    older = [t for t, v in self._waiting.items() if t < ticket and v != version]
+                    if version == self.current and not older:
+                        break
+                    if self.running == 0 and ticket == min(self._waiting):
+                        self._switch(version)
+                        break
+                    self._cond.wait()
+            finally:
+                del self._waiting[ticket]
+                self._cond.notify_all()
+            self.running += 1
+
+    def exit(self):
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
+
+    def _switch(self, version):
+        kind, body = self.link.ask(b"CHANGES", json.dumps([self.current, version]).encode())
+        if kind != b"CHANGES" or len(body) % 8:
+            raise errors.ProtocolError(f"the driver answered CHANGES with {kind!r}")
+        pages = np.frombuffer(body, dtype=np.uint64)
+        if pages.size:
+            region.invalidate(pages)
+        region.set_stage(version)
+        self.current = version
+        self.switches += 1
+
+    def close(self, why, wait=60.0):
+        """Refuse new tasks; wait (up to ``wait`` seconds) for running ones."""
+        with self._cond:
+            self.closed = why
+            self._cond.notify_all()
+            deadline = time.monotonic() + wait
+            while self.running and time.monotonic() < deadline:
+                self._cond.wait(0.1)
+            return self.running == 0
+
+
+class VersionThreadPoolExecutor(ThreadPoolExecutor):
+    """Runs tasks of one version on the worker's own pool, through the gate.
+    (A ThreadPoolExecutor by name and type: Dask then passes context
+    variables to its threads as for its own.)"""
+
+    def __init__(self, pool, gate, version):
+        super().__init__(max_workers=1)   # (no thread is made: submit goes to ``pool``)
+        self._pool, self._gate, self._version = pool, gate, version
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self._pool.submit(self._run, fn, args, kwargs)
+
+    def _run(self, fn, args, kwargs):
+        self._gate.enter(self._version)
+        try:
+            out = fn(*args, **kwargs)
+            if isinstance(out, dict) and out.get("op") == "task-finished":
+                out["result"] = _pickling.detach_result(out["result"])
+            return out
+        finally:
+            self._gate.exit()
+
+    def shutdown(self, wait=True, **kwargs):
+        super().shutdown(wait=False)
+
+
+class Executors(dict):
+    """A worker's executors, with ``clamor-<version>`` made on first use."""
+
+    def __init__(self, base, gate):
+        super().__init__(base)
+        self.gate = gate
+
+    def __missing__(self, name):
+        if isinstance(name, str) and name.startswith("clamor-") and name[7:].isdigit():
+            e = self[name] = VersionThreadPoolExecutor(self["default"], self.gate, int(name[7:]))
+            return e
+        raise KeyError(name)
+
+
+class RegionPlugin(WorkerPlugin):
+    """Attaches each Dask worker, present and future, to the driver's
+    region (installed by clamor.dask.attach)."""
+
+    name = NAME
+
+    def __init__(self, control, secret, encrypt, driver_pid, driver_pidns, timeout=30.0):
+        self.control, self.secret, self.encrypt = control, secret, encrypt
+        self.driver_pid, self.driver_pidns, self.timeout = driver_pid, driver_pidns, timeout
+
+    def setup(self, worker):
+        if os.getpid() == self.driver_pid and pid_namespace() == self.driver_pidns:
+            raise errors.ConfigError("this Dask worker runs inside the driver's process (a LocalCluster with "
+                                     "processes=False?): clamor needs workers in processes of their own")
+        if region.role() is not None:
+            raise errors.RegionError("this Dask worker's process has a clamor region already (attached to another "
+                                     "driver?); one process maps one region")
+        secret = security.from_environment(self.secret)
+        if secret is None:
+            raise errors.ConfigError("no clamor secret on this worker: Dask's connection is not encrypted, so the "
+                                     "driver does not send it; set CLAMOR_SECRET in the worker's environment to "
+                                     "the driver's (clamor.dask.secret(client))")
+        sec = security.Security(secret, self.encrypt)
+        self._lock = threading.Lock()
+        self._done = False
+        self.link = Link(self.control, sec, self.timeout)
+        try:
+            kind, body = self.link.ask(b"JOIN", json.dumps({"pid": os.getpid()}).encode())
+            if kind != b"WELCOME":
+                raise errors.WorkerRefused(f"the clamor driver at {self.control} answered JOIN with {kind!r}")
+            welcome = json.loads(body)
+            sec.core()
+            host = advertised_address(self.control)
+            region.connect(welcome["pages"], serve_endpoint=f"tcp://{host}:*")
+        except BaseException:
+            self.link.close()
+            raise
+        region.ensure_handler_first()
+        samehost.decline("a Dask worker fetches the driver's pages")
+        region.set_stage(welcome["stage"])
+        self.gate = Gate(self.link, welcome["stage"])
+        execs = worker.executors
+        if isinstance(execs, Executors):   # attached before, then detached
+            execs.gate = self.gate
+            for name in [n for n in execs if isinstance(n, str) and n.startswith("clamor-")]:
+                del execs[name]
+        else:
+            worker.executors = Executors(execs, self.gate)
+        _pickling.install(self.gate.stamp)
+        _pickling.resolve(True)
+        self._stop = threading.Event()
+        same_pids = welcome.get("pidns") == pid_namespace()
+        self._watcher = threading.Thread(target=self._watch, args=(worker, welcome["pid"] if same_pids else None),
+                                         name="clamor-dask-watch", daemon=True)
+        self._watcher.start()
+        log.info("attached to the clamor driver at %s (pages %s, version %d)", self.control, welcome["pages"],
+                 welcome["stage"])
+
+    def _watch(self, worker, driver_pid):
+        """Detach this worker once the driver says BYE, its process is gone,
+        or it has not answered for DRIVER_GRACE seconds."""
+        last = time.monotonic()
+        while not self._stop.wait(PING_PERIOD):
+            why = None
+            if driver_pid is not None and not pid_alive(driver_pid):
+                why = "the driver's process is gone"
+            else:
+                try:
+                    kind, _ = self.link.ask(b"PING", timeout=2.0)
+                    last = time.monotonic()
+                    if kind == b"BYE":
+                        why = "the driver detached"
+                except errors.ClamorError:
+                    if time.monotonic() - last > DRIVER_GRACE:
+                        why = f"the driver has not answered for {DRIVER_GRACE:g} s"
+            if why:
+                log.warning("clamor detaches this worker: %s", why)
+                self._shutdown(why)
+                return
+
+    def teardown(self, worker):
+        self._shutdown("clamor.dask.detach()")
+
+    def _shutdown(self, why):
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._stop.set()
+        if threading.current_thread() is not self._watcher:
+            self._watcher.join()
+        drained = self.gate.close(why)
+        _pickling.resolve(False)
+        _pickling.uninstall()
+        self.link.close()
+        if not drained:
+            # a task still reads the region: leave it mapped rather than pull it from under the task
+            log.warning("a task still runs after 60 s; the region stays mapped on this worker")
+            return
+        region.close(force=True)
