@@ -27,6 +27,7 @@ except ImportError as err:  # pragma: no cover - the extra is not installed
 from .. import errors
 from ..runtime import security
 from ..runtime._liveness import pid_namespace
+from ..runtime.cluster import add_region_user, any_open
 from ..runtime.worker import advertised_address
 from . import _driver, _scheduler, _worker
 from ._pickling import GlobalArray
@@ -37,6 +38,13 @@ log = logging.getLogger("clamor.dask")
 
 _lock = threading.Lock()
 _current = {}    # "client", "driver": the one attachment of this process
+
+
+def _busy():
+    if _current:
+        return ("this process's region is attached to a Dask client (clamor.dask.attach): detach it before "
+                "starting a Cluster")
+    return None
 
 
 def _local(address):
@@ -71,7 +79,6 @@ def attach(client, secret=None, encrypt=True, host=None, connect_timeout=30.0):
     with _lock:
         if _current:
             raise errors.ConfigError("this process is attached to a Dask client already: detach it first")
-        from ..runtime.cluster import any_open
         if any_open():
             raise errors.RegionInUse("a clamor Cluster of this process is open: close it before attaching Dask")
         sched = client.scheduler.address
@@ -150,3 +157,5 @@ def stats():
 
 
 __all__.append("stats")
+
+add_region_user(_busy)

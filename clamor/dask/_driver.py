@@ -15,12 +15,16 @@ Cluster's) answers:
     PING    b""                    -> PONG, or BYE once detached
 
 A keeper thread asks the scheduler, every half second, which versions its
-tasks may still read, and frees the page versions no task needs.
+tasks may still read, and frees the page versions no task needs, nor a
+graph pickled in the last STAMP_HOLD seconds (it may still be on its way
+to the scheduler: Dask's graphs and the keeper's question travel on
+different connections, so their order is not known).
 """
 import json
 import logging
 import os
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -34,6 +38,7 @@ from . import _pickling
 log = logging.getLogger("clamor.dask")
 
 KEEP_PERIOD = 0.5   # seconds between the keeper's questions to the scheduler
+STAMP_HOLD = 30.0   # seconds a version stamped into a graph is kept, whatever the scheduler says
 
 
 def _live_versions(dask_scheduler=None):
@@ -50,8 +55,7 @@ class Driver:
         self.host = host
         self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
         self._changes = {}                # stage -> the pages changed when it began
-        self._stamps = {}                 # epoch -> versions stamped in it
-        self._epoch = 0
+        self._stamps = {}                 # version -> when it was last stamped
         self._gone = threading.Event()    # detached: requests are answered BYE
         self._stop = threading.Event()
         self.versions_kept = 1
@@ -59,13 +63,13 @@ class Driver:
     # -- versions --------------------------------------------------------
 
     def stamp(self):
-        """(version, epoch) for a region array being pickled now."""
+        """The version of a region array being pickled now."""
         with self._lock:
             if region.dirty_count():
                 self._begin()
             v = region.stage_current()
-            self._stamps.setdefault(self._epoch, set()).add(v)
-            return v, self._epoch
+            self._stamps[v] = time.monotonic()
+            return v
 
     def _begin(self):
         sid = region.stage_current() + 1
@@ -83,26 +87,14 @@ class Driver:
             return np.empty(0, dtype=np.uint64)
         return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
-    def next_epoch(self):
-        """Before asking the scheduler what it has seen: stamps from now on
-        are told apart from those that may be on their way.  Only when a
-        version could be freed, so that a graph sent twice with nothing
-        written between pickles (and tokenizes) the same."""
-        with self._lock:
-            if self.versions_kept > 1 or any(v != region.stage_current() for vs in self._stamps.values() for v in vs):
-                self._epoch += 1
-
     def keep(self, live):
         """Free the page versions that neither the scheduler's tasks
-        (``live``: its plugin's answer) nor stamps it may not have seen yet
-        read.  Graphs reach the scheduler in the order they were pickled,
-        so a stamp of an epoch older than the newest the scheduler has seen
-        was seen; those of that epoch and later may still be on their way."""
+        (``live``: the versions its plugin names) nor a graph stamped in
+        the last STAMP_HOLD seconds may read."""
         with self._lock:
-            seen = live["epoch"]
-            self._stamps = {e: vs for e, vs in self._stamps.items() if e >= seen}
-            stamped = set().union(*self._stamps.values()) if self._stamps else set()
-            keep = sorted({region.stage_current()} | set(live["versions"]) | stamped)
+            recent = time.monotonic() - STAMP_HOLD
+            self._stamps = {v: t for v, t in self._stamps.items() if t >= recent}
+            keep = sorted({region.stage_current()} | set(live) | set(self._stamps))
             samehost.map_floor(keep[0])
             region.versions_keep(keep)
             self.versions_kept = len(keep)
@@ -114,9 +106,8 @@ class Driver:
             region.init()
         elif region.role() != "driver":
             raise errors.RegionError("clamor.dask.attach() runs in the driver, and this process is a worker")
-        if region.server_endpoint():
-            raise errors.RegionInUse("this process's region is served already (an open Cluster, or another "
-                                     "attach): close it, or detach, first")
+        if region.server_endpoint():   # left by a closed Cluster, with its keys: again, with these
+            region.stop_serving()
         self.security.core()
         self.pages = region.serve(f"tcp://{self.host}:*")
         region.reset_peers()
@@ -164,7 +155,6 @@ class Driver:
                 from . import _detach_closed
                 _detach_closed(self)
                 return
-            self.next_epoch()
             try:
                 live = self.client.run_on_scheduler(_live_versions)
             except Exception as err:  # the scheduler away for a moment: keep everything
@@ -218,5 +208,4 @@ class Driver:
 
 
 def _now():
-    import time
     return time.monotonic()

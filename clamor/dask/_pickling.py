@@ -20,6 +20,7 @@ import io
 import logging
 import pickle
 import threading
+import time
 
 import cloudpickle
 import numpy as np
@@ -30,12 +31,11 @@ from ..memory.refs import ArrayRef, _bounds
 log = logging.getLogger("clamor.dask")
 
 _lock = threading.Lock()
-# The version a region array is sent at: a callable, set while attached,
-# returning (version, epoch); the epoch lets the driver tell stamps the
-# scheduler has seen from those still on their way (clamor/dask/_driver.py).
+# The version a region array is sent at: a callable, set while attached.
 _stamp = [None]
 _resolve = [False]    # True in an attached worker: references become arrays
 _loaded = [0]         # GlobalArrays loaded in this process (the scheduler scans graphs once there are any)
+_loaded_at = {}       # version -> when a GlobalArray of it was last loaded here
 _saved = {}           # what attach() replaced, put back by uninstall()
 
 
@@ -43,23 +43,24 @@ class GlobalArray:
     """A region array in transit where no region resolves it: its
     reference and the version it was sent at.  Pickles to the same."""
 
-    __slots__ = ("ref", "version", "epoch")
+    __slots__ = ("ref", "version")
 
-    def __init__(self, ref, version, epoch):
-        self.ref, self.version, self.epoch = ref, int(version), int(epoch)
+    def __init__(self, ref, version):
+        self.ref, self.version = ref, int(version)
 
     def __reduce__(self):
-        return _global_array, (self.ref, self.version, self.epoch)
+        return _global_array, (self.ref, self.version)
 
     def __repr__(self):
         return f"clamor.dask.GlobalArray({self.ref!r}, version={self.version})"
 
 
-def _global_array(ref, version, epoch):
+def _global_array(ref, version):
     if _resolve[0]:
         return ref.get()
     _loaded[0] += 1
-    return GlobalArray(ref, version, epoch)
+    _loaded_at[version] = time.monotonic()
+    return GlobalArray(ref, version)
 
 
 def in_region(a):
@@ -89,7 +90,7 @@ class _Buffer:
 def _reduce_ndarray(a):
     stamp = _stamp[0]
     if stamp is not None and in_region(a):
-        return _global_array, (ArrayRef(a),) + stamp()
+        return _global_array, (ArrayRef(a), stamp())
     rv = a.__reduce_ex__(5)
     args = rv[1]
     if args and type(args[0]) is pickle.PickleBuffer:
@@ -103,7 +104,7 @@ def _normalize(x):
     stamp = _stamp[0]
     if stamp is not None and in_region(x):
         r = ArrayRef(x)
-        return ("clamor-global", r.offset, r.data_offset, r.span, repr(r.dtype), r.shape, r.strides, stamp()[0])
+        return ("clamor-global", r.offset, r.data_offset, r.span, repr(r.dtype), r.shape, r.strides, stamp())
     return _saved["normalize"](x)
 
 
@@ -144,6 +145,11 @@ def loaded():
     return _loaded[0]
 
 
+def loaded_since(t):
+    """Versions of GlobalArrays loaded here at or after monotonic time ``t``."""
+    return {v for v, when in list(_loaded_at.items()) if when >= t}
+
+
 class _Sink:
     def write(self, b):
         return len(b)
@@ -155,20 +161,17 @@ def _out_of_band(buf):
 
 class _Scanner(cloudpickle.CloudPickler):
     """Walks what pickling would walk, writing nothing: the versions of the
-    GlobalArrays reached, the highest stamp among them, and whether a
-    region array is reached."""
+    GlobalArrays reached, and whether a region array is reached."""
 
     def __init__(self):
         super().__init__(_Sink(), protocol=5, buffer_callback=_out_of_band)
         self.versions = set()
-        self.epoch = 0
         self.region = False
 
     def persistent_id(self, obj):
         t = type(obj)
         if t is GlobalArray:
             self.versions.add(obj.version)
-            self.epoch = max(self.epoch, obj.epoch)
             return 0
         if t is np.ndarray:
             if in_region(obj):
@@ -178,17 +181,16 @@ class _Scanner(cloudpickle.CloudPickler):
 
 
 def versions_in(obj):
-    """(versions, highest stamp) of the region arrays ``obj`` holds (a
-    scheduler's view of a graph); versions is None if it cannot be
-    walked."""
+    """The versions of the region arrays ``obj`` holds (a scheduler's view
+    of a graph); None if it cannot be walked."""
     s = _Scanner()
     try:
         s.dump(obj)
     except Exception as err:  # an object that does not pickle again
         log.warning("cannot look for region arrays in a task (%s: %s); it runs at the version of the others",
                     type(err).__name__, err)
-        return None, s.epoch
-    return s.versions, s.epoch
+        return None
+    return s.versions
 
 
 class _Copier(cloudpickle.CloudPickler):

@@ -10,9 +10,12 @@ worker plugin gates so that a worker runs tasks of one version at a time.
 A retry, or a recomputation after a worker is lost, keeps the annotation.
 
 A version stays live while a task annotated with it is known to the
-scheduler (not forgotten); the driver asks for ``live()``.
+scheduler (not forgotten), and for HOLD seconds after a graph holding it
+was loaded here (it is annotated only once Dask has ordered the graph);
+the driver asks for ``live()``.
 """
 import logging
+import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -21,6 +24,7 @@ from . import _pickling
 log = logging.getLogger("clamor.dask")
 
 NAME = "clamor"
+HOLD = 30.0
 
 
 class VersionPlugin(SchedulerPlugin):
@@ -29,7 +33,6 @@ class VersionPlugin(SchedulerPlugin):
     def __init__(self):
         self.keys_at = {}      # version -> keys annotated with it, not forgotten
         self.version_of = {}   # key -> version
-        self.epoch = 0           # the highest stamp epoch seen in a graph
         self.newest = None     # the highest version seen in a graph
 
     def update_graph(self, scheduler, *, tasks=(), **kwargs):
@@ -39,8 +42,7 @@ class VersionPlugin(SchedulerPlugin):
                if k in scheduler.tasks and k not in self.version_of and scheduler.tasks[k].run_spec is not None]
         if not new:
             return
-        versions, epoch = _pickling.versions_in([ts.run_spec for ts in new])
-        self.epoch = max(self.epoch, epoch)
+        versions = _pickling.versions_in([ts.run_spec for ts in new])
         if versions is None:   # could not walk the graph: the newest version seen (logged)
             versions = {self.newest} if self.newest is not None else set()
         if not versions:
@@ -65,5 +67,5 @@ class VersionPlugin(SchedulerPlugin):
                     del self.keys_at[v]
 
     def live(self):
-        """The versions tasks may still read, and the highest stamp seen."""
-        return {"versions": sorted(self.keys_at), "epoch": self.epoch}
+        """The versions tasks may still read."""
+        return sorted(set(self.keys_at) | _pickling.loaded_since(time.monotonic() - HOLD))

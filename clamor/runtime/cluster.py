@@ -81,10 +81,23 @@ def _refuse_close():
 region.add_close_guard(_refuse_close)
 
 
+# Other users of the process's region (clamor.dask) register a callable
+# that returns why a Cluster cannot start now, or None.
+_region_users = []
+
+
+def add_region_user(why_not):
+    _region_users.append(why_not)
+
+
 def _only_open_cluster():
     """One open Cluster per process: page versions, the changed-page lists
     and the peer directory belong to the region, and the region is the
     process's."""
+    for why_not in _region_users:
+        why = why_not()
+        if why:
+            raise errors.RegionInUse(why)
     if any_open():
         raise errors.RegionInUse("another Cluster of this process is open: close it (or leave its with-block) "
                                  "before starting a new one; one process runs one Cluster at a time, since "

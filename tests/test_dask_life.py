@@ -1,0 +1,99 @@
+"""clamor.dask's life on a real Dask LocalCluster: detach, a client that
+closes, attach again, and what attach refuses."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+from distributed import Client, LocalCluster  # noqa: E402
+
+import clamor  # noqa: E402
+import clamor.dask  # noqa: E402
+
+
+def _cluster(**kw):
+    args = dict(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, host="127.0.0.1",
+                worker_dashboard_address=None)
+    args.update(kw)
+    return LocalCluster(**args)
+
+
+def _region_state(base):
+    """In a worker: whether the region is mapped there, and clamor's threads."""
+    def probe():
+        mapped = False
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lo = int(line.split("-", 1)[0], 16)
+                if lo == base:
+                    mapped = True
+        names = []
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass
+        py = [t.name for t in threading.enumerate()]
+        return {"mapped": mapped, "threads": sorted(n for n in names + py if "clamor" in n)}
+    return probe
+
+
+def test_attach_refuses_bad_input():
+    with pytest.raises(clamor.ConfigError, match="Client"):
+        clamor.dask.attach("tcp://127.0.0.1:8786")
+    with pytest.raises(clamor.ConfigError, match="not attached"):
+        clamor.dask.detach()
+    with _cluster(n_workers=1) as cluster, Client(cluster) as c:
+        with pytest.raises(clamor.ConfigError, match="connect_timeout"):
+            clamor.dask.attach(c, connect_timeout=-1)
+        clamor.dask.attach(c)
+        try:
+            with pytest.raises(clamor.ConfigError, match="already"):
+                clamor.dask.attach(c)
+            with pytest.raises(clamor.RegionInUse, match="Dask"):
+                clamor.Cluster(workers=1).start()
+        finally:
+            clamor.dask.detach(c)
+
+
+def test_detach_and_client_close_leave_nothing_on_the_workers():
+    base = clamor.region.base() if clamor.region.size() else None
+    with _cluster(n_workers=1) as cluster:
+        with Client(cluster) as c:
+            clamor.dask.attach(c)
+            g = clamor.array(np.arange(10.0))
+            assert c.submit(lambda: float(g.sum())).result() == 45.0
+            base = clamor.region.base()
+            state = c.run(_region_state(base))
+            assert all(s["mapped"] and "clamor-pager" in s["threads"] for s in state.values())
+            clamor.dask.detach(c)
+            assert clamor.dask.attached() is None
+            state = c.run(_region_state(base))
+            assert all(not s["mapped"] and not s["threads"] for s in state.values()), state
+            assert c.submit(lambda: 6 * 7).result() == 42     # Dask itself goes on
+            clamor.dask.attach(c)                                # and attaches again
+            assert c.submit(lambda: float(g[3])).result() == 3.0
+        # the client closed without detach: the driver notices, the workers follow
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and clamor.dask.attached() is not None:
+            time.sleep(0.1)
+        assert clamor.dask.attached() is None
+        with Client(cluster) as c2:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                state = c2.run(_region_state(base))
+                if all(not s["mapped"] and not s["threads"] for s in state.values()):
+                    break
+                time.sleep(0.2)
+            assert all(not s["mapped"] and not s["threads"] for s in state.values()), state
+
+
+def test_workers_inside_the_driver_process_are_refused():
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+        with pytest.raises(clamor.ConfigError, match="processes"):
+            clamor.dask.attach(c)
+        assert clamor.dask.attached() is None
