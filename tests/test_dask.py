@@ -266,3 +266,43 @@ def test_versions_are_freed_once_their_futures_are(client, monkeypatch):
     assert clamor.dask.stats()["versions_kept"] == 1
 
 
+
+
+# -- differential: random writes and submissions, interleaved ------------------
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13, 14, 15])
+def test_random_updates_and_submissions_read_what_one_process_reads(client, seed):
+    """Rounds of sparse driver writes, each followed by submissions that do
+    not wait for the earlier ones (map, submit, delayed, bag; tasks sleep a
+    little so that versions overlap on the workers).  Every result must
+    equal what the same function returned in this process at submission."""
+    rng = np.random.default_rng(seed)
+    g = clamor.array(rng.standard_normal(1 << 18))      # 2 MiB: 32 pages
+    jobs, want = [], []
+    for _ in range(16):
+        pages = rng.choice(32, size=rng.integers(1, 6), replace=False)
+        for p in pages:
+            lo = int(p) * 8192 + int(rng.integers(0, 8000))
+            g[lo:lo + int(rng.integers(1, 100))] = rng.standard_normal()
+        idx = rng.integers(0, g.size, size=int(rng.integers(1, 40)))
+        nap = float(rng.uniform(0, 0.02))
+
+        def read(i, idx=idx, nap=nap):
+            time.sleep(nap)
+            return float(g[idx[i % idx.size]]) + float(g[idx].sum())
+
+        n = int(rng.integers(1, 6))
+        expect = [read(i, nap=0) for i in range(n)]
+        how = rng.integers(0, 4)
+        if how == 0:
+            jobs.append(client.map(read, range(n), pure=False))
+        elif how == 1:
+            jobs.append([client.submit(read, i, pure=False) for i in range(n)])
+        elif how == 2:   # (client.compute submits now; .compute() would read at its own, later time)
+            jobs.append(client.compute(dask.delayed(lambda *xs: list(xs))(*[dask.delayed(read)(i) for i in range(n)])))
+        else:
+            jobs.append(client.compute(db.from_sequence(range(n), npartitions=min(n, 3)).map(read)))
+        want.append(expect)
+    got = [client.gather(job) for job in jobs]
+    assert got == want

@@ -152,7 +152,7 @@ def stats():
         raise errors.ConfigError("this process is not attached to a Dask client")
     out = region.stats()
     out["versions_kept"] = _current["driver"].versions_kept
-    out["version"] = region.stage_current()
+    out["version"] = _current["driver"].version
     return out
 
 

@@ -56,6 +56,7 @@ class Driver:
         self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
         self._changes = {}                # stage -> the pages changed when it began
         self._stamps = {}                 # version -> when it was last stamped
+        self.version = None               # the newest version: the last stage that changed bytes
         self._gone = threading.Event()    # detached: requests are answered BYE
         self._stop = threading.Event()
         self.versions_kept = 1
@@ -63,19 +64,24 @@ class Driver:
     # -- versions --------------------------------------------------------
 
     def stamp(self):
-        """The version of a region array being pickled now."""
+        """The version of a region array being pickled now: the last stage
+        whose bytes differ from the one before.  (Pages written back to
+        what they held, such as a region object's reference count during
+        pickling, begin a stage but not a version: a graph pickled twice
+        with nothing changed between pickles, and tokenizes, the same.)"""
         with self._lock:
             if region.dirty_count():
                 self._begin()
-            v = region.stage_current()
+            v = self.version
             self._stamps[v] = time.monotonic()
             return v
 
     def _begin(self):
         sid = region.stage_current() + 1
         changed = region.stage_begin(sid)
-        if changed.size:
+        if changed.size or self.version is None:
             self._changes[sid] = changed
+            self.version = sid
 
     def changes(self, lo, hi):
         """Pages changed at the stages after ``lo`` up to ``hi`` (either
@@ -94,10 +100,11 @@ class Driver:
         with self._lock:
             recent = time.monotonic() - STAMP_HOLD
             self._stamps = {v: t for v, t in self._stamps.items() if t >= recent}
-            keep = sorted({region.stage_current()} | set(live) | set(self._stamps))
+            versions = {self.version} | set(live) | set(self._stamps)
+            keep = sorted(versions | {region.stage_current()})
             samehost.map_floor(keep[0])
             region.versions_keep(keep)
-            self.versions_kept = len(keep)
+            self.versions_kept = len(versions)
 
     # -- life --------------------------------------------------------------
 
@@ -190,7 +197,7 @@ class Driver:
         if self._gone.is_set():
             self._sock.send_multipart([who, b"BYE", b""])
         elif kind == b"JOIN":
-            welcome = {"pages": self.pages, "stage": region.stage_current(), "base": region.base(),
+            welcome = {"pages": self.pages, "stage": self.version, "base": region.base(),
                        "pid": os.getpid(), "pidns": pid_namespace()}
             self._sock.send_multipart([who, b"WELCOME", json.dumps(welcome).encode()])
         elif kind == b"CHANGES":
