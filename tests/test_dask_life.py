@@ -97,3 +97,20 @@ def test_workers_inside_the_driver_process_are_refused():
         with pytest.raises(clamor.ConfigError, match="processes"):
             clamor.dask.attach(c)
         assert clamor.dask.attached() is None
+
+
+def test_a_worker_that_joins_later_attaches_too():
+    with _cluster(n_workers=1) as cluster, Client(cluster) as c:
+        clamor.dask.attach(c)
+        try:
+            g = clamor.array(np.arange(1 << 16, dtype=np.float64))
+            assert c.submit(lambda: float(g[100])).result() == 100.0
+            first = set(c.scheduler_info()["workers"])
+            cluster.scale(2)
+            c.wait_for_workers(2, timeout=60)
+            new = (set(c.scheduler_info()["workers"]) - first).pop()
+            g[100] = -5.0
+            assert c.submit(lambda: float(g[100]) + float(g[7]), workers=[new], pure=False).result() == 2.0
+            assert c.run(lambda: clamor.region.role(), workers=[new])[new] == "worker"
+        finally:
+            clamor.dask.detach(c)

@@ -27,7 +27,7 @@ except ImportError as err:  # pragma: no cover - the extra is not installed
 from .. import errors
 from ..runtime import security
 from ..runtime._liveness import pid_namespace
-from ..runtime.cluster import add_region_user, any_open
+from ..runtime.cluster import REPLICATION, add_region_user, any_open
 from ..runtime.worker import advertised_address
 from . import _driver, _scheduler, _worker
 from ._pickling import GlobalArray
@@ -58,7 +58,7 @@ def _local(address):
         return False
 
 
-def attach(client, secret=None, encrypt=True, host=None, connect_timeout=30.0):
+def attach(client, secret=None, encrypt=True, host=None, replication="two-choices", connect_timeout=30.0):
     """Serve this process's region to every worker of ``client``, present
     and future, and send region arrays to its tasks by reference.
 
@@ -68,7 +68,9 @@ def attach(client, secret=None, encrypt=True, host=None, connect_timeout=30.0):
     host; others read CLAMOR_SECRET from their environment.  ``encrypt``:
     CURVE (default) or authentication only.  ``host``: the address workers
     reach this process by (default: this host's address towards the
-    scheduler).  Raises ConfigError for a client that is not connected, a
+    scheduler).  ``replication``: how the driver spreads requests for hot
+    pages over the workers that hold them, as a Cluster's ("off",
+    "random", "two-choices").  Raises ConfigError for a client that is not connected, a
     second attach, or a worker that cannot attach (its error names why)."""
     if not isinstance(client, distributed.Client):
         raise errors.ConfigError(f"attach takes a dask.distributed.Client, not {type(client).__name__}")
@@ -76,6 +78,8 @@ def attach(client, secret=None, encrypt=True, host=None, connect_timeout=30.0):
         raise errors.ConfigError(f"the Dask client is {client.status}, not running")
     if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or connect_timeout <= 0:
         raise errors.ConfigError(f"connect_timeout is a positive number of seconds, not {connect_timeout!r}")
+    if replication not in REPLICATION:
+        raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
     with _lock:
         if _current:
             raise errors.ConfigError("this process is attached to a Dask client already: detach it first")
@@ -84,7 +88,7 @@ def attach(client, secret=None, encrypt=True, host=None, connect_timeout=30.0):
         sched = client.scheduler.address
         secret = security.from_environment(secret) or security.new_secret()
         host = host or advertised_address(sched if sched.startswith("tcp://") else "tcp://127.0.0.1:1")
-        driver = _driver.Driver(client, secret, encrypt, host)
+        driver = _driver.Driver(client, secret, encrypt, host, replication)
         driver.start()
         try:
             carried = secret if (sched.startswith("tls://") or _local(sched)) else None

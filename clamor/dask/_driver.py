@@ -12,7 +12,12 @@ Cluster's) answers:
 
     JOIN    json{"pid"}            -> WELCOME json{"pages", "stage", "base", "pid", "pidns"}
     CHANGES json[lo, hi]           -> CHANGES <uint64 page indices changed in stages lo+1..hi>
-    PING    b""                    -> PONG, or BYE once detached
+    PING    <its page server>      -> PONG, or BYE once detached
+    LEAVE   <its page server>      -> BYE
+
+A worker's page server is a peer the driver may send page requests to
+(replication, as in a Cluster); one that has not pinged for PEER_GRACE
+seconds, or that left, is forgotten.
 
 A keeper thread asks the scheduler, every half second, which versions its
 tasks may still read, and frees the page versions no task needs, nor a
@@ -33,12 +38,14 @@ from .. import errors
 from ..memory import region, samehost
 from ..runtime import security
 from ..runtime._liveness import pid_namespace
+from ..runtime.cluster import REPLICATION
 from . import _pickling
 
 log = logging.getLogger("clamor.dask")
 
 KEEP_PERIOD = 0.5   # seconds between the keeper's questions to the scheduler
 STAMP_HOLD = 30.0   # seconds a version stamped into a graph is kept, whatever the scheduler says
+PEER_GRACE = 5.0    # seconds without a ping before a worker's page server is forgotten
 
 
 def _live_versions(dask_scheduler=None):
@@ -49,8 +56,10 @@ def _live_versions(dask_scheduler=None):
 class Driver:
     """This process's region served to the workers of one Dask client."""
 
-    def __init__(self, client, secret, encrypt, host):
+    def __init__(self, client, secret, encrypt, host, replication="two-choices"):
         self.client = client
+        self.replication = replication
+        self._peers = {}                  # a worker's page server -> when it last pinged
         self.security = security.Security(secret, encrypt)
         self.host = host
         self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
@@ -118,6 +127,7 @@ class Driver:
         self.security.core()
         self.pages = region.serve(f"tcp://{self.host}:*")
         region.reset_peers()
+        region.set_replication(REPLICATION[self.replication])
         samehost.share(False)
         with self._lock:
             self._begin()   # from here on, a write is a new version
@@ -169,6 +179,18 @@ class Driver:
                 continue
             if live is not None:
                 self.keep(live)
+            self._forget_silent()
+
+    def _forget_silent(self):
+        now = time.monotonic()
+        for ep, last in list(self._peers.items()):
+            if now - last > PEER_GRACE:
+                log.info("the worker serving pages at %s has not pinged for %g s: forgotten", ep, now - last)
+                self._forget(ep)
+
+    def _forget(self, ep):
+        if self._peers.pop(ep, None) is not None:
+            region.forget_peer(ep)
 
     def _serve(self):
         poller = zmq.Poller()
@@ -204,7 +226,12 @@ class Driver:
             lo, hi = json.loads(frames[2])
             self._sock.send_multipart([who, b"CHANGES", self.changes(lo, hi).astype(np.uint64).tobytes()])
         elif kind == b"PING":
+            if frames[2]:
+                self._peers[frames[2].decode()] = time.monotonic()
             self._sock.send_multipart([who, b"PONG", b""])
+        elif kind == b"LEAVE":
+            self._forget(frames[2].decode())
+            self._sock.send_multipart([who, b"BYE", b""])
         else:
             raise ValueError(f"unknown request {kind[:32]!r}")
 

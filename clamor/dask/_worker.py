@@ -227,7 +227,7 @@ class RegionPlugin(WorkerPlugin):
             welcome = json.loads(body)
             sec.core()
             host = advertised_address(self.control)
-            region.connect(welcome["pages"], serve_endpoint=f"tcp://{host}:*")
+            self.serving = region.connect(welcome["pages"], serve_endpoint=f"tcp://{host}:*").encode()
         except BaseException:
             self.link.close()
             raise
@@ -262,7 +262,7 @@ class RegionPlugin(WorkerPlugin):
                 why = "the driver's process is gone"
             else:
                 try:
-                    kind, _ = self.link.ask(b"PING", timeout=2.0)
+                    kind, _ = self.link.ask(b"PING", self.serving, timeout=2.0)
                     last = time.monotonic()
                     if kind == b"BYE":
                         why = "the driver detached"
@@ -288,6 +288,10 @@ class RegionPlugin(WorkerPlugin):
         drained = self.gate.close(why)
         _pickling.resolve(False)
         _pickling.uninstall()
+        try:
+            self.link.ask(b"LEAVE", self.serving, timeout=1.0)
+        except errors.ClamorError:
+            pass   # (a driver that is gone forgets it anyway)
         self.link.close()
         if not drained:
             # a task still reads the region: leave it mapped rather than pull it from under the task
