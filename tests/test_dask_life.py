@@ -114,3 +114,46 @@ def test_a_worker_that_joins_later_attaches_too():
             assert c.run(lambda: clamor.region.role(), workers=[new])[new] == "worker"
         finally:
             clamor.dask.detach(c)
+
+
+def test_the_control_endpoint_admits_members_only_and_survives_bad_requests():
+    import json
+
+    import zmq
+
+    from clamor.runtime import security
+    with _cluster(n_workers=1) as cluster, Client(cluster) as c:
+        clamor.dask.attach(c)
+        try:
+            st = clamor.dask.stats()
+            ctx = zmq.Context()
+            try:
+                stranger = ctx.socket(zmq.DEALER)          # no keys: the handshake never completes
+                stranger.linger = 0
+                stranger.connect(st["control"])
+                stranger.send_multipart([b"JOIN", b"{}"])
+                assert not stranger.poll(1500)
+                intruder = ctx.socket(zmq.DEALER)          # keys of another secret
+                intruder.linger = 0
+                security.Security(security.new_secret()).client(intruder)
+                intruder.connect(st["control"])
+                intruder.send_multipart([b"PING", b""])
+                assert not intruder.poll(1500)
+                member = ctx.socket(zmq.DEALER)
+                member.linger = 0
+                security.Security(clamor.dask.secret(c)).client(member)
+                member.connect(st["control"])
+                for bad in ([b"CHANGES", b"not json"], [b"CHANGES", json.dumps([1]).encode()], [b"WHAT", b""],
+                            [b"CHANGES"], [b"\xff" * 5000]):
+                    member.send_multipart(bad)
+                    assert member.poll(5000)
+                    kind, why = member.recv_multipart()
+                    assert kind == b"ERROR" and why, bad
+                member.send_multipart([b"PING", b""])
+                assert member.poll(5000) and member.recv_multipart()[0] == b"PONG"
+            finally:
+                ctx.destroy(linger=0)
+            g = clamor.array(np.arange(100.0))
+            assert c.submit(lambda: float(g.sum())).result() == 4950.0
+        finally:
+            clamor.dask.detach(c)

@@ -150,13 +150,16 @@ def secret(client=None):
 
 
 def stats():
-    """The driver's figures: versions kept, the region's counters."""
+    """The driver's figures: the region's counters (clamor.stats()), the
+    newest ``version`` and ``versions_kept``, and where it listens
+    (``control``, ``pages``)."""
     from ..memory import region
     if not _current:
         raise errors.ConfigError("this process is not attached to a Dask client")
     out = region.stats()
     out["versions_kept"] = _current["driver"].versions_kept
     out["version"] = _current["driver"].version
+    out["control"], out["pages"] = _current["driver"].endpoint, _current["driver"].pages
     return out
 
 
