@@ -26,8 +26,8 @@ PAGE = 64 << 10
 
 
 def _cluster(**kw):
-    args = dict(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, host="127.0.0.1",
-                worker_dashboard_address=None)
+    args = dict(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0", host="127.0.0.1",
+                worker_dashboard_address=":0")
     args.update(kw)
     return LocalCluster(**args)
 

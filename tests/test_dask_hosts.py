@@ -13,9 +13,9 @@ their namespaces).  The tests run in file order: a third worker joins in
 the fourth and leaves at its end, and the last one detaches.  Every figure
 computed on Dask is compared with the same computation in this process.
 
-Peers serving pages to each other are not tested here: clamor.dask never
-sets a replication policy, so in a fresh driver process the directory's
-default (off) holds and every page comes from the driver.
+Peers serve each other pages as in a Cluster (attach's replication,
+"two-choices" by default): a worker that reads what another holds gets
+pages from it.
 """
 import contextlib
 import logging
@@ -192,6 +192,25 @@ def test_a_driver_update_between_two_submissions(env):
     st = client.run(clamor.stats, workers=good)
     assert [(s["pages_invalidated"], s["pages_fetched"]) for s in st.values()] == [(1, 1)] * 2, st
     assert client.gather(first) == want1 and client.gather(second) == want2
+
+
+def test_a_worker_gets_pages_from_a_peer_that_holds_them(env):
+    """Worker 0 reads a 4 MiB global; worker 1 then reads the same pages,
+    and the driver sends some of its requests to worker 0, which serves
+    them: exact sums, bytes from the peer on worker 1, pages served on
+    worker 0."""
+    import clamor
+    client = env.client
+    good = env.good()
+    a = clamor.array(np.arange(1 << 19, dtype=np.float64) * 0.25)
+    want = float(a.sum())
+    whole = lambda: float(a.sum())
+    client.run(clamor.reset_stats)
+    assert client.submit(whole, workers=[good[0]], pure=False).result() == want
+    assert client.submit(whole, workers=[good[1]], pure=False).result() == want
+    st = client.run(clamor.stats, workers=good)
+    assert st[good[1]]["bytes_from_peers"] > 0 and st[good[0]]["pages_served"] > 0, st
+    assert st[good[0]]["bytes_from_peers"] == 0
 
 
 def test_a_worker_with_another_secret_is_refused_and_the_rest_keep_working(env, caplog):

@@ -15,8 +15,8 @@ import clamor.dask  # noqa: E402
 
 
 def _cluster(**kw):
-    args = dict(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, host="127.0.0.1",
-                worker_dashboard_address=None)
+    args = dict(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0", host="127.0.0.1",
+                worker_dashboard_address=":0")
     args.update(kw)
     return LocalCluster(**args)
 
@@ -93,7 +93,7 @@ def test_detach_and_client_close_leave_nothing_on_the_workers():
 
 
 def test_workers_inside_the_driver_process_are_refused():
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as c:
         with pytest.raises(clamor.ConfigError, match="processes"):
             clamor.dask.attach(c)
         assert clamor.dask.attached() is None

@@ -9,6 +9,11 @@ themselves too), and with the executor ``clamor-<version>``, which the
 worker plugin gates so that a worker runs tasks of one version at a time.
 A retry, or a recomputation after a worker is lost, keeps the annotation.
 
+Each such task also needs the worker resource ``clamor``, which a worker
+has only once its plugin attached it: a worker that could not attach (no
+secret, another one) gets none of these tasks, and they wait for one
+that did.
+
 A version stays live while a task annotated with it is known to the
 scheduler (not forgotten), and for HOLD seconds after a graph holding it
 was loaded here (it is annotated only once Dask has ordered the graph);
@@ -25,6 +30,7 @@ log = logging.getLogger("clamor.dask")
 
 NAME = "clamor"
 HOLD = 30.0
+RESOURCE = "clamor"       # a worker resource: attached workers have plenty, others none
 
 
 class VersionPlugin(SchedulerPlugin):
@@ -34,6 +40,20 @@ class VersionPlugin(SchedulerPlugin):
         self.keys_at = {}      # version -> keys annotated with it, not forgotten
         self.version_of = {}   # key -> version
         self.newest = None     # the highest version seen in a graph
+
+    def start(self, scheduler):
+        self.scheduler = scheduler
+        scheduler.handlers["clamor_attached"] = self._attached
+
+    def _attached(self, worker=None, **kwargs):
+        """A worker attached (and set its resource): tasks waiting for an
+        attached worker may go to it."""
+        ws = self.scheduler.workers.get(worker)
+        if ws is None:
+            return "unknown"
+        recs = self.scheduler.bulk_schedule_unrunnable_after_adding_worker(ws)
+        self.scheduler.transitions(recs, stimulus_id=f"clamor-attached-{time.time()}")
+        return "OK"
 
     def update_graph(self, scheduler, *, tasks=(), **kwargs):
         if not _pickling.loaded():   # no region array ever reached this scheduler
@@ -54,6 +74,7 @@ class VersionPlugin(SchedulerPlugin):
         keys = self.keys_at.setdefault(v, set())
         for ts in new:
             ts.annotations = {**(ts.annotations or {}), "clamor": v, "executor": f"clamor-{v}"}
+            ts.resource_restrictions = {**(ts.resource_restrictions or {}), RESOURCE: 1}
             keys.add(ts.key)
             self.version_of[ts.key] = v
 

@@ -34,10 +34,12 @@ from ..runtime import security
 from ..runtime._liveness import pid_alive, pid_namespace
 from ..runtime.worker import advertised_address
 from . import _pickling
+from ._scheduler import RESOURCE
 
 log = logging.getLogger("clamor.dask")
 
 NAME = "clamor"
+SLOTS = 1 << 20        # the worker's amount of the clamor resource: never what limits it
 PING_PERIOD = 0.5      # seconds between a worker's pings of the driver
 DRIVER_GRACE = 10.0    # seconds without an answer before a worker detaches itself
 
@@ -204,7 +206,13 @@ class RegionPlugin(WorkerPlugin):
         self.control, self.secret, self.encrypt = control, secret, encrypt
         self.driver_pid, self.driver_pidns, self.timeout = driver_pid, driver_pidns, timeout
 
-    def setup(self, worker):
+    async def setup(self, worker):
+        self._attach(worker)
+        self.worker = worker
+        await worker.set_resources(**{RESOURCE: SLOTS})
+        await worker.scheduler.clamor_attached(worker=worker.address)
+
+    def _attach(self, worker):
         if os.getpid() == self.driver_pid and pid_namespace() == self.driver_pidns:
             raise errors.ConfigError("this Dask worker runs inside the driver's process (a LocalCluster with "
                                      "processes=False?): clamor needs workers in processes of their own")
@@ -271,10 +279,15 @@ class RegionPlugin(WorkerPlugin):
                         why = f"the driver has not answered for {DRIVER_GRACE:g} s"
             if why:
                 log.warning("clamor detaches this worker: %s", why)
+                try:   # no task that reads globals comes here any more
+                    worker.loop.add_callback(worker.set_resources, **{RESOURCE: 0})
+                except Exception as err:  # the worker is closing
+                    log.debug("could not take the clamor resource back: %s", err)
                 self._shutdown(why)
                 return
 
-    def teardown(self, worker):
+    async def teardown(self, worker):
+        await worker.set_resources(**{RESOURCE: 0})
         self._shutdown("clamor.dask.detach()")
 
     def _shutdown(self, why):
