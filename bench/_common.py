@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -244,9 +245,35 @@ def make_points(n, k, d, seed, out=None):
 
 # ---- the JSON line ---------------------------------------------------------------------
 
-def json_line(figures):
-    """Print a benchmark's figures as one JSON object on one line: its last line."""
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _commit():
+    try:
+        out = subprocess.run(["git", "-C", os.path.dirname(RESULTS), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def json_line(figures, name=None):
+    """Print a benchmark's figures as one JSON object on one line: its last
+    line.  The same figures go to bench/results/NAME.json (NAME: the
+    script's, with "-quick" for a --quick run), with the date, the commit
+    and the command line, for bench/figures.py."""
     print(json.dumps(figures), flush=True)
+    if name is None:
+        name = os.path.splitext(os.path.basename(sys.argv[0]))[0] + ("-quick" if "--quick" in sys.argv else "")
+    record = {"bench": name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
+              "argv": sys.argv[1:], "machine": {"cpus": os.cpu_count()}, "figures": figures}
+    try:
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
+            json.dump(record, f, indent=1, default=str)
+            f.write("\n")
+    except OSError as err:   # (a read-only checkout: the line above is the result)
+        print(f"could not write bench/results/{name}.json: {err}", file=sys.stderr)
 
 
 def last_json_line(text):

@@ -207,8 +207,12 @@ class RegionPlugin(WorkerPlugin):
         self.driver_pid, self.driver_pidns, self.timeout = driver_pid, driver_pidns, timeout
 
     async def setup(self, worker):
-        self._attach(worker)
-        self.worker = worker
+        try:
+            self._attach(worker)
+        except BaseException:
+            if worker.state.total_resources.get(RESOURCE):   # (attached before, detached since)
+                await worker.set_resources(**{RESOURCE: 0})
+            raise
         await worker.set_resources(**{RESOURCE: SLOTS})
         await worker.scheduler.clamor_attached(worker=worker.address)
 
@@ -279,15 +283,13 @@ class RegionPlugin(WorkerPlugin):
                         why = f"the driver has not answered for {DRIVER_GRACE:g} s"
             if why:
                 log.warning("clamor detaches this worker: %s", why)
-                try:   # no task that reads globals comes here any more
-                    worker.loop.add_callback(worker.set_resources, **{RESOURCE: 0})
-                except Exception as err:  # the worker is closing
-                    log.debug("could not take the clamor resource back: %s", err)
                 self._shutdown(why)
                 return
 
-    async def teardown(self, worker):
-        await worker.set_resources(**{RESOURCE: 0})
+    def teardown(self, worker):
+        # (the worker keeps the clamor resource: a task that reads globals and
+        # was already on its way fails at the closed gate, saying why, rather
+        # than wait for a resource that never comes)
         self._shutdown("clamor.dask.detach()")
 
     def _shutdown(self, why):
