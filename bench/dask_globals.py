@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+"""clamor's globals on Dask: k-nearest queries over a large array index read
+in place (clamor.dask) against the same index broadcast with
+``client.scatter(..., broadcast=True)``, and a round of streaming updates
+against re-scattering.
+
+The global is a grid index of ``--points`` places (40M; quick 2M) on a
+4096 x 4096 km plane, all of it region arrays made with ``clamor.empty``:
+
+  pts      (N, 2) float64  coordinates in km, sorted by grid cell (row-major
+                           cells of 4 km, 1024 x 1024)
+  ids      (N,)   int64    each place's record id
+  offsets  (G*G + 1,) int64  where each cell's places start in pts and ids
+
+(24 bytes a place: 0.9 GiB in the full run, 54 MiB quick.)  The places are
+70% around 10,000 "cities" (sizes Zipf(0.7), spread 5 to 25 km) and 30%
+uniform.  Queries are uniform in a disc of ``--radius-km`` (100) around
+the largest city, sorted by cell and cut into ``--tasks`` batches (8 per
+worker); a task answers its batch's ``--k`` (10) nearest places exactly:
+it gathers the places of the cells around its queries (one slice of pts
+and ids per row of cells), builds a scipy cKDTree over them, and takes a
+query's answer once its k-th distance is within the gathered rectangle;
+the others try again with a rectangle twice as wide.  A task reads only
+the cells near its queries.
+
+The same Dask cluster of ``--workers`` (4) single-threaded worker
+processes serves both sides, attached with ``clamor.dask.attach``:
+
+  clamor   ``client.map(knn_task, batches, pts=pts, ids=ids, offsets=...)``
+           with the region arrays as arguments: they travel by reference,
+           and each worker faults in the pages its tasks touch, from the
+           driver or a peer.  Timed from submitting to the answers.
+  scatter  ``client.scatter([pts, ids, offsets], broadcast=True)`` (region
+           arrays go by value, as any numpy array: Dask hashes, serialises
+           and sends them, then replicates them to every worker), then the
+           same map with the futures.  Timed from the scatter to the
+           answers.
+
+``speedup_vs_scatter`` = scatter time / clamor time.  Each of ``--reps``
+(2; quick 3) rounds starts cold: every worker drops its pages of the
+global, and the scattered copies are released; the order alternates.  The
+two sides' answers must be identical (and equal to a brute-force search
+for a few queries), else the script exits 1.
+
+Streaming updates (``--update-rounds``, 3; quick 2): the driver moves
+``--updates`` (300) places, chosen among those in the cells around the
+query disc, to new random points of their own cells (the index stays
+valid), writing pts in place; then ``--update-queries`` (20000; quick
+5000) new queries in ``2 x workers`` tasks.  clamor: the write and the
+lookups (each worker drops the pages that changed, then fetches what it
+reads again).  Baseline: the same lookups after re-scattering the updated
+pts (``broadcast=True``; ids and offsets did not change, so they stay:
+the baseline's best case).  Answers must be equal.
+``update_speedup_vs_rescatter`` = median re-scatter round / median clamor
+round.
+
+Bytes: clamor's are the workers' ``bytes_fetched`` (which counts the bytes
+from peers too: ``clamor.stats()`` on each worker, summed); the scatter's
+are the arrays' bytes times the workers.  With namespace hosts, both sides
+are also measured on the links: the bytes into every worker host (the
+root-side veth's tx counter), which counts Dask's own messages too;
+``bytes_ratio_vs_scatter`` is the measured one there.
+
+Hosts: the full run makes ``--workers`` network-namespace hosts with
+tests/nethosts.py, every link limited to ``--rate`` (1gbit) both ways; the
+Dask scheduler (``python -m distributed.cli.dask_scheduler``) and the
+driver (this process) stay in the root namespace, one ``dask worker`` (no
+nanny, one thread) runs on each host with CLAMOR_SECRET in its
+environment, and ``attach(client, host=<root address>)``.  ``--quick``,
+``--local``, or a machine without root and namespaces: one host, a
+``LocalCluster(n_workers=4, threads_per_worker=1, processes=True)`` on
+loopback.
+
+    python bench/dask_globals.py [--quick] [--local] [--workers 4] [--rate 1gbit] [--points 40M]
+
+The last line is one JSON object (keys in bench/README.md).
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from _common import MIB, die_with_parent, human, json_line, parse_size
+
+GRID = 1024          # cells a side
+CELL_KM = 4.0        # a cell's side
+CITIES = 10000
+# The Active Memory Manager (on by default) drops the replicas that
+# scatter(broadcast=True) makes, every 2 s, and replicate makes them again:
+# on slow links the two never finish.  A user who broadcasts turns it off.
+AMM_OFF = {"distributed.scheduler.active-memory-manager.start": False}
+AMM_OFF_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START": "False"}
+
+
+# ---- the task (runs on the Dask workers; cloudpickle sends it by value) -------------------
+
+def knn_task(q, pts, ids, offsets, grid, cell, k):
+    """The ``k`` nearest places of each query in ``q`` (m, 2): (record ids
+    (m, k) int64, distances (m, k) float64), nearest first.  Reads only the
+    cells around the queries."""
+    import numpy as np
+    from scipy.spatial import cKDTree
+
+    m = len(q)
+    out_id = np.empty((m, k), np.int64)
+    out_d = np.empty((m, k), np.float64)
+    todo = np.arange(m)
+    margin = 1
+    while todo.size:
+        qq = q[todo]
+        cx = np.minimum((qq[:, 0] // cell).astype(np.int64), grid - 1)
+        cy = np.minimum((qq[:, 1] // cell).astype(np.int64), grid - 1)
+        x0, x1 = max(int(cx.min()) - margin, 0), min(int(cx.max()) + margin, grid - 1)
+        y0, y1 = max(int(cy.min()) - margin, 0), min(int(cy.max()) + margin, grid - 1)
+        rows = np.arange(y0, y1 + 1) * grid
+        starts, ends = offsets[rows + x0], offsets[rows + x1 + 1]
+        cand = np.concatenate([pts[s:e] for s, e in zip(starts, ends)])
+        cids = np.concatenate([ids[s:e] for s, e in zip(starts, ends)])
+        whole = x0 == 0 and y0 == 0 and x1 == grid - 1 and y1 == grid - 1
+        if len(cand) < k and not whole:
+            margin *= 2
+            continue
+        d, j = cKDTree(cand).query(qq, k=k)
+        d, j = d.reshape(len(qq), k), j.reshape(len(qq), k)
+        # distance from each query to the rectangle's edge (no edge where the grid ends)
+        inf = np.inf
+        g = np.minimum.reduce([
+            qq[:, 0] - x0 * cell if x0 > 0 else np.full(len(qq), inf),
+            (x1 + 1) * cell - qq[:, 0] if x1 < grid - 1 else np.full(len(qq), inf),
+            qq[:, 1] - y0 * cell if y0 > 0 else np.full(len(qq), inf),
+            (y1 + 1) * cell - qq[:, 1] if y1 < grid - 1 else np.full(len(qq), inf)])
+        ok = (d[:, -1] <= g) | whole
+        done = todo[ok]
+        out_id[done] = cids[j[ok]]
+        out_d[done] = d[ok]
+        todo = todo[~ok]
+        margin *= 2
+    return out_id, out_d
+
+
+def warm():
+    """Untimed, on every worker: the task's imports."""
+    import numpy  # noqa: F401
+    import scipy.spatial  # noqa: F401
+    return os.getpid()
+
+
+def set_readahead(nbytes):
+    from clamor import region
+    region.configure(readahead=nbytes)
+
+
+def worker_info():
+    import clamor
+    from clamor import region
+    return {"role": region.role(), "page_size": region.page_size(), "readahead": region.configure()["readahead"],
+            "pid": os.getpid(), "clamor": clamor.__file__}
+
+
+def drop_global(ranges):
+    """Drop this worker's pages of the global ((first, count) page ranges) and zero its counters."""
+    import clamor
+    from clamor import region
+    for first, count in ranges:
+        region.drop_pages(first, count)
+    clamor.reset_stats()
+
+
+def worker_stats():
+    import clamor
+    return clamor.stats()
+
+
+# ---- the data -------------------------------------------------------------------------------
+
+def build(n, seed):
+    """The index as region arrays, and the largest city's centre."""
+    import clamor
+
+    rng = np.random.default_rng(seed)
+    side = GRID * CELL_KM
+    w = 1.0 / np.arange(1, CITIES + 1) ** 0.7
+    w /= w.sum()
+    centres = rng.uniform(0.1 * side, 0.9 * side, size=(CITIES, 2))
+    sigma = rng.uniform(5.0, 25.0, size=CITIES)
+    sigma[0] = 25.0
+    n_city = int(n * 0.7)
+    which = rng.choice(CITIES, size=n_city, p=w)
+    xy = np.empty((n, 2))
+    xy[:n_city] = centres[which] + rng.standard_normal((n_city, 2)) * sigma[which, None]
+    xy[n_city:] = rng.uniform(0.0, side, size=(n - n_city, 2))
+    np.clip(xy, 0.0, np.nextafter(side, 0.0), out=xy)
+    del which
+    key = np.minimum((xy[:, 1] // CELL_KM).astype(np.int64), GRID - 1) * GRID \
+        + np.minimum((xy[:, 0] // CELL_KM).astype(np.int64), GRID - 1)
+    order = np.argsort(key, kind="stable")
+    counts = np.bincount(key, minlength=GRID * GRID)
+    del key
+    pts = clamor.empty((n, 2), np.float64)
+    step = 1 << 22
+    for s in range(0, n, step):
+        pts[s:s + step] = xy[order[s:s + step]]
+    del xy
+    ids = clamor.empty(n, np.int64)
+    ids[:] = order
+    del order
+    offsets = clamor.empty(GRID * GRID + 1, np.int64)
+    offsets[0] = 0
+    np.cumsum(counts, out=offsets[1:])
+    return pts, ids, offsets, centres[0]
+
+
+def disc_queries(rng, centre, radius, n):
+    r = radius * np.sqrt(rng.uniform(size=n))
+    t = rng.uniform(0, 2 * np.pi, size=n)
+    q = np.empty((n, 2))
+    q[:, 0] = centre[0] + r * np.cos(t)
+    q[:, 1] = centre[1] + r * np.sin(t)
+    return q
+
+
+def batches(q, parts):
+    """Queries sorted by cell (row-major), cut into ``parts`` batches; and
+    the permutation, to put answers back in the queries' order."""
+    key = np.minimum((q[:, 1] // CELL_KM).astype(np.int64), GRID - 1) * GRID \
+        + np.minimum((q[:, 0] // CELL_KM).astype(np.int64), GRID - 1)
+    order = np.argsort(key, kind="stable")
+    b = [(len(q) * i) // parts for i in range(parts + 1)]
+    return [np.ascontiguousarray(q[order[b[i]:b[i + 1]]]) for i in range(parts)], order
+
+
+def assemble(results, order, n, k):
+    out_id = np.empty((n, k), np.int64)
+    out_d = np.empty((n, k))
+    out_id[order] = np.concatenate([r[0] for r in results])
+    out_d[order] = np.concatenate([r[1] for r in results])
+    return out_id, out_d
+
+
+def brute(pts, ids, q, k):
+    """The k nearest of one query over every place (the independent check)."""
+    d = np.hypot(pts[:, 0] - q[0], pts[:, 1] - q[1])
+    j = np.argpartition(d, k)[:k]
+    j = j[np.argsort(d[j], kind="stable")]
+    return ids[j], d[j]
+
+
+def near_disc_range(offsets, centre, radius):
+    """Index ranges in pts of the rows of cells around the query disc."""
+    lo = np.maximum(((centre - radius) // CELL_KM).astype(int) - 1, 0)
+    hi = np.minimum(((centre + radius) // CELL_KM).astype(int) + 1, GRID - 1)
+    rows = np.arange(lo[1], hi[1] + 1) * GRID
+    return [(int(offsets[r + lo[0]]), int(offsets[r + hi[0] + 1])) for r in rows]
+
+
+# ---- hosts ----------------------------------------------------------------------------------
+
+class LinkCounter:
+    """Bytes into and out of the worker hosts: the root-side veths' tx and rx counters."""
+
+    def __init__(self, veths):
+        self.veths = veths
+
+    def read(self):
+        tx = rx = 0
+        for v in self.veths:
+            with open(f"/sys/class/net/{v}/statistics/tx_bytes") as f:
+                tx += int(f.read())
+            with open(f"/sys/class/net/{v}/statistics/rx_bytes") as f:
+                rx += int(f.read())
+        return tx, rx
+
+
+class NoLinks:
+    def read(self):
+        return 0, 0
+
+
+def start_netns(args, tmp, secret, stack):
+    """Scheduler in the root namespace, one dask worker per namespace host.
+    Returns (client, hosts, root address, link counter)."""
+    import nethosts
+    from dask.distributed import Client
+
+    hosts = stack.enter_context(nethosts.Hosts(args.workers, rate=args.rate))
+    root = hosts.root_addr
+    sfile = os.path.join(tmp, "scheduler.json")
+    log = stack.enter_context(open(os.path.join(tmp, "scheduler.log"), "w"))
+    hosts.root.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", root, "--port", "0",
+                      "--no-dashboard", "--scheduler-file", sfile], env={**os.environ, **AMM_OFF_ENV},
+                     stdin=subprocess.DEVNULL, stdout=log,
+                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sfile):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"dask_globals: the scheduler did not start; see {log.name}")
+        time.sleep(0.1)
+    time.sleep(0.2)
+    client = Client(scheduler_file=sfile, timeout=60)
+    addr = client.scheduler.address
+    env = {**os.environ, "CLAMOR_SECRET": secret}
+    for h in hosts:
+        wlog = stack.enter_context(open(os.path.join(tmp, f"worker{h.index}.log"), "w"))
+        h.popen([sys.executable, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1", "--no-nanny",
+                 "--no-dashboard", "--host", h.addr, "--name", f"h{h.index}", "--local-directory", tmp,
+                 "--death-timeout", "60"], env=env, stdin=subprocess.DEVNULL, stdout=wlog,
+                stderr=subprocess.STDOUT)
+    client.wait_for_workers(args.workers, timeout=120)
+    return client, hosts, root, LinkCounter([h.veth for h in hosts])
+
+
+def start_local(args):
+    import dask
+    from dask.distributed import Client, LocalCluster
+
+    dask.config.set(AMM_OFF)
+
+    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    return Client(cluster), cluster
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, one host (under a minute)")
+    ap.add_argument("--local", action="store_true", help="one host (LocalCluster) even for the full run")
+    ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--rate", default="1gbit", help="every worker host's link, both ways (tc notation)")
+    ap.add_argument("--points", type=float, default=None, help="places (40e6; quick 2e6)")
+    ap.add_argument("--queries", type=int, default=None, help="k-NN queries (100000; quick 20000)")
+    ap.add_argument("--tasks", type=int, default=None, help="query batches (8 per worker)")
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--radius-km", type=float, default=100.0)
+    ap.add_argument("--reps", type=int, default=None, help="cold rounds of each side (2; quick 3)")
+    ap.add_argument("--updates", type=int, default=300, help="places moved per update round")
+    ap.add_argument("--update-queries", type=int, default=None, help="queries per update round (20000; quick 5000)")
+    ap.add_argument("--update-rounds", type=int, default=None, help="update rounds (3; quick 2)")
+    ap.add_argument("--readahead", type=parse_size, default=None,
+                    help="the workers' read-ahead in bytes, 0 off (default: clamor's, 4M)")
+    ap.add_argument("--brute", type=int, default=5, help="queries checked by brute force")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    q = args.quick
+    args.points = int(args.points or (2e6 if q else 40e6))
+    args.queries = args.queries or (20000 if q else 100000)
+    args.tasks = args.tasks or 8 * args.workers
+    args.reps = args.reps or (3 if q else 2)
+    args.update_queries = args.update_queries or (5000 if q else 20000)
+    args.update_rounds = args.update_rounds or (2 if q else 3)
+    if min(args.workers, args.points, args.queries, args.tasks, args.reps, args.update_queries,
+           args.update_rounds, args.k) < 1 or args.points < args.k:
+        ap.error("counts must be positive")
+
+    import contextlib
+
+    import clamor
+    import clamor.dask
+    from clamor import region
+    from clamor.runtime import security
+
+    netns = not (args.local or (q and not args.netns))
+    why_local = "--quick" if q and not args.netns else "--local" if args.local else None
+    if netns:
+        import nethosts
+        ok, reason = nethosts.available()
+        if not ok:
+            netns, why_local = False, f"no network namespaces here ({reason})"
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    t = time.perf_counter()
+    pts, ids, offsets, centre = build(args.points, args.seed)
+    build_s = time.perf_counter() - t
+    gbytes = pts.nbytes + ids.nbytes + offsets.nbytes
+    ps = region.page_size()
+    print(f"global: {args.points} places, pts {human(pts.nbytes) if pts.nbytes % 1024 == 0 else pts.nbytes} + ids "
+          f"+ offsets = {gbytes / MIB:.0f} MiB in the region, built in {build_s:.1f} s; queries within "
+          f"{args.radius_km:g} km of ({centre[0]:.0f}, {centre[1]:.0f}) km", flush=True)
+
+    def page_range(x):
+        a = x.__array_interface__["data"][0]
+        first = (a - region.base()) // ps
+        return int(first), int((a + x.nbytes - 1 - region.base()) // ps - first + 1)
+
+    ranges = [page_range(x) for x in (pts, ids, offsets)]
+
+    with tempfile.TemporaryDirectory(prefix="dask-globals-") as tmp, contextlib.ExitStack() as stack:
+        if netns:
+            secret = security.new_secret()
+            os.environ["CLAMOR_SECRET"] = secret
+            t = time.perf_counter()
+            client, hosts, root, links = start_netns(args, tmp, secret, stack)
+            nhosts = args.workers
+            print(f"hosts: {args.workers} namespace hosts on {hosts.prefix}.0/24, links {args.rate} both ways; "
+                  f"scheduler and driver in the root namespace ({root}); Dask up in "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)
+        else:
+            print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
+            client, cluster = start_local(args)
+            stack.callback(cluster.close)
+            root, links, nhosts = None, NoLinks(), 1
+        stack.callback(client.close)
+        t = time.perf_counter()
+        clamor.dask.attach(client, host=root)
+        stack.callback(lambda: clamor.dask.attached() and clamor.dask.detach(client))
+        attach_s = time.perf_counter() - t
+        if args.readahead is not None:
+            client.run(set_readahead, args.readahead)
+        info = client.run(worker_info)
+        if any(v["role"] != "worker" for v in info.values()) or len(info) != args.workers:
+            raise SystemExit(f"dask_globals: the workers are not all attached: {info}")
+        client.run(warm)
+        readahead = next(iter(info.values()))["readahead"]
+        print(f"attached in {attach_s:.2f} s; {len(info)} workers, page {human(ps)}, read-ahead "
+              f"{human(readahead) if readahead else 0}", flush=True)
+
+        grid_kw = {"grid": GRID, "cell": CELL_KM, "k": args.k}
+
+        def run_clamor(qb):
+            futs = client.map(knn_task, qb, pts=pts, ids=ids, offsets=offsets, pure=False, **grid_kw)
+            return client.gather(futs)
+
+        def run_scatter(qb, data=None, only_pts=False):
+            t0 = time.perf_counter()
+            if only_pts:
+                fp = client.scatter(pts, broadcast=True)
+                fi, fo = data[1], data[2]
+            else:
+                fp, fi, fo = client.scatter([pts, ids, offsets], broadcast=True)
+            sc = time.perf_counter() - t0
+            futs = client.map(knn_task, qb, pts=fp, ids=fi, offsets=fo, pure=False, **grid_kw)
+            return client.gather(futs), sc, (fp, fi, fo)
+
+        def clamor_bytes():
+            st = client.run(worker_stats)
+            return {"bytes_fetched": sum(s["bytes_fetched"] for s in st.values()),
+                    "bytes_from_peers": sum(s["bytes_from_peers"] for s in st.values()),
+                    "pages_fetched": sum(s["pages_fetched"] for s in st.values()),
+                    "readahead_pages": sum(s["readahead_pages"] for s in st.values()),
+                    "pages_invalidated": sum(s["pages_invalidated"] for s in st.values()),
+                    "faults": sum(s["faults"] for s in st.values()),
+                    "per_worker_bytes": sorted(s["bytes_fetched"] for s in st.values())}
+
+        def release(futs):
+            keys = [f.key for f in futs]
+            for f in futs:
+                f.release()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(client.who_has(keys).get(k) for k in keys):
+                time.sleep(0.05)
+
+        # ---- part 1: the k-NN queries, cold, each side ------------------------------------------
+        queries = disc_queries(rng, centre, args.radius_km, args.queries)
+        qb, qorder = batches(queries, args.tasks)
+        print(f"part 1: {args.queries} queries ({args.k} nearest) in {args.tasks} tasks, {args.reps} cold round(s) "
+              f"each side, order alternating", flush=True)
+        rows = {"clamor": [], "scatter": []}
+        answers = {}
+        for r in range(args.reps):
+            for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
+                client.run(drop_global, ranges)
+                l0 = links.read()
+                t0 = time.perf_counter()
+                if side == "clamor":
+                    res = run_clamor(qb)
+                    sc, held = None, None
+                else:
+                    res, sc, held = run_scatter(qb)
+                dt = time.perf_counter() - t0
+                l1 = links.read()
+                row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
+                if side == "clamor":
+                    row.update(clamor_bytes())
+                    row["bytes"] = row["bytes_fetched"]
+                else:
+                    row["scatter_s"] = sc
+                    row["bytes"] = gbytes * args.workers
+                    release(held)
+                    del held
+                got = assemble(res, qorder, args.queries, args.k)
+                if side in answers:
+                    same = np.array_equal(answers[side][0], got[0]) and np.array_equal(answers[side][1], got[1])
+                    if not same:
+                        raise SystemExit(f"dask_globals: {side}'s answers differ between rounds")
+                answers[side] = got
+                rows[side].append(row)
+                extra = (f"scatter {sc:.2f} s, " if sc is not None else
+                         f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
+                         f"peers, {row['readahead_pages']} pages read ahead), ")
+                print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
+                      f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+        a, b = answers["clamor"], answers["scatter"]
+        if not (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])):
+            bad = np.flatnonzero((a[0] != b[0]).any(axis=1) | (a[1] != b[1]).any(axis=1))
+            raise SystemExit(f"dask_globals: clamor and scatter disagree on {bad.size} queries (first {bad[:5]})")
+        for i in rng.choice(args.queries, size=min(args.brute, args.queries), replace=False):
+            bi, bd = brute(pts, ids, queries[i], args.k)
+            if not (np.array_equal(np.sort(bi), np.sort(a[0][i])) and np.allclose(bd, a[1][i], rtol=1e-12, atol=0)):
+                raise SystemExit(f"dask_globals: query {i}: the tasks' answer is not the brute-force one")
+        print(f"  answers: clamor == scatter for all {args.queries} queries; {args.brute} checked by brute force",
+              flush=True)
+
+        # ---- part 2: streaming updates -------------------------------------------------------------
+        near = near_disc_range(offsets, centre, args.radius_km)
+        spans = np.array([e - s for s, e in near])
+        print(f"part 2: {args.update_rounds} round(s): the driver moves {args.updates} of the "
+              f"{spans.sum()} places near the query disc within their cells, then {args.update_queries} queries in "
+              f"{2 * args.workers} tasks; against re-scattering pts ({human(pts.nbytes) if pts.nbytes % 1024 == 0 else pts.nbytes}) "
+              f"and the same queries", flush=True)
+        # the baseline's ids and offsets stay scattered through the rounds; clamor's workers hold their pages
+        client.run(drop_global, ranges)
+        base_fp, base_fi, base_fo = client.scatter([pts, ids, offsets], broadcast=True)
+        run_clamor(qb)                                   # both sides warm before the first update
+        client.run(drop_global, [])
+        urows = {"clamor": [], "rescatter": []}
+        for r in range(args.update_rounds):
+            pick = rng.choice(spans.sum(), size=args.updates, replace=False)
+            cum = np.concatenate([[0], np.cumsum(spans)])
+            row_of = np.searchsorted(cum, pick, side="right") - 1
+            idx = np.array([near[w][0] + p - cum[w] for w, p in zip(row_of, pick)], np.int64)
+            cells = np.floor(pts[idx] / CELL_KM)
+            new = (cells + rng.uniform(0.0, 1.0, size=(len(idx), 2))) * CELL_KM
+            uq = disc_queries(rng, centre, args.radius_km, args.update_queries)
+            ub, uorder = batches(uq, 2 * args.workers)
+            # clamor: write, then the lookups
+            client.run(drop_global, [])
+            l0 = links.read()
+            t0 = time.perf_counter()
+            pts[idx] = new
+            res_c = run_clamor(ub)
+            dt_c = time.perf_counter() - t0
+            l1 = links.read()
+            cb = clamor_bytes()
+            # baseline: re-scatter the updated pts, the same lookups
+            old = base_fp
+            release([old])
+            l2 = links.read()
+            t0 = time.perf_counter()
+            res_s, sc, (base_fp, _, _) = run_scatter(ub, (None, base_fi, base_fo), only_pts=True)
+            dt_s = time.perf_counter() - t0
+            l3 = links.read()
+            got_c, got_s = assemble(res_c, uorder, len(uq), args.k), assemble(res_s, uorder, len(uq), args.k)
+            if not (np.array_equal(got_c[0], got_s[0]) and np.array_equal(got_c[1], got_s[1])):
+                raise SystemExit(f"dask_globals: update round {r}: clamor and re-scatter disagree")
+            moved = set(ids[idx].tolist())
+            seen = moved & set(got_c[0].ravel().tolist())
+            urows["clamor"].append({"s": dt_c, "link_in": l1[0] - l0[0], **cb})
+            urows["rescatter"].append({"s": dt_s, "scatter_s": sc, "bytes": pts.nbytes * args.workers,
+                                       "link_in": l3[0] - l2[0]})
+            print(f"  round {r}: clamor {dt_c:6.3f} s (fetched {cb['bytes_fetched'] / MIB:.1f} MiB, "
+                  f"{cb['pages_invalidated']} pages invalidated), re-scatter {dt_s:6.2f} s (scatter {sc:.2f} s); "
+                  f"{len(seen)} moved places among the answers; answers equal", flush=True)
+        release([base_fp, base_fi, base_fo])
+        clamor.dask.detach(client)
+
+    # ---- figures
+    c_s = med([x["s"] for x in rows["clamor"]])
+    s_s = med([x["s"] for x in rows["scatter"]])
+    c_bytes = med([x["bytes_fetched"] for x in rows["clamor"]])
+    s_bytes = gbytes * args.workers
+    c_link = med([x["link_in"] for x in rows["clamor"]])
+    s_link = med([x["link_in"] for x in rows["scatter"]])
+    uc = med([x["s"] for x in urows["clamor"]])
+    us = med([x["s"] for x in urows["rescatter"]])
+    counted_ratio = s_bytes / c_bytes if c_bytes else None
+    link_ratio = s_link / c_link if netns and c_link else None
+    fig = {
+        "bench": "dask_globals",
+        "speedup_vs_scatter": s_s / c_s,
+        "bytes_ratio_vs_scatter": link_ratio if link_ratio is not None else counted_ratio,
+        "bytes_ratio_source": "link" if link_ratio is not None else "counters",
+        "bytes_ratio_counters": counted_ratio,
+        "bytes_ratio_link": link_ratio,
+        "update_speedup_vs_rescatter": us / uc,
+        "clamor_s": c_s, "scatter_s": s_s,
+        "scatter_transfer_s": med([x["scatter_s"] for x in rows["scatter"]]),
+        "clamor_s_all": [round(x["s"], 3) for x in rows["clamor"]],
+        "scatter_s_all": [round(x["s"], 3) for x in rows["scatter"]],
+        "clamor_bytes": c_bytes, "clamor_bytes_from_peers": med([x["bytes_from_peers"] for x in rows["clamor"]]),
+        "clamor_readahead_pages": med([x["readahead_pages"] for x in rows["clamor"]]),
+        "clamor_bytes_per_worker": rows["clamor"][-1]["per_worker_bytes"],
+        "scatter_bytes": s_bytes,
+        "clamor_link_bytes": c_link if netns else None, "scatter_link_bytes": s_link if netns else None,
+        "update_clamor_round_s": uc, "update_rescatter_round_s": us,
+        "update_rescatter_transfer_s": med([x["scatter_s"] for x in urows["rescatter"]]),
+        "update_clamor_round_s_all": [round(x["s"], 4) for x in urows["clamor"]],
+        "update_rescatter_round_s_all": [round(x["s"], 3) for x in urows["rescatter"]],
+        "update_clamor_bytes": med([x["bytes_fetched"] for x in urows["clamor"]]),
+        "update_pages_invalidated": med([x["pages_invalidated"] for x in urows["clamor"]]),
+        "update_rescatter_bytes": pts.nbytes * args.workers,
+        "update_clamor_link_bytes": med([x["link_in"] for x in urows["clamor"]]) if netns else None,
+        "update_rescatter_link_bytes": med([x["link_in"] for x in urows["rescatter"]]) if netns else None,
+        "attach_s": attach_s, "build_s": build_s,
+        "global_bytes": gbytes, "pts_bytes": pts.nbytes, "places": args.points, "queries": args.queries,
+        "tasks": args.tasks, "k": args.k, "radius_km": args.radius_km, "reps": args.reps,
+        "updates": args.updates, "update_queries": args.update_queries, "update_rounds": args.update_rounds,
+        "workers": args.workers, "hosts": nhosts, "rate": args.rate if netns else None,
+        "page_size": ps, "readahead": readahead, "quick": q, "answers_ok": True,
+        "elapsed_s": round(time.perf_counter() - t_start, 1),
+    }
+    print(f"k-NN: clamor {c_s:.2f} s, scatter {s_s:.2f} s (transfer {fig['scatter_transfer_s']:.2f} s) -> "
+          f"speedup_vs_scatter {fig['speedup_vs_scatter']:.2f} (target > 2); bytes: clamor "
+          f"{c_bytes / MIB:.1f} MiB, scatter {s_bytes / MIB:.0f} MiB -> ratio {counted_ratio:.1f}"
+          + (f", on the links {c_link / MIB:.1f} / {s_link / MIB:.0f} MiB -> {link_ratio:.1f}" if link_ratio else "")
+          + " (target >= 10)")
+    print(f"updates: clamor round {uc * 1e3:.0f} ms, re-scatter round {us:.2f} s -> update_speedup_vs_rescatter "
+          f"{fig['update_speedup_vs_rescatter']:.1f} (target >= 20)", flush=True)
+    json_line(fig)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
