@@ -53,8 +53,8 @@ def big(client):
 
 
 def _moved(client):
-    """Bytes each worker fetched so far (driver and peers)."""
-    return {w: s["bytes_fetched"] + s["bytes_from_peers"] for w, s in client.run(clamor.stats).items()}
+    """Bytes each worker fetched so far (from the driver and from peers: bytes_fetched counts both)."""
+    return {w: s["bytes_fetched"] for w, s in client.run(clamor.stats).items()}
 
 
 # -- by reference ------------------------------------------------------------
