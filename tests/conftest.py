@@ -1,4 +1,6 @@
 """Fixtures; the helpers themselves are in helpers.py."""
+import os
+
 import pytest
 
 from helpers import run_py
@@ -13,6 +15,19 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "fetch_path: tests the fetch over a socket itself (read-ahead, the pager's retries, "
                    "replies of a page server); runs with same_host='fetch' only")
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """No test leaves the process's environment changed for the tests after
+    it, whose scenarios inherit it: a library may set a variable for its own
+    children (dask.multiprocessing sets PYTHONHASHSEED, which decides
+    whether spawned workers can use region dicts in place)."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture(params=["map", "fetch"])
