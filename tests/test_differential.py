@@ -77,6 +77,15 @@ def summary(out):
     return "\n".join(lines)
 
 
+# Four seeds per variant, two in each mode (each mode ran all four before:
+# two minutes of the suite): the objects differ by seed, the fault path by mode.
+SEEDS = {"map": 0, "fetch": 2}
+
+
+def seeds(same_host, first):
+    return [first + SEEDS[same_host], first + SEEDS[same_host] + 1]
+
+
 def check(out, floor):
     """Every kind ran; no error, crash or mismatch; share() approved at
     least ``floor`` of each kind built entirely inside the block."""
@@ -84,7 +93,7 @@ def check(out, floor):
     print(text)
     kinds = out["kinds"]
     assert set(kinds) == set(out["defined"]) and len(kinds) >= 30, text
-    assert out["cases"] >= 400, text
+    assert out["cases"] >= 200, text    # (two seeds)
     short = {k: v for k, v in kinds.items() if v["inside"] and v["approved"] < floor * v["cases"]}
     assert not out["errors"], text
     assert out["approved"] + out["refused"] == out["cases"], text
@@ -96,27 +105,27 @@ def check(out, floor):
     assert out["exit"] == 0, text
 
 
-def test_workers_read_objects_built_after_the_fork_as_the_driver_does():
+def test_workers_read_objects_built_after_the_fork_as_the_driver_does(same_host):
     """Workers forked first; each round's objects are built after."""
-    check(differential("after_fork", [101, 102, 103, 104]), floor=0.8)
+    check(differential("after_fork", seeds(same_host, 101)), floor=0.8)
 
 
-def test_spawned_workers_read_region_objects_in_place_as_the_driver_does():
+def test_spawned_workers_read_region_objects_in_place_as_the_driver_does(same_host):
     """Workers not forked from the driver use every kind of region object
     in place, their pages relocated as they arrive: every object that
     share(portable=True) approves reads the same on them as on the driver.
     (The driver imports objgen by name, so the workers import its classes.)"""
-    code = "import objgen\nobjgen.main('spawn', [201, 202, 203, 204])\n"
+    code = f"import objgen\nobjgen.main('spawn', {seeds(same_host, 201)!r})\n"
     out = run_driver(code, timeout=300, env={"PYTHONPATH": HERE, "PYTHONHASHSEED": "0"})
     check(out, floor=0.8)
 
 
-def test_workers_read_objects_built_before_the_cluster_as_the_driver_does():
+def test_workers_read_objects_built_before_the_cluster_as_the_driver_does(same_host):
     """Objects built before the Cluster forks its workers.  share() knows
     less then (no snapshot yet of what workers will inherit) and refuses
     more of the kinds that point outside the region (``inherited``,
     ``inst_init``), but not of the others."""
-    check(differential("before_fork", [201, 202, 203, 204]), floor=0.8)
+    check(differential("before_fork", seeds(same_host, 201)), floor=0.8)
 
 
 def test_small_array_reusing_numpy_shape_cache_reads_right_on_a_worker():
