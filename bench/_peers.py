@@ -1,0 +1,241 @@
+"""How the benchmarks start and stop the peer systems: Spark, Dask and Ray.
+
+Each peer is a context manager that starts the system with ``workers``
+single-core worker processes on this host, yields its handle, and stops
+every process it started when the block ends, also on an error:
+
+  spark(workers, executor_mb, driver_memory)
+            a SparkContext on ``local-cluster[W,1,executor_mb]``: a master
+            and W workers inside the driver JVM, each worker launching one
+            executor JVM with one core and ``executor_mb`` MiB of heap
+            (W executor processes, as many as the other systems' workers,
+            not ``local[W]`` threads).  ``driver_memory`` is the driver
+            JVM's heap (``spark.driver.memory``; its default, 1g, is too
+            small to hold a 1 GiB broadcast).  Spark's defaults otherwise
+            (TorrentBroadcast, lz4-compressed broadcast blocks, python
+            worker reuse, the UI on its default port or the next free one).
+            On leaving: ``sc.stop()`` (the executors go), then the gateway
+            JVM is shut down and waited for.  Without Java, raises
+            PeerMissing saying to install Java 17.
+  dask(workers)
+            a ``distributed.Client`` on ``LocalCluster(n_workers=W,
+            threads_per_worker=1, processes=True)`` (Dask's defaults: nannies,
+            the Active Memory Manager, memory limits of RAM / W; the
+            dashboard on any free port).  On leaving: client.close(),
+            cluster.close().
+  ray_session(workers)
+            ``ray.init(num_cpus=W, include_dashboard=False)``, Ray's defaults
+            otherwise; yields the ``ray`` module.  On leaving: ray.shutdown().
+
+After each, ``reap_descendants()`` kills (by pid) any process still
+running below this one: what a peer left behind is reported, never kept.
+Run a peer in a process of its own (a benchmark's subprocess) that is not a
+clamor driver: a process forked from a region's driver attaches to the
+region as a worker, and the peers fork or spawn processes of their own.
+A benchmark that starts such a subprocess can call ``subreaper()`` first,
+so that anything the subprocess leaves running is re-parented to the
+benchmark, which then finds it with ``reap_descendants()``.
+
+``PeerMissing`` (with the reason) is raised when a system cannot be
+started at all: not installed, no Java.  Benchmarks report such a peer as
+null with that reason.
+"""
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+
+JAVA_HINT = "install Java 17 (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+
+
+class PeerMissing(RuntimeError):
+    """The peer system cannot run here; str() says why and what to install."""
+
+
+# ---- processes -------------------------------------------------------------------------
+
+def subreaper():
+    """Make this process the child subreaper (prctl PR_SET_CHILD_SUBREAPER):
+    orphans of its descendants are re-parented to it, not to init, so
+    reap_descendants() still finds them.  False where that is not possible."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - Linux only
+        return False
+
+
+def descendants(exclude=()):
+    """The live processes below this one (psutil.Process list), minus the
+    pids in ``exclude``."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in exclude and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def reap_descendants(exclude=(), grace=5.0):
+    """Terminate, then kill, every process still running below this one
+    (but the pids in ``exclude``); returns "name(pid): command line" of each
+    it found (multiprocessing's resource tracker, which Dask's LocalCluster
+    starts and which would end with this process, is one)."""
+    import psutil
+
+    procs = descendants(exclude)
+    names = []
+    for p in procs:
+        try:
+            names.append(f"{p.name()}({p.pid}): {' '.join(p.cmdline())[:120]}")
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return names
+
+
+# ---- Spark ------------------------------------------------------------------------------
+
+def java():
+    """(path of the java binary, its version line); PeerMissing without one."""
+    home = os.environ.get("JAVA_HOME")
+    path = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not path or not os.access(path, os.X_OK):
+        raise PeerMissing(f"Spark needs Java and none was found: {JAVA_HINT}")
+    try:
+        out = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise PeerMissing(f"Spark needs Java; {path} -version failed ({err}): {JAVA_HINT}") from None
+    line = (out.stderr or out.stdout).strip().splitlines()
+    if out.returncode != 0 or not line:
+        raise PeerMissing(f"Spark needs Java; {path} -version failed: {JAVA_HINT}")
+    return path, line[0]
+
+
+@contextlib.contextmanager
+def spark(workers, executor_mb=2048, driver_memory="4g", app="clamor-bench", conf=None):
+    """A SparkContext on local-cluster[workers,1,executor_mb] (see the module)."""
+    java()
+    try:
+        import pyspark
+    except ImportError:
+        raise PeerMissing("pyspark is not installed (pip install pyspark)") from None
+    c = pyspark.SparkConf().setMaster(f"local-cluster[{workers},1,{executor_mb}]").setAppName(app)
+    c.set("spark.driver.memory", driver_memory)
+    for k, v in (conf or {}).items():
+        c.set(k, v)
+    sc = pyspark.SparkContext(conf=c)
+    sc.setLogLevel("ERROR")
+    try:
+        yield sc
+    finally:
+        gateway = getattr(sc, "_gateway", None)
+        try:
+            sc.stop()
+        finally:
+            proc = getattr(gateway, "proc", None)
+            try:
+                if gateway is not None:
+                    gateway.shutdown()
+            except Exception:   # the JVM may be gone already
+                pass
+            if proc is not None:
+                try:
+                    proc.stdin.close()   # the gateway JVM exits when its stdin closes
+                except Exception:
+                    pass
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            pyspark.SparkContext._gateway = None
+            pyspark.SparkContext._jvm = None
+
+
+def executor_pids(sc):
+    """Process ids of the executor JVMs (children of the driver JVM whose
+    command line runs CoarseGrainedExecutorBackend)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any("CoarseGrainedExecutorBackend" in a for a in p.cmdline()):
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+# ---- Dask -------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def dask(workers, **cluster_kwargs):
+    """A distributed.Client on LocalCluster(n_workers=workers,
+    threads_per_worker=1, processes=True) (see the module)."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise PeerMissing("dask.distributed is not installed (pip install 'dask[distributed]')") from None
+    kw = {"n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
+    kw.update(cluster_kwargs)
+    cluster = LocalCluster(**kw)
+    client = None
+    try:
+        client = Client(cluster)
+        client.wait_for_workers(workers, timeout=120)
+        yield client
+    finally:
+        try:
+            if client is not None:
+                client.close()
+        finally:
+            cluster.close()
+
+
+# ---- Ray --------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def ray_session(workers, **init_kwargs):
+    """ray.init(num_cpus=workers, include_dashboard=False); yields ray."""
+    try:
+        import ray
+    except ImportError:
+        raise PeerMissing("ray is not installed (pip install ray)") from None
+    kw = {"num_cpus": workers, "include_dashboard": False}
+    kw.update(init_kwargs)
+    ray.init(**kw)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def ray_wait_workers(ray, workers, timeout=120):
+    """Wait until ``workers`` distinct worker processes have run a task
+    (Ray starts them lazily): start-up kept out of the timed part."""
+
+    @ray.remote(num_cpus=1)
+    def _pid(pause):
+        time.sleep(pause)
+        return os.getpid()
+
+    end = time.monotonic() + timeout
+    pids = set()
+    while len(pids) < workers and time.monotonic() < end:
+        pids |= set(ray.get([_pid.remote(0.3) for _ in range(workers)]))
+    return pids

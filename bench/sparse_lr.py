@@ -1,0 +1,643 @@
+#!/usr/bin/env python3
+"""Sparse logistic regression: clamor against Spark, Dask and Ray broadcasting the weights.
+
+The paper's sparse workload (Clamor, SoCC 2021, section 7: logistic regression on
+Criteo).  Synthetic data in Criteo's shape: every point has 39 categorical
+fields (Criteo has 13 bucketed numeric + 26 categorical ones), each value
+hashed (splitmix64 of field and value) into ONE weight vector of 2^b
+float64 entries, one-hot (value 1.0).  Field f draws its values Zipf(``--zipf``)
+(1.3) over a vocabulary of V_f values, V_f log-spaced from 16 to ``--vocab``
+(4M) across the 39 fields: a few values of each field are in most points
+and a long tail is rare, so a partition touches a small subset of the
+weights (but, hashed, those weights lie on nearly every page: see
+RESULTS.md).  Labels: y = [sum of the point's hidden true weights + N(0, 1)
+noise > 0], the true weight of entry j uniform in (-0.5, 0.5) from a hash of
+j.  Everything is deterministic from ``--seed``.  Sizes: full 2^27 weights
+(1 GiB), 1M points; ``--quick`` 2^24 (128 MiB), 200k points.
+
+The points are cut into P = ``--partitions`` (default W) contiguous
+partitions, each stored as (u, inv, y): u the sorted distinct weight
+indices of the partition (int64), inv the position in u of each of its
+n_p x 39 features (int32), y its labels.  Training: ``--iters`` (10)
+iterations of full-batch gradient descent on the mean logistic loss.  In an
+iteration each task reads the weights its partition needs (w[u]), computes
+the margins, its loss sum and its gradient, a sparse vector over u
+(np.bincount), and returns (gradient values, loss); the driver sums the
+partitions' gradients per index in partition order (positions into the
+union U of the u's, found once at load time) and updates the weights in
+place: w[U] -= lr / N * G.
+
+Every system runs the same kernel (``part_grad``) on the same partitions
+from the same initial weights (zeros), and the script checks each one's
+per-iteration losses and final weights w[U] against a single-process numpy
+run to 1e-9 relative; any difference stops it (exit 1).  Each system runs in
+a subprocess of its own (``--run SYSTEM``, one after another), with W
+worker processes:
+
+  clamor  ``clamor.Cluster(workers=W)``, forked workers, clamor's defaults
+          (same-host workers map the driver's pages).  The weights are a
+          region array (``clamor.zeros(2**b)``) and so are the partitions
+          (``clamor.array``, written once); an iteration is
+          ``cl.range(P, partitions=P).map(grad of partition p).collect()``,
+          the closure carrying the region arrays by reference.  The driver's
+          update writes the region between stages, and the workers drop only
+          the changed pages.
+  spark   ``local-cluster[W,1,--spark-executor-mb]`` (W executor JVMs, one
+          core each; driver JVM ``--spark-driver-memory``): an RDD of the
+          partitions, loaded by the executors from .npy files and cached;
+          each iteration ``sc.broadcast(w)`` (TorrentBroadcast of the whole
+          vector), ``rdd.mapPartitions(grad with bc.value).collect()``, then
+          ``bc.destroy()``.
+  dask    ``LocalCluster(n_workers=W, threads_per_worker=1, processes=True)``:
+          the partitions loaded by the workers (``client.map``, kept as
+          futures); each iteration ``client.scatter(w, broadcast=True)``,
+          one ``client.submit`` per partition, ``client.gather``, then the
+          weights' future released.
+  ray     ``ray.init(num_cpus=W, include_dashboard=False)``: the partitions
+          ``ray.put`` once; each iteration ``ray.put(w)`` and one remote task
+          per partition reading it (zero-copy numpy from the object store),
+          ``ray.get`` of the results in partition order.
+
+How each peer is started and stopped is in ``_peers.py``.  Not timed: data
+generation and loading, start-up, and one warm-up task per partition in
+every system (reads its partition; on the peers through a small
+broadcast/scatter/put), which starts every worker and Python process.
+Timed: each iteration, from the broadcast (or nothing: clamor has none) to
+the driver's update.  Bytes: clamor's ``cl.stage_stats()`` (bytes from the
+driver and from peers; ``bytes_mapped`` for pages same-host workers mapped
+rather than received, apart); for the peers the broadcast size x W per
+iteration, a lower bound (Spark compresses the broadcast's blocks, and
+deserialising moves more).
+
+A peer that cannot run (no Java, not installed, failed) is reported as
+null with the reason.  Every process a run started is stopped at its end,
+also on error: each system's own shutdown (``_peers.py``), then anything
+still running below this script is killed by pid (this script is the
+children's subreaper), and said.
+
+    python bench/sparse_lr.py --quick        # 2^24 weights, 200k points: about 2 minutes
+    python bench/sparse_lr.py                # 2^27 weights (1 GiB), 1M points
+
+The last line is the JSON line: ``speedup_vs_spark``, ``speedup_vs_dask``,
+``speedup_vs_ray`` (the peer's mean time per iteration / clamor's),
+``*_iter_s`` (mean), ``*_iter_median_s``, ``*_bytes`` (over the timed
+iterations), ``loss`` (the last iteration's, the same for all), and the
+sizes.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+from _common import die_with_parent, json_line, one_blas_thread
+
+one_blas_thread()  # before numpy loads OpenBLAS
+import numpy as np  # noqa: E402
+
+FIELDS = 39
+SYSTEMS = ("clamor", "spark", "dask", "ray")
+HERE = os.path.dirname(os.path.abspath(__file__))
+MIB = 1 << 20
+
+
+# ---- the data ----------------------------------------------------------------------------
+
+def mix64(x):
+    """splitmix64's finalizer, vectorised (uint64 in, uint64 out)."""
+    x = np.asarray(x, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def true_weight(j, seed):
+    """The hidden weight of entries j: uniform in (-0.5, 0.5), from a hash."""
+    h = mix64(np.asarray(j, dtype=np.uint64) ^ np.uint64((seed * 0x9E3779B97F4A7C15 + 7) & ((1 << 64) - 1)))
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53) - 0.5
+
+
+def zipf_values(rng, a, vocab, size):
+    """``size`` values in [0, vocab), value r with p ~ (r + 1)^-a."""
+    out = np.empty(size, dtype=np.int64)
+    got = 0
+    while got < size:
+        z = rng.zipf(a, (size - got) * 11 // 10 + 16)
+        z = z[z <= vocab][:size - got]
+        out[got:got + z.size] = z - 1
+        got += z.size
+    return out
+
+
+def make_data(n, bits, zipf, vocab, seed, layout="hashed"):
+    """(idx (n, 39) int64 weight indices, y (n,) float64 labels, the
+    vocabularies).  ``layout`` "hashed": a value's index is a hash of its
+    field and value; "ranked": each field has a range of its own, its values
+    in frequency order (dictionary-encoded ids, most frequent first)."""
+    rng = np.random.default_rng(seed)
+    vocabs = np.geomspace(16, vocab, FIELDS).astype(np.int64)
+    if layout == "ranked" and vocabs.sum() > (1 << bits):
+        raise SystemExit(f"sparse_lr: --layout ranked needs 2^bits >= the vocabularies' sum, {vocabs.sum()}")
+    bases = np.concatenate([[0], np.cumsum(vocabs)[:-1]])
+    idx = np.empty((n, FIELDS), dtype=np.int64)
+    mask = np.uint64((1 << bits) - 1)
+    salt = np.uint64(seed & 0xFFFFFF)
+    for f in range(FIELDS):
+        v = zipf_values(rng, zipf, int(vocabs[f]), n).astype(np.uint64)
+        if layout == "ranked":
+            idx[:, f] = bases[f] + v.astype(np.int64)
+            continue
+        key = (np.uint64(f + 1) << np.uint64(40)) ^ (salt << np.uint64(48)) ^ v
+        idx[:, f] = (mix64(key) & mask).astype(np.int64)
+    margin = np.zeros(n)
+    for f in range(FIELDS):
+        margin += true_weight(idx[:, f], seed)
+    y = (margin + rng.standard_normal(n) > 0).astype(np.float64)
+    return idx, y, vocabs
+
+
+def cut(idx, y, parts):
+    """The partitions: [(u, inv, y_p)], contiguous chunks of the points."""
+    n = idx.shape[0]
+    b = [(n * i) // parts for i in range(parts + 1)]
+    out = []
+    for i in range(parts):
+        u, inv = np.unique(idx[b[i]:b[i + 1]], return_inverse=True)
+        out.append((u.astype(np.int64), inv.reshape(-1).astype(np.int32), np.ascontiguousarray(y[b[i]:b[i + 1]])))
+    return out
+
+
+def save_parts(d, parts, meta):
+    for i, (u, inv, y) in enumerate(parts):
+        np.save(os.path.join(d, f"u{i}.npy"), u)
+        np.save(os.path.join(d, f"inv{i}.npy"), inv)
+        np.save(os.path.join(d, f"y{i}.npy"), y)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def load_part(d, i):
+    """Partition i from the data directory (what every system's loader runs)."""
+    return (np.load(os.path.join(d, f"u{i}.npy")), np.load(os.path.join(d, f"inv{i}.npy")),
+            np.load(os.path.join(d, f"y{i}.npy")))
+
+
+def load_meta(d):
+    with open(os.path.join(d, "meta.json")) as f:
+        return json.load(f)
+
+
+# ---- the kernel (every system runs this) -------------------------------------------------------
+
+def part_grad(w, u, inv, y):
+    """One partition's (gradient values over u, loss sum) at weights w:
+    reads only w[u]."""
+    wu = w[u]
+    m = wu[inv].reshape(-1, FIELDS).sum(axis=1)
+    p = 1.0 / (1.0 + np.exp(-m))
+    g = np.bincount(inv, weights=np.repeat(p - y, FIELDS), minlength=u.size)
+    loss = float(np.sum(np.logaddexp(0.0, m) - y * m))
+    return g, loss
+
+
+def grad_of(w, part):
+    """part_grad over a partition given as one (u, inv, y) tuple."""
+    return part_grad(w, *part)
+
+
+def warm_part(u, inv, y, probe):
+    """The untimed warm-up task: reads its whole partition and a small
+    published array."""
+    return int(u[-1]) + int(inv.max()) + float(y.sum()) + float(probe[0])
+
+
+class Combiner:
+    """Sums the partitions' sparse gradients per index, in partition order."""
+
+    def __init__(self, us):
+        self.U = np.unique(np.concatenate(us))
+        self.pos = [np.searchsorted(self.U, u) for u in us]
+
+    def __call__(self, results):
+        G = np.zeros(self.U.size)
+        loss = 0.0
+        for pos, (g, lp) in zip(self.pos, results):
+            G[pos] += g
+            loss += lp
+        return G, loss
+
+
+def train(w, comb, iters, step, publish, grads, retire, log=None):
+    """``iters`` iterations; per iteration publish(w) -> h, grads(h) -> the
+    partitions' results in order, the update, retire(h).  (times, losses)."""
+    times, losses = [], []
+    for it in range(iters):
+        t = time.perf_counter()
+        h = publish(w)
+        t1 = time.perf_counter()
+        res = grads(h)
+        t2 = time.perf_counter()
+        G, loss = comb(res)
+        w[comb.U] -= step * G
+        retire(h)
+        t3 = time.perf_counter()
+        times.append(t3 - t)
+        PHASES.append((t1 - t, t2 - t1, t3 - t2))
+        losses.append(loss)
+        if log:
+            log(it, times[-1], loss)
+    return times, losses
+
+
+PHASES = []   # (publish s, tasks s, combine + update + retire s) of each iteration train() ran
+
+
+def reference(parts, meta):
+    """The single-process numpy run: (times, losses, final w[U])."""
+    comb = Combiner([p[0] for p in parts])
+    w = np.zeros(1 << meta["bits"])
+    times, losses = train(w, comb, meta["iters"], meta["lr"] / meta["points"], lambda w: w,
+                          lambda w: [part_grad(w, *p) for p in parts], lambda h: None)
+    return times, losses, w[comb.U].copy()
+
+
+# ---- the systems (each in a subprocess: --run SYSTEM) ----------------------------------------
+
+def _log(name):
+    def log(it, t, loss):
+        a, b, c = PHASES[-1]
+        print(f"  {name:>6} iteration {it}: {t:8.3f} s (publish {a:.3f}, tasks {b:.3f}, update {c:.3f})  "
+              f"loss {loss:.10g}", flush=True)
+    return log
+
+
+def run_clamor(d, meta, w_count):
+    import clamor
+
+    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
+    w = clamor.zeros(1 << meta["bits"])
+    us = []
+    rparts = []
+    for i in range(P):
+        u, inv, y = load_part(d, i)
+        us.append(u)
+        rparts.append((clamor.array(u), clamor.array(inv), clamor.array(y)))
+        del inv
+    comb = Combiner(us)
+    probe = clamor.zeros(8)
+    extra = {}
+    with clamor.Cluster(workers=W, progress=False) as cl:
+        idx = cl.range(P, partitions=P)
+        idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
+        n_warm = len(cl.stage_stats())
+
+        def grads(_):
+            return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
+
+        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], lambda w: None, grads,
+                              lambda h: None, _log("clamor"))
+        stages = cl.stage_stats()[n_warm:]
+        st = cl.stats()
+        for k in ("bytes_from_driver", "bytes_from_peers", "bytes_mapped", "faults"):
+            extra[k] = int(sum(s.get(k, 0) or 0 for s in stages))
+        extra["per_iter_bytes_from_driver"] = [int(s.get("bytes_from_driver", 0) or 0) for s in stages]
+        extra["per_iter_bytes_mapped"] = [int(s.get("bytes_mapped", 0) or 0) for s in stages]
+        extra["task_max_s"] = [round(s["task_s"]["max"], 4) for s in stages if "task_s" in s]
+        extra["same_host"] = st.get("same_host", {}).get("mode") if isinstance(st.get("same_host"), dict) else None
+        from clamor import region
+        extra["page_size"] = region.page_size()
+        cs = clamor.stats()
+        extra["driver_pages_logged"] = cs.get("pages_logged")
+        extra["driver_version_bytes"] = cs.get("version_bytes")
+        extra["bytes"] = extra["bytes_from_driver"] + extra["bytes_from_peers"]
+    return times, losses, w[comb.U].copy(), extra
+
+
+def run_spark(d, meta, w_count):
+    import _peers
+
+    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
+    us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
+    comb = Combiner(us)
+    w = np.zeros(1 << meta["bits"])
+    with _peers.spark(W, meta["spark_executor_mb"], meta["spark_driver_memory"], "sparse_lr") as sc:
+        rdd = sc.parallelize(range(P), P).map(lambda i: load_part(d, i)).cache()
+        bc = sc.broadcast(np.zeros(8))
+        rdd.map(lambda p: warm_part(*p, bc.value)).collect()   # untimed: loads and caches the partitions
+        bc.destroy()
+        execs = _peers.executor_pids(sc)
+        print(f"  spark: {sc.version}, master {sc.master}, {len(execs)} executor JVMs", flush=True)
+
+        def grads(bc):
+            return rdd.mapPartitions(lambda it: [part_grad(bc.value, *p) for p in it]).collect()
+
+        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], sc.broadcast, grads,
+                              lambda bc: bc.destroy(), _log("spark"))
+        extra = {"version": sc.version, "master": sc.master, "executor_processes": len(execs)}
+    extra["bytes"] = w.nbytes * W * iters
+    return times, losses, w[comb.U].copy(), extra
+
+
+def run_dask(d, meta, w_count):
+    import _peers
+
+    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
+    us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
+    comb = Combiner(us)
+    w = np.zeros(1 << meta["bits"])
+    with _peers.dask(W) as client:
+        import dask
+        import distributed
+
+        parts = client.map(load_part, [d] * P, range(P), pure=False)
+        probe = client.scatter(np.zeros(8), broadcast=True)
+        client.gather([client.submit(lambda p, q: warm_part(*p, q), f, probe, pure=False) for f in parts])
+        del probe
+        where = client.who_has(parts)
+        holders = {tuple(v) for v in where.values()}
+        print(f"  dask: {dask.__version__}, {len(client.scheduler_info()['workers'])} workers, "
+              f"partitions on {len(holders)} of them", flush=True)
+
+        def publish(w):
+            return client.scatter(w, broadcast=True)
+
+        def grads(wf):
+            return client.gather([client.submit(grad_of, wf, f, pure=False) for f in parts])
+
+        def retire(wf):
+            wf.release()
+
+        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], publish, grads, retire, _log("dask"))
+        extra = {"version": distributed.__version__, "partition_holders": len(holders)}
+    extra["bytes"] = w.nbytes * W * iters
+    return times, losses, w[comb.U].copy(), extra
+
+
+def run_ray(d, meta, w_count):
+    import _peers
+
+    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
+    parts = [load_part(d, i) for i in range(P)]
+    comb = Combiner([p[0] for p in parts])
+    w = np.zeros(1 << meta["bits"])
+    with _peers.ray_session(W) as ray:
+        grad_task = ray.remote(grad_of)
+        warm_task = ray.remote(lambda p, q: warm_part(*p, q))
+        refs = [ray.put(p) for p in parts]
+        del parts
+        pids = _peers.ray_wait_workers(ray, W)
+        probe = ray.put(np.zeros(1 << 17))   # 1 MiB: in the object store, not inlined
+        ray.get([warm_task.remote(r, probe) for r in refs])
+        del probe
+        print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
+
+        def grads(ref):
+            return ray.get([grad_task.remote(ref, r) for r in refs])
+
+        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], ray.put, grads, lambda ref: None,
+                              _log("ray"))
+        extra = {"version": ray.__version__, "worker_processes": len(pids)}
+    extra["bytes"] = w.nbytes * W * iters
+    return times, losses, w[comb.U].copy(), extra
+
+
+RUNNERS = {"clamor": run_clamor, "spark": run_spark, "dask": run_dask, "ray": run_ray}
+
+
+def child(system, d, out):
+    """``--run SYSTEM``: run one system over the data in ``d``; write its
+    figures to ``out`` (.npz) or the reason it could not run."""
+    die_with_parent()
+    sys.path.insert(0, HERE)
+    import _peers
+
+    meta = load_meta(d)
+    res = {"system": system}
+    try:
+        times, losses, wU, extra = RUNNERS[system](d, meta, None)
+        res.update(times=times, losses=losses, extra=extra, phases=PHASES[-len(times):])
+        np.save(out + ".w.npy", wU)
+    except _peers.PeerMissing as err:
+        res["missing"] = str(err)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
+        res["error"] = f"{type(err).__name__}: {err}"
+        res["traceback"] = traceback.format_exc()
+        print(res["traceback"], file=sys.stderr, flush=True)
+    finally:
+        left = _peers.reap_descendants()
+        res["left_behind"] = left
+        with open(out, "w") as f:
+            json.dump(res, f)
+    return 0
+
+
+def run_system(system, d, timeout):
+    """Runs ``--run system`` in a subprocess; its result dict (``error`` set
+    when it failed without saying why)."""
+    import _peers
+
+    out = os.path.join(d, f"result-{system}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", system, "--data", d, "--out", out]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+    try:
+        rc = proc.wait(timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        left = _peers.reap_descendants()   # the subprocess's orphans, re-parented here
+    wall = time.perf_counter() - t
+    try:
+        with open(out) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {"system": system, "error": f"the subprocess exited with status {rc} and no result"}
+    if left:
+        res.setdefault("left_behind", []).extend(left)
+    res["wall_s"] = wall
+    if "times" in res:
+        res["w"] = np.load(out + ".w.npy")
+    return res
+
+
+# ---- the driver ----------------------------------------------------------------------------
+
+def rel_err(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = np.maximum(np.abs(b), np.max(np.abs(b)) * 1e-6 + 1e-300)
+    return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2^24 weights, 200k points")
+    ap.add_argument("--bits", type=int, help="log2 of the weight count (default 27; quick 24)")
+    ap.add_argument("--points", type=int, help="points (default 1M; quick 200k)")
+    ap.add_argument("--workers", type=int, default=4, help="worker processes of every system (default 4)")
+    ap.add_argument("--partitions", type=int, help="partitions (default: workers)")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--lr", type=float, default=0.5, help="step on the mean gradient")
+    ap.add_argument("--zipf", type=float, default=1.3, help="Zipf exponent of each field's values")
+    ap.add_argument("--vocab", type=float, default=4e6, help="largest field's vocabulary (smallest 16)")
+    ap.add_argument("--layout", choices=("hashed", "ranked"), default="hashed",
+                    help="hashed: (field, value) hashed into the vector (default); ranked: per-field ranges, "
+                         "values in frequency order")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="which to run (clamor always runs)")
+    ap.add_argument("--spark-executor-mb", type=int, default=None,
+                    help="heap of each executor JVM, MiB (default: 2 x the weights + 1024)")
+    ap.add_argument("--spark-driver-memory", default=None, help="driver JVM heap (default: 4 x the weights, >= 2g)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a system's run may take")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--run", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.run:
+        return child(args.run, args.data, args.out)
+
+    sys.path.insert(0, HERE)
+    import _peers
+
+    _peers.subreaper()
+    bits = args.bits or (24 if args.quick else 27)
+    n = args.points or (200_000 if args.quick else 1_000_000)
+    W = args.workers
+    P = args.partitions or W
+    systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
+    wbytes = 8 << bits
+    meta = {"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
+            "layout": args.layout,
+        "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed, "layout": args.layout,
+            "spark_executor_mb": args.spark_executor_mb or (2 * wbytes // MIB + 1024),
+            "spark_driver_memory": args.spark_driver_memory or f"{max(2, 4 * wbytes // (1 << 30))}g"}
+    t_all = time.perf_counter()
+    d = tempfile.mkdtemp(prefix="sparse_lr-")
+    try:
+        t = time.perf_counter()
+        idx, y, vocabs = make_data(n, bits, args.zipf, args.vocab, args.seed, args.layout)
+        parts = cut(idx, y, P)
+        distinct = np.unique(idx)
+        page = 64 << 10
+        pages_total = max(1, wbytes // page)
+        pages_touched = np.unique(distinct * 8 // page).size
+        del idx
+        save_parts(d, parts, meta)
+        gen_s = time.perf_counter() - t
+        per_part = [p[0].size for p in parts]
+        print(f"sparse_lr: {n} points x {FIELDS} fields, 2^{bits} weights ({wbytes / MIB:.0f} MiB float64), "
+              f"{W} workers, {P} partitions, {args.iters} iterations; {args.layout} layout, Zipf {args.zipf}, vocabularies "
+              f"{vocabs[0]}..{vocabs[-1]}; {distinct.size} distinct weights touched "
+              f"({distinct.size / (1 << bits):.2%} of them; a partition {min(per_part)}..{max(per_part)}), "
+              f"on {pages_touched} of {pages_total} 64 KiB pages ({pages_touched / pages_total:.1%}); "
+              f"positive labels {y.mean():.1%}; generated in {gen_s:.1f} s", flush=True)
+
+        t = time.perf_counter()
+        ref_times, ref_losses, ref_w = reference(parts, meta)
+        ref_s = time.perf_counter() - t
+        del parts
+        print(f"single-process numpy: {np.mean(ref_times):.3f} s an iteration; losses "
+              f"{ref_losses[0]:.6g} -> {ref_losses[-1]:.10g}", flush=True)
+        if not ref_losses[-1] < ref_losses[0]:
+            raise SystemExit("sparse_lr: the loss did not go down; choose another --lr")
+
+        results = {}
+        for s in systems:
+            print(f"-- {s}", flush=True)
+            results[s] = run_system(s, d, args.timeout)
+            r = results[s]
+            if "times" not in r:
+                why = r.get("missing") or r.get("error")
+                print(f"  {s}: not run: {why}", flush=True)
+                if s == "clamor":
+                    raise SystemExit(f"sparse_lr: clamor failed: {why}\n{r.get('traceback', '')}")
+                continue
+            le = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref_losses))
+            we = rel_err(r["w"], ref_w)
+            r["loss_rel_err"], r["w_rel_err"] = le, we
+            print(f"  {s}: {np.mean(r['times']):.3f} s an iteration (median {np.median(r['times']):.3f}); "
+                  f"loss {r['losses'][-1]:.10g}, relative error {le:.2g} (losses), {we:.2g} (weights); "
+                  f"{r['wall_s']:.0f} s with start-up and loading"
+                  + (f"; left behind and killed: {r['left_behind']}" if r.get("left_behind") else ""), flush=True)
+            if len(r["losses"]) != len(ref_losses) or le > 1e-9 or we > 1e-9:
+                raise SystemExit(f"sparse_lr: {s}'s answer differs from the single-process run "
+                                 f"(losses {le:.3g}, weights {we:.3g} relative): the comparison is void")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        left = _peers.reap_descendants()
+        if left:
+            print(f"killed processes left behind: {left}", flush=True)
+
+    c = results["clamor"]
+    c_iter = float(np.mean(c["times"]))
+    out = {"bench": "sparse_lr"}
+    for s in SYSTEMS[1:]:
+        r = results.get(s)
+        ok = r is not None and "times" in r
+        out[f"speedup_vs_{s}"] = round(float(np.mean(r["times"])) / c_iter, 2) if ok else None
+    for s in SYSTEMS:
+        r = results.get(s)
+        ok = r is not None and "times" in r
+        out[f"{s}_iter_s"] = round(float(np.mean(r["times"])), 4) if ok else None
+        out[f"{s}_iter_median_s"] = round(float(np.median(r["times"])), 4) if ok else None
+        out[f"{s}_bytes"] = int(r["extra"]["bytes"]) if ok else None
+        if r is not None and not ok:
+            out[f"{s}_missing"] = r.get("missing") or r.get("error") or "not run"
+        elif r is None:
+            out[f"{s}_missing"] = "not requested (--systems)"
+    ce = c["extra"]
+    for s in SYSTEMS:
+        r = results.get(s)
+        if r is not None and "times" in r:
+            out[f"{s}_times_s"] = [round(t, 4) for t in r["times"]]
+            ph = np.mean(np.asarray(r["phases"]), axis=0)
+            out[f"{s}_phases_s"] = {"publish": round(float(ph[0]), 4), "tasks": round(float(ph[1]), 4),
+                                    "update": round(float(ph[2]), 4)}
+    out.update({
+        "clamor_bytes_mapped": ce.get("bytes_mapped"),
+        "clamor_bytes_from_peers": ce.get("bytes_from_peers"),
+        "clamor_faults": ce.get("faults"),
+        "clamor_task_max_s": ce.get("task_max_s"),
+        "clamor_same_host": ce.get("same_host"),
+        "single_iter_s": round(float(np.mean(ref_times)), 4),
+        "loss": ref_losses[-1],
+        "first_loss": ref_losses[0],
+        "max_loss_rel_err": max(r["loss_rel_err"] for r in results.values() if "times" in r),
+        "max_w_rel_err": max(r["w_rel_err"] for r in results.values() if "times" in r),
+        "weights": 1 << bits,
+        "weights_bytes": wbytes,
+        "points": n,
+        "fields": FIELDS,
+        "distinct_weights": int(distinct.size),
+        "pages_touched_frac": round(pages_touched / pages_total, 4),
+        "workers": W,
+        "partitions": P,
+        "iters": args.iters,
+        "hosts": 1,
+        "layout": args.layout,
+        "zipf": args.zipf,
+        "vocab": int(args.vocab),
+        "spark_executor_mb": meta["spark_executor_mb"],
+        "spark_driver_memory": meta["spark_driver_memory"],
+        "versions": {s: results[s]["extra"].get("version") for s in results if "times" in results[s]},
+        "gen_s": round(gen_s, 1),
+        "reference_s": round(ref_s, 1),
+        "wall_s": {s: round(r["wall_s"], 1) for s, r in results.items()},
+        "total_s": round(time.perf_counter() - t_all, 1),
+        "verified": True,
+    })
+    json_line(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
