@@ -517,7 +517,7 @@ def main(argv=None):
     wbytes = 8 << bits
     meta = {"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
             "layout": args.layout,
-        "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed, "layout": args.layout,
+        "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed,
             "spark_executor_mb": args.spark_executor_mb or (2 * wbytes // MIB + 1024),
             "spark_driver_memory": args.spark_driver_memory or f"{max(2, 4 * wbytes // (1 << 30))}g"}
     t_all = time.perf_counter()

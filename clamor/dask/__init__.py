@@ -30,9 +30,9 @@ from ..runtime._liveness import pid_namespace
 from ..runtime.cluster import REPLICATION, add_region_user, any_open
 from ..runtime.worker import advertised_address
 from . import _driver, _scheduler, _worker
-from ._pickling import GlobalArray
+from ._pickling import GlobalArray, GlobalObject
 
-__all__ = ["attach", "detach", "attached", "secret", "GlobalArray"]
+__all__ = ["attach", "detach", "attached", "secret", "ref", "GlobalArray", "GlobalObject"]
 
 log = logging.getLogger("clamor.dask")
 
@@ -134,6 +134,25 @@ def _detach_closed(driver):
             return
         _current.clear()
     driver.stop(grace=15.0)
+
+
+def ref(obj):
+    """A reference to ``obj``, a Python object built under clamor.heap(),
+    for Dask's tasks: it travels as an offset and a version, and
+    ``.get()`` in a task returns the object itself, used in place on the
+    worker (its pages relocated against the worker's own address space as
+    they arrive).  Region arrays need no ref: they travel by reference as
+    they are.  NotShareable, naming the path, if the workers cannot use
+    ``obj`` in place (clamor.share(obj, portable=True) says the same);
+    ConfigError if this process is not attached."""
+    import numpy as np
+    driver = _current.get("driver")
+    if driver is None:
+        raise errors.ConfigError("clamor.dask.ref needs an attached client: call clamor.dask.attach(client) first")
+    if isinstance(obj, np.ndarray):
+        raise TypeError("a region array travels by reference as it is: pass the array itself, not a ref")
+    offset, version = driver.ship(obj)     # (walks it now: a refusal comes here, not inside Dask)
+    return GlobalObject(offset, version, obj)
 
 
 def attached():

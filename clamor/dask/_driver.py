@@ -10,8 +10,9 @@ pages of each stage are kept for workers that move between versions.
 The control endpoint (a ROUTER, CURVE or PLAIN with the secret, like a
 Cluster's) answers:
 
-    JOIN    json{"pid"}            -> WELCOME json{"pages", "stage", "base", "pid", "pidns"}
+    JOIN    json{"pid", "hash"}    -> WELCOME json{"pages", "stage", "base", "pid", "pidns", "hash", "images"}
     CHANGES json[lo, hi]           -> CHANGES <uint64 page indices changed in stages lo+1..hi>
+    TARGETS b""                    -> TARGETS pickle[(id, spec)]: relocation targets it has not bound
     PING    <its page server>      -> PONG, or BYE once detached
     LEAVE   <its page server>      -> BYE
 
@@ -28,6 +29,7 @@ different connections, so their order is not known).
 import json
 import logging
 import os
+import pickle
 import threading
 import time
 
@@ -35,7 +37,7 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import region, samehost
+from ..memory import images, portable, region, samehost
 from ..runtime import security
 from ..runtime._liveness import pid_namespace
 from ..runtime.cluster import REPLICATION
@@ -60,6 +62,8 @@ class Driver:
         self.client = client
         self.replication = replication
         self._peers = {}                  # a worker's page server -> when it last pinged
+        self._hashes = {}                 # a worker's identity -> its str hash digest (JOIN)
+        self._sent = {}                   # a worker's identity -> the relocation targets it was sent
         self.security = security.Security(secret, encrypt)
         self.host = host
         self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
@@ -85,12 +89,50 @@ class Driver:
             self._stamps[v] = time.monotonic()
             return v
 
-    def _begin(self):
+    def _begin(self, relocated=None):
         sid = region.stage_current() + 1
         changed = region.stage_begin(sid)
+        if changed.size:
+            portable.driver().note_changed(changed)    # (a root whose bytes changed is walked again)
+        if relocated is not None and relocated.size:    # pages whose relocation lists changed at sid
+            changed = np.union1d(changed, relocated).astype(np.uint64)
         if changed.size or self.version is None:
             self._changes[sid] = changed
             self.version = sid
+
+    def ship(self, obj):
+        """(offset, version) of region object ``obj`` sent to a task: its
+        pages' relocation lists are those of that version (a first send,
+        or one after the driver changed what its last walk read, lists
+        them; pages whose lists changed begin a version of their own, so
+        workers drop them).  NotShareable if it cannot be used in place."""
+        base = region.base()
+        if not base <= id(obj) < base + region.size():
+            raise errors.NotShareable(f"clamor.dask.ref takes an object built under clamor.heap(); this "
+                                      f"{type(obj).__name__} is not in the region")
+        with self._lock:
+            if region.dirty_count():
+                self._begin()
+            nxt = region.stage_current() + 1
+            try:
+                relocated = portable.driver().prepare([obj], nxt, seeds_agree=self._seeds_agree())
+            except errors.NotShareable as err:
+                if "PYTHONHASHSEED" not in str(err):
+                    raise
+                raise errors.NotShareable(
+                    f"{str(err).split(':')[0]}: its str hashes are seeded per process, and a Dask worker's seed "
+                    f"differs from this driver's.  Dask's nanny starts workers with PYTHONHASHSEED=6640 unless "
+                    f"distributed.nanny.pre-spawn-environ sets another: start the driver with "
+                    f"PYTHONHASHSEED=6640 (or set both to the same number)") from None
+            if relocated.size:
+                self._begin(relocated)
+            v = self.version
+            self._stamps[v] = time.monotonic()
+            return id(obj) - base, v
+
+    def _seeds_agree(self):
+        mine = portable.hash_digest()
+        return all(h == mine for h in list(self._hashes.values()))
 
     def changes(self, lo, hi):
         """Pages changed at the stages after ``lo`` up to ``hi`` (either
@@ -113,6 +155,7 @@ class Driver:
             keep = sorted(versions | {region.stage_current()})
             samehost.map_floor(keep[0])
             region.versions_keep(keep)
+            portable.driver().prune(keep[0])
             self.versions_kept = len(versions)
 
     # -- life --------------------------------------------------------------
@@ -146,6 +189,7 @@ class Driver:
             raise errors.TransportError(f"cannot listen on {self.host}: {err}") from err
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         _pickling.install(self.stamp)
+        _pickling.set_shipper(self.ship)
         self._server = threading.Thread(target=self._serve, name="clamor-dask-control", daemon=True)
         self._server.start()
         self._keeper = threading.Thread(target=self._keep_loop, name="clamor-dask-keeper", daemon=True)
@@ -164,6 +208,7 @@ class Driver:
         if grace <= 0:
             self._server.join()
         region.stop_serving()
+        portable.reset()   # (the roots sent to tasks, and their lists)
 
     def _keep_loop(self):
         while not self._stop.wait(KEEP_PERIOD):
@@ -219,12 +264,21 @@ class Driver:
         if self._gone.is_set():
             self._sock.send_multipart([who, b"BYE", b""])
         elif kind == b"JOIN":
+            body = json.loads(frames[2])
+            self._hashes[who] = str(body.get("hash"))
             welcome = {"pages": self.pages, "stage": self.version, "base": region.base(),
-                       "pid": os.getpid(), "pidns": pid_namespace()}
+                       "pid": os.getpid(), "pidns": pid_namespace(), "hash": portable.hash_digest(),
+                       "images": images.loaded()}
             self._sock.send_multipart([who, b"WELCOME", json.dumps(welcome).encode()])
         elif kind == b"CHANGES":
             lo, hi = json.loads(frames[2])
             self._sock.send_multipart([who, b"CHANGES", self.changes(lo, hi).astype(np.uint64).tobytes()])
+        elif kind == b"TARGETS":
+            with self._lock:
+                sent = self._sent.setdefault(who, set())
+                specs = portable.driver().specs_for(sent)
+                sent.update(i for i, _ in specs)
+            self._sock.send_multipart([who, b"TARGETS", pickle.dumps(specs)])
         elif kind == b"PING":
             if frames[2]:
                 self._peers[frames[2].decode()] = time.monotonic()

@@ -25,6 +25,7 @@ import time
 import cloudpickle
 import numpy as np
 
+from .. import errors
 from ..memory import region
 from ..memory.refs import ArrayRef, _bounds
 
@@ -61,6 +62,73 @@ def _global_array(ref, version):
     _loaded[0] += 1
     _loaded_at[version] = time.monotonic()
     return GlobalArray(ref, version)
+
+
+class GlobalObject:
+    """A Python object built under clamor.heap(), sent to Dask's tasks by
+    reference (``clamor.dask.ref(obj)``); ``get()`` in a task gives the
+    object itself, used in place on the worker (its pages relocated as
+    they arrive: clamor.memory.portable).
+
+    It resolves only in ``get()``, inside the task: a Dask worker keeps a
+    queued task's arguments while it moves to other versions, and a
+    reference to a region object held across a version change would be
+    released against the driver's reference count, not its own."""
+
+    __slots__ = ("offset", "version", "_obj", "__weakref__")
+
+    def __init__(self, offset, version, obj=None):
+        self.offset, self.version, self._obj = int(offset), version, obj
+
+    def get(self):
+        if self._obj is not None:      # the driver's own
+            return self._obj
+        if not _resolve[0]:
+            raise errors.NotShareable("a clamor.dask.ref resolves in a task on an attached Dask worker (or in the "
+                                      "driver), not here")
+        return _object_here(self)
+
+    def __reduce__(self):
+        if self._obj is not None:
+            ship = _ship[0]
+            if ship is None:
+                raise errors.NotShareable("clamor.dask is detached: a region object's reference cannot be sent")
+            offset, version = ship(self._obj)
+            return _global_object, (offset, version)
+        return _global_object, (self.offset, self.version)
+
+    def __dask_tokenize__(self):
+        if self._obj is not None and _ship[0] is not None:
+            return ("clamor-object",) + tuple(_ship[0](self._obj))
+        return ("clamor-object", self.offset, self.version)
+
+    def __repr__(self):
+        return f"clamor.dask.GlobalObject(offset={self.offset:#x}, version={self.version})"
+
+
+def _global_object(offset, version):
+    _loaded[0] += 1
+    if not _resolve[0]:
+        _loaded_at[version] = time.monotonic()
+    return GlobalObject(offset, version)
+
+
+_ship = [None]          # driver: obj -> (offset, version), set while attached
+_object_here = None     # worker: GlobalObject -> the object (set by the worker plugin)
+
+
+def set_object_resolver(fn):
+    global _object_here
+    _object_here = fn
+
+
+def set_shipper(fn):
+    _ship[0] = fn
+
+
+def _is_region_object(obj):
+    size = region.size()
+    return bool(size) and region.base() <= id(obj) < region.base() + size and type(obj) is not np.ndarray
 
 
 def in_region(a):
@@ -126,6 +194,7 @@ def uninstall():
 
     with _lock:
         _stamp[0] = None
+        _ship[0] = None
         _resolve[0] = False
         if "normalize" in _saved:
             if _saved["copyreg"] is None:
@@ -170,12 +239,15 @@ class _Scanner(cloudpickle.CloudPickler):
 
     def persistent_id(self, obj):
         t = type(obj)
-        if t is GlobalArray:
+        if t is GlobalArray or t is GlobalObject:
             self.versions.add(obj.version)
             return 0
         if t is np.ndarray:
             if in_region(obj):
                 self.region = True
+            return 0
+        if _is_region_object(obj):
+            self.region = True
             return 0
         return None
 
@@ -209,7 +281,7 @@ class _Copier(cloudpickle.CloudPickler):
         if type(obj) is np.ndarray and in_region(obj):
             self.copies.append(np.array(obj, copy=True))
             return len(self.copies) - 1
-        return None
+        return None   # (a region object is pickled by value: it comes back as a copy)
 
 
 class _Restorer(pickle.Unpickler):
@@ -222,9 +294,10 @@ class _Restorer(pickle.Unpickler):
 
 
 def detach_result(value):
-    """A task's result as a value: region arrays in it become copies, read
-    at the task's version (a view would be read later at whatever version
-    its reader runs at).  Anything else is the same object."""
+    """A task's result as a value: region arrays and region objects in it
+    become copies, read at the task's version (a view would be read later
+    at whatever version its reader runs at, and a region object must not
+    outlive its task on the worker).  Anything else is the same object."""
     if type(value) is np.ndarray:
         return np.array(value, copy=True) if in_region(value) else value
     if value is None or type(value) in (int, float, bool, str, bytes, complex):

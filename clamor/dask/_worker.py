@@ -17,9 +17,11 @@ the new version.  Versions take turns in the order their tasks arrived.
 A task's result leaves as a value: region arrays in it are copied at the
 task's version.
 """
+import gc
 import json
 import logging
 import os
+import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +31,8 @@ import zmq
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import errors
-from ..memory import region, samehost
-from ..runtime import security
+from ..memory import images, portable, region, samehost
+from ..runtime import security, serialize
 from ..runtime._liveness import pid_alive, pid_namespace
 from ..runtime.worker import advertised_address
 from . import _pickling
@@ -94,8 +96,10 @@ class Gate:
     """Tasks of one version at a time; the version changes when none runs,
     in the order versions were asked for."""
 
-    def __init__(self, link, stage):
+    def __init__(self, link, stage, on_switch=None):
         self.link = link
+        self.on_switch = on_switch    # called after each change of version (relocation targets)
+        self.resolved = False         # a region object was used since the last change
         self.current = int(stage)
         self.running = 0
         self.switches = 0
@@ -139,11 +143,19 @@ class Gate:
         if kind != b"CHANGES" or len(body) % 8:
             raise errors.ProtocolError(f"the driver answered CHANGES with {kind!r}")
         pages = np.frombuffer(body, dtype=np.uint64)
+        if self.resolved:
+            # Region objects a task used may sit in cycles: freed now, on the
+            # pages as this worker holds them, not against the driver's
+            # counts after the pages are fetched again.
+            gc.collect()
+            self.resolved = False
         if pages.size:
             region.invalidate(pages)
         region.set_stage(version)
         self.current = version
         self.switches += 1
+        if self.on_switch is not None:
+            self.on_switch()
 
     def close(self, why, wait=60.0):
         """Refuse new tasks; wait (up to ``wait`` seconds) for running ones."""
@@ -233,11 +245,13 @@ class RegionPlugin(WorkerPlugin):
         self._done = False
         self.link = Link(self.control, sec, self.timeout)
         try:
-            kind, body = self.link.ask(b"JOIN", json.dumps({"pid": os.getpid()}).encode())
+            kind, body = self.link.ask(b"JOIN", json.dumps({"pid": os.getpid(),
+                                                            "hash": portable.hash_digest()}).encode())
             if kind != b"WELCOME":
                 raise errors.WorkerRefused(f"the clamor driver at {self.control} answered JOIN with {kind!r}")
             welcome = json.loads(body)
             sec.core()
+            portable.enable()   # every page comes with its relocations: region objects are used in place
             host = advertised_address(self.control)
             self.serving = region.connect(welcome["pages"], serve_endpoint=f"tcp://{host}:*").encode()
         except BaseException:
@@ -246,7 +260,23 @@ class RegionPlugin(WorkerPlugin):
         region.ensure_handler_first()
         samehost.decline("a Dask worker fetches the driver's pages")
         region.set_stage(welcome["stage"])
-        self.gate = Gate(self.link, welcome["stage"])
+        # Region objects are used in place only at the driver's address, with
+        # its hash seed and its builds of the images they point into.
+        self.refuse = None
+        bad = images.mismatches(welcome.get("images") or {})
+        if region.base() != welcome["base"]:
+            self.refuse = "this worker maps the region at another address than the driver"
+        elif welcome.get("hash") != portable.hash_digest():
+            self.refuse = ("this worker's str hash seed differs from the driver's: start the driver with "
+                           "PYTHONHASHSEED set to a number other than 0 (Dask's workers take it from their "
+                           "environment, or use 6640 when it is unset or 0)")
+        elif bad:
+            self.refuse = f"{len(bad)} of this worker's images differ from the driver's: " + "; ".join(bad[:3])
+        serialize.objects_in_place(self.refuse is None)
+        _pickling.set_object_resolver(self._object)
+        self.bind_error = None
+        self.gate = Gate(self.link, welcome["stage"], on_switch=self._bind_targets)
+        self._bind_targets()
         execs = worker.executors
         if isinstance(execs, Executors):   # attached before, then detached
             execs.gate = self.gate
@@ -263,6 +293,31 @@ class RegionPlugin(WorkerPlugin):
         self._watcher.start()
         log.info("attached to the clamor driver at %s (pages %s, version %d)", self.control, welcome["pages"],
                  welcome["stage"])
+
+    def _bind_targets(self):
+        """Bind the relocation targets the driver's lists name (asked at
+        attach and at each change of version, before tasks run)."""
+        try:
+            kind, body = self.link.ask(b"TARGETS")
+            if kind != b"TARGETS":
+                raise errors.ProtocolError(f"the driver answered TARGETS with {kind!r}")
+            portable.bind(pickle.loads(body))
+        except errors.TransportError:
+            raise
+        except Exception as err:  # a target this worker cannot have: objects fail, saying why
+            self.bind_error = err
+
+    def _object(self, ref):
+        """A region object for a task (GlobalObject.get)."""
+        if self.refuse:
+            raise errors.NotShareable(f"a region object cannot be used in place here: {self.refuse}")
+        if self.bind_error is not None:
+            raise errors.NotShareable(f"a region object cannot be used in place here: {self.bind_error}")
+        if self.gate.running == 0 or ref.version != self.gate.current:
+            raise errors.NotShareable("clamor.dask.ref(...).get() reads the object in the task it was sent to "
+                                      "(at that task's version), not outside it")
+        self.gate.resolved = True
+        return serialize._object_at(ref.offset)
 
     def _watch(self, worker, driver_pid):
         """Detach this worker once the driver says BYE, its process is gone,
