@@ -54,6 +54,24 @@ the baseline's best case).  Answers must be equal.
 ``update_speedup_vs_rescatter`` = median re-scatter round / median clamor
 round.
 
+The paper's version (part 1b, ``--kdtree-reps``, default as ``--reps``;
+0 skips it): a scipy KDTree over a copy of the same places, and
+``records``, one (record id, rating) per place, both built under
+``clamor.heap()`` before the Dask client exists and held by one region
+tuple ``geo``.  A query takes its ``--k`` nearest from the tree, their
+records, and the top-rated of them (the job's figure: the mean distance to
+it).  clamor: ``client.map(kdtree_task, batches, geo=clamor.dask.ref(geo))``
+(``.get()`` in the task gives the region's tuple, used in place; the ref is
+made in the timed round).  Baseline: ``client.scatter([tree, records],
+broadcast=True)`` of ordinary copies (the tree unpickled from the region's,
+so the same tree), then the same map; timed from the scatter.  Cold rounds
+as in part 1, every worker dropping all its region pages first.  The two
+sides' answers must be identical, and their ``k`` nearest equal to part 1's
+(else exit 1).  It runs before the updates, which write pts.  The region's
+str-keyed dicts hash with the process's seed, so the script re-executes
+itself with PYTHONHASHSEED=6640 (Dask's nanny's seed for its workers; the
+namespace hosts' workers inherit it).
+
 Bytes: clamor's are the workers' ``bytes_fetched`` (which counts the bytes
 from peers too: ``clamor.stats()`` on each worker, summed); the scatter's
 are the arrays' bytes times the workers.  With namespace hosts, both sides
@@ -71,7 +89,7 @@ environment, and ``attach(client, host=<root address>)``.  ``--quick``,
 ``LocalCluster(n_workers=4, threads_per_worker=1, processes=True)`` on
 loopback.
 
-    python bench/dask_globals.py [--quick] [--local] [--workers 4] [--rate 1gbit] [--points 40M]
+    python bench/dask_globals.py [--quick] [--local] [--workers 4] [--rate 1gbit] [--points 40M] [--kdtree-reps N]
 
 The last line is one JSON object (keys in bench/README.md).
 """
@@ -84,6 +102,7 @@ import tempfile
 import time
 
 import numpy as np
+import scipy.spatial  # before any clamor.heap() block: a first import inside one puts it in the region
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
@@ -97,6 +116,7 @@ CITIES = 10000
 # scatter(broadcast=True) makes, every 2 s, and replicate makes them again:
 # on slow links the two never finish.  A user who broadcasts turns it off.
 AMM_OFF = {"distributed.scheduler.active-memory-manager.start": False}
+HASH_SEED = "6640"   # the seed Dask's nanny starts its workers with
 AMM_OFF_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START": "False"}
 
 
@@ -144,6 +164,28 @@ def knn_task(q, pts, ids, offsets, grid, cell, k):
         todo = todo[~ok]
         margin *= 2
     return out_id, out_d
+
+
+def kdtree_task(q, k, geo=None, tree=None, records=None):
+    """The paper's geo query over a KDTree of every place: for each query in
+    ``q`` (m, 2), its ``k`` nearest places (record ids (m, k) int64 and
+    distances (m, k), nearest first, from ``records``), then those ``k``
+    sorted by rating (highest first; ties by position): the top-rated one's
+    record id (m,) and distance (m,).  clamor: ``geo`` is a clamor.dask.ref
+    of the region's (tree, records), used in place; scatter: ``tree`` and
+    ``records`` are the worker's copies."""
+    import numpy as np
+
+    if geo is not None:
+        tree, records = geo.get()
+    d, j = tree.query(q, k=k)
+    d, j = d.reshape(len(q), k), j.reshape(len(q), k)
+    rec = records[j]                       # (m, k) records, a copy
+    del tree, records                      # no reference to a region object outlives the task
+    rid, rating = rec["id"], rec["rating"]
+    top = np.lexsort((j, -rating))[:, 0]   # along each row: rating descending, then position
+    rows = np.arange(len(q))
+    return rid, d, rid[rows, top], d[rows, top]
 
 
 def warm():
@@ -216,6 +258,51 @@ def build(n, seed):
     offsets[0] = 0
     np.cumsum(counts, out=offsets[1:])
     return pts, ids, offsets, centres[0]
+
+
+RECORD = np.dtype([("id", "<i8"), ("rating", "<f8")])
+
+
+def build_kdtree(pts, ids, seed):
+    """The paper's version of the global: a scipy KDTree over a copy of
+    ``pts`` and ``records``, one (record id, rating) per place in pts's
+    order, both made under clamor.heap() and held by one region tuple
+    ``geo`` = (tree, records): Python objects, arrays and the tree's C++
+    nodes all in the region.  Must run before the Dask client exists (its
+    threads refill CPython's free lists, which a heap() block may draw
+    from).  Also the baseline's ordinary copies (out of the region: the
+    tree unpickled from the region's, so the same tree) and the tree's
+    pickled size.  Returns (geo, plain_tree, plain_records, pickled_bytes)."""
+    import pickle
+
+    import clamor
+    from clamor import region
+
+    rating = np.random.default_rng(seed + 1).random(len(ids))
+    region.ensure()
+    with clamor.heap():
+        # the tree gets its own copy of the places: pts's ndarray object was
+        # made outside the block (only its bytes are in the region), and
+        # ref() refuses an object that points out of the region, as a view
+        # of pts would
+        tree = scipy.spatial.KDTree(np.array(pts))
+        # CPython 3.11+ makes an instance's __dict__ on first request: make
+        # it here, in the region, or ref() finds the tree pointing outside
+        tree.__dict__  # noqa: B018
+        # (a structured dtype is an object of its own: made here too)
+        records = np.empty(len(ids), np.dtype(RECORD.descr))
+        geo = (tree, records)
+    records["id"] = ids                    # (writing the bytes needs no block)
+    records["rating"] = rating
+    del rating
+    plain_tree = pickle.loads(pickle.dumps(tree, protocol=5))
+    plain_records = np.array(records)
+    for x in (plain_tree.data, plain_tree.indices, plain_records):
+        if region.contains(x.ctypes.data):
+            raise SystemExit("dask_globals: the baseline's KDTree copy is in the region")
+    bufs = []
+    stream = pickle.dumps(plain_tree, protocol=5, buffer_callback=lambda b: bufs.append(b.raw().nbytes) and False)
+    return geo, plain_tree, plain_records, len(stream) + sum(bufs)
 
 
 def disc_queries(rng, centre, radius, n):
@@ -334,6 +421,12 @@ def med(xs):
 
 
 def main(argv=None):
+    if argv is None and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        # the region's KDTree holds str-keyed dicts: they hash with the
+        # process's seed, which must be the workers' (Dask's nanny gives its
+        # workers 6640; the namespace hosts' workers inherit this environment)
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, one host (under a minute)")
     ap.add_argument("--local", action="store_true", help="one host (LocalCluster) even for the full run")
@@ -352,6 +445,8 @@ def main(argv=None):
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="the workers' read-ahead in bytes, 0 off (default: clamor's, 4M)")
     ap.add_argument("--brute", type=int, default=5, help="queries checked by brute force")
+    ap.add_argument("--kdtree-reps", type=int, default=None,
+                    help="cold rounds of each side of the KDTree part (as --reps; 0 skips it)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     q = args.quick
@@ -359,6 +454,7 @@ def main(argv=None):
     args.queries = args.queries or (20000 if q else 100000)
     args.tasks = args.tasks or 8 * args.workers
     args.reps = args.reps or (3 if q else 2)
+    args.kdtree_reps = args.reps if args.kdtree_reps is None else args.kdtree_reps
     args.update_queries = args.update_queries or (5000 if q else 20000)
     args.update_rounds = args.update_rounds or (2 if q else 3)
     if min(args.workers, args.points, args.queries, args.tasks, args.reps, args.update_queries,
@@ -396,6 +492,20 @@ def main(argv=None):
         return int(first), int((a + x.nbytes - 1 - region.base()) // ps - first + 1)
 
     ranges = [page_range(x) for x in (pts, ids, offsets)]
+    geo = plain_tree = plain_records = None
+    kd_build_s = kd_pickled = kd_region_bytes = None
+    if args.kdtree_reps:
+        # before the Dask client (see build_kdtree)
+        h0 = clamor.heap_stats()["allocated"]
+        t = time.perf_counter()
+        geo, plain_tree, plain_records, kd_pickled = build_kdtree(pts, ids, args.seed)
+        kd_build_s = time.perf_counter() - t
+        kd_region_bytes = clamor.heap_stats()["allocated"] - h0
+        print(f"KDTree over the same places + records ({RECORD.itemsize} B each) built under clamor.heap() in "
+              f"{kd_build_s:.1f} s: {kd_region_bytes / MIB:.0f} MiB more in the region; "
+              f"the baseline's copy pickles to {kd_pickled / MIB:.0f} MiB, + records {plain_records.nbytes / MIB:.0f} "
+              f"MiB", flush=True)
+    all_pages = [(0, region.size() // ps)]
 
     with tempfile.TemporaryDirectory(prefix="dask-globals-") as tmp, contextlib.ExitStack() as stack:
         if netns:
@@ -513,6 +623,79 @@ def main(argv=None):
         print(f"  answers: clamor == scatter for all {args.queries} queries; {args.brute} checked by brute force",
               flush=True)
 
+        # ---- part 1b: the paper's version: a KDTree over every place, and the records -----------------
+        # (before the updates, which move places in pts: the tree holds their places as they were)
+        krows = {"clamor": [], "scatter": []}
+        kanswers = {}
+        if args.kdtree_reps:
+            print(f"part 1b: the same {args.queries} queries on a KDTree of all {args.points} places + records "
+                  f"(top-rated of the {args.k} nearest), {args.kdtree_reps} cold round(s) each side: clamor.dask.ref "
+                  f"against scattering an ordinary copy (broadcast=True)", flush=True)
+            kd_kw = {"k": args.k}
+            for r in range(args.kdtree_reps):
+                for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
+                    client.run(drop_global, all_pages)
+                    l0 = links.read()
+                    t0 = time.perf_counter()
+                    if side == "clamor":
+                        # one ref to the region's (tree, records): the walk is counted in the round.  (Not
+                        # records as a region array beside a ref: see the README.)
+                        gref = clamor.dask.ref(geo)
+                        ref_s = time.perf_counter() - t0
+                        futs = client.map(kdtree_task, qb, geo=gref, pure=False, **kd_kw)
+                        res = client.gather(futs)
+                        del futs, gref
+                        sc, held = None, None
+                    else:
+                        ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
+                        sc = time.perf_counter() - t0
+                        futs = client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, **kd_kw)
+                        res = client.gather(futs)
+                        del futs, ft, fr
+                    dt = time.perf_counter() - t0
+                    l1 = links.read()
+                    row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
+                    if side == "clamor":
+                        row.update(clamor_bytes())
+                        row["ref_s"] = ref_s
+                    else:
+                        row["scatter_s"] = sc
+                        release(list(held))
+                        held = None
+                    got = [np.empty((args.queries, args.k), np.int64), np.empty((args.queries, args.k)),
+                           np.empty(args.queries, np.int64), np.empty(args.queries)]
+                    for g, part in zip(got, zip(*res)):
+                        g[qorder] = np.concatenate(part)
+                    if side in kanswers and not all(np.array_equal(x, y) for x, y in zip(kanswers[side], got)):
+                        raise SystemExit(f"dask_globals: KDTree {side}'s answers differ between rounds")
+                    kanswers[side] = got
+                    krows[side].append(row)
+                    extra = (f"scatter {sc:.2f} s, " if sc is not None else
+                             f"ref {ref_s:.2f} s, fetched {row['bytes_fetched'] / MIB:.1f} MiB "
+                             f"({row['bytes_from_peers'] / MIB:.1f} from peers, {row['readahead_pages']} pages read "
+                             f"ahead), ")
+                    print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
+                          f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+            a, b = kanswers["clamor"], kanswers["scatter"]
+            if not all(np.array_equal(x, y) for x, y in zip(a, b)):
+                bad = np.flatnonzero((a[0] != b[0]).any(axis=1) | (a[1] != b[1]).any(axis=1) | (a[2] != b[2]))
+                raise SystemExit(f"dask_globals: KDTree: clamor and scatter disagree on {bad.size} queries "
+                                 f"(first {bad[:5]})")
+            # the tree's k nearest are part 1's, and the top-rated one is right
+            g = answers["clamor"]
+            if not (np.array_equal(a[0], g[0]) and np.array_equal(a[1], g[1])):
+                bad = np.flatnonzero((a[0] != g[0]).any(axis=1) | (a[1] != g[1]).any(axis=1))
+                raise SystemExit(f"dask_globals: KDTree and grid index disagree on {bad.size} queries "
+                                 f"(first {bad[:5]})")
+            pos = np.argsort(plain_records["id"])   # record id -> position
+            rat = plain_records["rating"][pos[a[0]]]
+            best = np.take_along_axis(a[0], np.argmax(rat, axis=1)[:, None], axis=1)[:, 0]
+            if not np.array_equal(best, a[2]):
+                raise SystemExit("dask_globals: KDTree: a top-rated answer is wrong")
+            del pos, rat
+            print(f"  answers: clamor == scatter for all {args.queries} queries ({args.k} nearest and top-rated), == part "
+                  f"1's; mean distance to the top-rated place {a[3].mean():.2f} km", flush=True)
+
         # ---- part 2: streaming updates -------------------------------------------------------------
         near = near_disc_range(offsets, centre, args.radius_km)
         spans = np.array([e - s for s, e in near])
@@ -611,6 +794,49 @@ def main(argv=None):
         "page_size": ps, "readahead": readahead, "quick": q, "answers_ok": True,
         "elapsed_s": round(time.perf_counter() - t_start, 1),
     }
+    # the KDTree part (the paper's version): null when skipped (--kdtree-reps 0)
+    kd = dict.fromkeys(["kdtree_speedup_vs_scatter", "kdtree_bytes_ratio_vs_scatter", "kdtree_bytes_ratio_source",
+                        "kdtree_bytes_ratio_counters", "kdtree_bytes_ratio_link", "kdtree_clamor_s",
+                        "kdtree_scatter_s", "kdtree_scatter_transfer_s", "kdtree_clamor_s_all",
+                        "kdtree_scatter_s_all", "kdtree_ref_s", "kdtree_clamor_bytes",
+                        "kdtree_clamor_bytes_from_peers", "kdtree_clamor_readahead_pages",
+                        "kdtree_clamor_bytes_per_worker", "kdtree_clamor_faults", "kdtree_scatter_bytes",
+                        "kdtree_clamor_link_bytes", "kdtree_scatter_link_bytes", "kdtree_pickled_bytes",
+                        "kdtree_records_bytes", "kdtree_region_bytes", "kdtree_build_s", "kdtree_mean_top_km"])
+    kd["kdtree_reps"] = args.kdtree_reps
+    if args.kdtree_reps:
+        kc = med([x["s"] for x in krows["clamor"]])
+        ks = med([x["s"] for x in krows["scatter"]])
+        kc_bytes = med([x["bytes_fetched"] for x in krows["clamor"]])
+        ks_bytes = (kd_pickled + plain_records.nbytes) * args.workers
+        kc_link = med([x["link_in"] for x in krows["clamor"]])
+        ks_link = med([x["link_in"] for x in krows["scatter"]])
+        k_counted = ks_bytes / kc_bytes if kc_bytes else None
+        k_link = ks_link / kc_link if netns and kc_link else None
+        kd.update({
+            "kdtree_speedup_vs_scatter": ks / kc,
+            "kdtree_bytes_ratio_vs_scatter": k_link if k_link is not None else k_counted,
+            "kdtree_bytes_ratio_source": "link" if k_link is not None else "counters",
+            "kdtree_bytes_ratio_counters": k_counted, "kdtree_bytes_ratio_link": k_link,
+            "kdtree_clamor_s": kc, "kdtree_scatter_s": ks,
+            "kdtree_scatter_transfer_s": med([x["scatter_s"] for x in krows["scatter"]]),
+            "kdtree_clamor_s_all": [round(x["s"], 3) for x in krows["clamor"]],
+            "kdtree_scatter_s_all": [round(x["s"], 3) for x in krows["scatter"]],
+            "kdtree_ref_s": med([x["ref_s"] for x in krows["clamor"]]),
+            "kdtree_clamor_bytes": kc_bytes,
+            "kdtree_clamor_bytes_from_peers": med([x["bytes_from_peers"] for x in krows["clamor"]]),
+            "kdtree_clamor_readahead_pages": med([x["readahead_pages"] for x in krows["clamor"]]),
+            "kdtree_clamor_bytes_per_worker": krows["clamor"][-1]["per_worker_bytes"],
+            "kdtree_clamor_faults": med([x["faults"] for x in krows["clamor"]]),
+            "kdtree_scatter_bytes": ks_bytes,
+            "kdtree_clamor_link_bytes": kc_link if netns else None,
+            "kdtree_scatter_link_bytes": ks_link if netns else None,
+            "kdtree_pickled_bytes": kd_pickled, "kdtree_records_bytes": plain_records.nbytes,
+            "kdtree_region_bytes": kd_region_bytes, "kdtree_build_s": kd_build_s,
+            "kdtree_mean_top_km": float(kanswers["clamor"][3].mean()),
+        })
+    fig.update(kd)
+    fig["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     print(f"k-NN: clamor {c_s:.2f} s, scatter {s_s:.2f} s (transfer {fig['scatter_transfer_s']:.2f} s) -> "
           f"speedup_vs_scatter {fig['speedup_vs_scatter']:.2f} (target > 2); bytes: clamor "
           f"{c_bytes / MIB:.1f} MiB, scatter {s_bytes / MIB:.0f} MiB -> ratio {counted_ratio:.1f}"
@@ -618,6 +844,13 @@ def main(argv=None):
           + " (target >= 10)")
     print(f"updates: clamor round {uc * 1e3:.0f} ms, re-scatter round {us:.2f} s -> update_speedup_vs_rescatter "
           f"{fig['update_speedup_vs_rescatter']:.1f} (target >= 20)", flush=True)
+    if args.kdtree_reps:
+        print(f"KDTree: clamor {kc:.2f} s (ref {fig['kdtree_ref_s']:.2f} s), scatter {ks:.2f} s (transfer "
+              f"{fig['kdtree_scatter_transfer_s']:.2f} s) -> kdtree_speedup_vs_scatter "
+              f"{fig['kdtree_speedup_vs_scatter']:.2f}; bytes: clamor {kc_bytes / MIB:.1f} MiB, scatter "
+              f"{ks_bytes / MIB:.0f} MiB -> ratio {k_counted:.1f}"
+              + (f", on the links {kc_link / MIB:.1f} / {ks_link / MIB:.0f} MiB -> {k_link:.1f}" if k_link else ""),
+              flush=True)
     json_line(fig)
     return 0
 
