@@ -62,13 +62,16 @@ res["delayed"] = dask.delayed(lambda tt: tt.get().query(qs[1], k=4)[1].tolist())
 keys = [f"k{i}" for i in range(0, 4000, 97)]
 res["bag"] = db.from_sequence(keys, npartitions=3).map(lambda k: n.get()[k][1]).compute() == \\
     [names[k][1] for k in keys]
+arr = clamor.array(np.arange(1000.0))
+mixed = lambda tt, a, q: (tt.get().query(q, k=4)[1].tolist(), float(a[7]))   # a ref and an array, in that order
+res["mixed"] = client.submit(mixed, t, arr, qs[2], pure=False).result() == (want[2], 7.0)
 back = client.submit(lambda: n.get(), pure=False).result()
 res["copy"] = [back == names, region.contains(id(back))]
 st = client.run(clamor.stats)
 res["relocated"] = sum(s["reloc_pages"] for s in st.values())
 """)
     assert out["closure_bytes"] < 2000
-    assert out["map"] and out["submit"] and out["delayed"] and out["bag"]
+    assert out["map"] and out["submit"] and out["delayed"] and out["bag"] and out["mixed"]
     assert out["copy"] == [True, False]        # a result is a value, not the worker's view of the region
     assert out["relocated"] > 0
 

@@ -168,6 +168,9 @@ class Gate:
             return self.running == 0
 
 
+_task = threading.local()   # .version: that of the task this thread runs (None between tasks)
+
+
 class VersionThreadPoolExecutor(ThreadPoolExecutor):
     """Runs tasks of one version on the worker's own pool, through the gate.
     (A ThreadPoolExecutor by name and type: Dask then passes context
@@ -182,12 +185,14 @@ class VersionThreadPoolExecutor(ThreadPoolExecutor):
 
     def _run(self, fn, args, kwargs):
         self._gate.enter(self._version)
+        _task.version = self._version
         try:
             out = fn(*args, **kwargs)
             if isinstance(out, dict) and out.get("op") == "task-finished":
                 out["result"] = _pickling.detach_result(out["result"])
             return out
         finally:
+            _task.version = None
             self._gate.exit()
 
     def shutdown(self, wait=True, **kwargs):
@@ -313,9 +318,13 @@ class RegionPlugin(WorkerPlugin):
             raise errors.NotShareable(f"a region object cannot be used in place here: {self.refuse}")
         if self.bind_error is not None:
             raise errors.NotShareable(f"a region object cannot be used in place here: {self.bind_error}")
-        if self.gate.running == 0 or ref.version != self.gate.current:
-            raise errors.NotShareable("clamor.dask.ref(...).get() reads the object in the task it was sent to "
-                                      "(at that task's version), not outside it")
+        # The task reads at its submission's version, the newest stamp in its
+        # graph: the handle's (when the object was last sent, at or before
+        # it) or a region array's sent with it.
+        version = getattr(_task, "version", None)
+        if version is None or ref.version > version:
+            raise errors.NotShareable("clamor.dask.ref(...).get() reads the object in a task it was sent to "
+                                      "(at that task's version), not outside one")
         self.gate.resolved = True
         return serialize._object_at(ref.offset)
 
