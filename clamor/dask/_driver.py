@@ -175,12 +175,7 @@ class Driver:
         with self._lock:
             self._begin()   # from here on, a write is a new version
         self._ctx = zmq.Context()
-        self._guard = security.Guard(self._ctx, self.security, "driver (dask)")
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.linger = 0
-        self.security.server(self._sock)
-        self._guard.watch(self._sock, "control endpoint")
-        self._guard.start()
+        self._sock, self._guard = security.control_socket(self._ctx, self.security, "driver (dask)")
         try:
             self._sock.bind(f"tcp://{self.host}:*")
         except zmq.ZMQError as err:

@@ -285,12 +285,7 @@ class Cluster(Stages):
         # drops must never reach glibc's or pymalloc's free.
         install_heap_hooks()
         self._ctx = zmq.Context()
-        self._guard = security.Guard(self._ctx, self._security, "driver")
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.linger = 0
-        self._security.server(self._sock)
-        self._guard.watch(self._sock, "control endpoint")
-        self._guard.start()
+        self._sock, self._guard = security.control_socket(self._ctx, self._security, "driver")
         try:
             self._sock.bind(self._listen)
         except zmq.ZMQError as err:

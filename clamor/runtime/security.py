@@ -215,6 +215,19 @@ class Guard(threading.Thread):
         self._waker.close()
 
 
+def control_socket(ctx, security, where):
+    """A ROUTER of ``ctx`` that admits members only, and the started Guard
+    that answers its handshakes (logging failed ones as ``where``'s): the
+    caller binds the socket, then closes it and stops the guard."""
+    guard = Guard(ctx, security, where)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    security.server(sock)
+    guard.watch(sock, "control endpoint")
+    guard.start()
+    return sock, guard
+
+
 def from_environment(secret=None, path=None):
     """The secret given, else the one in ``path``, else CLAMOR_SECRET, else
     None."""
