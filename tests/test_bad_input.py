@@ -328,8 +328,9 @@ def test_ctrl_c_never_tears_a_message_the_driver_reads():
         def send():
             for i in range(N):
                 tx.send_multipart([b"%d" % i, b"b", b"c", b"d", b"e"])
-        done = threading.Event()
+        done, armed = threading.Event(), threading.Event()
         def interrupt():
+            armed.wait()                         # (no press before the deferral, as Thread.start() still waits)
             for _ in range(200):
                 if done.is_set():
                     return
@@ -342,6 +343,7 @@ def test_ctrl_c_never_tears_a_message_the_driver_reads():
         deadline = time.monotonic() + 30     # (a lost message would leave it short of N)
         try:
             with Deferred() as d:            # one deferral throughout: no signal lands outside it
+                armed.set()
                 while len(got) < N and time.monotonic() < deadline:
                     try:
                         d.check()
