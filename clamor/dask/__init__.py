@@ -32,7 +32,7 @@ from ..runtime.worker import advertised_address
 from . import _driver, _scheduler, _worker
 from ._pickling import GlobalArray, GlobalObject
 
-__all__ = ["attach", "detach", "attached", "secret", "ref", "GlobalArray", "GlobalObject"]
+__all__ = ["attach", "detach", "attached", "secret", "ref", "stats", "GlobalArray", "GlobalObject"]
 
 log = logging.getLogger("clamor.dask")
 
@@ -181,7 +181,5 @@ def stats():
     out["control"], out["pages"] = _current["driver"].endpoint, _current["driver"].pages
     return out
 
-
-__all__.append("stats")
 
 add_region_user(_busy)

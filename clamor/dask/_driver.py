@@ -240,8 +240,8 @@ class Driver:
             while True:
                 if self._gone.is_set():
                     if deadline is None:
-                        deadline = _now() + self._grace
-                    if _now() >= deadline:
+                        deadline = time.monotonic() + self._grace
+                    if time.monotonic() >= deadline:
                         return
                 if not poller.poll(100):
                     continue
@@ -288,7 +288,3 @@ class Driver:
         self._sock.close()
         self._guard.stop()
         self._ctx.term()
-
-
-def _now():
-    return time.monotonic()
