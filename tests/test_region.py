@@ -428,3 +428,27 @@ def test_cdefs_match_the_headers():
     from clamor._native import lib
     for name in cdefs:
         assert callable(getattr(lib, name)), name
+
+
+def test_a_clean_exit_with_faulthandler_on_and_region_objects_still_referenced():
+    """faulthandler (enabled at start-up) puts back, late in finalization,
+    the SIGSEGV action it found: clamor's handler must not be gone while
+    the interpreter still releases region objects on pages the driver keeps
+    write-protected for versions.  The type cache holds the last reference
+    to a str built in the region; it is released after faulthandler's
+    finalization, and that write to a protected page used to kill a clean
+    run with SIGSEGV."""
+    out = run_json("""
+        import json
+        import clamor
+        from clamor import region
+        region.init()
+        with clamor.heap():
+            name = "".join(["no_such", "_attribute_", str(12345)])    # a new str, in the region
+        assert region.contains(id(name))
+        getattr(int, name, None)          # the type cache keeps the name
+        del name
+        region.stage_begin(region.stage_current() + 1)     # pages write-protected: writes are versioned
+        print(json.dumps({"ok": True}))
+        """, env={"PYTHONFAULTHANDLER": "1"})
+    assert out == {"ok": True}

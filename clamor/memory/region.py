@@ -7,6 +7,7 @@ from one that has a region becomes a worker by itself: the C core replaces
 the region in the child, and the hook below restarts the pager (to the
 parent's page server) and the child's own page server.
 """
+import atexit
 import errno
 import gc
 import os
@@ -509,3 +510,26 @@ def _after_fork_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_child)
+
+
+def _at_exit():
+    # faulthandler, enabled before clamor installed its handler (python -X
+    # faulthandler, PYTHONFAULTHANDLER), puts back at finalization the SIGSEGV
+    # action it found then: clamor's handler is gone while the interpreter
+    # still releases objects, some of them on region pages the driver keeps
+    # write-protected for versions (the type cache's names, for one), and the
+    # first such write killed the process after a clean run.  Disabled here,
+    # before finalization, faulthandler restores nothing later; clamor's
+    # handler goes back in front.
+    if lib.clamor_region_role() == lib.CLAMOR_ROLE_NONE:
+        return
+    import faulthandler
+    if faulthandler.is_enabled():
+        faulthandler.disable()
+        try:
+            ensure_handler_first()
+        except errors.ClamorError:  # pragma: no cover - nothing else to do at exit
+            pass
+
+
+atexit.register(_at_exit)
