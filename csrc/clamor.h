@@ -313,6 +313,8 @@ void clamor_replication_reset(void);
     COUNTER(reloc_bytes)       /* worker: bytes of relocation lists received */                                 \
     COUNTER(pages_mapped)      /* worker: pages mapped from the driver's memory (same host), not fetched */     \
     COUNTER(pages_compacted)   /* driver: pages moved back home to bound its mappings */                        \
+    COUNTER(wire_bytes_fetched) /* worker: page data bytes as received (sparse replies are smaller) */         \
+    COUNTER(wire_bytes_served) /* page server: page data bytes as sent (of bytes_served) */                     \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

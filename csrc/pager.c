@@ -74,6 +74,8 @@ static struct pager {
     unsigned phead, plen;
     uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
     unsigned nrecent;
+    void *scratch; /* sparse replies are expanded here (write_pages) */
+    size_t scratch_len;
 } P = {.t = CL_THREAD_INIT};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
@@ -163,7 +165,8 @@ static int send_one(struct run *r) {
     uint32_t stage = atomic_load(&cl_worker_stage);
     int peer = cl_hints_peer(r->first, r->count, stage);
     struct cl_wire_hdr h = {.type = CL_WIRE_GET,
-                            .flags = (peer >= 0 ? CL_WIRE_DIRECT : 0) | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0),
+                            .flags = (peer >= 0 ? CL_WIRE_DIRECT : 0) | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) |
+                                     CL_WIRE_SPARSE,
                             .index = r->first,
                             .count = r->count, .stage = stage, .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
@@ -295,7 +298,8 @@ static void finish(struct req *q) {
 }
 
 static void send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, uint32_t status) {
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0),
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET,
+                            .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE,
                             .status = status, .index = q->first,
                             .count = q->count, .stage = atomic_load(&cl_worker_stage),
                             .tag = (uint32_t)q->gen << 16 | slot};
@@ -352,12 +356,29 @@ static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_h
  * by memcpy through the fill view).  The public view stays closed until
  * install_run opens it, so no thread sees a half-written page.
  * 0, EBADMSG (no such frame or the wrong size), or pwrite's errno. */
-static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs) {
+static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs, bool sparse) {
     cl_zmq_msg m;
     cl_zmq.msg_init(&m);
     int rc = EBADMSG;
-    if (cl_zmq.msg_recv(&m, sock, 0) >= 0 && cl_zmq.msg_size(&m) == len) {
+    if (cl_zmq.msg_recv(&m, sock, 0) >= 0 && (sparse ? cl_zmq.msg_size(&m) <= len / 2 : cl_zmq.msg_size(&m) == len)) {
         char *p = cl_zmq.msg_data(&m);
+        CL_COUNT(wire_bytes_fetched, cl_zmq.msg_size(&m));
+        if (sparse) { /* expanded into the pager's buffer, then as if it came whole */
+            if (P.scratch_len < len) {
+                void *b = realloc(P.scratch, len);
+                if (!b) {
+                    cl_zmq.msg_close(&m);
+                    return ENOMEM;
+                }
+                P.scratch = b;
+                P.scratch_len = len;
+            }
+            if (cl_wire_sparse_decode(p, cl_zmq.msg_size(&m), P.scratch, len) != 0) {
+                cl_zmq.msg_close(&m);
+                return EBADMSG;
+            }
+            p = P.scratch;
+        }
         if (relocs) { /* the relocations frame: the words are rewritten before anyone sees the page */
             int more = 0;
             size_t sz = sizeof more;
@@ -463,7 +484,7 @@ static void on_reply(void *sock) {
     bool relocs = clamor_reloc_enabled();
     if (h.index == q->first && h.count == q->count && more && relocs == !!(h.flags & CL_WIRE_RELOC)) {
         announce(q->first, q->count);
-        rc = write_pages(sock, q->first, q->count, len, relocs);
+        rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE);
     }
     if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
     cl_zmq_drain(sock);
@@ -548,6 +569,9 @@ static void *pager_main(void *arg) {
         flush_pending();
         check_timeouts();
     }
+    free(P.scratch);
+    P.scratch = NULL;
+    P.scratch_len = 0;
     return NULL;
 }
 
@@ -604,6 +628,9 @@ int clamor_pager_stop(void) {
         fail_run(r->first, r->count, ESHUTDOWN, true);
     }
     P.plen = P.ninflight = 0;
+    free(P.scratch); /* the parent's thread's buffer, copied into this process */
+    P.scratch = NULL;
+    P.scratch_len = 0;
     return 0;
 }
 
@@ -614,5 +641,8 @@ int cl_pager_stop_after_fork(void) {
     cl_thread_abandon(&P.t);
     cl_peer_close_all(true); /* abandoned with the parent's libzmq state */
     P.plen = P.ninflight = 0;
+    free(P.scratch); /* the parent's thread's buffer, copied into this process */
+    P.scratch = NULL;
+    P.scratch_len = 0;
     return 0;
 }

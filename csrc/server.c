@@ -44,6 +44,8 @@ static struct server {
     struct cl_thread t; /* thread.c */
     void *zap;          /* its ZAP handler (security.c), NULL when security is off */
     char endpoint[256];
+    void *scratch; /* the server thread's: sparse replies are encoded here */
+    size_t scratch_len;
 } S = {.t = CL_THREAD_INIT};
 
 const char *clamor_server_endpoint(void) { return S.t.running ? S.endpoint : ""; }
@@ -116,6 +118,28 @@ static bool rewound_for(uint32_t stage, uint64_t *view) {
     *view = atomic_load(&cl_worker_view);
     uint32_t cur = atomic_load(&cl_worker_stage);
     return cur < atomic_load(&cl_worker_stage_top) && stage > cur;
+}
+
+/* Replace *body (len bytes of pages) by its sparse form (wire.h) if that
+ * is at most half as long; *sent is then its length.  A reply that does not
+ * shrink is sent as it is, having cost one scan of the zero words. */
+static bool sparsen(cl_zmq_msg *body, size_t len, size_t *sent) {
+    if (S.scratch_len < len / 2) { /* the server thread's own; kept for the next reply */
+        void *p = realloc(S.scratch, len / 2);
+        if (!p) return false;
+        S.scratch = p;
+        S.scratch_len = len / 2;
+    }
+    size_t n = 0;
+    cl_zmq_msg sized;
+    if (cl_wire_sparse_encode(cl_zmq.msg_data(body), len, S.scratch, len / 2, &n) != 0 ||
+        cl_zmq.msg_init_size(&sized, n) != 0)
+        return false;
+    if (n) memcpy(cl_zmq.msg_data(&sized), S.scratch, n);
+    cl_zmq.msg_close(body);
+    *body = sized; /* as zmq_msg_move does */
+    *sent = n;
+    return true;
 }
 
 static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
@@ -242,9 +266,14 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         reply_err(id, rq->tag, rq, rerr ? rerr : ENOMEM, "cannot list the pages' relocations");
         return;
     }
+    /* Mostly-zero pages travel as their nonzero words, when that halves
+     * them (the relocation lists above were checked against these bytes). */
+    size_t sent = len;
+    bool sparse = (rq->flags & CL_WIRE_SPARSE) && sparsen(&body, len, &sent);
     size_t hl = hints_for(self, rq);
-    rate_take(len + rlen + hl); /* relocations and hints travel on the same link */
-    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .flags = (hl ? CL_WIRE_HINTS : 0) | (rbuf ? CL_WIRE_RELOC : 0),
+    rate_take(sent + rlen + hl); /* relocations and hints travel on the same link */
+    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES,
+                            .flags = (hl ? CL_WIRE_HINTS : 0) | (rbuf ? CL_WIRE_RELOC : 0) | (sparse ? CL_WIRE_SPARSE : 0),
                             .index = rq->index,
                             .count = rq->count, .stage = rq->stage, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
@@ -254,6 +283,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     CL_COUNT(requests_served, 1);
     CL_COUNT(pages_served, rq->count);
     CL_COUNT(bytes_served, len);
+    CL_COUNT(wire_bytes_served, sent);
     cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     int more = (hl || rbuf) ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT;
@@ -263,6 +293,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         CL_COUNT(requests_served, -(uint64_t)1);
         CL_COUNT(pages_served, -(uint64_t)rq->count);
         CL_COUNT(bytes_served, -(uint64_t)len);
+        CL_COUNT(wire_bytes_served, -(uint64_t)sent);
         return;
     }
     if (rbuf) {
@@ -347,6 +378,9 @@ static void *server_main(void *arg) {
             }
         }
     }
+    free(S.scratch);
+    S.scratch = NULL;
+    S.scratch_len = 0;
     return NULL;
 }
 
@@ -400,6 +434,9 @@ int cl_server_stop_after_fork(void) {
     S.zap = NULL;   /* the parent's: abandoned with its context */
     cl_thread_abandon(&S.t);
     S.endpoint[0] = '\0';
+    free(S.scratch); /* the parent's thread's buffer, copied into this process */
+    S.scratch = NULL;
+    S.scratch_len = 0;
     return 0;
 }
 

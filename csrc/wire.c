@@ -49,8 +49,9 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
     h->index = get64(p + 16);
     h->count = get32(p + 24);
     if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
-    uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT | CL_WIRE_RELOC
-                       : h->type == CL_WIRE_PAGES ? CL_WIRE_HINTS | CL_WIRE_RELOC
+    uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT | CL_WIRE_RELOC |
+                                                    CL_WIRE_SPARSE
+                       : h->type == CL_WIRE_PAGES ? CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE
                        : h->type == CL_WIRE_REDIRECT ? CL_WIRE_HINTS
                        : 0;
     if (h->flags & ~allowed) return EPROTO;
@@ -86,5 +87,63 @@ int cl_wire_geo_decode(const void *buf, size_t len, struct cl_wire_geo *g) {
     g->page_size = get64(p + 16);
     g->role = get32(p + 24);
     g->reserved = get32(p + 28);
+    return 0;
+}
+
+/* ---- sparse data ------------------------------------------------------------ */
+
+/* First nonzero word at or after i (n if none); eight words at a time
+ * where it can. */
+static size_t skip_zeros(const uint64_t *w, size_t i, size_t n) {
+    while (i < n && (i & 7)) {
+        if (w[i]) return i;
+        i++;
+    }
+    while (i + 8 <= n && !(w[i] | w[i + 1] | w[i + 2] | w[i + 3] | w[i + 4] | w[i + 5] | w[i + 6] | w[i + 7])) i += 8;
+    while (i < n && !w[i]) i++;
+    return i;
+}
+
+int cl_wire_sparse_encode(const void *data, size_t len, void *out, size_t cap, size_t *outlen) {
+    const uint64_t *w = data;
+    uint8_t *o = out;
+    size_t n = len / 8, used = 0;
+    if (len % 8 || n > UINT32_MAX) return E2BIG;
+    for (size_t i = skip_zeros(w, 0, n); i < n; i = skip_zeros(w, i, n)) {
+        size_t e = i + 1;
+        for (;;) { /* to the end of the nonzero words, through one-word gaps */
+            while (e < n && w[e]) e++;
+            if (e + 1 < n && w[e + 1]) {
+                e += 2;
+                continue;
+            }
+            break;
+        }
+        size_t need = 8 + (e - i) * 8;
+        if (need > cap - used) return E2BIG;
+        put32(o + used, (uint32_t)i);
+        put32(o + used + 4, (uint32_t)(e - i));
+        memcpy(o + used + 8, w + i, (e - i) * 8);
+        used += need;
+        i = e;
+    }
+    *outlen = used;
+    return 0;
+}
+
+int cl_wire_sparse_decode(const void *in, size_t inlen, void *data, size_t len) {
+    const uint8_t *p = in;
+    uint8_t *d = data;
+    size_t n = len / 8, end = 0, o = 0;
+    if (len % 8) return EBADMSG;
+    memset(d, 0, len);
+    while (o < inlen) {
+        if (inlen - o < 8) return EBADMSG;
+        uint64_t first = get32(p + o), k = get32(p + o + 4);
+        if (k == 0 || first < end || first > n || k > n - first || k > (inlen - o - 8) / 8) return EBADMSG;
+        memcpy(d + first * 8, p + o + 8, k * 8);
+        o += 8 + k * 8;
+        end = first + k;
+    }
     return 0;
 }

@@ -14,10 +14,12 @@
  *                     CL_WIRE_DIRECT (sent to a peer on a hint, without
  *                     asking the driver: served only by a peer that runs
  *                     the request's stage), CL_WIRE_RELOC (send
- *                     the pages' relocations); PAGES and REDIRECT:
+ *                     the pages' relocations), CL_WIRE_SPARSE (the
+ *                     requester takes sparse data); PAGES and REDIRECT:
  *                     CL_WIRE_HINTS (a hints frame follows); PAGES:
  *                     CL_WIRE_RELOC (a relocations frame follows the
- *                     data); other bits
+ *                     data), CL_WIRE_SPARSE (the data frame is sparse,
+ *                     below); other bits
  *                     and other types: reserved, zero
  *     8    4 status   replies: 0 or an errno value (ERROR)
  *    12    4 stage    the stage whose page versions the requester may see
@@ -33,6 +35,16 @@
  *                           (driver only; no reply)
  * Replies:
  *   PAGES  [hdr][data]      data = count pages, count << page_shift bytes
+ *   PAGES  [hdr][sparse], with CL_WIRE_SPARSE, for a GET with it: the same
+ *                           count << page_shift bytes as runs of 8-byte
+ *                           words, every word outside a run zero.  A run is
+ *                           u32 first word (from the start of the data),
+ *                           u32 n >= 1, then the n words as they are in
+ *                           memory; runs ascend and do not overlap, and
+ *                           the frame holds whole runs only (an empty frame:
+ *                           all zeros).  A server sends it only when it
+ *                           halves the bytes (mostly-zero pages); it may be
+ *                           followed by relocs and hints as data is.
  *   PAGES  [hdr][data][relocs], with CL_WIRE_RELOC, for a GET with it:
  *                           relocs = u32 n, then n struct clamor_reloc
  *                           (clamor.h; 16 bytes, word counted from the
@@ -88,6 +100,7 @@ enum cl_wire_type {
 #define CL_WIRE_DIRECT 8u
 #define CL_WIRE_HINTS 16u
 #define CL_WIRE_RELOC 32u
+#define CL_WIRE_SPARSE 64u
 
 struct cl_wire_hdr {
     uint8_t version;
@@ -119,5 +132,16 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *out);
 
 void cl_wire_geo_encode(const struct cl_wire_geo *g, uint8_t *out);
 int cl_wire_geo_decode(const void *buf, size_t len, struct cl_wire_geo *out);
+
+/* The sparse form of len bytes at data (len a multiple of 8) into out, at
+ * most cap bytes: 0 and *outlen set, or E2BIG when it would not fit (send
+ * the data as it is).  Zero gaps of one word stay inside a run (a run's
+ * header costs a word). */
+int cl_wire_sparse_encode(const void *data, size_t len, void *out, size_t cap, size_t *outlen);
+
+/* Expand a sparse frame of inlen bytes into len bytes at data: 0, or
+ * EBADMSG (a truncated run, a run of no words, runs out of order or
+ * overlapping, a run past len) with data's contents unspecified. */
+int cl_wire_sparse_decode(const void *in, size_t inlen, void *data, size_t len);
 
 #endif /* CLAMOR_WIRE_H */

@@ -291,8 +291,11 @@ os.kill(os.getpid(), 9)
 # it answers every GET with a byte pattern of the page's index, one page
 # (`short`) with a frame one byte short, and with the relocations frame the
 # worker asked for (RELOCS: a list of (word, target, value) per reply).
+# With SPARSE (a function of the pages' first index and count) set, a GET
+# that takes sparse data gets the frame SPARSE returns, flagged sparse.
 FAKE_SERVER = DRIVER + """
 import struct, zmq
+SPARSE = globals().get("SPARSE")
 from clamor.runtime.security import Guard, Security
 region.init()
 a = clamor.array(np.zeros(1 << 20, dtype=np.uint8))     # 16 pages of 64 KiB
@@ -323,7 +326,10 @@ def serve():
             if idx <= short < idx + count:
                 body = body[:-1]
             rel = flags & 32                                # the worker relocates: send a list
-            rep = struct.pack("<IBBHIIQII", magic, ver, 2, rel, 0, stage, idx, count, tag)
+            sparse = 64 if SPARSE and flags & 64 else 0
+            if sparse:
+                body = SPARSE(idx, count)
+            rep = struct.pack("<IBBHIIQII", magic, ver, 2, rel | sparse, 0, stage, idx, count, tag)
             extra = [struct.pack("<I", len(RELOCS)) + b"".join(struct.pack("<IIQ", *e) for e in RELOCS)] if rel else []
             fake.send_multipart([ident, rep, body] + extra)
 t = threading.Thread(target=serve, daemon=True); t.start()
@@ -356,6 +362,64 @@ stop.set(); t.join()
     assert "PATTERN OK" in p.stdout, p.stdout + p.stderr
     assert "LOST" in p.stdout, p.stdout + p.stderr
     assert "malformed reply from the page server" in p.stderr, p.stderr
+
+
+# Sparse frames for the fake page server: each page's first and last words
+# hold its byte pattern, every other word is zero; or a malformed frame.
+SPARSE_FRAMES = """
+def run(word, data):
+    return struct.pack("<II", word, len(data) // 8) + data
+def pattern(idx, count):
+    w = ps // 8
+    return b"".join(run(k * w, bytes([((idx + k) % 251) + 1]) * 8) + run(k * w + w - 1, bytes([((idx + k) % 251) + 1]) * 8)
+                    for k in range(count))
+BAD = {
+    "overlapping runs": lambda idx, count: run(4, b"\\1" * 16) + run(5, b"\\2" * 8),
+    "runs out of order": lambda idx, count: run(9, b"\\1" * 8) + run(2, b"\\2" * 8),
+    "a run past the pages": lambda idx, count: run(count * ps // 8 - 1, b"\\1" * 16),
+    "a truncated run": lambda idx, count: run(0, b"\\1" * 16)[:-8],
+    "a run of no words": lambda idx, count: struct.pack("<II", 3, 0),
+    "longer than half the pages": lambda idx, count: run(0, b"\\1" * (count * ps // 2)),
+}
+"""
+
+
+@pytest.mark.fetch_path
+def test_sparse_replies_expand_to_their_pages_and_a_malformed_one_is_fatal(py):
+    """A worker asks for sparse data with every GET.  A sparse reply must
+    expand to exactly its pages (the words it names, zeros elsewhere); a
+    malformed one, of every kind, must end in the malformed-reply fatal
+    error, never in pages opened with what it could make of it."""
+    p = py("RELOCS = []\n" + DRIVER + "import struct\nps = 1 << 16\n" + SPARSE_FRAMES +
+           "SPARSE = pattern\n" + FAKE_SERVER + """
+def words(r, pages):
+    clamor.configure(readahead=0)
+    x = r.get().view(np.uint64)
+    w = ps // 8
+    return [[int(x[k * w] & 0xff), int(x[k * w + w - 1] & 0xff), int(np.count_nonzero(x[k * w:(k + 1) * w]))]
+            for k in pages]
+with cl:
+    got = cl.run(words, clamor.ref(a), [0, 3, 4, 15])[0]
+    want = [[((first + k) % 251) + 1, ((first + k) % 251) + 1, 2] for k in (0, 3, 4, 15)]
+    assert got == want, (got, want)
+    print("SPARSE OK", flush=True)
+stop.set(); t.join()
+""", timeout=90)
+    assert "SPARSE OK" in p.stdout, p.stdout + p.stderr
+    for kind in ("overlapping runs", "runs out of order", "a run past the pages", "a truncated run",
+                 "a run of no words", "longer than half the pages"):
+        p = py("RELOCS = []\n" + DRIVER + "import struct\nps = 1 << 16\n" + SPARSE_FRAMES +
+               f"SPARSE = BAD[{kind!r}]\n" + FAKE_SERVER + """
+with cl:
+    try:
+        cl.run(read, clamor.ref(a), [2])
+        print("READ A MALFORMED REPLY", flush=True)
+    except clamor.WorkerLost as e:
+        print("LOST", e, flush=True)
+stop.set(); t.join()
+""", timeout=90)
+        assert "LOST" in p.stdout and "READ A MALFORMED" not in p.stdout, (kind, p.stdout + p.stderr)
+        assert "malformed reply from the page server" in p.stderr, (kind, p.stderr)
 
 
 @pytest.mark.fetch_path

@@ -469,7 +469,8 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
-                "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted", "latency_count")
+                "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
+                "wire_bytes_fetched", "wire_bytes_served", "latency_count")
 
 
 def stats():

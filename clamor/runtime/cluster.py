@@ -555,6 +555,7 @@ class Cluster(Stages):
             "peer_timeouts": sum(w.get("timeouts", 0) for w in ws.values()),
         }
         out["bytes_mapped"] = self._totals["bytes_mapped"]
+        out["wire_bytes"] = self._totals["wire_bytes"]
         out["same_host"] = {"mode": self.same_host,
                             "workers": {w.decode(): dict(info.get("same_host") or {"mode": "fetch", "reason": "unknown"})
                                         for w, info in getattr(self, "_workers", {}).items()}}

@@ -474,7 +474,7 @@ def counters():
     return {"faults": st["faults"], "bytes_fetched": st["bytes_fetched"], "bytes_from_peers": st["bytes_from_peers"],
             "served": st["bytes_served"], "redirects": st["redirects"], "direct": st["peer_direct"],
             "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"],
-            "mapped": st["pages_mapped"] * region.page_size()}
+            "mapped": st["pages_mapped"] * region.page_size(), "wire": st["wire_bytes_fetched"]}
 
 
 def worker_main(driver, wid, security, host, ports="*"):

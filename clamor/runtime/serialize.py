@@ -192,11 +192,11 @@ def loads(data):
     return _Unpickler(io.BytesIO(data)).load()
 
 
-# A worker's running counters, sent with every report as eight
+# A worker's running counters, sent with every report as ten
 # little-endian uint64s: integers need no pickle.
 COUNTERS = ("faults", "bytes_fetched", "bytes_from_peers", "served", "redirects", "direct", "fallbacks", "timeouts",
-            "mapped")
-_COUNTERS = struct.Struct("<9Q")
+            "mapped", "wire")
+_COUNTERS = struct.Struct("<10Q")
 
 
 def pack_counters(counters):

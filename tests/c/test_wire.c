@@ -148,8 +148,8 @@ static void test_bad_fields(void) {
     }
 
     for (int bit = 2; bit < 16; bit++) { /* every reserved flag bit (0, 1, 3: GET's; 4: replies') */
-        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS | CL_WIRE_RELOC))
-            continue; /* checked in test_replication_flags and test_reloc_flags */
+        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE))
+            continue; /* checked in test_replication_flags, test_reloc_flags and test_sparse_layout */
         valid_get(b);
         b[6 + bit / 8] |= (uint8_t)(1u << (bit % 8));
         CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
@@ -261,6 +261,117 @@ static void test_replication_flags(void) {
     }
 }
 
+
+/* ---- sparse data ------------------------------------------------------------ */
+
+/* Fill n words: each nonzero with probability density/1000, in runs. */
+static void sparse_fill(uint64_t *w, size_t n, unsigned density) {
+    memset(w, 0, n * 8);
+    for (size_t i = 0; i < n; i++) {
+        if (rnd() % 1000 >= density) continue;
+        size_t run = 1 + rnd() % 4;
+        for (size_t k = 0; k < run && i < n; k++, i++) w[i] = rnd() | 1; /* never zero */
+    }
+}
+
+static void test_sparse_layout(void) {
+    uint64_t w[16] = {0};
+    w[3] = 0x1122334455667788ull;
+    w[5] = 7; /* one zero word between: one run of three */
+    w[15] = 9;
+    uint8_t out[256];
+    size_t n = 0;
+    CHECK(cl_wire_sparse_encode(w, sizeof w, out, sizeof out, &n) == 0);
+    CHECK(n == 8 + 24 + 8 + 8);
+    CHECK(le32(out) == 3 && le32(out + 4) == 3);
+    CHECK(le64(out + 8) == 0x1122334455667788ull && le64(out + 16) == 0 && le64(out + 24) == 7);
+    CHECK(le32(out + 32) == 15 && le32(out + 36) == 1 && le64(out + 40) == 9);
+    uint64_t back[16];
+    memset(back, 0xa5, sizeof back);
+    CHECK(cl_wire_sparse_decode(out, n, back, sizeof back) == 0);
+    CHECK(memcmp(back, w, sizeof w) == 0);
+    /* all zeros: an empty frame, which expands to zeros */
+    memset(w, 0, sizeof w);
+    CHECK(cl_wire_sparse_encode(w, sizeof w, out, sizeof out, &n) == 0 && n == 0);
+    memset(back, 0xa5, sizeof back);
+    CHECK(cl_wire_sparse_decode(out, 0, back, sizeof back) == 0 && memcmp(back, w, sizeof w) == 0);
+    /* what does not fit is refused, and so is a length that is not whole words */
+    for (int i = 0; i < 16; i++) w[i] = (uint64_t)i + 1;
+    CHECK(cl_wire_sparse_encode(w, sizeof w, out, 64, &n) == E2BIG);
+    CHECK(cl_wire_sparse_encode(w, sizeof w, out, 8 + 128, &n) == 0 && n == 136);
+    CHECK(cl_wire_sparse_encode(w, 12, out, sizeof out, &n) == E2BIG);
+    CHECK(cl_wire_sparse_decode(out, 0, back, 12) == EBADMSG);
+}
+
+/* Differential: random pages of every density, at page sizes from one word
+ * to 64 KiB, come back exactly, and the encoding is never longer than the
+ * runs it holds. */
+static void test_sparse_roundtrip(long iters) {
+    size_t max = 65536 / 8;
+    uint64_t *w = malloc(max * 8), *back = malloc(max * 8);
+    uint8_t *out = malloc(max * 8 * 2 + 64);
+    static const unsigned dens[] = {0, 1, 5, 20, 100, 300, 700, 1000};
+    for (long it = 0; it < iters; it++) {
+        size_t n = 1 + rnd() % (it % 8 == 0 ? max : 64);
+        sparse_fill(w, n, dens[rnd() % 8]);
+        if (rnd() % 4 == 0) w[0] = 0; /* runs at the edges and not */
+        if (rnd() % 4 == 0) w[n - 1] = rnd() | 2;
+        size_t len = 0, nonzero = 0;
+        for (size_t i = 0; i < n; i++) nonzero += w[i] != 0;
+        int rc = cl_wire_sparse_encode(w, n * 8, out, n * 16 + 16, &len);
+        CHECK(rc == 0);
+        CHECK(len % 8 == 0 && len <= 16 * nonzero);
+        memset(back, 0x5a, n * 8);
+        CHECK(cl_wire_sparse_decode(out, len, back, n * 8) == 0);
+        CHECK(memcmp(back, w, n * 8) == 0);
+        /* a cap below the encoding is refused, never truncated */
+        if (len) CHECK(cl_wire_sparse_encode(w, n * 8, out, len - 8, &len) == E2BIG);
+    }
+    free(w);
+    free(back);
+    free(out);
+}
+
+/* Malformed frames: every kind is EBADMSG, and random bytes never write
+ * outside the data (a guard word after it stays). */
+static void test_sparse_malformed(long iters) {
+    uint64_t back[9];
+    uint8_t f[64];
+    const size_t len = 64; /* eight words; back[8] is the guard */
+    struct { uint32_t first, n; size_t extra; } bad[] = {
+        {0, 0, 0},  /* a run of no words */
+        {8, 1, 8},  /* starts past the data */
+        {7, 2, 16}, /* ends past the data */
+        {0, 2, 8},  /* truncated: one word of two */
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        set32(f, bad[k].first);
+        set32(f + 4, bad[k].n);
+        memset(f + 8, 1, bad[k].extra);
+        back[8] = 0x77;
+        CHECK(cl_wire_sparse_decode(f, 8 + bad[k].extra, back, len) == EBADMSG);
+        CHECK(back[8] == 0x77);
+    }
+    /* overlapping and descending runs */
+    set32(f, 2), set32(f + 4, 2), memset(f + 8, 1, 16), set32(f + 24, 3), set32(f + 28, 1), memset(f + 32, 2, 8);
+    CHECK(cl_wire_sparse_decode(f, 40, back, len) == EBADMSG);
+    set32(f + 24, 0);
+    CHECK(cl_wire_sparse_decode(f, 40, back, len) == EBADMSG);
+    set32(f + 24, 4); /* right after the first run: fine */
+    CHECK(cl_wire_sparse_decode(f, 40, back, len) == 0 && back[4] == 0x0202020202020202ull && back[3] != 0);
+    /* a partial header */
+    CHECK(cl_wire_sparse_decode(f, 4, back, len) == EBADMSG);
+    CHECK(cl_wire_sparse_decode(f, 44, back, len) == EBADMSG);
+    for (long it = 0; it < iters; it++) {
+        size_t fl = rnd() % sizeof f;
+        for (size_t i = 0; i < fl; i++) f[i] = (uint8_t)(rnd() % 4 == 0 ? rnd() % 9 : rnd());
+        back[8] = 0x77;
+        int rc = cl_wire_sparse_decode(f, fl, back, len);
+        CHECK(rc == 0 || rc == EBADMSG);
+        CHECK(back[8] == 0x77);
+    }
+}
+
 static void test_geo(void) {
     struct cl_wire_geo g = {.base = 0x200000000000ull, .size = (uint64_t)64 << 30, .page_size = 65536,
                             .role = 1, .reserved = 0x5555};
@@ -350,6 +461,9 @@ int main(void) {
     test_replication_flags();
     test_reloc_flags();
     test_geo();
+    test_sparse_layout();
+    test_sparse_roundtrip(iters / 100);
+    test_sparse_malformed(iters);
     test_random(iters);
     return CHECK_SUMMARY("test_wire");
 }
