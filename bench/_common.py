@@ -266,7 +266,8 @@ def json_line(figures, name=None):
     if name is None:
         name = os.path.splitext(os.path.basename(sys.argv[0]))[0] + ("-quick" if "--quick" in sys.argv else "")
     record = {"bench": name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
-              "argv": sys.argv[1:], "machine": {"cpus": os.cpu_count()}, "figures": figures}
+              "argv": sys.argv[1:], "machine": {"cpus": os.cpu_count(), "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+              "figures": figures}
     try:
         os.makedirs(RESULTS, exist_ok=True)
         with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:

@@ -159,6 +159,8 @@ def main(argv=None):
         "workers": w,
         "partitions": parts,
         "fail_at": args.fail_at,
+        "hosts": 1,
+        "rate": None,
         **{k: recovery[k] for k in ("workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs",
                                     "speculative_copies")},
         "verified": verified,
