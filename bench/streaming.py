@@ -1,5 +1,6 @@
-"""Streaming updates: clamor's page invalidation against re-broadcast (Fig. 9),
-and clamor's same-host mapping against shared memory and Ray.
+"""Streaming updates: clamor's page invalidation against Spark re-broadcast,
+Dask re-scatter, Ray re-put and a pickled re-broadcast (Fig. 9), and
+clamor's same-host mapping against shared memory and Ray.
 
 The driver builds an open-addressing hash table in the region: one int64
 array of (key, value) slots, placed by a multiplicative (Fibonacci) hash
@@ -8,9 +9,28 @@ workers looks up ``--lookups`` keys drawn Zipf(``--zipf``) over the key set
 (plus the key updated last), vectorised with numpy, and returns a checksum.
 Between rounds the driver updates one hot key in place: it writes that
 key's value slot and nothing else.  The rounds (updates and lookups) are
-drawn once, up front, so every system below runs the same ones.
+drawn once, up front, from ``--seed``, so every system below runs the same
+ones.
 
-Three parts, in one run:
+First the peers, each in a subprocess of its own (``--run SYSTEM``, one
+after another, before this process has a region), on ``--workers``
+single-core worker processes, the table in plain memory, re-sent whole
+every round the way a user of that system publishes a changed global
+(``_stream_peers.py`` says how each is started and timed):
+
+  spark      ``local-cluster[W,1,--spark-executor-mb]``: ``sc.broadcast(table)``
+             each round, the lookups in ``sc.parallelize(shares, W).map``
+             reading ``bc.value``, then ``bc.destroy()``;
+  dask       ``LocalCluster(n_workers=W, threads_per_worker=1)``:
+             ``client.scatter(table, broadcast=True)`` each round, one
+             ``client.submit`` a share, then the future released;
+  ray        ``ray.init(num_cpus=W)``: ``ray.put(table)`` each round, one
+             remote task a share reading it zero-copy.
+
+A peer that cannot run (no Java, not installed) is reported as null with
+the reason; ``--systems`` leaves peers out.  Each peer's answers are
+checked, round by round, against the driver's values and against
+clamor's.  Then three parts, in one run:
 
 1. The rounds, clamor and the broadcast interleaved:
 
@@ -45,8 +65,8 @@ Three parts, in one run:
              ``multiprocessing.shared_memory.SharedMemory`` block; as many
              plain spawned processes attach to it by name and look up in
              place, no copy (timed: attaching plus the lookups);
-  ray        only where ``import ray`` works (and not ``--no-ray``): a plain
-             spawned process is Ray's driver, ``ray.init(num_cpus=W,
+  ray        only where ``import ray`` works (and Ray is in ``--systems``):
+             a plain spawned process is Ray's driver, ``ray.init(num_cpus=W,
              include_dashboard=False)``, Ray's defaults otherwise; timed:
              ``ray.put(table)`` (one object in the object store, as a Ray
              user pays it each time the table is published) and one
@@ -62,9 +82,13 @@ lookups run in the driver, single-process; the script stops if any differ.
 Per round the script prints the times and the table bytes moved: clamor's
 ``bytes_from_driver`` (+ peers) and ``bytes_mapped`` from
 ``cl.stage_stats()``, and the pickled bytes x workers for the broadcast.
+Every system's processes are stopped at the end of its part; what a peer
+leaves running is killed by pid and said (this script is the peers'
+subreaper, see ``_peers.py``).
 
     python bench/streaming.py            # 2^25 slots = 512 MiB, 10 rounds, 5 cold first rounds each
     python bench/streaming.py --quick    # 2^23 slots = 128 MiB, 6 rounds, 3 cold first rounds each
+    python bench/streaming.py --quick --systems dask,ray     # Spark left out
 
 The last line printed is the JSON line.  ``clamor_round_s`` and
 ``broadcast_round_s`` (pickle) are medians over the rounds after the first,
@@ -73,7 +97,18 @@ rounds.  Zipf lookups keep reaching pages no worker has read yet for several
 rounds, so clamor's rounds get cheaper as its workers' caches fill; the
 late figures are nearer its steady state (one page refetched a round).
 ``first_round_vs_shm`` and ``first_round_vs_ray`` are medians of the cold
-first rounds: map mode / shm, map mode / Ray.
+first rounds: map mode / shm, map mode / Ray.  ``speedup_vs_spark``,
+``speedup_vs_dask``, ``speedup_vs_ray``: the peer's median seconds per
+round over the rounds after the first / clamor's (``clamor_round_s``),
+null for a peer that did not run (``<peer>_missing`` says why).  For every
+system s (clamor, broadcast, broadcast_zero_copy, spark, dask, ray):
+``s_iter_s`` (mean seconds per round after the first), ``s_times_s`` (per
+round) and ``s_bytes`` (table bytes moved over all rounds: clamor's from
+the driver and peers, pages mapped apart; the pickled or raw table x
+workers for the broadcasts, Spark and Dask, a lower bound; Ray one copy
+into this host's object store a round, which its workers read in place);
+``<peer>_phases_s`` splits a peer's round into publish, lookups and
+release; ``time_unit``, ``hosts`` (1), ``rate`` (null).
 """
 import argparse
 import os
@@ -85,6 +120,7 @@ import time
 
 import numpy as np
 
+import _stream_peers
 from _common import Spawned, die_with_parent, json_line, zipf_ranks
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
@@ -142,6 +178,68 @@ def answer(table, q, bits):
     value of its last key, which is the key updated last)."""
     v = lookup(table, q, bits)
     return int(v.sum()), int(np.count_nonzero(v)), int(v[-1])
+
+
+def peer_task(table, q, bits, pause=0.0):
+    """What a Spark, Dask or Ray worker runs: (answer() over the table its
+    system hands it, the worker's pid)."""
+    if pause:
+        time.sleep(pause)   # warm-up: keep every worker busy at once
+    return answer(table, q, bits), os.getpid()
+
+
+class Workload:
+    """The table's keys and values and the rounds, drawn from ``seed`` (the
+    same in every process that draws them).  ``keys[i]`` is rank i (0 the
+    hottest); ``plan[r]`` = (the key updated before round r, its new value,
+    each worker's ranks, which end with the key updated last).
+    ``build(table)`` fills a zeroed (slots, 2) int64 table, ``begin(r)``
+    makes round r's update, ``restore()`` puts table and values back as
+    built."""
+
+    def __init__(self, bits, load, rounds, workers, lookups, zipf, hot, seed):
+        rng = np.random.default_rng(seed)
+        self.bits, self.rounds, self.workers = bits, rounds, workers
+        self.slots = 1 << bits
+        keys = np.sort(rng.integers(1, 1 << 62, size=int(self.slots * load), dtype=np.int64))
+        keys = keys[np.append(True, keys[1:] != keys[:-1])]   # distinct (np.unique is far slower here)
+        rng.shuffle(keys)
+        self.keys = keys
+        self.n = n = len(keys)
+        self.vals = rng.integers(1, 1 << 40, size=n, dtype=np.int64)
+        self.vals0 = self.vals.copy()
+        self.plan = []
+        for r in range(rounds):
+            upd = newv = None
+            if r:
+                upd = int(rng.integers(0, min(hot, n)))
+                newv = int(rng.integers(1, 1 << 40))
+            last = upd if upd is not None else 0
+            self.plan.append((upd, newv, [np.append(zipf_ranks(rng, zipf, n, lookups), last)
+                                          for _ in range(workers)]))
+        self.updated = np.array(sorted({u for u, _, _ in self.plan if u is not None}), dtype=np.int64)
+        self.table = self.slot_of = None
+
+    def build(self, table):
+        self.table = table
+        self.slot_of = build(table, self.keys, self.vals, self.bits)
+        return table
+
+    def begin(self, r):
+        """Round r's update, in place; its shares, and the driver's own
+        answers from its key -> value arrays (not the table)."""
+        upd, newv, picks = self.plan[r]
+        if upd is not None:
+            self.vals[upd] = newv
+            self.table[self.slot_of[upd], 1] = newv
+        return [self.keys[i] for i in picks], [(int(self.vals[i].sum()), len(i), int(self.vals[i[-1]]))
+                                               for i in picks]
+
+    def restore(self):
+        """The table and the values as built."""
+        u = self.updated
+        self.vals[u] = self.vals0[u]
+        self.table[self.slot_of[u], 1] = self.vals0[u]
 
 
 # ---- broadcast workers ----------------------------------------------------------------
@@ -283,20 +381,15 @@ class ShmWorkers(Spawned):
 
 # ---- the Ray baseline ------------------------------------------------------------------
 
-def ray_lookup(table, q, bits, pause=0.0):
-    """The Ray task: (answer() over the table Ray hands it, zero-copy and
-    read-only; the worker's pid)."""
-    if pause:
-        time.sleep(pause)   # warm-up: keep every worker busy at once
-    return answer(table, q, bits), os.getpid()
-
-
 def ray_helper(conn, workers):
     """Ray's driver, a plain spawned process (Ray's threads and processes
     stay out of the region's driver).  Says first whether ``import ray``
     works (its version, or None), then runs ray_command for each message
     and replies ("ok", result) or ("error", text)."""
     die_with_parent()
+    import _peers
+
+    _peers.subreaper()
     try:
         import ray
     except ImportError:
@@ -317,27 +410,33 @@ def ray_helper(conn, workers):
     except (EOFError, OSError, KeyboardInterrupt):   # the driver is gone
         return
     finally:
+        session = state.pop("session", None)
         state.clear()
-        if ray is not None and ray.is_initialized():
-            ray.shutdown()
+        if session is not None:
+            session.close()   # ray.shutdown()
+        _peers.reap_descendants()
 
 
 def ray_command(ray, msg, workers, state):
-    """"start": ray.init, a warm-up task on each worker through the object
-    store, and a private copy of the table from the SharedMemory block
-    (none of it timed; returns its seconds).  "round": ray.put of the table
-    and one task per share; returns (answers, the put's seconds, the
-    round's seconds, how many worker processes ran the tasks).  "stop":
-    ray.shutdown."""
+    """"start": Ray (``_stream_peers.start``), a warm-up task on each
+    worker through the object store, and a private copy of the table from
+    the SharedMemory block (none of it timed; returns its seconds).
+    "round": ray.put of the table and one task per share; returns
+    (answers, the put's seconds, the round's seconds, how many worker
+    processes ran the tasks).  "stop": ray.shutdown."""
     if msg[0] == "start":
+        import contextlib
         from multiprocessing import shared_memory
+
+        import _stream_peers
 
         _, name, shape, state["shares"], state["bits"] = msg
         t = time.perf_counter()
-        ray.init(num_cpus=workers, include_dashboard=False)
+        state["session"] = contextlib.ExitStack()
+        state["session"].enter_context(_stream_peers.start("ray", workers))
         # this script is __mp_main__ here, which Ray's workers cannot import: send its functions by value
-        ray.cloudpickle.register_pickle_by_value(sys.modules[ray_lookup.__module__])
-        state["look"] = look = ray.remote(ray_lookup)
+        ray.cloudpickle.register_pickle_by_value(sys.modules[peer_task.__module__])
+        state["look"] = look = ray.remote(peer_task)
         tiny, tkeys = tiny_table()
         ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
         ray.get([look.remote(ref, tkeys, TINY_BITS, 0.3) for _ in range(workers)])
@@ -358,8 +457,9 @@ def ray_command(ray, msg, workers, state):
         del ref
         return [a for a, _ in out], put_s, took, len({pid for _, pid in out})
     if msg[0] == "stop":
+        session = state.pop("session")
         state.clear()
-        ray.shutdown()
+        session.close()
         return True
     raise ValueError(f"unknown command {msg[0]!r}")
 
@@ -407,8 +507,16 @@ def main(argv=None):
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--hot", type=int, default=1000, help="the updated key is one of the hottest HOT")
     ap.add_argument("--page-size", type=int, help="clamor page size in bytes (default: the region's)")
-    ap.add_argument("--no-ray", action="store_true", help="leave Ray out even where it is installed")
+    ap.add_argument("--systems", default=",".join(_stream_peers.SYSTEMS),
+                    help="peers to run (default spark,dask,ray; clamor always runs; '' for none)")
+    ap.add_argument("--no-ray", action="store_true", help="leave Ray out (the peer and the cold first rounds)")
+    ap.add_argument("--spark-executor-mb", type=int, help="heap of each executor JVM, MiB (default: 2 x the "
+                                                             "table + 1024)")
+    ap.add_argument("--spark-driver-memory", help="driver JVM heap (default: 4 x the table, >= 2g)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's run may take")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--run", choices=_stream_peers.SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     bits = args.bits or (23 if args.quick else 25)
     rounds = args.rounds or (6 if args.quick else 10)
@@ -416,60 +524,50 @@ def main(argv=None):
     W = args.workers
     if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
         ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
+    systems = [x for x in args.systems.split(",") if x and x != "clamor" and not (args.no_ray and x == "ray")]
+    if set(systems) - set(_stream_peers.SYSTEMS):
+        ap.error(f"--systems: unknown {sorted(set(systems) - set(_stream_peers.SYSTEMS))}")
+    tbytes = 16 << bits
+    spark_conf = {"executor_mb": args.spark_executor_mb or 2 * tbytes // (1 << 20) + 1024,
+                  "driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * tbytes // (1 << 30)))}g"}
 
-    # Spawn the plain processes first, before this process has a region.
-    with Broadcast(W) as bc, ShmWorkers(W) as shw, RayHelper(W, enabled=not args.no_ray) as rh:
+    def workload():
+        return Workload(bits, args.load, rounds, W, args.lookups, args.zipf, args.hot, args.seed)
+
+    tiny, tiny_keys = tiny_table()
+    if args.run:   # one peer, in a process of its own that has no region
+        die_with_parent()
+        wl = workload()
+        wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
+        return _stream_peers.child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
+                                                              answer(tiny, tiny_keys, TINY_BITS)), spark_conf, args.out)
+
+    # The peers first, each in a subprocess of its own, while this process
+    # has neither a region nor other children.
+    child_args = [os.path.abspath(__file__), "--bits", str(bits), "--rounds", str(rounds), "--workers", str(W),
+                  "--lookups", str(args.lookups), "--zipf", repr(args.zipf), "--load", repr(args.load),
+                  "--hot", str(args.hot), "--seed", str(args.seed),
+                  "--spark-executor-mb", str(spark_conf["executor_mb"]),
+                  "--spark-driver-memory", spark_conf["driver_memory"]]
+    peers = _stream_peers.run_peers(systems, [sys.executable] + child_args, args.timeout)
+
+    # Spawn the plain processes next, before this process has a region.
+    with Broadcast(W) as bc, ShmWorkers(W) as shw, RayHelper(W, enabled="ray" in systems) as rh:
         import clamor
         from multiprocessing import shared_memory
 
-        rng = np.random.default_rng(args.seed)
-        slots = 1 << bits
-        n = int(slots * args.load)
         t0 = time.perf_counter()
-        keys = np.sort(rng.integers(1, 1 << 62, size=n, dtype=np.int64))
-        keys = keys[np.append(True, keys[1:] != keys[:-1])]   # distinct (np.unique is far slower here)
-        rng.shuffle(keys)                     # rank i (0 = hottest) is keys[i]
-        n = len(keys)
-        vals = rng.integers(1, 1 << 40, size=n, dtype=np.int64)
-        vals0 = vals.copy()                   # as built: parts 2 and 3 start from here
-        table = clamor.zeros((slots, 2), dtype=np.int64)
-        slot_of = build(table, keys, vals, bits)
+        wl = workload()
+        table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
         build_s = time.perf_counter() - t0
-        assert np.array_equal(lookup(table, keys[:1000], bits), vals[:1000])
+        slots, n, keys, slot_of, plan = wl.slots, wl.n, wl.keys, wl.slot_of, wl.plan
+        begin_round, restore = wl.begin, wl.restore
+        assert np.array_equal(lookup(table, keys[:1000], bits), wl.vals[:1000])
         ray_note = (f"Ray {rh.version}" if rh.version else
-                    "Ray left out (--no-ray)" if args.no_ray else "ray not installed")
+                    "Ray left out" if "ray" not in systems else "ray not installed")
         print(f"streaming: hash table of {slots} slots ({mib(table.nbytes).strip()}, {n} keys) built in "
               f"{build_s:.1f}s; {W} workers x {args.lookups} lookups Zipf({args.zipf}) a round, "
               f"one hot key updated between rounds; {ray_note}", flush=True)
-
-        # The rounds, drawn up front (in the order the rounds drew them
-        # before) so that both clamor modes run the same ones: the key
-        # updated before the round and its new value, and each worker's
-        # ranks, which end with the key updated last.
-        plan = []
-        for r in range(rounds):
-            upd = newv = None
-            if r:
-                upd = int(rng.integers(0, min(args.hot, n)))
-                newv = int(rng.integers(1, 1 << 40))
-            last = upd if upd is not None else 0
-            plan.append((upd, newv, [np.append(zipf_ranks(rng, args.zipf, n, args.lookups), last)
-                                     for _ in range(W)]))
-        updated_keys = np.array(sorted({u for u, _, _ in plan if u is not None}), dtype=np.int64)
-
-        def restore():
-            """The table and the driver's values as built (no cluster is open)."""
-            vals[updated_keys] = vals0[updated_keys]
-            table[slot_of[updated_keys], 1] = vals0[updated_keys]
-
-        def begin_round(r):
-            """Round r's update, in place; its shares, and the driver's own
-            answers from its key -> value arrays (not the table)."""
-            upd, newv, picks = plan[r]
-            if upd is not None:
-                vals[upd] = newv
-                table[slot_of[upd], 1] = newv
-            return [keys[i] for i in picks], [(int(vals[i].sum()), len(i), int(vals[i[-1]])) for i in picks]
 
         def check(where, answers, expect, shares):
             """Every system's answers against the driver's and against the
@@ -486,8 +584,6 @@ def main(argv=None):
         def task(part):
             st = clamor.stats()
             return [(answer(table, part, bits), os.getpid(), st["pages_invalidated"])]
-
-        tiny, tiny_keys = tiny_table()
 
         def warm(part):   # a first task that does not read the region
             return [answer(tiny, tiny_keys, TINY_BITS)]
@@ -511,7 +607,7 @@ def main(argv=None):
         # ---- part 1: clamor (map mode) against the broadcast, round by round ----
         modes = Broadcast.MODES
         rows = []
-        with clamor.Cluster(workers=W, page_size=args.page_size, progress=False, same_host="map") as cl:
+        with _stream_peers.start("clamor", W, page_size=args.page_size, same_host="map") as cl:
             psize = clamor.region.page_size()
             map_modes = same_host(cl, "map")
             print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; clamor workers map the "
@@ -534,6 +630,7 @@ def main(argv=None):
                     inval_seen[pid] = n_inv
 
                 answers = {"clamor": got}
+                answers.update({who: p["answers"][r] for who, p in peers.items() if "times" in p})
                 for mode in modes:
                     t = time.perf_counter()
                     answers[mode], sent = bc.round(mode, table, shares, bits)
@@ -552,6 +649,12 @@ def main(argv=None):
                       f"{row['pickle_s'] / row['clamor_s']:>6.1f}x {row['zero-copy_s'] / row['clamor_s']:>8.1f}x",
                       flush=True)
             tot = cl.stats()
+        ran = [who for who in _stream_peers.SYSTEMS if "times" in peers.get(who, {})]
+        print("seconds per round, side by side (every answer checked equal to clamor's): clamor, the pickled "
+              "broadcast, " + (", ".join(ran) if ran else "no peers"), flush=True)
+        for r, row in enumerate(rows):
+            print(f"{r:>5} | {row['clamor_s']:>9.4f} {row['pickle_s']:>9.4f} | "
+                  + " ".join(f"{who} {peers[who]['times'][r]:.4f}" for who in ran), flush=True)
 
         # ---- part 2: the same rounds, map mode against fetch mode, with nothing between rounds ----
         passes = {"map": [], "fetch": []}   # per pass, per round: seconds, bytes moved and mapped, faults
@@ -562,7 +665,7 @@ def main(argv=None):
             for who in ("map", "fetch") if k % 2 == 0 else ("fetch", "map"):
                 restore()
                 rs = []
-                with clamor.Cluster(workers=W, page_size=args.page_size, progress=False, same_host=who) as cl:
+                with _stream_peers.start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                     seen[who] = same_host(cl, who)
                     for r in range(rounds):
                         shares, expect = begin_round(r)
@@ -614,8 +717,7 @@ def main(argv=None):
                 line = []
                 for who in order:
                     if who in ("map", "fetch"):
-                        with clamor.Cluster(workers=W, page_size=args.page_size, progress=False,
-                                            same_host=who) as cl:
+                        with _stream_peers.start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                             same_host(cl, who)
                             if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
                                     [answer(tiny, tiny_keys, TINY_BITS)] * W:
@@ -671,8 +773,12 @@ def main(argv=None):
           f"shared memory {fm['shm']:.4f}s: map/shm = {fm['map'] / fm['shm']:.2f}; "
           + (f"Ray {fm['ray']:.4f}s (ray.put {statistics.median(first_detail['ray_put_s']):.4f}s): "
              f"map/Ray = {fm['map'] / fm['ray']:.2f}" if "ray" in fm else ray_note), flush=True)
-    print("every checksum and every updated key agreed with the driver's values and with single-process lookups",
-          flush=True)
+    ran = {who: p for who, p in peers.items() if "times" in p}
+    for who, p in ran.items():
+        print(f"{who}: median over rounds 1..{rounds - 1} {statistics.median(p['times'][1:]):.4f}s, "
+              f"{statistics.median(p['times'][1:]) / cl_med:.1f}x clamor's", flush=True)
+    print("every checksum and every updated key agreed with the driver's values and with single-process lookups"
+          + (", and every peer's with clamor's" if ran else ""), flush=True)
 
     def col(k, rs=rows):
         return [r[k] for r in rs]
@@ -685,6 +791,32 @@ def main(argv=None):
         "speedup_late_vs_zero_copy": zc_late / cl_late,
         "first_round_vs_shm": fm["map"] / fm["shm"],
     }
+    for who in _stream_peers.SYSTEMS:
+        p = peers.get(who)
+        figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
+    # every system's figures in the common shape: s per round after the first, per round, bytes moved
+    common = {"clamor": (col("clamor_s"), sum(col("clamor_bytes"))),
+              "broadcast": (col("pickle_s"), sum(col("pickle_bytes"))),
+              "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))}
+    common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
+    for who, (times, nbytes) in common.items():
+        figures.update({f"{who}_iter_s": statistics.mean(times[1:]), f"{who}_times_s": times,
+                        f"{who}_bytes": int(nbytes)})
+    for who in _stream_peers.SYSTEMS:
+        p = peers.get(who)
+        if who in ran:
+            ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
+            figures.update({f"{who}_round_s": statistics.median(p["times"][1:]),
+                            f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
+                            f"{who}_workers_per_round": p["workers_used"],
+                            f"{who}_worker_processes_seen": p["worker_processes_seen"]})
+        else:
+            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
+                            f"{who}_missing": _stream_peers.why_not(p) if p else "not requested (--systems)"})
+    figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
+                    "peer_versions": {who: p.get("version") for who, p in ran.items()},
+                    "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
+                    "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"]})
     if "ray" in fm:
         figures["first_round_vs_ray"] = fm["map"] / fm["ray"]
     figures.update({
