@@ -44,6 +44,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 JAVA_HINT = "install Java 17 (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
@@ -135,6 +136,10 @@ def spark(workers, executor_mb=2048, driver_memory="4g", app="clamor-bench", con
         raise PeerMissing("pyspark is not installed (pip install pyspark)") from None
     c = pyspark.SparkConf().setMaster(f"local-cluster[{workers},1,{executor_mb}]").setAppName(app)
     c.set("spark.driver.memory", driver_memory)
+    # the executors' Python workers run this interpreter (else "python3" on
+    # PATH, which may be another one, with other packages)
+    c.set("spark.pyspark.python", sys.executable)
+    c.set("spark.pyspark.driver.python", sys.executable)
     for k, v in (conf or {}).items():
         c.set(k, v)
     sc = pyspark.SparkContext(conf=c)
@@ -216,6 +221,7 @@ def ray_session(workers, **init_kwargs):
         import ray
     except ImportError:
         raise PeerMissing("ray is not installed (pip install ray)") from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # no report to a server outside this machine
     kw = {"num_cpus": workers, "include_dashboard": False}
     kw.update(init_kwargs)
     ray.init(**kw)
