@@ -134,12 +134,12 @@ def spark(workers, executor_mb=2048, driver_memory="4g", app="clamor-bench", con
         import pyspark
     except ImportError:
         raise PeerMissing("pyspark is not installed (pip install pyspark)") from None
+    # the executors' Python workers run this interpreter (else "python3" on
+    # PATH, which may be another one, with other packages); PySpark reads
+    # the variable when the context starts
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     c = pyspark.SparkConf().setMaster(f"local-cluster[{workers},1,{executor_mb}]").setAppName(app)
     c.set("spark.driver.memory", driver_memory)
-    # the executors' Python workers run this interpreter (else "python3" on
-    # PATH, which may be another one, with other packages)
-    c.set("spark.pyspark.python", sys.executable)
-    c.set("spark.pyspark.driver.python", sys.executable)
     for k, v in (conf or {}).items():
         c.set(k, v)
     sc = pyspark.SparkContext(conf=c)

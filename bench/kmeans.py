@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""k-means on a clamor Cluster against a multiprocessing + numpy lower bound.
+"""k-means on a clamor Cluster against a multiprocessing + numpy lower bound, Spark and Dask.
 
 The paper's dense workload (Clamor, SoCC 2021, §7: k-means, k=10, d=10):
 ``--iters`` Lloyd iterations over ``--points`` float64 points from k Gaussian
 blobs, with the same initial centroids (k points drawn with ``--seed``) in
-both implementations, on ``--workers`` processes each:
+every implementation, each on ``--workers`` (W) single-core worker processes,
+the points cut into the same P = ``--partitions`` (default W) contiguous
+chunks:
 
   baseline  the MPI-like lower bound.  The points are an ordinary numpy array
             made before a ``multiprocessing`` fork Pool, so every pool process
@@ -19,31 +21,94 @@ both implementations, on ``--workers`` processes each:
             closure.  Workers fault their chunk in during the first
             iteration; the pages stay cached after it (the points never
             change), so later iterations are compute plus stage overhead.
+  spark     the k-means a Spark user writes with RDDs (not MLlib's KMeans,
+            another algorithm with its own initialisation), on
+            ``local-cluster[W,1,--spark-executor-mb]`` (W executor JVMs of
+            one core; ``_peers.spark``), the Python workers on this
+            interpreter (PYSPARK_PYTHON).  The points are an RDD of P numpy
+            blocks, ``sc.parallelize(range(P), P).map(np.load of block
+            i).cache()``, loaded by the executors from .npy files in a
+            temporary directory; each iteration is
+            ``rdd.mapPartitions(partial sums, the centroids in the
+            closure).collect()`` (what ``rdd.reduce(add)`` runs) and the
+            partials folded in partition order in the driver.
+  dask      ``LocalCluster(n_workers=W, threads_per_worker=1,
+            processes=True)`` (``_peers.dask``): the blocks are P futures,
+            ``client.map`` of the same loader, kept in the workers' memory;
+            each iteration one ``client.submit(partial sums, block,
+            centroids)`` per block, ``client.gather``, the partials folded
+            in partition order in the driver.  Dask runs a task where its
+            block is, except once its scheduler counts more than 2 x W
+            tasks of the group alive (the last iteration's, released but
+            not yet forgotten) and takes them for root-ish: then a task may
+            run on another worker, which copies the block (in
+            ``dask_bytes``, and said).  Dask's workers start with
+            MALLOC_TRIM_THRESHOLD_=65536 (its default), under which every
+            temporary of the kernel (5 MiB a 64K-row block) is a fresh
+            mmap: the same kernel spends about twice the CPU there, in page
+            faults (``dask_task_cpu_max_s`` against Spark's).
 
-Both run the same ``partial_sums`` on the same chunks and combine partials in
-partition order, so they reach the same centroids (checked, np.allclose).
-BLAS runs one thread per process (as one MPI rank per core), unless
-OPENBLAS_NUM_THREADS/OMP_NUM_THREADS say otherwise.  The two run interleaved,
-one iteration of each in turn (which goes first alternates), so a busy moment
-of this shared machine slows both alike; each keeps its own centroids.
-Timed: the iterations only; data generation, the region copy and cluster
-start are reported apart.  With ``--reps`` > 1 the whole round runs again,
-each clamor round cold (the workers drop the points' pages first); the
-figures are the medians over rounds.
+Every system runs ``_common.partial_sums`` on the same chunks and folds the
+partials with ``_common.add`` in partition order, then ``_common.update``,
+so all reach the same centroids: each one's are checked against clamor's
+(np.allclose, 1e-9); a difference stops the run (the comparison would be
+void).  BLAS runs one thread per process (as one MPI rank per core), unless
+OPENBLAS_NUM_THREADS/OMP_NUM_THREADS say otherwise (the peers' workers
+inherit it; each prints what its workers see).  The baseline and clamor run
+interleaved, one iteration of each in turn (which goes first alternates),
+so a busy moment of this shared machine slows both alike; each keeps its
+own centroids.  The peers run before them, one after the other, each in a
+subprocess of its own (``--run SYSTEM``; ``_kmeans_peers.py``), started
+before this process becomes a clamor driver; ``--systems`` leaves peers out.
 
-Per iteration the table shows both times, their ratio, clamor's longest
-task, its overhead (stage wall time less the busiest worker's task time:
-the larger of the longest task and total task time / W; that is dispatch,
-serialization and the barrier), faults and MiB fetched.  Tasks have no
-affinity to the workers that hold their pages, so with more partitions than
-the workers' slots (2 each) placement can change between iterations and a
-worker faults in a chunk another worker already holds (``--partitions``).
+Timed: the iterations only, each from handing out its tasks to the
+driver's new centroids.  Not timed: data generation; the region copy (clamor)
+and writing the peers' .npy blocks; every system's start (cluster, JVMs,
+Dask workers); and loading: on Spark one job that loads and caches every
+block and starts each executor's Python worker (the script then checks
+that Spark holds all P blocks in memory), on Dask the P load tasks and one
+small task per block.  Clamor's workers are forked at its start and read
+nothing before the first iteration, so its first iteration includes
+faulting (or mapping) each chunk in; the peers' first iterations start with
+the blocks in their workers' memory.  With ``--reps`` > 1 every system runs
+the whole round again (each clamor round cold: the workers drop the points'
+pages first; the peers keep their blocks); the figures are the medians over
+rounds, the per-iteration lists the last round's.
 
-The last line is one JSON object: ``clamor_s``, ``baseline_s``, ``ratio`` =
-clamor_s / baseline_s (target <= 1.5), per-iteration times of both, first
-iteration against the median of the later ones.
+Per iteration the table shows the baseline's and clamor's times, their
+ratio, clamor's longest task, its overhead (stage wall time less the
+busiest worker's task time: the larger of the longest task and total task
+time / W; that is dispatch, serialization and the barrier), faults and MiB
+fetched.  Tasks have no affinity to the workers that hold their pages, so
+with more partitions than the workers' slots (2 each) placement can change
+between iterations and a worker faults in a chunk another worker already
+holds (``--partitions``).  Each peer prints its iterations with the
+longest read time of its tasks (Spark: waiting for the executor JVM to
+write the cached, pickled block to the Python worker, and unpickling it;
+Dask: none, the block is in the worker's memory), kernel time and kernel
+CPU time (less than the kernel time when the task's thread waited for a
+core or the GIL); the rest of an iteration is the system's own (job and
+task scheduling, launch, results).
 
-    python bench/kmeans.py [--quick] [--points N] [--workers W] [--partitions P] [--reps R] [--readahead 2M]
+The last line is one JSON object: ``ratio`` = clamor_s / baseline_s (target
+<= 1.5), ``ratio_vs_spark`` = clamor_s / spark_s (target <= 1.0),
+``ratio_vs_dask`` = clamor_s / dask_s; for each system s (clamor,
+baseline, spark, dask) ``<s>_s`` (all iterations), ``<s>_iter_s`` (per
+iteration), ``<s>_times_s`` (each iteration), ``<s>_first_s``,
+``<s>_later_median_s``, ``<s>_bytes``: bytes of points moved between
+processes in the timed iterations (clamor: from the driver and peers, its
+stage stats, with pages mapped from the driver apart in
+``clamor_bytes_mapped``; baseline: 0, shared copy-on-write; Spark: the
+cached blocks' size, Spark's own count, once an iteration, fed from the
+executor JVMs to their Python workers; Dask: what the workers fetched from
+one another, their transfer logs).  The centroids and partials every
+system sends (about 1 KiB a task) are not counted.  A peer that cannot run
+(no Java, not installed, failed) is null with ``<s>_missing`` saying why.
+``hosts`` is 1: k-means is dense, every worker reads its whole chunk once.
+
+    python bench/kmeans.py --quick      # 1M points: all four, about 2 minutes
+    python bench/kmeans.py [--points N] [--workers W] [--partitions P] [--reps R] [--readahead 2M]
+                           [--systems spark,dask] [--spark-executor-mb MB]
 """
 import argparse
 import multiprocessing
@@ -52,11 +117,15 @@ import statistics
 import sys
 import time
 
+import _peers
 from _common import (MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, parse_size,
                      partial_sums, update)
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
+
+from _kmeans_peers import PEERS, run_peers  # noqa: E402  (imports numpy: after the line above)
+from _kmeans_peers import child as peer_child  # noqa: E402
 
 
 # ---- baseline: multiprocessing Pool over copy-on-write points --------------------
@@ -140,6 +209,44 @@ def summary(times):
     return {"total_s": sum(times), "first_s": times[0], "later_median_s": statistics.median(later)}
 
 
+def med(xs, key):
+    return statistics.median(s[key] for s in xs)
+
+
+def peer_figures(s, r, cc, clamor_s, iters):
+    """A peer's keys for the JSON line from its result ``r`` (None: not
+    requested); exits when its centroids differ from clamor's ``cc``."""
+    keys = ("s", "iter_s", "times_s", "first_s", "later_median_s", "bytes", "task_max_s", "task_cpu_max_s")
+    out = {f"{s}_{key}": None for key in keys}
+    out[f"ratio_vs_{s}"] = None
+    if r is None or "rounds" not in r:
+        out[f"{s}_missing"] = "not requested (--systems)" if r is None else r.get("missing") or r.get("error")
+        return out
+    if not np.allclose(r["centroids"], cc, rtol=1e-9, atol=1e-9):
+        raise SystemExit(f"kmeans: {s}'s centroids differ from clamor's: the comparison is void\n"
+                         f"{r['centroids']}\n{cc}")
+    sums = [summary(x["times"]) for x in r["rounds"]]
+    last = r["rounds"][-1]
+    total = med(sums, "total_s")
+    out.update({f"{s}_s": round(total, 4), f"{s}_iter_s": round(total / iters, 4),
+                f"{s}_times_s": [round(v, 4) for v in last["times"]],
+                f"{s}_first_s": round(med(sums, "first_s"), 4),
+                f"{s}_later_median_s": round(med(sums, "later_median_s"), 4),
+                f"{s}_bytes": r["extra"].get("bytes"),
+                f"{s}_task_max_s": [round(v[1], 4) for v in last["slow"]],
+                f"{s}_task_cpu_max_s": [round(v[2], 4) for v in last["slow"]],
+                f"ratio_vs_{s}": round(clamor_s / total, 3),
+                f"{s}_same_bits": bool(np.array_equal(r["centroids"], cc)),
+                f"{s}_version": r["extra"].get("version"), f"{s}_wall_s": round(r["wall_s"], 1)})
+    if s == "spark":
+        out["spark_read_max_s"] = [round(v[0], 4) for v in last["slow"]]
+        out["spark_cached_bytes"] = r["extra"].get("cached_bytes")
+    if s == "dask":
+        out["dask_block_holders"] = r["extra"].get("block_holders")
+        out["dask_block_copies"] = r["extra"].get("block_copies")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1M points instead of 8M")
@@ -155,7 +262,22 @@ def main(argv=None):
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="workers' read-ahead bytes, e.g. 2M; 0 disables (default: clamor's setting)")
     ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
+    ap.add_argument("--systems", default="clamor,baseline,spark,dask",
+                    help="which to run, comma-separated (clamor and the baseline always run)")
+    ap.add_argument("--spark-executor-mb", type=int, default=None,
+                    help="heap of each Spark executor JVM, MiB (default: 3 x a block + 1024, at least 2048)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds a peer's run may take")
+    ap.add_argument("--run", choices=("spark", "dask"), help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.run:   # a peer's subprocess: no clamor here
+        return peer_child(args.run, args.data, args.out)
+
+    asked = {s for s in args.systems.split(",") if s}
+    if asked - {"clamor", "baseline", *PEERS}:
+        raise SystemExit(f"kmeans: --systems: unknown {sorted(asked - {'clamor', 'baseline', *PEERS})}")
+    peers = [s for s in PEERS if s in asked]
 
     global _POINTS, _BOUNDS
     n = args.points or ((1 << 20) if args.quick else (8 << 20))
@@ -174,6 +296,14 @@ def main(argv=None):
     print(f"kmeans: {n} points, k={k}, d={d} ({x.nbytes / MIB:.0f} MiB float64), {iters} iterations, "
           f"{w} workers, {parts} partitions, {args.reps} round(s); generated in {gen_s:.2f} s; "
           f"one iteration serially in the driver {serial_s:.3f} s", flush=True)
+
+    # The peers first, each in a subprocess, while this process is no
+    # clamor driver yet (a process forked from a driver attaches to its region).
+    block_mib = x.nbytes / parts / MIB
+    meta = {"partitions": parts, "workers": w, "iters": iters, "reps": args.reps,
+            "spark_executor_mb": args.spark_executor_mb or max(2048, int(3 * block_mib) + 1024)}
+    _peers.subreaper()
+    peer_res = run_peers(peers, x, init, meta, args.timeout) if peers else {}
 
     # The Pool forks before the region exists, so its processes are plain
     # numpy processes (a process forked after region.init attaches to the
@@ -220,22 +350,37 @@ def main(argv=None):
         cl.close()
         pool.close()
         pool.join()
+        left = _peers.reap_descendants()
+        if left:
+            print(f"killed processes left behind: {left}", flush=True)
 
     bs = [summary(r["baseline"]) for r in rounds]
     cs = [summary(r["clamor"]) for r in rounds]
-    med = lambda xs, key: statistics.median(s[key] for s in xs)  # noqa: E731
     clamor_s, baseline_s = med(cs, "total_s"), med(bs, "total_s")
     last = rounds[-1]
     fetched = sum(st["bytes_from_driver"] for st in rounds[0]["stages"])
+    peer_out = {}
+    for s in PEERS:
+        peer_out.update(peer_figures(s, peer_res.get(s), cc, clamor_s, iters))
     print(f"median over {len(rounds)} round(s): clamor {clamor_s:.3f} s vs multiprocessing {baseline_s:.3f} s -> "
           f"ratio {clamor_s / baseline_s:.2f} (target <= 1.5); first iteration {med(cs, 'first_s'):.3f} s vs "
           f"{med(bs, 'first_s'):.3f} s, later (median) {med(cs, 'later_median_s'):.3f} s vs "
           f"{med(bs, 'later_median_s'):.3f} s; clamor workers fetched {fetched / MIB:.0f} MiB in round 0")
+    for s in PEERS:
+        if peer_out.get(f"{s}_s") is not None:
+            print(f"{s}: {peer_out[f'{s}_s']:.3f} s (first iteration {peer_out[f'{s}_first_s']:.3f} s, later "
+                  f"(median) {peer_out[f'{s}_later_median_s']:.3f} s) -> clamor / {s} "
+                  f"{peer_out[f'ratio_vs_{s}']:.2f}" + (" (target <= 1.0)" if s == "spark" else ""), flush=True)
     out = {
         "bench": "kmeans",
         "clamor_s": round(clamor_s, 4),
         "baseline_s": round(baseline_s, 4),
         "ratio": round(clamor_s / baseline_s, 3),
+        "ratio_vs_spark": peer_out.pop("ratio_vs_spark"),
+        "ratio_vs_dask": peer_out.pop("ratio_vs_dask"),
+        "time_unit": "s per iteration",
+        "hosts": 1,
+        "rate": None,
         "points": n,
         "k": k,
         "d": d,
@@ -243,8 +388,13 @@ def main(argv=None):
         "workers": w,
         "partitions": parts,
         "reps": len(rounds),
-        "clamor_iter_s": [round(v, 4) for v in last["clamor"]],
-        "baseline_iter_s": [round(v, 4) for v in last["baseline"]],
+        "clamor_iter_s": round(clamor_s / iters, 4),
+        "baseline_iter_s": round(baseline_s / iters, 4),
+        "clamor_times_s": [round(v, 4) for v in last["clamor"]],
+        "baseline_times_s": [round(v, 4) for v in last["baseline"]],
+        "clamor_bytes": sum(st["bytes_from_driver"] + st["bytes_from_peers"] for st in last["stages"]),
+        "clamor_bytes_mapped": sum(st.get("bytes_mapped", 0) for st in last["stages"]),
+        "baseline_bytes": 0,
         "clamor_first_s": round(med(cs, "first_s"), 4),
         "clamor_later_median_s": round(med(cs, "later_median_s"), 4),
         "baseline_first_s": round(med(bs, "first_s"), 4),
@@ -265,7 +415,9 @@ def main(argv=None):
         "total_faults": cluster_stats["faults"],
         "verified": True,
         "same_bits": all(r["same_bits"] for r in rounds),
+        "spark_executor_mb": meta["spark_executor_mb"],
     }
+    out.update(peer_out)
     json_line(out)
     return 0
 

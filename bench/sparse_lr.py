@@ -85,6 +85,7 @@ iterations), ``loss`` (the last iteration's, the same for all), and the
 sizes.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -279,10 +280,45 @@ def _log(name):
     return log
 
 
-def run_clamor(d, meta, w_count):
+def started(system, meta, hosts):
+    """The context manager that starts ``system`` with W workers: on this
+    host (``_peers.py``; clamor's forked workers), or one worker per
+    namespace host of ``hosts`` (``_peerhosts.py``)."""
+    W = meta["workers"]
+    mb, dm = meta["spark_executor_mb"], meta["spark_driver_memory"]
+    if hosts is None:
+        import _peers as m
+        if system == "clamor":
+            import clamor
+            return clamor.Cluster(workers=W, progress=False)
+        return {"spark": lambda: m.spark(W, mb, dm, "sparse_lr"), "dask": lambda: m.dask(W),
+                "ray": lambda: m.ray_session(W)}[system]()
+    import _peerhosts as m
+    # on slow links Dask's Active Memory Manager would drop the replicas
+    # scatter(broadcast=True) made, and tasks would fetch them again
+    return {"clamor": lambda: m.clamor_cluster(hosts, progress=False),
+            "spark": lambda: m.spark(hosts, mb, dm, app="sparse_lr"),
+            "dask": lambda: m.dask(hosts, config=m.DASK_AMM_OFF),
+            "ray": lambda: m.ray_session(hosts)}[system]()
+
+
+class Links:
+    """Bytes on the namespace hosts' links over the timed iterations (zero
+    on one host)."""
+
+    def __init__(self, hosts):
+        import _peerhosts
+        self.counter = _peerhosts.LinkCounter(hosts) if hosts is not None else None
+        self.start = self.counter.total() if self.counter else 0
+
+    def bytes(self):
+        return self.counter.total() - self.start if self.counter else None
+
+
+def run_clamor(d, meta, hosts):
     import clamor
 
-    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
+    P, iters = meta["partitions"], meta["iters"]
     w = clamor.zeros(1 << meta["bits"])
     us = []
     rparts = []
@@ -294,10 +330,11 @@ def run_clamor(d, meta, w_count):
     comb = Combiner(us)
     probe = clamor.zeros(8)
     extra = {}
-    with clamor.Cluster(workers=W, progress=False) as cl:
+    with started("clamor", meta, hosts) as cl:
         idx = cl.range(P, partitions=P)
         idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
         n_warm = len(cl.stage_stats())
+        links = Links(hosts)
 
         def grads(_):
             return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
@@ -306,7 +343,8 @@ def run_clamor(d, meta, w_count):
                               lambda h: None, _log("clamor"))
         stages = cl.stage_stats()[n_warm:]
         st = cl.stats()
-        for k in ("bytes_from_driver", "bytes_from_peers", "bytes_mapped", "faults"):
+        extra["link_bytes"] = links.bytes()
+        for k in ("bytes_from_driver", "bytes_from_peers", "bytes_mapped", "faults", "wire_bytes"):
             extra[k] = int(sum(s.get(k, 0) or 0 for s in stages))
         extra["per_iter_bytes_from_driver"] = [int(s.get("bytes_from_driver", 0) or 0) for s in stages]
         extra["per_iter_bytes_mapped"] = [int(s.get("bytes_mapped", 0) or 0) for s in stages]
@@ -317,43 +355,43 @@ def run_clamor(d, meta, w_count):
         cs = clamor.stats()
         extra["driver_pages_logged"] = cs.get("pages_logged")
         extra["driver_version_bytes"] = cs.get("version_bytes")
-        extra["bytes"] = extra["bytes_from_driver"] + extra["bytes_from_peers"]
+        extra["bytes"] = extra["link_bytes"] if hosts is not None else extra["wire_bytes"]
     return times, losses, w[comb.U].copy(), extra
 
 
-def run_spark(d, meta, w_count):
-    import _peers
+def run_spark(d, meta, hosts):
 
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
     comb = Combiner(us)
     w = np.zeros(1 << meta["bits"])
-    with _peers.spark(W, meta["spark_executor_mb"], meta["spark_driver_memory"], "sparse_lr") as sc:
+    with started("spark", meta, hosts) as sc:
         rdd = sc.parallelize(range(P), P).map(lambda i: load_part(d, i)).cache()
         bc = sc.broadcast(np.zeros(8))
         rdd.map(lambda p: warm_part(*p, bc.value)).collect()   # untimed: loads and caches the partitions
         bc.destroy()
-        execs = _peers.executor_pids(sc)
-        print(f"  spark: {sc.version}, master {sc.master}, {len(execs)} executor JVMs", flush=True)
+        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
+        links = Links(hosts)
 
         def grads(bc):
             return rdd.mapPartitions(lambda it: [part_grad(bc.value, *p) for p in it]).collect()
 
         times, losses = train(w, comb, iters, meta["lr"] / meta["points"], sc.broadcast, grads,
                               lambda bc: bc.destroy(), _log("spark"))
-        extra = {"version": sc.version, "master": sc.master, "executor_processes": len(execs)}
-    extra["bytes"] = w.nbytes * W * iters
+        extra = {"version": sc.version, "master": sc.master, "executor_processes": execs,
+                 "link_bytes": links.bytes()}
+    extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
     return times, losses, w[comb.U].copy(), extra
 
 
-def run_dask(d, meta, w_count):
-    import _peers
+def run_dask(d, meta, hosts):
 
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
     comb = Combiner(us)
     w = np.zeros(1 << meta["bits"])
-    with _peers.dask(W) as client:
+    with started("dask", meta, hosts) as client:
         import dask
         import distributed
 
@@ -365,6 +403,7 @@ def run_dask(d, meta, w_count):
         holders = {tuple(v) for v in where.values()}
         print(f"  dask: {dask.__version__}, {len(client.scheduler_info()['workers'])} workers, "
               f"partitions on {len(holders)} of them", flush=True)
+        links = Links(hosts)
 
         def publish(w):
             return client.scatter(w, broadcast=True)
@@ -376,19 +415,19 @@ def run_dask(d, meta, w_count):
             wf.release()
 
         times, losses = train(w, comb, iters, meta["lr"] / meta["points"], publish, grads, retire, _log("dask"))
-        extra = {"version": distributed.__version__, "partition_holders": len(holders)}
-    extra["bytes"] = w.nbytes * W * iters
+        extra = {"version": distributed.__version__, "partition_holders": len(holders), "link_bytes": links.bytes()}
+    extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
     return times, losses, w[comb.U].copy(), extra
 
 
-def run_ray(d, meta, w_count):
+def run_ray(d, meta, hosts):
     import _peers
 
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     parts = [load_part(d, i) for i in range(P)]
     comb = Combiner([p[0] for p in parts])
     w = np.zeros(1 << meta["bits"])
-    with _peers.ray_session(W) as ray:
+    with started("ray", meta, hosts) as ray:
         grad_task = ray.remote(grad_of)
         warm_task = ray.remote(lambda p, q: warm_part(*p, q))
         refs = [ray.put(p) for p in parts]
@@ -398,14 +437,15 @@ def run_ray(d, meta, w_count):
         ray.get([warm_task.remote(r, probe) for r in refs])
         del probe
         print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
+        links = Links(hosts)
 
         def grads(ref):
             return ray.get([grad_task.remote(ref, r) for r in refs])
 
         times, losses = train(w, comb, iters, meta["lr"] / meta["points"], ray.put, grads, lambda ref: None,
                               _log("ray"))
-        extra = {"version": ray.__version__, "worker_processes": len(pids)}
-    extra["bytes"] = w.nbytes * W * iters
+        extra = {"version": ray.__version__, "worker_processes": len(pids), "link_bytes": links.bytes()}
+    extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
     return times, losses, w[comb.U].copy(), extra
 
 
@@ -422,7 +462,13 @@ def child(system, d, out):
     meta = load_meta(d)
     res = {"system": system}
     try:
-        times, losses, wU, extra = RUNNERS[system](d, meta, None)
+        with contextlib.ExitStack() as stack:
+            hosts = None
+            if meta["netns"]:
+                sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+                import nethosts
+                hosts = stack.enter_context(nethosts.Hosts(meta["workers"], rate=meta["rate"]))
+            times, losses, wU, extra = RUNNERS[system](d, meta, hosts)
         res.update(times=times, losses=losses, extra=extra, phases=PHASES[-len(times):])
         np.save(out + ".w.npy", wU)
     except _peers.PeerMissing as err:
@@ -492,6 +538,9 @@ def main(argv=None):
     ap.add_argument("--layout", choices=("hashed", "ranked"), default="hashed",
                     help="hashed: (field, value) hashed into the vector (default); ranked: per-field ranges, "
                          "values in frequency order")
+    ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
+    ap.add_argument("--local", action="store_true", help="one host even for the full run")
+    ap.add_argument("--rate", default="1gbit", help="every namespace host's link, both ways (tc notation)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="which to run (clamor always runs)")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each executor JVM, MiB (default: 2 x the weights + 1024)")
@@ -515,7 +564,14 @@ def main(argv=None):
     P = args.partitions or W
     systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
     wbytes = 8 << bits
-    meta = {"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
+    netns = (args.netns or not args.quick) and not args.local
+    if netns:
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+        import nethosts
+        ok, why = nethosts.available()
+        if not ok:
+            raise SystemExit(f"sparse_lr: namespace hosts cannot be made here ({why}); --local runs on one host")
+    meta = {"netns": netns, "rate": args.rate if netns else None,"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
             "layout": args.layout,
         "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed,
             "spark_executor_mb": args.spark_executor_mb or (2 * wbytes // MIB + 1024),
@@ -622,7 +678,11 @@ def main(argv=None):
         "workers": W,
         "partitions": P,
         "iters": args.iters,
-        "hosts": 1,
+        "hosts": W if netns else 1,
+        "rate": args.rate if netns else None,
+        "time_unit": "s per iteration",
+        "clamor_wire_bytes": ce.get("wire_bytes"),
+        "link_bytes": {s: r["extra"].get("link_bytes") for s, r in results.items() if "times" in r} if netns else None,
         "layout": args.layout,
         "zipf": args.zipf,
         "vocab": int(args.vocab),
