@@ -142,10 +142,18 @@ static uint32_t slot_get(void) {
 
 /* A location no one reads any more: its memory goes back to the kernel, and
  * a pool slot goes back on the stack.  Only a location no worker can still
- * map is freed (the stages that could read it are gone). */
+ * map is freed (the stages that could read it are gone).  The home or twin
+ * of a page the driver wrote in this stage or the last keeps its memory:
+ * the page's next first write copies there (loc_choose), and a copy into
+ * memory just handed back costs the kernel an allocation and a zeroing per
+ * 4 KiB, more than the copy.  Such a page holds at most its two locations. */
 static void loc_free(uint32_t id) {
+    uint64_t p1 = atomic_load_explicit(&V.meta[id].page1, memory_order_relaxed);
+    uint32_t e = atomic_load(&V.epoch), w = p1 ? atomic_load(&V.logged[p1 - 1]) & ~LOGGING : 0;
+    bool hot = id < V.pool0 && p1 && w && w + 1 >= e;
     /* punched before it reads free: a write fault may take it at once */
-    fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
+    if (!hot)
+        fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
     V.meta[id].alias = false;
     atomic_store_explicit(&V.meta[id].page1, 0, memory_order_release);
     if (id < V.pool0) return;
