@@ -65,16 +65,48 @@ def config(args, pickled_bytes):
     (executor heap 2 x it + 1 GiB; driver 4 x it, at least 2g: Spark's 1g
     default cannot hold a 1 GiB broadcast)."""
     return {"workers": args.workers, "partitions": 4 * args.workers, "page_size": args.page_size,
+            "netns": args.netns, "rate": args.rate if args.netns else None,
             "spark_executor_mb": args.spark_executor_mb or (2 * pickled_bytes // MIB + 1024),
             "spark_driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * pickled_bytes // (1 << 30)))}g"}
 
 
-def start(system, cfg):
+def hosts_of(cfg):
+    """A context manager: the namespace hosts for ``cfg`` (``--netns``: one
+    a worker, links at ``--rate``), or None on one host."""
+    if not cfg.get("netns"):
+        return contextlib.nullcontext(None)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import nethosts
+    return nethosts.Hosts(cfg["workers"], rate=cfg["rate"])
+
+
+class Links:
+    """Bytes on the namespace hosts' links since it was made (None on one host)."""
+
+    def __init__(self, hosts):
+        import _peerhosts
+        self.counter = _peerhosts.LinkCounter(hosts) if hosts is not None else None
+        self.start = self.counter.total() if self.counter else 0
+
+    def bytes(self):
+        return self.counter.total() - self.start if self.counter else None
+
+
+def start(system, cfg, hosts=None):
     """A context manager that starts ``system`` with ``cfg["workers"]``
     single-core worker processes and yields its handle (a clamor Cluster, a
     SparkContext, a Dask Client, the ray module); everything it started is
-    stopped when the block ends.  PeerMissing when a peer cannot run here."""
+    stopped when the block ends.  PeerMissing when a peer cannot run here.
+    With ``hosts`` (namespace hosts), one worker per host (``_peerhosts``)."""
     w = cfg["workers"]
+    if hosts is not None:
+        import _peerhosts
+        return {"clamor": lambda: _peerhosts.clamor_cluster(hosts, page_size=cfg.get("page_size"), progress=None),
+                "spark": lambda: _peerhosts.spark(hosts, cfg["spark_executor_mb"], cfg["spark_driver_memory"],
+                                                  conf={"spark.ui.showConsoleProgress": "false"}, app="geo"),
+                # the Active Memory Manager would drop the broadcast's replicas, to be fetched again
+                "dask": lambda: _peerhosts.dask(hosts, config=_peerhosts.DASK_AMM_OFF),
+                "ray": lambda: _peerhosts.ray_session(hosts)}[system]()
     if system == "clamor":
         import clamor
 
@@ -157,7 +189,7 @@ def describe(system, h, ray_pids):
     return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
 
 
-def run_peer(system, h, cfg, tree, records, queries):
+def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     """Warm-up, then the timed job: (answers, figures)."""
     parts = split(queries, cfg["partitions"])
     # Ray starts its workers lazily: have W of them before the warm-up
@@ -168,8 +200,9 @@ def run_peer(system, h, cfg, tree, records, queries):
     warm_s = time.perf_counter() - t0
     line, figures = describe(system, h, pids)
     print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
+    links = Links(hosts)
     out, bcast_s, total_s = JOBS[system](h, tree, records, parts)
-    figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s)
+    figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
     return geo.concat(out), figures
 
 
@@ -192,11 +225,11 @@ def child(system, d, out):
     try:
         with open(os.path.join(d, "config.json")) as f:
             cfg = json.load(f)
-        with start(system, cfg) as h:   # its workers exist before the data, as in geo.py
+        with hosts_of(cfg) as hosts, start(system, cfg, hosts) as h:   # workers before the data, as in geo.py
             with open(os.path.join(d, "data.pkl"), "rb") as f:
                 tree, records = pickle.load(f)
             queries = np.load(os.path.join(d, "queries.npy"))
-            (ranked, top_km), figures = run_peer(system, h, cfg, tree, records, queries)
+            (ranked, top_km), figures = run_peer(system, h, cfg, tree, records, queries, hosts)
         np.savez(os.path.join(d, f"answers-{system}.npz"), ranked=ranked, top_km=top_km)
         res.update(figures)
     except _peers.PeerMissing as err:

@@ -46,11 +46,22 @@ class WrongAnswer(RuntimeError):
     """A peer's answers differ from the driver's: the comparison is void."""
 
 
-def start(system, workers, **conf):
+def start(system, workers, hosts=None, **conf):
     """The context manager that starts ``system`` with ``workers`` worker
     processes on this host and stops all of it on leaving: "clamor" a
     ``clamor.Cluster`` (``conf``: its keyword arguments), "spark" (``conf``:
-    executor_mb, driver_memory), "dask", "ray"."""
+    executor_mb, driver_memory), "dask", "ray".  With ``hosts`` (namespace
+    hosts, ``_peerhosts``): one worker per host instead."""
+    if hosts is not None:
+        import _peerhosts
+        if system == "clamor":
+            return _peerhosts.clamor_cluster(hosts, progress=False, **conf)
+        if system == "spark":
+            return _peerhosts.spark(hosts, conf["executor_mb"], conf["driver_memory"], app="streaming",
+                                    conf={"spark.ui.showConsoleProgress": "false"})
+        if system == "dask":   # the Active Memory Manager would drop the broadcast's replicas
+            return _peerhosts.dask(hosts, config=_peerhosts.DASK_AMM_OFF)
+        return _peerhosts.ray_session(hosts)
     if system == "clamor":
         import clamor
 
@@ -69,6 +80,29 @@ def start(system, workers, **conf):
 
 
 # ---- the rounds ----------------------------------------------------------------------------
+
+class Links:
+    """Bytes on the namespace hosts' links since it was made (None on one host)."""
+
+    def __init__(self, hosts):
+        import _peerhosts
+        self.counter = _peerhosts.LinkCounter(hosts) if hosts is not None else None
+        self.start = self.counter.total() if self.counter else 0
+
+    def bytes(self):
+        return self.counter.total() - self.start if self.counter else None
+
+
+def hosts_for(rate, n):
+    """A context manager: ``n`` namespace hosts with links at ``rate``, or
+    None on one host (``rate`` None)."""
+    import contextlib
+    if rate is None:
+        return contextlib.nullcontext(None)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import nethosts
+    return nethosts.Hosts(n, rate=rate)
+
 
 def run_rounds(wl, name, publish, lookups, retire):
     """Every round of ``wl``: its update, then publish(table) -> h,
@@ -108,12 +142,11 @@ def warm_check(name, got, want):
     return len({pid for _, pid in got})
 
 
-def run_spark(wl, task, warm, conf):
-    import _peers
+def run_spark(wl, task, warm, conf, hosts=None):
 
     W = wl.workers
     tiny, tkeys, tbits, tans = warm
-    with start("spark", W, **conf) as sc:
+    with start("spark", W, hosts, **conf) as sc:
         end = time.monotonic() + 120
         while len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
             time.sleep(0.2)   # executors register after the context is up
@@ -121,23 +154,25 @@ def run_spark(wl, task, warm, conf):
         warm_check("spark", sc.parallelize([tkeys] * W, W).map(lambda q: task(bc.value, q, tbits, 0.3)).collect(),
                    [tans] * W)
         bc.destroy()
-        execs = _peers.executor_pids(sc)
-        print(f"  spark: {sc.version}, master {sc.master}, {len(execs)} executor JVMs", flush=True)
+        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
         bits = wl.bits
+        links = Links(hosts)
 
         def lookups(bc, shares):
             return sc.parallelize(shares, len(shares)).map(lambda q: task(bc.value, q, bits)).collect()
 
         out = run_rounds(wl, "spark", sc.broadcast, lookups, lambda bc: bc.destroy())
-        out.update(version=sc.version, master=sc.master, executor_processes=len(execs))
-    out["bytes"] = wl.table.nbytes * W * wl.rounds   # the pickled table to each executor, a lower bound
+        out.update(version=sc.version, master=sc.master, executor_processes=execs, link_bytes=links.bytes())
+    # one host: the pickled table to each executor, a lower bound; namespace hosts: what crossed the links
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
     return out
 
 
-def run_dask(wl, task, warm, conf):
+def run_dask(wl, task, warm, conf, hosts=None):
     W = wl.workers
     tiny, tkeys, tbits, tans = warm
-    with start("dask", W) as client:
+    with start("dask", W, hosts) as client:
         import distributed
 
         f = client.scatter(tiny, broadcast=True)
@@ -147,22 +182,23 @@ def run_dask(wl, task, warm, conf):
         print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
               f"{used} ran the warm-up", flush=True)
         bits = wl.bits
+        links = Links(hosts)
 
         def lookups(f, shares):
             return client.gather([client.submit(task, f, q, bits, pure=False) for q in shares])
 
         out = run_rounds(wl, "dask", lambda t: client.scatter(t, broadcast=True), lookups, lambda f: f.release())
-        out["version"] = distributed.__version__
-    out["bytes"] = wl.table.nbytes * W * wl.rounds   # a copy to every worker, a lower bound
+        out.update(version=distributed.__version__, link_bytes=links.bytes())
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
     return out
 
 
-def run_ray(wl, task, warm, conf):
+def run_ray(wl, task, warm, conf, hosts=None):
     import _peers
 
     W = wl.workers
     tiny, tkeys, tbits, tans = warm
-    with start("ray", W) as ray:
+    with start("ray", W, hosts) as ray:
         look = ray.remote(task)
         pids = _peers.ray_wait_workers(ray, W)
         ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
@@ -170,13 +206,15 @@ def run_ray(wl, task, warm, conf):
         del ref
         print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
         bits = wl.bits
+        links = Links(hosts)
 
         def lookups(ref, shares):
             return ray.get([look.remote(ref, q, bits) for q in shares])
 
         out = run_rounds(wl, "ray", ray.put, lookups, lambda ref: None)
-        out.update(version=ray.__version__, worker_processes=len(pids))
-    out["bytes"] = wl.table.nbytes * wl.rounds   # one copy into this host's object store; workers read it in place
+        out.update(version=ray.__version__, worker_processes=len(pids), link_bytes=links.bytes())
+    # one host: one copy into its object store, read in place by the workers
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * wl.rounds
     return out
 
 
@@ -185,7 +223,7 @@ RUNNERS = {"spark": run_spark, "dask": run_dask, "ray": run_ray}
 
 # ---- one process per peer ------------------------------------------------------------------
 
-def child(system, wl, task, warm, conf, out):
+def child(system, wl, task, warm, conf, out, rate=None):
     """``--run SYSTEM``: run ``system`` over the workload ``wl`` (its table
     built, in plain memory); write its figures to ``out`` (JSON), or why it
     could not run ("missing"), failed ("error") or answered wrong
@@ -196,7 +234,8 @@ def child(system, wl, task, warm, conf, out):
 
     res = {"system": system}
     try:
-        res.update(RUNNERS[system](wl, task, warm, conf))
+        with hosts_for(rate, wl.workers) as hosts:
+            res.update(RUNNERS[system](wl, task, warm, conf, hosts))
     except _peers.PeerMissing as err:
         res["missing"] = str(err)
     except WrongAnswer as err:

@@ -122,7 +122,6 @@ from _common import Spawned, bounds, die_with_parent, json_line, parse_size
 from clamor.demo import geo
 
 SYSTEMS = ("clamor", "broadcast", "redis") + _geo_peers.PEERS
-HOSTS = 1   # every system runs on this host
 
 # ---- a small RESP client ------------------------------------------------------------
 
@@ -373,7 +372,7 @@ def local_systems(args, systems, d, clamor):
             clamor.configure(readahead=args.readahead)  # the forked workers inherit it
         cfg = _geo_peers.config(args, 0)
         P = cfg["partitions"]
-        with _geo_peers.start("clamor", cfg) as cl:
+        with _geo_peers.hosts_of(cfg) as hosts, _geo_peers.start("clamor", cfg, hosts) as cl:
             t0 = time.perf_counter()
             meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
             n = len(meta)
@@ -395,6 +394,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
+            links = _geo_peers.Links(hosts)
             t0 = time.perf_counter()
             parts = cl.parallelize(queries, partitions=P) \
                 .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
@@ -402,6 +402,7 @@ def local_systems(args, systems, d, clamor):
             r["got_clamor"] = geo.concat(parts)
             st = r["st"] = cl.stage_stats()[-1]
             r["clamor_bytes"] = st["bytes_from_driver"] + st["bytes_from_peers"] + st["payload_bytes"]
+            r["clamor_link_bytes"] = links.bytes()
             t0 = time.perf_counter()
             warm = geo.concat(cl.parallelize(queries, partitions=P)
                               .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect())
@@ -475,7 +476,12 @@ def main():
                     help="clamor page size, e.g. 64K (default: the region's)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="clamor read-ahead window, e.g. 0 or 4M (default: clamor's)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="which to run (clamor always runs)")
+    ap.add_argument("--netns", action="store_true",
+                    help="clamor and the peers with one worker per namespace host (the broadcast and Redis "
+                         "baselines stay on one host and are left out unless named in --systems)")
+    ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
+    ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default all: "
+                                                    + ",".join(SYSTEMS) + "; with --netns clamor,spark,dask,ray)")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each executor JVM, MiB (default: 2 x the pickled tree and records + 1024)")
     ap.add_argument("--spark-driver-memory", default=None,
@@ -495,6 +501,8 @@ def main():
     args.redis_queries = min(args.redis_queries, args.queries)
     if w < 1 or args.scale < 1 or args.redis_queries < 1:
         ap.error("--workers, --scale, --queries and --redis-queries must be positive")
+    if args.systems is None:
+        args.systems = ",".join(s for s in SYSTEMS if not args.netns or s not in ("broadcast", "redis"))
     systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
     if set(systems) - set(SYSTEMS):
         ap.error(f"--systems: choose among {','.join(SYSTEMS)}")
@@ -531,7 +539,10 @@ def report(args, systems, r, peers, total_s):
     cl_q = clamor_s / nq
     # seconds for the whole batch, bytes, why not run: by system
     batch = {"clamor": clamor_s, "broadcast": r.get("bcast_s")}
-    nbytes = {"clamor": r["clamor_bytes"], "broadcast": r.get("bcast_bytes"), "redis": None}
+    hosts = w if args.netns else 1
+    # on namespace hosts: what crossed the links, for every system
+    nbytes = {"clamor": r["clamor_link_bytes"] if args.netns else r["clamor_bytes"],
+              "broadcast": r.get("bcast_bytes"), "redis": None}
     missing = {s: "not requested (--systems)" for s in SYSTEMS if s not in systems}
     bad = {"clamor": bad_clamor, "broadcast": r.get("bad_bcast", 0)}
 
@@ -554,7 +565,8 @@ def report(args, systems, r, peers, total_s):
             continue
         bad[s] = p["bad"]
         # Ray's workers read the one copy in their host's shared object store
-        batch[s], nbytes[s] = p["s"], r["pickled_bytes"] * (HOSTS if s == "ray" else w)
+        batch[s] = p["s"]
+        nbytes[s] = p["link_bytes"] if args.netns else r["pickled_bytes"] * (hosts if s == "ray" else w)
         if p["bad"]:
             missing[s] = f"answers differ from clamor's on {p['bad']} queries: the comparison is void"
         print(f"{s + ' (broadcast)':22} {p['s']:10.2f}s {1e6 * p['s'] / nq:8.2f}us {mib(nbytes[s]):>15}   "
@@ -617,7 +629,8 @@ def report(args, systems, r, peers, total_s):
         "speedup_vs_dask": speedup("dask", 2),
         "speedup_vs_ray": speedup("ray", 2),
         "time_unit": f"s per batch of {nq:,} queries",
-        "hosts": HOSTS, "rate": None, "systems": systems,
+        "hosts": hosts, "rate": args.rate if args.netns else None, "systems": systems,
+        "clamor_link_bytes": r.get("clamor_link_bytes"),
     }
     for s in SYSTEMS:
         out[f"{s}_iter_s"] = round(batch[s], 4) if batch.get(s) is not None else None

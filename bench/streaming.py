@@ -494,6 +494,78 @@ def mib(n):
     return f"{n / (1 << 20):9.2f} MiB"
 
 
+def on_hosts(args, wl, peers, spark_conf):
+    """``--netns``: clamor's rounds with one remote worker per namespace
+    host (they fetch: no worker shares the driver's host), against the
+    peers' rounds on hosts of their own; every answer checked against the
+    driver's values and the peers'.  Bytes: what crossed the links."""
+    import clamor
+
+    W, rounds = wl.workers, wl.rounds
+    tiny, tiny_keys = tiny_table()
+    with _stream_peers.hosts_for(args.rate, W) as hosts, \
+            _stream_peers.start("clamor", W, hosts, page_size=args.page_size) as cl:
+        table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
+        bits = wl.bits
+
+        def task(part):
+            return [answer(table, part, bits)]
+
+        def warm(part):   # a first task that does not read the region
+            return [answer(tiny, tiny_keys, TINY_BITS)]
+
+        if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
+                [answer(tiny, tiny_keys, TINY_BITS)] * W:
+            raise SystemExit("streaming: the warm-up answer is wrong")
+        print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
+              f"{wl.n} keys; clamor's workers fetch", flush=True)
+        links = _stream_peers.Links(hosts)
+        times, moved, wire = [], [], []
+        ran = {who: p for who, p in peers.items() if "times" in p}
+        for r in range(rounds):
+            shares, expect = wl.begin(r)
+            t = time.perf_counter()
+            got = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
+            times.append(time.perf_counter() - t)
+            st = cl.stage_stats()[-1]
+            moved.append(st["bytes_from_driver"] + st["bytes_from_peers"])
+            wire.append(st["wire_bytes"])
+            single = [answer(table, q, bits) for q in shares]
+            for who, ans in [("clamor", got), ("single process", single)] + [(w, p["answers"][r]) for w, p in ran.items()]:
+                if [tuple(a) for a in ans] != [tuple(a) for a in expect]:
+                    raise SystemExit(f"streaming: round {r}: {who} disagrees with the driver\n  driver {expect}\n"
+                                     f"  {who} {ans}")
+            print(f"{r:>5} | clamor {times[-1]:.4f}s {mib(moved[-1])} | "
+                  + " ".join(f"{who} {p['times'][r]:.4f}s" for who, p in ran.items()), flush=True)
+        link = links.bytes()
+    cl_med = statistics.median(times[1:])
+    figures = {"bench": "streaming", "clamor_round_s": cl_med}
+    for who in _stream_peers.SYSTEMS:
+        p = peers.get(who)
+        figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
+    common = {"clamor": (times, link)}
+    common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
+    for who, (ts, nbytes) in common.items():
+        figures.update({f"{who}_iter_s": statistics.median(ts[1:]), f"{who}_times_s": ts, f"{who}_bytes": nbytes})
+    for who in _stream_peers.SYSTEMS:
+        if who not in ran:
+            p = peers.get(who)
+            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
+                            f"{who}_missing": _stream_peers.why_not(p) if p else "not requested (--systems)"})
+    figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
+                    "clamor_bytes_per_round": moved, "clamor_wire_bytes_per_round": wire,
+                    "peer_versions": {who: p.get("version") for who, p in ran.items()},
+                    "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
+                    "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"],
+                    "table_bytes": int(table.nbytes), "keys": wl.n, "rounds": rounds, "workers": W,
+                    "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "verified": True})
+    for who in ran:
+        print(f"{who}: median over rounds 1..{rounds - 1} {figures[who + '_iter_s']:.4f}s, "
+              f"{figures['speedup_vs_' + who]:.1f}x clamor's ({cl_med:.4f}s)", flush=True)
+    json_line(figures, "streaming-netns" + ("-quick" if args.quick else ""))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds, 3 cold first rounds")
@@ -507,6 +579,10 @@ def main(argv=None):
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--hot", type=int, default=1000, help="the updated key is one of the hottest HOT")
     ap.add_argument("--page-size", type=int, help="clamor page size in bytes (default: the region's)")
+    ap.add_argument("--netns", action="store_true",
+                    help="the peers and clamor with one worker per namespace host (only the rounds: no "
+                         "broadcast baseline, no same-host parts)")
+    ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
     ap.add_argument("--systems", default=",".join(_stream_peers.SYSTEMS),
                     help="peers to run (default spark,dask,ray; clamor always runs; '' for none)")
     ap.add_argument("--no-ray", action="store_true", help="leave Ray out (the peer and the cold first rounds)")
@@ -540,7 +616,8 @@ def main(argv=None):
         wl = workload()
         wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
         return _stream_peers.child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
-                                                              answer(tiny, tiny_keys, TINY_BITS)), spark_conf, args.out)
+                                                              answer(tiny, tiny_keys, TINY_BITS)), spark_conf, args.out,
+                                   args.rate if args.netns else None)
 
     # The peers first, each in a subprocess of its own, while this process
     # has neither a region nor other children.
@@ -549,7 +626,11 @@ def main(argv=None):
                   "--hot", str(args.hot), "--seed", str(args.seed),
                   "--spark-executor-mb", str(spark_conf["executor_mb"]),
                   "--spark-driver-memory", spark_conf["driver_memory"]]
+    if args.netns:
+        child_args += ["--netns", "--rate", args.rate]
     peers = _stream_peers.run_peers(systems, [sys.executable] + child_args, args.timeout)
+    if args.netns:
+        return on_hosts(args, workload(), peers, spark_conf)
 
     # Spawn the plain processes next, before this process has a region.
     with Broadcast(W) as bc, ShmWorkers(W) as shw, RayHelper(W, enabled="ray" in systems) as rh:
@@ -800,7 +881,7 @@ def main(argv=None):
               "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))}
     common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
     for who, (times, nbytes) in common.items():
-        figures.update({f"{who}_iter_s": statistics.mean(times[1:]), f"{who}_times_s": times,
+        figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
                         f"{who}_bytes": int(nbytes)})
     for who in _stream_peers.SYSTEMS:
         p = peers.get(who)
