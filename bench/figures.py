@@ -268,6 +268,8 @@ def machine(recs, override=None):
         d = d or "machine not recorded"
         if d not in seen:
             seen.append(d)
+    # a file that recorded less of the same machine ("2-core" beside "2-core, 24 GiB") adds nothing
+    seen = [d for d in seen if not any(o != d and o.startswith(d + ",") for o in seen)]
     return "; ".join(seen) if seen else "machine not recorded"
 
 
