@@ -49,6 +49,7 @@ import traceback
 
 import numpy as np
 
+import _peerhosts
 import _peers
 from _common import bounds, die_with_parent
 from clamor.demo import geo
@@ -71,25 +72,9 @@ def config(args, pickled_bytes):
 
 
 def hosts_of(cfg):
-    """A context manager: the namespace hosts for ``cfg`` (``--netns``: one
-    a worker, links at ``--rate``), or None on one host."""
-    if not cfg.get("netns"):
-        return contextlib.nullcontext(None)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    import nethosts
-    return nethosts.Hosts(cfg["workers"], rate=cfg["rate"])
-
-
-class Links:
-    """Bytes on the namespace hosts' links since it was made (None on one host)."""
-
-    def __init__(self, hosts):
-        import _peerhosts
-        self.counter = _peerhosts.LinkCounter(hosts) if hosts is not None else None
-        self.start = self.counter.total() if self.counter else 0
-
-    def bytes(self):
-        return self.counter.total() - self.start if self.counter else None
+    """The namespace hosts for ``cfg`` (``--netns``: one a worker, links at
+    ``--rate``), or None on one host: a context manager."""
+    return _peerhosts.hosts_or_none(cfg["workers"], cfg["rate"] if cfg.get("netns") else None)
 
 
 def start(system, cfg, hosts=None):
@@ -100,7 +85,6 @@ def start(system, cfg, hosts=None):
     With ``hosts`` (namespace hosts), one worker per host (``_peerhosts``)."""
     w = cfg["workers"]
     if hosts is not None:
-        import _peerhosts
         return {"clamor": lambda: _peerhosts.clamor_cluster(hosts, page_size=cfg.get("page_size"), progress=None),
                 "spark": lambda: _peerhosts.spark(hosts, cfg["spark_executor_mb"], cfg["spark_driver_memory"],
                                                   conf={"spark.ui.showConsoleProgress": "false"}, app="geo"),
@@ -200,7 +184,7 @@ def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     warm_s = time.perf_counter() - t0
     line, figures = describe(system, h, pids)
     print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
-    links = Links(hosts)
+    links = _peerhosts.LinkWindow(hosts)
     out, bcast_s, total_s = JOBS[system](h, tree, records, parts)
     figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
     return geo.concat(out), figures

@@ -141,7 +141,7 @@ STOP_GRACE = 10.0
 # scatter(broadcast=True) makes; a user who broadcasts turns it off.
 DASK_AMM_OFF = {"distributed.scheduler.active-memory-manager.start": False}
 
-__all__ = ["HOST_ENV", "DASK_AMM_OFF", "RAY_OBJECT_STORE_MB", "PeerMissing", "LinkCounter", "link_bytes",
+__all__ = ["HOST_ENV", "DASK_AMM_OFF", "RAY_OBJECT_STORE_MB", "PeerMissing", "LinkCounter", "LinkWindow", "link_bytes", "hosts_or_none",
            "clamor_cluster", "spark", "dask", "ray_session", "ray_host_nodes", "where"]
 
 
@@ -170,6 +170,27 @@ class LinkCounter:
 def link_bytes(hosts):
     """Bytes both ways on all the hosts' links (tx + rx of the root-side veths)."""
     return LinkCounter(hosts).total()
+
+
+class LinkWindow:
+    """Bytes both ways on the hosts' links from its making on: ``bytes()``;
+    None when ``hosts`` is None (a run on one host has no links)."""
+
+    def __init__(self, hosts):
+        self.counter = LinkCounter(hosts) if hosts is not None else None
+        self.start = self.counter.total() if self.counter else 0
+
+    def bytes(self):
+        return self.counter.total() - self.start if self.counter else None
+
+
+def hosts_or_none(n, rate):
+    """A context manager: ``n`` namespace hosts whose links run at ``rate``
+    (``nethosts.Hosts``), or None (``rate`` None: one host)."""
+    if rate is None:
+        return contextlib.nullcontext(None)
+    import nethosts
+    return nethosts.Hosts(n, rate=rate)
 
 
 # ---- where a task runs --------------------------------------------------------------------

@@ -39,6 +39,8 @@ import sys
 import time
 import traceback
 
+import _peerhosts
+
 SYSTEMS = ("spark", "dask", "ray")
 
 
@@ -53,7 +55,6 @@ def start(system, workers, hosts=None, **conf):
     executor_mb, driver_memory), "dask", "ray".  With ``hosts`` (namespace
     hosts, ``_peerhosts``): one worker per host instead."""
     if hosts is not None:
-        import _peerhosts
         if system == "clamor":
             return _peerhosts.clamor_cluster(hosts, progress=False, **conf)
         if system == "spark":
@@ -80,29 +81,6 @@ def start(system, workers, hosts=None, **conf):
 
 
 # ---- the rounds ----------------------------------------------------------------------------
-
-class Links:
-    """Bytes on the namespace hosts' links since it was made (None on one host)."""
-
-    def __init__(self, hosts):
-        import _peerhosts
-        self.counter = _peerhosts.LinkCounter(hosts) if hosts is not None else None
-        self.start = self.counter.total() if self.counter else 0
-
-    def bytes(self):
-        return self.counter.total() - self.start if self.counter else None
-
-
-def hosts_for(rate, n):
-    """A context manager: ``n`` namespace hosts with links at ``rate``, or
-    None on one host (``rate`` None)."""
-    import contextlib
-    if rate is None:
-        return contextlib.nullcontext(None)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    import nethosts
-    return nethosts.Hosts(n, rate=rate)
-
 
 def run_rounds(wl, name, publish, lookups, retire):
     """Every round of ``wl``: its update, then publish(table) -> h,
@@ -157,7 +135,7 @@ def run_spark(wl, task, warm, conf, hosts=None):
         execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
         print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
         bits = wl.bits
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def lookups(bc, shares):
             return sc.parallelize(shares, len(shares)).map(lambda q: task(bc.value, q, bits)).collect()
@@ -182,7 +160,7 @@ def run_dask(wl, task, warm, conf, hosts=None):
         print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
               f"{used} ran the warm-up", flush=True)
         bits = wl.bits
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def lookups(f, shares):
             return client.gather([client.submit(task, f, q, bits, pure=False) for q in shares])
@@ -206,7 +184,7 @@ def run_ray(wl, task, warm, conf, hosts=None):
         del ref
         print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
         bits = wl.bits
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def lookups(ref, shares):
             return ray.get([look.remote(ref, q, bits) for q in shares])
@@ -234,7 +212,7 @@ def child(system, wl, task, warm, conf, out, rate=None):
 
     res = {"system": system}
     try:
-        with hosts_for(rate, wl.workers) as hosts:
+        with _peerhosts.hosts_or_none(wl.workers, rate) as hosts:
             res.update(RUNNERS[system](wl, task, warm, conf, hosts))
     except _peers.PeerMissing as err:
         res["missing"] = str(err)

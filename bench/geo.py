@@ -394,7 +394,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
-            links = _geo_peers.Links(hosts)
+            links = _geo_peers._peerhosts.LinkWindow(hosts)
             t0 = time.perf_counter()
             parts = cl.parallelize(queries, partitions=P) \
                 .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()

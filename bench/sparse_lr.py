@@ -85,7 +85,6 @@ iterations), ``loss`` (the last iteration's, the same for all), and the
 sizes.
 """
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -95,6 +94,7 @@ import tempfile
 import time
 import traceback
 
+import _peerhosts
 from _common import die_with_parent, json_line, one_blas_thread
 
 one_blas_thread()  # before numpy loads OpenBLAS
@@ -302,19 +302,6 @@ def started(system, meta, hosts):
             "ray": lambda: m.ray_session(hosts)}[system]()
 
 
-class Links:
-    """Bytes on the namespace hosts' links over the timed iterations (zero
-    on one host)."""
-
-    def __init__(self, hosts):
-        import _peerhosts
-        self.counter = _peerhosts.LinkCounter(hosts) if hosts is not None else None
-        self.start = self.counter.total() if self.counter else 0
-
-    def bytes(self):
-        return self.counter.total() - self.start if self.counter else None
-
-
 def run_clamor(d, meta, hosts):
     import clamor
 
@@ -334,7 +321,7 @@ def run_clamor(d, meta, hosts):
         idx = cl.range(P, partitions=P)
         idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
         n_warm = len(cl.stage_stats())
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def grads(_):
             return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
@@ -372,7 +359,7 @@ def run_spark(d, meta, hosts):
         bc.destroy()
         execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
         print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def grads(bc):
             return rdd.mapPartitions(lambda it: [part_grad(bc.value, *p) for p in it]).collect()
@@ -403,7 +390,7 @@ def run_dask(d, meta, hosts):
         holders = {tuple(v) for v in where.values()}
         print(f"  dask: {dask.__version__}, {len(client.scheduler_info()['workers'])} workers, "
               f"partitions on {len(holders)} of them", flush=True)
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def publish(w):
             return client.scatter(w, broadcast=True)
@@ -437,7 +424,7 @@ def run_ray(d, meta, hosts):
         ray.get([warm_task.remote(r, probe) for r in refs])
         del probe
         print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
-        links = Links(hosts)
+        links = _peerhosts.LinkWindow(hosts)
 
         def grads(ref):
             return ray.get([grad_task.remote(ref, r) for r in refs])
@@ -462,12 +449,7 @@ def child(system, d, out):
     meta = load_meta(d)
     res = {"system": system}
     try:
-        with contextlib.ExitStack() as stack:
-            hosts = None
-            if meta["netns"]:
-                sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-                import nethosts
-                hosts = stack.enter_context(nethosts.Hosts(meta["workers"], rate=meta["rate"]))
+        with _peerhosts.hosts_or_none(meta["workers"], meta["rate"]) as hosts:
             times, losses, wU, extra = RUNNERS[system](d, meta, hosts)
         res.update(times=times, losses=losses, extra=extra, phases=PHASES[-len(times):])
         np.save(out + ".w.npy", wU)

@@ -503,7 +503,7 @@ def on_hosts(args, wl, peers, spark_conf):
 
     W, rounds = wl.workers, wl.rounds
     tiny, tiny_keys = tiny_table()
-    with _stream_peers.hosts_for(args.rate, W) as hosts, \
+    with _stream_peers._peerhosts.hosts_or_none(W, args.rate) as hosts, \
             _stream_peers.start("clamor", W, hosts, page_size=args.page_size) as cl:
         table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
         bits = wl.bits
@@ -519,7 +519,7 @@ def on_hosts(args, wl, peers, spark_conf):
             raise SystemExit("streaming: the warm-up answer is wrong")
         print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
               f"{wl.n} keys; clamor's workers fetch", flush=True)
-        links = _stream_peers.Links(hosts)
+        links = _stream_peers._peerhosts.LinkWindow(hosts)
         times, moved, wire = [], [], []
         ran = {who: p for who, p in peers.items() if "times" in p}
         for r in range(rounds):
