@@ -58,6 +58,13 @@ worker processes:
           per partition reading it (zero-copy numpy from the object store),
           ``ray.get`` of the results in partition order.
 
+The full run puts every system on namespace hosts instead (``--netns``, the
+default without ``--quick``; ``--local`` keeps one host): one worker per
+host, links at ``--rate`` (1gbit), the driver in the root namespace
+(``_peerhosts.py``: clamor's remote workers, a Spark standalone cluster,
+Dask workers, Ray nodes), and every system's bytes are those that crossed
+the links.
+
 How each peer is started and stopped is in ``_peers.py``.  Not timed: data
 generation and loading, start-up, and one warm-up task per partition in
 every system (reads its partition; on the peers through a small
