@@ -42,10 +42,8 @@ import contextlib
 import json
 import os
 import pickle
-import subprocess
 import sys
 import time
-import traceback
 
 import numpy as np
 
@@ -205,8 +203,8 @@ def child(system, d, out):
     """``geo.py --run SYSTEM``: run one peer over the data in ``d``; write
     its figures (or why it could not run) to ``out``, its answers beside."""
     die_with_parent()
-    res = {"system": system}
-    try:
+
+    def run():
         with open(os.path.join(d, "config.json")) as f:
             cfg = json.load(f)
         with hosts_of(cfg) as hosts, start(system, cfg, hosts) as h:   # workers before the data, as in geo.py
@@ -215,17 +213,9 @@ def child(system, d, out):
             queries = np.load(os.path.join(d, "queries.npy"))
             (ranked, top_km), figures = run_peer(system, h, cfg, tree, records, queries, hosts)
         np.savez(os.path.join(d, f"answers-{system}.npz"), ranked=ranked, top_km=top_km)
-        res.update(figures)
-    except _peers.PeerMissing as err:
-        res["missing"] = str(err)
-    except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
-        res["error"] = f"{type(err).__name__}: {err}"
-        print(traceback.format_exc(), file=sys.stderr, flush=True)
-    finally:
-        res["left_behind"] = _peers.reap_descendants()
-        with open(out, "w") as f:
-            json.dump(res, f)
-    return 0
+        return figures
+
+    return _peers.child_result(system, out, run)
 
 
 def run_system(system, d, script, timeout):
@@ -233,29 +223,12 @@ def run_system(system, d, script, timeout):
     dict (``answers`` set when it ran; ``error`` when it failed without
     saying why).  Processes it leaves behind are killed and named in
     ``left_behind``; those below this process before it started are not
-    touched."""
+    touched.  This process is a clamor driver: no Python runs between fork
+    and exec (the child sets its own death signal)."""
     out = os.path.join(d, f"result-{system}.json")
     before = {p.pid for p in _peers.descendants()}
-    t = time.perf_counter()
-    # No preexec_fn: this process is a clamor driver, and a fork running
-    # Python code would run the region's fork hooks; without one, subprocess
-    # uses vfork.  The child sets its own death signal (child()).
-    proc = subprocess.Popen([sys.executable, script, "--run", system, "--data", d, "--out", out])
-    try:
-        rc = proc.wait(timeout)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        left = _peers.reap_descendants(exclude=before)   # its orphans, re-parented here
-    try:
-        with open(out) as f:
-            res = json.load(f)
-    except (OSError, ValueError):
-        res = {"system": system, "error": f"the subprocess exited with status {rc} and no result"}
-    res.setdefault("left_behind", []).extend(left)
-    res["wall_s"] = time.perf_counter() - t
+    res = _peers.run_child(system, [sys.executable, script, "--run", system, "--data", d, "--out", out], out,
+                           timeout, preexec=False, exclude=before)
     npz = os.path.join(d, f"answers-{system}.npz")
     if "s" in res and os.path.exists(npz):
         with np.load(npz) as z:

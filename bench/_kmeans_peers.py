@@ -24,11 +24,9 @@ Numpy is imported here at module level: import this module only after
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 import numpy as np
 
@@ -214,22 +212,12 @@ def child(system, d, out):
     die_with_parent()
     import _peers
 
-    res = {"system": system}
-    try:
+    def run():
         c, rounds, extra = RUNNERS[system](d, _meta(d), np.load(os.path.join(d, "init.npy")))
-        res.update(rounds=rounds, extra=extra)
         np.save(out + ".c.npy", c)
-    except _peers.PeerMissing as err:
-        res["missing"] = str(err)
-    except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
-        res["error"] = f"{type(err).__name__}: {err}"
-        res["traceback"] = traceback.format_exc()
-        print(res["traceback"], file=sys.stderr, flush=True)
-    finally:
-        res["left_behind"] = _peers.reap_descendants()
-        with open(out, "w") as f:
-            json.dump(res, f)
-    return 0
+        return {"rounds": rounds, "extra": extra}
+
+    return _peers.child_result(system, out, run)
 
 
 def _run_one(system, d, timeout):
@@ -238,24 +226,7 @@ def _run_one(system, d, timeout):
     import _peers
 
     out = os.path.join(d, f"result-{system}.json")
-    cmd = [sys.executable, KMEANS, "--run", system, "--data", d, "--out", out]
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
-    try:
-        rc = proc.wait(timeout)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        left = _peers.reap_descendants()   # the subprocess's orphans, re-parented here (subreaper)
-    try:
-        with open(out) as f:
-            res = json.load(f)
-    except (OSError, ValueError):
-        res = {"system": system, "error": f"the subprocess exited with status {rc} and no result"}
-    res["left_behind"] = res.get("left_behind", []) + left
-    res["wall_s"] = time.perf_counter() - t
+    res = _peers.run_child(system, [sys.executable, KMEANS, "--run", system, "--data", d, "--out", out], out, timeout)
     if "rounds" in res:
         res["centroids"] = np.load(out + ".c.npy")
     return res

@@ -41,11 +41,13 @@ started at all: not installed, no Java.  Benchmarks report such a peer as
 null with that reason.
 """
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 
 JAVA_HINT = "install Java 17 (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
 
@@ -106,6 +108,69 @@ def reap_descendants(exclude=(), grace=5.0):
             pass
     psutil.wait_procs(alive, timeout=grace)
     return names
+
+
+# ---- a system in a subprocess of its own --------------------------------------------------
+
+def child_result(system, out, run, reasons=()):
+    """In a benchmark's ``--run SYSTEM`` subprocess: ``run()`` -> a dict of
+    figures, written to ``out`` as JSON with ``system``; or why it did not
+    run: ``missing`` (PeerMissing), a key of ``reasons`` ({exception class:
+    key}, e.g. a wrong answer), else ``error`` with the traceback.  Anything
+    still running below this process is killed and named in
+    ``left_behind``.  Returns 0 (the process's exit status)."""
+    res = {"system": system}
+    try:
+        res.update(run())
+    except PeerMissing as err:
+        res["missing"] = str(err)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
+        key = next((k for cls, k in dict(reasons).items() if isinstance(err, cls)), None)
+        if key:
+            res[key] = str(err)
+        else:
+            res["error"] = f"{type(err).__name__}: {err}"
+            res["traceback"] = traceback.format_exc()
+            print(res["traceback"], file=sys.stderr, flush=True)
+    finally:
+        res["left_behind"] = reap_descendants()
+        with open(out, "w") as f:
+            json.dump(res, f)
+    return 0
+
+
+def run_child(system, cmd, out, timeout, preexec=True, exclude=()):
+    """Runs ``cmd`` (a script's ``--run SYSTEM ... --out out``) and returns
+    the dict ``child_result`` wrote (``error`` set when there is none, a
+    time-out included), with ``wall_s``; what it left running is killed
+    and added to ``left_behind``.  Call ``subreaper()`` first so that its
+    orphans are found; processes in ``exclude`` are not touched.
+    ``preexec=False`` from a clamor driver: a fork running Python code
+    would run the region's fork hooks (the child sets its own death
+    signal)."""
+    from _common import die_with_parent
+
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent if preexec else None)
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = f"{proc.wait()} (killed after {timeout:.0f} s)"
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        left = reap_descendants(exclude)
+    try:
+        with open(out) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {"system": system, "error": f"the subprocess exited with status {rc} and no result"}
+    res["left_behind"] = res.get("left_behind", []) + left
+    res["wall_s"] = time.perf_counter() - t
+    return res
 
 
 # ---- Spark ------------------------------------------------------------------------------

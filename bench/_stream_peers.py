@@ -32,12 +32,8 @@ processes it starts; the kernel (``task``) and the workload come from
 streaming.py, so that the peers' cloudpickle sends them by value (a
 function of ``__main__``) and no worker needs to import this module.
 """
-import json
 import os
-import subprocess
-import sys
 import time
-import traceback
 
 import _peerhosts
 
@@ -210,23 +206,11 @@ def child(system, wl, task, warm, conf, out, rate=None):
     answer) for the warm-up task."""
     import _peers
 
-    res = {"system": system}
-    try:
+    def run():
         with _peerhosts.hosts_or_none(wl.workers, rate) as hosts:
-            res.update(RUNNERS[system](wl, task, warm, conf, hosts))
-    except _peers.PeerMissing as err:
-        res["missing"] = str(err)
-    except WrongAnswer as err:
-        res["wrong"] = str(err)
-    except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
-        res["error"] = f"{type(err).__name__}: {err}"
-        res["traceback"] = traceback.format_exc()
-        print(res["traceback"], file=sys.stderr, flush=True)
-    finally:
-        res["left_behind"] = _peers.reap_descendants()
-        with open(out, "w") as f:
-            json.dump(res, f)
-    return 0
+            return RUNNERS[system](wl, task, warm, conf, hosts)
+
+    return _peers.child_result(system, out, run, {WrongAnswer: "wrong"})
 
 
 def run_system(system, cmd, out, timeout):
@@ -234,29 +218,8 @@ def run_system(system, cmd, out, timeout):
     subprocess; its result dict, "error" set when it ended without one.
     Call ``_peers.subreaper()`` first so that what it leaves is found."""
     import _peers
-    from _common import die_with_parent
 
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
-    try:
-        rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = f"{proc.wait()} (killed after {timeout:.0f} s)"
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        left = _peers.reap_descendants()   # the subprocess's orphans, re-parented here
-    try:
-        with open(out) as f:
-            res = json.load(f)
-    except (OSError, ValueError):
-        res = {"system": system, "error": f"the subprocess exited with status {rc} and no result"}
-    if left:
-        res.setdefault("left_behind", []).extend(left)
-    res["wall_s"] = time.perf_counter() - t
+    res = _peers.run_child(system, cmd, out, timeout)
     if "answers" in res:
         res["answers"] = [[tuple(a) for a in rnd] for rnd in res["answers"]]
     return res

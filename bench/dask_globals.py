@@ -350,22 +350,6 @@ def near_disc_range(offsets, centre, radius):
 
 # ---- hosts ----------------------------------------------------------------------------------
 
-class LinkCounter:
-    """Bytes into and out of the worker hosts: the root-side veths' tx and rx counters."""
-
-    def __init__(self, veths):
-        self.veths = veths
-
-    def read(self):
-        tx = rx = 0
-        for v in self.veths:
-            with open(f"/sys/class/net/{v}/statistics/tx_bytes") as f:
-                tx += int(f.read())
-            with open(f"/sys/class/net/{v}/statistics/rx_bytes") as f:
-                rx += int(f.read())
-        return tx, rx
-
-
 class NoLinks:
     def read(self):
         return 0, 0
@@ -401,7 +385,8 @@ def start_netns(args, tmp, secret, stack):
                  "--death-timeout", "60"], env=env, stdin=subprocess.DEVNULL, stdout=wlog,
                 stderr=subprocess.STDOUT)
     client.wait_for_workers(args.workers, timeout=120)
-    return client, hosts, root, LinkCounter([h.veth for h in hosts])
+    import _peerhosts
+    return client, hosts, root, _peerhosts.LinkCounter(hosts)
 
 
 def start_local(args):

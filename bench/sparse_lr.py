@@ -95,11 +95,9 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 import _peerhosts
 from _common import die_with_parent, json_line, one_blas_thread
@@ -448,30 +446,21 @@ RUNNERS = {"clamor": run_clamor, "spark": run_spark, "dask": run_dask, "ray": ru
 
 def child(system, d, out):
     """``--run SYSTEM``: run one system over the data in ``d``; write its
-    figures to ``out`` (.npz) or the reason it could not run."""
+    figures to ``out`` (its weights beside, .w.npy) or the reason it could
+    not run."""
     die_with_parent()
     sys.path.insert(0, HERE)
     import _peers
 
     meta = load_meta(d)
-    res = {"system": system}
-    try:
+
+    def run():
         with _peerhosts.hosts_or_none(meta["workers"], meta["rate"]) as hosts:
             times, losses, wU, extra = RUNNERS[system](d, meta, hosts)
-        res.update(times=times, losses=losses, extra=extra, phases=PHASES[-len(times):])
         np.save(out + ".w.npy", wU)
-    except _peers.PeerMissing as err:
-        res["missing"] = str(err)
-    except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
-        res["error"] = f"{type(err).__name__}: {err}"
-        res["traceback"] = traceback.format_exc()
-        print(res["traceback"], file=sys.stderr, flush=True)
-    finally:
-        left = _peers.reap_descendants()
-        res["left_behind"] = left
-        with open(out, "w") as f:
-            json.dump(res, f)
-    return 0
+        return {"times": times, "losses": losses, "extra": extra, "phases": PHASES[-len(times):]}
+
+    return _peers.child_result(system, out, run)
 
 
 def run_system(system, d, timeout):
@@ -480,26 +469,8 @@ def run_system(system, d, timeout):
     import _peers
 
     out = os.path.join(d, f"result-{system}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--run", system, "--data", d, "--out", out]
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
-    try:
-        rc = proc.wait(timeout)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        left = _peers.reap_descendants()   # the subprocess's orphans, re-parented here
-    wall = time.perf_counter() - t
-    try:
-        with open(out) as f:
-            res = json.load(f)
-    except (OSError, ValueError):
-        res = {"system": system, "error": f"the subprocess exited with status {rc} and no result"}
-    if left:
-        res.setdefault("left_behind", []).extend(left)
-    res["wall_s"] = wall
+    res = _peers.run_child(system, [sys.executable, os.path.abspath(__file__), "--run", system, "--data", d,
+                                    "--out", out], out, timeout)
     if "times" in res:
         res["w"] = np.load(out + ".w.npy")
     return res
