@@ -157,6 +157,13 @@ int clamor_py_numpy_dims_flush(int inside);
 unsigned long clamor_py_region_dropped(void);
 long clamor_py_freelists_flush(void);
 long clamor_py_rehome(uintptr_t objs);
+void clamor_py_gate_close(void);
+void clamor_py_gate_open(void);
+int clamor_py_gate_blocks(void);
+#define CLAMOR_GATE_MAX_SOCKETS 16
+int clamor_py_gate_poll(const uintptr_t *sockets, int n, long timeout_ms, short *revents, const int *abort_);
+void clamor_py_gate_release(void);
+void clamor_py_gate_wake(void);
 uintptr_t clamor_py_numpy_handler(void);
 enum clamor_field {
     CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,

@@ -352,6 +352,24 @@ int cl_py_numpy_ready(void);
  * how many region objects were on them, or -1 (the error is printed). */
 long clamor_py_freelists_flush(void);
 
+/* ---- pygate.c: clamor's Python threads keep out of heap() blocks ------- */
+
+/* A heap() block opens (waits until no clamor thread runs Python code) and
+ * closes; nested blocks count each. */
+void clamor_py_gate_close(void);
+void clamor_py_gate_open(void);
+int clamor_py_gate_blocks(void);
+/* A clamor thread: zmq_poll() the n sockets (pyzmq's `underlying` handles)
+ * for input, then wait until no block is open and count the thread busy.
+ * Returns zmq_poll's result (-errno on error; revents[i] set), or
+ * -ECANCELED, not busy, when *abort_ was set during the wait.  Busy ends
+ * with clamor_py_gate_release(); clamor_py_gate_wake() wakes waiters to
+ * read their abort flags. */
+#define CLAMOR_GATE_MAX_SOCKETS 16
+int clamor_py_gate_poll(const uintptr_t *sockets, int n, long timeout_ms, short *revents, const int *abort_);
+void clamor_py_gate_release(void);
+void clamor_py_gate_wake(void);
+
 /* ---- pyshare.c: what share() cannot see (the Python extension only) ----- */
 
 /* The pointer fields of the object at `obj` that hold no Python reference,

@@ -57,27 +57,38 @@ def heap():
     # later version of it.
     if lib.clamor_py_numpy_enter() != 0:
         raise errors.ClamorError("could not set clamor's numpy allocator")
-    # A full collection empties CPython's free lists (floats, tuples, lists,
-    # dicts, ...), which would otherwise hand the block objects allocated
-    # earlier outside the region, and, after it, hand region objects to code
-    # outside it.
-    gc.collect()
-    rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
-    if rc:
-        lib.clamor_py_numpy_exit()
-        check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
-    # numpy's cache of shape buffers, like the free lists, would hand the
-    # block buffers freed outside it (and, after it, hand region buffers out)
-    _flush_dims(True)
+    # clamor's own threads (the control endpoint's handshakes) stop running
+    # Python code before the collection below and until the block ends:
+    # what they free would go to the same free lists (csrc/pygate.c).
+    outer = not active()
+    if outer:
+        lib.clamor_py_gate_close()
     try:
-        yield
-    finally:
-        lib.clamor_heap_exit()
-        lib.clamor_py_numpy_exit()
+        # A full collection empties CPython's free lists (floats, tuples,
+        # lists, dicts, ...), which would otherwise hand the block objects
+        # allocated earlier outside the region, and, after it, hand region
+        # objects to code outside it.
         gc.collect()
-        _flush_dims(active())   # an inner block's end is still inside the outer one
-        if not active():
-            _rehome()
+        rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
+        if rc:
+            lib.clamor_py_numpy_exit()
+            check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
+        try:
+            # numpy's cache of shape buffers, like the free lists, would hand
+            # the block buffers freed outside it (and, after it, hand region
+            # buffers out)
+            _flush_dims(True)
+            yield
+        finally:
+            lib.clamor_heap_exit()
+            lib.clamor_py_numpy_exit()
+            gc.collect()
+            _flush_dims(active())   # an inner block's end is still inside the outer one
+            if not active():
+                _rehome()
+    finally:
+        if outer:
+            lib.clamor_py_gate_open()
 
 
 # ``clamor.heap`` is this module's function, which hides the module in the

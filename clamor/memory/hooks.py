@@ -121,9 +121,11 @@ def suspended():
     # reference; a runtime one reused in the block would not be shareable).
     gc.collect()
     _flush_dims(False)
+    lib.clamor_py_gate_open()     # clamor's threads may run meanwhile (a worker's handshake)
     try:
         yield
     finally:
+        lib.clamor_py_gate_close()
         lib.clamor_py_numpy_exit()
         gc.collect()
         lib.clamor_heap_resume(depth)

@@ -28,6 +28,7 @@ the clear: for trusted networks only.
 The keys follow the secret: the default secret is new for every Cluster,
 so are the keys; a secret given by the user keeps them across clusters.
 """
+import errno
 import hashlib
 import logging
 import os
@@ -40,6 +41,7 @@ from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
+from .._native import ffi, lib
 from ..memory import region
 
 log = logging.getLogger("clamor.security")
@@ -132,7 +134,13 @@ class Security:
 class Guard(threading.Thread):
     """A process's ZAP handler for the sockets of ``ctx``, which also logs
     handshakes that failed on the sockets passed to ``watch`` (before they
-    bind): one line per socket, then at most one a minute with a count."""
+    bind): one line per socket, then at most one a minute with a count.
+
+    It runs Python code only between clamor.heap() blocks of this process:
+    what it frees (a request's frames) goes to the interpreter's free lists,
+    which a block's objects would come from.  It waits for its sockets and
+    then for the gate in C (csrc/pygate.c), so nothing is made or freed
+    between the two."""
 
     def __init__(self, ctx, security, name="clamor"):
         super().__init__(name="clamor-guard", daemon=True)
@@ -142,10 +150,8 @@ class Guard(threading.Thread):
         self.zap.linger = 0
         self.zap.bind("inproc://zeromq.zap.01")
         self.monitors = {}
-        # woken only by a request, a failed handshake or stop(): a thread
-        # that wakes on a timer makes and frees Python objects while another
-        # thread is inside clamor.heap(), and those refill the free lists it
-        # takes its objects from, outside the region
+        # woken only by a request, a failed handshake or stop(), never on a
+        # timer: each wake-up waits for the heap() blocks to end
         self._wake = ctx.socket(zmq.PAIR)
         self._wake.linger = 0
         self._wake.bind(f"inproc://clamor-guard-{id(self):x}")
@@ -153,31 +159,52 @@ class Guard(threading.Thread):
         self._waker.linger = 0
         self._waker.connect(f"inproc://clamor-guard-{id(self):x}")
         self.stopping = threading.Event()
+        self._abort = ffi.new("int[1]")
         self.admitted = self.refused = 0
 
     def watch(self, sock, what):
         self.monitors[sock.get_monitor_socket(_FAILED)] = [what, 0, 0.0]   # failures, last logged
 
     def run(self):
-        poller = zmq.Poller()
-        poller.register(self.zap, zmq.POLLIN)
-        poller.register(self._wake, zmq.POLLIN)
-        for m in self.monitors:
-            poller.register(m, zmq.POLLIN)
+        socks = [self.zap, self._wake, *self.monitors]
+        if len(socks) > lib.CLAMOR_GATE_MAX_SOCKETS:
+            raise errors.ClamorError(f"a guard watches at most {lib.CLAMOR_GATE_MAX_SOCKETS - 2} sockets")
+        handles = ffi.new("uintptr_t[]", [s.underlying for s in socks])
+        revents = ffi.new("short[]", len(socks))
         try:
             while not self.stopping.is_set():
-                for sock, _ in poller.poll():
-                    if sock is self.zap:
-                        self._answer()
-                    elif sock is not self._wake:
-                        self._failed(sock)
-        except zmq.ContextTerminated:
-            pass
+                rc = lib.clamor_py_gate_poll(handles, len(socks), -1, revents, self._abort)
+                if rc == -errno.ECANCELED:
+                    break
+                try:
+                    if rc == -errno.EINTR:
+                        continue
+                    if rc < 0:             # the context ended (ETERM), or worse
+                        if -rc != zmq.ETERM:
+                            log.error("%s: the handshake handler stopped: %s", self.where, zmq.strerror(-rc))
+                        break
+                    self._serve(socks, revents)
+                finally:
+                    lib.clamor_py_gate_release()
         finally:
             for m in self.monitors:
                 m.close()
             self.zap.close()
             self._wake.close()
+
+    def _serve(self, socks, revents):
+        try:
+            for i, sock in enumerate(socks):
+                if not revents[i]:
+                    continue
+                if sock is self.zap:
+                    self._answer()
+                elif sock is self._wake:
+                    self._wake.recv(zmq.NOBLOCK)
+                else:
+                    self._failed(sock)
+        except zmq.ZMQError:
+            pass
 
     def _answer(self):
         frames = self.zap.recv_multipart()
@@ -207,6 +234,8 @@ class Guard(threading.Thread):
 
     def stop(self):
         self.stopping.set()
+        self._abort[0] = 1            # even while another thread holds a heap() block open
+        lib.clamor_py_gate_wake()
         try:
             self._waker.send(b"", flags=zmq.NOBLOCK)
         except zmq.ZMQError:

@@ -1,0 +1,121 @@
+"""clamor's own threads in the driver keep out of heap() blocks.
+
+CPython's free lists are shared by every thread.  The driver's control
+endpoint answers handshakes in a thread of its own (the Guard); what it
+frees while the main thread is inside clamor.heap() went to the free lists
+the block's next objects came from, outside the region, and share()
+refused a list the block had built (seen under load, as a worker's
+handshake landed in a block right after Cluster.start()).  The gate in
+csrc/pygate.c holds the Guard until the block ends.
+
+Each scenario runs a driver in its own interpreter; the handshake comes
+from another process, so that no Python code of the driver runs but the
+Guard's.
+"""
+from helpers import scenario
+
+MEMBER = """
+import subprocess, sys
+SECRET = "gate-test-secret-0123456789abcdef"
+
+def member_connects_in(delay, endpoint):
+    # another process that holds the secret connects after ``delay`` s and
+    # stays (a handshake, nothing sent)
+    code = ("import time, zmq\\n"
+            "from clamor.runtime.security import Security\\n"
+            f"time.sleep({delay})\\n"
+            "ctx = zmq.Context()\\n"
+            "d = ctx.socket(zmq.DEALER)\\n"
+            f"Security({SECRET!r}).client(d)\\n"
+            f"d.connect({endpoint!r})\\n"
+            "time.sleep(30)\\n")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+def admitted_after(cl, n, timeout=15):
+    deadline = time.monotonic() + timeout
+    while cl._guard.admitted < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return cl._guard.admitted
+"""
+
+
+def test_a_handshake_during_a_block_waits_and_the_block_keeps_its_lists_in_the_region():
+    out = scenario(MEMBER + """
+with clamor.Cluster(workers=1, progress=False, secret=SECRET) as cl:
+    before = cl._guard.admitted
+    peer = member_connects_in(0.3, cl.endpoint)
+    try:
+        with clamor.heap():
+            time.sleep(3.0)                     # the peer's handshake arrives meanwhile
+            objs = [[i, float(i) + 0.5, (i, str(i))] for i in range(3000)]
+            during = cl._guard.admitted
+        after = admitted_after(cl, before + 1)
+        outside = [i for i, o in enumerate(objs) if not region.contains(id(o))][:5]
+        shared = attempt(clamor.share, objs)
+        got = cl.parallelize(range(2), 2).map(lambda k: sum(o[1] for o in objs[k::2])).collect()
+    finally:
+        peer.kill()
+print(json.dumps({"before": before, "during": during, "after": after, "outside": outside,
+                  "list": region.contains(id(objs)), "shared": shared, "got": got}))
+""", timeout=120)
+    assert out["during"] == out["before"], out          # the Guard waited for the block
+    assert out["after"] == out["before"] + 1, out       # and then admitted the member
+    assert out["list"] and out["outside"] == [], out
+    assert out["shared"][0] == "ok", out
+    assert out["got"] == [sum(i + 0.5 for i in range(k, 3000, 2)) for k in range(2)], out
+
+
+def test_a_handshake_while_a_cluster_starts_inside_a_block_is_answered():
+    """Cluster.start() inside a block suspends it; the Guard must answer
+    the workers' handshakes then, or start() waits for nothing."""
+    out = scenario(MEMBER + """
+with clamor.heap():
+    with clamor.Cluster(workers=2, progress=False, secret=SECRET, start_timeout=30) as cl:
+        inner = [[i] for i in range(100)]
+        got = cl.range(4).map(lambda i: i * 2).collect()
+        n = len(cl.worker_pids)
+print(json.dumps({"got": got, "workers": n, "inner": all(region.contains(id(x)) for x in inner)}))
+""", timeout=120)
+    assert out == {"got": [0, 2, 4, 6], "workers": 2, "inner": True}, out
+
+
+def test_closing_a_cluster_from_another_thread_during_a_block_does_not_hang():
+    """The Guard waits for a block to end; stopping it from another thread
+    while the block stays open aborts the wait."""
+    out = scenario(MEMBER + """
+cl = clamor.Cluster(workers=1, progress=False, secret=SECRET).start()
+guard = cl._guard
+with clamor.heap():
+    t = threading.Thread(target=cl.close)
+    t.start()
+    t.join(40)
+    closed = not t.is_alive()
+    guard_gone = not guard.is_alive()
+print(json.dumps({"closed": closed, "guard_gone": guard_gone, "workers": len(cl.worker_pids)}))
+""", timeout=120)
+    assert out["closed"] and out["guard_gone"], out
+
+
+def test_nested_and_suspended_blocks_keep_the_gate_count():
+    """Only a thread's outermost block counts; suspended() opens it for
+    the while; an error in the block leaves it open."""
+    out = scenario("""
+from clamor._native import lib
+seen = [lib.clamor_py_gate_blocks()]
+with clamor.heap():
+    seen.append(lib.clamor_py_gate_blocks())
+    with clamor.heap():
+        seen.append(lib.clamor_py_gate_blocks())
+        with clamor.heap.suspended():
+            seen.append(lib.clamor_py_gate_blocks())
+        seen.append(lib.clamor_py_gate_blocks())
+    seen.append(lib.clamor_py_gate_blocks())
+try:
+    with clamor.heap():
+        raise KeyError("in the block")
+except KeyError:
+    pass
+seen.append(lib.clamor_py_gate_blocks())
+print(json.dumps(seen))
+""")
+    assert out == [0, 1, 1, 0, 1, 1, 0], out
