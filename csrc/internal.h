@@ -352,6 +352,17 @@ int cl_py_numpy_ready(void);
  * how many region objects were on them, or -1 (the error is printed). */
 long clamor_py_freelists_flush(void);
 
+/* ---- pyfinger.c: what a forked worker reads of an inherited object ----- */
+
+/* Fingerprints of the n live objects at objs[i] into out[i] (0: identity
+ * only, for types, functions, code, modules); returns n.  Takes the GIL. */
+long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n);
+/* ids: sorted addresses of a snapshot, fps their fingerprints.  has: was
+ * there an object at addr?  inherited: 1 if the live object obj reads as
+ * the snapshot's at its address, 0 if none was there, -1 if it differs. */
+int clamor_py_snapshot_has(uint64_t addr, const uint64_t *ids, size_t n);
+int clamor_py_inherited(uintptr_t obj, const uint64_t *ids, const uint64_t *fps, size_t n);
+
 /* ---- pygate.c: clamor's Python threads keep out of heap() blocks ------- */
 
 /* A heap() block opens (waits until no clamor thread runs Python code) and

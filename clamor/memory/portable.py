@@ -58,13 +58,10 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .walk import _HEAPTYPE, _MANAGED_DICT, _walk
+from .walk import _DATA_ONLY, _HAVE_GC, _HEAPTYPE, _walk, pointer_extents, read_changed, read_digests
 
 NotShareable = errors.NotShareable
 
-_HAVE_GC = 1 << 14
-# types whose words past the type pointer are data (never read as pointers)
-_DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.datetime64, np.timedelta64)
 _CONST_SCALARS = (int, float, complex, str, bytes)
 _HASHED_BY_SEED = (str, bytes)
 _ARRAY_CACHE = lib.clamor_py_array_cache_offset()
@@ -302,27 +299,9 @@ class _Mode:
                                    f"derived from {_solid_name(t)} is not portable to workers not forked from the "
                                    f"driver (its data would be read as pointers): use the built-in type")
             self.extents.append((a + 8, 8, True, path, "type"))
-        else:
-            body = lib.clamor_py_body_size(a)
-            # (a set's body and a dtype's hold a few hashes: one that looks
-            # like a private address refuses it, rather than pass a pointer)
-            self.extents.append((a + 8, max(0, body - 8), True, path, "body"))
-            if flags & _HEAPTYPE and flags & _MANAGED_DICT:
-                pre = 16 + (16 if flags & _HAVE_GC else 0)
-                self.extents.append((a - pre, 16, True, path, "dict pointers"))
-        for code, addr in _pyshare.fields(o):
-            if code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_VALUES,
-                        lib.CLAMOR_FIELD_TABLE, lib.CLAMOR_FIELD_SUBARRAY, lib.CLAMOR_FIELD_CMETA) \
-                    or (code == lib.CLAMOR_FIELD_DATA and isinstance(o, np.ndarray) and o.dtype.hasobject
-                        and o.base is None):
-                if not region.contains(addr, 1):
-                    continue     # (checked by share(): a static empty table)
-                lo, n = _block(addr)
-                if code == lib.CLAMOR_FIELD_ITEMS:
-                    lo, n = addr, 8 * len(o)     # (the spare capacity past the items holds old words)
-                # a keys table and a set's table hold hashes, values tables spare slots: data
-                strict = code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_DATA, lib.CLAMOR_FIELD_SUBARRAY)
-                self.extents.append((lo, n, strict, path, _pyshare.FIELD_NAMES[code]))
+        # (a set's body and a dtype's hold a few hashes: one that looks like
+        # a private address refuses it, rather than pass a pointer)
+        self.extents += pointer_extents(o, path, body=not isinstance(o, _DATA_ONLY) or t is np.void)
         if self.seeded is None and isinstance(o, (dict, set, frozenset)):
             if any(_seeded(k) for k in (o.keys() if isinstance(o, dict) else o)):
                 self.seeded = f"{path} (in {self.root})" if self.root else str(path)
@@ -339,13 +318,6 @@ def _solid_name(t):
         if not b.__flags__ & _HEAPTYPE:
             return b.__name__
     return "object"
-
-
-def _block(addr):
-    start, size = ffi.new("uintptr_t *"), ffi.new("size_t *")
-    if lib.clamor_block_of(ffi.cast("void *", addr), start, size) != 0:
-        return addr, 8
-    return int(start[0]), int(size[0])
 
 
 class Relocations:
@@ -385,7 +357,7 @@ class Relocations:
         if changed.size:
             ch = set(changed.tolist())
             todo.update((k, self.roots[k]) for k, (_, read) in self.per_root.items()
-                        if k in self.roots and _read_changed(read, ch))
+                        if k in self.roots and read_changed(read, ch))
         if not todo and not self.orphans:
             self.changed = []
             return np.zeros(0, np.uint64)
@@ -398,7 +370,7 @@ class Relocations:
             mode = _Mode(t)
             mode.root = f"a region {type(r).__name__} at {id(r):#x}"
             _walk(r, limit, mode)
-            walked[k] = (_entries(mode, t, amap), _read(mode))
+            walked[k] = (_entries(mode, t, amap), read_digests(mode.extents))
             seeded = seeded or mode.seeded
         if seeded is not None and not seeds_agree:
             raise NotShareable(seed_message(seeded))
@@ -518,35 +490,6 @@ def _entries(mode, t, amap=None):
     for chunk in np.split(np.arange(len(addrs)), cuts):
         out[int(pages[chunk[0]])] = rec[chunk].tobytes()
     return out
-
-
-def _read(mode):
-    """{page: (the byte ranges of it the walk read, their digest)}.  The
-    walk's result depends on those bytes only (reference counts and the
-    collector's links are not among them), so a page the driver changed
-    whose ranges read the same needs no new walk."""
-    base, ps = region.base(), region.page_size()
-    spans = {}
-    for lo, n, *_ in mode.extents:
-        pos, end = lo, lo + n
-        while pos < end:
-            page = (pos - base) // ps
-            stop = min(end, base + (page + 1) * ps)
-            spans.setdefault(page, []).append((pos, stop - pos))
-            pos = stop
-    return {page: (rs, _digest(rs)) for page, rs in spans.items()}
-
-
-def _digest(ranges):
-    h = hashlib.blake2b(digest_size=16)
-    for lo, n in ranges:
-        h.update(ctypes.string_at(lo, n))
-    return h.digest()
-
-
-def _read_changed(read, changed):
-    """Did any page of ``changed`` change where the walk read it?"""
-    return any(p in read and _digest(read[p][0]) != read[p][1] for p in changed)
 
 
 def check(obj, limit=20_000_000, seed=True):

@@ -5,7 +5,7 @@ driver, ``clamor.memory.portable`` decides what they can have and lists
 the words to relocate.
 """
 from . import portable as _portable
-from .walk import _walk, note_fork  # noqa: F401  (note_fork: the Cluster's)
+from .walk import Reads, _walk, note_fork  # noqa: F401  (note_fork: the Cluster's)
 from ..errors import NotShareable, ShareWarning  # noqa: F401  (share()'s own)
 
 
@@ -30,3 +30,11 @@ def share(obj, limit=20_000_000, portable=False):
         return obj
     _walk(obj, limit, None)
     return obj
+
+
+def vouch(obj, limit=20_000_000):
+    """share(obj) for the runtime: returns the ``Reads`` the verdict rests
+    on, so that the check is made again once they change."""
+    reads = Reads()
+    _walk(obj, limit, None, reads)
+    return reads.seal()

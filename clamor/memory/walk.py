@@ -28,13 +28,18 @@ A region instance of a class gets a dict with keys of its own, in the
 region (see ``_own_keys``).
 
 "Inherited" is what existed when the last Cluster of this process forked
-its workers (snapshot in ``note_fork``); before any fork, only objects that
+its workers, and still reads as it did then (snapshot in ``note_fork``,
+with a fingerprint of each object: a float made after the fork at the
+address of one freed since is not the float the workers have); before any
+fork, only objects that
 every process of the same image has (types, modules, functions and code
 objects, builtins, small ints, interned singletons, and whatever lies in a
 loaded image's own memory) count.
 """
 import array
+import ctypes
 import gc
+import hashlib
 import sys
 import types
 import warnings
@@ -43,10 +48,10 @@ import numpy as np
 
 from . import _pyshare, region
 from .. import errors
-from .._native import lib
+from .._native import ffi, lib
 from .hooks import HANDLER
 
-_inherited = None  # ids of objects alive at the last fork
+_inherited = None  # _Snapshot of the objects alive at the last fork
 # Instance dicts _own_keys rewrote: the dicts and key tables that died then
 # may sit on CPython's free lists, which the runtime empties before it
 # pickles what travels (hooks.release_dropped).
@@ -56,20 +61,48 @@ conversions = [0]
 from ..errors import NotShareable, ShareWarning  # noqa: E402,F401  (share()'s own)
 
 
+class _Snapshot:
+    """The addresses of the objects alive at a fork (sorted), each with a
+    fingerprint of what a reader sees of it then (csrc/pyfinger.c): an
+    address alone cannot tell the object the workers inherited from one
+    made later at the same address, after the first was freed."""
+
+    def __init__(self, ids, fps):
+        self.ids, self.fps, self.n = ids, fps, len(ids)
+        self._ids = ffi.cast("uint64_t *", ids.ctypes.data)
+        self._fps = ffi.cast("uint64_t *", fps.ctypes.data)
+
+    def __len__(self):
+        return self.n
+
+    def has(self, addr):
+        """Was an object at ``addr`` at the fork?"""
+        return bool(lib.clamor_py_snapshot_has(addr, self._ids, self.n))
+
+    def same(self, o):
+        """1: ``o`` reads as the object the workers inherited at its
+        address; 0: nothing was there; -1: another object, or this one
+        changed since."""
+        return lib.clamor_py_inherited(id(o), self._ids, self._fps, self.n)
+
+
 def note_fork():
     """Remember what the workers about to be forked will inherit."""
     global _inherited
-    # Neither the last snapshot nor the one being built may be walked: a set
-    # is a gc container whose referents are its int ids, so each fork would
-    # add the ids of those ints and the snapshot would double per Cluster.
     _inherited = None
     objs = gc.get_objects()
-    ids = set()
+    ids = []
     for o in objs:
-        ids.add(id(o))
-        for r in gc.get_referents(o):
-            ids.add(id(r))
-    _inherited = ids
+        ids.append(id(o))
+        ids.extend(map(id, gc.get_referents(o)))
+    ids = np.unique(np.array(ids, dtype=np.uint64))
+    fps = np.empty_like(ids)
+    # every object is alive while ``objs`` holds it or the objects that
+    # refer to it; the call runs no Python code
+    lib.clamor_py_fingerprints(ffi.cast("uint64_t *", ids.ctypes.data), ffi.cast("uint64_t *", fps.ctypes.data),
+                               len(ids))
+    del objs
+    _inherited = _Snapshot(ids, fps)
 
 
 _STATIC = (type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType, types.CodeType,
@@ -85,14 +118,20 @@ def _ok_outside(o):
         # a static (C) type is in every process of the image; a class,
         # function or code object made after the fork is not
         static = isinstance(o, type) and not (o.__flags__ & _HEAPTYPE)
-        return static or _inherited is None or id(o) in _inherited
+        return static or _inherited is None or _inherited.has(id(o))
     if isinstance(o, _STATIC) or o is None or o is True or o is False or o is Ellipsis or o is NotImplemented:
         return True
     if type(o) is int and -5 <= o <= 256:
         return True
     if type(o) is str and (not o or (len(o) == 1 and ord(o) < 256)):
         return True  # the empty string and the Latin-1 characters are singletons
-    return _inherited is not None and id(o) in _inherited
+    return _inherited is not None and _inherited.same(o) == 1
+
+
+def _replaced(o):
+    """Is ``o`` at the address of an object the workers inherited, but not
+    that object as they have it?"""
+    return _inherited is not None and _inherited.same(o) == -1
 
 
 class _Path:
@@ -142,6 +181,121 @@ def _children(o):
 
 
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
+_HAVE_GC = 1 << 14      # Py_TPFLAGS_HAVE_GC
+# types whose words past the type pointer are data (never read as pointers)
+_DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.datetime64, np.timedelta64)
+# what cannot change in place: an inherited one stays as the workers have it
+# while a region object holds it
+_FROZEN = _DATA_ONLY + (tuple, frozenset, type(None), type(Ellipsis), type(NotImplemented)) + _STATIC
+
+
+def _block(addr):
+    """(start, length) of the region block holding ``addr``, or (addr, 8)."""
+    start, size = ffi.new("uintptr_t *"), ffi.new("size_t *")
+    if lib.clamor_block_of(ffi.cast("void *", addr), start, size) != 0:
+        return addr, 8
+    return int(start[0]), int(size[0])
+
+
+def pointer_extents(o, path=None, body=True):
+    """The byte ranges a reader of the region object ``o`` follows
+    pointers from, as (start, length, strict, path, what): its body past
+    the reference count (``body``), a class instance's dict pointers, and
+    the tables its raw fields lead to (an item array, a dict's keys and
+    values, a set's table, an object array's data, a dtype's sub-array and
+    C metadata).  ``strict``: every word there is a pointer or null; the
+    others may also hold hashes and spare slots."""
+    t, a = type(o), id(o)
+    flags = t.__flags__
+    out = []
+    if body:
+        out.append((a + 8, max(0, lib.clamor_py_body_size(a) - 8), True, path, "body"))
+        if flags & _HEAPTYPE and flags & _MANAGED_DICT:
+            pre = 16 + (16 if flags & _HAVE_GC else 0)
+            out.append((a - pre, 16, True, path, "dict pointers"))
+    for code, addr in _pyshare.fields(o):
+        if code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_VALUES,
+                    lib.CLAMOR_FIELD_TABLE, lib.CLAMOR_FIELD_SUBARRAY, lib.CLAMOR_FIELD_CMETA) \
+                or (code == lib.CLAMOR_FIELD_DATA and isinstance(o, np.ndarray) and o.dtype.hasobject
+                    and o.base is None):
+            if not region.contains(addr, 1):
+                continue     # (checked by share(): a static empty table)
+            lo, n = _block(addr)
+            if code == lib.CLAMOR_FIELD_ITEMS:
+                lo, n = addr, 8 * len(o)     # (the spare capacity past the items holds old words)
+            # a keys table and a set's table hold hashes, values tables spare slots: data
+            strict = code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_DATA, lib.CLAMOR_FIELD_SUBARRAY)
+            out.append((lo, n, strict, path, _pyshare.FIELD_NAMES[code]))
+    return out
+
+
+def read_digests(extents):
+    """{page: (the byte ranges of it in ``extents``, their digest)}.  A walk's
+    verdict depends on the bytes it read pointers from only (reference
+    counts and the collector's links are not among them), so a page the
+    driver changed whose ranges read the same needs no new walk."""
+    base, ps = region.base(), region.page_size()
+    spans = {}
+    for lo, n, *_ in extents:
+        pos, end = lo, lo + n
+        while pos < end:
+            page = (pos - base) // ps
+            stop = min(end, base + (page + 1) * ps)
+            spans.setdefault(page, []).append((pos, stop - pos))
+            pos = stop
+    return {page: (rs, _digest(rs)) for page, rs in spans.items()}
+
+
+def _digest(ranges):
+    h = hashlib.blake2b(digest_size=16)
+    for lo, n in ranges:
+        h.update(ctypes.string_at(lo, n))
+    return h.digest()
+
+
+def read_changed(read, changed):
+    """Did any page of ``changed`` (a set) change where a walk read it (as
+    ``read_digests`` recorded)?"""
+    if len(changed) > len(read):
+        return any(p in changed and _digest(rs) != d for p, (rs, d) in read.items())
+    return any(p in read and _digest(read[p][0]) != read[p][1] for p in changed)
+
+
+class Reads:
+    """What a forked walk's verdict rests on, for the Cluster to know when
+    to walk again: the region bytes it read pointers from (``extents``, as
+    ``pointer_extents`` gives them, and the C memory it scanned), and the
+    mutable objects outside the region it accepted because the workers
+    inherited them (``inherited``: they could change in place)."""
+
+    def __init__(self):
+        self.extents = []
+        self.inherited = []
+        self.read = None
+
+    def seal(self):
+        """Digest what was read (``read``), and let the extents go."""
+        self.read = read_digests(self.extents)
+        self.extents = []
+        return self
+
+    def changed(self, pages):
+        """Did the driver change, in ``pages`` (a set), a byte the walk read
+        a pointer from?"""
+        return read_changed(self.read, pages)
+
+    def inside(self, path, o):
+        self.extents += pointer_extents(o, path, body=not isinstance(o, _DATA_ONLY))
+
+    def outside(self, o):
+        if not isinstance(o, _FROZEN):
+            self.inherited.append(o)
+
+    def still_inherited(self):
+        """Do the inherited objects still read as the workers have them?"""
+        return all(_inherited is not None and _inherited.same(o) == 1 for o in self.inherited)
+
+
 _NONSTR_KEY = -12345   # any non-str key converts a split dict to a combined one
 
 
@@ -264,7 +418,7 @@ class _Walk:
         Python reference the walk follows (and names better)."""
         if addr in self.referents or addr == HANDLER:
             return True
-        if self.mode is None and _inherited is not None and addr in _inherited:
+        if self.mode is None and _inherited is not None and _inherited.has(addr):
             return True
         if any(lo <= addr < hi for lo, hi in self.buffers):
             return True
@@ -326,8 +480,9 @@ class _Walk:
             self.doubt_path = f"{path} ({name})"
 
 
-def _walk(obj, limit, mode):
-    """share()'s walk; ``mode`` as for ``_Walk``."""
+def _walk(obj, limit, mode, reads=None):
+    """share()'s walk; ``mode`` as for ``_Walk``; ``reads`` (a ``Reads``,
+    forked walks only) records what the verdict rests on."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
     walk = _Walk(mode)
@@ -349,6 +504,8 @@ def _walk(obj, limit, mode):
             continue
         if not inside:
             if _ok_outside(o) or walk.amap.in_image(id(o)):
+                if reads is not None:
+                    reads.outside(o)
                 continue  # inherited, or part of a loaded image: its own referents came with it
             if isinstance(o, np.ndarray) and not o.dtype.hasobject and o.nbytes and \
                     region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
@@ -361,11 +518,18 @@ def _walk(obj, limit, mode):
                 raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region, and no "
                                    f"Cluster has forked workers yet: start the Cluster first (what exists when it "
                                    f"forks is inherited), or build it inside clamor.heap()")
+            if _replaced(o):
+                raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region, at the "
+                                   f"address of an object the workers inherited, but not that object as they have "
+                                   f"it: it was made or changed after the fork (a freed object's address is "
+                                   f"used again); build it inside clamor.heap()")
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
         walk.fields(path, o)
         if mode is not None:
             mode.inside(path, o)       # the words of it to relocate
+        if reads is not None:
+            reads.inside(path, o)
         if isinstance(o, np.ndarray):
             # ndarrays are not gc containers: their base, dtype and items are
             # walked here
@@ -391,6 +555,8 @@ def _walk(obj, limit, mode):
             _own_keys(o, path)
         for step, child in _children(o):
             stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
+    if reads is not None and walk._scanner is not None:
+        reads.extents += [(lo, n, False, None, "C memory") for lo, n in walk.scanner.blocks]
     if walk.unsure:
         warnings.warn(ShareWarning(f"share() scanned {walk.scanner.budget >> 20} MiB of the C memory behind "
                                    f"{walk.unsure[0]} and stopped: what lies past that is not checked"),

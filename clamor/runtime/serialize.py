@@ -27,7 +27,7 @@ from .. import errors
 from ..errors import NotShareable
 from ..memory import portable, region
 from ..memory.refs import ArrayRef
-from ..memory.share import share
+from ..memory.share import vouch
 from .collection import DataCollection
 
 log = logging.getLogger("clamor.serialize")
@@ -66,14 +66,17 @@ def _in_region(a):
     return region.contains(addr, max(a.nbytes, 1))
 
 
-# Region objects already checked by clamor.share(): id -> (type, length),
-# or ("by value", type, length) for one share() refused.
-# A walk of a big structure costs, so it is not repeated for every stage;
-# one that grew or shrank, or an id now naming another object, is checked
-# again.  (A same-size change, such as d[k] = a new object, is not seen:
-# call clamor.share() after such a change if in doubt.)
+# Region objects already checked by clamor.share(): id -> ((type, length),
+# verdict, what it rests on).  A walk of a big structure costs, so it is not
+# repeated for every stage.  It is repeated when the object grew or shrank,
+# or the id names another object (type, length); when the driver changed a
+# byte the walk read a pointer from (note_changed, as a stage begins: a
+# same-size change such as ``d[k] = obj``); and when a mutable object
+# outside the region that the walk accepted as inherited no longer reads as
+# the workers have it (at each use).  A refusal is kept until the length
+# changes: the object travels by value meanwhile, which is always right.
 _shared = {}
-_portable = {}   # the same for the portable walk
+_portable = {}   # the same for the portable walk (which rests on nothing here)
 # Code and collections travel by value even when a heap() block made them:
 # a lambda, a closure or a collection written inside the block is the task,
 # not data it reads.
@@ -94,6 +97,16 @@ def _portable_check(obj):
     portable.check(obj, seed=False)
 
 
+def note_changed(pages):
+    """As a stage begins: forget the verdicts that rest on region bytes
+    among ``pages`` (the pages the driver changed) that read otherwise now."""
+    if not len(pages) or not _shared:
+        return
+    changed = set(np.asarray(pages).tolist())
+    for k in [k for k, (_, ok, reads) in _shared.items() if ok and reads.changed(changed)]:
+        del _shared[k]
+
+
 def _vouched(obj, known, check):
     """Does ``check`` (share() for forked workers, its portable walk for the
     others) pass ``obj``, as remembered in ``known`` for the same object?
@@ -103,17 +116,15 @@ def _vouched(obj, known, check):
     list holding region objects that died after a block.)"""
     sig = (type(obj), _length(obj))
     seen = known.get(id(obj))
-    if seen == sig:
-        return True
-    if seen == ("by value",) + sig:
-        return False
+    if seen is not None and seen[0] == sig and (seen[2] is None or seen[2].still_inherited()):
+        return seen[1]
     try:
-        check(obj)
+        reads = check(obj)
     except NotShareable as err:
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
-        known[id(obj)] = ("by value",) + sig
+        known[id(obj)] = (sig, False, None)
         return False
-    known[id(obj)] = sig
+    known[id(obj)] = (sig, True, reads)
     return True
 
 
@@ -135,7 +146,7 @@ class _Pickler(cloudpickle.CloudPickler):
         # worker, once clamor.share() found nothing outside the region
         # behind it.
         if _base and _base <= id(obj) < _end[0] and not isinstance(obj, _BY_VALUE):
-            if (self.forked and not _vouched(obj, _shared, share)) or \
+            if (self.forked and not _vouched(obj, _shared, vouch)) or \
                     (self.portable and not _vouched(obj, _portable, _portable_check)):
                 return None
             return self._by_offset(obj)

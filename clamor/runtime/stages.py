@@ -187,6 +187,7 @@ class Stages:
         if changed.size:
             self._changes[sid] = changed
             portable.driver().note_changed(changed)
+            serialize.note_changed(changed)     # share()'s verdicts that rest on what changed
         moved = samehost.moved()
         if moved.size:
             self._moves[sid] = moved

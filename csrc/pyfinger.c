@@ -1,0 +1,182 @@
+/* pyfinger.c -- what a forked worker reads of an object it inherited.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).  A forked
+ * worker has the driver's private memory as it was at the fork.  share()
+ * accepts a pointer from a region object to an object outside the region
+ * when an object was alive at that address at the fork; but the driver may
+ * since have freed that object and made another at the same address (a
+ * float from CPython's free list, most often), or changed it in place, and
+ * the worker reads the old one, silently.
+ *
+ * So the driver takes a fingerprint of every object of its snapshot when it
+ * forks (clamor_py_fingerprints) and compares an inherited object with it
+ * when share() meets it (clamor_py_inherited).  A fingerprint covers what a
+ * reader sees, by type:
+ *
+ *   float, complex          the value's bits
+ *   int                     the value's hash, bit length and sign
+ *   str, bytes, bytearray   length and contents (bytearray: its buffer too)
+ *   tuple, list             length and item pointers (list: its item array)
+ *   dict, set, frozenset    size and every key and value pointer
+ *   ndarray                 data, shape, strides, dtype and base pointers,
+ *                           flags (not the elements: an inherited array
+ *                           written in place after the fork is not seen)
+ *   anything else           its body's words after the header, but its
+ *                           weak-reference list
+ *
+ * and never a reference count.  Types, functions, code objects and modules
+ * get none (0): their identity decides, as before, since their bodies
+ * change with every cache the interpreter keeps in them.  The fingerprint
+ * mixes in the type, so an object of another type at the address differs.
+ *
+ * Both functions take the GIL and run no Python code: nothing is allocated
+ * or freed while they read, and every object they are given is alive.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
+#define NO_IMPORT_ARRAY
+#include <numpy/arrayobject.h>
+#include <string.h>
+
+#include "internal.h"
+
+static uint64_t mix(uint64_t h, uint64_t w) {
+    uint64_t z = h ^ (w + 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t mix_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    h = mix(h, n);
+    for (; n >= 8; b += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, b, 8);
+        h = mix(h, w);
+    }
+    if (n) {
+        uint64_t w = 0;
+        memcpy(&w, b, n);
+        h = mix(h, w);
+    }
+    return h;
+}
+
+static uint64_t mix_ptrs(uint64_t h, PyObject *const *items, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) h = mix(h, (uintptr_t)items[i]);
+    return h;
+}
+
+static uint64_t fingerprint(PyObject *o) {
+    if (PyType_Check(o) || PyFunction_Check(o) || PyCode_Check(o) || PyModule_Check(o) || PyCFunction_Check(o))
+        return 0;
+    uint64_t h = mix(0x636c616d6f72ULL, (uintptr_t)Py_TYPE(o));
+    if (PyFloat_Check(o)) {
+        double v = PyFloat_AS_DOUBLE(o);
+        return mix_bytes(h, &v, sizeof v) | 1;
+    }
+    if (PyComplex_Check(o)) {
+        Py_complex v = ((PyComplexObject *)o)->cval;
+        return mix_bytes(h, &v, sizeof v) | 1;
+    }
+    if (PyLong_Check(o)) {
+        h = mix(h, (uint64_t)PyObject_Hash(o));
+        size_t bits = _PyLong_NumBits(o);
+        if (bits == (size_t)-1 && PyErr_Occurred()) PyErr_Clear();
+        h = mix(h, bits);
+        return mix(h, (uint64_t)(int64_t)_PyLong_Sign(o)) | 1;
+    }
+    if (PyUnicode_Check(o)) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(o) < 0) {
+            PyErr_Clear();
+            return mix(h, (uintptr_t)o) | 1;   /* cannot read it: never equal to the fork's */
+        }
+#endif
+        h = mix(h, (uint64_t)PyUnicode_KIND(o));
+        return mix_bytes(h, PyUnicode_DATA(o), (size_t)PyUnicode_GET_LENGTH(o) * PyUnicode_KIND(o)) | 1;
+    }
+    if (PyBytes_Check(o)) return mix_bytes(h, PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o)) | 1;
+    if (PyByteArray_Check(o)) {
+        h = mix(h, (uintptr_t)((PyByteArrayObject *)o)->ob_bytes);
+        return mix_bytes(h, PyByteArray_AS_STRING(o), (size_t)PyByteArray_GET_SIZE(o)) | 1;
+    }
+    if (PyTuple_Check(o)) {
+        h = mix(h, (uint64_t)PyTuple_GET_SIZE(o));
+        return mix_ptrs(h, ((PyTupleObject *)o)->ob_item, PyTuple_GET_SIZE(o)) | 1;
+    }
+    if (PyList_Check(o)) {
+        PyListObject *l = (PyListObject *)o;
+        h = mix(mix(h, (uint64_t)Py_SIZE(l)), (uintptr_t)l->ob_item);
+        return mix_ptrs(h, l->ob_item, Py_SIZE(l)) | 1;
+    }
+    if (PyDict_Check(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        h = mix(h, (uint64_t)PyDict_GET_SIZE(o));
+        while (PyDict_Next(o, &pos, &k, &v)) h = mix(mix(h, (uintptr_t)k), (uintptr_t)v);
+        return h | 1;
+    }
+    if (PyAnySet_Check(o)) {
+        PySetObject *s = (PySetObject *)o;
+        h = mix(mix(h, (uint64_t)s->used), (uint64_t)s->mask);
+        for (Py_ssize_t i = 0; i <= s->mask; i++) h = mix(h, (uintptr_t)s->table[i].key);
+        return h | 1;
+    }
+    if (cl_py_numpy_ready() == 0 && PyArray_Check(o)) {
+        PyArrayObject *a = (PyArrayObject *)o;
+        int nd = PyArray_NDIM(a);
+        h = mix(mix(mix(h, (uintptr_t)PyArray_DATA(a)), (uint64_t)nd), (uint64_t)PyArray_FLAGS(a));
+        h = mix(mix(h, (uintptr_t)PyArray_DESCR(a)), (uintptr_t)PyArray_BASE(a));
+        h = mix_bytes(h, PyArray_DIMS(a), sizeof(npy_intp) * (size_t)nd);
+        return mix_bytes(h, PyArray_STRIDES(a), sizeof(npy_intp) * (size_t)nd) | 1;
+    }
+    PyTypeObject *t = Py_TYPE(o);
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+    /* an instance's dict and inline values pointers lie before its header
+     * (and before the collector's links): a new instance at the address has
+     * others (its attributes changed in place are not seen) */
+    if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+        const uint64_t *pre = (const uint64_t *)((const char *)o - (PyType_IS_GC(t) ? 16 : 0)) - 2;
+        h = mix(mix(h, pre[0]), pre[1]);
+    }
+#endif
+    Py_ssize_t weak = t->tp_weaklistoffset;
+    for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); at + 8 <= t->tp_basicsize; at += 8)
+        if (at != weak) h = mix(h, *(const uint64_t *)((const char *)o + at));
+    return h | 1;
+}
+
+long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    for (size_t i = 0; i < n; i++) out[i] = fingerprint((PyObject *)(uintptr_t)objs[i]);
+    PyGILState_Release(g);
+    return (long)n;
+}
+
+static ssize_t find(uint64_t x, const uint64_t *ids, size_t n) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && ids[lo] == x ? (ssize_t)lo : -1;
+}
+
+int clamor_py_snapshot_has(uint64_t addr, const uint64_t *ids, size_t n) { return find(addr, ids, n) >= 0; }
+
+int clamor_py_inherited(uintptr_t obj, const uint64_t *ids, const uint64_t *fps, size_t n) {
+    ssize_t i = find(obj, ids, n);
+    if (i < 0) return 0;
+    if (!fps[i]) return 1;
+    PyGILState_STATE g = PyGILState_Ensure();
+    uint64_t now = fingerprint((PyObject *)obj);
+    PyGILState_Release(g);
+    return now == fps[i] ? 1 : -1;
+}
+#endif /* CLAMOR_WITH_PYTHON */

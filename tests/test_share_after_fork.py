@@ -1,0 +1,118 @@
+"""What the driver does to a region object after the workers were forked.
+
+A forked worker has the driver's private memory as it was at the fork.
+Three ways it read something else than the driver, with share() approving:
+
+- a float made after the fork took the address of one freed since (CPython's
+  float free list): the address was in the fork's snapshot, so share()
+  passed it, and the worker read the old float;
+- an inherited list changed in place: the worker read it as it was;
+- the Cluster remembered share()'s verdict by the object's type and length,
+  so ``d[k] = obj_made_now`` was not checked again and the worker followed a
+  pointer it does not have (it died, and a replacement forked later hid it).
+
+Now share() compares an inherited object with a fingerprint taken at the
+fork (csrc/pyfinger.c), and the Cluster walks again when the region bytes
+the last walk read pointers from changed, or an inherited mutable object it
+accepted no longer reads as at the fork.  Each scenario runs a driver in its
+own interpreter; the workers may not be replaced (max_attempts=1), so a
+worker that dies fails the stage instead of hiding.
+"""
+from helpers import scenario
+
+OPTS = "workers=1, progress=False, max_attempts=1, speculation=False"
+
+
+def test_a_float_at_a_recycled_address_is_refused_and_read_right():
+    out = scenario(f"""
+with clamor.heap():
+    d = {{"a": 1.5, "n": 0}}
+pool = [float(i) + 0.25 for i in range(50)]          # alive when the workers fork
+with clamor.Cluster({OPTS}) as cl:
+    first = cl.parallelize(range(1), 1).map(lambda _: d["a"]).collect()
+    addrs = {{id(x) for x in pool}}
+    del pool                                          # their addresses go back to the free list
+    d["a"] = 1000.0 * float(len(d))                   # a new float, at one of them
+    reused = id(d["a"]) in addrs
+    verdict = attempt(clamor.share, d)
+    second = cl.parallelize(range(1), 1).map(lambda _: d["a"]).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"first": first, "second": second, "verdict": verdict, "lost": lost, "reused": reused}}))
+""")
+    assert out["reused"], out                          # the scenario happened
+    assert out["first"] == [1.5], out
+    assert out["verdict"][0] == "NotShareable" and out["verdict"][1].startswith("obj['a'] (float"), out
+    assert "at the address of an object the workers inherited" in out["verdict"][1], out
+    assert out["second"] == [2000.0] and out["lost"] == 0, out
+
+
+def test_an_inherited_list_changed_in_place_is_read_as_the_driver_has_it():
+    out = scenario(f"""
+L = [1, 2, 3]                                         # outside the region, inherited
+with clamor.heap():
+    d = {{"l": L, "x": 0.5}}
+with clamor.Cluster({OPTS}) as cl:
+    first = cl.parallelize(range(1), 1).map(lambda _: list(d["l"])).collect()
+    L.append(4)                                       # d's own bytes do not change
+    verdict = attempt(clamor.share, d)
+    second = cl.parallelize(range(1), 1).map(lambda _: list(d["l"])).collect()
+    L.pop()                                           # as at the fork again
+    third = cl.parallelize(range(1), 1).map(lambda _: list(d["l"])).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"first": first, "second": second, "third": third, "verdict": verdict, "lost": lost}}))
+""")
+    assert out["first"] == [[1, 2, 3]], out
+    assert out["verdict"][0] == "NotShareable" and out["verdict"][1].startswith("obj['l'] (list"), out
+    assert out["second"] == [[1, 2, 3, 4]], out
+    assert out["third"] == [[1, 2, 3]] and out["lost"] == 0, out
+
+
+def test_same_size_changes_after_a_stage_are_checked_again():
+    """A dict value, a list item, an attribute and a slot replaced by
+    objects made outside any block after the fork: same sizes, so only a
+    new walk sees them; they travel by value and read right."""
+    out = scenario(f"""
+class Slot:
+    __slots__ = ("s",)
+class Inst:
+    pass
+with clamor.heap():
+    d = {{"a": 1.5, "b": [1, 2]}}
+    lst = [1.0, 2.0, 3.0]
+    obj = Inst(); obj.x = 7.0
+    sl = Slot(); sl.s = "slot"
+def read(_):
+    return [d["a"], list(d["b"]), lst[1], obj.x, sl.s]
+with clamor.Cluster({OPTS}) as cl:
+    first = cl.parallelize(range(1), 1).map(read).collect()
+    made = [float(i) * 1.5 for i in range(500)]       # after the fork: not inherited
+    d["a"] = made[401]
+    d["b"] = [made[3], made[5]]
+    lst[1] = made[77]
+    obj.x = made[99]
+    sl.s = "".join(["slot", str(len(made))])
+    second = cl.parallelize(range(1), 1).map(read).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"first": first, "second": second, "driver": read(0), "lost": lost}}))
+""")
+    assert out["first"] == [[1.5, [1, 2], 2.0, 7.0, "slot"]], out
+    assert out["second"] == [out["driver"]] and out["lost"] == 0, out
+    assert out["driver"] == [601.5, [4.5, 7.5], 115.5, 148.5, "slot500"], out
+
+
+def test_values_built_in_a_block_after_the_fork_still_go_in_place():
+    """The new walk approves what a block made: the object keeps travelling
+    by offset (a task's identity check sees the driver's object)."""
+    out = scenario(f"""
+with clamor.heap():
+    d = {{"a": 1.5}}
+with clamor.Cluster({OPTS}) as cl:
+    cl.parallelize(range(1), 1).map(lambda _: d["a"]).collect()
+    with clamor.heap():
+        d["a"] = float(len(d)) * 3.5
+    verdict = attempt(clamor.share, d)
+    where = cl.parallelize(range(1), 1).map(lambda _: (d["a"], region.contains(id(d)))).collect()
+print(json.dumps({{"verdict": verdict, "where": where}}))
+""")
+    assert out["verdict"] == ["ok", "dict"], out
+    assert out["where"] == [[3.5, True]], out
