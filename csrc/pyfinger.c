@@ -19,10 +19,11 @@
  *   tuple, list             length and item pointers (list: its item array)
  *   dict, set, frozenset    size and every key and value pointer
  *   ndarray                 data, shape, strides, dtype and base pointers,
- *                           flags (not the elements: an inherited array
- *                           written in place after the fork is not seen)
+ *                           flags, and the elements: all of them up to
+ *                           256 KiB, beyond that a sample (elements())
  *   anything else           its body's words after the header, but its
- *                           weak-reference list
+ *                           weak-reference list, and what the collector
+ *                           sees it refer to (an instance's attributes)
  *
  * and never a reference count.  Types, functions, code objects and modules
  * get none (0): their identity decides, as before, since their bodies
@@ -69,6 +70,37 @@ static uint64_t mix_bytes(uint64_t h, const void *p, size_t n) {
 static uint64_t mix_ptrs(uint64_t h, PyObject *const *items, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) h = mix(h, (uintptr_t)items[i]);
     return h;
+}
+
+/* An array's elements: every byte of the span they lie in up to
+ * ELEMENTS_WHOLE, beyond that its first and last pages and ELEMENT_PROBES
+ * words spread over it (a fork costs the same for a huge array; a write in
+ * place between the probes is not seen). */
+#define ELEMENTS_WHOLE (256 * 1024)
+#define ELEMENT_PROBES 1024
+static uint64_t elements(uint64_t h, PyArrayObject *a) {
+    if (PyArray_SIZE(a) == 0) return h;
+    char *lo = PyArray_DATA(a), *hi = lo;
+    for (int i = 0; i < PyArray_NDIM(a); i++) {
+        npy_intp span = (PyArray_DIM(a, i) - 1) * PyArray_STRIDE(a, i);
+        if (span < 0) lo += span;
+        else hi += span;
+    }
+    size_t n = (size_t)(hi - lo) + (size_t)PyArray_ITEMSIZE(a);
+    if (n <= ELEMENTS_WHOLE) return mix_bytes(h, lo, n);
+    h = mix_bytes(mix_bytes(h, lo, 4096), lo + n - 4096, 4096);
+    size_t step = (n - 8) / ELEMENT_PROBES;
+    for (size_t k = 0; k < ELEMENT_PROBES; k++) {
+        uint64_t w;
+        memcpy(&w, lo + k * step, 8);
+        h = mix(h, w);
+    }
+    return h;
+}
+
+static int visit(PyObject *ref, void *arg) {
+    *(uint64_t *)arg = mix(*(uint64_t *)arg, (uintptr_t)ref);
+    return 0;
 }
 
 static uint64_t fingerprint(PyObject *o) {
@@ -133,7 +165,8 @@ static uint64_t fingerprint(PyObject *o) {
         h = mix(mix(mix(h, (uintptr_t)PyArray_DATA(a)), (uint64_t)nd), (uint64_t)PyArray_FLAGS(a));
         h = mix(mix(h, (uintptr_t)PyArray_DESCR(a)), (uintptr_t)PyArray_BASE(a));
         h = mix_bytes(h, PyArray_DIMS(a), sizeof(npy_intp) * (size_t)nd);
-        return mix_bytes(h, PyArray_STRIDES(a), sizeof(npy_intp) * (size_t)nd) | 1;
+        h = mix_bytes(h, PyArray_STRIDES(a), sizeof(npy_intp) * (size_t)nd);
+        return elements(h, a) | 1;
     }
     PyTypeObject *t = Py_TYPE(o);
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
@@ -148,6 +181,9 @@ static uint64_t fingerprint(PyObject *o) {
     Py_ssize_t weak = t->tp_weaklistoffset;
     for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); at + 8 <= t->tp_basicsize; at += 8)
         if (at != weak) h = mix(h, *(const uint64_t *)((const char *)o + at));
+    /* what the collector sees it refer to: an instance's attribute values
+     * too, where they lie outside its body (CPython 3.11's inline values) */
+    if (PyObject_IS_GC(o) && t->tp_traverse) t->tp_traverse(o, visit, &h);
     return h | 1;
 }
 

@@ -28,6 +28,7 @@ from ..errors import NotShareable
 from ..memory import portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
+from ..memory.walk import conversions
 from .collection import DataCollection
 
 log = logging.getLogger("clamor.serialize")
@@ -118,11 +119,19 @@ def _vouched(obj, known, check):
     seen = known.get(id(obj))
     if seen is not None and seen[0] == sig and (seen[2] is None or seen[2].still_inherited()):
         return seen[1]
+    rewrites = conversions[0]
     try:
         reads = check(obj)
     except NotShareable as err:
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
         known[id(obj)] = (sig, False, None)
+        return False
+    if conversions[0] != rewrites:
+        # The walk gave instances dicts of their own (walk._own_keys): if a
+        # stage began already, its tasks read the pages as they were.  By
+        # value this once; the next check finds nothing to rewrite.
+        log.info("a region %s travels by value once: its instances' dicts were rewritten as it shipped",
+                 type(obj).__name__)
         return False
     known[id(obj)] = (sig, True, reads)
     return True

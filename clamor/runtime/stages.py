@@ -383,18 +383,23 @@ class Stages:
 
     def _vouch(self, kind, node, parent, action, arg, parts):
         """Before a stage begins: pickle what it will ship once, so that the
-        region objects that go in place to workers not forked from the
-        driver are checked now.  The check may rewrite an instance's dict
-        (walk._own_keys), and a write after the stage began would reach its
-        tasks as a page version whose relocations no walk listed."""
-        if self.start_method == "fork" and not self.remote:
-            return
+        region objects it ships in place are checked now.  The check may
+        rewrite an instance's dict (walk._own_keys); a write after the stage
+        began would not reach its tasks: forked workers read the pages as
+        the stage began them, and for workers not forked it would be a page
+        version whose relocations no walk listed.  With forked workers only,
+        the task alone is walked here (its functions capture the globals);
+        a region instance reached only through partition data that still
+        needs the rewrite travels by value, once (serialize._vouched)."""
         self._release_converted()
         forked = self.start_method == "fork" and self.nworkers > 0
+        others = self.start_method != "fork" or self.remote > 0
+        serialize.dumps_task({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg},
+                             forked=forked, portable=others)
+        if not others:
+            return
         src = _sources(node if kind != "map" else node.deps[parent])
         every = range(node.deps[parent].num_partitions if kind == "map" else node.num_partitions)
-        serialize.dumps_task({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg},
-                             forked=forked, portable=True)
         for p in every if parts is None else parts:
             serialize.dumps({"src": {s.id: s.task_data(p) for s in src}}, forked=forked, portable=True)
 
