@@ -16,36 +16,18 @@ region objects it dropped must not become the runtime's.
 Two variants: objects built after the workers were forked (the harder case:
 nothing outside the region reaches them), and before the Cluster starts.
 """
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_driver
 
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host).
 pytestmark = pytest.mark.usefixtures("same_host")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-def run_driver(code, timeout=150, env=None):
-    """Run ``code`` in a fresh interpreter (faulthandler on, as scenario.py
-    does); returns its last stdout line as JSON, with its exit status under
-    "exit" and the fatal lines of its stderr (workers share it) under
-    "fatal".  A driver that printed its line and then died still reports."""
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})})
-    lines = p.stdout.strip().splitlines()
-    assert lines and lines[-1].startswith("{"), f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\n" \
-                                                f"stderr:\n{p.stderr[-5000:]}"
-    out = json.loads(lines[-1])
-    out["exit"] = p.returncode
-    out["fatal"] = sorted({ln for ln in p.stderr.splitlines() if "fatal" in ln.lower()})[:20]
-    return out
 
 
 def differential(variant, seeds):

@@ -26,19 +26,17 @@ float from CPython's free list) for the one the workers have.  It hunts
 the class: whatever the driver did to a region object, or to what it
 points at, since the last stage.
 """
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from helpers import run_driver as run_script
 
 # With workers that map the driver's pages and with workers that fetch them
 # (conftest.same_host).
 pytestmark = pytest.mark.usefixtures("same_host")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 # The update kinds that write only what a block built, into containers
 # changed inside the block.
 IN_HEAP = ("heap", "heap_inst")
@@ -50,15 +48,7 @@ def run_driver(seed, kinds=None, rounds=8, timeout=150):
     it) under "fatal"."""
     with open(os.path.join(HERE, "updgen.py")) as f:
         code = f.read() + f"\nmain({seed!r}, {'' if kinds is None else f'kinds={kinds!r}, '}rounds={rounds})\n"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "PYTHONFAULTHANDLER": "1"})
-    lines = p.stdout.strip().splitlines()
-    assert lines and lines[-1].startswith("{"), f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\n" \
-                                                f"stderr:\n{p.stderr[-5000:]}"
-    out = json.loads(lines[-1])
-    out["exit"] = p.returncode
-    out["fatal"] = sorted({ln for ln in p.stderr.splitlines() if "fatal" in ln.lower()})[:10]
-    return out
+    return run_script(code, timeout=timeout)
 
 
 def summary(out):
