@@ -1,9 +1,17 @@
 """Fixtures; the helpers themselves are in helpers.py."""
 import os
+import signal
 
 import pytest
 
 from helpers import run_py
+
+# A suite started in the background (``cmd &``, nohup) inherits SIGINT
+# ignored, and so would every driver a test starts: the Ctrl-C scenarios
+# would see no KeyboardInterrupt.  A handler of this process's own is reset
+# to the default in each child it executes.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

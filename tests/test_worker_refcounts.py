@@ -24,7 +24,7 @@ def test_references_held_across_an_eviction_are_released_safely():
                 objs = [(float(i) + 0.5, "s%d" % i, [i, i * 2]) for i in range(20000)]
             clamor.share(objs)
             def task(_):
-                clamor.configure(max_mappings=64, readahead=0)
+                clamor.configure(max_mappings=8, readahead=0)   # (a worker that maps may map many pages at once)
                 held = [o for o in objs[::7]]                    # references on many pages
                 for o in objs[1::7]:                             # touch more pages: evictions
                     o[0]
