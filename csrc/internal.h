@@ -357,6 +357,10 @@ long clamor_py_freelists_flush(void);
 /* Fingerprints of the n live objects at objs[i] into out[i] (0: identity
  * only, for types, functions, code, modules); returns n.  Takes the GIL. */
 long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n);
+/* The addresses of the objects of the list at `list` and of what each refers
+ * to (its referents, as gc.get_referents() gives them) into out[cap], with
+ * repeats; returns how many, or minus how many out would need. */
+long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap);
 /* ids: sorted addresses of a snapshot, fps their fingerprints.  has: was
  * there an object at addr?  inherited: 1 if the live object obj reads as
  * the snapshot's at its address, 0 if none was there, -1 if it differs. */

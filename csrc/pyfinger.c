@@ -168,6 +168,17 @@ static uint64_t fingerprint(PyObject *o) {
         h = mix_bytes(h, PyArray_STRIDES(a), sizeof(npy_intp) * (size_t)nd);
         return elements(h, a) | 1;
     }
+    if (cl_py_numpy_ready() == 0 && PyArray_DescrCheck(o)) {
+        /* its fields, not its body: the body caches the dtype's hash once
+         * something asks for it */
+        PyArray_Descr *d = (PyArray_Descr *)o;
+        h = mix(mix(mix(h, (uint64_t)d->type_num), (uint64_t)d->kind), (uint64_t)d->byteorder);
+        h = mix(mix(h, (uint64_t)PyDataType_ELSIZE(d)), (uint64_t)PyDataType_ALIGNMENT(d));
+        h = mix(mix(h, (uintptr_t)PyDataType_NAMES(d)), (uintptr_t)PyDataType_FIELDS(d));
+        if (PyDataType_ISLEGACY(d))
+            h = mix(mix(h, (uintptr_t)PyDataType_SUBARRAY(d)), (uintptr_t)PyDataType_METADATA(d));
+        return mix(h, (uintptr_t)d->typeobj) | 1;
+    }
     PyTypeObject *t = Py_TYPE(o);
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
     /* an instance's dict and inline values pointers lie before its header
@@ -178,6 +189,13 @@ static uint64_t fingerprint(PyObject *o) {
         h = mix(mix(h, pre[0]), pre[1]);
     }
 #endif
+    /* a C type's object may cache its hash in its body once asked (a
+     * datetime, a Decimal): ask first, so that the body reads the same
+     * whenever it is read (no Python code runs in a static type's hash of
+     * an object that holds no references) */
+    if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) && !PyObject_IS_GC(o) && t->tp_hash &&
+        t->tp_hash != PyObject_HashNotImplemented && t->tp_hash(o) == -1)
+        PyErr_Clear();
     Py_ssize_t weak = t->tp_weaklistoffset;
     for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); at + 8 <= t->tp_basicsize; at += 8)
         if (at != weak) h = mix(h, *(const uint64_t *)((const char *)o + at));
@@ -185,6 +203,31 @@ static uint64_t fingerprint(PyObject *o) {
      * too, where they lie outside its body (CPython 3.11's inline values) */
     if (PyObject_IS_GC(o) && t->tp_traverse) t->tp_traverse(o, visit, &h);
     return h | 1;
+}
+
+struct ids {
+    uint64_t *at;
+    size_t n, cap;
+};
+
+static int collect(PyObject *ref, void *arg) {
+    struct ids *b = arg;
+    if (b->n < b->cap) b->at[b->n] = (uintptr_t)ref;
+    b->n++;
+    return 0;
+}
+
+long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *l = (PyObject *)list;
+    struct ids b = {out, 0, cap};
+    for (Py_ssize_t i = 0; PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
+        PyObject *o = PyList_GET_ITEM(l, i);
+        collect(o, &b);
+        if (PyObject_IS_GC(o) && Py_TYPE(o)->tp_traverse) Py_TYPE(o)->tp_traverse(o, collect, &b);
+    }
+    PyGILState_Release(g);
+    return b.n <= cap ? (long)b.n : -(long)b.n;
 }
 
 long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n) {

@@ -91,11 +91,13 @@ def note_fork():
     global _inherited
     _inherited = None
     objs = gc.get_objects()
-    ids = []
-    for o in objs:
-        ids.append(id(o))
-        ids.extend(map(id, gc.get_referents(o)))
-    ids = np.unique(np.array(ids, dtype=np.uint64))
+    raw = np.empty(8 * len(objs) + 4096, dtype=np.uint64)
+    n = lib.clamor_py_snapshot(id(objs), ffi.cast("uint64_t *", raw.ctypes.data), len(raw))
+    if n < 0:
+        raw = np.empty(-n, dtype=np.uint64)
+        n = lib.clamor_py_snapshot(id(objs), ffi.cast("uint64_t *", raw.ctypes.data), len(raw))
+    ids = np.unique(raw[:n])     # (no object is made in between that could be missed: objs holds them all)
+    del raw
     fps = np.empty_like(ids)
     # every object is alive while ``objs`` holds it or the objects that
     # refer to it; the call runs no Python code
