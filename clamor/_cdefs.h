@@ -64,6 +64,7 @@ int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
 int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
 uint64_t clamor_dirty_count(void);
+uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint64_t clamor_moved_count(void);
 void clamor_versions_map_floor(uint32_t stage);

@@ -199,6 +199,11 @@ uint64_t clamor_changed_count(void);
  * 0 also before the first.  A caller that numbers versions by stages asks
  * it to begin a stage only when something was written. */
 uint64_t clamor_dirty_count(void);
+/* Driver: copy up to `n` of those pages to `out` (in no order, a page
+ * possibly twice); returns how many there are.  A caller that remembers
+ * what it read of the region between stages asks which pages were written
+ * since, before the next stage begins. */
+uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 /* Pages of the last clamor_stage_begin() whose bytes did not change but
  * moved to another location of the driver's memfd (logged with a group):

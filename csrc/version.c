@@ -534,6 +534,18 @@ unlock:
 uint64_t clamor_changed_count(void) { return V.nchanged; }
 uint64_t clamor_dirty_count(void) { return atomic_load(&V.ndirty); }
 
+uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n) {
+    /* Writers append (index first, page after): wait them out for a
+     * complete list, as a stage begin does. */
+    pthread_mutex_lock(&vlock);
+    begin_exclusive();
+    uint64_t nd = atomic_load(&V.ndirty);
+    if (V.dirty) memcpy(out, V.dirty, (n < nd ? n : nd) * sizeof *out);
+    begin_done();
+    pthread_mutex_unlock(&vlock);
+    return V.dirty ? nd : 0;
+}
+
 uint64_t clamor_moved_count(void) { return V.nmoved; }
 
 void clamor_versions_map_floor(uint32_t stage) {

@@ -452,3 +452,31 @@ def test_a_clean_exit_with_faulthandler_on_and_region_objects_still_referenced()
         print(json.dumps({"ok": True}))
         """, env={"PYTHONFAULTHANDLER": "1"})
     assert out == {"ok": True}
+
+
+def test_dirty_pages_lists_the_pages_first_written_since_the_stage_began():
+    """region.dirty_pages(): none before the first stage, the pages written
+    since the last stage began (each once, sorted), none again after the
+    next begin; a page written back to the same bytes is listed too (the
+    begin is what compares)."""
+    out = run_json("""
+        import json
+        import numpy as np
+        import clamor
+        from clamor import region
+        region.init()
+        a = clamor.zeros(8 * region.page_size() // 8, dtype=np.int64)      # 8 pages
+        first = (a.__array_interface__["data"][0] - region.base()) // region.page_size()
+        per = region.page_size() // 8
+        before = region.dirty_pages().tolist()
+        a[:] = 1
+        region.stage_begin(region.stage_current() + 1)
+        empty = region.dirty_pages().tolist()
+        a[5 * per] = 2; a[2 * per + 3] = 1; a[5 * per + 1] = 7
+        written = (region.dirty_pages() - first).tolist()
+        changed = (region.stage_begin(region.stage_current() + 1) - first).tolist()
+        after = region.dirty_pages().tolist()
+        print(json.dumps({"before": before, "empty": empty, "written": written, "changed": changed,
+                          "after": after}))
+        """)
+    assert out == {"before": [], "empty": [], "written": [2, 5], "changed": [5], "after": []}, out

@@ -116,3 +116,37 @@ print(json.dumps({{"verdict": verdict, "where": where}}))
 """)
     assert out["verdict"] == ["ok", "dict"], out
     assert out["where"] == [[3.5, True]], out
+
+
+def test_instances_built_in_a_block_between_stages_are_checked_before_the_stage():
+    """``d[k] = Box()`` built in a block, with attribute names first set
+    after the fork, between stages and with no share() call: the
+    Cluster's check, before the stage begins, must not take its verdict
+    on ``d`` from the stage before (the bytes it rested on changed), or
+    the new instance ships unchecked, its dict keys in the class's table
+    that the workers do not have (a worker died every other stage, or
+    read garbage)."""
+    out = scenario(f"""
+class Box:
+    pass
+with clamor.heap():
+    d = {{"k" + str(i): float(i) + 0.5 for i in range(4)}}
+def read(_):
+    return sorted((k, sorted(vars(v).items()) if type(v).__name__ == "Box" else v) for k, v in d.items())
+with clamor.Cluster({OPTS}) as cl:
+    cl.parallelize(range(1), 1).map(lambda _: 0).collect()     # the workers exist
+    rounds = []
+    for rnd in range(6):
+        with clamor.heap():
+            b = Box()
+            for i in range(3):
+                setattr(b, "zqb" + str((rnd + i) % 5), rnd + i + 0.25)
+            d["k" + str(rnd % 4)] = b
+        got = attempt(lambda: cl.parallelize(range(1), 1).map(read).collect())
+        rounds.append([got[0], got[1] == [read(0)] if got[0] == "ok" else got[1][:200]])
+    lost = cl.stats()["recovery"]["workers_lost"]
+    where = cl.parallelize(range(1), 1).map(lambda _: region.contains(id(d))).collect()
+print(json.dumps({{"rounds": rounds, "lost": lost, "where": where}}))
+""")
+    assert out["rounds"] == [["ok", True]] * 6 and out["lost"] == 0, out
+    assert out["where"] == [True], out                 # d itself still read in place

@@ -412,6 +412,21 @@ def dirty_count():
     return int(lib.clamor_dirty_count())
 
 
+def dirty_pages():
+    """Driver: the indices of the pages first written since the last stage
+    began (a sorted uint64 ndarray; empty before the first stage).  Their
+    bytes may read as they did: the next ``stage_begin`` tells."""
+    import numpy as np
+
+    n = int(lib.clamor_dirty_count())
+    while True:
+        out = np.empty(n + 64, dtype=np.uint64)
+        total = int(lib.clamor_dirty_copy(ffi.cast("uint64_t *", out.ctypes.data), out.size))
+        if total <= out.size:
+            return np.unique(out[:total])
+        n = total
+
+
 def stage_current():
     """Driver: the number of the last stage begun (0 before the first)."""
     return int(lib.clamor_stage_current())

@@ -390,8 +390,12 @@ class Stages:
         version whose relocations no walk listed.  With forked workers only,
         the task alone is walked here (its functions capture the globals);
         a region instance reached only through partition data that still
-        needs the rewrite travels by value, once (serialize._vouched)."""
+        needs the rewrite travels by value, once (serialize._vouched).
+        A verdict remembered from an earlier stage that rests on bytes the
+        driver wrote since (``d[k] = obj`` of the same size) is forgotten
+        first: the stage's own begin, which would tell, comes after."""
         self._release_converted()
+        serialize.note_changed(region.dirty_pages())
         forked = self.start_method == "fork" and self.nworkers > 0
         others = self.start_method != "fork" or self.remote > 0
         serialize.dumps_task({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg},
