@@ -71,8 +71,9 @@ def _in_region(a):
 # verdict, what it rests on).  A walk of a big structure costs, so it is not
 # repeated for every stage.  It is repeated when the object grew or shrank,
 # or the id names another object (type, length); when the driver changed a
-# byte the walk read a pointer from (note_changed, as a stage begins: a
-# same-size change such as ``d[k] = obj``); and when a mutable object
+# byte the walk read a pointer from (note_changed, before the Cluster's
+# check of a stage and as it begins: a same-size change such as
+# ``d[k] = obj``); and when a mutable object
 # outside the region that the walk accepted as inherited no longer reads as
 # the workers have it (at each use).  A refusal is kept until the length
 # changes: the object travels by value meanwhile, which is always right.
