@@ -150,3 +150,33 @@ print(json.dumps({{"rounds": rounds, "lost": lost, "where": where}}))
 """)
     assert out["rounds"] == [["ok", True]] * 6 and out["lost"] == 0, out
     assert out["where"] == [True], out                 # d itself still read in place
+
+
+def test_workers_inherit_no_interpreter_cache_entry_in_the_region():
+    """An isinstance check against an abstract base class made inside a
+    block leaves a weak reference in the region, in the class's cache; the
+    type attribute cache may hold region strs.  Those are the interpreter's
+    own, inherited by a forked worker while the driver may drop and free
+    what they hold.  They are emptied before a fork: neither the driver
+    nor its workers keep such an entry."""
+    out = scenario(f"""
+import abc, collections.abc
+class Plain:
+    pass
+def region_entries(_=None):
+    return sum(region.contains(id(w)) for A in (collections.abc.Mapping, collections.abc.Sequence)
+               for s in abc._get_dump(A)[1:3] for w in s)
+with clamor.heap():
+    data = [1.5]
+    checks = [isinstance(Plain(), collections.abc.Mapping), isinstance([], collections.abc.Sequence)]
+before = region_entries()
+with clamor.Cluster({OPTS}) as cl:
+    after = region_entries()
+    workers = cl.parallelize(range(2), 2).map(region_entries).collect()
+    still = cl.parallelize(range(2), 2).map(lambda _: [isinstance(Plain(), collections.abc.Mapping),
+                                                        isinstance([], collections.abc.Sequence)]).collect()
+print(json.dumps({{"checks": checks, "before": before, "after": after, "workers": workers, "still": still}}))
+""")
+    assert out["checks"] == [False, True] and out["before"] >= 1, out     # the scenario happened
+    assert out["after"] == 0 and out["workers"] == [0, 0], out
+    assert out["still"] == [[False, True]] * 2, out

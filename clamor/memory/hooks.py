@@ -5,9 +5,11 @@ resumed per thread, and the caches that must be emptied at a block's edges.
 uses ``outside`` to keep its own work out of a block.  Nothing here maps
 the region.
 """
+import abc
 import contextlib
 import functools
 import gc
+import sys
 import threading
 
 from .. import errors
@@ -62,6 +64,7 @@ def prepare_fork():
     that ordinary dicts and lists took from the region go back outside.
     """
     if _installed:
+        _forget_interpreter_caches()
         gc.collect()
         _flush_dims(active())
         if not active():
@@ -71,6 +74,35 @@ def prepare_fork():
 
 
 _dropped_seen = 0
+
+
+def _forget_interpreter_caches():
+    """Before a fork: the interpreter's own caches must hold no region
+    object, since a worker inherits them as they are while the driver may
+    later drop and free what they held, and the worker's interpreter would
+    then follow its copy into memory the driver reuses.  The caches of
+    abstract base classes (weak references a check made inside a block,
+    such as ``isinstance(x, collections.abc.Sequence)``) are reset, and the
+    type attribute cache (which holds attribute names: region strs) is
+    cleared."""
+    from . import region
+
+    sys._clear_type_cache()
+    stack, seen = [object], set()
+    while stack:
+        cls = stack.pop()
+        try:
+            subs = type.__subclasses__(cls)
+        except TypeError:
+            continue
+        for c in subs:
+            if id(c) not in seen:
+                seen.add(id(c))
+                stack.append(c)
+        if isinstance(cls, abc.ABCMeta):
+            caches = abc._get_dump(cls)[1:3]
+            if any(region.contains(id(w)) for s in caches for w in s):
+                abc._reset_caches(cls)
 
 
 def release_dropped():
