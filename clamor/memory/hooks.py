@@ -85,8 +85,8 @@ def _forget_interpreter_caches():
     such as ``isinstance(x, collections.abc.Sequence)``) are reset, and the
     type attribute cache (which holds attribute names: region strs) is
     cleared."""
-    from . import region
-
+    lo = int(lib.clamor_region_base())
+    hi = lo + int(lib.clamor_region_size())
     sys._clear_type_cache()
     stack, seen = [object], set()
     while stack:
@@ -101,7 +101,7 @@ def _forget_interpreter_caches():
                 stack.append(c)
         if isinstance(cls, abc.ABCMeta):
             caches = abc._get_dump(cls)[1:3]
-            if any(region.contains(id(w)) for s in caches for w in s):
+            if any(lo <= id(w) < hi for s in caches for w in s):
                 abc._reset_caches(cls)
 
 
