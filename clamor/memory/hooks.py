@@ -87,7 +87,10 @@ def _forget_interpreter_caches():
     cleared."""
     lo = int(lib.clamor_region_base())
     hi = lo + int(lib.clamor_region_size())
-    sys._clear_type_cache()
+    # (3.13 names it _clear_internal_caches and deprecates the old name)
+    (getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache)()
+    if not hasattr(abc, "_get_dump"):   # (the pure-Python _py_abc keeps its caches in WeakSets of its own)
+        return
     stack, seen = [object], set()
     while stack:
         cls = stack.pop()
