@@ -310,7 +310,9 @@ def test_a_replacement_gets_its_share_of_an_iterative_job():
 def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
     out, _ = run_json("""
         import json, os, time, clamor
-        with clamor.Cluster(workers=2, progress=False, max_attempts=3, speculation=False) as cl:
+        # One task a worker: a task that shared the dying worker would be
+        # lost with it too, and could reach max_attempts first.
+        with clamor.Cluster(workers=2, slots=1, progress=False, max_attempts=3, speculation=False) as cl:
             t0 = time.monotonic()
             try:
                 cl.range(6, partitions=6).map(lambda x: os._exit(3) if x == 4 else x).collect()
