@@ -9,6 +9,7 @@ region.  Both read this process's address map once per share() call.
 import bisect
 
 from . import region
+from .hooks import all_classes
 from .._native import ffi, lib
 
 FIELD_NAMES = {
@@ -143,17 +144,5 @@ class Scanner:
 
 def _all_types():
     """Addresses of every type object, static ones included."""
-    seen, stack = {id(object)}, [object]
-    while stack:
-        t = stack.pop()
-        try:
-            subs = type.__subclasses__(t)
-        except TypeError:
-            continue
-        for s in subs:
-            if id(s) not in seen:
-                seen.add(id(s))
-                stack.append(s)
-    seen.add(id(type))
-    return seen
+    return {id(t) for t in all_classes()} | {id(type)}
 

@@ -91,9 +91,20 @@ def _forget_interpreter_caches():
     (getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache)()
     if not hasattr(abc, "_get_dump"):   # (the pure-Python _py_abc keeps its caches in WeakSets of its own)
         return
-    stack, seen = [object], set()
+    for cls in all_classes():
+        if isinstance(cls, abc.ABCMeta):
+            caches = abc._get_dump(cls)[1:3]
+            if any(lo <= id(w) < hi for s in caches for w in s):
+                abc._reset_caches(cls)
+
+
+def all_classes():
+    """Every class alive, static types included (``object`` and what
+    derives from it), each once."""
+    seen, stack = {id(object)}, [object]
     while stack:
         cls = stack.pop()
+        yield cls
         try:
             subs = type.__subclasses__(cls)
         except TypeError:
@@ -102,10 +113,6 @@ def _forget_interpreter_caches():
             if id(c) not in seen:
                 seen.add(id(c))
                 stack.append(c)
-        if isinstance(cls, abc.ABCMeta):
-            caches = abc._get_dump(cls)[1:3]
-            if any(lo <= id(w) < hi for s in caches for w in s):
-                abc._reset_caches(cls)
 
 
 def release_dropped():
