@@ -320,6 +320,7 @@ void clamor_replication_reset(void);
     COUNTER(pages_compacted)   /* driver: pages moved back home to bound its mappings */                        \
     COUNTER(wire_bytes_fetched) /* worker: page data bytes as received (sparse replies are smaller) */         \
     COUNTER(wire_bytes_served) /* page server: page data bytes as sent (of bytes_served) */                     \
+    COUNTER(region_frees)      /* worker: region memory freed here, ignored (0 unless a count went wrong) */    \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

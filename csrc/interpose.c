@@ -63,7 +63,8 @@ static void w_free(void *p) {
     if (!p) return;
     if (in_region(p)) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) clamor_free(p);
-        return; /* a worker never frees region memory */
+        else CL_COUNT(region_frees, 1); /* a worker never frees region memory */
+        return;
     }
     __libc_free(p);
 }

@@ -62,8 +62,10 @@ static void h_free(void *ctx, void *p) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) {
             if (!cl_heap_depth) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
             clamor_free(p);
+        } else {
+            CL_COUNT(region_frees, 1); /* workers never free region memory */
         }
-        return; /* workers never free region memory */
+        return;
     }
     o->free(o->ctx, p);
 }
@@ -153,6 +155,8 @@ static void n_free(void *ctx, void *p, size_t sz) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) {
             if (!cl_heap_depth) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
             clamor_free(p);
+        } else {
+            CL_COUNT(region_frees, 1);
         }
         return;
     }

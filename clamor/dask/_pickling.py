@@ -131,6 +131,32 @@ def _is_region_object(obj):
     return bool(size) and region.base() <= id(obj) < region.base() + size and type(obj) is not np.ndarray
 
 
+def _holds_region(a):
+    """Whether ndarray ``a``, not itself region data, keeps a region object
+    alive where pickling does not look: its dtype, or along its ``.base``
+    chain (a view of a copy whose dtype was made under heap())."""
+    x = a
+    while x is not None:
+        if type(x) is np.ndarray:
+            if _is_region_object(x.dtype) or (x is not a and in_region(x)):
+                return True
+            x = x.base
+        else:
+            return _is_region_object(x)
+    return False
+
+
+def _copy(a):
+    """A copy of ndarray ``a`` that keeps nothing of the region alive (numpy
+    gives a copy the same dtype object: an equal one made here if that one
+    is a region object)."""
+    if not _is_region_object(a.dtype):
+        return np.array(a, copy=True)
+    out = np.empty(a.shape, pickle.loads(pickle.dumps(a.dtype)))
+    np.copyto(out, a, casting="no")
+    return out
+
+
 def in_region(a):
     """Whether ndarray ``a`` is data of this process's region."""
     if not a.nbytes or a.dtype.hasobject or not region.size():
@@ -243,7 +269,7 @@ class _Scanner(cloudpickle.CloudPickler):
             self.versions.add(obj.version)
             return 0
         if t is np.ndarray:
-            if in_region(obj):
+            if in_region(obj) or _holds_region(obj):
                 self.region = True
             return 0
         if _is_region_object(obj):
@@ -252,12 +278,26 @@ class _Scanner(cloudpickle.CloudPickler):
         return None
 
 
+def _walk(pickler, obj):
+    """``pickler.dump(obj)``, then forget what it saw.  A pickler's memo
+    holds every object it pickled, and ``_Copier`` (its own method as its
+    buffer callback) sits in a reference cycle, so its memo lived until the
+    next collection: on a worker, references to region objects that
+    outlived the task, released later against the driver's counts once the
+    pages were fetched again (the object died here, onto CPython's free
+    lists)."""
+    try:
+        pickler.dump(obj)
+    finally:
+        pickler.clear_memo()
+
+
 def versions_in(obj):
     """The versions of the region arrays ``obj`` holds (a scheduler's view
     of a graph); None if it cannot be walked."""
     s = _Scanner()
     try:
-        s.dump(obj)
+        _walk(s, obj)
     except Exception as err:  # an object that does not pickle again
         log.warning("cannot look for region arrays in a task (%s: %s); it runs at the version of the others",
                     type(err).__name__, err)
@@ -279,9 +319,9 @@ class _Copier(cloudpickle.CloudPickler):
 
     def persistent_id(self, obj):
         if type(obj) is np.ndarray and in_region(obj):
-            self.copies.append(np.array(obj, copy=True))
+            self.copies.append(_copy(obj))
             return len(self.copies) - 1
-        return None   # (a region object is pickled by value: it comes back as a copy)
+        return None   # (a region object, or an array viewing one, is pickled by value: it comes back a copy)
 
 
 class _Restorer(pickle.Unpickler):
@@ -299,17 +339,19 @@ def detach_result(value):
     at whatever version its reader runs at, and a region object must not
     outlive its task on the worker).  Anything else is the same object."""
     if type(value) is np.ndarray:
-        return np.array(value, copy=True) if in_region(value) else value
+        if in_region(value) or _holds_region(value):
+            return _copy(value)
+        return value
     if value is None or type(value) in (int, float, bool, str, bytes, complex):
         return value
     s = _Scanner()
     try:
-        s.dump(value)
+        _walk(s, value)
     except Exception:
         return value   # (Dask keeps such a result in memory only; see docs/dask.md, limits)
     if not s.region:
         return value
     f = io.BytesIO()
     c = _Copier(f)
-    c.dump(value)
+    _walk(c, value)
     return _Restorer(io.BytesIO(f.getvalue()), c.copies, c.buffers).load()

@@ -23,7 +23,8 @@ HANDLER = lib.clamor_py_numpy_handler()
 
 
 def install():
-    """Wrap the allocators (idempotent).  Called by ``heap()``."""
+    """Wrap the allocators (idempotent).  Called by ``heap()``, and by a
+    worker as it maps the region."""
     global _installed
     with _lock:
         if not _installed:

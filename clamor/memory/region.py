@@ -15,6 +15,7 @@ import threading
 
 from .. import errors
 from .._native import check, ffi, lib
+from . import hooks
 from .hooks import outside
 
 DRIVER, WORKER = lib.CLAMOR_ROLE_DRIVER, lib.CLAMOR_ROLE_WORKER
@@ -83,6 +84,11 @@ def attach(base=None, size=None, page_size=None):
     b, s, p = _geometry_ints(base, size, page_size)
     with _lock:
         check(lib.clamor_region_attach(b, s, p), "attaching the region")
+    # Region objects die here only through clamor's allocator wrappers: a
+    # worker that never ran a heap() block (spawned, a Dask worker) would
+    # otherwise hand a region address to pymalloc or glibc, which abort
+    # ("free(): invalid pointer") or take the driver's bytes as free memory.
+    hooks.install()
 
 
 def ensure():
@@ -361,7 +367,15 @@ def _span(obj, nbytes=None):
 
 
 def drop_pages(first, count):
-    """Drop this worker's copy of pages [first, first+count)."""
+    """Drop this worker's copy of pages [first, first+count).
+
+    A page fetched again has the driver's reference counts: garbage cycles
+    that still hold region objects are collected first, so that they are
+    released against this worker's counts (as before a change of version).
+    A live reference this worker keeps across the drop is the caller's to
+    avoid."""
+    if role() == "worker":
+        gc.collect()
     check(lib.clamor_pages_drop(first, count), "dropping pages")
 
 
@@ -485,7 +499,7 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
                 "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
-                "wire_bytes_fetched", "wire_bytes_served", "latency_count")
+                "wire_bytes_fetched", "wire_bytes_served", "region_frees", "latency_count")
 
 
 def stats():
