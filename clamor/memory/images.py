@@ -22,7 +22,7 @@ import struct
 import sys
 import sysconfig
 
-__all__ = ["loaded", "mismatches"]
+__all__ = ["installed", "loaded", "mismatches", "packages"]
 
 _NT_GNU_BUILD_ID = 3
 
@@ -137,8 +137,8 @@ def version_of(name):
     return os.path.basename(rel)
 
 
-def loaded():
-    """{portable name: fingerprint} of the ELF files mapped in this process."""
+def _mapped():
+    """The files mapped in this process (its images among them)."""
     paths = set()
     with open("/proc/self/maps") as f:
         for line in f:
@@ -147,8 +147,40 @@ def loaded():
                 p = parts[5].strip()
                 if not p.endswith(" (deleted)") and not p.startswith(("/dev/", "/memfd:")):
                     paths.add(p)
+    return paths
+
+
+def installed(name):
+    """Whether top-level module ``name`` comes from an installed
+    distribution (site-packages, an editable install, a wheel on the
+    path): not shipped to workers, which must have it."""
+    return bool(_distributions().get(name))
+
+
+def packages():
+    """{"pkg:" + name: its version} of the installed packages this process
+    imported (top-level modules a distribution provides), so that a worker
+    without one, or with another version, is told at joining rather than
+    by a task that fails to unpickle."""
     out = {}
-    for p in sorted(paths):
+    for name, mod in list(sys.modules.items()):
+        if "." in name or mod is None:
+            continue
+        version = packages_version(name)
+        # (only what a distribution provides; not clamor, nor what site
+        # imports at start-up for the installer: _distutils_hack, the
+        # finders of editable installs)
+        if version is None or name in ("clamor", "_distutils_hack") or name.startswith("__editable__"):
+            continue
+        out["pkg:" + name] = {"what": version}
+    return out
+
+
+def loaded():
+    """{portable name: fingerprint} of the ELF files mapped in this process,
+    and the installed packages it imported (``packages()``)."""
+    out = packages()
+    for p in sorted(_mapped()):
         try:
             with open(p, "rb") as f:
                 if f.read(4) != b"\x7fELF":
@@ -163,8 +195,21 @@ def mismatches(driver):
     """Lines saying how this process's files differ from ``driver``'s
     images (``loaded()`` of the driver); empty if they all match."""
     out = []
+    # The interpreter's own files (the executable, libpython: named under
+    # the installation's prefix) are the ones this process has mapped: a
+    # root searched first, such as the working directory "/" of a worker
+    # started there, may hold another file by the same relative name
+    # (/bin/python3.11).  A module's file is the one imports would find.
+    mine = {}
+    for p in _mapped():
+        n = portable_name(p)
+        if n.startswith(("rel:bin/", "rel:lib/")):
+            mine.setdefault(n, p)
     for name, want in sorted(driver.items()):
-        path = local_path(name)
+        if name.startswith("pkg:"):
+            out += _package_mismatch(name[4:], want.get("what"))
+            continue
+        path = mine.get(name) or local_path(name)
         if path is None:
             out.append(f"{want.get('what', name)}: the driver has {name.removeprefix('rel:')}, this worker has no "
                        f"such file")
@@ -180,3 +225,28 @@ def mismatches(driver):
             out.append(f"{name.removeprefix('rel:')} differs: the driver has {want.get('what')}, this worker "
                        f"{version_of(name)} ({path})")
     return out
+
+
+def _package_mismatch(name, what):
+    import importlib.util
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return [f"{what or name}: the driver imported package {name!r}, which this worker cannot import "
+                f"(install it here: clamor ships the user's own modules, not installed packages)"]
+    mine = packages_version(name)
+    if what and mine and what != mine:
+        return [f"package {name!r} differs: the driver has {what}, this worker {mine}"]
+    return []
+
+
+def packages_version(name):
+    """"dist version" of the installed package ``name``, or None."""
+    for dist in _distributions().get(name, ()):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

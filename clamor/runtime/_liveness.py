@@ -32,6 +32,7 @@ This is not clamor.worker: that module is also run as ``python -m``, and
 the package must not import it first.
 """
 import ctypes
+import json
 import os
 import select
 import signal
@@ -198,9 +199,26 @@ def spawn(args, env=None):
     interpreter that dies with this process, as a forked worker does (it
     gets the lifeline's read end); returns the Popen."""
     fd = lifeline()
+    # the driver's sys.path and working directory, as multiprocessing's
+    # spawn hands its children (a script's own directory among them)
     env = {**os.environ, "CLAMOR_DIE_WITH_PARENT": "1", "CLAMOR_PARENT_PID": str(os.getpid()),
-           "CLAMOR_LIFELINE_FD": str(fd), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "clamor.worker", *args], env=env, pass_fds=(fd,))
+           "CLAMOR_LIFELINE_FD": str(fd), "CLAMOR_SYS_PATH": json.dumps(sys.path), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "clamor.worker", *args], env=env, pass_fds=(fd,),
+                            cwd=os.getcwd())
+
+
+def adopt_driver_path():
+    """A spawned worker: put the driver's sys.path (CLAMOR_SYS_PATH) in
+    front of its own, in the driver's order."""
+    raw = os.environ.pop("CLAMOR_SYS_PATH", None)
+    if not raw:
+        return
+    try:
+        paths = json.loads(raw)
+    except ValueError:
+        return
+    if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+        sys.path[:] = paths + [p for p in sys.path if p not in paths]
 
 
 def reap(pid, deadline):

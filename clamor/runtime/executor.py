@@ -68,7 +68,7 @@ import zmq
 
 from .. import errors
 from ..memory import portable, region, samehost
-from . import serialize
+from . import code, serialize
 from ._liveness import LinkWatch, heartbeats
 from .collection import partition_result
 from .security import Guard
@@ -484,4 +484,5 @@ def worker_main(driver, wid, security, host, ports="*"):
     # pages, which the driver rewrites, and this worker's collections must
     # never walk or relink them.
     gc.freeze()
+    code.note_forked()
     Runtime(driver, wid, security, blocks=f"tcp://{host}:{ports}").loop()

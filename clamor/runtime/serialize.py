@@ -29,6 +29,7 @@ from ..memory import portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
 from ..memory.walk import conversions
+from . import code
 from .collection import DataCollection
 
 log = logging.getLogger("clamor.serialize")
@@ -197,9 +198,30 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
     return buf.getvalue()
 
 
+class _WithCode:
+    """A payload with the driver's own modules in front (clamor/runtime/code.py):
+    they are installed on the worker before the payload is loaded."""
+
+    __slots__ = ("ship", "obj")
+
+    def __init__(self, ship, obj):
+        self.ship, self.obj = ship, obj
+
+    def __reduce__(self):
+        return _payload, (self.ship, self.obj)
+
+
+def _payload(_installed, obj):
+    return obj
+
+
 def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
-    """``dumps`` of a stage's payload; what cannot travel is named in a
-    NotSerializable error (the pickler's own error is its cause)."""
+    """``dumps`` of a stage's payload, with the driver's own modules in
+    front of it; what cannot travel is named in a NotSerializable error
+    (the pickler's own error is its cause)."""
+    ship = code.shipment()
+    if ship is not None:
+        obj = _WithCode(ship, obj)
     try:
         return dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable)
     except errors.ClamorError:

@@ -46,7 +46,7 @@ from .. import errors
 from ..memory import region
 from ..memory import images, portable, samehost
 from . import security, serialize
-from ._liveness import pid_alive, pid_namespace, shares_pids, watch_lifeline
+from ._liveness import adopt_driver_path, pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
 
@@ -286,6 +286,7 @@ def main(argv=None):
     ap.add_argument("--connect-timeout", type=float, default=None,
                     help="seconds to wait for the driver (default CLAMOR_CONNECT_TIMEOUT, else 30)")
     args = ap.parse_args(argv)
+    adopt_driver_path()   # (a worker the Cluster spawned)
     driver = args.driver or args.endpoint
     if not driver or (args.driver and args.endpoint and args.driver != args.endpoint):
         ap.error("give the driver's endpoint once: clamor worker tcp://HOST:PORT (or --driver tcp://HOST:PORT)")
