@@ -218,7 +218,8 @@ def main(mode, seed, rounds=8, workers=2):
                 want = read(pool[s], i)
                 out["readings"] += len(want)
                 if not same(list(g), list(want)):
-                    out["mismatches"].append([r, s, type(pool[s]).__name__, i])
+                    which = [k for k, (x, y) in enumerate(zip(g, want)) if not same(x, y)]
+                    out["mismatches"].append([r, s, type(pool[s]).__name__, i, which])
             if rng.random() < 0.5:
                 drop()
         st = worker_stats()

@@ -352,15 +352,24 @@ class Relocations:
         far that is still alive.  A root is walked when first shipped, and
         again when the driver changed a page its last walk read."""
         self._forget_dead()
+        # The lists of dead roots go now, whatever the walk below decides:
+        # their memory is free once _forget_dead let them go, and what the
+        # driver makes there next must not be fetched with their words (a
+        # refused walk left them, and a region array written over a dead
+        # dict read as the dict's relocated pointers on the workers).
+        orphaned = np.zeros(0, np.uint64)
+        if self.orphans:
+            pages, self.orphans = self.orphans, set()
+            orphaned = self._install(pages, stage)
         changed = np.unique(np.concatenate(self.changed)) if self.changed else np.zeros(0, np.uint64)
         todo = {id(r): r for r in roots if id(r) not in self.roots}
         if changed.size:
             ch = set(changed.tolist())
             todo.update((k, self.roots[k]) for k, (_, read) in self.per_root.items()
                         if k in self.roots and read_changed(read, ch))
-        if not todo and not self.orphans:
+        if not todo:
             self.changed = []
-            return np.zeros(0, np.uint64)
+            return orphaned
         t0 = time.perf_counter()
         t = self.targets
         t.refresh_images()
@@ -374,7 +383,7 @@ class Relocations:
             seeded = seeded or mode.seeded
         if seeded is not None and not seeds_agree:
             raise NotShareable(seed_message(seeded))
-        pages, self.orphans = self.orphans, set()
+        pages = set()
         for k, (entries, cov) in walked.items():
             old = self.per_root.get(k)
             pages.update(entries)
@@ -384,6 +393,8 @@ class Relocations:
             self.roots[k] = todo[k]
         self.changed = []
         out = self._install(pages, stage)
+        if orphaned.size:
+            out = np.union1d(out, orphaned).astype(np.uint64)
         self.cost["walks"] += 1
         self.cost["walked_pages"] += sum(len(read) for _, read in walked.values())
         self.cost["covered"] = len(set().union(*(read for _, read in self.per_root.values())))
