@@ -59,6 +59,8 @@ except AttributeError:  # a module from before the check: it cannot say what it 
 if _problem:
     raise errors.UnsupportedPython(f"{_problem} (the core is {sys.modules[__package__ + '._clamor'].__file__})")
 del _problem
+if lib.clamor_py_classes_init() != 0:  # pragma: no cover - making one class failed
+    raise errors.BuildError("clamor's compiled core could not start: see the error printed above")
 
 
 # cffi makes the function object for ``lib.name`` on first use and keeps it.

@@ -416,6 +416,15 @@ enum clamor_field {
     CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
 };
 int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+/* Learn how CPython frees the instances of a class statement's type (once,
+ * at import): 0, or -1 (the error is printed).  Then is_class() tells a
+ * type made by a class statement from one an extension made, static or
+ * not; before, it takes every heap type for a class. */
+int clamor_py_classes_init(void);
+int clamor_py_is_class(uintptr_t type);
+#ifdef PY_VERSION_HEX
+bool cl_py_is_class(PyTypeObject *t);
+#endif
 /* Bytes of the object's own body (basic size and items). */
 size_t clamor_py_body_size(uintptr_t obj);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:

@@ -78,6 +78,32 @@ int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max) {
     return n;
 }
 
+/* A type made by a class statement (type.__new__) frees its instances
+ * through CPython's subtype_dealloc, which it does not export; a type an
+ * extension made has a dealloc of its own, whether static or made at run
+ * time (PyType_FromSpec: collections.deque since 3.12, decimal.Decimal since
+ * 3.13), and so do pybind11's.  A class made once shows which it is. */
+static destructor class_dealloc;
+
+int clamor_py_classes_init(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (!class_dealloc) {
+        PyObject *t = PyObject_CallFunction((PyObject *)&PyType_Type, "s()N", "clamor_probe", PyDict_New());
+        if (t) class_dealloc = ((PyTypeObject *)t)->tp_dealloc;
+        else PyErr_Print();
+        Py_XDECREF(t);
+    }
+    PyGILState_Release(g);
+    return class_dealloc ? 0 : -1;
+}
+
+bool cl_py_is_class(PyTypeObject *t) {
+    if (!class_dealloc) return t->tp_flags & Py_TPFLAGS_HEAPTYPE; // (not yet known: the cautious answer)
+    return t->tp_dealloc == class_dealloc;
+}
+
+int clamor_py_is_class(uintptr_t type) { return cl_py_is_class((PyTypeObject *)type); }
+
 // Bytes of the object's own body: its type's basic size and its items.
 size_t clamor_py_body_size(uintptr_t obj) {
     PyObject *o = (PyObject *)obj;

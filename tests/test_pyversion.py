@@ -111,3 +111,15 @@ def test_the_build_fails_for_a_minor_version_the_c_code_does_not_know(tmp_path):
     assert proc.returncode != 0 and "free-threaded" in proc.stderr, proc.stderr
 
 
+
+def test_types_an_extension_made_are_told_from_classes_static_or_not():
+    import collections
+    import decimal
+
+    from clamor.memory._pyshare import is_class
+
+    class Queue(collections.deque):
+        pass
+
+    assert [is_class(t) for t in (int, dict, collections.deque, decimal.Decimal)] == [False] * 4
+    assert is_class(Queue) and is_class(type("Made", (), {}))
