@@ -108,6 +108,11 @@ int clamor_py_is_class(uintptr_t type) { return cl_py_is_class((PyTypeObject *)t
 size_t clamor_py_body_size(uintptr_t obj) {
     PyObject *o = (PyObject *)obj;
     size_t n = (size_t)Py_TYPE(o)->tp_basicsize;
+#if PY_VERSION_HEX >= 0x030C0000
+    // an int's size word is a tag since 3.12: the digit count, above the sign bits
+    if (PyLong_Check(o))
+        return n + sizeof(digit) * (size_t)(((PyLongObject *)o)->long_value.lv_tag >> _PyLong_NON_SIZE_BITS);
+#endif
     if (Py_TYPE(o)->tp_itemsize) n += (size_t)Py_TYPE(o)->tp_itemsize * (size_t)Py_ABS(Py_SIZE(o));
     return n;
 }

@@ -112,6 +112,12 @@ def test_the_build_fails_for_a_minor_version_the_c_code_does_not_know(tmp_path):
 
 
 
+def test_the_body_of_an_int_is_its_digits():
+    """An int's size word is a tag since 3.12, not its digit count."""
+    for n in (1, -(2 ** 100), 2 ** 200 + 1):
+        assert lib.clamor_py_body_size(id(n)) == sys.getsizeof(n), n
+
+
 def test_types_an_extension_made_are_told_from_classes_static_or_not():
     import collections
     import decimal
