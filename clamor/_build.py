@@ -37,6 +37,11 @@ ffibuilder.set_source(
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                         "-fvisibility=hidden"],
     depends=[_rel(p) for p in sorted(glob.glob(os.path.join(CSRC, "*.h")))],
+    # Not the stable ABI: the py*.c files read CPython's internal layouts,
+    # which change with every minor version.  The file is then named for its
+    # interpreter (_clamor.cpython-312-x86_64-linux-gnu.so), so an editable
+    # install for a second Python builds its own instead of loading another's.
+    py_limited_api=False,
 )
 
 if __name__ == "__main__":

@@ -187,3 +187,9 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
 size_t clamor_py_body_size(uintptr_t obj);
 size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
                       size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
+/* csrc/internal.h: the CPython the module was built for (pyversion.c) */
+unsigned long clamor_py_built_for(void);
+unsigned long clamor_py_known_minors(void);
+/* csrc/internal.h: types made by a class statement told from an extension's (pyshare.c) */
+int clamor_py_classes_init(void);
+int clamor_py_is_class(uintptr_t type);

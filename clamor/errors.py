@@ -19,6 +19,12 @@ class BuildError(ClamorError, ImportError):
     """The compiled core or libzmq could not be loaded."""
 
 
+class UnsupportedPython(BuildError):
+    """The compiled core was built for another Python than the one running,
+    or for one whose object layouts clamor does not know: reinstall clamor
+    with this interpreter, or use a supported one."""
+
+
 class ConfigError(ClamorError, ValueError):
     """A bad setting: region geometry, page size, endpoint, environment."""
 

@@ -318,6 +318,26 @@ extern __thread int cl_heap_depth __attribute__((tls_model("initial-exec")));
 /* In a forked child: no thread is inside a block any more. */
 void cl_heap_reset_after_fork(void);
 
+/* ---- pyversion.c: the CPython versions the py*.c files know ------------ */
+
+/* Bit m set: the py*.c files were checked against the object layouts of
+ * CPython 3.m (the GIL build).  Adding a version means reading every
+ * PY_VERSION_HEX test and layout the py*.c files use against its headers,
+ * and running the suite on it. */
+#define CL_PY_KNOWN_MINORS ((1ul << 11) | (1ul << 12) | (1ul << 13))
+#ifdef PY_VERSION_HEX /* a file that reads CPython's objects: refuse what it does not know */
+#if PY_MAJOR_VERSION != 3 || PY_MINOR_VERSION > 63 || !((CL_PY_KNOWN_MINORS >> PY_MINOR_VERSION) & 1)
+#error "clamor: this CPython's object layouts are not known to csrc/py*.c (see CL_PY_KNOWN_MINORS in internal.h)"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "clamor: the free-threaded build of CPython has other object layouts; csrc/py*.c know the GIL build only"
+#endif
+#endif
+/* PY_VERSION_HEX of the headers the module was built with, and
+ * CL_PY_KNOWN_MINORS: for clamor/_native.py's check at import. */
+unsigned long clamor_py_built_for(void);
+unsigned long clamor_py_known_minors(void);
+
 /* ---- pyheap.c: Python's allocators (the Python extension only) ---------- */
 
 /* Wrap the three PyMem domains (once; needs the GIL), and set/restore
@@ -396,6 +416,15 @@ enum clamor_field {
     CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
 };
 int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+/* Learn how CPython frees the instances of a class statement's type (once,
+ * at import): 0, or -1 (the error is printed).  Then is_class() tells a
+ * type made by a class statement from one an extension made, static or
+ * not; before, it takes every heap type for a class. */
+int clamor_py_classes_init(void);
+int clamor_py_is_class(uintptr_t type);
+#ifdef PY_VERSION_HEX
+bool cl_py_is_class(PyTypeObject *t);
+#endif
 /* Bytes of the object's own body (basic size and items). */
 size_t clamor_py_body_size(uintptr_t obj);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:

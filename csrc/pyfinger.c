@@ -103,6 +103,27 @@ static int visit(PyObject *ref, void *arg) {
     return 0;
 }
 
+struct others {
+    PyObject *type;
+    int n;
+};
+
+static int count_other(PyObject *ref, void *arg) {
+    struct others *c = arg;
+    c->n += ref != c->type;
+    return 0;
+}
+
+/* Does o hold no reference, but to its type (which a heap type's objects
+ * visit)? */
+static int refers_to_nothing(PyObject *o) {
+    if (!PyObject_IS_GC(o)) return 1;
+    if (!Py_TYPE(o)->tp_traverse) return 0;
+    struct others c = {(PyObject *)Py_TYPE(o), 0};
+    Py_TYPE(o)->tp_traverse(o, count_other, &c);
+    return c.n == 0;
+}
+
 static uint64_t fingerprint(PyObject *o) {
     if (PyType_Check(o) || PyFunction_Check(o) || PyCode_Check(o) || PyModule_Check(o) || PyCFunction_Check(o))
         return 0;
@@ -180,21 +201,30 @@ static uint64_t fingerprint(PyObject *o) {
         return mix(h, (uintptr_t)d->typeobj) | 1;
     }
     PyTypeObject *t = Py_TYPE(o);
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
-    /* an instance's dict and inline values pointers lie before its header
-     * (and before the collector's links): a new instance at the address has
-     * others (its attributes changed in place are not seen) */
+#if PY_VERSION_HEX < 0x030D0000
+    /* an instance's dict and values pointers lie before its header (and
+     * before the collector's links): a new instance at the address has
+     * others (its attributes changed in place are not seen).  3.11: values
+     * at -4 words, dict at -3; 3.12: its weak-reference list at -4 (never
+     * read: a weak reference made after the fork changes nothing a reader
+     * sees), dict or values at -3.  3.13 keeps the values inline, after the
+     * body, and the traversal below sees them. */
     if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-        const uint64_t *pre = (const uint64_t *)((const char *)o - (PyType_IS_GC(t) ? 16 : 0)) - 2;
-        h = mix(mix(h, pre[0]), pre[1]);
+        const uint64_t *pre = (const uint64_t *)o - 4;
+#if PY_VERSION_HEX < 0x030C0000
+        h = mix(h, pre[0]);
+#endif
+        h = mix(h, pre[1]);
     }
 #endif
     /* a C type's object may cache its hash in its body once asked (a
      * datetime, a Decimal): ask first, so that the body reads the same
-     * whenever it is read (no Python code runs in a static type's hash of
-     * an object that holds no references) */
-    if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) && !PyObject_IS_GC(o) && t->tp_hash &&
-        t->tp_hash != PyObject_HashNotImplemented && t->tp_hash(o) == -1)
+     * whenever it is read.  No Python code runs in the hash of an object
+     * that holds no references, of a type that no class statement made
+     * (static, or an extension's heap type: Decimal is one since 3.13,
+     * collected only to visit its type). */
+    if (!cl_py_is_class(t) && refers_to_nothing(o) && t->tp_hash && t->tp_hash != PyObject_HashNotImplemented &&
+        t->tp_hash(o) == -1)
         PyErr_Clear();
     Py_ssize_t weak = t->tp_weaklistoffset;
     for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); at + 8 <= t->tp_basicsize; at += 8)

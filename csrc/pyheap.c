@@ -317,13 +317,19 @@ static int rehome_dict(PyDictObject *d) {
     PyDictKeysObject *k = d->ma_keys;
     d->ma_keys = c->ma_keys;
     c->ma_keys = k;
+    // (deprecated for extensions since 3.12, but CPython's own to keep right)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #if PY_VERSION_HEX >= 0x030C0000
-    // the low bits of the tag are the dict's watchers: keep d's, take a new version
-    const uint64_t watchers = (1u << 8) - 1;
-    d->ma_version_tag = (c->ma_version_tag & ~watchers) | (d->ma_version_tag & watchers);
+    /* the low bits of the tag are the dict's own: keep d's, take a new
+     * version.  3.12: its watchers (8 bits); 3.13: and how many times it
+     * changed while watched (4 more, pycore_dict.h) */
+    const uint64_t own = PY_VERSION_HEX >= 0x030D0000 ? (1u << 12) - 1 : (1u << 8) - 1;
+    d->ma_version_tag = (c->ma_version_tag & ~own) | (d->ma_version_tag & own);
 #else
     d->ma_version_tag = c->ma_version_tag;
 #endif
+#pragma GCC diagnostic pop
     Py_DECREF(c); // frees the region table and drops the references it held
     return 1;
 }

@@ -78,10 +78,41 @@ int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max) {
     return n;
 }
 
+/* A type made by a class statement (type.__new__) frees its instances
+ * through CPython's subtype_dealloc, which it does not export; a type an
+ * extension made has a dealloc of its own, whether static or made at run
+ * time (PyType_FromSpec: collections.deque since 3.12, decimal.Decimal since
+ * 3.13), and so do pybind11's.  A class made once shows which it is. */
+static destructor class_dealloc;
+
+int clamor_py_classes_init(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (!class_dealloc) {
+        PyObject *t = PyObject_CallFunction((PyObject *)&PyType_Type, "s()N", "clamor_probe", PyDict_New());
+        if (t) class_dealloc = ((PyTypeObject *)t)->tp_dealloc;
+        else PyErr_Print();
+        Py_XDECREF(t);
+    }
+    PyGILState_Release(g);
+    return class_dealloc ? 0 : -1;
+}
+
+bool cl_py_is_class(PyTypeObject *t) {
+    if (!class_dealloc) return t->tp_flags & Py_TPFLAGS_HEAPTYPE; // (not yet known: the cautious answer)
+    return t->tp_dealloc == class_dealloc;
+}
+
+int clamor_py_is_class(uintptr_t type) { return cl_py_is_class((PyTypeObject *)type); }
+
 // Bytes of the object's own body: its type's basic size and its items.
 size_t clamor_py_body_size(uintptr_t obj) {
     PyObject *o = (PyObject *)obj;
     size_t n = (size_t)Py_TYPE(o)->tp_basicsize;
+#if PY_VERSION_HEX >= 0x030C0000
+    // an int's size word is a tag since 3.12: the digit count, above the sign bits
+    if (PyLong_Check(o))
+        return n + sizeof(digit) * (size_t)(((PyLongObject *)o)->long_value.lv_tag >> _PyLong_NON_SIZE_BITS);
+#endif
     if (Py_TYPE(o)->tp_itemsize) n += (size_t)Py_TYPE(o)->tp_itemsize * (size_t)Py_ABS(Py_SIZE(o));
     return n;
 }

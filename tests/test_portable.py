@@ -149,6 +149,7 @@ def test_arrays_of_many_kinds_and_instances_of_importable_classes_read_on_spawne
     (tmp_path / "portable_kinds.py").write_text(KINDS)
     path = os.pathsep.join([str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     out = drive("""
+        import weakref
         import portable_kinds as pk
 
         class Local:                    # defined in __main__: no worker can import it
@@ -180,6 +181,9 @@ def test_arrays_of_many_kinds_and_instances_of_importable_classes_read_on_spawne
                 "pair": pk.Pair("left", np.arange(6, dtype=np.int16).reshape(2, 3)),
             }
             local = Local()
+        # the driver's weak reference: since 3.12 an instance's list of them
+        # lies before its header, beside its dict pointer; workers read none
+        held = weakref.ref(d["point"])
 
         def describe(v):
             if isinstance(v, np.ndarray):
@@ -206,6 +210,7 @@ def test_arrays_of_many_kinds_and_instances_of_importable_classes_read_on_spawne
             res["run"] = cl.run(everything)
             res["stage"] = cl.range(4, partitions=4).map(lambda i: everything()).collect()
             res["reloc"] = cl.run(lambda: region.stats()["reloc_words"])
+            res["weak"] = cl.run(lambda: weakref.getweakrefcount(d["point"]))
         res["driver"] = everything()
         res["share"] = {k: caught(clamor.share, v, portable=True)
                         for k, v in (("d", d), ("point", d["point"]), ("pair", d["pair"]), ("table", table))}
@@ -222,6 +227,7 @@ def test_arrays_of_many_kinds_and_instances_of_importable_classes_read_on_spawne
             assert g["items"][k] == want["items"][k], k
         assert g == want
     assert all(r > 0 for r in out["reloc"]), out["reloc"]
+    assert out["weak"] == [0, 0], out["weak"]
     assert all(out["share"][k][0] == "ok" for k in ("d", "point", "pair", "table")), out["share"]
     kind, msg, typed = out["local"]
     assert kind == "NotShareable" and typed, out["local"]

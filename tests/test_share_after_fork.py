@@ -67,6 +67,33 @@ print(json.dumps({{"first": first, "second": second, "third": third, "verdict": 
     assert out["third"] == [[1, 2, 3]] and out["lost"] == 0, out
 
 
+def test_an_inherited_object_only_hashed_or_weakly_referenced_since_the_fork_is_the_workers():
+    """A weak reference to an inherited instance, or the hash a C object
+    caches in its body once asked (a Decimal's), changes nothing a reader
+    sees: share() must not take the object for another one at its address.
+    (3.12 keeps an instance's weak references before its header, beside its
+    dict pointer; Decimal is a collected heap type since 3.13.)"""
+    out = scenario(f"""
+import decimal, weakref
+class Box:
+    pass
+dec = decimal.Decimal("2.5")
+box = Box(); box.x = 1.25
+with clamor.heap():
+    d = {{"dec": dec, "box": box}}
+with clamor.Cluster({OPTS}) as cl:
+    before = attempt(clamor.share, d)
+    hash(dec)
+    held = weakref.ref(box)
+    after = attempt(clamor.share, d)
+    got = cl.parallelize(range(1), 1).map(lambda _: [str(d["dec"]), d["box"].x]).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"before": before, "after": after, "got": got, "lost": lost}}))
+""")
+    assert out["before"] == ["ok", "dict"] and out["after"] == ["ok", "dict"], out
+    assert out["got"] == [["2.5", 1.25]] and out["lost"] == 0, out
+
+
 def test_same_size_changes_after_a_stage_are_checked_again():
     """A dict value, a list item, an attribute and a slot replaced by
     objects made outside any block after the fork: same sizes, so only a

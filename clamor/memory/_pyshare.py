@@ -32,6 +32,14 @@ def fields(o):
     return [(int(_out[2 * i]), int(_out[2 * i + 1])) for i in range(n)]
 
 
+def is_class(t):
+    """Was the type ``t`` made by a class statement?  An extension's type is
+    not, whether static or made at run time (``collections.deque`` is a heap
+    type since 3.12, ``decimal.Decimal`` since 3.13): its objects have C
+    fields no Python reference shows."""
+    return bool(lib.clamor_py_is_class(id(t)))
+
+
 class AddressMap:
     """This process's mappings, read from /proc/self/maps: memory of loaded
     images (the same in every process of the image), and private writable

@@ -289,7 +289,7 @@ class _Mode:
         # driver's weak references), an array's cached buffer description.
         if flags & _HAVE_GC:
             self.null_words += (a - 16, a - 8)
-        if t.__weakrefoffset__ > 0:
+        if t.__weakrefoffset__:     # (negative since 3.12 for a class: the list lies before the header)
             self.null_words.append(a + t.__weakrefoffset__)
         if isinstance(o, np.ndarray):
             self.null_words.append(a + _ARRAY_CACHE)

@@ -374,9 +374,10 @@ _INLINE_SCALARS = (np.number, np.bool_, np.datetime64, np.timedelta64, np.bytes_
 
 
 def _solid(t):
-    """The first type of ``t``'s MRO written in C (not a class statement)."""
+    """The first type of ``t``'s MRO written in C (not a class statement;
+    not always a static type: see ``_pyshare.is_class``)."""
     for b in t.__mro__:
-        if not b.__flags__ & _HEAPTYPE:
+        if not _pyshare.is_class(b):
             return b
     return object
 
