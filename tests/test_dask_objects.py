@@ -194,3 +194,32 @@ res["equal"] = {k: all(np.array_equal(x, y) for x, y in zip(*(([v, _pickling.det
     assert not any(out["before"].values()), out["before"]     # each case holds the region, as made
     assert all(out["after"].values()), out["after"]
     assert all(out["equal"].values()), out["equal"]
+
+
+def test_a_graph_in_a_list_at_a_region_address_still_shows_its_versions():
+    # A region list freed on the driver goes to CPython's free list, and the
+    # next list any thread makes (the scheduler's, in the driver's process
+    # for a LocalCluster) sits at its address.  The scan of a graph must
+    # still walk it: it read as no versions, and the graph's tasks ran at a
+    # stale version (the memory soak's Dask mode, 1 round in 4).  (No Dask
+    # client here: its threads would take the freed list first.)
+    out = scenario("""
+        from clamor.dask import _pickling
+        from clamor.memory.refs import ArrayRef
+        region.ensure()
+        arr = clamor.zeros(1000)
+        ga = _pickling.GlobalArray(ArrayRef(arr), 7)
+        found, hold = [], []
+        for _ in range(20):
+            d = {"x": ga}
+            hold.append([[] for _ in range(100)])   # CPython's list free list emptied (it keeps 80)
+            with clamor.heap():
+                dead = [0, 1, 2]
+            del dead                                  # onto the free list, alone
+            graph = [ga, d]                           # takes its place
+            if region.contains(id(graph), 1):
+                found.append(sorted(_pickling.versions_in(graph)))
+        print(json.dumps({"found": found}))
+        """)
+    assert len(out["found"]) >= 10, out                 # the setup put the graph in the region
+    assert all(v == [7] for v in out["found"]), out["found"]

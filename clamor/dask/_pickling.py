@@ -258,10 +258,11 @@ class _Scanner(cloudpickle.CloudPickler):
     """Walks what pickling would walk, writing nothing: the versions of the
     GlobalArrays reached, and whether a region array is reached."""
 
-    def __init__(self):
+    def __init__(self, objects=True):
         super().__init__(_Sink(), protocol=5, buffer_callback=_out_of_band)
         self.versions = set()
         self.region = False
+        self.objects = objects     # judge objects by their address (a worker's result)
 
     def persistent_id(self, obj):
         t = type(obj)
@@ -272,7 +273,7 @@ class _Scanner(cloudpickle.CloudPickler):
             if in_region(obj) or _holds_region(obj):
                 self.region = True
             return 0
-        if _is_region_object(obj):
+        if self.objects and _is_region_object(obj):
             self.region = True
             return 0
         return None
@@ -294,8 +295,13 @@ def _walk(pickler, obj):
 
 def versions_in(obj):
     """The versions of the region arrays ``obj`` holds (a scheduler's view
-    of a graph); None if it cannot be walked."""
-    s = _Scanner()
+    of a graph); None if it cannot be walked.  Objects are not judged by
+    their address here: on the driver (whose process a LocalCluster's
+    scheduler shares) an ordinary list can sit at a region address, one
+    that a region list freed onto CPython's free list left, and taken for
+    a region object it would not be walked (a graph's versions read as
+    none, and its tasks ran at a stale version)."""
+    s = _Scanner(objects=False)
     try:
         _walk(s, obj)
     except Exception as err:  # an object that does not pickle again
