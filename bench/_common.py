@@ -261,8 +261,11 @@ def json_line(figures, name=None):
     """Print a benchmark's figures as one JSON object on one line: its last
     line.  The same figures go to bench/results/NAME.json (NAME: the
     script's, with "-quick" for a --quick run), with the date, the commit
-    and the command line, for bench/figures.py."""
+    and the command line, for bench/figures.py.  A ``--smoke`` run (a check
+    that the script works, sizes too small to mean anything) writes no file."""
     print(json.dumps(figures), flush=True)
+    if "--smoke" in sys.argv and name is None:
+        return
     if name is None:
         name = os.path.splitext(os.path.basename(sys.argv[0]))[0] + ("-quick" if "--quick" in sys.argv else "")
     record = {"bench": name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
