@@ -95,6 +95,7 @@ The last line is one JSON object (keys in bench/README.md).
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -395,8 +396,17 @@ def start_local(args):
 
     dask.config.set(AMM_OFF)
 
-    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
-    return Client(cluster), cluster
+    # the workers' scratch space in a directory of our own, removed after the
+    # cluster (Dask's default, $TMPDIR/dask-scratch-space, outlives it)
+    scratch = tempfile.mkdtemp(prefix="dask_globals-")
+    dask.config.set({"temporary-directory": scratch})     # the scheduler's and the nannies' too
+    try:
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                               local_directory=scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return Client(cluster), cluster, scratch
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -518,7 +528,8 @@ def main(argv=None):
                   f"{time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client, cluster = start_local(args)
+            client, cluster, scratch = start_local(args)
+            stack.callback(shutil.rmtree, scratch, ignore_errors=True)     # after the cluster is closed
             stack.callback(cluster.close)
             root, links, nhosts = None, NoLinks(), 1
         stack.callback(client.close)
