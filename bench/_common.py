@@ -261,8 +261,11 @@ def json_line(figures, name=None):
     """Print a benchmark's figures as one JSON object on one line: its last
     line.  The same figures go to bench/results/NAME.json (NAME: the
     script's, with "-quick" for a --quick run), with the date, the commit
-    and the command line, for bench/figures.py."""
+    and the command line, for bench/figures.py.  A ``--smoke`` run (a check
+    that the script works, sizes too small to mean anything) writes no file."""
     print(json.dumps(figures), flush=True)
+    if "--smoke" in sys.argv:
+        return
     if name is None:
         name = os.path.splitext(os.path.basename(sys.argv[0]))[0] + ("-quick" if "--quick" in sys.argv else "")
     record = {"bench": name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
@@ -347,3 +350,25 @@ def thread_cpu():
 def cpu_delta(before, after):
     """What each thread of ``after`` spent since ``before`` (thread_cpu())."""
     return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
+
+
+# ---- --smoke ---------------------------------------------------------------------------
+
+# The peers a --smoke run leaves out unless --systems names them: the test
+# machine installs clamor's "test" extra (Dask, not Ray nor pyspark) and has
+# no Java, and either's start-up alone takes longer than a whole smoke run.
+SMOKE_LEAVES_OUT = {
+    "spark": "left out under --smoke (a JVM per executor, Java 17 needed; name it in --systems to run it)",
+    "ray": "left out under --smoke (not in the test extra, slow to start; name it in --systems to run it)",
+}
+
+
+def smoke_systems(systems, named):
+    """(the systems a --smoke run keeps, {system: why left out}).  ``named``:
+    --systems was given on the command line, and then every system stays."""
+    if named:
+        return list(systems), {}
+    out = {s: why for s, why in SMOKE_LEAVES_OUT.items() if s in systems}
+    for s, why in out.items():
+        print(f"smoke: {s} {why}", flush=True)
+    return [s for s in systems if s not in out], out

@@ -46,6 +46,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -263,18 +264,28 @@ def dask(workers, **cluster_kwargs):
         raise PeerMissing("dask.distributed is not installed (pip install 'dask[distributed]')") from None
     kw = {"n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
     kw.update(cluster_kwargs)
-    cluster = LocalCluster(**kw)
-    client = None
+    # Dask's scratch space (the scheduler's, the nannies', the workers') in a
+    # directory of our own: its default, $TMPDIR/dask-scratch-space,
+    # outlives the cluster.
+    import dask
+
+    scratch = tempfile.mkdtemp(prefix="clamor-bench-dask-")
     try:
-        client = Client(cluster)
-        client.wait_for_workers(workers, timeout=120)
-        yield client
+        with dask.config.set({"temporary-directory": scratch}):
+            cluster = LocalCluster(**kw)
+            client = None
+            try:
+                client = Client(cluster)
+                client.wait_for_workers(workers, timeout=120)
+                yield client
+            finally:
+                try:
+                    if client is not None:
+                        client.close()
+                finally:
+                    cluster.close()
     finally:
-        try:
-            if client is not None:
-                client.close()
-        finally:
-            cluster.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ---- Ray --------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ The last line is one JSON object (keys in bench/README.md).
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -395,8 +396,17 @@ def start_local(args):
 
     dask.config.set(AMM_OFF)
 
-    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
-    return Client(cluster), cluster
+    # the workers' scratch space in a directory of our own, removed after the
+    # cluster (Dask's default, $TMPDIR/dask-scratch-space, outlives it)
+    scratch = tempfile.mkdtemp(prefix="dask_globals-")
+    dask.config.set({"temporary-directory": scratch})     # the scheduler's and the nannies' too
+    try:
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                               local_directory=scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return Client(cluster), cluster, scratch
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -413,10 +423,13 @@ def main(argv=None):
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, one host (under a minute)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes, one host (under a minute)")
+    size.add_argument("--smoke", action="store_true", help="200k places, 2 workers, one round of each part, one "
+                      "host (seconds; the tests run it); without dask.distributed, a note and a JSON line")
     ap.add_argument("--local", action="store_true", help="one host (LocalCluster) even for the full run")
     ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=None, help="Dask workers (4; smoke 2)")
     ap.add_argument("--rate", default="1gbit", help="every worker host's link, both ways (tc notation)")
     ap.add_argument("--points", type=float, default=None, help="places (40e6; quick 2e6)")
     ap.add_argument("--queries", type=int, default=None, help="k-NN queries (100000; quick 20000)")
@@ -429,22 +442,33 @@ def main(argv=None):
     ap.add_argument("--update-rounds", type=int, default=None, help="update rounds (3; quick 2)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="the workers' read-ahead in bytes, 0 off (default: clamor's, 4M)")
-    ap.add_argument("--brute", type=int, default=5, help="queries checked by brute force")
+    ap.add_argument("--brute", type=int, default=None, help="queries checked by brute force (5; smoke 2)")
     ap.add_argument("--kdtree-reps", type=int, default=None,
                     help="cold rounds of each side of the KDTree part (as --reps; 0 skips it)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    q = args.quick
-    args.points = int(args.points or (2e6 if q else 40e6))
-    args.queries = args.queries or (20000 if q else 100000)
+    sm = args.smoke
+    q = args.quick or sm        # a smoke run is a small quick run: one host unless --netns
+    args.workers = args.workers or (2 if sm else 4)
+    args.brute = args.brute or (2 if sm else 5)
+    args.points = int(args.points or (2e5 if sm else 2e6 if q else 40e6))
+    args.queries = args.queries or (2000 if sm else 20000 if q else 100000)
     args.tasks = args.tasks or 8 * args.workers
-    args.reps = args.reps or (3 if q else 2)
+    args.reps = args.reps or (1 if sm else 3 if q else 2)
     args.kdtree_reps = args.reps if args.kdtree_reps is None else args.kdtree_reps
-    args.update_queries = args.update_queries or (5000 if q else 20000)
-    args.update_rounds = args.update_rounds or (2 if q else 3)
+    args.update_queries = args.update_queries or (500 if sm else 5000 if q else 20000)
+    args.update_rounds = args.update_rounds or (1 if sm else 2 if q else 3)
     if min(args.workers, args.points, args.queries, args.tasks, args.reps, args.update_queries,
            args.update_rounds, args.k) < 1 or args.points < args.k:
         ap.error("counts must be positive")
+    if sm:
+        try:
+            import distributed  # noqa: F401 - only whether it is there
+        except ImportError as err:
+            why = f"dask.distributed is not installed ({err}); pip install 'dask[distributed]'"
+            print(f"smoke: dask_globals skipped: {why}", flush=True)
+            json_line({"bench": "dask_globals", "smoke": True, "systems_run": [], "skipped": why})
+            return 0
 
     import contextlib
 
@@ -504,7 +528,8 @@ def main(argv=None):
                   f"{time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client, cluster = start_local(args)
+            client, cluster, scratch = start_local(args)
+            stack.callback(shutil.rmtree, scratch, ignore_errors=True)     # after the cluster is closed
             stack.callback(cluster.close)
             root, links, nhosts = None, NoLinks(), 1
         stack.callback(client.close)
@@ -776,7 +801,7 @@ def main(argv=None):
         "tasks": args.tasks, "k": args.k, "radius_km": args.radius_km, "reps": args.reps,
         "updates": args.updates, "update_queries": args.update_queries, "update_rounds": args.update_rounds,
         "workers": args.workers, "hosts": nhosts, "rate": args.rate if netns else None,
-        "page_size": ps, "readahead": readahead, "quick": q, "answers_ok": True,
+        "page_size": ps, "readahead": readahead, "quick": q, "smoke": sm, "systems_run": ["clamor", "scatter"], "answers_ok": True,
         "elapsed_s": round(time.perf_counter() - t_start, 1),
     }
     # the KDTree part (the paper's version): null when skipped (--kdtree-reps 0)

@@ -641,7 +641,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=os.path.join(HERE, "results"), help="the JSON files (bench/results)")
     ap.add_argument("--out", default=os.path.join(HERE, "figures"), help="where the PNGs go (bench/figures)")
-    ap.add_argument("--check", action="store_true", help="only list which figures can be drawn from which files")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="only list which figures can be drawn from which files")
+    mode.add_argument("--smoke", action="store_true", help="--check, then draw every figure into a temporary "
+                      "directory (removed) when matplotlib is installed; a JSON line last (the tests run it)")
     ap.add_argument("--machine", help='the machine, for the captions (default: from the files, e.g. "2-core")')
     args = ap.parse_args(argv)
 
@@ -655,11 +658,50 @@ def main(argv=None):
     if args.check:
         check(pl)
         return 0
-    os.makedirs(args.out, exist_ok=True)
+    if args.smoke:
+        return smoke(pl, records, args)
+    draw_all(pl, args.out, args)
+    return 0
+
+
+def smoke(pl, records, args):
+    """--check, then every figure drawn into a temporary directory: the
+    drawing code runs on the results there are, and nothing is kept."""
+    import tempfile
+
+    sys.path.insert(0, HERE)
+    from _common import json_line
+
+    check(pl)
+    try:
+        import matplotlib  # noqa: F401 - only whether it is there
+    except ImportError as err:
+        drawn, why = None, f"matplotlib is not installed ({err}): figures planned, not drawn"
+        print(f"figures: smoke: {why}", flush=True)
+    else:
+        why = None
+        with tempfile.TemporaryDirectory(prefix="clamor-figures-") as tmp:
+            draw_all(pl, tmp, args)
+            drawn = {f: os.path.getsize(os.path.join(tmp, f)) for f in sorted(os.listdir(tmp)) if f.endswith(".png")}
+        print(f"figures: smoke: drew {', '.join(drawn) or 'nothing'} into a temporary directory (removed)", flush=True)
+    iters, rec = pl["iterations.png"]
+    json_line({"bench": "figures", "smoke": True, "records": len(records),
+               "planned": {"time_per_system.png": len(pl["time_per_system.png"]),
+                           "bytes_moved.png": len(pl["bytes_moved.png"]),
+                           "time_vs_hosts.png": len(pl["time_vs_hosts.png"]),
+                           "iterations.png": len(iters) + (1 if rec else 0)},
+               "drawn_bytes": drawn, "not_drawn": why})
+    return 0
+
+
+def draw_all(pl, out, args):
+    """Every figure the plan ``pl`` allows, into ``out``; a PNG the plan no
+    longer allows is removed from there."""
+    os.makedirs(out, exist_ok=True)
 
     def skip(png, why):   # a PNG left from older results would say what the files no longer do
         print(f"figures: {png}: {why}; not drawn")
-        old = os.path.join(args.out, png)
+        old = os.path.join(out, png)
         if os.path.exists(old):
             os.remove(old)
             print(f"figures: removed the stale {old}")
@@ -667,23 +709,22 @@ def main(argv=None):
     timed, moved, series = pl["time_per_system.png"], pl["bytes_moved.png"], pl["time_vs_hosts.png"]
     iters, rec = pl["iterations.png"]
     if timed:
-        draw_time_per_system(timed, args.out, machine([p.rec for p in timed], args.machine))
+        draw_time_per_system(timed, out, machine([p.rec for p in timed], args.machine))
     else:
         skip("time_per_system.png", "no workload with per-system times")
     if any(s.bytes for p in moved for s in p.systems):
-        draw_bytes(moved, args.out, machine([p.rec for p in moved], args.machine))
+        draw_bytes(moved, out, machine([p.rec for p in moved], args.machine))
     else:
         skip("bytes_moved.png", "no workload with bytes moved")
     if series:
         recs = [r for g in series.values() for r in g.values()]
-        draw_time_vs_hosts(series, args.out, machine(recs, args.machine))
+        draw_time_vs_hosts(series, out, machine(recs, args.machine))
     else:
         skip("time_vs_hosts.png", "no bench has results at two host counts or more")
     if iters or rec:
-        draw_iterations(iters, rec, args.out, machine([p.rec for p in iters] + ([rec] if rec else []), args.machine))
+        draw_iterations(iters, rec, out, machine([p.rec for p in iters] + ([rec] if rec else []), args.machine))
     else:
         skip("iterations.png", "no per-iteration times")
-    return 0
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ import time
 import numpy as np
 
 import _geo_peers
-from _common import Spawned, bounds, die_with_parent, json_line, parse_size
+from _common import Spawned, bounds, die_with_parent, json_line, parse_size, smoke_systems
 from clamor.demo import geo
 
 SYSTEMS = ("clamor", "broadcast", "redis") + _geo_peers.PEERS
@@ -464,8 +464,12 @@ def local_systems(args, systems, d, clamor):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="cities5000, 200,000 queries, 4,000 to Redis")
-    ap.add_argument("--workers", type=int, default=4, help="worker processes (or clients) of every system")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="cities5000, 200,000 queries, 4,000 to Redis")
+    size.add_argument("--smoke", action="store_true", help="cities15000, 5,000 queries, 500 to Redis, 2 workers; "
+                      "Spark and Ray left out unless named, Redis when redis-server is missing (seconds; the "
+                      "tests run it)")
+    ap.add_argument("--workers", type=int, default=None, help="worker processes (or clients) of every system (4)")
     ap.add_argument("--scale", type=int, default=2, help="copies of every place (jittered)")
     ap.add_argument("--dataset", type=int, default=500, choices=geo.DATASETS)
     ap.add_argument("--queries", type=int, default=1_000_000)
@@ -497,15 +501,26 @@ def main():
     if args.quick:
         args.dataset, args.scale = 5000, 1
         args.queries, args.redis_queries = min(args.queries, 200_000), min(args.redis_queries, 4_000)
-    w = args.workers
+    if args.smoke:
+        args.dataset, args.scale = 15000, 1
+        args.queries, args.redis_queries = min(args.queries, 5_000), min(args.redis_queries, 500)
+    args.workers = w = args.workers or (2 if args.smoke else 4)
     args.redis_queries = min(args.redis_queries, args.queries)
     if w < 1 or args.scale < 1 or args.redis_queries < 1:
         ap.error("--workers, --scale, --queries and --redis-queries must be positive")
+    named = args.systems is not None
     if args.systems is None:
         args.systems = ",".join(s for s in SYSTEMS if not args.netns or s not in ("broadcast", "redis"))
     systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
     if set(systems) - set(SYSTEMS):
         ap.error(f"--systems: choose among {','.join(SYSTEMS)}")
+    args.smoke_left_out = {}
+    if args.smoke:
+        systems, args.smoke_left_out = smoke_systems(systems, named)
+        if "redis" in systems and not named and shutil.which("redis-server") is None:
+            args.smoke_left_out["redis"] = "left out under --smoke: redis-server is not installed"
+            print("smoke: redis " + args.smoke_left_out["redis"], flush=True)
+            systems.remove("redis")
 
     import clamor
 
@@ -543,7 +558,7 @@ def report(args, systems, r, peers, total_s):
     # on namespace hosts: what crossed the links, for every system
     nbytes = {"clamor": r["clamor_link_bytes"] if args.netns else r["clamor_bytes"],
               "broadcast": r.get("bcast_bytes"), "redis": None}
-    missing = {s: "not requested (--systems)" for s in SYSTEMS if s not in systems}
+    missing = {s: args.smoke_left_out.get(s, "not requested (--systems)") for s in SYSTEMS if s not in systems}
     bad = {"clamor": bad_clamor, "broadcast": r.get("bad_bcast", 0)}
 
     def eq(n):
@@ -629,7 +644,8 @@ def report(args, systems, r, peers, total_s):
         "speedup_vs_dask": speedup("dask", 2),
         "speedup_vs_ray": speedup("ray", 2),
         "time_unit": f"s per batch of {nq:,} queries",
-        "hosts": hosts, "rate": args.rate if args.netns else None, "systems": systems,
+        "hosts": hosts, "rate": args.rate if args.netns else None, "systems": systems, "smoke": args.smoke,
+        "systems_run": ["clamor"] + [s for s in SYSTEMS if s != "clamor" and batch.get(s) is not None],
         "clamor_link_bytes": r.get("clamor_link_bytes"),
     }
     for s in SYSTEMS:

@@ -59,12 +59,22 @@ Measurements, each against a baseline of the same run:
   limit), CURVE against PLAIN, the same rounds: the figures that decide
   whether encryption stays on by default on one host.
 
+Every cluster is made with ``same_host="fetch"``, and the script checks
+that each worker fetches: what is measured is pages crossing a socket
+(encrypted or not, over a link or loopback).  With clamor's default on one
+host (``"map"``) the loopback worker would map the driver's pages in place:
+no page would cross the socket, and CURVE and PLAIN would not be compared
+at all.
+
 CPU: the worker's (``getrusage`` in the task, and by thread as in
 bench/scan.py), the driver's (``getrusage`` around the call) and the
 machine's (busy share of all CPUs from /proc/stat) for every scan and
 hot-pages stage: on 2 cores, 5 processes and the links' shaping share them.
 
-    python bench/hosts.py [--quick] [--rate 1gbit]
+    python bench/hosts.py [--quick | --smoke] [--rate 1gbit]
+
+``--smoke`` (seconds, for the tests) runs every part with 2 worker hosts
+and tiny sizes.
 
 The last line is one JSON object (keys in bench/README.md).  Needs root
 and network namespaces; exits with status 2 and a message when there are
@@ -100,7 +110,11 @@ from _common import (
 )
 
 POLICIES = ("off", "random", "two-choices")
-WORKER_HOSTS = 4
+WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
+SAME_HOST = "fetch"
+SAME_HOST_WHY = ("every page a worker reads must cross its socket (CURVE or PLAIN, link or loopback); "
+                 "clamor's default on one host (same_host='map') has the loopback worker map the driver's "
+                 "pages instead, and nothing would be measured")
 HOST_ENV = "CLAMOR_BENCH_HOST"      # a worker's host index, for the tasks to report (every pid is 1)
 
 
@@ -119,9 +133,9 @@ def orchestrate(args, argv):
         print(f"hosts: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    with nethosts.Hosts(1 + WORKER_HOSTS, rate=args.rate) as hosts:
+    with nethosts.Hosts(1 + args.worker_hosts, rate=args.rate) as hosts:
         print(f"hosts: {len(hosts)} namespace hosts on {hosts.prefix}.0/24, every link {args.rate} both ways; "
-              f"driver on host 0 ({hosts[0].addr}), workers on hosts 1-{WORKER_HOSTS}", flush=True)
+              f"driver on host 0 ({hosts[0].addr}), workers on hosts 1-{args.worker_hosts}", flush=True)
         to_drv_r, to_drv_w = os.pipe()
         from_drv_r, from_drv_w = os.pipe()
         cfg = {"addr": hosts[0].addr, "in_fd": to_drv_r, "out_fd": from_drv_w}
@@ -183,7 +197,7 @@ def orchestrate(args, argv):
             print(f"hosts: the driver failed (exit status {rc})", file=sys.stderr)
             return 1
     bad = [c for c in exits if c != 0]
-    figures.update(hosts=1 + WORKER_HOSTS, rate=args.rate, worker_exits_nonzero=bad,
+    figures.update(hosts=1 + args.worker_hosts, rate=args.rate, worker_exits_nonzero=bad,
                    elapsed_s=round(time.perf_counter() - t0, 1))
     print(f"hosts: done in {figures['elapsed_s']:.0f} s; {len(exits)} remote workers ran, "
           f"{len(bad)} exited with a non-zero status {bad if bad else ''}", flush=True)
@@ -326,6 +340,22 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
+def ratio(num, den, what):
+    """num / den; a zero or missing denominator stops the driver, naming the figure."""
+    if not den or num is None:
+        raise SystemExit(f"hosts: cannot compute {what}: {num!r} / {den!r} (nothing measured to compare with)")
+    return num / den
+
+
+def check_fetching(cl, label):
+    """Every worker of ``cl`` in ``SAME_HOST`` mode, else stop; the modes."""
+    modes = cl.stats()["same_host"]["workers"]
+    bad = {w: m for w, m in modes.items() if m.get("mode") != SAME_HOST}
+    if bad:
+        raise SystemExit(f"hosts: {label}: workers not in same_host={SAME_HOST!r} mode: {bad}")
+    return sorted(m.get("mode") for m in modes.values())
+
+
 class Driver:
     def __init__(self, args, cfg):
         import numpy as np
@@ -342,11 +372,12 @@ class Driver:
     def remote_cluster(self, n, encrypt=True, **kw):
         """A cluster of ``n`` remote workers on hosts 1..n, started and joined."""
         cl = self.clamor.Cluster(workers=0, remote=n, listen=f"{self.addr}:*", encrypt=encrypt, progress=False,
-                                 start_timeout=60, **kw)
+                                 start_timeout=60, same_host=SAME_HOST, **kw)
         cl.join_command()                       # opens the control endpoint
         self.orch.ask(op="start", hosts=list(range(1, n + 1)), endpoint=cl.endpoint, secret=cl.secret,
                       encrypt=encrypt)
         cl.start()
+        check_fetching(cl, f"{n} remote worker(s)")
         return cl
 
     def close_remote(self, cl):
@@ -418,7 +449,7 @@ class Driver:
 
     def hot_policy(self, policy, keys, expect, encrypt=True):
         drv0 = self.clamor.region.stats()
-        cl = self.remote_cluster(WORKER_HOSTS, encrypt=encrypt, replication=policy, speculation=False)
+        cl = self.remote_cluster(self.args.worker_hosts, encrypt=encrypt, replication=policy, speculation=False)
         try:
             cpu0 = dict(cl.run(cpu_task))
             m0, c0, th0 = machine_ticks(), self_cpu(), thread_cpu()
@@ -464,7 +495,7 @@ class Driver:
             # each task's lookups: (host, start, end) in seconds from the stage's start
             "task_spans": sorted((o[2], round(o[5] - wall, 2), round(o[5] - wall + o[3], 2)) for o in out),
             "hosts_used": len(hosts_used),
-            "coverage": (st["bytes_from_driver"] + st["bytes_from_peers"]) / WORKER_HOSTS / self.table_bytes,
+            "coverage": (st["bytes_from_driver"] + st["bytes_from_peers"]) / self.args.worker_hosts / self.table_bytes,
         }
         print(f"  {policy:>12}{'' if encrypt else ' PLAIN'} {dt:6.2f} s  driver {row['driver_bytes'] / MIB:7.1f} MiB  peers "
               f"{row['peer_bytes'] / MIB:7.1f} MiB  redirects {row['redirects']:5d}  direct "
@@ -507,10 +538,10 @@ class Driver:
         if not self.table or not self.clamor.region.contains(self.table, 16 << bits):
             raise SystemExit("hosts: building the hash table in the region failed")
         self.table_bytes = 64 + (16 << bits)
-        self.tasks, self.lookups = 2 * WORKER_HOSTS, args.lookups
+        self.tasks, self.lookups = 2 * args.worker_hosts, args.lookups
         self.hot_task = make_hot_task(so, self.table, 8)
         print(f"hot pages: hash table of {1 << bits} slots ({self.table_bytes / MIB:.0f} MiB, {nkeys} keys) built in "
-              f"{time.perf_counter() - t:.1f} s; {WORKER_HOSTS} remote workers, {self.tasks} tasks x {self.lookups} "
+              f"{time.perf_counter() - t:.1f} s; {args.worker_hosts} remote workers, {self.tasks} tasks x {self.lookups} "
               f"Zipf(1.1) lookups on 8 threads; a fresh cluster per policy; {args.hot_reps} round(s)", flush=True)
         rng = self.np.random.default_rng(args.seed)
         keys, expect = self.draw_round(rng, nkeys)
@@ -547,6 +578,7 @@ class Driver:
         print(f"driver on {self.addr}: {human(a.nbytes)} float64 array, page {human(page)}; {args.reps} round(s) of "
               f"CURVE/PLAIN clusters, {self.scans} cold scans and {self.nfaults} single-page faults each", flush=True)
 
+        print(f"same_host={SAME_HOST!r} on every cluster: {SAME_HOST_WHY}", flush=True)
         print("remote worker on host 1, over the link:", flush=True)
         remote, links = self.encryption_rounds("remote", lambda e: self.remote_cluster(1, encrypt=e,
                                                                                       speculation=False),
@@ -562,8 +594,14 @@ class Driver:
         print("loopback, one host (driver and one spawned worker, no link):", flush=True)
 
         def loop_cluster(e):
-            return clamor.Cluster(workers=1, start_method="spawn", encrypt=e, progress=False,
-                                  speculation=False).start()
+            cl = clamor.Cluster(workers=1, start_method="spawn", encrypt=e, progress=False,
+                                speculation=False, same_host=SAME_HOST).start()
+            try:
+                check_fetching(cl, "loopback")
+            except SystemExit:
+                cl.close()
+                raise
+            return cl
 
         loop, _ = self.encryption_rounds("loopback", loop_cluster, lambda cl: cl.close(), args.reps)
 
@@ -584,8 +622,8 @@ class Driver:
                           "cluster_start_s": s["start_s"],
                           "scan_worker_threads_last": s["scans"][-1]["worker_threads"],
                           "scan_driver_threads_last": s["scans"][-1]["driver_threads"]}
-            out["fault_ratio"] = out["curve"]["fault_us"] / out["plain"]["fault_us"]
-            out["scan_ratio"] = out["curve"]["scan_gbps"] / out["plain"]["scan_gbps"]
+            out["fault_ratio"] = ratio(out["curve"]["fault_us"], out["plain"]["fault_us"], "fault_ratio (CURVE / PLAIN)")
+            out["scan_ratio"] = ratio(out["curve"]["scan_gbps"], out["plain"]["scan_gbps"], "scan_ratio (CURVE / PLAIN)")
             return out
 
         rs, ls = summary(remote), summary(loop)
@@ -597,20 +635,24 @@ class Driver:
             "link_bytes_per_s_all": links,
             "link_back_bytes_per_s": back,
             "scan_gbps": rs["curve"]["scan_gbps"],
-            "scan_link_ratio": rs["curve"]["scan_gbps"] / (link / 1e9),
-            "scan_plain_link_ratio": rs["plain"]["scan_gbps"] / (link / 1e9),
+            "scan_link_ratio": ratio(rs["curve"]["scan_gbps"], link and link / 1e9, "scan_link_ratio"),
+            "scan_plain_link_ratio": ratio(rs["plain"]["scan_gbps"], link and link / 1e9, "scan_plain_link_ratio"),
             "hot_best_policy": best,
-            "hot_time_ratio": hot[best]["time_s"] / off["time_s"],
-            "hot_driver_bytes_ratio": hot[best]["driver_bytes"] / off["driver_bytes"],
-            "hot_ratios": {p: {"time_ratio": hot[p]["time_s"] / off["time_s"],
-                               "driver_bytes_ratio": hot[p]["driver_bytes"] / off["driver_bytes"],
-                               "cpu_ratio": (hot[p]["driver_cpu_s"] + hot[p]["workers_cpu_s"])
-                               / (off["driver_cpu_s"] + off["workers_cpu_s"])} for p in POLICIES[1:]},
+            "hot_time_ratio": ratio(hot[best]["time_s"], off["time_s"], "hot_time_ratio"),
+            "hot_driver_bytes_ratio": ratio(hot[best]["driver_bytes"], off["driver_bytes"], "hot_driver_bytes_ratio"),
+            "hot_ratios": {p: {"time_ratio": ratio(hot[p]["time_s"], off["time_s"], f"{p} time_ratio"),
+                               "driver_bytes_ratio": ratio(hot[p]["driver_bytes"], off["driver_bytes"],
+                                                           f"{p} driver_bytes_ratio"),
+                               "cpu_ratio": ratio(hot[p]["driver_cpu_s"] + hot[p]["workers_cpu_s"],
+                                                  off["driver_cpu_s"] + off["workers_cpu_s"], f"{p} cpu_ratio")}
+                           for p in POLICIES[1:]},
             "hot": hot,
             "hot_plain": hot_all.get("plain"),
             "hot_plain_ratios": None if "plain" not in hot_all else {
-                p: {"time_ratio": hot_all["plain"][p]["time_s"] / hot_all["plain"]["off"]["time_s"],
-                    "driver_bytes_ratio": hot_all["plain"][p]["driver_bytes"] / hot_all["plain"]["off"]["driver_bytes"]}
+                p: {"time_ratio": ratio(hot_all["plain"][p]["time_s"], hot_all["plain"]["off"]["time_s"],
+                                        f"PLAIN {p} time_ratio"),
+                    "driver_bytes_ratio": ratio(hot_all["plain"][p]["driver_bytes"],
+                                                hot_all["plain"]["off"]["driver_bytes"], f"PLAIN {p} driver_bytes_ratio")}
                 for p in POLICIES[1:]},
             "curve_fault_ratio": rs["fault_ratio"],
             "curve_scan_ratio": rs["scan_ratio"],
@@ -623,7 +665,8 @@ class Driver:
             "reps": args.reps, "scans_per_cluster": self.scans, "faults_per_cluster": self.nfaults,
             "hot_reps": args.hot_reps, "hot_table_bytes": self.table_bytes, "hot_lookups_per_task": self.lookups,
             "hot_tasks": self.tasks, "hot_runs": hot_rows, "hot_warmup": hot_warm,
-            "quick": args.quick, "verified": True,
+            "quick": args.quick, "smoke": args.smoke, "worker_hosts": args.worker_hosts,
+            "same_host": SAME_HOST, "same_host_why": SAME_HOST_WHY, "verified": True,
         }
         L = link / 1e9
         print(f"link: {L:.4f} GB/s (TCP, host 0 -> host 1, median of {len(links)})")
@@ -652,7 +695,9 @@ class Driver:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (under 2 minutes)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (under 2 minutes)")
+    size.add_argument("--smoke", action="store_true", help="2 worker hosts, tiny sizes, one round (for the tests)")
     ap.add_argument("--rate", default="1gbit", help="every host's link, both ways (tc notation; default 1gbit)")
     ap.add_argument("--size", type=parse_size, default=None, help="scanned array bytes (256M; quick 64M)")
     ap.add_argument("--scans", type=int, default=None, help="cold scans per cluster (3; quick 2)")
@@ -666,14 +711,15 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--_driver", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    q = args.quick
-    args.size = args.size or (64 * MIB if q else 256 * MIB)
-    args.scans = args.scans or (2 if q else 3)
-    args.faults = args.faults or (300 if q else 1000)
-    args.reps = args.reps or (2 if q else 3)
-    args.bits = args.bits or (23 if q else 26)
-    args.lookups = args.lookups or (6250 if q else 50000)
-    args.hot_reps = args.hot_reps or (2 if q else 3)
+    q, sm = args.quick, args.smoke
+    args.worker_hosts = 2 if sm else WORKER_HOSTS
+    args.size = args.size or (8 * MIB if sm else 64 * MIB if q else 256 * MIB)
+    args.scans = args.scans or (1 if sm else 2 if q else 3)
+    args.faults = args.faults or (30 if sm else 300 if q else 1000)
+    args.reps = args.reps or (1 if sm else 2 if q else 3)
+    args.bits = args.bits or (16 if sm else 23 if q else 26)
+    args.lookups = args.lookups or (300 if sm else 6250 if q else 50000)
+    args.hot_reps = args.hot_reps or (1 if sm else 2 if q else 3)
     if min(args.scans, args.faults, args.reps, args.hot_reps, args.lookups) < 1 or not 8 <= args.bits <= 30 \
             or args.size < 4 * MIB:
         ap.error("sizes and counts must be positive, --bits in 8..30, --size at least 4M")

@@ -45,8 +45,15 @@ it reads the variable, and workers inherit it.  ``off`` runs against the
 best replication policy of the first part, ``--rate-lookups`` keys a task
 (the same as ``--lookups`` by default).
 
+Every cluster is made with ``same_host="fetch"``: the workers share the
+driver's host, and with clamor's default (``"map"``) they would map the
+driver's pages in place instead of fetching them, so the driver's page
+server would send nothing and there would be no driver bytes for
+replication to save.  The script checks that every worker fetches.
+
     python bench/hotpages.py            # 1 GiB table (about 5 minutes)
     python bench/hotpages.py --quick    # 128 MiB table (under a minute)
+    python bench/hotpages.py --smoke    # 4 MiB table, 1 round (seconds: the tests run it)
 
 The last line printed is the JSON line: ``driver_bytes_ratio`` (driver
 bytes with the best policy / with off; target <= 0.5), ``time_ratio`` (its
@@ -71,6 +78,18 @@ from _common import bounds, compile_hotpages, hot_lookup, json_line, load_hotpag
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("off", "random", "two-choices")
 RATE_ENV = "CLAMOR_SERVE_RATE"
+# Replication shares pages that workers *fetch*; mapped pages never reach
+# the driver's page server, so every cluster here fetches (see the docstring).
+SAME_HOST = "fetch"
+SAME_HOST_WHY = ("workers fetch every page from the driver or a peer, as on separate hosts; mapping the "
+                 "driver's pages (clamor's default on one host) would leave no driver bytes to compare")
+
+
+def ratio(num, den, what):
+    """num / den; a zero denominator stops the script, naming the figure."""
+    if not den:
+        raise SystemExit(f"hotpages: cannot compute {what}: its baseline is {den!r} (nothing measured to compare with)")
+    return num / den
 
 
 def zipf_keys(lib, rng, a, nkeys, size):
@@ -95,7 +114,11 @@ def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
     """One stage of ``tasks`` tasks on a fresh cluster; returns a row."""
     drv0 = clamor.region.stats()
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with clamor.Cluster(workers=args.workers, replication=policy, progress=False) as cl:
+    with clamor.Cluster(workers=args.workers, replication=policy, progress=False, same_host=SAME_HOST) as cl:
+        modes = cl.stats()["same_host"]["workers"]
+        bad = {w: m for w, m in modes.items() if m.get("mode") != SAME_HOST}
+        if bad:
+            raise SystemExit(f"hotpages: {policy}: workers not in same_host={SAME_HOST!r} mode: {bad}")
         me0 = resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         out = cl.parallelize(keys, partitions=tasks).map_partitions(task).collect()
@@ -181,7 +204,10 @@ def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="128 MiB table, 8x fewer lookups")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="128 MiB table, 8x fewer lookups")
+    size.add_argument("--smoke", action="store_true", help="4 MiB table, 2 workers, 500 lookups a task, one "
+                      "round, the rate-limited part at 200 MB/s (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the slot count, 16 bytes a slot (26; quick 23)")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--workers", type=int, default=4)
@@ -196,9 +222,13 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed off stage before the rounds")
     args = ap.parse_args(argv)
-    bits = args.bits or (23 if args.quick else 26)
-    reps = args.reps or 3
-    lookups = args.lookups or (6250 if args.quick else 50000)
+    if args.smoke:
+        args.workers = 2 if args.workers == 4 else args.workers
+        args.threads = 2 if args.threads == 8 else args.threads
+        args.rate = 200e6 if args.rate == 100e6 else args.rate
+    bits = args.bits or (18 if args.smoke else 23 if args.quick else 26)
+    reps = args.reps or (1 if args.smoke else 3)
+    lookups = args.lookups or (500 if args.smoke else 6250 if args.quick else 50000)
     rate_lookups = args.rate_lookups or lookups
     W, tasks = args.workers, 2 * args.workers
     if W < 2 or reps < 1 or not 0 < args.load < 1 or args.zipf <= 1:
@@ -229,6 +259,7 @@ def main(argv=None):
               f"{build_s:.1f}s at {addr:#x}", flush=True)
         print(f"{W} workers, {tasks} tasks a stage x {lookups} Zipf({args.zipf}) lookups; a fresh cluster per "
               f"policy (workers start with no pages); {reps} round(s), policies interleaved", flush=True)
+        print(f"same_host={SAME_HOST!r}: {SAME_HOST_WHY}", flush=True)
         task = make_task(so_path, addr, args.threads)
         rng = np.random.default_rng(args.seed)
 
@@ -249,12 +280,14 @@ def main(argv=None):
         best = min(POLICIES[1:], key=lambda p: med[p]["time_s"])
         off = med["off"]
         out = {"bench": "hotpages", "best_policy": best,
-               "driver_bytes_ratio": med[best]["driver_bytes"] / off["driver_bytes"],
-               "time_ratio": med[best]["time_s"] / off["time_s"],
-               "ratios": {p: {"driver_bytes_ratio": med[p]["driver_bytes"] / off["driver_bytes"],
-                              "time_ratio": med[p]["time_s"] / off["time_s"],
-                              "cpu_ratio": (med[p]["driver_cpu_s"] + med[p]["workers_cpu_s"])
-                              / (off["driver_cpu_s"] + off["workers_cpu_s"])} for p in POLICIES[1:]}}
+               "driver_bytes_ratio": ratio(med[best]["driver_bytes"], off["driver_bytes"], "driver_bytes_ratio"),
+               "time_ratio": ratio(med[best]["time_s"], off["time_s"], "time_ratio"),
+               "ratios": {p: {"driver_bytes_ratio": ratio(med[p]["driver_bytes"], off["driver_bytes"],
+                                                          f"{p} driver_bytes_ratio"),
+                              "time_ratio": ratio(med[p]["time_s"], off["time_s"], f"{p} time_ratio"),
+                              "cpu_ratio": ratio(med[p]["driver_cpu_s"] + med[p]["workers_cpu_s"],
+                                                 off["driver_cpu_s"] + off["workers_cpu_s"], f"{p} cpu_ratio")}
+                          for p in POLICIES[1:]}}
         print("medians: " + "; ".join(f"{p} {med[p]['time_s']:.2f}s, driver {mib(med[p]['driver_bytes']):.0f} MiB, "
                                        f"peers {mib(med[p]['peer_bytes']):.0f} MiB" for p in POLICIES), flush=True)
         for p in POLICIES[1:]:
@@ -285,8 +318,9 @@ def main(argv=None):
                 del os.environ[RATE_ENV]
                 clamor.region.stop_serving()    # the next cluster restarts it without the limit
             rate = {p: medians(v) for p, v in rrows.items()}
-            out.update(rate_driver_bytes_ratio=rate[best]["driver_bytes"] / rate["off"]["driver_bytes"],
-                       rate_time_ratio=rate[best]["time_s"] / rate["off"]["time_s"])
+            out.update(rate_driver_bytes_ratio=ratio(rate[best]["driver_bytes"], rate["off"]["driver_bytes"],
+                                                     "rate_driver_bytes_ratio"),
+                       rate_time_ratio=ratio(rate[best]["time_s"], rate["off"]["time_s"], "rate_time_ratio"))
             print(f"under {args.rate / 1e6:.0f} MB/s per page server, {best}: driver bytes "
                   f"{out['rate_driver_bytes_ratio']:.2f}x of off, time {out['rate_time_ratio']:.2f}x of off "
                   f"({rate[best]['time_s']:.2f}s against {rate['off']['time_s']:.2f}s)", flush=True)
@@ -296,7 +330,7 @@ def main(argv=None):
                workers=W, tasks=tasks, lookups_per_task=lookups, rate_lookups_per_task=rate_lookups,
                zipf_a=args.zipf, slots=1 << bits, keys=nkeys, table_bytes=table_bytes, page_size=psize,
                build_s=build_s, reps=reps, threads=args.threads, runs=rows, rate_runs=rrows, warmup=warmup,
-               verified=True)
+               same_host=SAME_HOST, same_host_why=SAME_HOST_WHY, smoke=args.smoke, quick=args.quick, verified=True)
     json_line(out)
     return 0
 

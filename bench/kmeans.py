@@ -119,7 +119,7 @@ import time
 
 import _peers
 from _common import (MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, parse_size,
-                     partial_sums, update)
+                     partial_sums, smoke_systems, update)
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -249,11 +249,14 @@ def peer_figures(s, r, cc, clamor_s, iters):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1M points instead of 8M")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="1M points instead of 8M")
+    size.add_argument("--smoke", action="store_true", help="64K points, 3 iterations, a peer that cannot run "
+                      "skipped with its reason (seconds; the tests run it)")
     ap.add_argument("--points", type=int, default=None, help="number of points (default 8M, quick 1M)")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--d", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=None, help="Lloyd iterations (10; smoke 3)")
     ap.add_argument("--workers", type=int, default=None, help="processes on each side (default: cores)")
     ap.add_argument("--partitions", type=int, default=None, help="tasks per iteration (default: workers)")
     ap.add_argument("--reps", type=int, default=1, help="rounds of (baseline, clamor); medians are reported")
@@ -262,8 +265,9 @@ def main(argv=None):
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="workers' read-ahead bytes, e.g. 2M; 0 disables (default: clamor's setting)")
     ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
-    ap.add_argument("--systems", default="clamor,baseline,spark,dask",
-                    help="which to run, comma-separated (clamor and the baseline always run)")
+    ap.add_argument("--systems", default=None,
+                    help="which to run, comma-separated (clamor and the baseline always run; default "
+                    "clamor,baseline,spark,dask; --smoke leaves Spark out unless named)")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each Spark executor JVM, MiB (default: 3 x a block + 1024, at least 2048)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a peer's run may take")
@@ -274,13 +278,18 @@ def main(argv=None):
     if args.run:   # a peer's subprocess: no clamor here
         return peer_child(args.run, args.data, args.out)
 
-    asked = {s for s in args.systems.split(",") if s}
+    named = args.systems is not None
+    asked = {s for s in (args.systems or "clamor,baseline,spark,dask").split(",") if s}
     if asked - {"clamor", "baseline", *PEERS}:
         raise SystemExit(f"kmeans: --systems: unknown {sorted(asked - {'clamor', 'baseline', *PEERS})}")
     peers = [s for s in PEERS if s in asked]
+    smoke_left_out = {}
+    if args.smoke:
+        peers, smoke_left_out = smoke_systems(peers, named)
 
     global _POINTS, _BOUNDS
-    n = args.points or ((1 << 20) if args.quick else (8 << 20))
+    n = args.points or ((1 << 16) if args.smoke else (1 << 20) if args.quick else (8 << 20))
+    args.iters = args.iters or (3 if args.smoke else 10)
     w = args.workers or os.cpu_count() or 1
     parts = args.partitions or w
     k, d, iters = args.k, args.d, args.iters
@@ -362,6 +371,8 @@ def main(argv=None):
     peer_out = {}
     for s in PEERS:
         peer_out.update(peer_figures(s, peer_res.get(s), cc, clamor_s, iters))
+        if s in smoke_left_out:
+            peer_out[f"{s}_missing"] = smoke_left_out[s]
     print(f"median over {len(rounds)} round(s): clamor {clamor_s:.3f} s vs multiprocessing {baseline_s:.3f} s -> "
           f"ratio {clamor_s / baseline_s:.2f} (target <= 1.5); first iteration {med(cs, 'first_s'):.3f} s vs "
           f"{med(bs, 'first_s'):.3f} s, later (median) {med(cs, 'later_median_s'):.3f} s vs "
@@ -373,6 +384,8 @@ def main(argv=None):
                   f"{peer_out[f'ratio_vs_{s}']:.2f}" + (" (target <= 1.0)" if s == "spark" else ""), flush=True)
     out = {
         "bench": "kmeans",
+        "systems_run": ["clamor", "baseline"] + [s for s in PEERS if peer_out.get(f"{s}_s") is not None],
+        "smoke": args.smoke,
         "clamor_s": round(clamor_s, 4),
         "baseline_s": round(baseline_s, 4),
         "ratio": round(clamor_s / baseline_s, 3),

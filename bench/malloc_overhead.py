@@ -7,7 +7,7 @@ malloc/free (through its own GOT, as any extension module does), times it
 before the patch and after, interleaved, and reports the ratio.  Also times
 the same loop inside a heap() block (region allocator), for reference.
 
-    python bench/malloc_overhead.py [--quick]
+    python bench/malloc_overhead.py [--quick | --smoke]
 """
 import argparse
 import ctypes
@@ -39,12 +39,18 @@ uint64_t churn(uint64_t n, uint64_t size) {
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="200,000 pairs x 5 runs")
+    size.add_argument("--smoke", action="store_true", help="20,000 pairs x 3 runs (the tests run it)")
     args = ap.parse_args()
-    n = 200_000 if args.quick else 2_000_000
-    reps = 5 if args.quick else 9
-    d = tempfile.mkdtemp()
+    n = 20_000 if args.smoke else 200_000 if args.quick else 2_000_000
+    reps = 3 if args.smoke else 5 if args.quick else 9
+    with tempfile.TemporaryDirectory(prefix="malloc-overhead-") as d:
+        run(d, n, reps)
+
+
+def run(d, n, reps):
     with open(os.path.join(d, "churn.c"), "w") as f:
         f.write(SRC)
     so = os.path.join(d, "libchurn.so")

@@ -36,6 +36,7 @@ is one JSON object.
     python bench/pagesize.py [--quick] [--sizes 4K,64K,1M] [--accesses K] [--reps N]
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -146,7 +147,7 @@ def child(args):
     die_with_parent()
     ensure_built(False)
     out = run_one(args.page, args.array, args.scan, args.noahead, args.accesses, args.seed)
-    json_line(out)
+    print(json.dumps(out), flush=True)     # to the parent only: bench/results gets the parent's figures
     return 0
 
 
@@ -169,8 +170,12 @@ def measure(page, array, scan, noahead, accesses, seed):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="512 MiB array, 256 MiB scan, 32 MiB without read-ahead, 500 accesses, 1 round")
+    scale = ap.add_mutually_exclusive_group()
+    scale.add_argument("--quick", action="store_true",
+                       help="512 MiB array, 256 MiB scan, 32 MiB without read-ahead, 500 accesses, 1 round")
+    scale.add_argument("--smoke", action="store_true",
+                       help="sizes 64K and 1M only, 32 MiB array, 16 MiB scan, 8 MiB without read-ahead, "
+                       "50 accesses, 1 round (seconds; the tests run it)")
     ap.add_argument("--sizes", default=None, help="comma-separated page sizes (default 4K..4M)")
     ap.add_argument("--array", type=parse_size, default=None, help="array bytes (default 2G, quick 512M)")
     ap.add_argument("--scan", type=parse_size, default=None, help="bytes scanned (default 1G, quick 256M)")
@@ -186,12 +191,13 @@ def main(argv=None):
     if args._one:
         return child(args)
 
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else SIZES
-    array = args.array or (512 * MIB if args.quick else 2 * GIB)
-    scan = min(args.scan or (256 * MIB if args.quick else GIB), array)
-    noahead = min(args.noahead or (32 * MIB if args.quick else 128 * MIB), array)
-    accesses = args.accesses or (500 if args.quick else 2000)
-    reps = args.reps or (1 if args.quick else 2)
+    sm = args.smoke
+    sizes = [parse_size(s) for s in (args.sizes or ("64K,1M" if sm else "")).split(",") if s] or SIZES
+    array = args.array or (32 * MIB if sm else 512 * MIB if args.quick else 2 * GIB)
+    scan = min(args.scan or (16 * MIB if sm else 256 * MIB if args.quick else GIB), array)
+    noahead = min(args.noahead or (8 * MIB if sm else 32 * MIB if args.quick else 128 * MIB), array)
+    accesses = args.accesses or (50 if sm else 500 if args.quick else 2000)
+    reps = args.reps or (1 if sm or args.quick else 2)
     ensure_built(not args.no_build)
     print(f"pagesize: {human(array)} array, {accesses} random 8-byte reads (one per "
           f"{array // accesses // KIB} KiB of array), {human(scan)} scan, {human(noahead)} scan without "

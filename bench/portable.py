@@ -116,7 +116,10 @@ def run_mode(clamor, mode, args, tree, meta, queries, ref):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="cities15000, 5,000 queries")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="cities15000, 5,000 queries")
+    size.add_argument("--smoke", action="store_true", help="cities15000, 1,000 queries, 2 warm stages "
+                      "(seconds; the tests run it)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dataset", type=int, default=500, choices=geo.DATASETS)
     ap.add_argument("--scale", type=int, default=1, help="copies of every place (jittered)")
@@ -130,8 +133,10 @@ def main():
                     "(default: clamor's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if args.quick:
-        args.dataset, args.scale, args.queries = 15000, 1, min(args.queries, 5_000)
+    if args.quick or args.smoke:
+        args.dataset, args.scale, args.queries = 15000, 1, min(args.queries, 1_000 if args.smoke else 5_000)
+    if args.smoke:
+        args.reps = min(args.reps, 2)
     args.partitions = args.partitions or 4 * args.workers
     if min(args.workers, args.scale, args.queries, args.reps, args.rounds) < 1:
         ap.error("--workers, --scale, --queries, --reps and --rounds must be positive")

@@ -59,9 +59,11 @@ def serial_trajectory(x, init, parts, iters):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2M points instead of 8M")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="2M points instead of 8M")
+    size.add_argument("--smoke", action="store_true", help="256K points, 6 iterations (seconds; the tests run it)")
     ap.add_argument("--points", type=int, default=None)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=None, help="iterations (10; smoke 6)")
     ap.add_argument("--fail-at", type=int, default=4, help="iteration (from 1) in which a worker is killed")
     ap.add_argument("--kill-after", type=float, default=0.5,
                     help="when to kill, as a fraction of the normal iteration time")
@@ -71,10 +73,11 @@ def main(argv=None):
     ap.add_argument("--no-verify", action="store_true", help="skip the serial check of the centroids")
     ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     args = ap.parse_args(argv)
+    args.iters = args.iters or (6 if args.smoke else 10)
     if not 2 < args.fail_at < args.iters:
         ap.error("--fail-at must leave at least two iterations before it and one after it")
 
-    n = args.points or ((2 << 20) if args.quick else (8 << 20))
+    n = args.points or ((1 << 18) if args.smoke else (2 << 20) if args.quick else (8 << 20))
     w = args.workers or os.cpu_count() or 1
     parts = args.partitions or w
     clamor = ensure_built(not args.no_build)

@@ -237,7 +237,9 @@ def map_rounds(clamor, ref, want, size, reps, mode):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="256 MiB instead of 1 GiB, 2 rounds")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="256 MiB instead of 1 GiB, 2 rounds")
+    size.add_argument("--smoke", action="store_true", help="16 MiB, 1 round (seconds; the tests run it)")
     ap.add_argument("--size", type=parse_size, default=None, help="array bytes (default 1G, quick 256M)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="read-ahead bytes on the worker, 0 disables (default: clamor's setting)")
@@ -254,8 +256,8 @@ def main(argv=None):
         _tcp_sender(int(port), int(total), int(msg), mode)
         return 0
 
-    size = args.size or (256 * MIB if args.quick else GIB)
-    reps = args.reps or (2 if args.quick else 3)
+    size = args.size or (16 * MIB if args.smoke else 256 * MIB if args.quick else GIB)
+    reps = args.reps or (1 if args.smoke else 2 if args.quick else 3)
     tcp_total = args.tcp_total or size
     clamor = ensure_built(not args.no_build)
     import numpy as np

@@ -100,7 +100,7 @@ import tempfile
 import time
 
 import _peerhosts
-from _common import die_with_parent, json_line, one_blas_thread
+from _common import die_with_parent, json_line, one_blas_thread, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -486,12 +486,15 @@ def rel_err(a, b):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2^24 weights, 200k points")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="2^24 weights, 200k points")
+    size.add_argument("--smoke", action="store_true", help="2^18 weights, 5k points, 3 iterations, 2 workers, one "
+                      "host; Spark and Ray left out unless named (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the weight count (default 27; quick 24)")
     ap.add_argument("--points", type=int, help="points (default 1M; quick 200k)")
-    ap.add_argument("--workers", type=int, default=4, help="worker processes of every system (default 4)")
+    ap.add_argument("--workers", type=int, default=None, help="worker processes of every system (default 4)")
     ap.add_argument("--partitions", type=int, help="partitions (default: workers)")
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=None, help="iterations (10; smoke 3)")
     ap.add_argument("--lr", type=float, default=0.5, help="step on the mean gradient")
     ap.add_argument("--zipf", type=float, default=1.3, help="Zipf exponent of each field's values")
     ap.add_argument("--vocab", type=float, default=4e6, help="largest field's vocabulary (smallest 16)")
@@ -501,7 +504,8 @@ def main(argv=None):
     ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
     ap.add_argument("--local", action="store_true", help="one host even for the full run")
     ap.add_argument("--rate", default="1gbit", help="every namespace host's link, both ways (tc notation)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="which to run (clamor always runs)")
+    ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default "
+                    + ",".join(SYSTEMS) + ")")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each executor JVM, MiB (default: 2 x the weights + 1024)")
     ap.add_argument("--spark-driver-memory", default=None, help="driver JVM heap (default: 4 x the weights, >= 2g)")
@@ -518,13 +522,19 @@ def main(argv=None):
     import _peers
 
     _peers.subreaper()
-    bits = args.bits or (24 if args.quick else 27)
-    n = args.points or (200_000 if args.quick else 1_000_000)
-    W = args.workers
+    sm = args.smoke
+    bits = args.bits or (18 if sm else 24 if args.quick else 27)
+    n = args.points or (5_000 if sm else 200_000 if args.quick else 1_000_000)
+    args.iters = args.iters or (3 if sm else 10)
+    args.workers = W = args.workers or (2 if sm else 4)
     P = args.partitions or W
-    systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
+    named = args.systems is not None
+    systems = ["clamor"] + [s for s in (args.systems or ",".join(SYSTEMS)).split(",") if s and s != "clamor"]
+    smoke_left_out = {}
+    if sm:
+        systems, smoke_left_out = smoke_systems(systems, named)
     wbytes = 8 << bits
-    netns = (args.netns or not args.quick) and not args.local
+    netns = (args.netns or not (args.quick or sm)) and not args.local
     if netns:
         sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
         import nethosts
@@ -609,7 +619,7 @@ def main(argv=None):
         if r is not None and not ok:
             out[f"{s}_missing"] = r.get("missing") or r.get("error") or "not run"
         elif r is None:
-            out[f"{s}_missing"] = "not requested (--systems)"
+            out[f"{s}_missing"] = smoke_left_out.get(s, "not requested (--systems)")
     ce = c["extra"]
     for s in SYSTEMS:
         r = results.get(s)
@@ -619,6 +629,8 @@ def main(argv=None):
             out[f"{s}_phases_s"] = {"publish": round(float(ph[0]), 4), "tasks": round(float(ph[1]), 4),
                                     "update": round(float(ph[2]), 4)}
     out.update({
+        "systems_run": [s for s in SYSTEMS if s in results and "times" in results[s]],
+        "smoke": sm,
         "clamor_bytes_mapped": ce.get("bytes_mapped"),
         "clamor_bytes_from_peers": ce.get("bytes_from_peers"),
         "clamor_faults": ce.get("faults"),

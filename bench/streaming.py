@@ -121,7 +121,7 @@ import time
 import numpy as np
 
 import _stream_peers
-from _common import Spawned, die_with_parent, json_line, zipf_ranks
+from _common import Spawned, die_with_parent, json_line, smoke_systems, zipf_ranks
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -568,13 +568,16 @@ def on_hosts(args, wl, peers, spark_conf):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds, 3 cold first rounds")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds, 3 cold first rounds")
+    size.add_argument("--smoke", action="store_true", help="2^16 slots (1 MiB), 3 rounds, 1 pass, 1 cold first "
+                      "round, 2,000 lookups; Spark and Ray left out unless named (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the slot count (16 bytes a slot; default 25)")
     ap.add_argument("--rounds", type=int, help="rounds (default 10, --quick 6)")
     ap.add_argument("--first-reps", type=int, help="cold first rounds on each system (default 5, --quick 3)")
-    ap.add_argument("--passes", type=int, default=2, help="passes of the rounds in each same_host mode")
+    ap.add_argument("--passes", type=int, default=None, help="passes of the rounds in each same_host mode (2)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--lookups", type=int, default=20000, help="lookups per worker per round")
+    ap.add_argument("--lookups", type=int, default=None, help="lookups per worker per round (20000)")
     ap.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the lookups")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--hot", type=int, default=1000, help="the updated key is one of the hottest HOT")
@@ -583,7 +586,7 @@ def main(argv=None):
                     help="the peers and clamor with one worker per namespace host (only the rounds: no "
                          "broadcast baseline, no same-host parts)")
     ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
-    ap.add_argument("--systems", default=",".join(_stream_peers.SYSTEMS),
+    ap.add_argument("--systems", default=None,
                     help="peers to run (default spark,dask,ray; clamor always runs; '' for none)")
     ap.add_argument("--no-ray", action="store_true", help="leave Ray out (the peer and the cold first rounds)")
     ap.add_argument("--spark-executor-mb", type=int, help="heap of each executor JVM, MiB (default: 2 x the "
@@ -594,15 +597,23 @@ def main(argv=None):
     ap.add_argument("--run", choices=_stream_peers.SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    bits = args.bits or (23 if args.quick else 25)
-    rounds = args.rounds or (6 if args.quick else 10)
-    first_reps = args.first_reps or (3 if args.quick else 5)
+    sm = args.smoke
+    bits = args.bits or (16 if sm else 23 if args.quick else 25)
+    rounds = args.rounds or (3 if sm else 6 if args.quick else 10)
+    first_reps = args.first_reps or (1 if sm else 3 if args.quick else 5)
+    args.passes = args.passes or (1 if sm else 2)
+    args.lookups = args.lookups or (2000 if sm else 20000)
+    named = args.systems is not None
+    args.systems = ",".join(_stream_peers.SYSTEMS) if args.systems is None else args.systems
     W = args.workers
     if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
         ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
     systems = [x for x in args.systems.split(",") if x and x != "clamor" and not (args.no_ray and x == "ray")]
     if set(systems) - set(_stream_peers.SYSTEMS):
         ap.error(f"--systems: unknown {sorted(set(systems) - set(_stream_peers.SYSTEMS))}")
+    smoke_left_out = {}
+    if sm and not args.run:
+        systems, smoke_left_out = smoke_systems(systems, named)
     tbytes = 16 << bits
     spark_conf = {"executor_mb": args.spark_executor_mb or 2 * tbytes // (1 << 20) + 1024,
                   "driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * tbytes // (1 << 30)))}g"}
@@ -893,8 +904,11 @@ def main(argv=None):
                             f"{who}_worker_processes_seen": p["worker_processes_seen"]})
         else:
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": _stream_peers.why_not(p) if p else "not requested (--systems)"})
+                            f"{who}_missing": _stream_peers.why_not(p) if p else
+                            smoke_left_out.get(who, "not requested (--systems)")})
     figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
+                    "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran) + (["ray"] if "ray" in fm and "ray" not in ran else []),
+                    "smoke": sm,
                     "peer_versions": {who: p.get("version") for who, p in ran.items()},
                     "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
                     "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"]})

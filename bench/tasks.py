@@ -116,21 +116,27 @@ def profile_stage(cl, n, top=25):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (same sizes)")
-    ap.add_argument("--tasks", type=int, default=2000, help="tasks in the throughput stage (default 2000)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer repetitions (same sizes)")
+    size.add_argument("--smoke", action="store_true", help="200 tasks, 10 small stages, 5 latency stages, "
+                      "1 round (seconds; the tests run it)")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks in the throughput stage (default 2000)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stages", type=int, default=None, help="small stages (default 200, quick 100)")
     ap.add_argument("--small", type=int, default=None, help="tasks per small stage (default 2 * workers)")
-    ap.add_argument("--lat-reps", type=int, default=50, help="stages per latency median (default 50)")
+    ap.add_argument("--lat-reps", type=int, default=None, help="stages per latency median (default 50)")
     ap.add_argument("--reps", type=int, default=None, help="rounds of everything (default 5, quick 3)")
     ap.add_argument("--profile", action="store_true", help="cProfile the driver during one N-task stage")
     ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     args = ap.parse_args(argv)
 
+    sm = args.smoke
+    args.tasks = args.tasks or (200 if sm else 2000)
+    args.lat_reps = args.lat_reps or (5 if sm else 50)
     w, n = args.workers, args.tasks
-    stages = args.stages or (100 if args.quick else 200)
+    stages = args.stages or (10 if sm else 100 if args.quick else 200)
     per = args.small or 2 * w
-    reps = args.reps or (3 if args.quick else 5)
+    reps = args.reps or (1 if sm else 3 if args.quick else 5)
     clamor = ensure_built(not args.no_build)
 
     # Fork the Pool before the cluster maps its region (a process forked from
