@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("same_host")
 
 
-def run_json(code, timeout=240, env=None):
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+def run_json(code, timeout=240, env=None, args=()):
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONFAULTHANDLER": "", **(env or {})})
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
@@ -350,16 +350,15 @@ def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
     assert all(gone(p) for p in out["pids"])
 
 
-def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work():
+def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work(tmp_path):
     # The driver is stopped while a worker reports a task and dies, so that when
     # it resumes, the report (which frees a slot on that worker) and the loss
     # are handled in one batch of events: the Run decided for the freed slot
     # must not go to the lost worker.
     out, _ = run_json("""
-        import json, os, shutil, signal, subprocess, tempfile, threading, time, clamor
+        import json, os, signal, subprocess, sys, threading, time, clamor
         DRIVER = os.getpid()
-        TMP = tempfile.mkdtemp()
-        FLAG = os.path.join(TMP, "once")
+        FLAG = os.path.join(sys.argv[1], "once")
 
         def task(x):
             if x == 0 and not os.path.exists(FLAG):
@@ -376,9 +375,8 @@ def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work():
             rec = cl.stats()["recovery"]
             again = cl.range(10).sum()
         flag = os.path.exists(FLAG)
-        shutil.rmtree(TMP)
         print(json.dumps({"got": got, "rec": rec, "again": again, "flag": flag}))
-        """)
+        """, args=[str(tmp_path)])
     assert out["flag"]
     assert out["got"] == list(range(8)), out
     assert out["rec"]["workers_lost"] == 1, out
