@@ -161,9 +161,13 @@ def run_pids(root, mark=None):
 def watch(root, mark=None, out=sys.stdout, stop=sys.stdin):
     """Until a line (or the end) comes on ``stop``: note the names that
     appear in /dev/shm held by the run's processes; then write them to
-    ``out`` as a JSON list."""
+    ``out`` as a JSON list.  Each look reads the maps of ``root`` and its
+    descendants; the environments of every process (the run's mark, on
+    processes no longer below ``root``) are read only for a name about to
+    be given up."""
     before = set(os.listdir(SHM))
     pending, ours = {}, set()
+    me = os.getpid()
     while True:
         ready, _, _ = select.select([stop], [], [], POLL)
         now = set(os.listdir(SHM))
@@ -173,12 +177,16 @@ def watch(root, mark=None, out=sys.stdout, stop=sys.stdin):
         for name in [n for n in pending if n not in now]:
             del pending[name]                 # gone again: nothing to attribute
         if pending:
-            held = {os.path.basename(p) for p in held_shm(run_pids(root, mark))}
+            tree = {root, *descendants(root)} - {me}
+            held = {os.path.basename(p) for p in held_shm(tree)}
+            late = [n for n in pending if n not in held and t - pending[n] > PATIENCE]
+            if late and mark:
+                held |= {os.path.basename(p) for p in held_shm(marked(RUN_ENV, mark, exclude=tree | {me}))}
             for name in list(pending):
                 if name in held:
                     ours.add(name)
                     del pending[name]
-                elif t - pending[name] > PATIENCE:
+                elif name in late:
                     before.add(name)          # another user's, or gone from ours before we looked
                     del pending[name]
         if ready:

@@ -83,7 +83,7 @@ def _still_running(mark, watcher, timeout):
         left = [p for p in leftovers.run_pids(os.getpid(), mark) - mine if not _zombie(p)]
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 def _zombie(pid):
