@@ -20,15 +20,17 @@ run's directory.  A path written as "/tmp/..." by hand escapes the check.
 while a process of this run holds it: this process, its descendants, or a
 process with the run's mark in its environment.  Names made by another
 user of the machine, a test run beside this one included, are not held by
-ours and are never blamed on this run.
+ours and are never blamed on this run; the price is that a name whose
+every holder of ours was gone before the watcher's next look (0.2 s)
+cannot be told from another user's, and is not checked.
 
 At the end (after xdist's workers are gone) the run waits for its
 descendants to exit, then fails (exit status 1, a "leftovers" section in
 the summary) if a name it made is still in /dev/shm, if an entry is left
 in its directory, or if a process of it still runs.  Names this process
 still holds are left to it: multiprocessing unlinks those at its exit.
-Then the names and the directory are removed, so a failed check does not
-leave them either.
+Then the processes are killed and the names and the directory removed,
+so a failed check does not leave them either.
 """
 import gc
 import json
