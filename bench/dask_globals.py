@@ -366,7 +366,8 @@ def start_netns(args, tmp, secret, stack):
     sfile = os.path.join(tmp, "scheduler.json")
     log = stack.enter_context(open(os.path.join(tmp, "scheduler.log"), "w"))
     hosts.root.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", root, "--port", "0",
-                      "--no-dashboard", "--scheduler-file", sfile], env={**os.environ, **AMM_OFF_ENV},
+                      "--no-dashboard", "--scheduler-file", sfile],
+                     env={**os.environ, **AMM_OFF_ENV, "DASK_TEMPORARY_DIRECTORY": tmp},   # its scratch space
                      stdin=subprocess.DEVNULL, stdout=log,
                      stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     deadline = time.monotonic() + 60
@@ -389,11 +390,12 @@ def start_netns(args, tmp, secret, stack):
     return client, hosts, root, _peerhosts.LinkCounter(hosts)
 
 
-def start_local(args):
+def start_local(args, tmp):
     import dask
     from dask.distributed import Client, LocalCluster
 
     dask.config.set(AMM_OFF)
+    dask.config.set({"temporary-directory": tmp})   # not /tmp/dask-scratch-space, which Dask keeps
 
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
     return Client(cluster), cluster
@@ -504,7 +506,7 @@ def main(argv=None):
                   f"{time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client, cluster = start_local(args)
+            client, cluster = start_local(args, tmp)
             stack.callback(cluster.close)
             root, links, nhosts = None, NoLinks(), 1
         stack.callback(client.close)

@@ -44,12 +44,12 @@ def main():
     args = ap.parse_args()
     n = 200_000 if args.quick else 2_000_000
     reps = 5 if args.quick else 9
-    d = tempfile.mkdtemp()
-    with open(os.path.join(d, "churn.c"), "w") as f:
-        f.write(SRC)
-    so = os.path.join(d, "libchurn.so")
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, os.path.join(d, "churn.c")], check=True)
-    lib = ctypes.CDLL(so)
+    with tempfile.TemporaryDirectory(prefix="malloc-overhead-") as d:   # the loaded library outlives its file
+        with open(os.path.join(d, "churn.c"), "w") as f:
+            f.write(SRC)
+        so = os.path.join(d, "libchurn.so")
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, os.path.join(d, "churn.c")], check=True)
+        lib = ctypes.CDLL(so)
     lib.churn.restype = ctypes.c_uint64
     lib.churn.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
 
