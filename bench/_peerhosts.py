@@ -130,6 +130,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import _peers  # noqa: E402
+import leftovers  # noqa: E402
 from _peers import PeerMissing  # noqa: E402
 
 HOST_ENV = "CLAMOR_BENCH_HOST"        # a worker process's host index
@@ -249,10 +250,10 @@ class _Procs:
         self.name = name
         self.hosts = hosts
         self.tag = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self.tmp = tempfile.mkdtemp(prefix=f"ph-{name}-")
         self.procs = []                   # (label, Popen, log path)
         self.before = {h.name: set(h.pids()) for h in hosts}
         self.setpriv = shutil.which("setpriv")
+        self.tmp = tempfile.mkdtemp(prefix=f"ph-{name}-")     # last: stop() removes it
 
     def env(self, host=None, **extra):
         env = dict(os.environ)
@@ -317,6 +318,15 @@ class _Procs:
         --block`` does it in 2 s, where a SIGTERM to all of them at once
         takes over 10), wait ``grace``, then kill its session and whatever
         is left.  Returns the names of those that needed the kill."""
+        try:
+            killed = self._stop(grace)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if killed:
+            print(f"{self.name}: killed after {grace:.0f} s of SIGTERM: {', '.join(killed)}", file=sys.stderr, flush=True)
+        return killed
+
+    def _stop(self, grace):
         import psutil
 
         for _, p, _ in self.procs:
@@ -329,6 +339,10 @@ class _Procs:
                 break
             time.sleep(0.1)
         killed = [label for label, p, _ in self.procs if p.poll() is None]
+        # what the processes about to be killed hold in /dev/shm: their
+        # resource trackers die with them and cannot remove it
+        victims = {q for _, p, _ in self.procs if p.poll() is None for q in leftovers.group_pids(p.pid)}
+        held = leftovers.held_shm(victims | {q.pid for q in self._leftovers()})
         for _, p, _ in self.procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
@@ -337,6 +351,7 @@ class _Procs:
             left = self._leftovers()
             if not left:
                 break
+            held |= leftovers.held_shm([q.pid for q in left])
             for q in left:
                 with contextlib.suppress(psutil.Error):
                     killed.append(f"{q.name()}({q.pid}: {' '.join(q.cmdline())[:80]})")
@@ -346,9 +361,7 @@ class _Procs:
             psutil.wait_procs(left, timeout=1)
         for _, p, _ in self.procs:
             p.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        if killed:
-            print(f"{self.name}: killed after {grace:.0f} s of SIGTERM: {', '.join(killed)}", file=sys.stderr, flush=True)
+        leftovers.unlink_unheld(held)
         return killed
 
 
@@ -495,7 +508,9 @@ def dask(hosts, config=None, **worker_options):
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(dask_mod.config.set(config or {}))
-            denv = _dask_env(config)
+            # Dask's scratch space in procs.tmp (the scheduler would make
+            # /tmp/dask-scratch-space and keep it)
+            denv = {**_dask_env(config), "DASK_TEMPORARY_DIRECTORY": procs.tmp}
             sfile = os.path.join(procs.tmp, "scheduler.json")
             procs.start(hosts.root, "scheduler",
                         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", root, "--port", "0",

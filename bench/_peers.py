@@ -86,14 +86,28 @@ def descendants(exclude=()):
     return out
 
 
+def _leftovers():
+    """tests/leftovers.py: the names in /dev/shm that killed processes leave."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    if tests not in sys.path:
+        sys.path.append(tests)
+    import leftovers
+
+    return leftovers
+
+
 def reap_descendants(exclude=(), grace=5.0):
     """Terminate, then kill, every process still running below this one
     (but the pids in ``exclude``); returns "name(pid): command line" of each
     it found (multiprocessing's resource tracker, which Dask's LocalCluster
-    starts and which would end with this process, is one)."""
+    starts and which would end with this process, is one).  The names in
+    /dev/shm that only they held go too: a killed resource tracker cannot
+    remove those of the processes it tracked."""
     import psutil
 
     procs = descendants(exclude)
+    leftovers = _leftovers()
+    held = leftovers.held_shm([p.pid for p in procs])
     names = []
     for p in procs:
         try:
@@ -108,6 +122,7 @@ def reap_descendants(exclude=(), grace=5.0):
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace)
+    leftovers.unlink_unheld(held)
     return names
 
 
@@ -148,22 +163,26 @@ def run_child(system, cmd, out, timeout, preexec=True, exclude=()):
     orphans are found; processes in ``exclude`` are not touched.
     ``preexec=False`` from a clamor driver: a fork running Python code
     would run the region's fork hooks (the child sets its own death
-    signal)."""
+    signal).  The child's temporary files (TMPDIR; Dask's scratch space,
+    Spark's local directories) go to a directory that this process
+    removes, a child killed on its time-out included."""
     from _common import die_with_parent
 
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent if preexec else None)
-    try:
-        rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = f"{proc.wait()} (killed after {timeout:.0f} s)"
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        left = reap_descendants(exclude)
+    with tempfile.TemporaryDirectory(prefix=f"bench-{system}-", ignore_cleanup_errors=True) as tmp:
+        env = {**os.environ, "TMPDIR": tmp, "SPARK_LOCAL_DIRS": tmp}
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent if preexec else None)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = f"{proc.wait()} (killed after {timeout:.0f} s)"
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            left = reap_descendants(exclude)
     try:
         with open(out) as f:
             res = json.load(f)
@@ -257,35 +276,31 @@ def executor_pids(sc):
 @contextlib.contextmanager
 def dask(workers, **cluster_kwargs):
     """A distributed.Client on LocalCluster(n_workers=workers,
-    threads_per_worker=1, processes=True) (see the module)."""
+    threads_per_worker=1, processes=True) (see the module).  Dask's
+    scratch space (its "temporary-directory") is a directory removed on
+    leaving: by default the scheduler and every worker make
+    /tmp/dask-scratch-space, which Dask keeps."""
     try:
+        import dask as dask_mod
         from distributed import Client, LocalCluster
     except ImportError:
         raise PeerMissing("dask.distributed is not installed (pip install 'dask[distributed]')") from None
-    kw = {"n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
-    kw.update(cluster_kwargs)
-    # Dask's scratch space (the scheduler's, the nannies', the workers') in a
-    # directory of our own: its default, $TMPDIR/dask-scratch-space,
-    # outlives the cluster.
-    import dask
-
-    scratch = tempfile.mkdtemp(prefix="clamor-bench-dask-")
-    try:
-        with dask.config.set({"temporary-directory": scratch}):
-            cluster = LocalCluster(**kw)
-            client = None
+    with tempfile.TemporaryDirectory(prefix="bench-dask-", ignore_cleanup_errors=True) as scratch, \
+            dask_mod.config.set({"temporary-directory": scratch}):
+        kw = {"n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
+        kw.update(cluster_kwargs)
+        cluster = LocalCluster(**kw)
+        client = None
+        try:
+            client = Client(cluster)
+            client.wait_for_workers(workers, timeout=120)
+            yield client
+        finally:
             try:
-                client = Client(cluster)
-                client.wait_for_workers(workers, timeout=120)
-                yield client
+                if client is not None:
+                    client.close()
             finally:
-                try:
-                    if client is not None:
-                        client.close()
-                finally:
-                    cluster.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+                cluster.close()
 
 
 # ---- Ray --------------------------------------------------------------------------------

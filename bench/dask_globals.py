@@ -367,7 +367,8 @@ def start_netns(args, tmp, secret, stack):
     sfile = os.path.join(tmp, "scheduler.json")
     log = stack.enter_context(open(os.path.join(tmp, "scheduler.log"), "w"))
     hosts.root.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", root, "--port", "0",
-                      "--no-dashboard", "--scheduler-file", sfile], env={**os.environ, **AMM_OFF_ENV},
+                      "--no-dashboard", "--scheduler-file", sfile],
+                     env={**os.environ, **AMM_OFF_ENV, "DASK_TEMPORARY_DIRECTORY": tmp},   # its scratch space
                      stdin=subprocess.DEVNULL, stdout=log,
                      stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     deadline = time.monotonic() + 60
@@ -390,23 +391,15 @@ def start_netns(args, tmp, secret, stack):
     return client, hosts, root, _peerhosts.LinkCounter(hosts)
 
 
-def start_local(args):
+def start_local(args, tmp):
     import dask
     from dask.distributed import Client, LocalCluster
 
     dask.config.set(AMM_OFF)
+    dask.config.set({"temporary-directory": tmp})   # not /tmp/dask-scratch-space, which Dask keeps
 
-    # the workers' scratch space in a directory of our own, removed after the
-    # cluster (Dask's default, $TMPDIR/dask-scratch-space, outlives it)
-    scratch = tempfile.mkdtemp(prefix="dask_globals-")
-    dask.config.set({"temporary-directory": scratch})     # the scheduler's and the nannies' too
-    try:
-        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                               local_directory=scratch)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return Client(cluster), cluster, scratch
+    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    return Client(cluster), cluster
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -528,8 +521,7 @@ def main(argv=None):
                   f"{time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client, cluster, scratch = start_local(args)
-            stack.callback(shutil.rmtree, scratch, ignore_errors=True)     # after the cluster is closed
+            client, cluster = start_local(args, tmp)
             stack.callback(cluster.close)
             root, links, nhosts = None, NoLinks(), 1
         stack.callback(client.close)

@@ -180,6 +180,14 @@ class RedisServer:
         if exe is None:
             raise SystemExit("redis-server is missing: apt-get install -y redis-server")
         self.dir = tempfile.mkdtemp(prefix="clamor-geo-redis-")
+        self.proc = self.log = None
+        try:
+            self._start(exe)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, exe):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -198,20 +206,20 @@ class RedisServer:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.close()
                     raise SystemExit("redis-server did not start; see its log above") from None
                 time.sleep(0.05)
         self.version = Resp(self.port).call("INFO", "server").decode().split("redis_version:")[1].split()[0]
 
     def close(self):
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
+        if self.log is not None:
+            self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

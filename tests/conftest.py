@@ -61,3 +61,6 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+pytest_plugins = ["leftovers_plugin"]   # nothing is left in /tmp or /dev/shm: tests/leftovers_plugin.py

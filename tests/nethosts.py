@@ -28,7 +28,9 @@ Teardown happens on ``__exit__`` (after an exception too), through
 ``atexit``, and on SIGTERM when the process had the default SIGTERM action
 (or a Python handler, which is called after): every process started on a
 host is killed and waited for, so is anything else left in a host's
-namespace, then the namespaces, veths and bridge go.  Teardown runs only in
+namespace, then the namespaces, veths and bridge go, and the names in
+/dev/shm that only the killed processes held (multiprocessing's, whose
+resource tracker was killed with them: tests/leftovers.py).  Teardown runs only in
 the process that made the hosts (a forked child inherits the objects, the
 ``atexit`` hook and the handler, and must not tear its parent's hosts
 down), and a second teardown does nothing.  A run killed outright
@@ -61,6 +63,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import leftovers
 
 NS_PREFIX = "clamor-nh-"          # namespaces: clamor-nh-PID-START-K-hI
 LINK_PREFIX = "cnh"               # root-side links: cnhXbr (bridge), cnhXvI (veths), cnhPIDp* (probe)
@@ -171,12 +175,18 @@ def _netns_pids(name):
 
 
 def _kill_netns(name, timeout=10.0):
-    """SIGKILL everything in namespace ``name`` until nothing is left there."""
+    """SIGKILL everything in namespace ``name`` until nothing is left there;
+    then remove the names in /dev/shm that only those processes held
+    (tests/leftovers.py: the resource trackers that would have are killed
+    too)."""
     deadline = time.monotonic() + timeout
+    held = set()
     while True:
         pids = [p for p in _netns_pids(name) if p != os.getpid()]
         if not pids:
+            leftovers.unlink_unheld(held)
             return
+        held |= leftovers.held_shm(pids)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -345,9 +355,15 @@ class Host:
 
     def kill_all(self):
         """Kill every process started on this host and anything else in its
-        namespace; wait for the ones started here."""
+        namespace; wait for the ones started here.  The names in /dev/shm
+        that only they held go too (see _kill_netns)."""
         with self._lock:
             procs = list(self._procs)
+        victims = set()
+        for p in procs:
+            if p.returncode is None:
+                victims.update(leftovers.group_pids(p.pid) if p.own_session else [p.pid])
+        held = leftovers.held_shm(victims)
         for p in procs:
             self._kill(p)
         if self.name is not None and self.name in _netns_names():
@@ -355,6 +371,7 @@ class Host:
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
+        leftovers.unlink_unheld(held)
 
     def set_rate(self, rate):
         """Limit this host's link to ``rate`` both ways (None: no limit)."""

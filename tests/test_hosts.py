@@ -14,7 +14,7 @@ from nethosts import require_hosts
 # What every driver script shares (after helpers.PRELUDE): hosts, workers on
 # them, and where a task ran.
 HOSTS = """
-import secrets, subprocess, sys, tempfile, threading
+import secrets, subprocess, sys, threading
 sys.path.insert(0, "tests")
 import psutil
 from nethosts import Hosts
@@ -252,9 +252,10 @@ def test_remote_workers_serve_pages_to_peers_across_hosts():
 
 # A job whose reduce side (after the shuffle) marks its start in a file
 # named after its host and then sleeps, so that a thread of the driver can
-# strike a remote host while that host runs a task of the stage.
+# strike a remote host while that host runs a task of the stage.  The marks
+# go to MARKS, the test's tmp_path (see strike()).
 STRIKE = SHUFFLE + """
-marks = tempfile.mkdtemp(prefix="clamor-hosts-")
+marks = os.environ["MARKS"]
 def mark():
     open(os.path.join(marks, f"{here()}.{os.getpid()}.{time.monotonic_ns()}"), "w").close()
     time.sleep(0.4)
@@ -276,8 +277,13 @@ def strike_when_busy(victim_ns, strike, timeout=60):
 """
 
 
-def test_a_remote_worker_killed_mid_stage_is_recovered_from_lineage():
-    out = run(STRIKE, """
+def strike(body, tmp_path):
+    """The driver script STRIKE + ``body``, its marks in ``tmp_path``."""
+    return run(STRIKE, body, env={"MARKS": str(tmp_path)})
+
+
+def test_a_remote_worker_killed_mid_stage_is_recovered_from_lineage(tmp_path):
+    out = strike("""
         rng = np.random.default_rng(23)
         n = 80_000
         keys = clamor.array(rng.integers(0, 3000, n))
@@ -302,7 +308,7 @@ def test_a_remote_worker_killed_mid_stage_is_recovered_from_lineage():
             res["codes"] = finish(cl, procs)
         res["want"] = {str(k): v for k, v in want.items()}
         print(json.dumps(res))
-    """)
+    """, tmp_path)
     assert out["returned_after_kill"] and out["victim_gone"], out["took"]
     assert out["sums"] == out["want"] and out["dup"] == 0
     rec = out["rec"]
@@ -315,8 +321,8 @@ def test_a_remote_worker_killed_mid_stage_is_recovered_from_lineage():
     assert out["codes"][0] == 0
 
 
-def test_a_host_deleted_mid_stage_leaves_the_others_to_finish():
-    out = run(STRIKE, """
+def test_a_host_deleted_mid_stage_leaves_the_others_to_finish(tmp_path):
+    out = strike("""
         rng = np.random.default_rng(29)
         n = 80_000
         keys = clamor.array(rng.integers(0, 3000, n))
@@ -342,7 +348,7 @@ def test_a_host_deleted_mid_stage_leaves_the_others_to_finish():
             res["code"] = finish(cl, procs[1:])
         res["want"] = {str(k): v for k, v in want.items()}
         print(json.dumps(res))
-    """)
+    """, tmp_path)
     assert out["returned_after_delete"] and out["deleted"], out["took"]
     assert out["sums"] == out["want"] and out["dup"] == 0
     assert out["rec"]["workers_lost"] >= 1 and out["rec"]["workers_replaced"] == 0, out["rec"]

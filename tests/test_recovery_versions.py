@@ -21,18 +21,20 @@ def kill_all_after(cl, delay):
 """
 
 
-def scenario(body, timeout=120):
-    return _scenario(KILL_ALL + body, timeout=timeout)
+def scenario(body, timeout=120, scratch=None):
+    """A driver script after KILL_ALL; ``scratch`` (a test's tmp_path) is its
+    SCRATCH, where it keeps the files its tasks share."""
+    return _scenario(KILL_ALL + body, timeout=timeout, env={"SCRATCH": str(scratch)} if scratch else None)
 
 
-def test_a_shuffle_that_failed_is_computed_afresh_by_the_retry():
+def test_a_shuffle_that_failed_is_computed_afresh_by_the_retry(tmp_path):
     # A map stage fails (a task error); the driver updates the global and
     # runs the action again.  The shuffle never completed, so the retry
     # computes it at its own version: it used to re-run only the missing
     # map partitions at the failed stage's version, with the old global.
     out = scenario("""
-import tempfile
-flag = tempfile.NamedTemporaryFile(delete=False).name
+flag = os.path.join(os.environ["SCRATCH"], "flag")
+open(flag, "w").close()
 g = clamor.zeros(1 << 14, "i8")
 g[:] = 1
 def f(i):
@@ -46,7 +48,7 @@ with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
     g[:] = 1000
     got = sorted(s.collect())
 print(json.dumps({"first": first[0], "got": got}))
-""")
+""", scratch=tmp_path)
     assert out["first"] == "TaskError", out
     want = sorted([k, 1000 * sum(1 for i in range(40) if i % 3 == k)] for k in range(3))
     assert out["got"] == want, out
@@ -129,12 +131,11 @@ print(json.dumps({"got": got, "took": took}))
     assert out["took"] < 10, out       # it waited start_timeout (60 s) for workers that cannot come
 
 
-def test_speculation_times_tasks_from_their_start_in_a_first_action_and_after_idling():
+def test_speculation_times_tasks_from_their_start_in_a_first_action_and_after_idling(tmp_path):
     # A task's run time counted from the scheduler's last Tick: 0.0 before a
     # cluster's first one (no copy was ever made in a first action), and the
     # previous action's last Tick after an idle spell (a copy made at once).
     out = scenario("""
-import tempfile
 def run(cl, flag):
     def task(i):
         if i == 0:
@@ -149,7 +150,7 @@ def run(cl, flag):
     t0 = time.monotonic()
     r = cl.range(8, partitions=8).map(task).collect()
     return [r[0], time.monotonic() - t0, cl.stats()["recovery"]["speculative_copies"] - before]
-d = tempfile.mkdtemp()
+d = os.environ["SCRATCH"]
 with clamor.Cluster(workers=4, slots=1, progress=False) as cl:
     first = run(cl, os.path.join(d, "a"))
     time.sleep(2.0)
@@ -160,7 +161,7 @@ with clamor.Cluster(workers=4, slots=1, progress=False) as cl:
     cl.range(8, partitions=8).map(lambda i: (time.sleep(0.2), i)[1]).collect()
     quick = cl.stats()["recovery"]["speculative_copies"] - quick
 print(json.dumps({"first": first, "idle": idle, "quick": quick}))
-""", timeout=120)
+""", timeout=120, scratch=tmp_path)
     for name in ("first", "idle"):
         r0, took, copies = out[name]
         assert r0 == 0 and copies == 1 and took < 2.9, (name, out)    # the copy won
@@ -195,10 +196,10 @@ print(json.dumps({"first": first, "again": again, "sizes": sizes, "reruns": reru
     assert max(out["sizes"]) <= 2 * (4 << 20), out       # grew by 4 MiB a stage before
 
 
-def test_a_cached_partition_read_twice_by_one_task_is_computed_once():
+def test_a_cached_partition_read_twice_by_one_task_is_computed_once(tmp_path):
     out = scenario("""
 import random
-log = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"calls-{os.getpid()}")
+log = os.path.join(os.environ["SCRATCH"], "calls")
 open(log, "w").close()
 def gen(i):
     with open(log, "a") as f:
@@ -209,7 +210,6 @@ with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
     pairs = c.zip(c.map(lambda x: x)).collect()
     plain = c.collect()
 calls = sum(1 for _ in open(log))
-os.unlink(log)
 print(json.dumps({"equal": sum(a == b for a, b in pairs), "calls": calls, "cached": [a for a, _ in pairs] == plain}))
-""")
+""", scratch=tmp_path)
     assert out == {"equal": 20, "calls": 20, "cached": True}, out

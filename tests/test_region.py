@@ -274,10 +274,12 @@ def test_configure_validation_and_round_trip():
         print(json.dumps(res))
         """))
     d = out["defaults"]
-    assert set(d) == {"readahead", "fetch_timeout", "max_mappings"}
-    assert isinstance(d["readahead"], int) and d["readahead"] >= 0
-    assert isinstance(d["fetch_timeout"], float) and d["fetch_timeout"] > 0
-    assert isinstance(d["max_mappings"], int) and d["max_mappings"] > 0
+    # the defaults of docs/configuration.md (run_json's environment has no CLAMOR_*)
+    with open("/proc/sys/vm/max_map_count") as f:
+        half = int(f.read()) // 2
+    assert d == {"readahead": 4 << 20, "fetch_timeout": 30.0, "max_mappings": half if half > 1024 else 512}, d
+    assert isinstance(d["readahead"], int) and isinstance(d["fetch_timeout"], float)
+    assert isinstance(d["max_mappings"], int)
     for what, r in out["bad"].items():
         assert r[0] == "ConfigError" and r[2], (what, r)
     assert "readahead" in out["bad"]["readahead -1"][1]
@@ -299,10 +301,13 @@ STAT_FLOATS = ("fetch_p50_us", "fetch_p99_us", "fetch_max_us")
 
 def check_stats(st):
     assert set(st) == set(STAT_INTS) | set(STAT_FLOATS)
-    for k in STAT_INTS:
-        assert type(st[k]) is int and st[k] >= 0, k
+    for k in STAT_INTS:   # uint64 counters: one taken below zero would wrap to near 2**64
+        assert type(st[k]) is int and st[k] < 1 << 63, (k, st[k])
     for k in STAT_FLOATS:
-        assert type(st[k]) is float and st[k] >= 0, k
+        assert type(st[k]) is float and st[k] >= 0, (k, st[k])
+    assert st["fetch_p50_us"] <= st["fetch_p99_us"], st
+    if st["latency_count"] == 0:
+        assert st["fetch_p50_us"] == st["fetch_p99_us"] == st["fetch_max_us"] == 0.0, st
 
 
 def test_stats_keys_and_types():
