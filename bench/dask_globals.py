@@ -95,7 +95,6 @@ The last line is one JSON object (keys in bench/README.md).
 """
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
