@@ -112,6 +112,7 @@ def test_array_ref_pickle_roundtrip():
 
 
 def test_ref_of_address_outside_the_region():
+    region.ensure()   # (the addresses are named from the region's bounds: it must exist, whichever test ran first)
     bad = {
         "python object": id(object()),
         "below the region": region.base() - 4096,

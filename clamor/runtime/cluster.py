@@ -39,7 +39,7 @@ import weakref
 import numpy as np
 import zmq
 
-from . import _liveness
+from . import _liveness, code
 from .. import errors
 from ..memory import region
 from .collection import NpyFiles, Parallel, Range, TextFiles
@@ -367,6 +367,7 @@ class Cluster(Stages):
         wid = b"w%d" % next(self._wids)
         if self.start_method == "fork":
             prepare_fork()   # before the arguments are made: none may come from a free list
+            code.note_fork()
             pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
             self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
         else:

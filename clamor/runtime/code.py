@@ -6,8 +6,11 @@ it has itself (its images are checked at joining), and the user's own
 modules (a script's helper module, a package under the working
 directory), which it may not have, or not as the driver has them.
 
-DESIGN.  The driver ships the source of its own modules with every
-stage's payload (serialize.dumps_task): a module is the user's when it was
+DESIGN.  The driver ships the source of its own modules that a stage's
+payload needs with it (serialize.dumps_task: the modules of what the
+payload pickled by name, their packages, and the user's modules their
+globals hold, transitively; a module imported only inside a function is
+not seen, and fails on the worker naming it): a module is the user's when it was
 loaded from a ``.py`` file outside the standard library, the installed
 packages and clamor, and no installed distribution provides it (an
 editable install is installed: the worker must have it, and the image
@@ -40,6 +43,7 @@ import site
 import sys
 import sysconfig
 import threading
+import types
 import zlib
 
 from ..memory import images
@@ -112,21 +116,59 @@ class _Shipment:
         return install, (self.digest, self.blob)
 
 
-_last = [None, None]   # (key of what was shipped last, its _Shipment)
+_last = {}         # forked_only -> (key of what was shipped last, its _Shipment)
+_fork_specs = {}   # module name -> the spec of the module a forked worker inherited first
 
 
-def shipment():
-    """The driver's own modules as a ``_Shipment``, or None if it has none.
-    Reads a module's file when the module is new here or was reloaded."""
+def note_fork():
+    """Driver, before it forks a worker: the worker inherits the user's
+    modules as they are now."""
+    with _lock:
+        for name, mod in list(sys.modules.items()):
+            if mod is not None and name not in _fork_specs and _own_file(name, mod):
+                _fork_specs[name] = id(mod.__spec__)
+
+
+def _needed(used):
+    """The user's modules among ``used`` (module names a payload pickled
+    by name), with their packages and, transitively, the user's modules
+    their globals hold (``import util``, ``from util import f``): what a
+    worker imports to load the payload."""
+    todo = [n for n in used if isinstance(n, str)]
+    out = set()
+    while todo:
+        name = todo.pop()
+        mod = sys.modules.get(name)
+        if name in out or mod is None or not _own_file(name, mod):
+            continue
+        out.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        for v in list(vars(mod).values()):
+            if isinstance(v, types.ModuleType):
+                todo.append(v.__name__)
+            else:
+                m = getattr(v, "__module__", None) if isinstance(v, (types.FunctionType, type)) else None
+                if isinstance(m, str) and m != name:
+                    todo.append(m)
+    return out
+
+
+def shipment(used, forked_only=False):
+    """The driver's own modules that a payload needs (``used``: the modules
+    it pickled by name) as a ``_Shipment``, or None if none.
+    ``forked_only`` (every worker was forked: they have every module, and
+    import from the driver's disk what it imported since): only those the
+    driver reloaded since it forked.  Reads a module's file when the module
+    is new here or was reloaded."""
     with _lock:
         mods = []
-        for name, mod in list(sys.modules.items()):
-            if mod is None:
-                continue
+        for name in sorted(_needed(used)):
+            mod = sys.modules.get(name)
             path = _own_file(name, mod)
-            if path is None:
-                continue
             spec = mod.__spec__
+            if forked_only and _fork_specs.get(name, id(spec)) == id(spec):
+                continue
             kept = _kept.get(name)
             if kept is None or kept[0] is not spec:
                 try:
@@ -141,14 +183,15 @@ def shipment():
             return None
         mods.sort()
         key = tuple((m[0], m[4]) for m in mods)
-        if _last[0] == key:
-            return _last[1]
+        last = _last.get(forked_only)
+        if last is not None and last[0] == key:
+            return last[1]
         h = hashlib.sha256()
         for name, pkg, path, src, _ in mods:
             h.update(b"%s\0%d\0%s\0%d\0" % (name.encode(), pkg, path.encode(), len(src)) + src)
         blob = zlib.compress(pickle.dumps(mods, protocol=4), 6)
-        _last[0], _last[1] = key, _Shipment(h.hexdigest(), blob)
-        return _last[1]
+        _last[forked_only] = (key, _Shipment(h.hexdigest(), blob))
+        return _last[forked_only][1]
 
 
 # ---- worker ----------------------------------------------------------------------

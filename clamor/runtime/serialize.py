@@ -145,9 +145,16 @@ class _Pickler(cloudpickle.CloudPickler):
     forked = True       # some worker may be forked: check with share()
     portable = False    # some worker is not: check that it is portable
 
+    modules = None      # a set: the modules of what is pickled by name (functions, classes, modules)
+
     def reducer_override(self, obj):
         if type(obj) is np.ndarray and obj.nbytes and not obj.dtype.hasobject and _in_region(obj):
             return _from_ref, (ArrayRef(obj),)
+        if self.modules is not None:
+            if isinstance(obj, types.ModuleType):
+                self.modules.add(obj.__name__)
+            elif isinstance(obj, (types.FunctionType, type)):
+                self.modules.add(getattr(obj, "__module__", None))
         return super().reducer_override(obj)
 
     def persistent_id(self, obj):
@@ -178,7 +185,8 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
-def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forked=True, portable=False):
+def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forked=True, portable=False,
+          modules=None):
     """cloudpickle ``obj``, shipping region arrays by reference.  If
     ``objects`` is a list, a description of the first region object sent
     by offset (used in place) is appended to it; if ``roots`` is a list,
@@ -191,7 +199,7 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
     _end[0] = _base + region.size()
     buf = io.BytesIO()
     p = _Pickler(buf, protocol=protocol)
-    p.roots, p.forked, p.portable = roots, forked, portable
+    p.roots, p.forked, p.portable, p.modules = roots, forked, portable, modules
     p.dump(obj)
     if objects is not None and p.in_place is not None:
         objects.append(p.in_place)
@@ -199,31 +207,33 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
 
 
 class _WithCode:
-    """A payload with the driver's own modules in front (clamor/runtime/code.py):
-    they are installed on the worker before the payload is loaded."""
+    """A payload's bytes with the driver's own modules it needs in front
+    (clamor/runtime/code.py): they are installed on the worker before the
+    payload is loaded."""
 
-    __slots__ = ("ship", "obj")
+    __slots__ = ("ship", "data")
 
-    def __init__(self, ship, obj):
-        self.ship, self.obj = ship, obj
+    def __init__(self, ship, data):
+        self.ship, self.data = ship, data
 
     def __reduce__(self):
-        return _payload, (self.ship, self.obj)
+        return _payload, (self.ship, self.data)
 
 
-def _payload(_installed, obj):
-    return obj
+def _payload(_installed, data):
+    return loads(data)
 
 
 def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
     """``dumps`` of a stage's payload, with the driver's own modules in
-    front of it; what cannot travel is named in a NotSerializable error
+    front of it (for forked workers only those reloaded since the fork);
+    what cannot travel is named in a NotSerializable error
     (the pickler's own error is its cause)."""
-    ship = code.shipment()
-    if ship is not None:
-        obj = _WithCode(ship, obj)
+    used = set()
     try:
-        return dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable)
+        data = dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable, modules=used)
+        ship = code.shipment(used, forked_only=not portable)
+        return data if ship is None else pickle.dumps(_WithCode(ship, data), protocol=pickle.HIGHEST_PROTOCOL)
     except errors.ClamorError:
         raise  # NotShareable says what it found itself
     except Exception as err:  # pickle raises TypeError, PicklingError, AttributeError, ...
