@@ -201,8 +201,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     path."""
 
     def __init__(self):
-        self.mods = {}     # name -> (is_package, driver's file, source)
-        self.digest = None
+        self.mods = {}       # name -> (is_package, driver's file, source)
+        self.last = None      # the shipment installed last (one that comes again changes nothing)
 
     def find_spec(self, name, path=None, target=None):
         m = self.mods.get(name)
@@ -253,12 +253,14 @@ def install(digest, blob):
     with _lock:
         if _finder is None:
             _finder = _Finder()
-        if _finder.digest == digest:
+        if digest == _finder.last:
             return None
         mods = pickle.loads(zlib.decompress(blob))
-        old = _finder.mods
-        _finder.mods = {n: (p, f, s) for n, p, f, s, _ in mods}
-        _finder.digest = digest
+        old = dict(_finder.mods)
+        # (each payload carries the modules it needs: the finder keeps
+        # every module it was given, the newest source of each)
+        _finder.mods.update((n, (p, f, s)) for n, p, f, s, _ in mods)
+        _finder.last = digest
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
         # What this worker imported of them before and must load again (its
