@@ -18,6 +18,7 @@ import io
 import logging
 import pickle
 import struct
+import sys
 import types
 
 import cloudpickle
@@ -106,8 +107,18 @@ def note_changed(pages):
     if not len(pages) or not _shared:
         return
     changed = set(np.asarray(pages).tolist())
-    for k in [k for k, (_, ok, reads) in _shared.items() if ok and reads.changed(changed)]:
+    for k in [k for k, (_, ok, reads, _obj) in _shared.items() if ok and reads.changed(changed)]:
         del _shared[k]
+
+
+def _forget_dead(known):
+    """Verdicts keep their object alive, so that no other object can take
+    its address and its verdict (a KDTree freed after a stage and another
+    built over it read as already checked: the portable walk, which rests
+    on no bytes, was never repeated, and the spawned workers crashed in
+    the new tree).  Those no one else holds any more go."""
+    for k in [k for k, e in known.items() if sys.getrefcount(e[3]) <= 2]:   # (the entry, the call)
+        del known[k]
 
 
 def _vouched(obj, known, check):
@@ -126,7 +137,7 @@ def _vouched(obj, known, check):
         reads = check(obj)
     except NotShareable as err:
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
-        known[id(obj)] = (sig, False, None)
+        known[id(obj)] = (sig, False, None, obj)
         return False
     if conversions[0] != rewrites:
         # The walk gave instances dicts of their own (walk._own_keys): if a
@@ -135,7 +146,7 @@ def _vouched(obj, known, check):
         log.info("a region %s travels by value once: its instances' dicts were rewritten as it shipped",
                  type(obj).__name__)
         return False
-    known[id(obj)] = (sig, True, reads)
+    known[id(obj)] = (sig, True, reads, obj)
     return True
 
 
@@ -195,6 +206,8 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
     ``portable``: some worker was not forked (they are checked to be
     portable, and go by value if not)."""
     global _base
+    _forget_dead(_shared)
+    _forget_dead(_portable)
     _base = region.base() if region.size() else 0
     _end[0] = _base + region.size()
     buf = io.BytesIO()
