@@ -206,8 +206,6 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
     ``portable``: some worker was not forked (they are checked to be
     portable, and go by value if not)."""
     global _base
-    _forget_dead(_shared)
-    _forget_dead(_portable)
     _base = region.base() if region.size() else 0
     _end[0] = _base + region.size()
     buf = io.BytesIO()
@@ -242,6 +240,8 @@ def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
     front of it (for forked workers only those reloaded since the fork);
     what cannot travel is named in a NotSerializable error
     (the pickler's own error is its cause)."""
+    _forget_dead(_shared)      # (once a stage, not for every task's data)
+    _forget_dead(_portable)
     used = set()
     try:
         data = dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable, modules=used)
