@@ -112,11 +112,14 @@ def note_changed(pages):
 
 
 def _forget_dead(known):
-    """Verdicts keep their object alive, so that no other object can take
-    its address and its verdict (a KDTree freed after a stage and another
-    built over it read as already checked: the portable walk, which rests
-    on no bytes, was never repeated, and the spawned workers crashed in
-    the new tree).  Those no one else holds any more go."""
+    """The portable walk's verdicts keep their object alive, so that no
+    other object can take its address and its verdict (a KDTree freed after
+    a stage and another built over it read as already checked: that walk
+    rests on no bytes, so it was never repeated, and the spawned workers
+    crashed in the new tree).  Those no one else holds any more go.
+    (share()'s verdicts rest on the bytes they read, which a new object
+    changes; holding their objects made forked workers fetch versions
+    already collected.)"""
     for k in [k for k, e in known.items() if sys.getrefcount(e[3]) <= 2]:   # (the entry, the call)
         del known[k]
 
@@ -137,7 +140,7 @@ def _vouched(obj, known, check):
         reads = check(obj)
     except NotShareable as err:
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
-        known[id(obj)] = (sig, False, None, obj)
+        known[id(obj)] = (sig, False, None, obj if known is _portable else None)
         return False
     if conversions[0] != rewrites:
         # The walk gave instances dicts of their own (walk._own_keys): if a
@@ -146,7 +149,7 @@ def _vouched(obj, known, check):
         log.info("a region %s travels by value once: its instances' dicts were rewritten as it shipped",
                  type(obj).__name__)
         return False
-    known[id(obj)] = (sig, True, reads, obj)
+    known[id(obj)] = (sig, True, reads, obj if known is _portable else None)
     return True
 
 
@@ -240,8 +243,7 @@ def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
     front of it (for forked workers only those reloaded since the fork);
     what cannot travel is named in a NotSerializable error
     (the pickler's own error is its cause)."""
-    _forget_dead(_shared)      # (once a stage, not for every task's data)
-    _forget_dead(_portable)
+    _forget_dead(_portable)    # (once a stage, not for every task's data)
     used = set()
     try:
         data = dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable, modules=used)
