@@ -9,7 +9,7 @@ from . import errors
 from ._native import ffi as _ffi, lib as _lib  # noqa: F401  (loads the core)
 from .errors import (AllocError, BuildError, ClamorError, ConfigError, InvalidPointer, InvalidSize, NoRegion,
                      NotDriver, NotSerializable, NotShareable, PageFetchError, ProtocolError, RegionError,
-                     RegionExhausted, RegionInUse, ShareWarning, TaskError, TaskTimeout, TransportError,
+                     RegionExhausted, RegionInUse, ShareWarning, ByValueWarning, TaskError, TaskTimeout, TransportError,
                      VersionExpired, WorkerLost, WorkerRefused)
 # the memory layer: the region, allocation, heap(), share(), references, I/O
 from .memory import region
@@ -28,7 +28,7 @@ from .runtime.scheduler import Speculation
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "Speculation", "DataCollection", "heap", "share", "region", "NotShareable", "ShareWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
+    "Cluster", "Speculation", "DataCollection", "heap", "share", "region", "NotShareable", "ShareWarning", "ByValueWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
     "empty", "zeros", "full", "array", "asarray", "view", "in_region", "c_api", "get_include",
     "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
     "readinto", "recv_into", "write", "fromfile", "errors",

@@ -111,6 +111,12 @@ class ShareWarning(UserWarning):
     be a pointer, or C memory too large to scan)."""
 
 
+class ByValueWarning(UserWarning):
+    """A region object that workers cannot use in place travels by value,
+    as a copy in every task that needs it (a broadcast): said once per
+    object, with the reason and its pickled size."""
+
+
 class WorkerLost(ClamorError):
     """A worker process died or stopped answering."""
 
