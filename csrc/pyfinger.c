@@ -238,19 +238,53 @@ static uint64_t fingerprint(PyObject *o) {
 struct ids {
     uint64_t *at;
     size_t n, cap;
+    int depth;
 };
+
+/* What the collector's links do not show.  A dict with str keys does not
+ * visit its keys (strs make no cycles): attribute and global names.  A
+ * container of atomic items is untracked (not in gc.get_objects()), and
+ * so is a code object, whose names and constants are the strs a class's
+ * methods set as attributes.  So the snapshot follows those too, a few
+ * levels deep (an object seen twice is counted twice: the list is made
+ * unique after). */
+static int collect(PyObject *ref, void *arg);
+
+static void collect_more(PyObject *o, struct ids *b) {
+    if (b->depth >= 8) return;
+    b->depth++;
+    if (PyCode_Check(o)) {
+        PyCodeObject *c = (PyCodeObject *)o;
+        PyObject *parts[] = {c->co_consts, c->co_names, c->co_localsplusnames, c->co_filename, c->co_name,
+                             c->co_qualname, c->co_linetable, c->co_exceptiontable};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            if (parts[i]) collect(parts[i], b);
+    } else if (PyDict_Check(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            collect(k, b);
+            if (!PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o)) collect(v, b);
+        }
+    } else if (PyObject_IS_GC(o) && !PyObject_GC_IsTracked(o) && Py_TYPE(o)->tp_traverse) {
+        Py_TYPE(o)->tp_traverse(o, collect, b);
+    }
+    b->depth--;
+}
 
 static int collect(PyObject *ref, void *arg) {
     struct ids *b = arg;
+    if (!ref) return 0;
     if (b->n < b->cap) b->at[b->n] = (uintptr_t)ref;
     b->n++;
+    collect_more(ref, b);
     return 0;
 }
 
 long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *l = (PyObject *)list;
-    struct ids b = {out, 0, cap};
+    struct ids b = {out, 0, cap, 0};
     for (Py_ssize_t i = 0; PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
         PyObject *o = PyList_GET_ITEM(l, i);
         collect(o, &b);

@@ -305,8 +305,9 @@ static int numpy_exit(void) {
  * of a block each such object gets its table back outside the region.
  * A dict is swapped with a copy of itself made outside (PyDict_Copy makes
  * a fresh keys table), so that no other thread sees it empty; a list's
- * item array is copied.  Only exact dicts that are not split (an instance
- * dict shares its class's keys) and exact lists are moved. */
+ * item array and a set's table are copied.  Only exact dicts that are not
+ * split (an instance dict shares its class's keys), exact lists and exact
+ * sets and frozensets are moved. */
 static int rehome_dict(PyDictObject *d) {
     PyDictObject *c = (PyDictObject *)PyDict_Copy((PyObject *)d);
     if (!c) return -1;
@@ -345,8 +346,60 @@ static int rehome_list(PyListObject *l) {
     return 1;
 }
 
+/* a set's (or frozenset's) table: an ABC's caches of subclasses grow as
+ * isinstance() is asked inside a block; its small table is inline */
+static int rehome_set(PySetObject *s) {
+    size_t n = ((size_t)s->mask + 1) * sizeof(setentry);
+    setentry *table = PyMem_Malloc(n);
+    if (!table) return -1;
+    memcpy(table, s->table, n);
+    setentry *old = s->table;
+    s->table = table;
+    PyMem_Free(old);
+    return 1;
+}
+
+/* An ABC's caches (Modules/_abc.c, the same layout 3.11 to 3.13): the sets
+ * of subclasses isinstance() has seen, made on first need, so inside a
+ * block when the first check of that ABC runs there.  The ABC is the
+ * interpreter's, outside the region; a worker forked later inherits its
+ * pointers to region sets, and reads the driver's later changes to them
+ * (weak references made outside the region after the fork, which it
+ * does not have).  The two caches are replaced by empty sets made
+ * outside (they refill on the next check); the registry of register()ed
+ * classes is copied out. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *registry, *cache, *negative_cache;
+    unsigned long long negative_cache_version;
+} abc_data;
+
+static int is_abc_data(PyObject *o) { return !strcmp(Py_TYPE(o)->tp_name, "_abc._abc_data"); }
+
+static int abc_grown(PyObject *o) {
+    abc_data *a = (abc_data *)o;
+    return (a->registry && in_region(a->registry)) || (a->cache && in_region(a->cache)) ||
+           (a->negative_cache && in_region(a->negative_cache));
+}
+
+static int rehome_abc(abc_data *a) {
+    PyObject **slots[3] = {&a->registry, &a->cache, &a->negative_cache};
+    for (int i = 0; i < 3; i++) {
+        PyObject *old = *slots[i];
+        if (!old || !in_region(old)) continue;
+        PyObject *fresh = PySet_New(i == 0 ? old : NULL);
+        if (!fresh) return -1;
+        *slots[i] = fresh;
+        Py_DECREF(old);
+    }
+    return 1;
+}
+
 static int grown(PyObject *o) {
     if (in_region(o)) return 0;
+    if (is_abc_data(o)) return abc_grown(o);
+    if (PySet_CheckExact(o) || PyFrozenSet_CheckExact(o))
+        return ((PySetObject *)o)->table != ((PySetObject *)o)->smalltable && in_region(((PySetObject *)o)->table);
     if (PyDict_CheckExact(o)) return !((PyDictObject *)o)->ma_values && in_region(((PyDictObject *)o)->ma_keys);
     if (PyList_CheckExact(o)) return ((PyListObject *)o)->ob_item && in_region(((PyListObject *)o)->ob_item);
     return 0;
@@ -373,7 +426,9 @@ static Py_ssize_t rehome(PyObject *objs) {
     Py_ssize_t moved = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
         PyObject *o = PyList_GET_ITEM(found, i);
-        int rc = !grown(o) ? 0 : PyDict_CheckExact(o) ? rehome_dict((PyDictObject *)o) : rehome_list((PyListObject *)o);
+        int rc = !grown(o) ? 0 : is_abc_data(o) ? rehome_abc((abc_data *)o)
+                 : PyDict_CheckExact(o) ? rehome_dict((PyDictObject *)o)
+                 : PyList_CheckExact(o) ? rehome_list((PyListObject *)o) : rehome_set((PySetObject *)o);
         if (rc < 0) {
             Py_DECREF(found);
             return -1;

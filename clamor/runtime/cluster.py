@@ -41,7 +41,7 @@ import zmq
 
 from . import _liveness, code
 from .. import errors
-from ..memory import region
+from ..memory import byvalue, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
 from .executor import worker_main
 from ..memory.heap import install as install_heap_hooks
@@ -555,6 +555,7 @@ class Cluster(Stages):
             "redirect_hit_rate": (followed - fallbacks) / followed if followed else 0.0,
             "peer_timeouts": sum(w.get("timeouts", 0) for w in ws.values()),
         }
+        out["by_value"] = byvalue.counts()   # region objects workers could not use in place (process-wide)
         out["bytes_mapped"] = self._totals["bytes_mapped"]
         out["wire_bytes"] = self._totals["wire_bytes"]
         out["same_host"] = {"mode": self.same_host,

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import errors
 from ..errors import NotShareable
-from ..memory import portable, region
+from ..memory import byvalue, portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
 from ..memory.walk import conversions
@@ -140,6 +140,7 @@ def _vouched(obj, known, check):
         reads = check(obj)
     except NotShareable as err:
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
+        byvalue.report(obj, str(err), stacklevel=2)
         known[id(obj)] = (sig, False, None, obj if known is _portable else None)
         return False
     if conversions[0] != rewrites:
