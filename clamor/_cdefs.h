@@ -150,6 +150,8 @@ int clamor_heap_active(void);
 int clamor_heap_suspend(void);
 void clamor_heap_resume(int depth);
 int clamor_heap_threads(void);
+uint64_t clamor_heap_block(void);
+void clamor_heap_adopt(uint64_t block);
 /* csrc/internal.h: the Python extension only (pyheap.c, pyshare.c) */
 int clamor_py_heap_install(void);
 int clamor_py_numpy_enter(void);

@@ -404,6 +404,11 @@ int clamor_heap_suspend(void);
 void clamor_heap_resume(int depth);
 /* Threads inside a heap block right now (not suspended). */
 int clamor_heap_threads(void);
+/* The serial of the calling thread's open block (0: none), and, on a thread
+ * it started, taking it: that thread allocates in the region while the
+ * block stays open (0: never). */
+uint64_t clamor_heap_block(void);
+void clamor_heap_adopt(uint64_t block);
 
 #ifdef __cplusplus
 }

@@ -315,6 +315,12 @@ void cl_alloc_reset(void);
 
 /* Depth of the calling thread's heap blocks (0: outside every block). */
 extern __thread int cl_heap_depth __attribute__((tls_model("initial-exec")));
+/* The block a thread started inside one adopted (0: none), and whether it
+ * is still open. */
+extern __thread uint64_t cl_heap_adopted __attribute__((tls_model("initial-exec")));
+int cl_adopted_open(void);
+/* Does the calling thread's allocation go to the region? */
+#define CL_IN_HEAP() (cl_heap_depth || (cl_heap_adopted && cl_adopted_open()))
 /* In a forked child: no thread is inside a block any more. */
 void cl_heap_reset_after_fork(void);
 

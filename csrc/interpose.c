@@ -47,16 +47,55 @@ extern void *__libc_memalign(size_t, size_t);
 
 __thread int cl_heap_depth __attribute__((tls_model("initial-exec")));
 
+/* Threads a block starts (a library's worker pool inside fit()) allocate in
+ * the region while that block is open: each outermost block has a serial,
+ * listed in open_blocks while it runs; a thread that adopted one (at its
+ * start) is inside it while it is listed, and outside once it closes, even
+ * if the thread lives on. */
+#define OPEN_MAX 64
+static _Atomic uint64_t open_blocks[OPEN_MAX];
+static _Atomic uint64_t block_serials;
+static __thread uint64_t my_block;   /* the serial of this thread's outermost block */
+__thread uint64_t cl_heap_adopted __attribute__((tls_model("initial-exec")));
+
+int cl_adopted_open(void) {
+    uint64_t b = cl_heap_adopted;
+    for (int i = 0; i < OPEN_MAX; i++)
+        if (atomic_load_explicit(&open_blocks[i], memory_order_acquire) == b) return 1;
+    return 0;
+}
+
+static void block_open(void) {
+    my_block = atomic_fetch_add(&block_serials, 1) + 1;
+    for (int i = 0; i < OPEN_MAX; i++) {
+        uint64_t free_slot = 0;
+        if (atomic_compare_exchange_strong(&open_blocks[i], &free_slot, my_block)) return;
+    }
+    my_block = 0;   /* more than OPEN_MAX threads in blocks: threads this one starts stay outside */
+}
+
+static void block_close(void) {
+    for (int i = 0; my_block && i < OPEN_MAX; i++) {
+        uint64_t mine = my_block;
+        if (atomic_compare_exchange_strong(&open_blocks[i], &mine, 0)) break;
+    }
+    my_block = 0;
+}
+
+uint64_t clamor_heap_block(void) { return CL_IN_HEAP() ? my_block : 0; }
+
+void clamor_heap_adopt(uint64_t block) { cl_heap_adopted = block; }
+
 static inline bool in_region(const void *p) { return cl_in_region((uintptr_t)p); }
 
 /* ---- wrappers ---------------------------------------------------------------- */
 
 static void *w_malloc(size_t n) {
-    return cl_heap_depth ? clamor_malloc(n ? n : 1) : __libc_malloc(n);
+    return CL_IN_HEAP() ? clamor_malloc(n ? n : 1) : __libc_malloc(n);
 }
 
 static void *w_calloc(size_t n, size_t sz) {
-    return cl_heap_depth ? clamor_calloc(n, sz) : __libc_calloc(n, sz);
+    return CL_IN_HEAP() ? clamor_calloc(n, sz) : __libc_calloc(n, sz);
 }
 
 static void w_free(void *p) {
@@ -78,7 +117,7 @@ static void *w_realloc(void *p, size_t n) {
         if (q) memcpy(q, p, cl_prefetch_readable(p, n));
         return q;
     }
-    if (cl_heap_depth) { /* move the block into the region */
+    if (CL_IN_HEAP()) { /* move the block into the region */
         void *q = clamor_malloc(n ? n : 1);
         if (q && p) {
             size_t old = malloc_usable_size(p);
@@ -92,14 +131,14 @@ static void *w_realloc(void *p, size_t n) {
 
 static int w_posix_memalign(void **out, size_t align, size_t n) {
     if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
-    void *p = cl_heap_depth ? clamor_aligned_alloc(align, n ? n : 1) : __libc_memalign(align, n);
+    void *p = CL_IN_HEAP() ? clamor_aligned_alloc(align, n ? n : 1) : __libc_memalign(align, n);
     if (!p) return ENOMEM;
     *out = p;
     return 0;
 }
 
 static void *w_aligned_alloc(size_t align, size_t n) {
-    return cl_heap_depth ? clamor_aligned_alloc(align, n ? n : 1) : __libc_memalign(align, n);
+    return CL_IN_HEAP() ? clamor_aligned_alloc(align, n ? n : 1) : __libc_memalign(align, n);
 }
 
 static void *w_valloc(size_t n) { return w_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), n); }
@@ -256,12 +295,18 @@ static _Atomic int heap_threads; /* threads inside a heap block (not suspended) 
 int clamor_heap_enter(void) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER)
         return cl_err(cl_region.role ? EPERM : ENXIO, "clamor.heap() needs the driver's region");
-    if (cl_heap_depth++ == 0) atomic_fetch_add(&heap_threads, 1);
+    if (cl_heap_depth++ == 0) {
+        atomic_fetch_add(&heap_threads, 1);
+        block_open();
+    }
     return 0;
 }
 
 void clamor_heap_exit(void) {
-    if (cl_heap_depth > 0 && --cl_heap_depth == 0) atomic_fetch_sub(&heap_threads, 1);
+    if (cl_heap_depth > 0 && --cl_heap_depth == 0) {
+        atomic_fetch_sub(&heap_threads, 1);
+        block_close();
+    }
 }
 
 int clamor_heap_active(void) { return cl_heap_depth; }
@@ -288,5 +333,7 @@ int clamor_heap_threads(void) { return atomic_load(&heap_threads); }
  * the other threads are gone). */
 void cl_heap_reset_after_fork(void) {
     cl_heap_depth = 0;
+    cl_heap_adopted = my_block = 0;
     atomic_store(&heap_threads, 0);
+    for (int i = 0; i < OPEN_MAX; i++) atomic_store(&open_blocks[i], 0);
 }

@@ -40,12 +40,12 @@ static inline int in_region(const void *p) { return cl_in_region((uintptr_t)p); 
 
 static void *h_malloc(void *ctx, size_t n) {
     PyMemAllocatorEx *o = ctx;
-    return cl_heap_depth ? clamor_malloc(n ? n : 1) : o->malloc(o->ctx, n);
+    return CL_IN_HEAP() ? clamor_malloc(n ? n : 1) : o->malloc(o->ctx, n);
 }
 
 static void *h_calloc(void *ctx, size_t n, size_t sz) {
     PyMemAllocatorEx *o = ctx;
-    return cl_heap_depth ? clamor_calloc(n ? n : 1, sz ? sz : 1) : o->calloc(o->ctx, n, sz);
+    return CL_IN_HEAP() ? clamor_calloc(n ? n : 1, sz ? sz : 1) : o->calloc(o->ctx, n, sz);
 }
 
 /* Region memory freed outside a block: region objects are dying in ordinary
@@ -60,7 +60,7 @@ static void h_free(void *ctx, void *p) {
     PyMemAllocatorEx *o = ctx;
     if (p && in_region(p)) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-            if (!cl_heap_depth) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+            if (!CL_IN_HEAP()) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
             clamor_free(p);
         } else {
             CL_COUNT(region_frees, 1); /* workers never free region memory */
@@ -80,7 +80,7 @@ static void *h_realloc(void *ctx, void *p, size_t n) {
         if (q) memcpy(q, p, cl_prefetch_readable(p, n));
         return q;
     }
-    if (cl_heap_depth && p) {
+    if (CL_IN_HEAP() && p) {
         /* The old block's size is unknown to us for pymalloc blocks, so
          * grow through the old allocator first, then move. */
         void *tmp = o->realloc(o->ctx, p, n);
@@ -91,7 +91,7 @@ static void *h_realloc(void *ctx, void *p, size_t n) {
         o->free(o->ctx, tmp);
         return q;
     }
-    return cl_heap_depth ? clamor_malloc(n ? n : 1) : o->realloc(o->ctx, p, n);
+    return CL_IN_HEAP() ? clamor_malloc(n ? n : 1) : o->realloc(o->ctx, p, n);
 }
 
 /* cffi releases the GIL around calls into this module: take it back. */
@@ -119,14 +119,19 @@ static int py_heap_install(void) {
 /* A process forked inside a block is a worker, with the handler still set
  * in its context: there it allocates as numpy's default would. */
 static inline bool worker(void) { return cl_region.role != CLAMOR_ROLE_DRIVER; }
+/* A thread a block started keeps the handler once the block closes: its
+ * arrays are then ordinary memory. */
+static inline bool outside_now(void) {
+    return worker() || (!cl_heap_depth && cl_heap_adopted && !cl_adopted_open());
+}
 
 static void *n_malloc(void *ctx, size_t n) {
     (void)ctx;
-    return worker() ? malloc(n ? n : 1) : clamor_malloc_atomic(n ? n : 1);
+    return outside_now() ? malloc(n ? n : 1) : clamor_malloc_atomic(n ? n : 1);
 }
 static void *n_calloc(void *ctx, size_t n, size_t sz) {
     (void)ctx;
-    return worker() ? calloc(n ? n : 1, sz ? sz : 1) : clamor_calloc_atomic(n ? n : 1, sz ? sz : 1);
+    return outside_now() ? calloc(n ? n : 1, sz ? sz : 1) : clamor_calloc_atomic(n ? n : 1, sz ? sz : 1);
 }
 static void *n_realloc(void *ctx, void *p, size_t n) {
     (void)ctx;
@@ -134,6 +139,16 @@ static void *n_realloc(void *ctx, void *p, size_t n) {
         if (!p || !in_region(p)) return realloc(p, n ? n : 1);
         void *q = malloc(n ? n : 1); /* a private copy; the region block stays */
         if (q) memcpy(q, p, cl_prefetch_readable(p, n));
+        return q;
+    }
+    if (outside_now()) {   /* a thread a closed block started: out of the region */
+        if (!p || !in_region(p)) return realloc(p, n ? n : 1);
+        void *q = malloc(n ? n : 1);
+        if (q) {
+            size_t old = clamor_usable_size(p);
+            memcpy(q, p, old < n ? old : n);
+            clamor_free(p);
+        }
         return q;
     }
     if (p && !in_region(p)) { /* an array from before, grown in the block */
@@ -153,7 +168,7 @@ static void n_free(void *ctx, void *p, size_t sz) {
     if (!p) return;
     if (in_region(p)) {
         if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-            if (!cl_heap_depth) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+            if (!CL_IN_HEAP()) atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
             clamor_free(p);
         } else {
             CL_COUNT(region_frees, 1);

@@ -29,6 +29,7 @@ def install():
     with _lock:
         if not _installed:
             lib.clamor_py_heap_install()
+            _adopt_threads()
             _installed = True
         lib.clamor_interpose_refresh()
 
@@ -114,6 +115,35 @@ def all_classes():
             if id(c) not in seen:
                 seen.add(id(c))
                 stack.append(c)
+
+
+def _adopt_threads():
+    """A thread started inside a block allocates in the region while that
+    block is open (csrc/interpose.c): a library that fits a model in a
+    pool of threads of its own (scikit-learn's ``n_jobs``) builds it all
+    there.  Outside the block, or once it closes, the thread is as any."""
+    start = threading.Thread.start
+    if getattr(start, "_clamor", False):
+        return
+
+    @functools.wraps(start)
+    def start_in_block(self):
+        block = lib.clamor_heap_block()
+        if block:
+            run = self.run
+
+            def run_in_block():
+                lib.clamor_heap_adopt(block)
+                lib.clamor_py_numpy_enter()     # (numpy's handler is per context: the thread's own)
+                try:
+                    run()
+                finally:
+                    lib.clamor_py_numpy_exit()
+                    lib.clamor_heap_adopt(0)
+            self.run = run_in_block
+        return start(self)
+    start_in_block._clamor = True
+    threading.Thread.start = start_in_block
 
 
 def release_dropped():
