@@ -40,6 +40,43 @@ def is_class(t):
     return bool(lib.clamor_py_is_class(id(t)))
 
 
+_capsule_pointer = None
+
+
+def vtable_of(cls):
+    """The address of a Cython class's table of C methods (its
+    ``__pyx_vtable__`` capsule's pointer), or None.  Every instance holds
+    it in its body; the module made it when it was imported."""
+    global _capsule_pointer
+    try:
+        cap = type.__dict__["__dict__"].__get__(cls).get("__pyx_vtable__")
+    except (TypeError, AttributeError):
+        return None
+    if cap is None or type(cap).__name__ != "PyCapsule":
+        return None
+    if _capsule_pointer is None:
+        import ctypes
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        name = ctypes.pythonapi.PyCapsule_GetName
+        name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+        _capsule_pointer = lambda c: get(c, name(c))   # noqa: E731
+    try:
+        return _capsule_pointer(cap) or None
+    except Exception:   # (a capsule that is not what Cython makes)
+        return None
+
+
+def vtables():
+    """{address: class} of the C method tables of every Cython class alive."""
+    out = {}
+    for t in all_classes():
+        a = vtable_of(t)
+        if a:
+            out.setdefault(a, t)
+    return out
+
+
 class AddressMap:
     """This process's mappings, read from /proc/self/maps: memory of loaded
     images (the same in every process of the image), and private writable

@@ -271,6 +271,16 @@ class _Mode:
     def outside_ok(self, o):
         return self.t.classify(o) is None
 
+    def vtable(self, cls, addr):
+        """A word holding the C method table of the Cython class ``cls``: a
+        worker finds its own in the class it imports."""
+        if addr in self.t.by_addr or self.t.in_image(addr):
+            return True
+        if self.t.classify(cls) is not None:
+            return False
+        self.t._new(("vtable", cls.__module__, cls.__qualname__, addr), addr, cls)
+        return True
+
     def inside(self, path, o):
         if isinstance(o, (type, types.FunctionType, types.CodeType, types.ModuleType)):
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) was made inside clamor.heap(): a class, "
@@ -606,6 +616,16 @@ def bind(specs):
             laddr = id(obj)
         elif kind == "handler":
             obj, daddr, laddr = None, spec[1], HANDLER
+        elif kind == "vtable":
+            _, module, qual, daddr = spec
+            try:
+                obj = _lookup(module, qual)
+            except Exception as err:
+                raise NotShareable(f"a region object uses the C methods of {module}.{qual}, which this worker "
+                                   f"cannot import: {type(err).__name__}: {err}") from err
+            laddr = _pyshare.vtable_of(obj)
+            if not laddr:
+                raise NotShareable(f"{module}.{qual} has no table of C methods on this worker")
         else:
             raise errors.ProtocolError(f"unknown relocation target kind {kind!r}")
         rc = lib.clamor_reloc_bind(tid, daddr, laddr)

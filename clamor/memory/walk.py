@@ -166,13 +166,14 @@ def _short_repr(k):
 
 def _children(o):
     """(step, child) pairs, named where the structure gives a name."""
+    # (the built-in types' own iteration: a subclass's may run any code)
     if isinstance(o, dict):
-        for k, v in o.items():
+        for k, v in dict.items(o):
             yield ("[{}]", k), v
             yield ("<key {}>", k), k
         return
     if isinstance(o, (list, tuple)):
-        for i, v in enumerate(o):
+        for i, v in enumerate(list.__iter__(o) if isinstance(o, list) else tuple.__iter__(o)):
             yield ("[{}]", i), v
         return
     # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
@@ -399,6 +400,7 @@ class _Walk:
         self.mode = mode
         self._amap = self._scanner = None
         self._alive = None
+        self._vtables = None
         self.unsure = []
         self.doubt_path = None
         self.referents = set()
@@ -425,6 +427,11 @@ class _Walk:
             return True
         if any(lo <= addr < hi for lo, hi in self.buffers):
             return True
+        if self._vtables is None:
+            self._vtables = _pyshare.vtables()
+        cls = self._vtables.get(addr)
+        if cls is not None:   # a Cython class's C methods: its module made them at import
+            return self.mode.vtable(cls, addr) if self.mode is not None else _ok_outside(cls)
         if self._alive is None:
             self._alive = {id(o): o for o in gc.get_objects() if isinstance(o, _STATIC)}
         o = self._alive.get(addr)
@@ -501,7 +508,9 @@ def _walk(obj, limit, mode, reads=None):
         n += 1
         if n > limit:
             raise NotShareable(f"more than {limit} objects reachable from the shared object")
-        inside = region.contains(id(o), sys.getsizeof(o) if not isinstance(o, type) else 1)
+        # (not sys.getsizeof: it runs the class's __sizeof__, and pandas'
+        # computes and caches arrays there, outside the region)
+        inside = region.contains(id(o), lib.clamor_py_body_size(id(o)) if not isinstance(o, type) else 1)
         if not inside and mode is not None and not (isinstance(o, np.ndarray) and path is root):
             mode.outside(path, o)      # a relocation target, or NotShareable
             continue
