@@ -49,12 +49,16 @@ def test_a_shape_buffer_outside_the_region_is_refused_with_its_path():
     out = scenario("""
         from clamor.memory._pyshare import fields
         from clamor._native import lib
+        go = threading.Event()
         def churn():   # (no list: CPython's list free list is global too)
+            go.wait()
             junk = np.empty(30, dtype=object)
             for i in range(30):
                 junk[i] = np.zeros(5)
+        # started before the block (a thread started inside one allocates in the region)
+        t = threading.Thread(target=churn); t.start()
         with clamor.heap():
-            t = threading.Thread(target=churn); t.start(); t.join()   # its buffers, outside, now cached
+            go.set(); t.join()   # its buffers, outside, now cached
             import gc; gc.collect()   # (empties the free lists the thread filled; numpy's cache stays)
             d = {"k": [np.arange(5.0) for _ in range(3)]}
         outside = [i for i, a in enumerate(d["k"]) if not region.contains(dict(fields(a))[lib.CLAMOR_FIELD_DIMS])]
