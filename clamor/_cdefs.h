@@ -117,6 +117,7 @@ struct clamor_stats {
     uint64_t wire_bytes_fetched;
     uint64_t wire_bytes_served;
     uint64_t region_frees;
+    uint64_t peer_written;
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

@@ -321,6 +321,7 @@ void clamor_replication_reset(void);
     COUNTER(wire_bytes_fetched) /* worker: page data bytes as received (sparse replies are smaller) */         \
     COUNTER(wire_bytes_served) /* page server: page data bytes as sent (of bytes_served) */                     \
     COUNTER(region_frees)      /* worker: region memory freed here, ignored (0 unless a count went wrong) */    \
+    COUNTER(peer_written)      /* page server: requests refused, a page written here (the peer asks the driver) */ \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

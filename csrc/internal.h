@@ -87,6 +87,12 @@ struct cl_region {
     _Atomic bool map_on;        /* worker: maps the driver's pages (srcfd) */
     int srcfd;                  /* worker: the driver's memfd, or -1 */
     _Atomic uint32_t *wloc;     /* worker: per page, location id + 1 it maps, 0: own memfd */
+    /* worker: per page, the sum of its bytes as fetched and relocated
+     * (cl_page_sum), 0: unknown.  A page whose bytes sum otherwise now was
+     * written here (an attribute a task set, a reference count still
+     * held): it is not served to a peer, which would read this worker's
+     * pointers. */
+    _Atomic uint64_t *sums;
 };
 extern struct cl_region cl_region;
 
@@ -178,6 +184,7 @@ enum {
  * their memory out.  Both take the page table's lock. */
 int cl_pt_init(void);
 void cl_pt_free(void);
+uint64_t cl_page_sum(const void *p, size_t len);
 void cl_pt_after_fork(void);
 int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);

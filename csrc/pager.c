@@ -413,6 +413,11 @@ static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, b
             }
             done += (size_t)w;
         }
+        if (!rc && cl_region.sums) {   /* what a peer may be served of them: these bytes (server.c) */
+            size_t ps = (size_t)1 << cl_region.page_shift;
+            for (uint32_t k = 0; k < count; k++)
+                atomic_store_explicit(&cl_region.sums[first + k], cl_page_sum(p + k * ps, ps), memory_order_release);
+        }
     }
     cl_zmq.msg_close(&m);
     return rc;

@@ -237,6 +237,19 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
             return;
         }
         memcpy(cl_zmq.msg_data(&body), src, len);
+        /* A page a task wrote here (an attribute set, a count of references
+         * still held) holds this worker's own words: not for a peer, which
+         * gets the driver's instead. */
+        size_t ps = (size_t)1 << cl_region.page_shift;
+        for (uint32_t k = 0; k < rq->count; k++) {
+            uint64_t want = cl_region.sums ? atomic_load_explicit(&cl_region.sums[rq->index + k], memory_order_acquire) : 0;
+            if (!want || cl_page_sum((char *)cl_zmq.msg_data(&body) + k * ps, ps) != want) {
+                cl_zmq.msg_close(&body);
+                CL_COUNT(peer_written, 1);
+                reply_err(id, rq->tag, rq, EAGAIN, "page written on this worker");
+                return;
+            }
+        }
         /* This worker's copy is relocated for its own address space: the
          * driver's words go back for a peer that does not relocate, and a
          * peer that does gets the lists (read before the check below, which

@@ -499,7 +499,7 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
                 "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
-                "wire_bytes_fetched", "wire_bytes_served", "region_frees", "latency_count")
+                "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "latency_count")
 
 
 def stats():
