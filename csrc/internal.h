@@ -373,6 +373,7 @@ unsigned long clamor_py_region_dropped(void);
  * that lie outside the region but grew a table in it a table outside;
  * outside every block.  How many moved, or -1. */
 long clamor_py_rehome(uintptr_t objs);
+long clamor_py_table_in(uintptr_t obj);
 /* The capsule of clamor's numpy data handler, made on the first call (0 if
  * it could not be). */
 uintptr_t clamor_py_numpy_handler(void);

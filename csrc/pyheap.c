@@ -326,7 +326,8 @@ static int numpy_exit(void) {
 static int rehome_dict(PyDictObject *d) {
     PyDictObject *c = (PyDictObject *)PyDict_Copy((PyObject *)d);
     if (!c) return -1;
-    if (c->ma_values || in_region(c->ma_keys)) { // not a plain table this time: leave it
+    // not a plain table this time, or not where this thread allocates: leave it
+    if (c->ma_values || in_region(c->ma_keys) != (cl_heap_depth > 0)) {
         Py_DECREF(c);
         return 0;
     }
@@ -452,6 +453,30 @@ static Py_ssize_t rehome(PyObject *objs) {
     }
     Py_DECREF(found);
     return moved;
+}
+
+/* The other way, for one region object whose table grew outside the
+ * region after its block (a cache filled on first use): the calling thread
+ * inside a block, the table is made again there.  Returns 1 if it moved,
+ * 0 if the object has no such table, -1 (error printed). */
+long clamor_py_table_in(uintptr_t obj) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *o = (PyObject *)obj;
+    long rc = 0;
+    if (!cl_heap_depth) {
+        PyErr_SetString(PyExc_RuntimeError, "clamor_py_table_in outside a heap block");
+        rc = -1;
+    } else if (PyDict_Check(o) && !((PyDictObject *)o)->ma_values && !in_region(((PyDictObject *)o)->ma_keys)) {
+        rc = rehome_dict((PyDictObject *)o);
+    } else if (PyList_Check(o) && ((PyListObject *)o)->ob_item && !in_region(((PyListObject *)o)->ob_item)) {
+        rc = rehome_list((PyListObject *)o);
+    } else if ((PySet_Check(o) || PyFrozenSet_Check(o)) && ((PySetObject *)o)->table != ((PySetObject *)o)->smalltable &&
+               !in_region(((PySetObject *)o)->table)) {
+        rc = rehome_set((PySetObject *)o);
+    }
+    if (rc < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
 }
 
 /* objs: a list of objects (gc.get_objects()); the calling thread outside

@@ -127,6 +127,8 @@ def _lookup(module, qualname):
 def _is_const(o, depth=0):
     if type(o) in _CONST_SCALARS:
         return True
+    if type(o) is slice and depth < 8:     # (pandas keeps them in its block placements)
+        return all(x is None or _is_const(x, depth + 1) for x in (o.start, o.stop, o.step))
     if type(o) in (tuple, frozenset) and depth < 8 and len(o) <= 64:
         return all(_is_const(x, depth + 1) for x in o)
     return False
@@ -262,11 +264,24 @@ class _Mode:
         self.root = None        # what the walk started from, for messages
         self.blocks_seen = set()
 
+    def restart(self):
+        """Forget what a walk collected: it is made again (objects were
+        brought into the region)."""
+        self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
+
+    def why_not(self, o):
+        """None if ``o`` (outside the region) is a relocation target, else
+        why it is not portable."""
+        return self.t.classify(o)
+
+    def refusal(self, path, o, why):
+        return NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is not portable to workers not forked "
+                            f"from the driver: {why}")
+
     def outside(self, path, o):
         why = self.t.classify(o)
         if why is not None:
-            raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is not portable to workers not forked "
-                               f"from the driver: {why}")
+            raise self.refusal(path, o, why)
 
     def outside_ok(self, o):
         return self.t.classify(o) is None
@@ -384,16 +399,27 @@ class Relocations:
         t = self.targets
         t.refresh_images()
         amap = _pyshare.AddressMap()
-        walked, seeded = {}, None
+        walked, seeded, dropped = {}, None, set()
+        shipped = {id(r) for r in roots}
         for k, r in todo.items():
             mode = _Mode(t)
             mode.root = f"a region {type(r).__name__} at {id(r):#x}"
-            _walk(r, limit, mode)
-            walked[k] = (_entries(mode, t, amap), read_digests(mode.extents))
+            try:
+                _walk(r, limit, mode)
+                walked[k] = (_entries(mode, t, amap), read_digests(mode.extents))
+            except NotShareable:
+                if k in shipped or k not in self.roots:
+                    raise
+                # An earlier stage's object that the driver changed since,
+                # not one this stage ships: its words go from the lists
+                # (a later stage that ships it checks it again first).
+                del self.roots[k]
+                dropped.update(self.per_root.pop(k, ({}, None))[0])
+                continue
             seeded = seeded or mode.seeded
         if seeded is not None and not seeds_agree:
             raise NotShareable(seed_message(seeded))
-        pages = set()
+        pages = set(dropped)
         for k, (entries, cov) in walked.items():
             old = self.per_root.get(k)
             pages.update(entries)
@@ -523,6 +549,21 @@ def check(obj, limit=20_000_000, seed=True):
     _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
     if seed and mode.seeded is not None and not seed_passes_on():
         raise NotShareable(seed_message(mode.seeded))
+    return _Read(read_digests(mode.extents))
+
+
+class _Read:
+    """What a portable verdict rests on: the region bytes its walk read
+    pointers from (``walk.Reads``'s interface)."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def changed(self, pages):
+        return read_changed(self.read, pages)
+
+    def still_inherited(self):
+        return True
 
 
 def seed_message(path):

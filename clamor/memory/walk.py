@@ -46,7 +46,7 @@ import warnings
 
 import numpy as np
 
-from . import _pyshare, region
+from . import _pyshare, promote, region
 from .. import errors
 from .._native import ffi, lib
 from .hooks import HANDLER
@@ -56,6 +56,7 @@ _inherited = None  # _Snapshot of the objects alive at the last fork
 # may sit on CPython's free lists, which the runtime empties before it
 # pickles what travels (hooks.release_dropped).
 conversions = [0]
+brought = [0]     # objects brought into the region by share()'s walks (promote)
 
 
 from ..errors import NotShareable, ShareWarning  # noqa: E402,F401  (share()'s own)
@@ -176,6 +177,18 @@ def _children(o):
         for i, v in enumerate(list.__iter__(o) if isinstance(o, list) else tuple.__iter__(o)):
             yield ("[{}]", i), v
         return
+    if type(o) is range:
+        # no gc referents: its four ints (the length too, which Python
+        # does not show) are read from its body
+        for i, name in enumerate(("start", "stop", "step", "length")):
+            yield f".{name}", ctypes.cast(ctypes.c_void_p.from_address(id(o) + 16 + 8 * i).value,
+                                          ctypes.py_object).value
+        return
+    if type(o) is slice:
+        yield ".start", o.start
+        yield ".stop", o.stop
+        yield ".step", o.step
+        return
     # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
     # first request, outside the region, and would store its pointer in the
     # region object.  gc referents visit the attribute values in place.
@@ -275,6 +288,9 @@ class Reads:
         self.extents = []
         self.inherited = []
         self.read = None
+
+    def restart(self):
+        self.extents, self.inherited = [], []
 
     def seal(self):
         """Digest what was read (``read``), and let the extents go."""
@@ -383,9 +399,15 @@ def _solid(t):
     return object
 
 
+_KNOWN_EXACT = frozenset(_KNOWN) | {bool}
+
+
 def _opaque(o):
+    """Is ``o``'s C part one the walk does not know?  A C subclass of a type
+    it knows (an OrderedDict's linked nodes, a defaultdict's factory) has
+    fields of its own: scanned."""
     s = _solid(type(o))
-    return s is not object and not issubclass(s, _KNOWN) and not issubclass(s, _INLINE_SCALARS)
+    return s is not object and s not in _KNOWN_EXACT and not issubclass(s, _INLINE_SCALARS)
 
 
 class _Walk:
@@ -401,6 +423,7 @@ class _Walk:
         self._amap = self._scanner = None
         self._alive = None
         self._vtables = None
+        self.tables = []     # region objects whose tables are to be made again in the region
         self.unsure = []
         self.doubt_path = None
         self.referents = set()
@@ -439,8 +462,11 @@ class _Walk:
             return o is not None and self.mode.outside_ok(o)
         return o is not None and _ok_outside(o)
 
-    def fields(self, path, o):
-        """Refuse a raw pointer field of ``o`` (in the region) that leaves it."""
+    def fields(self, path, o, bring_in=False):
+        """Refuse a raw pointer field of ``o`` (in the region) that leaves it.
+        ``bring_in``: a dict's, list's or set's table that grew outside the
+        region after its block is listed in ``tables``, to be made again
+        in the region, instead."""
         for code, addr in _pyshare.fields(o):
             if code == lib.CLAMOR_FIELD_DATA and isinstance(o, np.ndarray):
                 continue  # through .base, or checked with the array's size below
@@ -449,6 +475,10 @@ class _Walk:
                 continue  # (the interpreter's shared empty keys table is static)
             name = _pyshare.FIELD_NAMES[code]
             split = code == lib.CLAMOR_FIELD_KEYS and any(c == lib.CLAMOR_FIELD_VALUES for c, _ in _pyshare.fields(o))
+            if bring_in and not split and code in (lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_ITEMS,
+                                                   lib.CLAMOR_FIELD_TABLE) and type(o) in (dict, list, set):
+                self.tables.append(o)
+                continue
             hint = {lib.CLAMOR_FIELD_KEYS: ": a dict sharing the keys of a class's instances (vars() of an "
                                            "instance); copy it with dict() inside clamor.heap()" if split else
                                            ": the dict grew outside clamor.heap(); rebuild it inside the block",
@@ -490,18 +520,75 @@ class _Walk:
             self.doubt_path = f"{path} ({name})"
 
 
-def _walk(obj, limit, mode, reads=None):
+def _walk(obj, limit, mode, reads=None, bring_in=True):
     """share()'s walk; ``mode`` as for ``_Walk``; ``reads`` (a ``Reads``,
-    forked walks only) records what the verdict rests on."""
+    forked walks only) records what the verdict rests on.  ``bring_in``:
+    objects outside the region that only a region object holds are copied
+    into it (``promote``) and the walk made again; otherwise refused."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
+    for _ in range(16):
+        moves = _walk_once(obj, limit, mode, reads, bring_in)
+        if not moves:
+            return
+        _bring_in(moves)
+        if mode is not None:
+            mode.restart()
+        if reads is not None:
+            reads.restart()
+    _walk_once(obj, limit, mode, reads, False)
+
+
+def _bring_in(moves):
+    """Copy each object of ``moves`` [(store, object)] into the region and
+    store the copy where the object was."""
+    from .heap import heap
+    with heap():
+        for store, o in moves:
+            if store is None and lib.clamor_py_table_in(id(o)) < 0:
+                raise errors.ClamorError(f"could not make the table of a {type(o).__name__} again in the region")
+        copies = [(store, promote.copy_in(o)) for store, o in moves
+                  if store is not None and not isinstance(store, (promote.Rekey, promote.Drop))]
+        promote.rekey([(store.d, o) for store, o in moves if isinstance(store, promote.Rekey)])
+    for store, o in moves:
+        if isinstance(store, promote.Drop):
+            store()
+    n = len(moves)
+    moves.clear()
+    for store, c in copies:
+        store(c)
+    conversions[0] += n
+    brought[0] += n
+
+
+def _candidate(parent, o, cache):
+    """A store for ``o`` if it can be brought into the region (the caller
+    holds it in one local), else None.  A constant key of a dict (a str or
+    int made after the block) is a ``promote.Rekey``.  What is reached
+    through an entry of a library's cache (``cache``: the dict and the
+    key) and cannot be brought in drops that entry (``promote.Drop``)."""
+    if parent is None:
+        return None
+    if promote.copyable(o):
+        if promote.rekeyable(parent, o):
+            return promote.Rekey(parent)
+        # (the references here: the walk's local, this parameter and sole()'s)
+        if promote.sole(o, 3):
+            store = promote.slot(parent, o)
+            if store is not None:
+                return store
+    return promote.Drop(*cache) if cache is not None else None
+
+
+def _walk_once(obj, limit, mode, reads, bring_in):
     walk = _Walk(mode)
     root = _Path()
-    stack = [(root, obj)]
+    stack = [(root, obj, None, None)]
     seen = set()
+    moves = []
     n = 0
     while stack:
-        path, o = stack.pop()
+        path, o, parent, cache = stack.pop()
         if id(o) in seen:
             continue
         seen.add(id(o))
@@ -512,7 +599,12 @@ def _walk(obj, limit, mode, reads=None):
         # computes and caches arrays there, outside the region)
         inside = region.contains(id(o), lib.clamor_py_body_size(id(o)) if not isinstance(o, type) else 1)
         if not inside and mode is not None and not (isinstance(o, np.ndarray) and path is root):
-            mode.outside(path, o)      # a relocation target, or NotShareable
+            why = mode.why_not(o)      # a relocation target, or not portable
+            if why is not None:
+                store = _candidate(parent, o, cache) if bring_in else None
+                if store is None:
+                    raise mode.refusal(path, o, why)
+                moves.append((store, o))
             continue
         if not inside:
             if _ok_outside(o) or walk.amap.in_image(id(o)):
@@ -523,9 +615,17 @@ def _walk(obj, limit, mode, reads=None):
                     region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
                 if path is root:
                     continue  # shipped by itself, a region array travels as a reference
+                store = _candidate(parent, o, cache) if bring_in else None
+                if store is not None:
+                    moves.append((store, o))
+                    continue
                 raise NotShareable(f"{path} (ndarray at {id(o):#x}) has its data in the region but is itself an "
                                    f"object outside it, which workers cannot follow a pointer to: make the array "
                                    f"inside clamor.heap(), or pass it to tasks directly (it travels by reference)")
+            store = _candidate(parent, o, cache) if bring_in else None
+            if store is not None:
+                moves.append((store, o))
+                continue
             if _inherited is None:
                 raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region, and no "
                                    f"Cluster has forked workers yet: start the Cluster first (what exists when it "
@@ -537,7 +637,7 @@ def _walk(obj, limit, mode, reads=None):
                                    f"used again); build it inside clamor.heap()")
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
-        walk.fields(path, o)
+        walk.fields(path, o, bring_in)
         if mode is not None:
             mode.inside(path, o)       # the words of it to relocate
         if reads is not None:
@@ -546,27 +646,36 @@ def _walk(obj, limit, mode, reads=None):
             # ndarrays are not gc containers: their base, dtype and items are
             # walked here
             if o.base is not None:
-                stack.append((path + ".base", o.base))
+                stack.append((path + ".base", o.base, None, cache))
             elif o.nbytes:
                 addr = o.__array_interface__["data"][0]
                 if not region.contains(addr, o.nbytes):
                     raise NotShareable(f"{path}: the data of this {o.dtype} array of {o.nbytes} bytes lies at "
                                        f"{addr:#x}, outside the region")
-            stack.append((path + ".dtype", o.dtype))
+            stack.append((path + ".dtype", o.dtype, None, cache))
             if o.dtype.hasobject:
                 for i, item in enumerate(o.ravel(order="K")):
-                    stack.append((_Path(path, ".flat[{}]", i), item))
+                    stack.append((_Path(path, ".flat[{}]", i), item, None, cache))
+                item = None
             continue
         if isinstance(o, np.dtype):
             for name, child in _dtype_parts(o):
-                stack.append((path + name, child))
+                stack.append((path + name, child, None, cache))
+            child = None
             continue
         if _opaque(o):
             walk.opaque(path, o)
         if _has_dict(o):
             _own_keys(o, path)
+        in_cache = type(o) is dict and path.key in promote.CACHE_NAMES
         for step, child in _children(o):
-            stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child))
+            entry = (o, step[1]) if in_cache and isinstance(step, tuple) and step[0] == "[{}]" else cache
+            stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child, o, entry))
+        entry = None
+        step = child = None     # (a reference left here would count as another holder)
+    moves += [(None, t) for t in walk.tables]
+    if moves:
+        return moves
     if reads is not None and walk._scanner is not None:
         reads.extents += [(lo, n, False, None, "C memory") for lo, n in walk.scanner.blocks]
     if walk.unsure:

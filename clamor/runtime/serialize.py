@@ -80,7 +80,7 @@ def _in_region(a):
 # the workers have it (at each use).  A refusal is kept until the length
 # changes: the object travels by value meanwhile, which is always right.
 _shared = {}
-_portable = {}   # the same for the portable walk (which rests on nothing here)
+_portable = {}   # the same for the portable walk
 # Code and collections travel by value even when a heap() block made them:
 # a lambda, a closure or a collection written inside the block is the task,
 # not data it reads.
@@ -98,17 +98,20 @@ def _length(obj):
 
 def _portable_check(obj):
     # (a seed the workers lack is the Cluster's to say, as an error)
-    portable.check(obj, seed=False)
+    return portable.check(obj, seed=False)
 
 
 def note_changed(pages):
     """As a stage begins: forget the verdicts that rest on region bytes
-    among ``pages`` (the pages the driver changed) that read otherwise now."""
-    if not len(pages) or not _shared:
+    among ``pages`` (the pages the driver changed) that read otherwise now
+    (a library that set an attribute in a method since: it may point out of
+    the region)."""
+    if not len(pages) or not (_shared or _portable):
         return
     changed = set(np.asarray(pages).tolist())
-    for k in [k for k, (_, ok, reads, _obj) in _shared.items() if ok and reads.changed(changed)]:
-        del _shared[k]
+    for known in (_shared, _portable):
+        for k in [k for k, (_, ok, reads, _obj) in known.items() if ok and reads is not None and reads.changed(changed)]:
+            del known[k]
 
 
 def _forget_dead(known):
