@@ -427,19 +427,59 @@ static int visit(PyObject *o, void *found) {
     return o && grown(o) ? PyList_Append((PyObject *)found, o) : 0;
 }
 
+/* A functools.lru_cache filled inside a block (pandas memoizes its take
+ * functions so): its links and entries are region objects in the
+ * interpreter's cache, and the cache reorders its links as it is used
+ * after the block, pointing them at entries made outside.  A worker forked
+ * later reads those region links as the driver has them: such caches are
+ * cleared (memoized values are made again on the next call). */
+static int is_lru(PyObject *o) { return !strcmp(Py_TYPE(o)->tp_name, "functools._lru_cache_wrapper"); }
+
+static int visit_in_region(PyObject *o, void *hit) {
+    if (o && in_region(o)) *(int *)hit = 1;
+    return 0;
+}
+
+static int lru_in_region(PyObject *o) {
+    int hit = 0;
+    if (Py_TYPE(o)->tp_traverse) Py_TYPE(o)->tp_traverse(o, visit_in_region, &hit);
+    return hit;
+}
+
 static Py_ssize_t rehome(PyObject *objs) {
     PyObject *found = PyList_New(0);
     if (!found) return -1;
+    PyObject *lrus = PyList_New(0);
+    if (!lrus) {
+        Py_DECREF(found);
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs); i++) {
         PyObject *o = PyList_GET_ITEM(objs, i);
+        if (is_lru(o) && !in_region(o) && lru_in_region(o) && PyList_Append(lrus, o) < 0) {
+            Py_DECREF(found);
+            Py_DECREF(lrus);
+            return -1;
+        }
         if ((grown(o) && PyList_Append(found, o) < 0) ||
             (Py_TYPE(o)->tp_traverse && Py_TYPE(o)->tp_traverse(o, visit, found) < 0)) {
             Py_DECREF(found);
             return -1;
         }
     }
-    // moved only now: a dict being traversed must keep its table meanwhile
     Py_ssize_t moved = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lrus); i++) {
+        PyObject *r = PyObject_CallMethod(PyList_GET_ITEM(lrus, i), "cache_clear", NULL);
+        if (!r) {
+            Py_DECREF(found);
+            Py_DECREF(lrus);
+            return -1;
+        }
+        Py_DECREF(r);
+        moved++;
+    }
+    Py_DECREF(lrus);
+    // moved only now: a dict being traversed must keep its table meanwhile
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
         PyObject *o = PyList_GET_ITEM(found, i);
         int rc = !grown(o) ? 0 : is_abc_data(o) ? rehome_abc((abc_data *)o)

@@ -295,7 +295,7 @@ STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fet
              "pages_invalidated", "pages_logged", "pages_unchanged", "versions", "version_bytes",
              "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",
              "peers_admitted", "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
-             "wire_bytes_fetched", "wire_bytes_served", "region_frees", "latency_count", "mappings")
+             "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "latency_count", "mappings")
 STAT_FLOATS = ("fetch_p50_us", "fetch_p99_us", "fetch_max_us")
 
 

@@ -128,6 +128,7 @@ class Scanner:
         self.amap, self.ok, self.budget = amap, ok, budget
         self._types = None
         self.doubts = []
+        self.ndoubts = 0
         self.scanned = set()
         self.blocks = []    # (start, length) of the region blocks scanned
         self.bytes = 0
@@ -157,6 +158,7 @@ class Scanner:
                         continue
                     if depth == 0:
                         raise CannotTell(off, addr, what)
+                    self.ndoubts += 1
                     if not self.doubts:  # a word in a block behind it: maybe a pointer, maybe stale bytes
                         self.doubts.append((off, addr, what))
                 for i in range(self._n[0]):

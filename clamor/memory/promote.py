@@ -185,8 +185,13 @@ def copy_in(o):
             dead = weakref.ref(holder)
             del holder
             return dead
-        return weakref.ref(target, o.__callback__)
+        # (with a callback: CPython hands back the existing reference otherwise)
+        return weakref.ref(target, o.__callback__ or _ignore)
     return copy.copy(o)
+
+
+def _ignore(_ref):
+    pass
 
 
 class _Dead:
