@@ -52,11 +52,14 @@ def same_host(request, monkeypatch):
 @pytest.fixture(params=["userfaultfd", "mprotect"])
 def write_protect(request, monkeypatch):
     """Run the test with the driver's region write-protected by userfaultfd
-    (skipped where the process may not use it, with the reason) and by
-    mprotect: every driver the test starts takes it from
-    CLAMOR_WRITE_PROTECT."""
+    (skipped where the process may not use it, with the reason; failed
+    instead under CLAMOR_REQUIRE_USERFAULTFD=1, as CI sets) and by mprotect:
+    every driver the test starts takes it from CLAMOR_WRITE_PROTECT."""
     if request.param == "userfaultfd" and userfaultfd_missing():
-        pytest.skip(f"userfaultfd is not usable here: {userfaultfd_missing()}")
+        why = f"userfaultfd is not usable here: {userfaultfd_missing()}"
+        if os.environ.get("CLAMOR_REQUIRE_USERFAULTFD") == "1":   # (CI: never passes unnoticed)
+            pytest.fail(f"CLAMOR_REQUIRE_USERFAULTFD=1 but {why}", pytrace=False)
+        pytest.skip(why)
     monkeypatch.setenv("CLAMOR_WRITE_PROTECT", request.param)
     return request.param
 
