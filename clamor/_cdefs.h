@@ -63,6 +63,10 @@ int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
 
 int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
+#define CLAMOR_WPROT_NONE ...
+#define CLAMOR_WPROT_MPROTECT ...
+#define CLAMOR_WPROT_USERFAULTFD ...
+int clamor_write_protection(char *reason, size_t cap);
 uint64_t clamor_dirty_count(void);
 uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
 void clamor_changed_copy(uint64_t *out, uint64_t n);

@@ -149,7 +149,10 @@ static inline void map_set(uint64_t pg, uintptr_t v) {
 
 static void map_fill(uint64_t first, uint64_t n, uintptr_t v) {
     for (uint64_t i = 0; i < n; i++) map_set(first + i, v);
-    if (v & CL_USED) cl_map_mark_used(first << CL_PG_SHIFT, n << CL_PG_SHIFT);
+    if (v & CL_USED) {
+        cl_map_mark_used(first << CL_PG_SHIFT, n << CL_PG_SHIFT);
+        cl_wprot_used(first << CL_PG_SHIFT, n << CL_PG_SHIFT);
+    }
 }
 
 static void list_push(cl_span **head, cl_span *s) {
@@ -525,6 +528,15 @@ static int block_resize(cl_span *d, size_t size) {
 
 /* ---- public API -------------------------------------------------------------- */
 
+// A block handed out inside heap() is opened for writing now, where the
+// region is write-protected by mprotect (version.c): a system call that
+// writes into it (read(2) into a new buffer) gets EFAULT from a closed page.
+// Under userfaultfd such a write waits for its version like any other.
+static void *handed_out(void *p, size_t size) {
+    if (p && cl_heap_depth) cl_version_prepare((uintptr_t)p, size);
+    return p;
+}
+
 // heap_alloc() for the public calls: checks the role, takes the lock.
 static void *heap_alloc_locked(size_t size, size_t align, size_t dirty[2], const char *fn, int atomic) {
     int rc = heap_enter();
@@ -534,7 +546,7 @@ static void *heap_alloc_locked(size_t size, size_t align, size_t dirty[2], const
     }
     void *p = heap_alloc(size, align, dirty, fn, atomic);
     pthread_mutex_unlock(&cl_heap_lock);
-    return p;
+    return handed_out(p, size);
 }
 
 void *clamor_malloc(size_t size) {
@@ -620,7 +632,7 @@ void *clamor_realloc(void *ptr, size_t size) {
         errno = cl_err(EINVAL, "clamor_realloc: %p is not a live block", ptr);
         return NULL;
     }
-    if (done) return ptr;
+    if (done) return handed_out(ptr, size);
     void *q = atomic ? clamor_malloc_atomic(size) : clamor_malloc(size);
     if (!q) return NULL; // the old block stays as it was
     memcpy(q, ptr, old < size ? old : size);

@@ -195,6 +195,21 @@ int clamor_security_mode(void);
  * other stage calls; driver threads may keep writing. */
 int clamor_stage_begin(uint32_t stage);
 uint64_t clamor_changed_count(void);
+/* Driver: how the region is write-protected since the first stage:
+ * CLAMOR_WPROT_USERFAULTFD (a system call that writes into a protected page
+ * waits while its version is logged, as a user-space write does),
+ * CLAMOR_WPROT_MPROTECT (such a system call fails with EFAULT unless the
+ * pages were opened first: clamor_prefetch, or a block handed out inside
+ * heap()), or CLAMOR_WPROT_NONE (no stage yet, or not the driver).  The
+ * environment variable CLAMOR_WRITE_PROTECT, read at the first stage, says
+ * which to use: auto (the default: userfaultfd if the process may use it),
+ * userfaultfd (else the first stage fails with ENOTSUP), mprotect.  Why
+ * this mechanism runs goes to `reason` (cap bytes, may be NULL).
+ * Thread-safe. */
+#define CLAMOR_WPROT_NONE 0
+#define CLAMOR_WPROT_MPROTECT 1
+#define CLAMOR_WPROT_USERFAULTFD 2
+int clamor_write_protection(char *reason, size_t cap);
 /* Driver: pages logged (first writes) since the last clamor_stage_begin();
  * 0 also before the first.  A caller that numbers versions by stages asks
  * it to begin a stage only when something was written. */

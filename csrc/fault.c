@@ -97,7 +97,7 @@ static const char *cause(int err) {
 }
 
 /* Never returns. */
-static void fatal(uintptr_t addr, int err) {
+void cl_fault_fatal(uintptr_t addr, int err) {
     uint64_t off = addr - cl_region.base;
     sput("clamor: fatal: access to region offset ");
     sput_hex(off);
@@ -155,7 +155,7 @@ static bool is_write_fault(void *uc) {
 
 static void post(uintptr_t addr, uint64_t msg) {
     int fd = atomic_load(&cl_fault_wake_fd);
-    if (fd < 0) fatal(addr, ENOTCONN);
+    if (fd < 0) cl_fault_fatal(addr, ENOTCONN);
     for (;;) {
         ssize_t w = write(fd, &msg, sizeof msg);
         if (w == (ssize_t)sizeof msg) return;
@@ -165,7 +165,7 @@ static void post(uintptr_t addr, uint64_t msg) {
             nanosleep(&ts, NULL);
             continue;
         }
-        fatal(addr, ENOTCONN);
+        cl_fault_fatal(addr, ENOTCONN);
     }
 }
 
@@ -261,7 +261,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
         /* a write to a page write-protected for copy-on-write (version.c) */
         int rc = is_write_fault(uc) ? cl_version_on_write(a) : EACCES;
         if (rc == EACCES) chain(sig, si, uc);
-        else if (rc) fatal(a, rc);
+        else if (rc) cl_fault_fatal(a, rc);
         errno = saved;
         return;
     }
@@ -273,7 +273,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
     for (;;) {
         switch (CL_PG_STATE(s)) {
         case CL_PG_PRESENT:
-            if (!(cl_region.install_prot & PROT_WRITE) && is_write_fault(uc)) fatal(a, EACCES);
+            if (!(cl_region.install_prot & PROT_WRITE) && is_write_fault(uc)) cl_fault_fatal(a, EACCES);
             errno = saved;
             return; /* open now: the access is retried */
         case CL_PG_ABSENT:
@@ -310,7 +310,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
             /* An earlier fetch failed (a prefetch, or read-ahead, that timed
              * out): this access has not waited for anything yet, so ask
              * once more; the error is fatal only if this fetch fails. */
-            if (start) fatal(a, CL_PG_ERRNO(s));
+            if (start) cl_fault_fatal(a, CL_PG_ERRNO(s));
             if (!atomic_compare_exchange_weak(w, &s, CL_PG_WANTED | CL_PG_WAITERS)) continue;
             post(a, idx);
             give_memory(idx);
@@ -321,7 +321,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
          * out itself; this bound only guards against a pager that died. */
         if (!start) start = now_ms();
         cl_futex_wait(w, s, 1000);
-        if (now_ms() - start > (uint64_t)clamor_fetch_timeout_ms() + 5000) fatal(a, ETIMEDOUT);
+        if (now_ms() - start > (uint64_t)clamor_fetch_timeout_ms() + 5000) cl_fault_fatal(a, ETIMEDOUT);
         s = atomic_load(w);
     }
 }

@@ -212,6 +212,9 @@ extern _Atomic uint64_t cl_pt_drops;
 
 /* Wake fd the handler writes a page index to (-1: no pager). */
 extern _Atomic int cl_fault_wake_fd;
+/* Report a failed access to region address `addr` (errno `err`) on stderr
+ * and abort.  Async-signal-safe; never returns. */
+void cl_fault_fatal(uintptr_t addr, int err) __attribute__((noreturn));
 
 /* ---- pager.c: fetch and install (workers) ------------------------------- */
 
@@ -308,6 +311,34 @@ void cl_version_reset(void);
  * change at known points, so only then may peers serve them. */
 bool cl_version_active(void);
 bool cl_version_open_now(uint64_t p);
+
+/* Inside heap() on a driver whose region is protected by mprotect: open
+ * the pages of [a, a+len) for writing now, as a first write would, unless
+ * they are open already (the allocator hands the block out: a system call
+ * may write into it).  Errors are left to the write itself. */
+void cl_version_prepare(uintptr_t a, size_t len);
+
+/* ---- wprot.c: how the driver's region is write-protected ----------------- */
+
+/* The first stage: choose the mechanism (CLAMOR_WRITE_PROTECT) and protect
+ * every page handed out so far.  Under version.c's lock.  0 or errno. */
+int cl_wprot_start(void);
+/* CLAMOR_WPROT_*; async-signal-safe. */
+int cl_wprot_mode(void);
+/* The protection version.c maps a view it opens with (userfaultfd: the
+ * new mapping is not registered, so it is open as it is mapped). */
+int cl_wprot_view_prot(void);
+/* Protect region pages [first, first+n) / open them for writing.  0 or
+ * errno; cl_wprot_open is async-signal-safe. */
+int cl_wprot_close(uint64_t first, uint64_t n);
+int cl_wprot_open(uint64_t first, uint64_t n);
+/* The allocator hands out [off, off+len) of the region (driver): pages
+ * handed out for the first time are protected, if userfaultfd protects. */
+void cl_wprot_used(uint64_t off, uint64_t len);
+/* Region closed: stop the thread, forget everything.  A forked child:
+ * forget it without the thread, which did not survive fork. */
+void cl_wprot_stop(void);
+void cl_wprot_after_fork(void);
 
 /* ---- alloc.c: the region allocator -------------------------------------- */
 

@@ -252,6 +252,7 @@ int clamor_region_close(void) {
         return cl_err(EBUSY, "%d thread(s) are inside clamor.heap(); leave the block(s) first", inside);
     clamor_pager_stop();
     clamor_server_stop();
+    cl_wprot_stop(); /* (its thread serves writes to the region) */
     int role = cl_region.role;
     cl_region.role = CLAMOR_ROLE_NONE;
     atomic_thread_fence(memory_order_seq_cst);
@@ -294,6 +295,7 @@ static int reset_after_fork(void) {
     cl_pager_stop_after_fork();
     cl_server_stop_after_fork();
     cl_pt_after_fork();
+    cl_wprot_after_fork();
     int oldfd = cl_region.memfd, fd, rc;
     int was_worker = cl_region.role == CLAMOR_ROLE_WORKER;
     if ((rc = new_memfd(cl_region.size, &fd))) return rc;

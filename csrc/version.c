@@ -1,13 +1,15 @@
 /* version.c -- the driver's page versions: copy-on-write between stages.
  *
  * DESIGN.  Stage S begins with clamor_stage_begin(S).  From then on the
- * region is write-protected in the driver; the first write to a page in
- * epoch S faults, and the fault handler (fault.c, through
- * cl_version_on_write) leaves the page's bytes where they are, as the
- * version "last stage S" (what stages <= S read), copies them to a free
- * location of the memfd (samehost.c: the page's home or twin, else a pool
- * slot), points the driver's view of the page there with mmap(MAP_FIXED),
- * and opens it for writing.  The location table then says the page is at
+ * region is write-protected in the driver (wprot.c: userfaultfd, which
+ * stops system calls' writes too, or mprotect); the first write to a page
+ * in epoch S faults, and the fault handler (fault.c) or the
+ * write-protection thread (wprot.c), through cl_version_on_write, leaves
+ * the page's bytes where they are, as the version "last stage S" (what
+ * stages <= S read), copies them to a free location of the memfd
+ * (samehost.c: the page's home or twin, else a pool slot), points the
+ * driver's view of the page there with mmap(MAP_FIXED), and opens it for
+ * writing.  The location table then says the page is at
  * the copy from stage S+1 on.  Workers on the same host that mapped the old
  * location keep reading it until they drop the page at a later stage; no
  * driver write ever reaches memory a reader maps.  Everything the handler
@@ -18,7 +20,8 @@
  * At the next clamor_stage_begin(S+1), each page of epoch S's dirty list is
  * compared with the version it logged: identical bytes (reference counts
  * that went up and down again, a value written back) mean no change, and
- * the view goes back to the old location, the copy freed; otherwise the
+ * the view goes back to the old location, the copy freed (under
+ * userfaultfd it stays at the copy: see stage_begin); otherwise the
  * page is on the changed list that travels with stage S+1's tasks, so
  * workers drop their copy or mapping.  The dirty pages are write-protected
  * again.
@@ -176,13 +179,15 @@ static uint32_t loc_choose(uint64_t p, uint32_t cur) {
     return slot_get();
 }
 
-/* Point the driver's view of page p at location id (read-only: the caller
- * opens it for writing, or leaves it closed for copy-on-write).  ``populate``
+/* Point the driver's view of page p at location id, read-only (the caller
+ * opens it for writing, or leaves it closed for copy-on-write), or, where
+ * userfaultfd protects the region, open: the new mapping is not registered
+ * with it (wprot.c), and a closed view there is never moved.  ``populate``
  * (MAP_POPULATE) fills the page tables at once: the write fault does, for
  * the page the driver is about to write (one call, not a minor fault per
  * 4 KiB of it: half the cost of a 64 KiB page's first write on this VM). */
-static int view_at(uint64_t p, uint32_t id, int populate) {
-    void *a = mmap(cl_page_addr(p), cl_region.page_size, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_NORESERVE | populate,
+static int view_at(uint64_t p, uint32_t id, int prot, int populate) {
+    void *a = mmap(cl_page_addr(p), cl_region.page_size, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE | populate,
                    cl_region.memfd, loc_off(id));
     return a == MAP_FAILED ? errno : 0;
 }
@@ -251,7 +256,7 @@ static int log_page(uint64_t p, uint32_t e) {
     int rc = nl == NONE ? ENOMEM : 0;
     if (!rc) {
         memcpy(loc_bytes(nl), loc_bytes(old), cl_region.page_size);
-        if ((rc = view_at(p, nl, MAP_POPULATE))) loc_free(nl);
+        if ((rc = view_at(p, nl, cl_wprot_view_prot(), MAP_POPULATE))) loc_free(nl);
     }
     if (rc) {
         atomic_store(w, cur);
@@ -303,9 +308,7 @@ static int on_write(uintptr_t addr) {
         int rc = log_page(q, e);
         if (rc) return rc;
     }
-    if (mprotect(cl_page_addr(first), (size_t)(end - first) << cl_region.page_shift, PROT_READ | PROT_WRITE))
-        return errno;
-    return 0;
+    return cl_wprot_open(first, end - first);
 }
 
 /* Open [a, a+len) for writing the way a write fault would (system calls that
@@ -317,6 +320,12 @@ int cl_version_open(uintptr_t a, size_t len) {
         if (rc) return cl_err(rc, "opening region page at %p for writing: %s", (void *)p, strerror(rc));
     }
     return 0;
+}
+
+void cl_version_prepare(uintptr_t a, size_t len) {
+    if (!V.on || len == 0 || cl_wprot_mode() != CLAMOR_WPROT_MPROTECT) return;
+    for (uintptr_t p = a & ~((uintptr_t)cl_region.page_size - 1); p < a + len; p += cl_region.page_size)
+        if (!cl_version_open_now(cl_page_of(p))) cl_version_on_write(p);
 }
 
 /* Freed spans are punched out of the memfd (alloc.c): the pages read zero
@@ -415,15 +424,23 @@ static void compact(uint32_t prev, uint32_t stage) {
         if (atomic_load(&V.meta[h].page1) && !free_home(p)) continue;
         uint32_t top = head_of(p);
         if (top != NONE && V.meta[top].last_stage >= prev) continue; /* (not for a page of this epoch) */
+        if (cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
+            /* A closed view cannot move here (see stage_begin): the page
+             * is logged as a first write in this stage would log it, so
+             * its bytes and its view go home, open; the next stage begin
+             * finds it unchanged, and the workers that map it move. */
+            if (log_page(p, stage) == 0) CL_COUNT(pages_compacted, 1);
+            continue;
+        }
         memcpy(loc_bytes(h), loc_bytes(cur), cl_region.page_size);
-        if (view_at(p, h, 0) != 0) continue;
+        if (view_at(p, h, PROT_READ, 0) != 0) continue;
         V.meta[cur].entry = entry;
         V.meta[cur].last_stage = prev;
         V.meta[cur].alias = true;
         atomic_store(&V.meta[cur].next, top);
         atomic_store(&V.meta[cur].page1, p + 1);
         if (!cas_head(p, top, cur)) { /* (no writer runs now: cannot happen) */
-            view_at(p, cur, 0);
+            view_at(p, cur, PROT_READ, 0);
             V.meta[cur].alias = false;
             atomic_store(&V.meta[cur].page1, 0);
             continue;
@@ -453,9 +470,8 @@ int clamor_stage_begin(uint32_t stage) {
         if ((rc = clamor_fault_install()) > 0) goto out;
         atomic_store(&V.epoch, stage);
         V.on = true; /* before the protection: a write from now on is logged */
-        if (mprotect((void *)cl_region.base, cl_region.size, PROT_READ)) {
+        if ((rc = cl_wprot_start())) {
             V.on = false;
-            rc = cl_err(errno, "write-protecting the region: %s", strerror(errno));
             goto out;
         }
         cl_dir_forget_all(); /* copies fetched before stages may be stale */
@@ -473,9 +489,8 @@ int clamor_stage_begin(uint32_t stage) {
         uint64_t s = i;
         while (i + 1 < nd && V.dirty[i + 1] == V.dirty[i] + 1) i++;
         i++;
-        if (mprotect(cl_page_addr(V.dirty[s]), (size_t)(V.dirty[i - 1] - V.dirty[s] + 1) << cl_region.page_shift,
-                     PROT_READ)) {
-            rc = cl_err(errno, "write-protecting changed pages: %s", strerror(errno));
+        if ((rc = cl_wprot_close(V.dirty[s], V.dirty[i - 1] - V.dirty[s] + 1))) {
+            rc = cl_err(rc, "write-protecting changed pages: %s", strerror(rc));
             goto out;
         }
     }
@@ -492,9 +507,13 @@ int clamor_stage_begin(uint32_t stage) {
             /* No change after all.  A page logged with its group stays with
              * it, at the copy, so that the group stays one mapping: readers
              * that map the page must drop it (the moved list), and the old
-             * location stays a version until none can read it.  Any other
-             * goes back to the old location, and the copy is freed. */
-            if (grouped) {
+             * location stays a version until none can read it.  So does
+             * every page where userfaultfd protects: moving a closed view
+             * makes a new mapping, writable or read-only until it is
+             * protected, and a system call writing there meanwhile would
+             * go unlogged or get EFAULT.  Any other page goes back to the
+             * old location, and the copy is freed. */
+            if (grouped || cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
                 V.meta[s].alias = true;
                 atomic_store(&cl_region.loctab[p], cl_loc_make(p, stage, cur_of(p)));
                 V.moved[V.nmoved++] = p;
@@ -502,7 +521,7 @@ int clamor_stage_begin(uint32_t stage) {
                 continue;
             }
             uint32_t copy = cur_of(p);
-            if (view_at(p, s, 0) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
+            if (view_at(p, s, PROT_READ, 0) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
                 atomic_store(&cl_region.loctab[p], V.meta[s].entry);
                 V.meta[s].alias = false;
                 if (copy == p) atomic_fetch_add(&V.off_home, 1);
@@ -513,7 +532,7 @@ int clamor_stage_begin(uint32_t stage) {
                 CL_COUNT(pages_unchanged, 1);
                 continue;
             }
-            view_at(p, copy, 0);
+            view_at(p, copy, PROT_READ, 0);
             V.changed[V.nchanged++] = p; /* logged again meanwhile: treat as changed */
         } else {
             V.changed[V.nchanged++] = p;

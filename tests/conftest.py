@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from helpers import run_py
+from helpers import run_py, userfaultfd_missing
 
 # A suite started in the background (``cmd &``, nohup) inherits SIGINT
 # ignored, and so would every driver a test starts: the Ctrl-C scenarios
@@ -46,6 +46,21 @@ def same_host(request, monkeypatch):
     mode from CLAMOR_SAME_HOST.  Suites of the fault path use it for every
     test (``pytestmark = pytest.mark.usefixtures("same_host")``)."""
     monkeypatch.setenv("CLAMOR_SAME_HOST", request.param)
+    return request.param
+
+
+@pytest.fixture(params=["userfaultfd", "mprotect"])
+def write_protect(request, monkeypatch):
+    """Run the test with the driver's region write-protected by userfaultfd
+    (skipped where the process may not use it, with the reason; failed
+    instead under CLAMOR_REQUIRE_USERFAULTFD=1, as CI sets) and by mprotect:
+    every driver the test starts takes it from CLAMOR_WRITE_PROTECT."""
+    if request.param == "userfaultfd" and userfaultfd_missing():
+        why = f"userfaultfd is not usable here: {userfaultfd_missing()}"
+        if os.environ.get("CLAMOR_REQUIRE_USERFAULTFD") == "1":   # (CI: never passes unnoticed)
+            pytest.fail(f"CLAMOR_REQUIRE_USERFAULTFD=1 but {why}", pytrace=False)
+        pytest.skip(why)
+    monkeypatch.setenv("CLAMOR_WRITE_PROTECT", request.param)
     return request.param
 
 

@@ -17,10 +17,14 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+KEPT = ("CLAMOR_SAME_HOST", "CLAMOR_WRITE_PROTECT")   # set for a test by the same_host and write_protect fixtures
+
+
 def clean_env(extra=None):
     """This environment without clamor's settings (CLAMOR_*), plus ``extra``;
-    CLAMOR_SAME_HOST stays, since the same_host fixture sets it for the test."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_") or k == "CLAMOR_SAME_HOST"}
+    CLAMOR_SAME_HOST and CLAMOR_WRITE_PROTECT stay, since fixtures set them
+    for the test."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAMOR_") or k in KEPT}
     env.update(extra or {})
     return env
 
@@ -72,6 +76,24 @@ def scenario(body, timeout=120, env=None):
                        env={k: v for k, v in full.items() if v is not None})
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+_uffd_missing = None
+
+
+def userfaultfd_missing():
+    """Why a driver here cannot write-protect its region with userfaultfd
+    ("" if it can); asked once, of a fresh interpreter."""
+    global _uffd_missing
+    if _uffd_missing is None:
+        p = run_py("""
+            from clamor import region
+            region.ensure(); region.stage_begin(1)
+            wp = region.write_protection()
+            print("" if wp["mechanism"] == "userfaultfd" else wp["reason"] or "none")
+        """, env={"CLAMOR_WRITE_PROTECT": "auto"}, check=True)
+        _uffd_missing = p.stdout.strip()
+    return _uffd_missing
 
 
 def gone(pid):

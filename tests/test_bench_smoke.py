@@ -49,6 +49,7 @@ KEYS = {
     "geo": (["speedup_vs_broadcast"], {"speedup_vs_redis": "redis", "speedup_vs_spark": "spark",
                                        "speedup_vs_dask": "dask", "speedup_vs_ray": "ray"}),
     "malloc_overhead": (["overhead_ratio"], {}),
+    "driver_writes": (["mprotect_first_write_us", "mprotect_stage_begin_us_per_page", "mprotect_load_ms"], {}),
     "hosts": (["scan_link_ratio", "hot_time_ratio", "hot_driver_bytes_ratio", "curve_fault_ratio",
                "curve_scan_ratio"], {}),
     "portable": (["portable_time_ratio", "reloc_us_per_page", "reloc_bytes_per_page", "pages_with_relocs"], {}),

@@ -420,6 +420,24 @@ def stage_begin(stage):
     return out
 
 
+_WPROT = {0: None, 1: "mprotect", 2: "userfaultfd"}
+
+
+def write_protection():
+    """Driver: how the region is write-protected for page versions since
+    the first stage, as ``{"mechanism", "reason"}``.  ``"userfaultfd"``:
+    system calls may write into region memory (``read``, ``recv_into``,
+    ``np.load`` ...), and their writes are versioned like any other.
+    ``"mprotect"``: such a call gets EFAULT on a page not opened first
+    (blocks handed out inside ``heap()`` are; ``clamor.readinto`` and
+    ``clamor.prefetch`` open others).  ``None`` before the first stage, or
+    in a worker.  ``CLAMOR_WRITE_PROTECT`` (auto, userfaultfd, mprotect),
+    read at the first stage, chooses."""
+    buf = ffi.new("char[]", 512)
+    mode = int(lib.clamor_write_protection(buf, 512))
+    return {"mechanism": _WPROT.get(mode), "reason": ffi.string(buf).decode(errors="replace")}
+
+
 def dirty_count():
     """Driver: pages first written since the last stage began (0 before
     the first stage)."""

@@ -245,7 +245,8 @@ class Cluster(Stages):
         except BaseException:
             self.close()
             raise
-        log.info("cluster up: %d workers, page server %s", len(self._workers), self.page_endpoint)
+        log.info("cluster up: %d workers, page server %s, region write-protected by %s (%s)", len(self._workers),
+                 self.page_endpoint, *region.write_protection().values())
         return self
 
     @outside
@@ -558,6 +559,7 @@ class Cluster(Stages):
         out["by_value"] = byvalue.counts()   # region objects workers could not use in place (process-wide)
         out["bytes_mapped"] = self._totals["bytes_mapped"]
         out["wire_bytes"] = self._totals["wire_bytes"]
+        out["write_protection"] = region.write_protection()
         out["same_host"] = {"mode": self.same_host,
                             "workers": {w.decode(): dict(info.get("same_host") or {"mode": "fetch", "reason": "unknown"})
                                         for w, info in getattr(self, "_workers", {}).items()}}
