@@ -11,7 +11,14 @@ import datetime
 import decimal
 import fractions
 
+import os
+
 import numpy as np
+
+# PYDATA_SCALE multiplies the size of the lookup-table kinds (frame, series,
+# graph, csr, counter, ddict): the compatibility table measures bytes read
+# against the pickled size on large ones.
+SCALE = max(1, int(os.environ.get("PYDATA_SCALE", "1")))
 
 
 def _xy(rng, n=300):
@@ -77,7 +84,7 @@ def _counts(rng):
 
 def _frame(rng):
     import pandas as pd
-    n = 400
+    n = 400 * SCALE
     df = pd.DataFrame({"id": [f"k{i}" for i in range(n)], "g": rng.integers(0, 5, n), "v": rng.normal(size=n)})
     return df.set_index("id"), ["k3", "k77", "k301"]
 
@@ -91,12 +98,13 @@ def _frame_cat(rng):
 
 def _series(rng):
     import pandas as pd
-    return pd.Series(rng.normal(size=200), index=[f"s{i}" for i in range(200)]), ["s1", "s9", "s150"]
+    n = 200 * SCALE
+    return pd.Series(rng.normal(size=n), index=[f"s{i}" for i in range(n)]), ["s1", "s9", "s150"]
 
 
 def _graph(rng):
     import networkx as nx
-    return nx.gnm_random_graph(150, 500, seed=int(rng.integers(1 << 30))), [0, 7, 99]
+    return nx.gnm_random_graph(150 * SCALE, 500 * SCALE, seed=int(rng.integers(1 << 30))), [0, 7, 99]
 
 
 def _digraph(rng):
@@ -110,7 +118,7 @@ def _digraph(rng):
 
 def _csr(rng):
     import scipy.sparse as sp
-    return sp.random(200, 150, density=0.05, format="csr", random_state=int(rng.integers(1 << 30))), [0, 5, 199]
+    return sp.random(200 * SCALE, 150, density=0.05, format="csr", random_state=int(rng.integers(1 << 30))), [0, 5, 199]
 
 
 def _csc(rng):
@@ -119,13 +127,13 @@ def _csc(rng):
 
 
 def _counter(rng):
-    return collections.Counter(f"w{int(v)}" for v in rng.integers(0, 100, 1000)), ["w1", "w2", "w99"]
+    return collections.Counter(f"w{int(v)}" for v in rng.integers(0, 100 * SCALE, 1000 * SCALE)), ["w1", "w2", "w99"]
 
 
 def _ddict(rng):
     d = collections.defaultdict(list)
-    for i in range(300):
-        d[f"k{int(rng.integers(0, 40))}"].append(i)
+    for i in range(300 * SCALE):
+        d[f"k{int(rng.integers(0, 40 * SCALE))}"].append(i)
     return d, ["k1", "k2", "k39"]
 
 
@@ -154,6 +162,8 @@ def _use(kind, obj, q):
     if kind in ("tfidf", "counts"):
         return np.round(obj.transform(q).toarray(), 9).tolist()
     if kind == "frame":
+        if SCALE > 1:    # a lookup only: what the table measures
+            return [float(obj.loc[k, "v"]) for k in q]
         sub = obj[obj.v > 0].groupby("g").v.sum()
         return [float(obj.loc[k, "v"]) for k in q] + [round(float(x), 9) for x in sub]
     if kind == "frame_cat":
@@ -161,7 +171,7 @@ def _use(kind, obj, q):
     if kind == "series":
         return [float(obj[k]) for k in q]
     if kind == "graph":
-        return [sorted(obj[n]) for n in q] + [obj.number_of_edges()]
+        return [sorted(obj[n]) for n in q] + ([] if SCALE > 1 else [obj.number_of_edges()])
     if kind == "digraph":
         return [sorted((m, round(d["w"], 12)) for m, d in obj[n].items()) for n in q]
     if kind in ("csr", "csc"):
