@@ -519,6 +519,34 @@ long clamor_py_table_in(uintptr_t obj) {
     return rc;
 }
 
+/* Worker: region objects the collector of this process tracks (a region
+ * dict that got a container value in a task, a region object the driver
+ * tracked at a fork) live in its lists by links in region pages.  When
+ * those pages are dropped and fetched again the links are the driver's,
+ * and the next collection walks into them.  So before pages change, each
+ * such object leaves the lists (a worker's region objects are never freed
+ * here, so the collector has nothing to do with them).  objs:
+ * gc.get_objects().  Returns how many, or -1. */
+long clamor_py_untrack_region(uintptr_t objs) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long n = 0;
+    PyObject *l = (PyObject *)objs;
+    if (!PyList_Check(l)) {
+        PyErr_SetString(PyExc_TypeError, "clamor_py_untrack_region needs a list");
+        n = -1;
+    }
+    for (Py_ssize_t i = 0; n >= 0 && i < PyList_GET_SIZE(l); i++) {
+        PyObject *o = PyList_GET_ITEM(l, i);
+        if (in_region(o) && PyObject_IS_GC(o) && PyObject_GC_IsTracked(o)) {
+            PyObject_GC_UnTrack(o);
+            n++;
+        }
+    }
+    if (n < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return n;
+}
+
 /* objs: a list of objects (gc.get_objects()); the calling thread outside
  * every block.  Returns how many tables moved, or -1 (error printed). */
 long clamor_py_rehome(uintptr_t objs) {

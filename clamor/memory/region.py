@@ -376,7 +376,20 @@ def drop_pages(first, count):
     avoid."""
     if role() == "worker":
         gc.collect()
+        untrack_region_objects()
     check(lib.clamor_pages_drop(first, count), "dropping pages")
+
+
+def untrack_region_objects():
+    """Worker, before pages change: region objects this process's collector
+    tracks leave its lists, whose links in those pages would be the
+    driver's once they are fetched again (csrc/pyheap.c)."""
+    objs = gc.get_objects()
+    try:
+        if lib.clamor_py_untrack_region(id(objs)) < 0:
+            raise errors.ClamorError("could not take region objects out of the collector's lists")
+    finally:
+        del objs
 
 
 def configure(readahead=None, fetch_timeout=None, max_mappings=None):
@@ -482,6 +495,7 @@ def invalidate(pages):
 
     arr = np.ascontiguousarray(pages, dtype=np.uint64)
     if arr.size:
+        untrack_region_objects()
         check(lib.clamor_invalidate(ffi.cast("uint64_t *", arr.ctypes.data), arr.size), "invalidating pages",
               {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
 
