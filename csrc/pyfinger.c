@@ -25,9 +25,13 @@
  *                           weak-reference list, and what the collector
  *                           sees it refer to (an instance's attributes)
  *
- * and never a reference count.  Types, functions, code objects and modules
- * get none (0): their identity decides, as before, since their bodies
- * change with every cache the interpreter keeps in them.  The fingerprint
+ *   code object             its qualified name, file and first line
+ *   function                its code and qualified name pointers
+ *
+ * and never a reference count.  Types and modules get none (0): their
+ * identity decides, since their bodies change with every cache the
+ * interpreter keeps in them; an object of another kind at the address of
+ * one of them is not it.  The fingerprint
  * mixes in the type, so an object of another type at the address differs.
  *
  * Both functions take the GIL and run no Python code: nothing is allocated
@@ -125,9 +129,20 @@ static int refers_to_nothing(PyObject *o) {
 }
 
 static uint64_t fingerprint(PyObject *o) {
-    if (PyType_Check(o) || PyFunction_Check(o) || PyCode_Check(o) || PyModule_Check(o) || PyCFunction_Check(o))
-        return 0;
     uint64_t h = mix(0x636c616d6f72ULL, (uintptr_t)Py_TYPE(o));
+    /* A code object's names and place, a function's code and name: what a
+     * reader sees, and none of the caches the interpreter keeps in them
+     * (a freed module body's code at the address of an array made later
+     * read as inherited while these had no fingerprint). */
+    if (PyCode_Check(o)) {
+        PyCodeObject *c = (PyCodeObject *)o;
+        return mix(mix(mix(h, (uint64_t)PyObject_Hash(c->co_qualname)), (uint64_t)PyObject_Hash(c->co_filename)),
+                   (uint64_t)c->co_firstlineno) | 1;
+    }
+    if (PyFunction_Check(o))
+        return mix(mix(h, (uintptr_t)PyFunction_GET_CODE(o)), (uintptr_t)((PyFunctionObject *)o)->func_qualname) | 1;
+    if (PyType_Check(o) || PyModule_Check(o) || PyCFunction_Check(o))
+        return 0;
     if (PyFloat_Check(o)) {
         double v = PyFloat_AS_DOUBLE(o);
         return mix_bytes(h, &v, sizeof v) | 1;
@@ -316,10 +331,11 @@ int clamor_py_snapshot_has(uint64_t addr, const uint64_t *ids, size_t n) { retur
 int clamor_py_inherited(uintptr_t obj, const uint64_t *ids, const uint64_t *fps, size_t n) {
     ssize_t i = find(obj, ids, n);
     if (i < 0) return 0;
-    if (!fps[i]) return 1;
     PyGILState_STATE g = PyGILState_Ensure();
     uint64_t now = fingerprint((PyObject *)obj);
     PyGILState_Release(g);
+    /* no fingerprint (a type, a module): identity decides, but only for an
+     * object of such a kind at the address */
     return now == fps[i] ? 1 : -1;
 }
 #endif /* CLAMOR_WITH_PYTHON */
