@@ -21,7 +21,7 @@ import clamor.dask
 
 rng = np.random.default_rng(5)
 region.ensure()
-with clamor.heap():          # (before the client; test_..._built_after_attach builds after it)
+with clamor.heap():          # (before the client; test_objects_built_under_heap_after_attach... builds after)
     tree = KDTree(rng.random((100_000, 2)))
     names = {f"k{i}": [i, "v%d" % i] for i in range(4000)}
     recs = np.zeros(5000, np.dtype([("id", "<i8"), ("rating", "<f8")]))   # its dtype made here too
