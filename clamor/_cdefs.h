@@ -179,6 +179,10 @@ int clamor_py_gate_blocks(void);
 int clamor_py_gate_poll(const uintptr_t *sockets, int n, long timeout_ms, short *revents, const int *abort_);
 void clamor_py_gate_release(void);
 void clamor_py_gate_wake(void);
+void clamor_py_gate_enlist(void);
+void clamor_py_gate_discharge(void);
+void clamor_py_gate_park(const int *abort_);
+int clamor_py_gate_settle(int mine, long timeout_ms);
 uintptr_t clamor_py_numpy_handler(void);
 enum clamor_field {
     CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,

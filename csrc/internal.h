@@ -433,7 +433,7 @@ long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap);
 int clamor_py_snapshot_has(uint64_t addr, const uint64_t *ids, size_t n);
 int clamor_py_inherited(uintptr_t obj, const uint64_t *ids, const uint64_t *fps, size_t n);
 
-/* ---- pygate.c: clamor's Python threads keep out of heap() blocks ------- */
+/* ---- pygate.c: other Python threads keep out of heap() blocks ---------- */
 
 /* A heap() block opens (waits until no clamor thread runs Python code) and
  * closes; nested blocks count each. */
@@ -441,15 +441,26 @@ void clamor_py_gate_close(void);
 void clamor_py_gate_open(void);
 int clamor_py_gate_blocks(void);
 /* A clamor thread: zmq_poll() the n sockets (pyzmq's `underlying` handles)
- * for input, then wait until no block is open and count the thread busy.
- * Returns zmq_poll's result (-errno on error; revents[i] set), or
- * -ECANCELED, not busy, when *abort_ was set during the wait.  Busy ends
- * with clamor_py_gate_release(); clamor_py_gate_wake() wakes waiters to
- * read their abort flags. */
+ * for input, or with n == 0 sleep timeout_ms, then wait until no block is
+ * open and count the thread busy.  Returns zmq_poll's result (-errno on
+ * error; revents[i] set; 0 after a sleep), or -ECANCELED, not busy, when
+ * *abort_ was set during the wait.  Busy ends with
+ * clamor_py_gate_release(); clamor_py_gate_wake() wakes waiters to read
+ * their abort flags. */
 #define CLAMOR_GATE_MAX_SOCKETS 16
 int clamor_py_gate_poll(const uintptr_t *sockets, int n, long timeout_ms, short *revents, const int *abort_);
 void clamor_py_gate_release(void);
 void clamor_py_gate_wake(void);
+/* Residents: threads that run Python whenever they like.  Enlist counts one
+ * in (running), discharge out.  On the resident, park waits until no block
+ * is open (or *abort_ is set), counted out meanwhile.  The block's thread,
+ * after clamor_py_gate_close() and its knocks, settles: waits until no more
+ * than `mine` residents run (1 if it is one itself); 0, or ETIMEDOUT after
+ * timeout_ms. */
+void clamor_py_gate_enlist(void);
+void clamor_py_gate_discharge(void);
+void clamor_py_gate_park(const int *abort_);
+int clamor_py_gate_settle(int mine, long timeout_ms);
 
 /* ---- pyshare.c: what share() cannot see (the Python extension only) ----- */
 

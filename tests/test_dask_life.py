@@ -12,6 +12,7 @@ from distributed import Client, LocalCluster  # noqa: E402
 
 import clamor  # noqa: E402
 import clamor.dask  # noqa: E402
+from helpers import scenario  # noqa: E402
 
 
 def _cluster(**kw):
@@ -157,3 +158,41 @@ def test_the_control_endpoint_admits_members_only_and_survives_bad_requests():
             assert c.submit(lambda: float(g.sum())).result() == 4950.0
         finally:
             clamor.dask.detach(c)
+
+
+def test_objects_sent_after_attaching_again_are_relocated_on_the_same_worker():
+    # A detached worker forgets the relocation targets it bound: the next
+    # attachment's driver numbers its own from 1 again, and a number the
+    # worker still took for bound was skipped, left unbound in C (the
+    # region's close reset it), and the first page that pointed at it
+    # killed the worker (KilledWorker on the matrix's first read).
+    out = scenario("""
+        import collections
+        import dask
+        import scipy.sparse as sp
+        from distributed import Client, LocalCluster
+        import clamor.dask
+        dask.config.set({"distributed.scheduler.allowed-failures": 0})
+        region.ensure()
+        with clamor.heap():
+            d = collections.defaultdict(list)
+            for i in range(3000):
+                d[f"k{i % 97}"].append(i)
+            a = sp.random(400, 300, density=0.02, format="csr", random_state=4)
+        v = np.arange(300.0)
+        reads = [(d, lambda x: [x["k5"], len(x)]), (a, lambda x: (x @ v).round(9).tolist())]
+        got = []
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \\
+                Client(cl) as c:
+            for obj, read in reads:          # one worker, attached twice
+                clamor.dask.attach(c)
+                for _ in range(2):
+                    try:
+                        r = clamor.dask.ref(obj)
+                        got.append(c.submit(lambda r: read(r.get()), r, pure=False).result(timeout=30) == read(obj))
+                    except Exception as e:
+                        got.append(type(e).__name__)
+                clamor.dask.detach(c)
+        print(json.dumps({"got": got}))
+        """, timeout=180, env={"PYTHONHASHSEED": "6640"})
+    assert out["got"] == [True] * 4, out["got"]

@@ -12,6 +12,8 @@ from helpers import scenario
 pytest.importorskip("distributed")
 
 SETUP = """
+import sys
+sys.path.insert(0, "tests")  # (records.py: classes the workers import by name)
 import dask, dask.bag as db
 from distributed import Client, Event, LocalCluster
 from scipy.spatial import KDTree
@@ -19,7 +21,7 @@ import clamor.dask
 
 rng = np.random.default_rng(5)
 region.ensure()
-with clamor.heap():          # before the client: its threads refill CPython's free lists
+with clamor.heap():          # (before the client; test_objects_built_under_heap_after_attach... builds after)
     tree = KDTree(rng.random((100_000, 2)))
     names = {f"k{i}": [i, "v%d" % i] for i in range(4000)}
     recs = np.zeros(5000, np.dtype([("id", "<i8"), ("rating", "<f8")]))   # its dtype made here too
@@ -226,3 +228,85 @@ def test_a_graph_in_a_list_at_a_region_address_still_shows_its_versions():
         """)
     assert len(out["found"]) >= 10, out                 # the setup put the graph in the region
     assert all(v == [7] for v in out["found"]), out["found"]
+
+
+def test_a_region_object_passed_as_it_is_travels_by_value_said_once():
+    # A region object given to Dask itself, not through clamor.dask.ref:
+    # Dask's copy, read at submission, with a ByValueWarning that names
+    # clamor.dask.ref, once per object.  (A KDTree failed on the scheduler,
+    # which unpickles graphs: its __setstate__ got references, not arrays;
+    # with tokenize.ensure-deterministic, its token raised TokenizationError.)
+    out = run("""
+import collections, warnings
+from dask.tokenize import tokenize
+from clamor.memory import byvalue
+with clamor.heap():
+    tally = collections.Counter(f"k{i % 7}" for i in range(700))
+dask.config.set({"tokenize.ensure-deterministic": True})
+qs = rng.random((5, 2))
+want = tree.query(qs, k=3)[1].tolist()
+before = byvalue.counts()
+got = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got["tree_arg"] = client.submit(lambda t, q: t.query(q, k=3)[1].tolist(), tree, qs).result() == want
+    got["tree_closure"] = client.submit(lambda: tree.query(qs, k=3)[1].tolist()).result() == want
+    got["tree_again"] = int(client.submit(lambda t: t.query(qs[0], k=1)[1], tree, pure=False).result()) == want[0][0]
+    got["dict_delayed"] = dask.delayed(lambda d: d["k7"][1])(names).compute() == "v7"
+    got["dict_map"] = client.gather(client.map(lambda k, d: d[k][0], ["k1", "k2"], [names, names])) == [1, 2]
+    got["counter"] = client.submit(lambda c: c["k3"], tally).result() == 100
+res["got"] = got
+res["tokens"] = [tokenize(tree) == tokenize(tree), tokenize(tally) == tokenize(tally)]
+res["warnings"] = [(w.category.__name__, str(w.message), w.filename) for w in caught]
+res["counts"] = [before, byvalue.counts()]
+res["by_ref_still"] = int(client.submit(lambda t: t.get().query(qs[0], k=1)[1], clamor.dask.ref(tree)).result()) == want[0][0]
+""")
+    assert all(out["got"].values()), out["got"]
+    assert out["tokens"] == [True, True]
+    told = [w for w in out["warnings"] if w[0] == "ByValueWarning"]
+    assert sorted(m.split(" (")[0] for _, m, _ in told) == ["a region Counter", "a region KDTree", "a region dict"], told
+    for _, msg, where in told:
+        assert "travels by value" in msg and "clamor.dask.ref" in msg and where == "<string>", (msg, where)
+    before, after = out["counts"]
+    assert after["objects"] - before["objects"] == 3 and after["bytes"] - before["bytes"] > 100_000, out["counts"]
+    assert out["by_ref_still"]
+
+
+def test_objects_built_under_heap_after_attach_are_used_in_place_while_tasks_run():
+    # heap() after the client: Dask's event loop and its offload thread are
+    # parked while the block runs, and the collection that empties the free
+    # lists runs without gc.callbacks (Dask's GC diagnosis refilled them:
+    # every dict and list of the block was made outside the region).
+    out = run("""
+from records import Record
+refused, built, busy = [], [], []
+for r in range(4):
+    # Dask's threads at work meanwhile: the scheduler takes a graph (its
+    # offload thread unpickles and orders it) and tasks end
+    busy += client.map(lambda i: time.sleep(0.002) or i, range(r * 1000, r * 1000 + 1000), pure=False)
+    with clamor.heap():
+        parts = []
+        for j in range(10):
+            parts.append({f"k{i}": [i, float(i), (i, str(i))] for i in range(200)})
+            time.sleep(0.01)                      # (the GIL goes to other threads meanwhile)
+        lst = [[i, i * 0.5] for i in range(2000)]
+        kd = KDTree(rng.random((3000, 2)))
+        rec = Record(f"r{r}", [float(i) for i in range(50)], {"a": (1, 2.5)})
+    for o in (parts, lst, kd, rec):
+        try:
+            clamor.dask.ref(o)
+        except clamor.ClamorError as e:
+            refused.append(f"{type(o).__name__}: {e}"[:300])
+    built.append((parts, lst, kd, rec))
+qs = rng.random((4, 2))
+read = lambda parts, lst, kd, rec: [parts[9]["k199"][2][1], lst[1234][1], kd.query(qs, k=2)[1].tolist(), rec.values[7],
+                                    rec.index["a"]]
+refs = [[clamor.dask.ref(o) for o in objs] for objs in built]
+want = [read(*objs) for objs in built]
+futs = [client.submit(lambda rs: read(*(x.get() for x in rs)), rs, pure=False) for rs in refs]
+res["refused"] = refused
+res["read"] = [f.result() for f in futs] == want
+res["busy_done"] = sum(f.done() for f in busy)
+""")
+    assert out["refused"] == [], out["refused"]
+    assert out["read"]

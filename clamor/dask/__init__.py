@@ -121,6 +121,7 @@ def detach(client=None):
             raise errors.ConfigError("this process is not attached to that Dask client")
         client, driver = _current["client"], _current["driver"]
         _current.clear()
+    driver.unpark()
     if client.status == "running":
         _unregister(client)
     driver.stop()
@@ -170,15 +171,17 @@ def secret(client=None):
 
 def stats():
     """The driver's figures: the region's counters (clamor.stats()), the
-    newest ``version`` and ``versions_kept``, and where it listens
-    (``control``, ``pages``)."""
-    from ..memory import region
+    newest ``version`` and ``versions_kept``, where it listens
+    (``control``, ``pages``), and ``by_value``: the region objects passed
+    to Dask as they are, which travelled by value, and their bytes."""
+    from ..memory import byvalue, region
     if not _current:
         raise errors.ConfigError("this process is not attached to a Dask client")
     out = region.stats()
     out["versions_kept"] = _current["driver"].versions_kept
     out["version"] = _current["driver"].version
     out["control"], out["pages"] = _current["driver"].endpoint, _current["driver"].pages
+    out["by_value"] = byvalue.counts()
     return out
 
 

@@ -20,12 +20,22 @@ A worker's page server is a peer the driver may send page requests to
 (replication, as in a Cluster); one that has not pinged for PEER_GRACE
 seconds, or that left, is forgotten.
 
+The driver's Python threads keep out of heap() blocks, as a Cluster's do
+(clamor.memory.hooks): the control endpoint and the keeper wait in C and
+run Python only while no block is open, and the Dask client's event loop
+(a LocalCluster's scheduler and nannies run on it too) and the thread it
+offloads work to are asked to park while one is.  So a block may run
+after attach: what Dask's threads free does not reach the free lists the
+block's objects are made from.
+
 A keeper thread asks the scheduler, every half second, which versions its
 tasks may still read, and frees the page versions no task needs, nor a
 graph pickled in the last STAMP_HOLD seconds (it may still be on its way
 to the scheduler: Dask's graphs and the keeper's question travel on
 different connections, so their order is not known).
 """
+import asyncio
+import errno
 import json
 import logging
 import os
@@ -37,17 +47,84 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import images, portable, region, samehost
+from ..memory import hooks, images, portable, region, samehost
 from ..runtime import security
 from ..runtime._liveness import pid_namespace
 from ..runtime.cluster import REPLICATION
-from . import _pickling
+from . import _pickling, _values
 
 log = logging.getLogger("clamor.dask")
 
 KEEP_PERIOD = 0.5   # seconds between the keeper's questions to the scheduler
 STAMP_HOLD = 30.0   # seconds a version stamped into a graph is kept, whatever the scheduler says
 PEER_GRACE = 5.0    # seconds without a ping before a worker's page server is forgotten
+
+
+def _threads(client):
+    """(thread ident, knock, name) of each thread of Dask's in this process
+    that runs Python on its own: the event loop of the client (and of its
+    cluster, if that has one of its own here), and the thread Dask offloads
+    work to from that loop (a scheduler's graph, unpickled and ordered
+    there at every submit; a message over 10 MB)."""
+    out, seen = [], set()
+    for what, loop in (("the Dask client's event loop", getattr(client, "loop", None)),
+                       ("the Dask cluster's event loop", getattr(getattr(client, "cluster", None), "loop", None))):
+        aio = getattr(loop, "asyncio_loop", None)
+        if aio is None or id(aio) in seen:
+            continue
+        seen.add(id(aio))
+        ident = _loop_thread(aio)
+        if ident is None:
+            log.warning("%s did not answer within 10 s: it is not kept out of clamor.heap() blocks, whose "
+                        "objects may then come from CPython's free lists, outside the region", what)
+        else:
+            out.append((ident, _knocker(aio), what))
+    try:
+        from distributed.utils import _offload_executor as pool
+        ident = pool.submit(threading.get_ident).result(timeout=10)   # (starts its one thread)
+    except Exception as err:  # another Dask, or shut down: nothing to hold
+        log.debug("no offload thread of Dask's to keep out of heap() blocks: %s", err)
+    else:
+        out.append((ident, _submitter(pool), "Dask's offload thread"))
+    return out
+
+
+def _submitter(pool):
+    def knock(park):
+        try:
+            pool.submit(park)
+        except RuntimeError:   # shut down
+            return False
+        return True
+    return knock
+
+
+def _loop_thread(aio, timeout=10.0):
+    """The ident of the thread that runs asyncio loop ``aio``."""
+    try:
+        if asyncio.get_running_loop() is aio:
+            return threading.get_ident()
+    except RuntimeError:  # no loop runs in this thread
+        pass
+    box, done = [], threading.Event()
+
+    def tell():
+        box.append(threading.get_ident())
+        done.set()
+    try:
+        aio.call_soon_threadsafe(tell)
+    except RuntimeError:  # closed
+        return None
+    return box[0] if done.wait(timeout) else None
+
+
+def _knocker(aio):
+    def knock(park):
+        if aio.is_closed() or not aio.is_running():
+            return False
+        aio.call_soon_threadsafe(park)
+        return True
+    return knock
 
 
 def _live_versions(dask_scheduler=None):
@@ -72,6 +149,9 @@ class Driver:
         self.version = None               # the newest version: the last stage that changed bytes
         self._gone = threading.Event()    # detached: requests are answered BYE
         self._stop = threading.Event()
+        self._serving = hooks.Gated()     # the control endpoint's thread, and the keeper's
+        self._keeping = hooks.Gated()
+        self._residents = []              # Dask's threads here, parked during heap() blocks
         self.versions_kept = 1
 
     # -- versions --------------------------------------------------------
@@ -185,41 +265,64 @@ class Driver:
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         _pickling.install(self.stamp)
         _pickling.set_shipper(self.ship)
+        _values.install()
         self._server = threading.Thread(target=self._serve, name="clamor-dask-control", daemon=True)
         self._server.start()
         self._keeper = threading.Thread(target=self._keep_loop, name="clamor-dask-keeper", daemon=True)
         self._keeper.start()
+        self._residents = [hooks.keep_out(ident, knock, name) for ident, knock, name in _threads(self.client)]
+
+    def unpark(self):
+        """Dask's threads run freely again, even inside a heap() block
+        (detach needs the client's loop there)."""
+        for r in self._residents:
+            hooks.let_in(r)
 
     def stop(self, grace=0.0):
         """Stop stamping and serving pages.  The control endpoint answers
         BYE for ``grace`` seconds more (workers not told by Dask learn it
         so), then closes."""
+        _values.uninstall()
         _pickling.uninstall()
+        self.unpark()
         self._gone.set()
         self._grace = grace
         self._stop.set()
+        self._keeping.stop()          # (even while a heap() block is open)
         if threading.current_thread() is not self._keeper:
             self._keeper.join()
         if grace <= 0:
+            self._serving.stop()
             self._server.join()
         region.stop_serving()
         portable.reset()   # (the roots sent to tasks, and their lists)
 
     def _keep_loop(self):
-        while not self._stop.wait(KEEP_PERIOD):
-            if self.client.status in ("closing", "closed"):
-                log.info("the Dask client closed: clamor detaches from it")
-                from . import _detach_closed
-                _detach_closed(self)
+        gated = self._keeping
+        while True:
+            if gated.wait(int(KEEP_PERIOD * 1000)) == -errno.ECANCELED:
                 return
             try:
-                live = self.client.run_on_scheduler(_live_versions)
-            except Exception as err:  # the scheduler away for a moment: keep everything
-                log.debug("could not ask the scheduler for live versions: %s", err)
-                continue
-            if live is not None:
-                self.keep(live)
-            self._forget_silent()
+                if self._stop.is_set():
+                    return
+                self._keep_once()
+            finally:
+                gated.done()
+
+    def _keep_once(self):
+        if self.client.status in ("closing", "closed"):
+            log.info("the Dask client closed: clamor detaches from it")
+            from . import _detach_closed
+            _detach_closed(self)
+            return
+        try:
+            live = self.client.run_on_scheduler(_live_versions)
+        except Exception as err:  # the scheduler away for a moment: keep everything
+            log.debug("could not ask the scheduler for live versions: %s", err)
+            return
+        if live is not None:
+            self.keep(live)
+        self._forget_silent()
 
     def _forget_silent(self):
         now = time.monotonic()
@@ -233,24 +336,33 @@ class Driver:
             region.forget_peer(ep)
 
     def _serve(self):
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        gated = self._serving
+        gated.set_sockets([self._sock])
         deadline = None
         try:
             while True:
-                if self._gone.is_set():
-                    if deadline is None:
-                        deadline = time.monotonic() + self._grace
-                    if time.monotonic() >= deadline:
-                        return
-                if not poller.poll(100):
-                    continue
-                frames = self._sock.recv_multipart()
+                rc = gated.wait(100)
+                if rc == -errno.ECANCELED:
+                    return
                 try:
-                    self._answer(frames)
-                except (ValueError, TypeError, KeyError, IndexError) as err:
-                    log.warning("a malformed request on the control endpoint: %s", err)
-                    self._sock.send_multipart([frames[0], b"ERROR", str(err).encode()])
+                    if self._gone.is_set():
+                        if deadline is None:
+                            deadline = time.monotonic() + self._grace
+                        if time.monotonic() >= deadline:
+                            return
+                    if rc == -errno.EINTR or rc == 0:
+                        continue
+                    if rc < 0:
+                        log.error("the control endpoint stopped: %s", zmq.strerror(-rc))
+                        return
+                    frames = self._sock.recv_multipart()
+                    try:
+                        self._answer(frames)
+                    except (ValueError, TypeError, KeyError, IndexError) as err:
+                        log.warning("a malformed request on the control endpoint: %s", err)
+                        self._sock.send_multipart([frames[0], b"ERROR", str(err).encode()])
+                finally:
+                    gated.done()
         finally:
             self._close_sockets()
 

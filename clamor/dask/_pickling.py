@@ -15,6 +15,7 @@ worker gets the array itself (a view of its region), any other process
 same reference, so the version it was stamped with survives the
 scheduler's re-pickling.
 """
+import contextlib
 import copyreg
 import io
 import logging
@@ -38,6 +39,9 @@ _resolve = [False]    # True in an attached worker: references become arrays
 _loaded = [0]         # GlobalArrays loaded in this process (the scheduler scans graphs once there are any)
 _loaded_at = {}       # version -> when a GlobalArray of it was last loaded here
 _saved = {}           # what attach() replaced, put back by uninstall()
+# Per thread: ``values``, the depth of pickling by value (clamor/dask/_values.py:
+# region arrays go by value too); ``tokenizing``, inside Dask's tokenizer.
+local = threading.local()
 
 
 class GlobalArray:
@@ -58,6 +62,11 @@ class GlobalArray:
 
 def _global_array(ref, version):
     if _resolve[0]:
+        return ref.get()
+    if getattr(local, "tokenizing", 0) and region.role() == "driver":
+        # Dask's tokenizer loads what it pickled to check it: a KDTree's or a
+        # model's __setstate__ needs the array itself, which the driver has
+        # (a GlobalArray made it fail, and the token a random one)
         return ref.get()
     _loaded[0] += 1
     _loaded_at[version] = time.monotonic()
@@ -181,10 +190,38 @@ class _Buffer:
         return bytearray, (bytes(self.pb.raw()),)
 
 
+def _version(stamp):
+    """The version a region array pickled (or tokenized) now is sent at."""
+    held = getattr(local, "held", None)
+    if held is None:
+        return stamp()
+    if not held:
+        held.append(stamp())
+    return held[0]
+
+
+@contextlib.contextmanager
+def one_version():
+    """Region arrays pickled or tokenized by this thread inside the block
+    carry one version, the first's.  A pickler holds what it pickled, so a
+    region object's reference count is up by one at the next array's
+    stamp: stamped each, every array of a region object began a version,
+    and the same object pickled twice (as Dask's tokenizer does to check
+    a token) never gave the same bytes."""
+    if getattr(local, "held", None) is not None:
+        yield
+        return
+    local.held = []
+    try:
+        yield
+    finally:
+        local.held = None
+
+
 def _reduce_ndarray(a):
     stamp = _stamp[0]
-    if stamp is not None and in_region(a):
-        return _global_array, (ArrayRef(a), stamp())
+    if stamp is not None and not getattr(local, "values", 0) and in_region(a):
+        return _global_array, (ArrayRef(a), _version(stamp))
     rv = a.__reduce_ex__(5)
     args = rv[1]
     if args and type(args[0]) is pickle.PickleBuffer:
@@ -198,7 +235,8 @@ def _normalize(x):
     stamp = _stamp[0]
     if stamp is not None and in_region(x):
         r = ArrayRef(x)
-        return ("clamor-global", r.offset, r.data_offset, r.span, repr(r.dtype), r.shape, r.strides, stamp())
+        return ("clamor-global", r.offset, r.data_offset, r.span, repr(r.dtype), r.shape, r.strides,
+                _version(stamp))
     return _saved["normalize"](x)
 
 

@@ -377,3 +377,9 @@ class RegionPlugin(WorkerPlugin):
             log.warning("a task still runs after 60 s; the region stays mapped on this worker")
             return
         region.close(force=True)
+        # Closing the region unbound every relocation target in C; the next
+        # attachment's driver numbers its targets from 1 again, and a number
+        # still marked bound here was skipped: its pointers stayed the old
+        # driver's, and the task that read them killed the worker.
+        # (portable.bind's own table: portable.py has no call for this yet.)
+        portable._bound.clear()

@@ -12,11 +12,12 @@ import warnings
 import weakref
 
 from ..errors import ByValueWarning
+from . import region
 
 _lock = threading.Lock()
 _counts = {"objects": 0, "bytes": 0}
 _told = weakref.WeakValueDictionary()   # id -> object, for those weakly referable
-_told_ids = {}                          # id -> type, for the others (kept: a few per program)
+_told_ids = {}                          # id -> type, for the others and region objects (kept: a few per program)
 
 
 def _size(obj):
@@ -34,6 +35,10 @@ def report(obj, reason, stacklevel=3):
     key = id(obj)
     with _lock:
         try:
+            if region.contains(key):
+                # (a weak reference writes the object's list of them: a
+                # pointer out of the region, which share() then refuses)
+                raise TypeError("no weak reference to a region object")
             if _told.get(key) is obj:
                 return False
             _told[key] = obj

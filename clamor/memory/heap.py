@@ -27,13 +27,12 @@ with ``clamor.share(obj)`` before shipping.
 """
 import contextlib
 import errno
-import gc
 
 from .. import errors
 from .._native import check, lib
 from . import region
-from .hooks import (HANDLER, _flush_dims, _rehome, active, install, outside, prepare_fork,  # noqa: F401
-                    release_dropped, suspended)
+from .hooks import (HANDLER, _flush_dims, _rehome, active, close_gate, collect, install,  # noqa: F401
+                    open_gate, outside, prepare_fork, release_dropped, suspended)
 
 
 @contextlib.contextmanager
@@ -57,18 +56,19 @@ def heap():
     # later version of it.
     if lib.clamor_py_numpy_enter() != 0:
         raise errors.ClamorError("could not set clamor's numpy allocator")
-    # clamor's own threads (the control endpoint's handshakes) stop running
-    # Python code before the collection below and until the block ends:
-    # what they free would go to the same free lists (csrc/pygate.c).
+    # The driver's other Python threads (clamor's: the control endpoint's
+    # handshakes; a Dask client's event loop) stop running Python code
+    # before the collection below and until the block ends: what they free
+    # would go to the same free lists (hooks.close_gate, csrc/pygate.c).
     outer = not active()
     if outer:
-        lib.clamor_py_gate_close()
+        close_gate()
     try:
         # A full collection empties CPython's free lists (floats, tuples,
         # lists, dicts, ...), which would otherwise hand the block objects
         # allocated earlier outside the region, and, after it, hand region
         # objects to code outside it.
-        gc.collect()
+        collect()
         rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
         if rc:
             lib.clamor_py_numpy_exit()
@@ -82,13 +82,13 @@ def heap():
         finally:
             lib.clamor_heap_exit()
             lib.clamor_py_numpy_exit()
-            gc.collect()
+            collect()
             _flush_dims(active())   # an inner block's end is still inside the outer one
             if not active():
                 _rehome()
     finally:
         if outer:
-            lib.clamor_py_gate_open()
+            open_gate()
 
 
 # ``clamor.heap`` is this module's function, which hides the module in the

@@ -1,19 +1,39 @@
 """The state of clamor's allocator hooks: installed once, suspended and
-resumed per thread, and the caches that must be emptied at a block's edges.
+resumed per thread, the caches that must be emptied at a block's edges,
+and the gate that keeps the driver's other Python threads out of a block.
 
 ``heap.py`` builds ``with clamor.heap():`` on top of this; ``region.py``
 uses ``outside`` to keep its own work out of a block.  Nothing here maps
 the region.
+
+The gate (csrc/pygate.c).  CPython's free lists are shared by every
+thread: what another thread frees while a block runs, the block's next
+object may be made from, outside the region.  So while a block is open:
+
+- clamor's own threads run no Python: each waits in C for its sockets or
+  its period (``Gated``), then for the gate;
+- a *resident*, a thread that runs Python whenever it likes (a Dask
+  client's event loop, which in a LocalCluster runs the scheduler too),
+  is asked to park (``keep_out``): the block begins once it waits in C.
+
+``close_gate``/``open_gate`` are what heap() and ``suspended`` call at a
+block's edges; the Cluster's and the Dask driver's threads use the same.
 """
 import abc
 import contextlib
+import errno
 import functools
 import gc
+import logging
 import sys
 import threading
 
 from .. import errors
-from .._native import lib
+from .._native import ffi, lib
+
+log = logging.getLogger("clamor.heap")
+
+SETTLE_S = 10.0     # how long a block waits for the residents to park before it goes on
 
 _installed = False
 _lock = threading.Lock()
@@ -50,6 +70,28 @@ def _rehome():
 def _flush_dims(inside):
     if lib.clamor_py_numpy_dims_flush(1 if inside else 0) != 0:
         raise errors.ClamorError("could not flush numpy's cache of shape buffers")
+
+
+_callbacks = []   # gc.callbacks while collect() runs (kept here: a list freed after it would refill the free list)
+_collecting = threading.RLock()
+
+
+def collect():
+    """A full collection that leaves CPython's free lists empty.  The
+    collection empties them last, and then calls ``gc.callbacks``: what a
+    callback frees goes back on them, outside the region, and the block's
+    first dicts and lists were made from it (Dask's GC diagnosis is one,
+    in every process that runs a Dask scheduler, such as a LocalCluster's
+    driver: every object of a block read as outside the region).  They
+    are left out of this collection."""
+    with _collecting:   # (two blocks beginning at once must not lose each other's callbacks)
+        _callbacks[:] = gc.callbacks
+        del gc.callbacks[:]
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks[:0] = _callbacks
+            del _callbacks[:]
 
 
 def prepare_fork():
@@ -192,15 +234,15 @@ def suspended():
     # Free lists hand out objects freed earlier: empty them both ways, as
     # heap() does (a region tuple reused by the runtime would be shipped by
     # reference; a runtime one reused in the block would not be shareable).
-    gc.collect()
+    collect()
     _flush_dims(False)
-    lib.clamor_py_gate_open()     # clamor's threads may run meanwhile (a worker's handshake)
+    open_gate()     # the other threads may run meanwhile (a worker's handshake, Dask's loop)
     try:
         yield
     finally:
-        lib.clamor_py_gate_close()
+        close_gate()
         lib.clamor_py_numpy_exit()
-        gc.collect()
+        collect()
         lib.clamor_heap_resume(depth)
         _flush_dims(True)
 
@@ -214,3 +256,117 @@ def outside(fn):
         with suspended():
             return fn(*args, **kwargs)
     return run
+
+
+# -- the gate -------------------------------------------------------------
+
+
+class Gated:
+    """How a clamor thread of the driver waits: for its libzmq sockets
+    (pyzmq's, at most CLAMOR_GATE_MAX_SOCKETS) or, with none, for a while,
+    in C, then for every heap() block to end.  It runs Python only between
+    ``wait`` and ``done``.  ``stop``, from any thread, ends a wait, even
+    one for a block that stays open."""
+
+    def __init__(self, sockets=()):
+        self._abort = ffi.new("int[1]")
+        self.set_sockets(sockets)
+
+    def set_sockets(self, sockets):
+        """What ``wait`` polls from now on (before the thread's first wait)."""
+        if len(sockets) > lib.CLAMOR_GATE_MAX_SOCKETS:
+            raise errors.ClamorError(f"a gated thread waits for at most {lib.CLAMOR_GATE_MAX_SOCKETS} sockets")
+        self.n = len(sockets)
+        self._handles = ffi.new("uintptr_t[]", [s.underlying for s in sockets] or [0])
+        self._revents = ffi.new("short[]", max(self.n, 1))
+
+    def wait(self, timeout_ms=-1):
+        """zmq_poll's result (sockets ready, 0 after a timeout or a sleep,
+        -errno), this thread now busy until ``done``; or -ECANCELED, not
+        busy, once stopped.  Made and freed nothing from its call to here."""
+        return lib.clamor_py_gate_poll(self._handles, self.n, timeout_ms, self._revents, self._abort)
+
+    def ready(self, i):
+        """Whether socket ``i`` had input at the last ``wait``."""
+        return bool(self._revents[i])
+
+    def done(self):
+        lib.clamor_py_gate_release()
+
+    def stop(self):
+        self._abort[0] = 1
+        lib.clamor_py_gate_wake()
+
+
+class Resident:
+    """A thread kept out of heap() blocks by parking (``keep_out``)."""
+
+    def __init__(self, ident, knock, name):
+        self.ident, self.knock, self.name = ident, knock, name
+        self._abort = ffi.new("int[1]")
+
+    def park(self):
+        """On the resident's thread: wait, in C, until no block is open."""
+        lib.clamor_py_gate_park(self._abort)
+
+    def __repr__(self):
+        return f"<clamor resident {self.name} (thread {self.ident})>"
+
+
+_residents = {}
+_residents_lock = threading.Lock()
+
+
+def keep_out(ident, knock, name):
+    """Keep the thread ``ident`` (``threading.get_ident()``), which runs
+    Python whenever it likes, out of heap() blocks: as a block begins,
+    ``knock(park)`` must make that thread call ``park()`` soon (an event
+    loop's call_soon_threadsafe), and return False if it no longer can
+    (the loop closed: the thread is let in).  Returns the Resident, for
+    ``let_in``."""
+    r = Resident(ident, knock, name)
+    with _residents_lock:
+        _residents[id(r)] = r
+        lib.clamor_py_gate_enlist()
+    return r
+
+
+def let_in(r):
+    """Undo ``keep_out``: the thread runs freely, a park it is in ends."""
+    with _residents_lock:
+        if _residents.pop(id(r), None) is None:
+            return
+        r._abort[0] = 1
+        lib.clamor_py_gate_discharge()
+
+
+def close_gate():
+    """At a block's start: wait until clamor's threads are out of Python,
+    then have every resident park (the block's own thread excepted); after
+    SETTLE_S seconds, go on without those that did not, with a warning."""
+    lib.clamor_py_gate_close()
+    with _residents_lock:
+        residents = list(_residents.values())
+    if not residents:
+        return
+    me, mine = threading.get_ident(), 0
+    for r in residents:
+        if r.ident == me:
+            mine += 1
+            continue
+        try:
+            knocked = r.knock(r.park)
+        except Exception as err:  # the loop is gone, or worse: the thread runs free
+            log.debug("could not knock on %r: %s", r, err)
+            knocked = False
+        if knocked is False:
+            let_in(r)
+    if lib.clamor_py_gate_settle(mine, int(SETTLE_S * 1000)) == errno.ETIMEDOUT:
+        log.warning("a heap() block begins while %s did not pause within %g s: objects built in the block may "
+                    "come from CPython's free lists, outside the region (share() and clamor.dask.ref would say "
+                    "so)", ", ".join(r.name for r in residents), SETTLE_S)
+
+
+def open_gate():
+    """At a block's end: clamor's threads and the residents go on."""
+    lib.clamor_py_gate_open()

@@ -41,7 +41,8 @@ from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
-from .._native import ffi, lib
+from .._native import lib
+from ..memory.hooks import Gated
 from ..memory import region
 
 log = logging.getLogger("clamor.security")
@@ -159,7 +160,7 @@ class Guard(threading.Thread):
         self._waker.linger = 0
         self._waker.connect(f"inproc://clamor-guard-{id(self):x}")
         self.stopping = threading.Event()
-        self._abort = ffi.new("int[1]")
+        self._gated = Gated()
         self.admitted = self.refused = 0
 
     def watch(self, sock, what):
@@ -169,11 +170,11 @@ class Guard(threading.Thread):
         socks = [self.zap, self._wake, *self.monitors]
         if len(socks) > lib.CLAMOR_GATE_MAX_SOCKETS:
             raise errors.ClamorError(f"a guard watches at most {lib.CLAMOR_GATE_MAX_SOCKETS - 2} sockets")
-        handles = ffi.new("uintptr_t[]", [s.underlying for s in socks])
-        revents = ffi.new("short[]", len(socks))
+        gated = self._gated
+        gated.set_sockets(socks)
         try:
             while not self.stopping.is_set():
-                rc = lib.clamor_py_gate_poll(handles, len(socks), -1, revents, self._abort)
+                rc = gated.wait()
                 if rc == -errno.ECANCELED:
                     break
                 try:
@@ -183,19 +184,19 @@ class Guard(threading.Thread):
                         if -rc != zmq.ETERM:
                             log.error("%s: the handshake handler stopped: %s", self.where, zmq.strerror(-rc))
                         break
-                    self._serve(socks, revents)
+                    self._serve(socks, gated)
                 finally:
-                    lib.clamor_py_gate_release()
+                    gated.done()
         finally:
             for m in self.monitors:
                 m.close()
             self.zap.close()
             self._wake.close()
 
-    def _serve(self, socks, revents):
+    def _serve(self, socks, gated):
         try:
             for i, sock in enumerate(socks):
-                if not revents[i]:
+                if not gated.ready(i):
                     continue
                 if sock is self.zap:
                     self._answer()
@@ -234,8 +235,7 @@ class Guard(threading.Thread):
 
     def stop(self):
         self.stopping.set()
-        self._abort[0] = 1            # even while another thread holds a heap() block open
-        lib.clamor_py_gate_wake()
+        self._gated.stop()            # even while another thread holds a heap() block open
         try:
             self._waker.send(b"", flags=zmq.NOBLOCK)
         except zmq.ZMQError:
