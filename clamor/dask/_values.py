@@ -137,16 +137,13 @@ class _Judge:
         return None
 
     def _report(self, obj, kind):
+        # said once the graph is pickled, with its size: pickling the object
+        # again here, inside this pickling, made forked workers read another
+        # object at a list slot in the Cluster's differential hunt
         self.covered.add(id(obj))
         if kind == "container":
             self._cover(obj)
-            byvalue.report(obj, REASON, stacklevel=_user_stacklevel())
-            return
-        local.values = getattr(local, "values", 0) + 1     # (its size as it travels: arrays included)
-        try:
-            byvalue.report(obj, REASON, stacklevel=_user_stacklevel())
-        finally:
-            local.values -= 1
+        _pending().append(obj)
 
     def _cover(self, root):
         stack = [root]
@@ -201,21 +198,35 @@ def dumps(x, *, buffer_callback=None, protocol=None):
 
     def run(cls):
         buffers.clear()
+        del _pending()[:]
         f = io.BytesIO()
         cls(f, **kw).dump(x)
         return f.getvalue()
 
     with one_version():
         try:
-            out = run(_Pickler)
-            if b"__main__" in out or _by_value_modules(x):
+            try:
+                out = run(_Pickler)
+                if b"__main__" in out or _by_value_modules(x):
+                    out = run(_CloudPickler)
+            except Exception:
                 out = run(_CloudPickler)
-        except Exception:
-            out = run(_CloudPickler)
+            size = len(out) + sum(memoryview(b).nbytes for b in buffers)
+            for obj in _pending():
+                byvalue.report(obj, REASON, stacklevel=_user_stacklevel(), size=size)
+        finally:
+            del _pending()[:]
     if buffer_callback is not None:
         for b in buffers:
             buffer_callback(b)
     return out
+
+
+def _pending():
+    """This thread's region objects the graph being pickled sends by value."""
+    if not hasattr(local, "pending"):
+        local.pending = []
+    return local.pending
 
 
 def _normalize_object(o):

@@ -28,10 +28,14 @@ def _size(obj):
         return -1
 
 
-def report(obj, reason, stacklevel=3):
+def report(obj, reason, stacklevel=3, size=None):
     """``obj`` travels by value because of ``reason`` (a NotShareable's
     message): warn the first time for this object, and count it.  Returns
-    whether this was the first time."""
+    whether this was the first time.  ``size``: the bytes it travels in,
+    if the caller knows them (the Cluster gives its payload's); else it is
+    pickled here, which a caller about to pickle it anyway can afford
+    (pickling a region object can write it: numpy caches an array's buffer
+    description in the array)."""
     key = id(obj)
     with _lock:
         try:
@@ -46,7 +50,8 @@ def report(obj, reason, stacklevel=3):
             if _told_ids.get(key) is type(obj):
                 return False
             _told_ids[key] = type(obj)
-    size = _size(obj)
+    if size is None:
+        size = _size(obj)
     with _lock:
         _counts["objects"] += 1
         _counts["bytes"] += max(size, 0)

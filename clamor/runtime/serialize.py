@@ -81,6 +81,7 @@ def _in_region(a):
 # changes: the object travels by value meanwhile, which is always right.
 _shared = {}
 _portable = {}   # the same for the portable walk
+_refused = []    # (object, reason): region objects the payload being made sends by value
 # Code and collections travel by value even when a heap() block made them:
 # a lambda, a closure or a collection written inside the block is the task,
 # not data it reads.
@@ -143,7 +144,7 @@ def _vouched(obj, known, check):
         reads = check(obj)
     except NotShareable as err:
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
-        byvalue.report(obj, str(err), stacklevel=2)
+        _refused.append((obj, str(err)))     # (said once the payload is made, with its size)
         known[id(obj)] = (sig, False, None, obj if known is _portable else None)
         return False
     if conversions[0] != rewrites:
@@ -218,7 +219,13 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
     buf = io.BytesIO()
     p = _Pickler(buf, protocol=protocol)
     p.roots, p.forked, p.portable, p.modules = roots, forked, portable, modules
-    p.dump(obj)
+    del _refused[:]
+    try:
+        p.dump(obj)
+        for refused, reason in _refused:
+            byvalue.report(refused, reason, stacklevel=4, size=buf.tell())
+    finally:
+        del _refused[:]
     if objects is not None and p.in_place is not None:
         objects.append(p.in_place)
     return buf.getvalue()
