@@ -45,6 +45,8 @@ def test_share_names_what_workers_would_read_wrong():
             grown.append(float(len(res)) + 0.25)      # a float made outside the region
             res["grown again"] = attempt(lambda: c.range(1).map(lambda i: grown[2]).collect())
             res["grown share"] = attempt(clamor.share, grown)
+            res["grown in"] = region.contains(id(grown[2]), 1)
+            res["grown after"] = c.range(1).map(lambda i: grown[2]).collect()
             res["grown want"] = grown[2]
         print(json.dumps(res))
         """)
@@ -52,10 +54,12 @@ def test_share_names_what_workers_would_read_wrong():
     assert out["object array"][0] == "NotShareable" and ".flat[2]" in out["object array"][1]
     assert out["one char"][0] == "NotShareable" and "['k']" in out["one char"][1]
     assert out["grown first"] == [2]
-    # share() names the float made outside; a task that captures the list
-    # gets it by value, and reads what the driver reads
-    assert out["grown share"][0] == "NotShareable" and "[2]" in out["grown share"][1]
+    # a task that captures the list before any check reads what the driver
+    # reads; share() then brings the float made outside (only the list holds
+    # it) into the region, and the workers read it there
     assert out["grown again"] == ["ok", [out["grown want"]]], out["grown again"]
+    assert out["grown share"][0] == "ok" and out["grown in"], out
+    assert out["grown after"] == [out["grown want"]], out
 
 
 def test_references_keep_the_exact_dtype_and_refuse_what_is_not_data():
