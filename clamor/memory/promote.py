@@ -15,9 +15,9 @@ write back (a dict's value, a list's item, a settable attribute of an
 extension object), and is of a kind whose copy reads the same: an
 immutable constant (str, bytes, int, float, complex, and tuples and
 frozensets of those), a numpy array (not of objects), a dict, list or set
-(shallow: their items are walked, and brought in in turn), a weak
-reference (to the same object, or dead if it was), or an instance of a
-class (``copy.copy``).  Anything else, or anything someone else
+(shallow: their items are walked, and brought in in turn), a dead weak
+reference (pandas keeps lists of them), or an instance of a class
+(``copy.copy``).  Anything else, or anything someone else
 holds, is refused as before.
 """
 import collections
@@ -185,13 +185,12 @@ def copy_in(o):
             dead = weakref.ref(holder)
             del holder
             return dead
-        # (with a callback: CPython hands back the existing reference otherwise)
-        return weakref.ref(target, o.__callback__ or _ignore)
+        # A live one stays as it is (CPython hands the same reference back,
+        # and the walk does not try again): a new weak reference in the
+        # region would join the list of its referent, outside, which the
+        # driver rewrites as references come and go.
+        return weakref.ref(target, o.__callback__) if o.__callback__ is not None else o
     return copy.copy(o)
-
-
-def _ignore(_ref):
-    pass
 
 
 class _Dead:

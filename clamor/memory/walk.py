@@ -492,11 +492,8 @@ class _Walk:
             if not region.contains(addr, len(o) * o.itemsize):
                 raise NotShareable(f"{path}: the buffer of this array.array lies at {addr:#x}, outside the region")
 
-    def opaque(self, path, o, drop=None):
-        """Scan an object of an extension type share() does not know.
-        ``drop``: a ``promote.Drop`` of the library cache entry ``o`` was
-        reached through; what the scan cannot vouch for drops the entry
-        (returns True) rather than refuse or warn."""
+    def opaque(self, path, o):
+        """Scan an object of an extension type share() does not know."""
         name = type(o).__name__
         body = lib.clamor_py_body_size(id(o))
         refs = gc.get_referents(o)
@@ -505,22 +502,16 @@ class _Walk:
         # it holds (a cKDTree into its points): those arrays are walked
         self.buffers = [(a, a + r.nbytes) for r in refs if isinstance(r, np.ndarray) and r.nbytes
                         for a in (r.__array_interface__["data"][0],)]
-        doubts, first = self.scanner.ndoubts, len(self.scanner.doubts)
         try:
             # past the reference count and the type pointer (the type is walked)
             done = self.scanner.scan(id(o) + 16, max(0, body - 16), f"this {name}")
         except _pyshare.CannotTell as err:
-            if drop is not None:
-                return True
             off, addr, where = err.args
             where = f"byte {off + 16} of this {name}" if where == f"this {name}" else f"byte {off} of {where}"
             raise NotShareable(f"{path} ({name} at {id(o):#x}): {where}, reached through its C fields, holds "
                                f"{addr:#x}, an address in this process's private memory outside the region; "
                                f"share() cannot tell what lies there (memory a library allocated outside "
                                f"clamor.heap(), or a cache it reused): build it inside clamor.heap()") from None
-        if drop is not None and self.scanner.ndoubts != doubts:
-            del self.scanner.doubts[first:]
-            return True
         if self.mode is not None:
             self.mode.opaque(path, o, self.scanner.blocks)
         if not done:
@@ -536,12 +527,10 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
     into it (``promote``) and the walk made again; otherwise refused."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
-    tried = set()      # (an object a copy could not replace is not tried again)
     for _ in range(16):
-        moves = _walk_once(obj, limit, mode, reads, bring_in, tried)
+        moves = _walk_once(obj, limit, mode, reads, bring_in)
         if not moves:
             return
-        tried.update(id(o) for _, o in moves)
         _bring_in(moves)
         if mode is not None:
             mode.restart()
@@ -591,7 +580,7 @@ def _candidate(parent, o, cache):
     return promote.Drop(*cache) if cache is not None else None
 
 
-def _walk_once(obj, limit, mode, reads, bring_in, tried=frozenset()):
+def _walk_once(obj, limit, mode, reads, bring_in):
     walk = _Walk(mode)
     root = _Path()
     stack = [(root, obj, None, None)]
@@ -612,7 +601,7 @@ def _walk_once(obj, limit, mode, reads, bring_in, tried=frozenset()):
         if not inside and mode is not None and not (isinstance(o, np.ndarray) and path is root):
             why = mode.why_not(o)      # a relocation target, or not portable
             if why is not None:
-                store = _candidate(parent, o, cache) if bring_in and id(o) not in tried else None
+                store = _candidate(parent, o, cache) if bring_in else None
                 if store is None:
                     raise mode.refusal(path, o, why)
                 moves.append((store, o))
@@ -626,14 +615,14 @@ def _walk_once(obj, limit, mode, reads, bring_in, tried=frozenset()):
                     region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
                 if path is root:
                     continue  # shipped by itself, a region array travels as a reference
-                store = _candidate(parent, o, cache) if bring_in and id(o) not in tried else None
+                store = _candidate(parent, o, cache) if bring_in else None
                 if store is not None:
                     moves.append((store, o))
                     continue
                 raise NotShareable(f"{path} (ndarray at {id(o):#x}) has its data in the region but is itself an "
                                    f"object outside it, which workers cannot follow a pointer to: make the array "
                                    f"inside clamor.heap(), or pass it to tasks directly (it travels by reference)")
-            store = _candidate(parent, o, cache) if bring_in and id(o) not in tried else None
+            store = _candidate(parent, o, cache) if bring_in else None
             if store is not None:
                 moves.append((store, o))
                 continue
@@ -675,10 +664,7 @@ def _walk_once(obj, limit, mode, reads, bring_in, tried=frozenset()):
             child = None
             continue
         if _opaque(o):
-            drop = promote.Drop(*cache) if cache is not None and bring_in and id(o) not in tried else None
-            if walk.opaque(path, o, drop):
-                moves.append((drop, o))
-                continue
+            walk.opaque(path, o)
         if _has_dict(o):
             _own_keys(o, path)
         in_cache = type(o) is dict and path.key in promote.CACHE_NAMES
