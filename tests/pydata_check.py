@@ -28,6 +28,8 @@ def _moved(st):
 
 def run(mode, kinds, workers=2):
     pydata_objects.import_libraries()
+    if os.environ.get("PYDATA_READAHEAD"):    # (bytes; forked workers inherit it)
+        clamor.configure(readahead=int(os.environ["PYDATA_READAHEAD"]))
     objs = {}
     if mode == "fork":
         for k in kinds:
