@@ -196,6 +196,3 @@ def copy_in(o):
 class _Dead:
     """What a dead weak reference made in the region referred to."""
 
-
-def inside(c):
-    return region.contains(id(c), 1)

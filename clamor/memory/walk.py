@@ -319,6 +319,8 @@ _NONSTR_KEY = -12345   # any non-str key converts a split dict to a combined one
 
 
 def _has_dict(o):
+    if isinstance(o, type):
+        return False    # (a class made in a block: its dict is the type's own, not an instance's)
     t = type(o)
     return bool(t.__flags__ & _HEAPTYPE) and bool(t.__flags__ & _MANAGED_DICT or t.__dictoffset__)
 
