@@ -31,7 +31,7 @@ import errno
 from .. import errors
 from .._native import check, lib
 from . import region
-from .hooks import (HANDLER, _flush_dims, _rehome, active, close_gate, collect, install,  # noqa: F401
+from .hooks import (HANDLER, _flush_dims, _rehome, active, callbacks_off, close_gate, collect, install,  # noqa: F401
                     open_gate, outside, prepare_fork, release_dropped, suspended)
 
 
@@ -64,28 +64,29 @@ def heap():
     if outer:
         close_gate()
     try:
-        # A full collection empties CPython's free lists (floats, tuples,
-        # lists, dicts, ...), which would otherwise hand the block objects
-        # allocated earlier outside the region, and, after it, hand region
-        # objects to code outside it.
-        collect()
-        rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
-        if rc:
-            lib.clamor_py_numpy_exit()
-            check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
-        try:
-            # numpy's cache of shape buffers, like the free lists, would hand
-            # the block buffers freed outside it (and, after it, hand region
-            # buffers out)
-            _flush_dims(True)
-            yield
-        finally:
-            lib.clamor_heap_exit()
-            lib.clamor_py_numpy_exit()
+        with callbacks_off() if outer else contextlib.nullcontext():
+            # A full collection empties CPython's free lists (floats, tuples,
+            # lists, dicts, ...), which would otherwise hand the block objects
+            # allocated earlier outside the region, and, after it, hand region
+            # objects to code outside it.
             collect()
-            _flush_dims(active())   # an inner block's end is still inside the outer one
-            if not active():
-                _rehome()
+            rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
+            if rc:
+                lib.clamor_py_numpy_exit()
+                check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
+            try:
+                # numpy's cache of shape buffers, like the free lists, would hand
+                # the block buffers freed outside it (and, after it, hand region
+                # buffers out)
+                _flush_dims(True)
+                yield
+            finally:
+                lib.clamor_heap_exit()
+                lib.clamor_py_numpy_exit()
+                collect()
+                _flush_dims(active())   # an inner block's end is still inside the outer one
+                if not active():
+                    _rehome()
     finally:
         if outer:
             open_gate()

@@ -72,26 +72,34 @@ def _flush_dims(inside):
         raise errors.ClamorError("could not flush numpy's cache of shape buffers")
 
 
-_callbacks = []   # gc.callbacks while collect() runs (kept here: a list freed after it would refill the free list)
 _collecting = threading.RLock()
 
 
 def collect():
-    """A full collection that leaves CPython's free lists empty.  The
-    collection empties them last, and then calls ``gc.callbacks``: what a
-    callback frees goes back on them, outside the region, and the block's
-    first dicts and lists were made from it (Dask's GC diagnosis is one,
-    in every process that runs a Dask scheduler, such as a LocalCluster's
-    driver: every object of a block read as outside the region).  They
-    are left out of this collection."""
-    with _collecting:   # (two blocks beginning at once must not lose each other's callbacks)
-        _callbacks[:] = gc.callbacks
+    """A full collection, which leaves CPython's free lists empty, as
+    ``heap()`` and ``suspended()`` need at their edges.  Inside a block the
+    collector's callbacks are off (``callbacks_off``)."""
+    gc.collect()
+
+
+@contextlib.contextmanager
+def callbacks_off():
+    """The collector calls ``gc.callbacks`` after it empties the free lists:
+    what a callback frees goes back on them, outside the region, and a
+    block's first dicts and lists were made from it (Dask's GC diagnosis
+    is one, in every process that runs a Dask scheduler, such as a
+    LocalCluster's driver).  A block runs with them off, from before its
+    first collection to after its last: putting them back allocates, and
+    did between the collection and the block (a tuple of the block read as
+    outside the region)."""
+    with _collecting:
+        saved = gc.callbacks[:]
         del gc.callbacks[:]
-        try:
-            gc.collect()
-        finally:
-            gc.callbacks[:0] = _callbacks
-            del _callbacks[:]
+    try:
+        yield
+    finally:
+        with _collecting:
+            gc.callbacks[:0] = saved
 
 
 def prepare_fork():
