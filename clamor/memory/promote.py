@@ -109,18 +109,6 @@ class Drop:
         dict.pop(self.d, self.k, None)
 
 
-class Clear:
-    """Set a word of a region object to 0 (a cache numpy keeps in an array)."""
-    __slots__ = ("addr",)
-
-    def __init__(self, addr):
-        self.addr = addr
-
-    def __call__(self):
-        from .._native import ffi
-        ffi.cast("uintptr_t *", self.addr)[0] = 0
-
-
 class Rekey:
     """A dict some of whose constant keys are to be copied in."""
     __slots__ = ("d",)

@@ -315,7 +315,6 @@ class Reads:
         return all(_inherited is not None and _inherited.same(o) == 1 for o in self.inherited)
 
 
-_ARRAY_CACHE = lib.clamor_py_array_cache_offset()   # an ndarray's cached buffer description
 _NONSTR_KEY = -12345   # any non-str key converts a split dict to a combined one
 
 
@@ -551,10 +550,10 @@ def _bring_in(moves):
             if store is None and lib.clamor_py_table_in(id(o)) < 0:
                 raise errors.ClamorError(f"could not make the table of a {type(o).__name__} again in the region")
         copies = [(store, promote.copy_in(o)) for store, o in moves
-                  if store is not None and not isinstance(store, (promote.Rekey, promote.Drop, promote.Clear))]
+                  if store is not None and not isinstance(store, (promote.Rekey, promote.Drop))]
         promote.rekey([(store.d, o) for store, o in moves if isinstance(store, promote.Rekey)])
     for store, o in moves:
-        if isinstance(store, (promote.Drop, promote.Clear)):
+        if isinstance(store, promote.Drop):
             store()
     n = len(moves)
     moves.clear()
@@ -646,15 +645,6 @@ def _walk_once(obj, limit, mode, reads, bring_in):
         if reads is not None:
             reads.inside(path, o)
         if isinstance(o, np.ndarray):
-            # numpy caches the description of a buffer it exported (a
-            # memoryview, a Cython typed view) in the array, where it stays:
-            # one made outside the region points into this process's
-            # memory, where a worker that exports the array's buffer reads
-            # garbage (pandas' take crashed forked workers so).  Cleared:
-            # numpy then describes the buffer anew (the old one is not freed)
-            cached = int(ffi.cast("uintptr_t *", id(o) + _ARRAY_CACHE)[0])
-            if cached and not region.contains(cached & ~7, 1) and bring_in:
-                moves.append((promote.Clear(id(o) + _ARRAY_CACHE), o))
             # ndarrays are not gc containers: their base, dtype and items are
             # walked here
             if o.base is not None:
