@@ -167,6 +167,7 @@ unsigned long clamor_py_region_dropped(void);
 long clamor_py_freelists_flush(void);
 long clamor_py_rehome(uintptr_t objs);
 long clamor_py_table_in(uintptr_t obj);
+long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 long clamor_py_untrack_region(uintptr_t objs);
 long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n);
 long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap);

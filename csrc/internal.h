@@ -405,6 +405,7 @@ unsigned long clamor_py_region_dropped(void);
  * outside every block.  How many moved, or -1. */
 long clamor_py_rehome(uintptr_t objs);
 long clamor_py_table_in(uintptr_t obj);
+long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 long clamor_py_untrack_region(uintptr_t objs);
 /* The capsule of clamor's numpy data handler, made on the first call (0 if
  * it could not be). */

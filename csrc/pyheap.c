@@ -519,6 +519,42 @@ long clamor_py_table_in(uintptr_t obj) {
     return rc;
 }
 
+/* A new weak reference to the referent of the live one at `ref`, made in
+ * the region (the calling thread inside a block) and appended to the list
+ * `out`.  CPython hands back the one basic reference a referent has, so
+ * weakref.ref() cannot make it.  The copy joins the referent's list just
+ * after `ref`, with its callback and hash; when `ref` dies (the caller
+ * drops its only holder) the copy takes its place, at the head if `ref`
+ * was there.  0, or -1 (error printed). */
+long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyWeakReference *old = (PyWeakReference *)ref;
+    PyWeakReference *n = NULL;
+    if (!cl_heap_depth)
+        PyErr_SetString(PyExc_RuntimeError, "clamor_py_weakref_copy outside a heap block");
+    else if (!PyList_Check((PyObject *)out))
+        PyErr_SetString(PyExc_TypeError, "clamor_py_weakref_copy needs a list");
+    else if (!PyWeakref_CheckRefExact((PyObject *)old))
+        PyErr_SetString(PyExc_TypeError, "clamor_py_weakref_copy needs a weakref.ref");
+    else if (old->wr_object == Py_None || old->wr_object == NULL)
+        PyErr_SetString(PyExc_ValueError, "clamor_py_weakref_copy needs a live reference");
+    else if ((n = PyObject_GC_New(PyWeakReference, &_PyWeakref_RefType)) != NULL) {
+        memcpy((char *)n + sizeof(PyObject), (char *)old + sizeof(PyObject),
+               sizeof(PyWeakReference) - sizeof(PyObject));
+        Py_XINCREF(n->wr_callback);
+        n->wr_prev = old;
+        n->wr_next = old->wr_next;
+        if (old->wr_next) old->wr_next->wr_prev = n;
+        old->wr_next = n;
+        PyObject_GC_Track((PyObject *)n);
+    }
+    long rc = n && PyList_Append((PyObject *)out, (PyObject *)n) == 0 ? 0 : -1;
+    Py_XDECREF(n);
+    if (rc < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
+}
+
 /* Worker: region objects the collector of this process tracks (a region
  * dict that got a container value in a task, a region object the driver
  * tracked at a fork) live in its lists by links in region pages.  When

@@ -300,6 +300,29 @@ def test_a_cluster_idle_longer_than_the_heartbeat_timeout_keeps_its_workers():
     assert out["after"] == out["pids"] and out["sum"] == 45 and out["lost"] == 0, out
 
 
+def test_a_check_before_a_stage_longer_than_the_heartbeat_timeout_keeps_its_workers():
+    """The task is pickled before the stage begins (the check of what it
+    ships); nobody reads the heartbeats meanwhile, and they must be read
+    before the workers' silence is judged."""
+    out = scenario("""
+        res = {}
+
+        class Slow:
+            def __reduce__(self):
+                time.sleep(3.5)                 # longer than the heartbeat time-out
+                return (int, (7,))
+
+        slow = Slow()
+        with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=2) as cl:
+            res["pids"] = cl.run(os.getpid)
+            res["got"] = cl.parallelize(range(4), 2).map(lambda x: x + slow).collect()
+            res["after"] = cl.run(os.getpid)
+            res["lost"] = cl.stats()["recovery"]["workers_lost"]
+        print(json.dumps(res))
+        """)
+    assert out["got"] == [7, 8, 9, 10] and out["after"] == out["pids"] and out["lost"] == 0, out
+
+
 def test_a_worker_whose_images_differ_is_refused_and_its_place_stays_open(tmp_path):
     """A hand-started worker that would import another build of numpy's
     core module (a file of its own first on its path) is refused at

@@ -220,3 +220,42 @@ print(json.dumps({{"checks": checks, "before": before, "after": after, "workers"
     assert out["checks"] == [False, True] and out["before"] >= 1, out     # the scenario happened
     assert out["after"] == 0 and out["workers"] == [0, 0], out
     assert out["still"] == [[False, True]] * 2, out
+
+
+def test_a_view_made_after_the_block_that_holds_its_object_weakly_is_brought_in():
+    """A library's view made on first read, after the block (networkx's
+    degree view), holds its region object by a weak reference.  The
+    reference is brought into the region beside the driver's, not refused
+    (weakref.ref hands back the one a referent has: bringing it in did not
+    take, and the walk tried 16 times, each with two collections), and a
+    worker reads through it the driver's object."""
+    out = scenario(f"""
+import weakref
+class Graph:
+    pass
+class View:
+    def __init__(self, g):
+        self._ref = weakref.ref(g)
+    def degree(self, n):
+        return len(self._ref().adj[n])
+with clamor.heap():
+    g = Graph()
+    g.adj = {{i: list(range(i % 5)) for i in range(50)}}
+with clamor.Cluster({OPTS}) as cl:
+    g.view = View(g)                                  # after the block: the view and its reference outside
+    before = [region.contains(id(g.view)), region.contains(id(g.view._ref))]
+    verdict = attempt(clamor.share, g)
+    after = [region.contains(id(g.view)), region.contains(id(g.view._ref)), g.view._ref() is g,
+             weakref.getweakrefcount(g), weakref.ref(g) is g.view._ref]
+    want = [g.view.degree(n) for n in (3, 4, 17)]
+    got = cl.parallelize(range(2), 2).map(lambda _: ([g.view.degree(n) for n in (3, 4, 17)],
+                                                     g.view._ref() is g)).collect()
+    by_value = cl.stats()["by_value"]["objects"]
+print(json.dumps({{"before": before, "verdict": verdict, "after": after, "want": want, "got": got,
+                  "by_value": by_value}}))
+""")
+    assert out["before"] == [False, False], out
+    assert out["verdict"] == ["ok", "Graph"], out
+    assert out["after"] == [True, True, True, 1, True], out
+    assert out["want"] == [3, 4, 2] and out["got"] == [[out["want"], True]] * 2, out
+    assert out["by_value"] == 0, out

@@ -330,7 +330,11 @@ class RegionPlugin(WorkerPlugin):
 
     def _watch(self, worker, driver_pid):
         """Detach this worker once the driver says BYE, its process is gone,
-        or it has not answered for DRIVER_GRACE seconds."""
+        or, across PID namespaces (where its process cannot be seen), it
+        has not answered for DRIVER_GRACE seconds.  A driver this worker
+        can see alive is only busy (a long check before a submission, a
+        heap() block that pauses its threads, Ctrl-Z): its workers wait,
+        as a Cluster's do."""
         last = time.monotonic()
         while not self._stop.wait(PING_PERIOD):
             why = None
@@ -343,7 +347,7 @@ class RegionPlugin(WorkerPlugin):
                     if kind == b"BYE":
                         why = "the driver detached"
                 except errors.ClamorError:
-                    if time.monotonic() - last > DRIVER_GRACE:
+                    if driver_pid is None and time.monotonic() - last > DRIVER_GRACE:
                         why = f"the driver has not answered for {DRIVER_GRACE:g} s"
             if why:
                 log.warning("clamor detaches this worker: %s", why)

@@ -16,7 +16,8 @@ extension object), and is of a kind whose copy reads the same: an
 immutable constant (str, bytes, int, float, complex, and tuples and
 frozensets of those), a numpy array (not of objects), a dict, list or set
 (shallow: their items are walked, and brought in in turn), a dead weak
-reference (pandas keeps lists of them), or an instance of a class
+reference (pandas keeps lists of them), a live weak reference to a region
+object (networkx's views hold their graph weakly), or an instance of a class
 (``copy.copy``).  Anything else, or anything someone else
 holds, is refused as before.
 """
@@ -29,6 +30,7 @@ import weakref
 import numpy as np
 
 from . import region
+from .._native import lib
 
 _CONST = (str, bytes, int, float, complex)
 
@@ -185,11 +187,15 @@ def copy_in(o):
             dead = weakref.ref(holder)
             del holder
             return dead
-        # A live one stays as it is (CPython hands the same reference back,
-        # and the walk does not try again): a new weak reference in the
-        # region would join the list of its referent, outside, which the
-        # driver rewrites as references come and go.
-        return weakref.ref(target, o.__callback__) if o.__callback__ is not None else o
+        if not region.contains(id(target), 1):
+            return o     # (its referent is outside: the walk refuses that)
+        # weakref.ref(target) would hand back this one (a referent has one
+        # basic reference): a new one is made in C, beside it in the list
+        out = []
+        del target
+        if lib.clamor_py_weakref_copy(id(o), id(out)) < 0:
+            raise RuntimeError("could not copy a weak reference into the region")
+        return out[0]
     return copy.copy(o)
 
 

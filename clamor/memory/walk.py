@@ -529,10 +529,15 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
     into it (``promote``) and the walk made again; otherwise refused."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
+    last = None
     for _ in range(16):
         moves = _walk_once(obj, limit, mode, reads, bring_in)
         if not moves:
             return
+        ids = [id(o) for _, o in moves]
+        if ids == last:      # the same objects again: bringing them in did not take
+            break
+        last = ids
         _bring_in(moves)
         if mode is not None:
             mode.restart()

@@ -176,7 +176,9 @@ class Stages:
         the workers to drop."""
         self._drop_forgotten()
         # notice workers that died while the cluster was idle, before giving
-        # them tasks
+        # them tasks; first read the heartbeats that came meanwhile (the
+        # check before a stage, _vouch, may take longer than the time-out)
+        self._catch_up()
         for ins in self._check_liveness():
             if isinstance(ins, StageAborted):
                 raise ins.error
