@@ -25,6 +25,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL clamor_ARRAY_API
 #include <numpy/arrayobject.h>
+#include <errno.h>
 #include <malloc.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -551,6 +552,110 @@ long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out) {
     long rc = n && PyList_Append((PyObject *)out, (PyObject *)n) == 0 ? 0 : -1;
     Py_XDECREF(n);
     if (rc < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* -- words a stage shows workers as zero --------------------------------
+ * Some words of a region object point at what only the driver's process
+ * made for it after a fork, outside the region:
+ *  - its list of weak references (HIDE_WEAKLIST), which starts in its body:
+ *    with a weak reference the driver made outside heap(), weakref.ref()
+ *    on a forked worker takes the driver's for its own basic reference, or
+ *    links a new one to it, and writes through it;
+ *  - an array's cached buffer description (HIDE_BUFFER_INFO), numpy's,
+ *    made when the driver first exported the buffer (a Cython memoryview):
+ *    the worker's export reads the driver's pointer (pandas' take died).
+ * A stage's page versions show workers those words zero: the driver clears
+ * them, begins the stage, and puts them back, holding the GIL throughout
+ * (the write after the stage began leaves the cleared bytes as the version
+ * its tasks read).  Zero is always right for a worker: it never frees a
+ * region object, and makes its own references and descriptions. */
+#define HIDE_WEAKLIST 1
+#define HIDE_BUFFER_INFO 2
+
+static PyWeakReference **weaklist_of(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (!t->tp_weaklistoffset || PyType_Check(o)) return NULL;
+    return (PyWeakReference **)((char *)o + t->tp_weaklistoffset);
+}
+
+static int leads_out(PyWeakReference **head) {
+    for (PyWeakReference *r = *head; r; r = r->wr_next)
+        if (!in_region(r)) return 1;
+    return 0;
+}
+
+static void **buffer_info_of(PyObject *o) {
+    if (numpy_ready() < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return PyArray_Check(o) ? (void **)((char *)o + offsetof(PyArrayObject_fields, _buffer_info)) : NULL;
+}
+
+/* Which words of `o` (a live region object) to hide now: HIDE_* bits;
+ * *weak and *info get their addresses. */
+static int to_hide(PyObject *o, void ***weak, void ***info) {
+    int kinds = 0;
+    PyWeakReference **head = weaklist_of(o);
+    if (head && in_region(head) && *head && PyWeakref_Check((PyObject *)*head) && (*head)->wr_object == o &&
+        leads_out(head)) {
+        *weak = (void **)head;
+        kinds |= HIDE_WEAKLIST;
+    }
+    void **bi = buffer_info_of(o);
+    if (bi && *bi && !in_region((void *)((uintptr_t)*bi & ~(uintptr_t)7))) {
+        *info = bi;
+        kinds |= HIDE_BUFFER_INFO;
+    }
+    return kinds;
+}
+
+/* The HIDE_* bits of the words of region object `obj` that a stage would
+ * hide now (0: none). */
+int clamor_py_hides(uintptr_t obj) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *o = (PyObject *)obj;
+    void **weak, **info;
+    int rc = in_region(o) ? to_hide(o, &weak, &info) : 0;
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* Driver: clamor_stage_begin(stage) with the words to hide of the region
+ * objects at objs[i] (of type types[i], as a walk saw them) shown zero to
+ * the stage.  An entry no longer such an object, or with nothing to hide,
+ * gets state[i] = 0 (the caller forgets it), the others 1.  Returns
+ * clamor_stage_begin's result. */
+int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
+                                 size_t n) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    void ***words = n ? PyMem_RawCalloc(2 * n, sizeof *words) : NULL;
+    void **saved = n ? PyMem_RawCalloc(2 * n, sizeof *saved) : NULL;
+    if (n && (!words || !saved)) {
+        PyMem_RawFree(words);
+        PyMem_RawFree(saved);
+        PyGILState_Release(g);
+        return cl_err(ENOMEM, "no memory for the words to hide");
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = (PyObject *)(uintptr_t)objs[i];
+        void **weak = NULL, **info = NULL;
+        state[i] = in_region(o) && in_region((char *)o + sizeof(PyObject) - 1) &&
+                   (uint64_t)(uintptr_t)Py_TYPE(o) == types[i] && Py_REFCNT(o) > 0 && to_hide(o, &weak, &info);
+        if (weak) words[k++] = weak;
+        if (info) words[k++] = info;
+    }
+    for (size_t i = 0; i < k; i++) {
+        saved[i] = *words[i];
+        *words[i] = NULL;
+    }
+    int rc = clamor_stage_begin(stage);
+    for (size_t i = 0; i < k; i++) *words[i] = saved[i];
+    PyMem_RawFree(words);
+    PyMem_RawFree(saved);
     PyGILState_Release(g);
     return rc;
 }

@@ -259,3 +259,44 @@ print(json.dumps({{"before": before, "verdict": verdict, "after": after, "want":
     assert out["after"] == [True, True, True, 1, True], out
     assert out["want"] == [3, 4, 2] and out["got"] == [[out["want"], True]] * 2, out
     assert out["by_value"] == 0, out
+
+
+def test_weak_references_the_driver_made_after_the_fork_do_not_reach_the_workers():
+    """A region object's list of weak references starts in its body.  The
+    driver's references made after the fork (a WeakValueDictionary, a
+    library's cache) live in its private memory; a forked worker that made
+    its own reference to the object followed the driver's pointer there and
+    wrote through it: the workers died (pandas' copy-on-write references do
+    this on every take).  The stage's pages show the workers the list empty,
+    before and after a share() that the stage's check then reuses."""
+    out = scenario(f"""
+import weakref
+class Box:
+    pass
+with clamor.heap():
+    boxes = [Box() for _ in range(200)]
+    for i, b in enumerate(boxes):
+        b.x = float(i)
+def task(_):
+    rs = [weakref.ref(b) for b in boxes]
+    return [sum(r() is b for r, b in zip(rs, boxes)), sum(r().x for r in rs)]
+with clamor.Cluster(workers=2, progress=False, max_attempts=1, speculation=False) as cl:
+    clamor.share(boxes)
+    rounds = [cl.parallelize(range(4), 4).map(task).collect()]
+    junk = [bytearray(64) for _ in range(5000)]     # (the driver's private memory moves on)
+    keep = [weakref.ref(b) for b in boxes]
+    cache = weakref.WeakValueDictionary({{i: b for i, b in enumerate(boxes[::3])}})
+    churn = [weakref.ref(b, print) for b in boxes]     # (with a callback: one each, not shared)
+    for r in range(3):
+        rounds.append(attempt(lambda: cl.parallelize(range(4), 4).map(task).collect()))
+        del churn[::2]
+    driver = [all(weakref.ref(b) is k for b, k in zip(boxes, keep)), len(cache),
+              [weakref.getweakrefcount(b) for b in boxes[:4]]]
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"rounds": rounds, "lost": lost, "driver": driver}}))
+""")
+    want = [[200, 19900.0]] * 4
+    assert out["rounds"] == [want] + [["ok", want]] * 3, out
+    assert out["lost"] == 0, out
+    # the driver's own lists as they were (boxes 0 and 3 also in the cache; no churned one left of 0-3)
+    assert out["driver"] == [True, 67, [2, 1, 1, 2]], out

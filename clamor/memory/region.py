@@ -424,7 +424,9 @@ def stage_begin(stage):
     workers must drop their copies before running its tasks."""
     import numpy as np
 
-    check(lib.clamor_stage_begin(int(stage)), f"beginning stage {stage}",
+    from . import hidden
+
+    check(hidden.stage_begin(int(stage)), f"beginning stage {stage}",
           {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
     n = int(lib.clamor_changed_count())
     out = np.empty(n, dtype=np.uint64)

@@ -46,7 +46,7 @@ import warnings
 
 import numpy as np
 
-from . import _pyshare, promote, region
+from . import _pyshare, hidden, promote, region
 from .. import errors
 from .._native import ffi, lib
 from .hooks import HANDLER
@@ -645,6 +645,7 @@ def _walk_once(obj, limit, mode, reads, bring_in):
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
         walk.fields(path, o, bring_in)
+        hidden.note(o)
         if mode is not None:
             mode.inside(path, o)       # the words of it to relocate
         if reads is not None:

@@ -205,10 +205,14 @@ class Stages:
         self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
         self._lineage.prune(self.unpersisted_versions)
         # A worker that maps the driver's pages may read, until its next
-        # task drops what changed, the locations of the stage it last ran at.
+        # task drops what changed, the locations of the stage it last ran at;
+        # one that fetches them may fetch there until then (its collector,
+        # between tasks, visits the region objects it tracks: a worker died
+        # of a version collected under it).
         mapping = {w["seen"] for w in self._workers.values() if _maps(w)}
+        last_ran = {w["seen"] for w in self._workers.values()}
         running_at = set(self._attempt_version.values())
-        keep = sorted({sid} | self._lineage.versions() | running_at | mapping)
+        keep = sorted({sid} | self._lineage.versions() | running_at | last_ran)
         samehost.map_floor(min({sid} | mapping | running_at))
         region.versions_keep(keep)
         portable.driver().prune(keep[0])
