@@ -300,3 +300,36 @@ print(json.dumps({{"rounds": rounds, "lost": lost, "driver": driver}}))
     assert out["lost"] == 0, out
     # the driver's own lists as they were (boxes 0 and 3 also in the cache; no churned one left of 0-3)
     assert out["driver"] == [True, 67, [2, 1, 1, 2]], out
+
+
+def test_buffers_the_driver_exported_after_the_fork_are_described_anew_on_the_workers():
+    """numpy caches an array's buffer description (shape, strides, format)
+    when the buffer is first exported, in memory it allocates then: the
+    driver's, after the fork, outside the region.  A forked worker that
+    exported the same region array (a memoryview, a Cython typed view: what
+    pandas' take does) read the driver's pointer.  The stage shows workers
+    no cached description, and the driver keeps its own."""
+    out = scenario(f"""
+with clamor.heap():
+    arrs = [np.arange(i * 1000, i * 1000 + 300 + i, dtype=np.float64).reshape(-1, 1)[::2] for i in range(40)]
+    grid = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+def task(_):
+    out = []
+    for a in arrs + [grid]:
+        m = memoryview(a)
+        out.append([m.format, list(m.shape), list(m.strides), float(np.asarray(m).sum())])
+    return out
+with clamor.Cluster(workers=2, progress=False, max_attempts=1, speculation=False) as cl:
+    first = cl.parallelize(range(2), 2).map(task).collect()
+    junk = [bytearray(96) for _ in range(20000)]       # (the driver's private memory moves on)
+    held = [memoryview(a) for a in arrs + [grid]]      # the driver exports each buffer: described now
+    want = task(0)
+    rounds = [attempt(lambda: cl.parallelize(range(4), 4).map(task).collect()) for _ in range(2)]
+    lost = cl.stats()["recovery"]["workers_lost"]
+    mine = [[m.format, list(m.shape), list(m.strides)] for m in held[-2:]]
+print(json.dumps({{"first": first, "want": want, "rounds": rounds, "lost": lost, "mine": mine}}))
+""")
+    assert out["first"] == [out["want"]] * 2, out
+    assert out["rounds"] == [["ok", [out["want"]] * 4]] * 2, out
+    assert out["lost"] == 0, out
+    assert out["mine"] == [["d", [170, 1], [16, 8]], ["i", [2, 3, 4], [48, 16, 4]]], out
