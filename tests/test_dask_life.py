@@ -196,3 +196,41 @@ def test_objects_sent_after_attaching_again_are_relocated_on_the_same_worker():
         print(json.dumps({"got": got}))
         """, timeout=180, env={"PYTHONHASHSEED": "6640"})
     assert out["got"] == [True] * 4, out["got"]
+
+
+def test_a_heap_block_opened_under_the_drivers_lock_while_its_threads_wait_for_it_goes_on():
+    """clamor.dask.ref may bring objects into the region, opening a heap()
+    block, under the Dask driver's lock; a block waits for clamor's gated
+    threads to be idle.  The keeper woke meanwhile and waited for that lock
+    while busy: both waited for ever (a run of test_dask_objects hung).  A
+    gated thread steps out of the gate while it waits for the lock."""
+    out = scenario("""
+import threading
+from distributed import Client, LocalCluster
+import clamor.dask
+from clamor.dask import _current, _driver
+cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                       worker_dashboard_address=":0")
+client = Client(cluster)
+clamor.dask.attach(client)
+drv = _current["driver"]
+res = {}
+for attempt_ in range(3):
+    done = threading.Event()
+    def block():
+        with drv._lock:
+            time.sleep(4 * _driver.KEEP_PERIOD)       # the keeper wakes and waits for the lock
+            with clamor.heap():
+                box = [float(attempt_)]
+        done.set()
+    t = threading.Thread(target=block, daemon=True)
+    t.start()
+    res[attempt_] = done.wait(20)
+g = clamor.array(np.arange(1000.0))
+res["read"] = client.submit(lambda: float(g[10]), pure=False).result()
+clamor.dask.detach(client)
+client.close()
+cluster.close()
+print(json.dumps(res))
+""", timeout=120)
+    assert out == {"0": True, "1": True, "2": True, "read": 10.0}, out

@@ -214,21 +214,33 @@ class Driver:
         mine = portable.hash_digest()
         return all(h == mine for h in list(self._hashes.values()))
 
-    def changes(self, lo, hi):
+    def changes(self, lo, hi, gated=None):
         """Pages changed at the stages after ``lo`` up to ``hi`` (either
-        order)."""
+        order).  ``gated``: the calling thread's, if it is gated."""
         lo, hi = sorted((int(lo), int(hi)))
-        with self._lock:
+        self._hold(gated)
+        try:
             parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
+        finally:
+            self._lock.release()
         if not parts:
             return np.empty(0, dtype=np.uint64)
         return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
-    def keep(self, live):
+    def _hold(self, gated):
+        """Take the lock; ``gated``: the calling thread's (see Gated.hold)."""
+        if gated is None:
+            self._lock.acquire()
+        else:
+            gated.hold(self._lock)
+
+    def keep(self, live, gated=None):
         """Free the page versions that neither the scheduler's tasks
         (``live``: the versions its plugin names) nor a graph stamped in
-        the last STAMP_HOLD seconds may read."""
-        with self._lock:
+        the last STAMP_HOLD seconds may read.  ``gated``: the calling
+        thread's, if it is gated."""
+        self._hold(gated)
+        try:
             recent = time.monotonic() - STAMP_HOLD
             self._stamps = {v: t for v, t in self._stamps.items() if t >= recent}
             versions = {self.version} | set(live) | set(self._stamps)
@@ -237,6 +249,8 @@ class Driver:
             region.versions_keep(keep)
             portable.driver().prune(keep[0])
             self.versions_kept = len(versions)
+        finally:
+            self._lock.release()
 
     # -- life --------------------------------------------------------------
 
@@ -321,7 +335,7 @@ class Driver:
             log.debug("could not ask the scheduler for live versions: %s", err)
             return
         if live is not None:
-            self.keep(live)
+            self.keep(live, self._keeping)
         self._forget_silent()
 
     def _forget_silent(self):
@@ -379,12 +393,16 @@ class Driver:
             self._sock.send_multipart([who, b"WELCOME", json.dumps(welcome).encode()])
         elif kind == b"CHANGES":
             lo, hi = json.loads(frames[2])
-            self._sock.send_multipart([who, b"CHANGES", self.changes(lo, hi).astype(np.uint64).tobytes()])
+            self._sock.send_multipart([who, b"CHANGES",
+                                       self.changes(lo, hi, self._serving).astype(np.uint64).tobytes()])
         elif kind == b"TARGETS":
-            with self._lock:
+            self._hold(self._serving)
+            try:
                 sent = self._sent.setdefault(who, set())
                 specs = portable.driver().specs_for(sent)
                 sent.update(i for i, _ in specs)
+            finally:
+                self._lock.release()
             self._sock.send_multipart([who, b"TARGETS", pickle.dumps(specs)])
         elif kind == b"PING":
             if frames[2]:

@@ -278,6 +278,7 @@ class Gated:
 
     def __init__(self, sockets=()):
         self._abort = ffi.new("int[1]")
+        self._busy = False
         self.set_sockets(sockets)
 
     def set_sockets(self, sockets):
@@ -292,14 +293,31 @@ class Gated:
         """zmq_poll's result (sockets ready, 0 after a timeout or a sleep,
         -errno), this thread now busy until ``done``; or -ECANCELED, not
         busy, once stopped.  Made and freed nothing from its call to here."""
-        return lib.clamor_py_gate_poll(self._handles, self.n, timeout_ms, self._revents, self._abort)
+        rc = lib.clamor_py_gate_poll(self._handles, self.n, timeout_ms, self._revents, self._abort)
+        self._busy = rc != -errno.ECANCELED
+        return rc
+
+    def hold(self, lock):
+        """Take ``lock`` (a threading.Lock) while busy.  Its holder may be
+        opening a heap() block, which waits for this thread to stop being
+        busy (a walk's bring-in under the Dask driver's lock, while the
+        keeper waited for that lock: both waited for ever).  So while the
+        lock is taken this thread steps out of the gate and back in,
+        waiting meanwhile for any block to end."""
+        while not lock.acquire(timeout=0.02):
+            if self._busy:
+                self.done()
+                # (no socket, no wait: busy again once no block is open; not if stopped)
+                self._busy = lib.clamor_py_gate_poll(self._handles, 0, 0, self._revents, self._abort) == 0
 
     def ready(self, i):
         """Whether socket ``i`` had input at the last ``wait``."""
         return bool(self._revents[i])
 
     def done(self):
-        lib.clamor_py_gate_release()
+        if self._busy:
+            self._busy = False
+            lib.clamor_py_gate_release()
 
     def stop(self):
         self._abort[0] = 1
