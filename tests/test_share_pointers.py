@@ -181,3 +181,33 @@ def test_tables_that_ordinary_objects_grew_inside_the_block_move_back_out():
     assert out["kept"] is True
     assert out["values"] == [299.0, 299, 299, 300, 300]
     assert out["worker"] == [[300, 299]]
+
+
+def test_dates_whose_padding_holds_old_pointers_are_data_and_read_right():
+    """A datetime's body ends in padding bytes that hold whatever the
+    memory held before; read as a pointer, a freed block's old address
+    there refused a dict keyed by datetimes (CPython 3.13).  The datetime
+    module's values without a tzinfo are data.  (An aware one is still
+    scanned: docs/limits.md.)"""
+    out = scenario("""
+import datetime, struct
+outside = [object() for _ in range(50)]
+with clamor.heap():
+    junk = []
+    for n in range(5, 60):      # bodies full of private addresses: freed, their blocks still hold them
+        junk += [bytes(struct.pack("<Q", id(outside[i % 50])) * 8)[:n] for i in range(300)]
+    del junk
+    base = datetime.datetime(2024, 1, 1)
+    stamps = {base + datetime.timedelta(hours=i): float(i) for i in range(500)}
+    days = {datetime.date(2024, 1, 1) + datetime.timedelta(days=i): i for i in range(500)}
+    times = [datetime.time(i % 24, i % 60) for i in range(300)]
+verdicts = [attempt(lambda o=o: type(clamor.share(o)).__name__) for o in (stamps, days, times)]
+def read(_):
+    return [stamps[base + datetime.timedelta(hours=333)], days[datetime.date(2024, 3, 1)],
+            [t.isoformat() for t in times[::37]]]
+with clamor.Cluster(workers=2, progress=False) as cl:
+    got = cl.parallelize(range(2), 2).map(read).collect()
+print(json.dumps({"verdicts": verdicts, "got": got, "want": read(0)}))
+""")
+    assert out["verdicts"] == [["ok", "dict"], ["ok", "dict"], ["ok", "list"]], out
+    assert out["got"] == [out["want"]] * 2, out

@@ -43,6 +43,7 @@ seed (``PYTHONHASHSEED``, passed to the workers a Cluster spawns).
 """
 import bisect
 import ctypes
+import datetime
 import functools
 import hashlib
 import importlib
@@ -58,12 +59,12 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .walk import _DATA_ONLY, _HAVE_GC, _HEAPTYPE, _walk, pointer_extents, read_changed, read_digests
+from .walk import _HAVE_GC, _HEAPTYPE, _walk, data_only, pointer_extents, read_changed, read_digests
 
 NotShareable = errors.NotShareable
 
 _CONST_SCALARS = (int, float, complex, str, bytes)
-_HASHED_BY_SEED = (str, bytes)
+_HASHED_BY_SEED = (str, bytes, datetime.date, datetime.time)   # (a date's hash is its bytes')
 _ARRAY_CACHE = lib.clamor_py_array_cache_offset()
 
 
@@ -318,7 +319,7 @@ class _Mode:
             self.null_words.append(a + t.__weakrefoffset__)
         if isinstance(o, np.ndarray):
             self.null_words.append(a + _ARRAY_CACHE)
-        if isinstance(o, _DATA_ONLY) and t is not np.void:
+        if data_only(o) and t is not np.void:
             if flags & _HEAPTYPE:
                 raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): an instance of a class "
                                    f"derived from {_solid_name(t)} is not portable to workers not forked from the "
@@ -326,7 +327,7 @@ class _Mode:
             self.extents.append((a + 8, 8, True, path, "type"))
         # (a set's body and a dtype's hold a few hashes: one that looks like
         # a private address refuses it, rather than pass a pointer)
-        self.extents += pointer_extents(o, path, body=not isinstance(o, _DATA_ONLY) or t is np.void)
+        self.extents += pointer_extents(o, path, body=not data_only(o) or t is np.void)
         if self.seeded is None and isinstance(o, (dict, set, frozenset)):
             if any(_seeded(k) for k in (o.keys() if isinstance(o, dict) else o)):
                 self.seeded = f"{path} (in {self.root})" if self.root else str(path)

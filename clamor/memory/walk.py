@@ -38,6 +38,7 @@ loaded image's own memory) count.
 """
 import array
 import ctypes
+import datetime
 import gc
 import hashlib
 import sys
@@ -200,6 +201,20 @@ _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
 _HAVE_GC = 1 << 14      # Py_TPFLAGS_HAVE_GC
 # types whose words past the type pointer are data (never read as pointers)
 _DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.datetime64, np.timedelta64)
+# the datetime module's values whose words past the type pointer are data
+# (a cached hash, the fields, padding bytes that hold whatever the memory
+# held before: read as pointers, they refused a dict keyed by dates); a
+# datetime or time with a tzinfo points at it, and is scanned
+_PLAIN_TIME = (datetime.date, datetime.timedelta)
+_NAIVE_TIME = (datetime.datetime, datetime.time)
+
+
+def data_only(o):
+    """Are all of ``o``'s words past its type pointer data?"""
+    t = type(o)
+    return isinstance(o, _DATA_ONLY) or t in _PLAIN_TIME or (t in _NAIVE_TIME and o.tzinfo is None)
+
+
 # what cannot change in place: an inherited one stays as the workers have it
 # while a region object holds it
 _FROZEN = _DATA_ONLY + (tuple, frozenset, type(None), type(Ellipsis), type(NotImplemented)) + _STATIC
@@ -304,7 +319,7 @@ class Reads:
         return read_changed(self.read, pages)
 
     def inside(self, path, o):
-        self.extents += pointer_extents(o, path, body=not isinstance(o, _DATA_ONLY))
+        self.extents += pointer_extents(o, path, body=not data_only(o))
 
     def outside(self, o):
         if not isinstance(o, _FROZEN):
@@ -409,7 +424,7 @@ def _opaque(o):
     it knows (an OrderedDict's linked nodes, a defaultdict's factory) has
     fields of its own: scanned."""
     s = _solid(type(o))
-    return s is not object and s not in _KNOWN_EXACT and not issubclass(s, _INLINE_SCALARS)
+    return s is not object and s not in _KNOWN_EXACT and not issubclass(s, _INLINE_SCALARS) and not data_only(o)
 
 
 class _Walk:
