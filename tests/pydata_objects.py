@@ -177,7 +177,8 @@ def _use(kind, obj, q):
     if kind in ("csr", "csc"):
         return [round(float(obj[:, i].sum() if kind == "csc" else obj[i].sum()), 9) for i in q] + [int(obj.nnz)]
     if kind in ("counter", "ddict"):
-        return [obj[k] for k in q]
+        # (a method looked up on the instance reads its __dict__ first)
+        return [obj[k] for k in q] + [obj.get(q[0])]
     if kind == "odict":
         return [obj[k] for k in q] + [next(iter(obj))]
     if kind == "deque":

@@ -173,10 +173,12 @@ def _children(o):
         for k, v in dict.items(o):
             yield ("[{}]", k), v
             yield ("<key {}>", k), k
+        yield from _class_parts(o)
         return
     if isinstance(o, (list, tuple)):
         for i, v in enumerate(list.__iter__(o) if isinstance(o, list) else tuple.__iter__(o)):
             yield ("[{}]", i), v
+        yield from _class_parts(o)
         return
     if type(o) is range:
         # no gc referents: its four ints (the length too, which Python
@@ -195,6 +197,17 @@ def _children(o):
     # region object.  gc referents visit the attribute values in place.
     for r in gc.get_referents(o):
         yield f" -> <{type(r).__name__}>", r
+
+
+def _class_parts(o):
+    """What an instance of a class derived from dict, list or tuple holds
+    besides its items: its __dict__ (a Counter's, made by _own_keys) and
+    slots, as the collector sees them (the items again: walked once).  A
+    worker not forked looks an attribute up there first (``c.keys()``):
+    left unwalked, its relocations were never listed, and the worker died."""
+    if type(o).__flags__ & _HEAPTYPE:
+        for r in gc.get_referents(o):
+            yield f" -> <{type(r).__name__}>", r
 
 
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
