@@ -333,3 +333,29 @@ print(json.dumps({{"first": first, "want": want, "rounds": rounds, "lost": lost,
     assert out["rounds"] == [["ok", [out["want"]] * 4]] * 2, out
     assert out["lost"] == 0, out
     assert out["mine"] == [["d", [170, 1], [16, 8]], ["i", [2, 3, 4], [48, 16, 4]]], out
+
+
+def test_what_an_inherited_container_holds_is_checked_too():
+    """An inherited container's fingerprint covers its own words and its
+    referents by address: a dict freed since the fork and made again at
+    the same address, its key and value too, read as the inherited one (a
+    worker read {'d234': 1234} for the driver's {'d433': 1433}, one seed
+    in eighty).  Here the referent changes in place, at its address: the
+    dict's words do not change.  Each referent is checked in turn, and
+    the task reads what the driver reads."""
+    out = scenario(f"""
+inner = {{"k": bytearray(b"old-bytes"), "n": [1.5, 2.5]}}     # outside the region, inherited
+with clamor.heap():
+    box = [inner, 7.25]
+read = lambda _: [box[0]["k"].decode(), list(box[0]["n"]), box[1]]
+with clamor.Cluster({OPTS}) as cl:
+    first = cl.parallelize(range(1), 1).map(read).collect()
+    inner["k"][:3] = b"new"                          # in place: the dict reads as at the fork
+    inner["n"][1] = 9.5
+    verdict = attempt(lambda: type(clamor.share(box)).__name__)
+    got = cl.parallelize(range(1), 1).map(read).collect()
+print(json.dumps({{"first": first, "verdict": verdict, "got": got, "want": read(0)}}))
+""")
+    assert out["first"] == [["old-bytes", [1.5, 2.5], 7.25]], out
+    assert out["verdict"][0] == "NotShareable" and "inherited" in out["verdict"][1], out
+    assert out["got"] == [out["want"]] and out["want"][1] == [1.5, 9.5], out

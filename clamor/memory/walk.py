@@ -132,6 +132,13 @@ def _ok_outside(o):
     return _inherited is not None and _inherited.same(o) == 1
 
 
+def _vouched_by_words(o):
+    """Was ``o`` accepted outside the region by its fingerprint at the fork
+    (not as a type, function, module or singleton every process has)?"""
+    return not isinstance(o, _STATIC) and not data_only(o) and _inherited is not None and \
+        _inherited.same(o) == 1
+
+
 def _replaced(o):
     """Is ``o`` at the address of an object the workers inherited, but not
     that object as they have it?"""
@@ -645,7 +652,19 @@ def _walk_once(obj, limit, mode, reads, bring_in):
             if _ok_outside(o) or walk.amap.in_image(id(o)):
                 if reads is not None:
                     reads.outside(o)
-                continue  # inherited, or part of a loaded image: its own referents came with it
+                if _vouched_by_words(o):
+                    # its fingerprint covers its own words, and its referents
+                    # only by address: a dict freed since the fork and made
+                    # again at the same address, its keys table, key and
+                    # value too, read as the inherited one (a worker read
+                    # {'d234': 1234} for the driver's {'d433': 1433}).  Each
+                    # referent is checked in turn (and not brought in: the
+                    # inherited object is not written).
+                    for step, child in _children(o):
+                        stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child, None,
+                                      None))
+                    step = child = None
+                continue  # inherited, or part of a loaded image
             if isinstance(o, np.ndarray) and not o.dtype.hasobject and o.nbytes and \
                     region.contains(np.asarray(o).__array_interface__["data"][0], o.nbytes):
                 if path is root:
