@@ -269,6 +269,9 @@ def outside(fn):
 # -- the gate -------------------------------------------------------------
 
 
+_CANCELED = -errno.ECANCELED   # (made once: a gated thread allocates nothing around its waits)
+
+
 class Gated:
     """How a clamor thread of the driver waits: for its libzmq sockets
     (pyzmq's, at most CLAMOR_GATE_MAX_SOCKETS) or, with none, for a while,
@@ -294,7 +297,7 @@ class Gated:
         -errno), this thread now busy until ``done``; or -ECANCELED, not
         busy, once stopped.  Made and freed nothing from its call to here."""
         rc = lib.clamor_py_gate_poll(self._handles, self.n, timeout_ms, self._revents, self._abort)
-        self._busy = rc != -errno.ECANCELED
+        self._busy = rc != _CANCELED
         return rc
 
     def hold(self, lock):
