@@ -649,10 +649,11 @@ def _walk_once(obj, limit, mode, reads, bring_in):
                 moves.append((store, o))
             continue
         if not inside:
-            if _ok_outside(o) or walk.amap.in_image(id(o)):
+            by_words = _vouched_by_words(o)    # (the fingerprint once: _ok_outside's last test)
+            if by_words or _ok_outside(o) or walk.amap.in_image(id(o)):
                 if reads is not None:
                     reads.outside(o)
-                if _vouched_by_words(o):
+                if by_words:
                     # its fingerprint covers its own words, and its referents
                     # only by address: a dict freed since the fork and made
                     # again at the same address, its keys table, key and
