@@ -187,6 +187,7 @@ void clamor_py_gate_enlist(void);
 void clamor_py_gate_discharge(void);
 void clamor_py_gate_park(const int *abort_);
 int clamor_py_gate_settle(int mine, long timeout_ms);
+int clamor_py_knock(unsigned long thread_id, const int *abort_);
 uintptr_t clamor_py_numpy_handler(void);
 enum clamor_field {
     CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,

@@ -465,6 +465,11 @@ void clamor_py_gate_enlist(void);
 void clamor_py_gate_discharge(void);
 void clamor_py_gate_park(const int *abort_);
 int clamor_py_gate_settle(int mine, long timeout_ms);
+/* pyknock.c: have the thread `thread_id` (threading.get_ident()), which
+ * runs plain Python, park (with `abort_`) at its next call or return, by a
+ * one-shot profile function; its own profile function is put back first.
+ * 0, -ESRCH (no such thread, or the caller), -ENOMEM or -EPERM. */
+int clamor_py_knock(unsigned long thread_id, const int *abort_);
 
 /* ---- pyshare.c: what share() cannot see (the Python extension only) ----- */
 

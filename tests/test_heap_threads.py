@@ -119,3 +119,85 @@ seen.append(lib.clamor_py_gate_blocks())
 print(json.dumps(seen))
 """)
     assert out == [0, 1, 1, 0, 1, 1, 0], out
+
+
+LOOPER = """
+import sys
+from clamor.memory import hooks
+
+class Looper:
+    # a thread that runs a plain loop, as Dask's profiler does: it sleeps a
+    # millisecond, then makes and frees lists and dicts
+    def __init__(self, profiler=None):
+        self.turns, self.events, self.stop, self.own = 0, 0, False, None
+        self.started = threading.Event()
+        self.t = threading.Thread(target=self.run, args=(profiler,), daemon=True)
+        self.t.start()
+        self.started.wait()
+
+    def run(self, profiler):
+        if profiler:
+            sys.setprofile(self.count)
+        self.started.set()
+        while not self.stop:
+            time.sleep(0.001)
+            junk = [[i, {"k": i}] for i in range(20)]
+            del junk
+            self.turns += 1
+        self.own = sys.getprofile()
+        sys.setprofile(None)
+
+    def count(self, frame, event, arg):
+        self.events += 1
+"""
+
+
+def test_a_thread_running_a_plain_loop_is_parked_by_its_knock_and_keeps_its_profiler():
+    """A resident with no event loop (knock None) is parked at its next call
+    by a one-shot profile hook: it runs no turn while a block is open, and
+    the profile function it had is put back and still called."""
+    out = scenario(LOOPER + """
+plain, profiled = Looper(), Looper(profiler=True)
+rs = [hooks.keep_out(plain.t.ident, None, "plain"), hooks.keep_out(profiled.t.ident, None, "profiled")]
+frozen, outside, t0 = [], 0, time.monotonic()
+for b in range(20):
+    with clamor.heap():
+        a = (plain.turns, profiled.turns)
+        time.sleep(0.02)                 # the GIL is free: a thread not parked runs 10 turns
+        made = [[i, float(i)] for i in range(200)] + [{"i": i} for i in range(200)]
+        frozen.append((plain.turns, profiled.turns) == a)
+    outside += sum(not region.contains(id(o)) for o in made)
+took = time.monotonic() - t0
+before = (plain.turns, profiled.turns, profiled.events)
+time.sleep(0.1)
+after = (plain.turns, profiled.turns, profiled.events)
+for r in rs:
+    hooks.let_in(r)
+plain.stop = profiled.stop = True
+plain.t.join(5); profiled.t.join(5)
+print(json.dumps({"frozen": frozen, "outside": outside, "took": took, "runs_after": [y > x for x, y in zip(before, after)],
+                  "own": [plain.own is None, profiled.own == profiled.count]}))
+""")
+    assert out["frozen"] == [True] * 20, out
+    assert out["outside"] == 0, out
+    assert out["runs_after"] == [True, True, True], out     # both run between blocks, the profiler is called
+    assert out["own"] == [True, True], out
+    assert out["took"] < 8, out          # no block waited for a settle to time out (10 s)
+
+
+def test_a_knocked_thread_that_ended_is_let_in_without_a_wait():
+    out = scenario(LOOPER + """
+from clamor._native import lib
+lo = Looper()
+r = hooks.keep_out(lo.t.ident, None, "gone")
+lo.stop = True
+lo.t.join(5)
+t0 = time.monotonic()
+with clamor.heap():
+    x = [1, 2]
+took = time.monotonic() - t0
+print(json.dumps({"took": took, "listed": id(r) in hooks._residents, "esrch": lib.clamor_py_knock(lo.t.ident, r._abort)}))
+""")
+    assert out["took"] < 5, out
+    assert out["listed"] is False, out
+    assert out["esrch"] == -3, out       # ESRCH: no thread of that ident

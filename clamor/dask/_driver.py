@@ -23,8 +23,9 @@ seconds, or that left, is forgotten.
 The driver's Python threads keep out of heap() blocks, as a Cluster's do
 (clamor.memory.hooks): the control endpoint and the keeper wait in C and
 run Python only while no block is open, and the Dask client's event loop
-(a LocalCluster's scheduler and nannies run on it too) and the thread it
-offloads work to are asked to park while one is.  So a block may run
+(a LocalCluster's scheduler and nannies run on it too), the thread it
+offloads work to and Dask's profiler threads are asked to park while one
+is.  So a block may run
 after attach: what Dask's threads free does not reach the free lists the
 block's objects are made from.
 
@@ -63,9 +64,9 @@ PEER_GRACE = 5.0    # seconds without a ping before a worker's page server is fo
 def _threads(client):
     """(thread ident, knock, name) of each thread of Dask's in this process
     that runs Python on its own: the event loop of the client (and of its
-    cluster, if that has one of its own here), and the thread Dask offloads
+    cluster, if that has one of its own here), the thread Dask offloads
     work to from that loop (a scheduler's graph, unpickled and ordered
-    there at every submit; a message over 10 MB)."""
+    there at every submit; a message over 10 MB), and Dask's profilers."""
     out, seen = [], set()
     for what, loop in (("the Dask client's event loop", getattr(client, "loop", None)),
                        ("the Dask cluster's event loop", getattr(getattr(client, "cluster", None), "loop", None))):
@@ -86,7 +87,20 @@ def _threads(client):
         log.debug("no offload thread of Dask's to keep out of heap() blocks: %s", err)
     else:
         out.append((ident, _submitter(pool), "Dask's offload thread"))
-    return out
+    return out + _profilers()
+
+
+def _profilers():
+    """Dask's profiler threads in this process (one per server, on Python
+    3.12 and later: a LocalCluster's scheduler runs here), which sample an
+    event loop's stack every 10 ms and make and free dicts and lists as they
+    do.  They run a plain loop: parked by a profile hook (knock None)."""
+    try:
+        from distributed.profile import _watch
+    except ImportError:  # another Dask
+        return []
+    return [(t.ident, None, "Dask's profiler thread") for t in threading.enumerate()
+            if getattr(t, "_target", None) is _watch and t.ident is not None]
 
 
 def _submitter(pool):

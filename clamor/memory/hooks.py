@@ -13,8 +13,9 @@ object may be made from, outside the region.  So while a block is open:
 - clamor's own threads run no Python: each waits in C for its sockets or
   its period (``Gated``), then for the gate;
 - a *resident*, a thread that runs Python whenever it likes (a Dask
-  client's event loop, which in a LocalCluster runs the scheduler too),
-  is asked to park (``keep_out``): the block begins once it waits in C.
+  client's event loop, which in a LocalCluster runs the scheduler too;
+  Dask's profiler, which samples that loop), is asked to park
+  (``keep_out``): the block begins once it waits in C.
 
 ``close_gate``/``open_gate`` are what heap() and ``suspended`` call at a
 block's edges; the Cluster's and the Dask driver's threads use the same.
@@ -346,14 +347,28 @@ _residents = {}
 _residents_lock = threading.Lock()
 
 
+_knocked = []     # the abort flags of residents knocked in C: a knock may wait on them after let_in
+
+
+def _knock_in_c(r):
+    def knock(park):
+        return lib.clamor_py_knock(r.ident, r._abort) == 0   # (-ESRCH: the thread ended)
+    _knocked.append(r._abort)
+    return knock
+
+
 def keep_out(ident, knock, name):
     """Keep the thread ``ident`` (``threading.get_ident()``), which runs
     Python whenever it likes, out of heap() blocks: as a block begins,
     ``knock(park)`` must make that thread call ``park()`` soon (an event
     loop's call_soon_threadsafe), and return False if it no longer can
-    (the loop closed: the thread is let in).  Returns the Resident, for
+    (the loop closed: the thread is let in).  ``knock=None``, for a thread
+    that runs a plain loop: a one-shot profile function parks it at its
+    next call or return (csrc/pyknock.c).  Returns the Resident, for
     ``let_in``."""
     r = Resident(ident, knock, name)
+    if knock is None:
+        r.knock = _knock_in_c(r)
     with _residents_lock:
         _residents[id(r)] = r
         lib.clamor_py_gate_enlist()
