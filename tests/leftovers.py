@@ -30,6 +30,7 @@ import time
 SHM = "/dev/shm"
 MP_PREFIXES = ("sem.mp-", "psm_")     # multiprocessing's names (semaphores, SharedMemory)
 RUN_ENV = "PYTEST_LEFTOVERS_RUN"      # the mark of one test run's processes (not CLAMOR_*: helpers drop those)
+NOTED_ENV = "PYTEST_LEFTOVERS_NOTED"  # a file the watcher keeps the names it noted in (for the check's own tests)
 POLL = 0.2                            # seconds between two looks at /dev/shm
 PATIENCE = 2.0                        # a new name nobody of ours holds for this long is not ours
 
@@ -164,10 +165,15 @@ def watch(root, mark=None, out=sys.stdout, stop=sys.stdin):
     ``out`` as a JSON list.  Each look reads the maps of ``root`` and its
     descendants; the environments of every process (the run's mark, on
     processes no longer below ``root``) are read only for a name about to
-    be given up."""
+    be given up.  Says "ready" on ``out`` once it knows what was there
+    before; with NOTED_ENV set, keeps the names it has noted in that file
+    (a test of the check waits for its name there)."""
     before = set(os.listdir(SHM))
+    out.write("ready\n")
+    out.flush()
     pending, ours = {}, set()
     me = os.getpid()
+    noted = os.environ.get(NOTED_ENV)
     while True:
         ready, _, _ = select.select([stop], [], [], POLL)
         now = set(os.listdir(SHM))
@@ -186,6 +192,10 @@ def watch(root, mark=None, out=sys.stdout, stop=sys.stdin):
                 if name in held:
                     ours.add(name)
                     del pending[name]
+                    if noted:
+                        with open(noted + ".new", "w") as f:
+                            f.write("\n".join(sorted(ours)))
+                        os.replace(noted + ".new", noted)
                 elif name in late:
                     before.add(name)          # another user's, or gone from ours before we looked
                     del pending[name]

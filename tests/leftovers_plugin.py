@@ -71,6 +71,7 @@ def pytest_configure(config):
     tempfile.tempdir = None          # gettempdir() caches: look at TMPDIR again
     watcher = subprocess.Popen([sys.executable, os.path.join(HERE, "leftovers.py"), "watch", str(os.getpid()), mark],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watcher.stdout.readline()        # "ready": what /dev/shm held before the run is known (or it died)
     _state.update(run=run, mark=mark, saved=saved, watcher=watcher, report=[])
 
 

@@ -84,6 +84,7 @@ import json, os, shutil, signal, subprocess, sys, tempfile, time
 
 HOLDER = {HOLDER!r}
 NOTES = os.environ["NOTES"]
+NOTED = os.environ["PYTEST_LEFTOVERS_NOTED"]
 
 def note(what, value):
     with open(os.path.join(NOTES, what), "w") as f:
@@ -97,7 +98,11 @@ def holder(*args):
 def test_leaves_a_semaphore():
     p, path = holder()
     note("sem", path)
-    time.sleep(3)                        # long enough for the watcher to see who holds it
+    deadline = time.monotonic() + 120    # until the watcher has seen who holds it
+    while time.monotonic() < deadline:
+        if os.path.exists(NOTED) and os.path.basename(path) in open(NOTED).read().split():
+            break
+        time.sleep(0.05)
     os.killpg(p.pid, signal.SIGKILL)     # its resource tracker too: the name stays
     p.wait()
 
@@ -123,7 +128,8 @@ def inner_run(tmp_path, *args):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     notes = tmp_path / "notes"
     notes.mkdir()
-    env = {**os.environ, "NOTES": str(notes), "PYTEST_LEFTOVERS_WAIT": "2"}
+    env = {**os.environ, "NOTES": str(notes), "PYTEST_LEFTOVERS_WAIT": "2",
+           leftovers.NOTED_ENV: str(tmp_path / "noted")}
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
                         str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), *args, str(tmp_path)],
                        capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
