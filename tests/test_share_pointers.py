@@ -6,6 +6,8 @@ cache of shape buffers on the right side of the block.
 Each scenario runs a driver in its own interpreter; where workers read the
 object, what they read is compared with the driver's own values.
 """
+import pytest
+
 from helpers import scenario
 
 
@@ -211,3 +213,50 @@ print(json.dumps({"verdicts": verdicts, "got": got, "want": read(0)}))
 """)
     assert out["verdicts"] == [["ok", "dict"], ["ok", "dict"], ["ok", "list"]], out
     assert out["got"] == [out["want"]] * 2, out
+
+
+WEAK = """
+import sys, warnings, weakref
+import pandas as pd
+sys.path.insert(0, "tests")
+from records import Record      # (a class spawned workers import by name)
+
+def verdict(o, portable):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            clamor.share(o, portable=portable)
+            v = "ok"
+        except clamor.NotShareable as e:
+            v = "refused: " + str(e)[:300]
+    return [v, [str(w.message)[:300] for w in caught if issubclass(w.category, clamor.ShareWarning)]]
+
+with clamor.heap():
+    box = Record("box", [1.5, "b"], {})
+    df = pd.DataFrame({"v": np.arange(50.0)}, index=[f"k{i}" for i in range(50)])
+with clamor.Cluster(workers=2, start_method=METHOD, max_attempts=1, progress=False) as cl:
+    keep = weakref.ref(box)                        # the driver's own weak reference, outside the region
+    with clamor.heap():
+        holder = [weakref.ref(box, id)]            # (a callback: linked after the driver's)
+    flags = df.flags                               # pandas holds the frame weakly in its flags, made now
+    verdicts = [verdict(holder, METHOD == "spawn"), verdict(df, METHOD == "spawn")]
+    read = lambda _: [holder[0]().values, df.flags._obj() is df, float(df.loc["k7", "v"])]
+    got = cl.parallelize(range(2), 2).map(read).collect()
+    print(json.dumps({"verdicts": verdicts, "got": got, "want": read(0), "lost": cl.stats()["recovery"]["workers_lost"]}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_weak_references_in_the_region_are_approved_and_read_their_referents(method):
+    """A region weak reference linked beside one the driver made outside
+    the block points at it (its list's neighbour): the scan of its C fields
+    refused that as a private pointer, though no worker follows the link.
+    And the objects a weak reference leads to are Python objects, whose
+    collector links (behind the two words 3.11+ keeps before an instance
+    with a managed __dict__) read as private pointers: a ShareWarning on
+    every pandas frame once its flags were read."""
+    out = scenario(WEAK.replace("METHOD", repr(method)), timeout=180, env={"PYTHONHASHSEED": "0"})   # (str keys, spawned)
+    assert out["verdicts"] == [["ok", []], ["ok", []]], out
+    assert out["got"] == [out["want"]] * 2, out
+    assert out["want"] == [[1.5, "b"], True, 7.0], out
+    assert out["lost"] == 0, out

@@ -182,7 +182,11 @@ class Scanner:
         if self._types is None:
             self._types = _all_types()
         words = ffi.cast("uintptr_t *", start)
-        for at in (0, 2):  # object, or gc header then object
+        # the object, or a gc header then the object, or before that the
+        # two words CPython 3.11+ keeps before an instance of a class with a
+        # managed __dict__ (its collector links read as private pointers: a
+        # ShareWarning on every pandas frame a weak reference led to)
+        for at in (0, 2, 4):
             refs, typ = int(words[at]), int(words[at + 1])
             if 0 < refs < 1 << 40 and typ in self._types:
                 return True

@@ -52,6 +52,7 @@ import pickle
 import sys
 import time
 import types
+import weakref
 
 import numpy as np
 
@@ -59,7 +60,7 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .walk import _HAVE_GC, _HEAPTYPE, _walk, data_only, pointer_extents, read_changed, read_digests
+from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents, read_changed, read_digests
 
 NotShareable = errors.NotShareable
 
@@ -319,6 +320,10 @@ class _Mode:
             self.null_words.append(a + t.__weakrefoffset__)
         if isinstance(o, np.ndarray):
             self.null_words.append(a + _ARRAY_CACHE)
+        if isinstance(o, weakref.ReferenceType):
+            # its links in its referent's list (wr_prev, wr_next), which may
+            # be the driver's weak references: a worker sees that list empty
+            self.null_words += (a + _WEAK_LINKS, a + _WEAK_LINKS + 8)
         if data_only(o) and t is not np.void:
             if flags & _HEAPTYPE:
                 raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): an instance of a class "

@@ -44,6 +44,7 @@ import hashlib
 import sys
 import types
 import warnings
+import weakref
 
 import numpy as np
 
@@ -199,11 +200,31 @@ def _children(o):
         yield ".stop", o.stop
         yield ".step", o.step
         return
+    if isinstance(o, weakref.ReferenceType):
+        # its referent is no reference the collector reports: walked as a
+        # child, and its pointer is one the scan of the C fields accepts
+        # (``_weak_links``)
+        r = weakref.ReferenceType.__call__(o)
+        if r is not None:
+            yield "()", r
     # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
     # first request, outside the region, and would store its pointer in the
     # region object.  gc referents visit the attribute values in place.
     for r in gc.get_referents(o):
         yield f" -> <{type(r).__name__}>", r
+
+
+def _weak_links(r):
+    """The addresses a weak reference's C fields hold that the scan of
+    them accepts unread: its referent (walked by ``_children``) and its
+    neighbours in the referent's list of weak references (wr_prev, wr_next
+    of CPython 3.11-3.13).  No worker follows those links: it never frees
+    a region object, and a list that leads out of the region is shown to
+    it empty (``hidden``).  Scanned as C memory, their collector links and
+    type pointers read as private pointers: a ShareWarning on every pandas
+    frame, whose flags hold the frame weakly."""
+    return {id(weakref.ReferenceType.__call__(r)), *(ctypes.c_void_p.from_address(id(r) + _WEAK_LINKS + 8 * i).value
+                                                     or 0 for i in range(2))}
 
 
 def _class_parts(o):
@@ -217,6 +238,7 @@ def _class_parts(o):
             yield f" -> <{type(r).__name__}>", r
 
 
+_WEAK_LINKS = 40        # a weak reference's wr_prev, then wr_next: past its head, wr_object, wr_callback, hash
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
 _HAVE_GC = 1 << 14      # Py_TPFLAGS_HAVE_GC
 # types whose words past the type pointer are data (never read as pointers)
@@ -535,6 +557,8 @@ class _Walk:
         body = lib.clamor_py_body_size(id(o))
         refs = gc.get_referents(o)
         self.referents = {id(r) for r in refs}
+        if isinstance(o, weakref.ReferenceType):
+            self.referents |= _weak_links(o)
         # the C fields of an object may point into the buffers of the arrays
         # it holds (a cKDTree into its points): those arrays are walked
         self.buffers = [(a, a + r.nbytes) for r in refs if isinstance(r, np.ndarray) and r.nbytes
