@@ -235,6 +235,9 @@ class _Targets:
                 return f"{what} is not what importing {mod} and looking up {qual} gives"
             self._new(("symbol", mod, qual, a), a, o)
             return None
+        if o is datetime.timezone.utc:       # (each process has its own, found by name)
+            self._new(("symbol", "datetime", "timezone.utc", a), a, o)
+            return None
         if type(o) is str:
             self._new(("str", o, a), a, o)
             return None

@@ -200,6 +200,18 @@ def _children(o):
         yield ".stop", o.stop
         yield ".step", o.step
         return
+    if type(o) in _TZINFO_AT:     # (no collector referents: the tzinfo is walked here)
+        if o.tzinfo is not None:
+            yield ".tzinfo", o.tzinfo
+        return
+    if type(o) is datetime.timezone:    # (nor here: its offset and its name, if it was given one)
+        if not region.contains(id(o), 1):
+            return      # inherited, as timezone.utc (clamor imports datetime): what it holds, too
+        for name, at in ((".offset", 16), (".name", 24)):
+            a = ctypes.c_void_p.from_address(id(o) + at).value
+            if a:
+                yield name, _object_at(a)
+        return
     if isinstance(o, weakref.ReferenceType):
         # its referent is no reference the collector reports: walked as a
         # child, and its pointer is one the scan of the C fields accepts
@@ -227,6 +239,11 @@ def _weak_links(r):
                                                      or 0 for i in range(2))}
 
 
+def _object_at(a):
+    """The live Python object at address ``a``."""
+    return ctypes.cast(a, ctypes.py_object).value
+
+
 def _class_parts(o):
     """What an instance of a class derived from dict, list or tuple holds
     besides its items: its __dict__ (a Counter's, made by _own_keys) and
@@ -249,6 +266,10 @@ _DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.dat
 # datetime or time with a tzinfo points at it, and is scanned
 _PLAIN_TIME = (datetime.date, datetime.timedelta)
 _NAIVE_TIME = (datetime.datetime, datetime.time)
+# where an aware one's tzinfo pointer lies (CPython 3.11-3.13); its other
+# words past the type pointer are data, padding too (an old address there
+# refused a dict keyed by aware datetimes)
+_TZINFO_AT = {datetime.datetime: 40, datetime.time: 32}
 
 
 def data_only(o):
@@ -281,6 +302,8 @@ def pointer_extents(o, path=None, body=True):
     t, a = type(o), id(o)
     flags = t.__flags__
     out = []
+    if body and t in _TZINFO_AT:    # (an aware one: its type and its tzinfo)
+        return [(a + 8, 8, True, path, "type"), (a + _TZINFO_AT[t], 8, True, path, "tzinfo")]
     if body:
         out.append((a + 8, max(0, lib.clamor_py_body_size(a) - 8), True, path, "body"))
         if flags & _HEAPTYPE and flags & _MANAGED_DICT:
@@ -466,7 +489,8 @@ def _opaque(o):
     it knows (an OrderedDict's linked nodes, a defaultdict's factory) has
     fields of its own: scanned."""
     s = _solid(type(o))
-    return s is not object and s not in _KNOWN_EXACT and not issubclass(s, _INLINE_SCALARS) and not data_only(o)
+    return s is not object and s not in _KNOWN_EXACT and not issubclass(s, _INLINE_SCALARS) and not data_only(o) \
+        and type(o) not in _TZINFO_AT and type(o) is not datetime.timezone
 
 
 class _Walk:
