@@ -398,7 +398,10 @@ def test_worker_without_driver(orphan_worker):
     assert p.returncode not in (0, None)
     assert "no answer from the driver at tcp://127.0.0.1:1 within 3 s" in err, err
     assert "Traceback" not in err, err  # a message, not a crash
-    assert 3 <= took < 20
+    # it waited its 3 s; one that never gave up fails the communicate
+    # above, at 45 s (no tighter bound: its start-up alone took 21 s on a
+    # loaded machine)
+    assert took >= 3
 
 
 # ---- the cffi declarations ------------------------------------------------------------
