@@ -1,0 +1,214 @@
+"""Differential test of library objects built and updated by the driver: a
+task's answer is the driver's, round after round of updates.
+
+A driver (tests/libgen.py, run in a fresh interpreter) builds random
+scikit-learn models, pandas frames and series, networkx graphs,
+scipy.sparse matrices and collections objects under ``clamor.heap()``,
+before and after the Cluster starts its workers.  Each round it updates
+them the way a user does (``df.loc[k, "v"] = x``, ``G.add_edge``,
+``A.data[i] = x``, ``A = A + B``, ``model.fit`` again, ``partial_fit``,
+``c[k] += 1``, ...) inside a block or outside any; then for each object
+``clamor.share`` (a refusal is recorded, not a failure), the driver's answer
+to a random query and a stage of two tasks that answer it.  Every answer
+must be the driver's, no stage may fail and no worker may be lost (the
+Cluster recovers nothing: ``max_attempts=1``), with forked workers that
+map the driver's pages, forked workers that fetch them, and spawned
+workers (``share(portable=True)``).
+
+The hunt found clamor bugs.  It runs with workarounds of two on forked
+workers (``libgen.WORKAROUNDS``: CPython's slice cache, numpy's ufunc
+dispatch tables, both inherited pointing into region memory the driver
+later reuses); the others (spawned workers that crash on frames, and
+``warnings.filters`` left a region list by a forest fitted in threads) it
+does not work around.  The tests marked xfail are strict: they fail once
+their bug is fixed (then drop the marker, and the workaround).
+"""
+import os
+
+import pytest
+
+from helpers import run_driver
+
+pytest.importorskip("sklearn")
+pytest.importorskip("pandas")
+pytest.importorskip("networkx")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# A fixed hash seed (spawned workers use region dicts keyed by str in place
+# only with the driver's); one OpenMP thread: GNU libgomp's pool does not
+# survive a fork, and a forked worker that enters a parallel region the
+# driver's pool served before the fork waits for ever.
+ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+       "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
+
+
+def run_hunt(seed, start_method, objects=8, rounds=2, workarounds=None, timeout=240):
+    """libgen.main in a fresh interpreter; its JSON line, with "exit" and
+    "fatal" (helpers.run_driver)."""
+    extra = "" if workarounds is None else f", workarounds={tuple(workarounds)!r}"
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import libgen\n"
+            f"libgen.main({seed!r}, {start_method!r}, objects={objects}, rounds={rounds}{extra})\n")
+    return run_driver(code, timeout=timeout, env=ENV)
+
+
+def summary(out):
+    lines = [f"seed {out['seed']} ({out['start_method']}, same_host={out['same_host']}): {out['cases']} cases, "
+             f"{out['approved']} approved, {out['refused']} refused, {out['by_value']} by value, "
+             f"{out['mismatch_count']} mismatching answers, {len(out['failed_stages'])} failed stages, "
+             f"{out['workers_lost']} workers lost, {len(out['errors'])} errors, {out['seconds']} s, "
+             f"exit {out['exit']}", f"  kinds: {out['kinds']}", f"  ops: {sorted(out['ops'])}"]
+    top = sorted(out["refusals"].items(), key=lambda kv: -kv[1][0])[:4]
+    lines += [f"  refused x{n}: {msg}" for _, (n, msg) in top]
+    lines += [f"  mismatch: {m}" for m in out["mismatches"][:6]]
+    lines += [f"  failed stage: {f}" for f in out["failed_stages"][:6]]
+    lines += [f"  error: {e}" for e in out["errors"][:6]]
+    lines += [f"  worker: {ln}" for ln in out["fatal"]]
+    return "\n".join(lines)
+
+
+def check(out, objects=8, rounds=2):
+    """Coverage first (every object read every round, updates of both
+    kinds drawn, share() approved a fair part), then no difference, failed
+    stage or lost worker."""
+    text = summary(out)
+    print(text)
+    assert out["exit"] == 0 and not out["errors"], text
+    assert len(out["kinds"]) == objects and out["cases"] == objects * (rounds + 1), text
+    assert out["stages"] == out["cases"], text
+    ops = set(out["ops"])
+    assert len(ops) >= 8 and any(o.endswith("@in") for o in ops) and any(o.endswith("@out") for o in ops), text
+    assert len({o.split(".", 1)[0] for o in ops}) >= objects // 2, text
+    assert out["approved"] >= 0.25 * out["cases"] and out["approved"] + out["refused"] == out["cases"], text
+    assert not out["failed_stages"] and out["workers_lost"] == 0, text
+    assert out["compared"] == 4 * out["cases"], text      # two workers, two ways each
+    assert out["mismatch_count"] == 0, text
+
+
+# One seed per mode; the kinds differ by seed, the way workers read pages by
+# mode.  The hunt at seed + 1000 * k (k = 1..10) before this was committed:
+# no mismatch in 20 runs on forked workers, but a worker lost in two (4021
+# map, 5022 fetch: both drew rf2, see the warnings test below; not every
+# time), and workers lost in 9 runs of 10 on spawned workers.
+SEEDS = {"map": 21, "fetch": 22, "spawn": 23}
+
+
+@pytest.mark.parametrize("mode", ["map", "fetch"])
+def test_library_objects_updated_between_stages_read_on_forked_workers_as_on_the_driver(mode, monkeypatch):
+    monkeypatch.setenv("CLAMOR_SAME_HOST", mode)
+    check(run_hunt(SEEDS[mode], "fork"))
+
+
+@pytest.mark.xfail(strict=True, reason="clamor bug: at seed 23 a spawned worker segfaults on frame.pre, the region "
+                   "DataFrame, in the first stage after an update inside a block (in serialize.loads: "
+                   "persistent_load/_object_at, or pandas' BlockManager reading an Index it gave); frames read "
+                   "in the block crash spawned workers as the categorical test below does")
+def test_library_objects_updated_between_stages_read_on_spawned_workers_as_on_the_driver():
+    check(run_hunt(SEEDS["spawn"], "spawn"))
+
+
+SLICE_CACHE = """
+import json
+import clamor
+with clamor.heap():
+    a = slice(1, 2)          # takes the cached slice (outside), if any
+    b = slice(1, 3)          # made in the block: region memory
+    del b                    # into CPython's one-slot slice cache, no free
+    del a                    # the cache is full: freed
+with clamor.Cluster(workers=1, max_attempts=1, progress=False) as cl:
+    first = cl.parallelize(range(1), 1).map(lambda _: [10, 20, 30][1:]).collect()
+    x = slice(5, 6)          # the driver takes the region slice back,
+    y = slice(7, 8)          # fills the cache with another
+    del y
+    addr = id(x)
+    del x                    # and frees the region one to the region allocator
+    with clamor.heap():
+        keep = [{"k": i} for i in range(2000)]     # a dict lands where it was
+    try:
+        second = cl.parallelize(range(1), 1).map(lambda _: [10, 20, 30][1:]).collect()
+    except Exception as e:
+        second = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    print(json.dumps({"first": first, "second": second, "reused": any(id(o) == addr for o in keep),
+                      "lost": cl.stats()["recovery"]["workers_lost"]}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="clamor bug: clamor_py_freelists_flush (csrc/pyfreelist.c) empties the free "
+                   "lists of floats, tuples, lists and dicts before a fork, not CPython's slice cache: a worker "
+                   "builds its next slice on region memory the driver reused (TypeError: list indices must be "
+                   "integers or slices, not dict); libgen.empty_slice_cache works around it")
+def test_a_slice_freed_in_a_block_is_not_the_workers_cached_slice():
+    out = run_driver(SLICE_CACHE, timeout=60)
+    assert out["exit"] == 0 and out["first"] == [[20, 30]], out
+    # (out["reused"]: a dict lies where the workers' cached slice is; not
+    # asserted, since a fix may well free that slice before the fork)
+    assert out["second"] == [[20, 30]] and out["lost"] == 0, out
+
+
+CATEGORICAL = """
+import json, warnings
+import numpy as np
+import pandas as pd
+import clamor
+
+def use(df, cats):
+    return [round(float(df[df.c == c].v.sum()), 9) for c in cats] + [str(df.t.iloc[-1])]
+
+rng = np.random.default_rng(0)
+with clamor.Cluster(workers=2, max_attempts=1, progress=False, start_method="spawn") as cl:
+    with clamor.heap():
+        n = 300
+        df = pd.DataFrame({"c": pd.Categorical(rng.choice(["a", "b", "c"], n)), "v": rng.normal(size=n),
+                           "t": pd.date_range("2020-01-01", periods=n, freq="h")})
+        use(df, ["a"])            # read once in the block: pandas' caches made in the region
+    try:
+        clamor.share(df, portable=True)
+        verdict = "approved"
+    except clamor.NotShareable as e:
+        verdict = str(e)[:300]
+    want = use(df, ["a", "c"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", clamor.ByValueWarning)
+            got = cl.parallelize(range(2), 2).map(lambda _: use(df, ["a", "c"])).collect()
+    except Exception as e:
+        got = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    print(json.dumps({"verdict": verdict, "same": got == [want, want], "got": repr(got)[:300],
+                      "lost": cl.stats()["recovery"]["workers_lost"]}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="clamor bug: share(portable=True) approves a region frame with a categorical "
+                   "column that was read once inside the block (df[df.c == 'a'].v.sum()), and a spawned worker that "
+                   "reads it segfaults (pandas Index.__contains__ on the categories' index)")
+def test_a_categorical_frame_read_in_the_block_reads_right_on_spawned_workers():
+    out = run_driver(CATEGORICAL, timeout=120, env=ENV)
+    assert out["exit"] == 0, out
+    assert out["same"] and out["lost"] == 0, out
+
+
+FOREST_IN_THREADS = """
+import json, warnings
+import numpy as np
+import clamor
+from clamor import region
+from sklearn.ensemble import RandomForestClassifier
+rng = np.random.default_rng(0)
+X = rng.normal(size=(300, 5))
+y = (X[:, 0] > 0).astype(int)
+before = id(warnings.filters)
+for i in range(3):
+    with clamor.heap():
+        RandomForestClassifier(n_estimators=12, n_jobs=2, random_state=i).fit(X, y)
+print(json.dumps({"region": region.contains(id(warnings.filters), 1), "same": id(warnings.filters) == before}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="clamor bug: a forest fitted with n_jobs=2 inside heap() runs "
+                   "warnings.catch_warnings in the pool threads the block covers; it is not thread-safe, and "
+                   "warnings.filters is left bound to a copy a thread made in the block, a region list every "
+                   "forked worker's warnings machinery reads (hunt seeds 4021 map and 5022 fetch: workers "
+                   "segfault in catch_warnings.__enter__ and warnings._add_filter once the driver reuses it)")
+def test_a_forest_fitted_in_threads_in_a_block_leaves_warnings_filters_outside_the_region():
+    out = run_driver(FOREST_IN_THREADS, timeout=120, env=ENV)
+    assert out["exit"] == 0, out
+    assert not out["region"], out
