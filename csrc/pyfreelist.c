@@ -2,7 +2,7 @@
  *
  * Built only into the Python extension (CLAMOR_WITH_PYTHON).  CPython keeps
  * dead objects of the common types (floats, tuples of up to 19 items,
- * lists, dicts and small dict key tables) on free lists and hands them to
+ * lists, dicts, small dict key tables, a slice) on free lists and hands them to
  * the next object of that type.  A region object that dies outside a heap()
  * block goes there without any call to the allocator, and the runtime's own
  * next tuple or dict would then be region memory: shipped as if the user
@@ -13,7 +13,9 @@
  * those go first (they fill the list) and the region ones last (the list
  * is full: they go back to the region allocator).  The capacities are CPython's
  * (3.11-3.13: 100 floats, 2000 tuples of each size, 80 lists, 80 dicts, 80
- * key tables); taking more than that is harmless.
+ * key tables, and the one slice a slice cache holds: a region slice left
+ * there was a forked worker's next slice, whose memory the driver later
+ * gave a dict); taking more than that is harmless.
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -47,6 +49,7 @@ static PyObject *make(int kind, Py_ssize_t size) {
         if (d && PyDict_SetItem(d, Py_None, Py_None) < 0) Py_CLEAR(d);
         return d;
     }
+    case 3: return PySlice_New(Py_None, Py_None, Py_None);
     default: {
         PyObject *t = PyTuple_New(size);
         if (t)
@@ -68,8 +71,8 @@ static int flush(long *moved) {
         return -1;
     }
     int rc = 0;
-    for (int kind = 0; kind < 3 + TUPLE_SIZES && rc == 0; kind++) {
-        Py_ssize_t size = kind >= 3 ? kind - 2 : 0, want = kind >= 3 ? TAKE_TUPLES : TAKE_OTHERS;
+    for (int kind = 0; kind < 4 + TUPLE_SIZES && rc == 0; kind++) {
+        Py_ssize_t size = kind >= 4 ? kind - 3 : 0, want = kind >= 4 ? TAKE_TUPLES : TAKE_OTHERS;
         Py_ssize_t n = 0, outside = 0, region = 0;
         while (outside < want && n < 2 * want) {
             if (!(held[n] = make(kind, size))) {

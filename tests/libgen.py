@@ -31,9 +31,10 @@ the driver answers.  Every answer must be the driver's; a failed stage (the
 Cluster is made with ``max_attempts=1``) and a lost worker are failures
 too.  One JSON line reports what ran, what share() said and what differed.
 
-``WORKAROUNDS`` names the workarounds of the two clamor bugs the hunt
-found on forked workers (``empty_slice_cache``, ``Hunt.prewarm``); a run
-without them reproduces the bugs.
+``WORKAROUNDS`` names the workaround of the clamor bug the hunt found on
+forked workers that is still open (``Hunt.prewarm``: numpy's ufunc
+dispatch tables); a run without it reproduces the bug.  (CPython's slice
+cache, the other, is emptied before a fork now.)
 """
 import collections
 import datetime
@@ -532,22 +533,6 @@ def task_of(kind, obj, box, q):
 
 # ---- the driver --------------------------------------------------------------------
 
-def empty_slice_cache():
-    """Outside any block: CPython's one-slot slice cache (3.11-3.13) holds a
-    slice made outside the region after this.  A workaround of a clamor bug
-    the hunt found (seed 1, fork): clamor empties the free lists of floats,
-    tuples, lists and dicts before it forks a worker, not this cache, so a
-    slice a block freed into it is the workers' cached slice; once the
-    driver frees that memory and builds a dict there, a worker's next
-    ``x[1:]`` is a "slice" whose type is dict (TypeError: list indices must
-    be integers or slices, not dict).  test_differential_libraries.py has
-    the reproduction."""
-    a = slice(0)          # takes the cached one, if any
-    b = slice(0)          # made now, outside the region
-    del b                 # fills the cache
-    del a                 # the cache is full: freed to its allocator
-
-
 
 class Obj:
     def __init__(self, name, kind, box):
@@ -574,9 +559,9 @@ class Hunt:
         """Outside any block, before the fork: build each kind once, read it
         and apply each of its updates, so that what the libraries' code
         caches in C memory on first use (numpy's per-ufunc dispatch tables)
-        is made outside the region.  A workaround of the second clamor bug
-        the hunt found (``main(1, "fork", objects=10, rounds=3,
-        workarounds=("slice_cache",))``: kdknn.pre, round 0, after
+        is made outside the region.  A workaround of a clamor bug the hunt
+        found (``main(1, "fork", objects=10, rounds=3, workarounds=())``:
+        kdknn.pre, round 0, after
         kdknn.refit@in and kdknn.rebuilt@out): a ufunc's dispatch table grown
         inside a block is region memory the workers inherit a pointer to;
         once the driver grows it again outside a block and reuses the freed
@@ -720,8 +705,6 @@ class Hunt:
             self.prewarm(kinds)
         half = len(kinds) // 2
         self.build(kinds[:half], "pre")          # before the workers start
-        if "slice_cache" in self.workarounds:
-            empty_slice_cache()
         opts = dict(workers=2, progress=False, max_attempts=1, speculation=False, start_method=self.start_method)
         with clamor.Cluster(**opts) as cl:
             cl.parallelize(range(2), 2).map(lambda _: os.getpid()).collect()     # the workers exist
@@ -734,13 +717,13 @@ class Hunt:
         return self.rep
 
 
-WORKAROUNDS = ("slice_cache", "prewarm")
+WORKAROUNDS = ("prewarm",)
 
 
 def main(seed, start_method="fork", objects=10, rounds=3, workarounds=WORKAROUNDS):
-    """Run the hunt with ``seed`` and the ``workarounds`` of the clamor bugs
-    it found (``empty_slice_cache``, ``Hunt.prewarm``); print the report as
-    one JSON line."""
+    """Run the hunt with ``seed`` and the ``workarounds`` of the clamor bug
+    it found that is still open (``Hunt.prewarm``); print the report as one
+    JSON line."""
     t0 = time.monotonic()
     rep = Hunt(seed, start_method, objects, rounds, tuple(workarounds)).run()
     rep["seconds"] = round(time.monotonic() - t0, 1)

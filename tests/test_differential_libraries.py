@@ -15,10 +15,11 @@ Cluster recovers nothing: ``max_attempts=1``), with forked workers that
 map the driver's pages, forked workers that fetch them, and spawned
 workers (``share(portable=True)``).
 
-The hunt found clamor bugs.  It runs with workarounds of two on forked
-workers (``libgen.WORKAROUNDS``: CPython's slice cache, numpy's ufunc
-dispatch tables, both inherited pointing into region memory the driver
-later reuses); the others (spawned workers that crash on frames, and
+The hunt found clamor bugs.  CPython's slice cache, inherited by forked
+workers holding a region slice, is emptied before a fork now.  It runs
+with a workaround of another on forked workers (``libgen.WORKAROUNDS``:
+numpy's ufunc dispatch tables, inherited pointing into region memory the
+driver later reuses); the others (spawned workers that crash on frames, and
 ``warnings.filters`` left a region list by a forest fitted in threads) it
 does not work around.  The tests marked xfail are strict: they fail once
 their bug is fixed (then drop the marker, and the workaround).
@@ -132,11 +133,11 @@ with clamor.Cluster(workers=1, max_attempts=1, progress=False) as cl:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="clamor bug: clamor_py_freelists_flush (csrc/pyfreelist.c) empties the free "
-                   "lists of floats, tuples, lists and dicts before a fork, not CPython's slice cache: a worker "
-                   "builds its next slice on region memory the driver reused (TypeError: list indices must be "
-                   "integers or slices, not dict); libgen.empty_slice_cache works around it")
 def test_a_slice_freed_in_a_block_is_not_the_workers_cached_slice():
+    """CPython caches one freed slice; a collection leaves it.  A region
+    slice there at the fork was the workers' next slice, on memory the
+    driver later gave a dict (TypeError: list indices must be integers or
+    slices, not dict).  The fork's preparation empties it."""
     out = run_driver(SLICE_CACHE, timeout=60)
     assert out["exit"] == 0 and out["first"] == [[20, 30]], out
     # (out["reused"]: a dict lies where the workers' cached slice is; not

@@ -113,7 +113,8 @@ def prepare_fork():
     after it can sit there; a forked worker starts with every region page
     absent and no pager yet, so the interpreter's own first allocations
     after fork would touch the region and kill the child.  A full
-    collection empties the free lists; numpy's cache is flushed; tables
+    collection empties the free lists (the slice cache is emptied by
+    hand); numpy's cache is flushed; tables
     that ordinary dicts and lists took from the region go back outside.
     """
     if _installed:
@@ -122,6 +123,10 @@ def prepare_fork():
         _flush_dims(active())
         if not active():
             _rehome()
+            # (and the one slice CPython caches, which a collection leaves:
+            # a region slice there was a worker's next slice)
+            if lib.clamor_py_freelists_flush() < 0:
+                raise errors.ClamorError("could not empty CPython's free lists of region objects")
         global _dropped_seen
         _dropped_seen = lib.clamor_py_region_dropped()
 
