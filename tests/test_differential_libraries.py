@@ -15,14 +15,14 @@ Cluster recovers nothing: ``max_attempts=1``), with forked workers that
 map the driver's pages, forked workers that fetch them, and spawned
 workers (``share(portable=True)``).
 
-The hunt found clamor bugs.  CPython's slice cache, inherited by forked
-workers holding a region slice, is emptied before a fork now.  It runs
-with a workaround of another on forked workers (``libgen.WORKAROUNDS``:
-numpy's ufunc dispatch tables, inherited pointing into region memory the
-driver later reuses); the others (spawned workers that crash on frames, and
-``warnings.filters`` left a region list by a forest fitted in threads) it
-does not work around.  The tests marked xfail are strict: they fail once
-their bug is fixed (then drop the marker, and the workaround).
+The hunt found clamor bugs.  Two are fixed: CPython's slice cache and the
+warnings filters (with re's cache of patterns), inherited by forked
+workers holding region objects, move out before a fork now.  It runs with
+a workaround of another on forked workers (``libgen.WORKAROUNDS``: numpy's
+ufunc dispatch tables, inherited pointing into region memory the driver
+later reuses); spawned workers that crash on frames it does not work
+around.  The tests marked xfail are strict: they fail once their bug is
+fixed (then drop the marker, and the workaround).
 """
 import os
 
@@ -188,7 +188,7 @@ def test_a_categorical_frame_read_in_the_block_reads_right_on_spawned_workers():
 
 
 FOREST_IN_THREADS = """
-import json, warnings
+import json, re, warnings
 import numpy as np
 import clamor
 from clamor import region
@@ -196,20 +196,45 @@ from sklearn.ensemble import RandomForestClassifier
 rng = np.random.default_rng(0)
 X = rng.normal(size=(300, 5))
 y = (X[:, 0] > 0).astype(int)
-before = id(warnings.filters)
 for i in range(3):
     with clamor.heap():
+        # its pool threads run warnings.catch_warnings, which is not
+        # thread-safe: the module's filters may be left a copy made here
         RandomForestClassifier(n_estimators=12, n_jobs=2, random_state=i).fit(X, y)
-print(json.dumps({"region": region.contains(id(warnings.filters), 1), "same": id(warnings.filters) == before}))
+with clamor.heap():
+    warnings.filters = warnings.filters[:]                    # what that race leaves, for certain
+    warnings.filterwarnings("ignore", message="made in the block .*", category=UserWarning)
+    pattern = re.compile("a pattern compiled in the block [0-9]+")
+inside = lambda o: region.contains(id(o), 1)
+left = [inside(warnings.filters), any(inside(f) or any(inside(x) for x in f) for f in warnings.filters)]
+with clamor.Cluster(workers=2, max_attempts=1, progress=False) as cl:
+    def worker(_):
+        fs = warnings.filters
+        cached = [v for c in (getattr(re, "_cache", {}), getattr(re, "_cache2", {})) for v in c.values()]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.warn("a warning on the worker")
+        return [inside(fs), any(inside(f) or any(inside(x) for x in f) for f in fs),
+                any(inside(p) for p in cached), len(caught), bool(re.fullmatch("a pattern compiled in the block [0-9]+", "a pattern compiled in the block 7"))]
+    got = cl.parallelize(range(2), 2).map(worker).collect()
+    with clamor.heap():
+        junk = [[i] * 50 for i in range(20000)]               # the driver reuses region memory
+    again = cl.parallelize(range(2), 2).map(worker).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({"left": left, "got": got, "again": again, "lost": lost}))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="clamor bug: a forest fitted with n_jobs=2 inside heap() runs "
-                   "warnings.catch_warnings in the pool threads the block covers; it is not thread-safe, and "
-                   "warnings.filters is left bound to a copy a thread made in the block, a region list every "
-                   "forked worker's warnings machinery reads (hunt seeds 4021 map and 5022 fetch: workers "
-                   "segfault in catch_warnings.__enter__ and warnings._add_filter once the driver reuses it)")
-def test_a_forest_fitted_in_threads_in_a_block_leaves_warnings_filters_outside_the_region():
+def test_warnings_filters_and_regex_cache_made_in_a_block_are_not_what_workers_inherit():
+    """A forest fitted with n_jobs=2 inside heap() runs catch_warnings in
+    the pool threads the block covers, and warnings.filters may be left a
+    region list (hunt seeds 4021 map and 5022 fetch: forked workers
+    segfaulted in the warnings module once the driver reused that memory).
+    A filter added and a regex compiled in a block are region objects in
+    the interpreter's state too.  Before a fork they move out."""
     out = run_driver(FOREST_IN_THREADS, timeout=120, env=ENV)
     assert out["exit"] == 0, out
-    assert not out["region"], out
+    assert out["left"] == [True, True], out       # the scenario did leave them in the region
+    for got in (out["got"], out["again"]):
+        assert got == [[False, False, False, 1, True]] * 2, out
+    assert out["lost"] == 0, out

@@ -140,13 +140,16 @@ def _forget_interpreter_caches():
     later drop and free what they held, and the worker's interpreter would
     then follow its copy into memory the driver reuses.  The caches of
     abstract base classes (weak references a check made inside a block,
-    such as ``isinstance(x, collections.abc.Sequence)``) are reset, and the
+    such as ``isinstance(x, collections.abc.Sequence)``) are reset, the
     type attribute cache (which holds attribute names: region strs) is
-    cleared."""
+    cleared, and re's patterns and the warnings filters move out
+    (``_warnings_outside``)."""
     lo = int(lib.clamor_region_base())
     hi = lo + int(lib.clamor_region_size())
     # (3.13 names it _clear_internal_caches and deprecates the old name)
     (getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache)()
+    with suspended():    # (the copies are made outside the region)
+        _warnings_outside(lambda o: lo <= id(o) < hi)
     if not hasattr(abc, "_get_dump"):   # (the pure-Python _py_abc keeps its caches in WeakSets of its own)
         return
     for cls in all_classes():
@@ -154,6 +157,33 @@ def _forget_interpreter_caches():
             caches = abc._get_dump(cls)[1:3]
             if any(lo <= id(w) < hi for s in caches for w in s):
                 abc._reset_caches(cls)
+
+
+def _warnings_outside(inside):
+    """The re module's cache of compiled patterns and the warnings module's
+    filters hold no region object (``inside(o)``).  A pattern compiled in
+    a block (a vectorizer's token pattern) is cached; a thread a block
+    covered that ran ``warnings.catch_warnings``, which is not thread-safe
+    (a forest fitted with n_jobs=2), can leave its copy of the filters,
+    made in the block, as the module's list; a filter added in a block is a
+    region tuple.  A worker inherits them as they are; the driver later
+    evicts or replaces them and frees their memory, and the worker's next
+    warning or regex reads what the driver put there."""
+    import re
+    import warnings
+    caches = [getattr(re, n) for n in ("_cache", "_cache2") if isinstance(getattr(re, n, None), dict)]
+    if any(inside(k) or inside(v) for c in caches for k, v in c.items()):
+        re.purge()
+    fs = warnings.filters
+    if inside(fs) or any(inside(f) or any(inside(x) for x in f) for f in fs):
+        def out(x):
+            if isinstance(x, str) and inside(x):
+                return x.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+            if isinstance(x, re.Pattern) and inside(x):
+                return re.compile(out(x.pattern), x.flags)
+            return x
+        warnings.filters = [tuple([out(x) for x in f]) for f in fs]
+        warnings._filters_mutated()
 
 
 def all_classes():
