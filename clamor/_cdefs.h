@@ -185,9 +185,10 @@ void clamor_py_gate_release(void);
 void clamor_py_gate_wake(void);
 void clamor_py_gate_enlist(void);
 void clamor_py_gate_discharge(void);
-void clamor_py_gate_park(const int *abort_);
+void clamor_py_gate_park(const int *abort_, unsigned long knocked);
+unsigned long clamor_py_gate_generation(void);
 int clamor_py_gate_settle(int mine, long timeout_ms);
-int clamor_py_knock(unsigned long thread_id, const int *abort_);
+int clamor_py_knock(unsigned long thread_id, const int *abort_, unsigned long knocked);
 uintptr_t clamor_py_numpy_handler(void);
 enum clamor_field {
     CLAMOR_FIELD_DATA = 1, CLAMOR_FIELD_DIMS, CLAMOR_FIELD_STRIDES, CLAMOR_FIELD_ITEMS, CLAMOR_FIELD_KEYS,

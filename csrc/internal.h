@@ -456,20 +456,22 @@ int clamor_py_gate_poll(const uintptr_t *sockets, int n, long timeout_ms, short 
 void clamor_py_gate_release(void);
 void clamor_py_gate_wake(void);
 /* Residents: threads that run Python whenever they like.  Enlist counts one
- * in (running), discharge out.  On the resident, park waits until no block
- * is open (or *abort_ is set), counted out meanwhile.  The block's thread,
+ * in (running), discharge out.  On the resident, park waits until the gate
+ * opens once after the knock that read generation `knocked` (or *abort_ is
+ * set), counted out meanwhile; a knock of a block that ended is no park.  The block's thread,
  * after clamor_py_gate_close() and its knocks, settles: waits until no more
  * than `mine` residents run (1 if it is one itself); 0, or ETIMEDOUT after
- * timeout_ms. */
+ * timeout_ms.  The generation counts the times the gate opened. */
 void clamor_py_gate_enlist(void);
 void clamor_py_gate_discharge(void);
-void clamor_py_gate_park(const int *abort_);
+void clamor_py_gate_park(const int *abort_, unsigned long knocked);
+unsigned long clamor_py_gate_generation(void);
 int clamor_py_gate_settle(int mine, long timeout_ms);
 /* pyknock.c: have the thread `thread_id` (threading.get_ident()), which
  * runs plain Python, park (with `abort_`) at its next call or return, by a
  * one-shot profile function; its own profile function is put back first.
  * 0, -ESRCH (no such thread, or the caller), -ENOMEM or -EPERM. */
-int clamor_py_knock(unsigned long thread_id, const int *abort_);
+int clamor_py_knock(unsigned long thread_id, const int *abort_, unsigned long knocked);
 
 /* ---- pyshare.c: what share() cannot see (the Python extension only) ----- */
 

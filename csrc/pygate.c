@@ -11,13 +11,17 @@
  * endpoint and keeper), and an event loop that runs Python whenever it
  * likes (a Dask client's, which in a LocalCluster also runs the scheduler).
  *
- * DESIGN.  A gate with three counts:
+ * DESIGN.  A gate with four counts and a generation:
  *
  *   blocks   heap() blocks open in the process (close/open, nested ones
  *            counted each; suspended() opens the gate for the while)
  *   busy     clamor threads running Python code now
- *   running  residents (threads that run Python whenever they like)
- *            not parked
+ *   enlisted residents (threads that run Python whenever they like)
+ *   parked   residents parked for the block now beginning or open (a
+ *            resident still waking from the last block's park is not:
+ *            counted so, the next block's settle ended at once, and the
+ *            resident ran Python in that block before its knock parked it)
+ *   gen      times the gate opened (blocks fell to 0)
  *
  * clamor_py_gate_close() waits until busy is 0 before it counts the block,
  * so the caller's collection that empties the free lists comes after the
@@ -31,13 +35,18 @@
  *
  * A resident cannot be made to wait in C: it is asked (clamor/memory/
  * hooks.py knocks, with an event loop's call_soon_threadsafe) to call
- * clamor_py_gate_park(), which counts it parked and waits until no block is
- * open.  The block's thread knocks only after clamor_py_gate_close(), so a
+ * clamor_py_gate_park() with the gate's generation at the knock, which
+ * counts it parked and waits until the gate opens once.  Once, not until
+ * no block is open: when blocks follow each other, the next block's close
+ * comes before the parked resident wakes, and waits for a busy clamor
+ * thread that may need the resident (the Dask keeper asks the scheduler
+ * through its event loop): a resident that stayed parked for it deadlocked
+ * the two.  A park of a block that ended (the knock's callback ran late)
+ * returns at once.  The block's thread knocks only after clamor_py_gate_close(), so a
  * busy clamor thread may still use the loop to finish (the Dask keeper asks
  * the scheduler through it), then waits in clamor_py_gate_settle() until
  * every resident but itself is parked.  Enlisting and discharging count a
- * resident in and out; the counts stay right whatever order parks and
- * discharges come in, since a park gives back what it takes.
+ * resident in and out.
  *
  * An abort flag ends a wait for the gate: a thread stopping the guard while
  * another thread holds a block open must not wait for the block, nor a
@@ -54,7 +63,8 @@
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
-static int blocks, busy, running;
+static int blocks, busy, enlisted, parked;
+static unsigned long gen;   /* times the gate opened (blocks fell to 0) */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 // Timed waits run on the monotonic clock: a change of the wall clock must
@@ -74,7 +84,8 @@ static void parent(void) { pthread_mutex_unlock(&mu); }
 static void child(void) {
     pthread_mutex_init(&mu, NULL);
     cv_init();
-    blocks = busy = running = 0;
+    blocks = busy = enlisted = parked = 0;
+    gen = 0;
 }
 static void setup(void) {
     cv_init();
@@ -108,8 +119,20 @@ void clamor_py_gate_close(void) {
 void clamor_py_gate_open(void) {
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
-    if (blocks > 0 && --blocks == 0) pthread_cond_broadcast(&cv);
+    if (blocks > 0 && --blocks == 0) {
+        gen++;
+        parked = 0;          /* each park was for the block that ended */
+        pthread_cond_broadcast(&cv);
+    }
     pthread_mutex_unlock(&mu);
+}
+
+unsigned long clamor_py_gate_generation(void) {
+    pthread_once(&once, setup);
+    pthread_mutex_lock(&mu);
+    unsigned long g = gen;
+    pthread_mutex_unlock(&mu);
+    return g;
 }
 
 int clamor_py_gate_blocks(void) {
@@ -167,25 +190,27 @@ void clamor_py_gate_wake(void) {
 void clamor_py_gate_enlist(void) {
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
-    running++;
+    enlisted++;
     pthread_mutex_unlock(&mu);
 }
 
 void clamor_py_gate_discharge(void) {
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
-    running--;
+    enlisted--;
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
 }
 
-void clamor_py_gate_park(const int *abort_) {
+void clamor_py_gate_park(const int *abort_, unsigned long knocked) {
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
-    running--;
-    pthread_cond_broadcast(&cv);
-    while (blocks && !aborted(abort_)) pthread_cond_wait(&cv, &mu);
-    running++;
+    if (gen == knocked && blocks) {  /* (a knock of a block that ended is no park) */
+        parked++;
+        pthread_cond_broadcast(&cv);
+        while (blocks && gen == knocked && !aborted(abort_)) pthread_cond_wait(&cv, &mu);
+        if (gen == knocked) parked--; /* (an opening counted it out) */
+    }
     pthread_mutex_unlock(&mu);
 }
 
@@ -194,8 +219,8 @@ int clamor_py_gate_settle(int mine, long timeout_ms) {
     struct timespec until = deadline_in(timeout_ms);
     int rc = 0;
     pthread_mutex_lock(&mu);
-    while (running > mine && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&cv, &mu, &until);
-    rc = running > mine ? ETIMEDOUT : 0;
+    while (enlisted - parked > mine && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&cv, &mu, &until);
+    rc = enlisted - parked > mine ? ETIMEDOUT : 0;
     pthread_mutex_unlock(&mu);
     return rc;
 }

@@ -13,7 +13,7 @@
  *
  * Nothing is freed between the thread's wake-up and its park: the knock's
  * record is held until the park ends.  A thread that already has a knock
- * waiting is not knocked twice.
+ * waiting is not knocked twice: the waiting one is for this block now.
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -32,6 +32,7 @@ PyAPI_FUNC(int) _PyEval_SetProfile(PyThreadState *tstate, Py_tracefunc func, PyO
 
 struct knock {
     const int *abort_;    /* the resident's: set once it is let in */
+    unsigned long knocked; /* the gate's generation at the knock */
     Py_tracefunc saved;   /* the thread's profile function before the knock */
     PyObject *saved_obj;
 };
@@ -54,7 +55,7 @@ static int knock_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject *a
     PyObject *saved_obj = Py_XNewRef(k->saved_obj);
     PyEval_SetProfile(saved, saved_obj);
     Py_BEGIN_ALLOW_THREADS
-    clamor_py_gate_park(k->abort_);
+    clamor_py_gate_park(k->abort_, k->knocked);
     Py_END_ALLOW_THREADS
     int rc = saved ? saved(saved_obj, frame, what, arg) : 0;
     Py_XDECREF(saved_obj);
@@ -62,7 +63,7 @@ static int knock_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject *a
     return rc;
 }
 
-int clamor_py_knock(unsigned long thread_id, const int *abort_) {
+int clamor_py_knock(unsigned long thread_id, const int *abort_, unsigned long knocked) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyThreadState *me = PyThreadState_Get();
     PyThreadState *ts = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me));
@@ -70,7 +71,15 @@ int clamor_py_knock(unsigned long thread_id, const int *abort_) {
     int rc = 0;
     if (!ts || ts == me) {
         rc = -ESRCH;                              /* gone (or the caller itself) */
-    } else if (ts->c_profilefunc != knock_hook) {
+    } else if (ts->c_profilefunc == knock_hook) {   /* a knock not yet taken: for this block now */
+        struct knock *k = PyCapsule_GetPointer(ts->c_profileobj, KNOCK);
+        if (k) {
+            k->abort_ = abort_;
+            k->knocked = knocked;
+        } else {
+            PyErr_Clear();
+        }
+    } else {
         struct knock *k = malloc(sizeof *k);
         PyObject *cap = k ? PyCapsule_New(k, KNOCK, knock_free) : NULL;
         if (!cap) {
@@ -79,6 +88,7 @@ int clamor_py_knock(unsigned long thread_id, const int *abort_) {
             rc = -ENOMEM;
         } else {
             k->abort_ = abort_;
+            k->knocked = knocked;
             k->saved = ts->c_profilefunc;
             k->saved_obj = Py_XNewRef(ts->c_profileobj);
             if (_PyEval_SetProfile(ts, knock_hook, cap) < 0) {

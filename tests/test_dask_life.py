@@ -234,3 +234,36 @@ cluster.close()
 print(json.dumps(res))
 """, timeout=120)
     assert out == {"0": True, "1": True, "2": True, "read": 10.0}, out
+
+
+def test_heap_blocks_one_after_another_while_attached_never_deadlock():
+    """A block's end lets the parked residents go, but the next block's
+    close came first: they stayed parked, while the close waited for a busy
+    clamor thread (the keeper) that needed one of them, the event loop (60
+    empty blocks in a row hung on 3.12, where Dask's profiler is a resident
+    too).  A park now lasts until the gate opens once, and a resident still
+    waking from one is not counted as parked for the next block."""
+    out = scenario("""
+import threading
+from distributed import Client, LocalCluster
+import clamor.dask
+cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                       worker_dashboard_address=":0")
+client = Client(cluster)
+clamor.dask.attach(client)
+made, done = [], threading.Event()
+def blocks():
+    for i in range(150):
+        with clamor.heap():
+            made.append([float(i)])
+    done.set()
+threading.Thread(target=blocks, daemon=True).start()
+res = {"done": done.wait(120)}
+res["outside"] = sum(not region.contains(id(m)) for m in made)
+res["read"] = client.submit(lambda: 41 + 1, pure=False).result(timeout=30) if res["done"] else None
+clamor.dask.detach(client)
+client.close()
+cluster.close()
+print(json.dumps(res))
+""", timeout=180)
+    assert out == {"done": True, "outside": 0, "read": 42}, out

@@ -205,7 +205,7 @@ lo.stop = True
 lo.t.join(5)
 with clamor.heap():
     x = [1, 2]
-print(json.dumps({"timeouts": settles.timeouts, "listed": id(r) in hooks._residents, "esrch": lib.clamor_py_knock(lo.t.ident, r._abort)}))
+print(json.dumps({"timeouts": settles.timeouts, "listed": id(r) in hooks._residents, "esrch": lib.clamor_py_knock(lo.t.ident, r._abort, 0)}))
 """)
     assert out["timeouts"] == 0, out     # the block did not wait 10 s for it
     assert out["listed"] is False, out

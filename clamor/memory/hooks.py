@@ -370,12 +370,25 @@ class Resident:
         self.ident, self.knock, self.name = ident, knock, name
         self._abort = ffi.new("int[1]")
 
-    def park(self):
-        """On the resident's thread: wait, in C, until no block is open."""
-        lib.clamor_py_gate_park(self._abort)
+    def park(self, knocked):
+        """On the resident's thread: wait, in C, until the gate opens after
+        the knock that read generation ``knocked`` (at once if it has)."""
+        lib.clamor_py_gate_park(self._abort, knocked)
 
     def __repr__(self):
         return f"<clamor resident {self.name} (thread {self.ident})>"
+
+
+class _Park:
+    """What a knock has the resident call: ``park()`` for the block whose
+    close read ``knocked``."""
+    __slots__ = ("r", "knocked")
+
+    def __init__(self, r, knocked):
+        self.r, self.knocked = r, knocked
+
+    def __call__(self):
+        self.r.park(self.knocked)
 
 
 _residents = {}
@@ -387,7 +400,7 @@ _knocked = []     # the abort flags of residents knocked in C: a knock may wait 
 
 def _knock_in_c(r):
     def knock(park):
-        return lib.clamor_py_knock(r.ident, r._abort) == 0   # (-ESRCH: the thread ended)
+        return lib.clamor_py_knock(r.ident, r._abort, park.knocked) == 0   # (-ESRCH: the thread ended)
     _knocked.append(r._abort)
     return knock
 
@@ -429,12 +442,13 @@ def close_gate():
     if not residents:
         return
     me, mine = threading.get_ident(), 0
+    generation = lib.clamor_py_gate_generation()
     for r in residents:
         if r.ident == me:
             mine += 1
             continue
         try:
-            knocked = r.knock(r.park)
+            knocked = r.knock(_Park(r, generation))
         except Exception as err:  # the loop is gone, or worse: the thread runs free
             log.debug("could not knock on %r: %s", r, err)
             knocked = False
