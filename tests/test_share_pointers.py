@@ -185,20 +185,28 @@ def test_tables_that_ordinary_objects_grew_inside_the_block_move_back_out():
     assert out["worker"] == [[300, 299]]
 
 
-def test_dates_whose_padding_holds_old_pointers_are_data_and_read_right():
-    """A datetime's body ends in padding bytes that hold whatever the
-    memory held before; read as a pointer, a freed block's old address
-    there refused a dict keyed by datetimes (CPython 3.13).  The datetime
-    module's values without a tzinfo are data.  (An aware one is still
-    scanned: docs/limits.md.)"""
-    out = scenario("""
-import datetime, struct
+# Region blocks freed full of private addresses: the next small objects a
+# block makes (their padding bytes included) hold them.
+OLD_POINTERS = """
+import struct
 outside = [object() for _ in range(50)]
 with clamor.heap():
     junk = []
     for n in range(5, 60):      # bodies full of private addresses: freed, their blocks still hold them
         junk += [bytes(struct.pack("<Q", id(outside[i % 50])) * 8)[:n] for i in range(300)]
     del junk
+"""
+
+
+def test_dates_whose_padding_holds_old_pointers_are_data_and_read_right():
+    """A datetime's body ends in padding bytes that hold whatever the
+    memory held before; read as a pointer, a freed block's old address
+    there refused a dict keyed by datetimes (CPython 3.13).  The datetime
+    module's values without a tzinfo are data.  (Aware ones: the test
+    below.)"""
+    out = scenario(OLD_POINTERS + """
+import datetime
+with clamor.heap():
     base = datetime.datetime(2024, 1, 1)
     stamps = {base + datetime.timedelta(hours=i): float(i) for i in range(500)}
     days = {datetime.date(2024, 1, 1) + datetime.timedelta(days=i): i for i in range(500)}
@@ -262,15 +270,10 @@ def test_weak_references_in_the_region_are_approved_and_read_their_referents(met
     assert out["lost"] == 0, out
 
 
-AWARE = """
-import datetime, struct
+AWARE = OLD_POINTERS + """
+import datetime
 utc = datetime.timezone.utc
-outside = [object() for _ in range(50)]
 with clamor.heap():
-    junk = []
-    for n in range(5, 60):      # bodies full of private addresses: freed, their blocks still hold them
-        junk += [bytes(struct.pack("<Q", id(outside[i % 50])) * 8)[:n] for i in range(300)]
-    del junk
     plus2 = datetime.timezone(datetime.timedelta(hours=2), "CEST")     # made in the block
     base = datetime.datetime(2024, 1, 1, tzinfo=utc)
     stamps = {base + datetime.timedelta(hours=i): float(i) for i in range(500)}
