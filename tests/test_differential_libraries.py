@@ -186,11 +186,13 @@ with clamor.Cluster(workers=2, max_attempts=1, progress=False, start_method="spa
 """
 
 
-@pytest.mark.xfail(sys.version_info[:2] == (3, 11), strict=True,    # (3.12 and 3.13 read it right)
-                   reason="clamor bug: share(portable=True) approves a region frame with a categorical "
-                   "column that was read once inside the block (df[df.c == 'a'].v.sum()), and a spawned worker that "
-                   "reads it segfaults (pandas Index.__contains__ on the categories' index)")
 def test_a_categorical_frame_read_in_the_block_reads_right_on_spawned_workers():
+    """Reading the frame in its block makes pandas' engine for the
+    categories: a hash table in C memory whose array of keys points at the
+    one-character strs of the interpreter.  The scan took that 32-byte
+    array for a Python object (it read the words of the block after it),
+    so its words were not relocated, and a spawned worker on 3.11 died in
+    ``Index.__contains__``."""
     out = run_driver(CATEGORICAL, timeout=120, env=ENV)
     assert out["exit"] == 0, out
     assert out["same"] and out["lost"] == 0, out

@@ -209,7 +209,7 @@ class Driver:
                 self._begin()
             nxt = region.stage_current() + 1
             try:
-                relocated = portable.driver().prepare([obj], nxt, seeds_agree=self._seeds_agree())
+                relocated = portable.driver().prepare([obj], nxt, seeds_agree=self._seeds_agree(), bring_in=True)
             except errors.NotShareable as err:
                 if "PYTHONHASHSEED" not in str(err):
                     raise

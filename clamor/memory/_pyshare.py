@@ -169,16 +169,20 @@ class Scanner:
                     if start not in self.scanned:
                         self.scanned.add(start)
                         # an atomic block (array data) holds no pointer: never read as if it did
-                        if lib.clamor_block_atomic(ffi.cast("void *", start)) != 1 and not self._python_object(start):
+                        if lib.clamor_block_atomic(ffi.cast("void *", start)) != 1 and \
+                                not self._python_object(start, int(self._len[0])):
                             self.blocks.append((start, int(self._len[0])))
                             todo.append((start, int(self._len[0]), f"the region block at {start:#x}", depth + 1))
         return True
 
-    def _python_object(self, start):
-        """Does the block at ``start`` hold a Python object (with or without
-        a gc header)?  Those are the Python walk's: their links (a weakref's
-        list, a dict's cached hash) are not data, and their references are
-        checked by name."""
+    def _python_object(self, start, length):
+        """Does the block at ``start`` (``length`` bytes) hold a Python
+        object (with or without a gc header)?  Those are the Python walk's:
+        their links (a weakref's list, a dict's cached hash) are not data,
+        and their references are checked by name.  Only words of the block
+        are read: the words past a small block are its neighbour's (a
+        hash table's array of keys passed for an object, since the object
+        after it, and its words went unrelocated)."""
         if self._types is None:
             self._types = _all_types()
         words = ffi.cast("uintptr_t *", start)
@@ -187,6 +191,8 @@ class Scanner:
         # managed __dict__ (its collector links read as private pointers: a
         # ShareWarning on every pandas frame a weak reference led to)
         for at in (0, 2, 4):
+            if (at + 2) * 8 > length:
+                break
             refs, typ = int(words[at]), int(words[at + 1])
             if 0 < refs < 1 << 40 and typ in self._types:
                 return True

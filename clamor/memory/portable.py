@@ -375,7 +375,7 @@ class Relocations:
         if len(pages):
             self.changed.append(np.asarray(pages, dtype=np.uint64))
 
-    def prepare(self, roots, stage, seeds_agree=True, limit=20_000_000):
+    def prepare(self, roots, stage, seeds_agree=True, limit=20_000_000, bring_in=False):
         """List the relocations of ``roots`` and install the lists that
         differ at ``stage``; return the pages whose lists changed (workers
         must fetch them again).  NotShareable if a root is not portable, or
@@ -384,7 +384,15 @@ class Relocations:
 
         A page's list is the union of the words of every root shipped so
         far that is still alive.  A root is walked when first shipped, and
-        again when the driver changed a page its last walk read."""
+        again when the driver changed a page its last walk read.
+
+        ``bring_in``: objects outside the region that only a root holds may
+        be copied into it (walk._bring_in), which writes region pages; only
+        for a caller whose version at ``stage`` begins after this.  A
+        version begun already shows its workers the bytes as they were, and
+        a list of bytes written since agrees with none of its pages (the
+        worker that fetched one died of it).  Never for roots of earlier
+        stages that this one does not ship: a refusal drops their words."""
         self._forget_dead()
         # The lists of dead roots go now, whatever the walk below decides:
         # their memory is free once _forget_dead let them go, and what the
@@ -414,7 +422,7 @@ class Relocations:
             mode = _Mode(t)
             mode.root = f"a region {type(r).__name__} at {id(r):#x}"
             try:
-                _walk(r, limit, mode)
+                _walk(r, limit, mode, bring_in=bring_in and k in shipped)
                 walked[k] = (_entries(mode, t, amap), read_digests(mode.extents))
             except NotShareable:
                 if k in shipped or k not in self.roots:
