@@ -468,3 +468,36 @@ def test_an_earlier_stages_object_changed_by_the_driver_does_not_break_the_pages
     assert out["s2"] == ["ok", out["s2 want"]], out
     assert out["s3"] == ["ok", out["s3 want"]], out
     assert out["lost"] == 0, out
+
+
+def test_instances_an_earlier_stages_object_gained_in_a_block_do_not_break_the_pages_of_the_next_stage():
+    """The same with instances built in a block: their dicts share their
+    class's keys, and a walk gives each keys of its own, which writes the
+    region.  Walking the earlier stage's object only after the next
+    stage's version began wrote pages that version does not show."""
+    out = drive("""
+        import argparse
+        with clamor.heap():
+            d1 = {"k": [1, 2, 3]}
+            d2 = {"v": [x for i in range(3000) for x in ((i, -i), f"s{i}" * 3, i * 0.5, [i], {"i": i}, b"b" * (i % 40))]}
+
+        def digest(v):
+            return hashlib.sha256(repr(v).encode()).hexdigest()
+
+        res = {}
+        with clamor.Cluster(workers=1, start_method="spawn", max_attempts=1, progress=False) as cl:
+            res["s1"] = cl.run(lambda: [d1["k"], digest(d2["v"])]) == [[[1, 2, 3], digest(d2["v"])]]
+            del d2["v"][1::2]      # frees region objects of every size on d2's pages
+            with clamor.heap():
+                d1["late"] = [argparse.Namespace(a=i, b=str(i) * 5, c=[i * 0.5]) for i in range(300)]
+            res["s2"] = caught(cl.run, lambda: digest(d2["v"]))              # d2 ships, d1 does not
+            res["s2 want"] = [digest(d2["v"])]
+            res["s3"] = caught(cl.run, lambda: [digest(d1["late"]), digest(d2["v"])])
+            res["s3 want"] = [[digest(d1["late"]), digest(d2["v"])]]
+            res["lost"] = cl.stats()["recovery"]["workers_lost"]
+        print(json.dumps(res))
+        """)
+    assert out["s1"] is True, out
+    assert out["s2"] == ["ok", out["s2 want"]], out
+    assert out["s3"] == ["ok", out["s3 want"]], out
+    assert out["lost"] == 0, out

@@ -404,14 +404,40 @@ class Stages:
         serialize.note_changed(region.dirty_pages())
         forked = self.start_method == "fork" and self.nworkers > 0
         others = self.start_method != "fork" or self.remote > 0
+        roots = []
         serialize.dumps_task({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg},
-                             forked=forked, portable=others)
+                             roots=roots, forked=forked, portable=others)
         if not others:
             return
         src = _sources(node if kind != "map" else node.deps[parent])
         every = range(node.deps[parent].num_partitions if kind == "map" else node.num_partitions)
         for p in every if parts is None else parts:
-            serialize.dumps({"src": {s.id: s.task_data(p) for s in src}}, forked=forked, portable=True)
+            serialize.dumps({"src": {s.id: s.task_data(p) for s in src}}, roots=roots, forked=forked,
+                            portable=True)
+        if roots:
+            self._relocate_early(roots)
+
+    def _relocate_early(self, roots):
+        """The relocation walks of ``roots`` (and of earlier stages' objects
+        the driver changed since) before the stage's version begins.  A
+        walk may write region pages: an instance's dict given keys of its
+        own, an object outside the region brought in.  Only a version begun
+        after the write shows it, and a list of bytes the version does not
+        have agrees with none of its pages (the worker that fetched one
+        died).  The check after the begin (_check_in_place) then finds
+        nothing to write.  A refusal is left to that check, which says it
+        with the workers it concerns."""
+        spawned = [w for w in self._workers.values() if w.get("spawned")]
+        if not spawned or not all(w.get("same_base") for w in spawned):
+            return
+        rel = portable.driver()
+        rel.note_changed(region.dirty_pages())
+        try:
+            changed = rel.prepare(roots, region.stage_current() + 1, bring_in=True,
+                                  seeds_agree=all(w.get("hash_ok") for w in spawned))
+        except errors.NotShareable:
+            return
+        self._invalidate_relocated(changed)
 
     def _release_converted(self):
         """Dicts that a walk replaced since the free lists were last emptied
@@ -450,6 +476,10 @@ class Stages:
             if unseeded and "PYTHONHASHSEED" in str(err):
                 raise errors.NotShareable(f"{err} (worker(s) {', '.join(unseeded)} hash differently)") from None
             raise
+        self._invalidate_relocated(changed)
+
+    def _invalidate_relocated(self, changed):
+        """Spawned workers drop the pages whose relocation lists changed."""
         if changed.size:
             for w in self._workers.values():
                 if w.get("spawned"):
