@@ -171,7 +171,8 @@ long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);
 int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
                                  size_t n);
-long clamor_py_untrack_region(uintptr_t objs);
+long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
+                              long *kept);
 long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n);
 long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap);
 int clamor_py_snapshot_has(uint64_t addr, const uint64_t *ids, size_t n);

@@ -409,7 +409,8 @@ long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);
 int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
                                  size_t n);
-long clamor_py_untrack_region(uintptr_t objs);
+long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
+                              long *kept);
 /* The capsule of clamor's numpy data handler, made on the first call (0 if
  * it could not be). */
 uintptr_t clamor_py_numpy_handler(void);

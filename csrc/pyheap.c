@@ -660,27 +660,86 @@ int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uin
     return rc;
 }
 
-/* Worker: region objects the collector of this process tracks (a region
- * dict that got a container value in a task, a region object the driver
- * tracked at a fork) live in its lists by links in region pages.  When
- * those pages are dropped and fetched again the links are the driver's,
- * and the next collection walks into them.  So before pages change, each
- * such object leaves the lists (a worker's region objects are never freed
- * here, so the collector has nothing to do with them).  objs:
- * gc.get_objects().  Returns how many, or -1. */
-long clamor_py_untrack_region(uintptr_t objs) {
+/* The pages being dropped, sorted: does `o` (its header) lie on one? */
+struct dropping {
+    const uint64_t *pages;
+    size_t n;
+    uint64_t first, count;  /* and the pages [first, first+count) */
+    int hit;
+};
+
+static int on_dropped_page(const void *o, const struct dropping *d) {
+    if (!in_region(o)) return 0;
+    uint64_t p = cl_page_of((uintptr_t)o);
+    if (p - d->first < d->count) return 1;
+    size_t lo = 0, hi = d->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->pages[mid] < p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < d->n && d->pages[lo] == p;
+}
+
+static int visit_dropped(PyObject *o, void *arg) {
+    struct dropping *d = arg;
+    if (on_dropped_page(o, d) || on_dropped_page((const char *)o + sizeof(PyObject) - 1, d)) {
+        d->hit = 1;
+        return 1;   /* (stops the traversal) */
+    }
+    return 0;
+}
+
+/* Worker, before pages change.
+ *
+ * Region objects the collector of this process tracks (a region dict that
+ * got a container value in a task, a region object the driver tracked at a
+ * fork) live in its lists by links in region pages.  When those pages are
+ * dropped and fetched again the links are the driver's, and the next
+ * collection walks into them.  So each such object leaves the lists (a
+ * worker's region objects are never freed here, so the collector has
+ * nothing to do with them).
+ *
+ * An object of this process that holds a region object on a page being
+ * dropped (pages[0..npages), sorted, and [first, first+count)) is kept for good
+ * and leaves the lists too.  Its reference was counted in this worker's
+ * copy of the page only: released later, it would count down the driver's
+ * object, or whatever the driver put there since.  And a task may have
+ * stored it in a region object (pandas caches an Index's engine in the
+ * Index's _cache): that reference goes with the page, the object outlives
+ * it, and the collector would follow its pointer into memory the driver
+ * reused (a spawned worker crashed there).
+ *
+ * objs: gc.get_objects().  Returns how many objects left the lists, or -1.
+ * *kept: how many of them are this process's objects, kept. */
+long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
+                              long *kept) {
     PyGILState_STATE g = PyGILState_Ensure();
     long n = 0;
+    *kept = 0;
     PyObject *l = (PyObject *)objs;
     if (!PyList_Check(l)) {
         PyErr_SetString(PyExc_TypeError, "clamor_py_untrack_region needs a list");
         n = -1;
     }
+    struct dropping d = {pages, npages, first, count, 0};
     for (Py_ssize_t i = 0; n >= 0 && i < PyList_GET_SIZE(l); i++) {
         PyObject *o = PyList_GET_ITEM(l, i);
-        if (in_region(o) && PyObject_IS_GC(o) && PyObject_GC_IsTracked(o)) {
+        if (!PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o)) continue;
+        if (in_region(o)) {
             PyObject_GC_UnTrack(o);
             n++;
+            continue;
+        }
+        traverseproc trav = Py_TYPE(o)->tp_traverse;
+        if ((!npages && !count) || !trav) continue;
+        d.hit = 0;
+        trav(o, visit_dropped, &d);
+        if (d.hit) {
+            Py_INCREF(o);
+            PyObject_GC_UnTrack(o);
+            n++;
+            (*kept)++;
         }
     }
     if (n < 0) PyErr_Print();

@@ -38,3 +38,46 @@ def test_references_held_across_an_eviction_are_released_safely():
     nbad, first, evictions = out[0]
     assert evictions > 0, "the scenario did not reach the mapping budget"
     assert nbad == 0, first
+
+
+def test_a_workers_object_stored_in_a_region_object_is_kept_out_of_the_collector_when_the_page_goes():
+    """A task stores an object of the worker's own (pandas caches an
+    Index's engine in the Index's ``_cache``) in a region dict: the
+    reference lives in the worker's copy of the page only.  When the driver
+    changes that page the copy goes, the object outlives the reference, and
+    it still points at region memory the driver may give to other objects:
+    the collector followed it there and a spawned worker crashed (the
+    libraries hunt, seed 4023).  Such an object is kept for good, out of
+    the collector's lists, and what the workers read stays right."""
+    out = scenario("""
+        import gc, sys, weakref
+        with clamor.heap():
+            holder = {"cache": {}, "data": [float(i) for i in range(2000)]}
+
+        class Engine:
+            def __init__(self, values):
+                self.values = values
+
+        def first(_):
+            e = Engine(holder["data"])                 # the worker's object, holding a region list
+            holder["cache"]["engine"] = e              # stored in a region dict (the worker's copy)
+            sys.modules["builtins"]._engine_ref = weakref.ref(e)
+            return gc.is_tracked(e)
+
+        def second(_):
+            e = sys.modules["builtins"]._engine_ref()
+            return [e is not None and gc.is_tracked(e), "engine" in holder["cache"], holder["data"][5]]
+
+        with clamor.Cluster(workers=1, start_method="spawn", max_attempts=1, progress=False) as cl:
+            one = cl.parallelize([0], 1).map(first).collect()
+            with clamor.heap():
+                holder["cache"]["driver"] = 1.5        # the page of the cache changes
+                holder["data"][5] = -5.0               # and the list's
+            two = cl.parallelize([0], 1).map(second).collect()
+            lost = cl.stats()["recovery"]["workers_lost"]
+        print(json.dumps({"one": one, "two": two, "lost": lost}))
+        """, timeout=90, env={"PYTHONHASHSEED": "0"})
+    assert out["one"] == [True], out                        # tracked while its reference was live
+    # gone from the collector's lists, the driver's page without the worker's entry, the new value read
+    assert out["two"] == [[False, False, -5.0]], out
+    assert out["lost"] == 0, out

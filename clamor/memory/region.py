@@ -376,20 +376,30 @@ def drop_pages(first, count):
     avoid."""
     if role() == "worker":
         gc.collect()
-        untrack_region_objects()
+        untrack_region_objects(first=first, count=count)
     check(lib.clamor_pages_drop(first, count), "dropping pages")
 
 
-def untrack_region_objects():
+def untrack_region_objects(pages=None, first=0, count=0):
     """Worker, before pages change: region objects this process's collector
     tracks leave its lists, whose links in those pages would be the
-    driver's once they are fetched again (csrc/pyheap.c)."""
+    driver's once they are fetched again; this process's objects that hold
+    a region object on one of ``pages`` or [first, first+count) (the pages
+    about to be dropped) are
+    kept for good, out of the lists (csrc/pyheap.c says why).  Returns how
+    many were kept."""
+    import numpy as np
+
+    arr = np.unique(np.asarray([] if pages is None else pages, dtype=np.uint64))
+    kept = ffi.new("long *")
     objs = gc.get_objects()
     try:
-        if lib.clamor_py_untrack_region(id(objs)) < 0:
+        if lib.clamor_py_untrack_region(id(objs), ffi.cast("const uint64_t *", arr.ctypes.data), arr.size, first,
+                                        count, kept) < 0:
             raise errors.ClamorError("could not take region objects out of the collector's lists")
     finally:
         del objs
+    return int(kept[0])
 
 
 def configure(readahead=None, fetch_timeout=None, max_mappings=None):
@@ -497,7 +507,7 @@ def invalidate(pages):
 
     arr = np.ascontiguousarray(pages, dtype=np.uint64)
     if arr.size:
-        untrack_region_objects()
+        untrack_region_objects(arr)
         check(lib.clamor_invalidate(ffi.cast("uint64_t *", arr.ctypes.data), arr.size), "invalidating pages",
               {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
 
