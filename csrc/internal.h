@@ -422,6 +422,8 @@ int cl_py_numpy_ready(void);
 /* Empty CPython's free lists of region objects, outside every heap block:
  * how many region objects were on them, or -1 (the error is printed). */
 long clamor_py_freelists_flush(void);
+/* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
+long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 
 /* ---- pyfinger.c: what a forked worker reads of an inherited object ----- */
 

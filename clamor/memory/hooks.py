@@ -68,6 +68,38 @@ def _rehome():
         del objs
 
 
+def _ufunc_caches_out():
+    """Move numpy's per-ufunc dispatch caches that grew inside a block out
+    of the region (csrc/pyufunc.c says why): every ufunc a loaded module
+    names.  Their layout is numpy's own, by version; numpy 3 is left as
+    it is."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return
+    try:
+        major, minor = (int(x) for x in np.__version__.split(".")[:2])
+    except ValueError:
+        return
+    if major != 2:
+        return
+    seen = {}
+    for m in list(sys.modules.values()):
+        d = getattr(m, "__dict__", None)
+        if type(d) is not dict:
+            continue
+        for v in list(d.values()):
+            if type(v) is np.ufunc:
+                seen[id(v)] = v
+    ufuncs = list(seen.values())
+    unread = ffi.new("long *")
+    moved = lib.clamor_py_ufunc_caches_out(id(ufuncs), 1 if minor <= 4 else 2, unread)
+    if moved < 0:
+        raise errors.ClamorError("could not move numpy's ufunc dispatch caches out of the region")
+    if unread[0]:
+        log.debug("%d of numpy's ufunc dispatch caches could not be read as numpy %s lays them out",
+                  unread[0], np.__version__)
+
+
 def _flush_dims(inside):
     if lib.clamor_py_numpy_dims_flush(1 if inside else 0) != 0:
         raise errors.ClamorError("could not flush numpy's cache of shape buffers")
@@ -114,8 +146,9 @@ def prepare_fork():
     absent and no pager yet, so the interpreter's own first allocations
     after fork would touch the region and kill the child.  A full
     collection empties the free lists (the slice cache is emptied by
-    hand); numpy's cache is flushed; tables
-    that ordinary dicts and lists took from the region go back outside.
+    hand); numpy's cache is flushed; tables that ordinary dicts and lists
+    took from the region, and numpy's ufunc dispatch caches, go back
+    outside.
     """
     if _installed:
         _forget_interpreter_caches()
@@ -123,6 +156,7 @@ def prepare_fork():
         _flush_dims(active())
         if not active():
             _rehome()
+            _ufunc_caches_out()
             # (and the one slice CPython caches, which a collection leaves:
             # a region slice there was a worker's next slice)
             if lib.clamor_py_freelists_flush() < 0:
