@@ -111,6 +111,41 @@ class Drop:
         dict.pop(self.d, self.k, None)
 
 
+class Warm:
+    """Make a library's lookup state now, inside the block, where a worker
+    would make its own from the whole object: a pandas Index's hash table
+    (its engine), built on the first lookup from every key.  A worker that
+    builds it reads every page of the index; one that finds it in the
+    region reads the few buckets a lookup probes."""
+    __slots__ = ("o",)
+
+    def __init__(self, o):
+        self.o = o
+
+    def __call__(self):
+        try:
+            self.o.get_loc(self.o[0])
+        except Exception:  # (a key pandas cannot look up: the engine is left as it is)
+            pass
+
+
+def warmable(o):
+    """Is ``o`` a pandas Index (not a RangeIndex or MultiIndex, which
+    look up without a table) whose hash table is not made yet?  An index
+    past pandas' size threshold searches its sorted values instead, once
+    its engine exists."""
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(o, pd.Index) or isinstance(o, (pd.RangeIndex, pd.MultiIndex)):
+        return False
+    cache = getattr(o, "_cache", None)
+    if type(cache) is not dict or not len(o):
+        return False
+    engine = cache.get("_engine")
+    if engine is None:
+        return True
+    return getattr(engine, "mapping", 0) is None and getattr(engine, "over_size_threshold", True) is False
+
+
 class Rekey:
     """A dict some of whose constant keys are to be copied in."""
     __slots__ = ("d",)

@@ -609,7 +609,9 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
     """share()'s walk; ``mode`` as for ``_Walk``; ``reads`` (a ``Reads``,
     forked walks only) records what the verdict rests on.  ``bring_in``:
     objects outside the region that only a region object holds are copied
-    into it (``promote``) and the walk made again; otherwise refused."""
+    into it (``promote``), a pandas Index's hash table is made in it
+    (``promote.Warm``), and the walk made again; otherwise refused, and
+    nothing is written."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
     last = None
@@ -638,8 +640,11 @@ def _bring_in(moves):
             if store is None and lib.clamor_py_table_in(id(o)) < 0:
                 raise errors.ClamorError(f"could not make the table of a {type(o).__name__} again in the region")
         copies = [(store, promote.copy_in(o)) for store, o in moves
-                  if store is not None and not isinstance(store, (promote.Rekey, promote.Drop))]
+                  if store is not None and not isinstance(store, (promote.Rekey, promote.Drop, promote.Warm))]
         promote.rekey([(store.d, o) for store, o in moves if isinstance(store, promote.Rekey)])
+        for store, o in moves:
+            if isinstance(store, promote.Warm):
+                store()
     for store, o in moves:
         if isinstance(store, promote.Drop):
             store()
@@ -741,6 +746,8 @@ def _walk_once(obj, limit, mode, reads, bring_in):
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region and "
                                f"was not inherited by the workers: build it inside clamor.heap()")
         walk.fields(path, o, bring_in)
+        if bring_in and promote.warmable(o):
+            moves.append((promote.Warm(o), o))
         hidden.note(o)
         if mode is not None:
             mode.inside(path, o)       # the words of it to relocate
