@@ -23,7 +23,9 @@ and a spawned worker that fetched a page they wrote died; the scan took a
 hash table's keys for a Python object (a categorical frame); numpy's
 ufunc dispatch caches grown in a block, inherited by forked workers
 pointing into region memory the driver later reused, move out before a
-fork.
+fork.  It runs with a workaround of one more on forked workers
+(``libgen.WORKAROUNDS``: Cython's free lists holding region objects; open,
+docs/limits.md).
 """
 import os
 import sys
@@ -45,11 +47,12 @@ ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"
        "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
 
 
-def run_hunt(seed, start_method, objects=8, rounds=2, timeout=240):
+def run_hunt(seed, start_method, objects=8, rounds=2, workarounds=None, timeout=240):
     """libgen.main in a fresh interpreter; its JSON line, with "exit" and
     "fatal" (helpers.run_driver)."""
+    extra = "" if workarounds is None else f", workarounds={tuple(workarounds)!r}"
     code = (f"import sys; sys.path.insert(0, {HERE!r}); import libgen\n"
-            f"libgen.main({seed!r}, {start_method!r}, objects={objects}, rounds={rounds})\n")
+            f"libgen.main({seed!r}, {start_method!r}, objects={objects}, rounds={rounds}{extra})\n")
     return run_driver(code, timeout=timeout, env=ENV)
 
 
