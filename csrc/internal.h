@@ -424,6 +424,8 @@ int cl_py_numpy_ready(void);
 long clamor_py_freelists_flush(void);
 /* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
+/* pyextfree.c: extension modules' free lists of dead region objects, before a fork. */
+long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *failed);
 
 /* ---- pyfinger.c: what a forked worker reads of an inherited object ----- */
 

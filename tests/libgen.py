@@ -32,10 +32,10 @@ Cluster is made with ``max_attempts=1``) and a lost worker are failures
 too.  One JSON line reports what ran, what share() said and what differed.
 
 ``WORKAROUNDS`` names the workaround of the clamor bug the hunt found on
-forked workers that is still open (``Hunt.prewarm``: free lists of C
-extension types holding region objects); a run without it reproduces the
-bug.  (CPython's slice cache and numpy's ufunc dispatch caches are moved
-out before a fork now.)
+forked workers that is still open (``Hunt.prewarm``: library state made
+on first use inside a block); a run without it reproduces the bug.
+(CPython's slice cache, numpy's ufunc dispatch caches and Cython's free
+lists, three of its causes, are emptied before a fork now.)
 """
 import collections
 import datetime
@@ -560,17 +560,15 @@ class Hunt:
         """Outside any block, before the fork: build each kind once, read it
         and apply each of its updates, so that what the libraries' code
         keeps in C on first use is made outside the region.  A workaround
-        of a clamor bug the hunt found (``main(5021, "fork", objects=8,
-        rounds=2, workarounds=())`` with CLAMOR_SAME_HOST=map: frame_cat.pre,
-        round 0, after frame_cat.rebuilt@in): Cython's free lists of a
-        class's freed objects (pandas' BlockPlacement keeps 32) take region
-        objects the driver frees outside a block; a forked worker inherits
-        the list, and its next object of that class is region memory the
-        driver has given to another ("PyObject_GC_Track: object already
-        tracked", the worker is lost).  Prewarmed, the lists are full of
-        objects outside the region.  (numpy's ufunc dispatch caches, the
-        first case, are moved out before a fork now.)  Its own random
-        streams: the hunt draws the same as without."""
+        of a clamor bug the hunt found, whose causes are not all known:
+        without it, ``main(5022, "fork", objects=8, rounds=2,
+        workarounds=())`` with CLAMOR_SAME_HOST=fetch gives a wrong answer
+        (rf2.pre, round 0: a forest fitted with n_jobs=2 predicts zeros on
+        the workers), and 4021 (map), 7022 and 8022 (fetch) lose workers.
+        Two causes are fixed: numpy's ufunc dispatch caches and Cython's
+        free lists, grown or filled inside a block, are emptied before a
+        fork.  Its own random streams: the hunt draws the same as
+        without."""
         r, nrng = random.Random(self.seed + 7), np.random.default_rng(self.seed + 7)
         for kind in kinds:
             box = {"v": build(kind, r, nrng)}

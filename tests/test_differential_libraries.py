@@ -23,9 +23,9 @@ and a spawned worker that fetched a page they wrote died; the scan took a
 hash table's keys for a Python object (a categorical frame); numpy's
 ufunc dispatch caches grown in a block, inherited by forked workers
 pointing into region memory the driver later reused, move out before a
-fork.  It runs with a workaround of one more on forked workers
-(``libgen.WORKAROUNDS``: Cython's free lists holding region objects; open,
-docs/limits.md).
+fork; so do Cython's free lists holding region objects.  It runs with a
+workaround on forked workers for causes not yet found
+(``libgen.WORKAROUNDS``; open, docs/limits.md).
 """
 import os
 import sys
@@ -253,15 +253,14 @@ print(json.dumps(res))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="clamor bug (docs/limits.md): Cython's free lists keep region objects the "
-                   "driver frees outside a block, and a forked worker inherits them")
 def test_a_cython_free_list_of_region_objects_is_not_the_workers():
     """pandas' BlockPlacement keeps 32 freed objects on a Cython free list.
-    Region ones freed outside a block go there; the driver takes them back
+    Region ones freed outside a block went there; the driver took them back
     for objects outside any block (region memory, written where the
-    workers read), and a forked worker that makes one dies ("object
+    workers read), and a forked worker that made one died ("object
     already tracked").  Without the libraries hunt's prewarm, this lost
-    workers and gave wrong answers."""
+    workers and gave wrong answers.  Before a fork, such entries are
+    replaced by objects outside the region (csrc/pyextfree.c)."""
     out = run_driver(CYTHON_FREE_LIST, timeout=90, env=ENV)
     assert out["exit"] == 0, out
     assert out["driver_in_region"] == 0, out        # the driver's new objects are its own

@@ -100,6 +100,21 @@ def _ufunc_caches_out():
                   unread[0], np.__version__)
 
 
+def _extension_free_lists_out():
+    """Dead region objects on extension modules' free lists (Cython's) are
+    replaced by objects outside the region (csrc/pyextfree.c says why)."""
+    import numpy as np
+
+    from ._pyshare import _all_types
+    types = np.unique(np.fromiter(_all_types(), dtype=np.uint64))
+    failed = ffi.new("long *")
+    n = lib.clamor_py_ext_freelists_flush(ffi.cast("const uint64_t *", types.ctypes.data), types.size, failed)
+    if n < 0:
+        raise errors.ClamorError("could not empty extension modules' free lists of region objects")
+    if failed[0]:
+        log.debug("%d dead region objects on extension modules' free lists could not be replaced", failed[0])
+
+
 def _flush_dims(inside):
     if lib.clamor_py_numpy_dims_flush(1 if inside else 0) != 0:
         raise errors.ClamorError("could not flush numpy's cache of shape buffers")
@@ -157,6 +172,7 @@ def prepare_fork():
         if not active():
             _rehome()
             _ufunc_caches_out()
+            _extension_free_lists_out()
             # (and the one slice CPython caches, which a collection leaves:
             # a region slice there was a worker's next slice)
             if lib.clamor_py_freelists_flush() < 0:
