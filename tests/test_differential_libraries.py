@@ -268,6 +268,38 @@ def test_a_cython_free_list_of_region_objects_is_not_the_workers():
     assert out["lost"] == 0, out
 
 
+EXT_FREE_CALLS = """
+import json
+import numpy as np
+import clamor
+from clamor._native import ffi, lib
+from clamor.memory._pyshare import _all_types
+from pandas._libs.internals import BlockPlacement
+with clamor.heap():
+    bps = [BlockPlacement(slice(i, i + 1)) for i in range(40)]
+del bps                                   # region objects on the free list
+types = np.unique(np.fromiter(_all_types(), dtype=np.uint64))
+failed = ffi.new("long *")
+with clamor.heap():
+    inside = lib.clamor_py_ext_freelists_flush(ffi.cast("const uint64_t *", types.ctypes.data), types.size, failed)
+none_known = lib.clamor_py_ext_freelists_flush(ffi.NULL, 0, failed)        # no type known: nothing read as an object
+first = lib.clamor_py_ext_freelists_flush(ffi.cast("const uint64_t *", types.ctypes.data), types.size, failed)
+again = lib.clamor_py_ext_freelists_flush(ffi.cast("const uint64_t *", types.ctypes.data), types.size, failed)
+made = [BlockPlacement(slice(i, i + 2)) for i in range(40)]
+print(json.dumps({"inside": inside, "none_known": none_known, "first": first, "again": again, "failed": failed[0],
+                  "made_in_region": sum(clamor.memory.region.contains(id(b), 1) for b in made),
+                  "lens": sorted({len(b) for b in made})}))
+"""
+
+
+def test_the_free_list_flush_replaces_each_dead_region_object_once_and_only_outside_a_block():
+    out = run_driver(EXT_FREE_CALLS, timeout=60, env=ENV)
+    assert out["exit"] == 0, out
+    assert out["inside"] == -1 and out["none_known"] == 0, out
+    assert out["first"] >= 1 and out["again"] == 0 and out["failed"] == 0, out
+    assert out["made_in_region"] == 0 and out["lens"] == [2], out
+
+
 CATEGORICAL = """
 import json, warnings
 import numpy as np
