@@ -105,8 +105,7 @@ def _extension_free_lists_out():
     replaced by objects outside the region (csrc/pyextfree.c says why)."""
     import numpy as np
 
-    from ._pyshare import _all_types
-    types = np.unique(np.fromiter(_all_types(), dtype=np.uint64))
+    types = np.unique(np.fromiter({id(t) for t in all_classes()} | {id(type)}, dtype=np.uint64))
     failed = ffi.new("long *")
     n = lib.clamor_py_ext_freelists_flush(ffi.cast("const uint64_t *", types.ctypes.data), types.size, failed)
     if n < 0:
