@@ -82,8 +82,10 @@ def env(tmp_path_factory):
         for i in (0, 1):
             e.worker(i, secret, f"good{i}")
         client.wait_for_workers(2, timeout=60)
-        # a short connect_timeout: the refused worker of the fourth test gives up after it
-        clamor.dask.attach(client, secret=secret, host=hosts.root_addr, connect_timeout=5.0)
+        # a connect_timeout shorter than the default: the refused worker of the
+        # fourth test gives up after it.  (5 s was too short for the good
+        # workers' JOIN on a machine at load 10: every test here errored.)
+        clamor.dask.attach(client, secret=secret, host=hosts.root_addr, connect_timeout=20.0)
         assert clamor.dask.secret(client) == secret
 
         @stack.callback
@@ -232,7 +234,7 @@ def test_a_worker_with_another_secret_is_refused_and_the_rest_keep_working(env, 
         with caplog.at_level(logging.WARNING, logger="clamor"):
             env.worker(2, secrets.token_urlsafe(32), "bad")
             client.wait_for_workers(3, timeout=60)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 90     # (its plugin gives up after the 20 s connect_timeout)
             while "failed to setup" not in env.log("bad") and time.monotonic() < deadline:
                 time.sleep(0.1)
         [bad] = sorted(set(client.scheduler_info(n_workers=-1)["workers"]) - set(good))
