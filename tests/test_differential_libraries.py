@@ -96,6 +96,8 @@ def check(out, objects=8, rounds=2):
 # of 10 on spawned workers; on 715dc16, spawned: 1 run of 10 lost 2 workers
 # (4023: a worker's own pandas engine, cached in a region Index, outlived
 # the page version it points into; fixed at 278c692, test_worker_refcounts).
+# On 7c743b6, with prewarm on forked workers: 30 runs, 720 cases, no
+# mismatch, no worker lost, in all three modes.
 SEEDS = {"map": 21, "fetch": 22, "spawn": 23}
 
 
