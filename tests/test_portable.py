@@ -435,6 +435,41 @@ def test_without_a_hash_seed_a_dict_keyed_by_str_is_refused_and_one_keyed_by_int
     assert out["numbered after"] == out["want"], out["numbered after"]
 
 
+# An earlier stage ships d1 and d2; the driver frees objects of every size
+# on d2's pages and gives d1 something new (LATE); the next stage ships d2
+# only, the one after both.
+EARLIER = """
+with clamor.heap():
+    d1 = {"k": [1, 2, 3]}
+    d2 = {"v": [x for i in range(3000) for x in ((i, -i), f"s{i}" * 3, i * 0.5, [i], {"i": i}, b"b" * (i % 40))]}
+
+def digest(v):
+    return hashlib.sha256(repr(v).encode()).hexdigest()
+
+res = {}
+with clamor.Cluster(workers=1, start_method="spawn", max_attempts=1, progress=False) as cl:
+    res["s1"] = cl.run(lambda: [d1["k"], digest(d2["v"])]) == [[[1, 2, 3], digest(d2["v"])]]
+    del d2["v"][1::2]      # frees region objects of every size on d2's pages
+LATE
+    res["s2"] = caught(cl.run, lambda: digest(d2["v"]))              # d2 ships, d1 does not
+    res["s2 want"] = [digest(d2["v"])]
+    res["s3"] = caught(cl.run, lambda: [digest(d1["late"]), digest(d2["v"])])
+    res["s3 want"] = [[digest(d1["late"]), digest(d2["v"])]]
+    res["lost"] = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps(res))
+"""
+
+
+def earlier_stage(late):
+    """EARLIER with ``late`` (lines at the Cluster's indent) in place of
+    LATE; asserts that every stage read what the driver reads."""
+    out = drive(EARLIER.replace("LATE\n", textwrap.indent(textwrap.dedent(late), "    ")))
+    assert out["s1"] is True, out
+    assert out["s2"] == ["ok", out["s2 want"]], out
+    assert out["s3"] == ["ok", out["s3 want"]], out
+    assert out["lost"] == 0, out
+
+
 def test_an_earlier_stages_object_changed_by_the_driver_does_not_break_the_pages_of_the_next_stage():
     """The relocation lists of a stage are made after its version began.
     Walking an earlier stage's object again there (the driver changed it)
@@ -443,31 +478,10 @@ def test_an_earlier_stages_object_changed_by_the_driver_does_not_break_the_pages
     version does not have, and the worker that fetched such a page died
     ("no relocation list that agrees with the bytes of that page
     version").  The libraries hunt met it in 7 runs of 10."""
-    out = drive("""
-        with clamor.heap():
-            d1 = {"k": [1, 2, 3]}
-            d2 = {"v": [x for i in range(3000) for x in ((i, -i), f"s{i}" * 3, i * 0.5, [i], {"i": i}, b"b" * (i % 40))]}
-
-        def digest(v):
-            return hashlib.sha256(repr(v).encode()).hexdigest()
-
-        res = {}
-        with clamor.Cluster(workers=1, start_method="spawn", max_attempts=1, progress=False) as cl:
-            res["s1"] = cl.run(lambda: [d1["k"], digest(d2["v"])]) == [[[1, 2, 3], digest(d2["v"])]]
-            del d2["v"][1::2]      # frees region objects of every size on d2's pages
-            # made outside the block, held by d1 alone: the next walk of d1 may copy it in
-            d1["late"] = [[i * 1.5, (i, str(i) * 5), {"x": [i] * 3}] for i in range(300)]
-            res["s2"] = caught(cl.run, lambda: digest(d2["v"]))              # d2 ships, d1 does not
-            res["s2 want"] = [digest(d2["v"])]
-            res["s3"] = caught(cl.run, lambda: [digest(d1["late"]), digest(d2["v"])])
-            res["s3 want"] = [[digest(d1["late"]), digest(d2["v"])]]
-            res["lost"] = cl.stats()["recovery"]["workers_lost"]
-        print(json.dumps(res))
+    earlier_stage("""
+        # made outside the block, held by d1 alone: the next walk of d1 may copy it in
+        d1["late"] = [[i * 1.5, (i, str(i) * 5), {"x": [i] * 3}] for i in range(300)]
         """)
-    assert out["s1"] is True, out
-    assert out["s2"] == ["ok", out["s2 want"]], out
-    assert out["s3"] == ["ok", out["s3 want"]], out
-    assert out["lost"] == 0, out
 
 
 def test_instances_an_earlier_stages_object_gained_in_a_block_do_not_break_the_pages_of_the_next_stage():
@@ -475,29 +489,8 @@ def test_instances_an_earlier_stages_object_gained_in_a_block_do_not_break_the_p
     class's keys, and a walk gives each keys of its own, which writes the
     region.  Walking the earlier stage's object only after the next
     stage's version began wrote pages that version does not show."""
-    out = drive("""
+    earlier_stage("""
         import argparse
         with clamor.heap():
-            d1 = {"k": [1, 2, 3]}
-            d2 = {"v": [x for i in range(3000) for x in ((i, -i), f"s{i}" * 3, i * 0.5, [i], {"i": i}, b"b" * (i % 40))]}
-
-        def digest(v):
-            return hashlib.sha256(repr(v).encode()).hexdigest()
-
-        res = {}
-        with clamor.Cluster(workers=1, start_method="spawn", max_attempts=1, progress=False) as cl:
-            res["s1"] = cl.run(lambda: [d1["k"], digest(d2["v"])]) == [[[1, 2, 3], digest(d2["v"])]]
-            del d2["v"][1::2]      # frees region objects of every size on d2's pages
-            with clamor.heap():
-                d1["late"] = [argparse.Namespace(a=i, b=str(i) * 5, c=[i * 0.5]) for i in range(300)]
-            res["s2"] = caught(cl.run, lambda: digest(d2["v"]))              # d2 ships, d1 does not
-            res["s2 want"] = [digest(d2["v"])]
-            res["s3"] = caught(cl.run, lambda: [digest(d1["late"]), digest(d2["v"])])
-            res["s3 want"] = [[digest(d1["late"]), digest(d2["v"])]]
-            res["lost"] = cl.stats()["recovery"]["workers_lost"]
-        print(json.dumps(res))
+            d1["late"] = [argparse.Namespace(a=i, b=str(i) * 5, c=[i * 0.5]) for i in range(300)]
         """)
-    assert out["s1"] is True, out
-    assert out["s2"] == ["ok", out["s2 want"]], out
-    assert out["s3"] == ["ok", out["s3 want"]], out
-    assert out["lost"] == 0, out
