@@ -102,6 +102,16 @@ static inline bool cl_in_region(uintptr_t a) {
 static inline uint64_t cl_page_of(uintptr_t a) {
     return (uint64_t)(a - cl_region.base) >> cl_region.page_shift;
 }
+/* Is v among a[0..n), sorted ascending? */
+static inline bool cl_sorted_has(const uint64_t *a, size_t n, uint64_t v) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && a[lo] == v;
+}
 static inline char *cl_page_addr(uint64_t idx) {
     return (char *)(cl_region.base + ((uintptr_t)idx << cl_region.page_shift));
 }
@@ -424,6 +434,9 @@ int cl_py_numpy_ready(void);
 long clamor_py_freelists_flush(void);
 /* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
+/* pyreloc.c: the hull of an ELF object's PT_LOAD segments (.bss included). */
+struct dl_phdr_info;
+void cl_py_image_hull(const struct dl_phdr_info *info, uintptr_t *lo, uintptr_t *hi);
 /* pyextfree.c: extension modules' free lists of dead region objects, before a fork. */
 long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *failed);
 

@@ -38,15 +38,7 @@ struct ext_ctx {
     long replaced, failed;
 };
 
-static int known_type(const struct ext_ctx *c, uintptr_t t) {
-    size_t lo = 0, hi = c->ntypes;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (c->types[mid] < t) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < c->ntypes && c->types[lo] == t;
-}
+static int known_type(const struct ext_ctx *c, uintptr_t t) { return cl_sorted_has(c->types, c->ntypes, t); }
 
 /* The dead region object `o` points at, or NULL. */
 static PyObject *dead_region_object(uintptr_t w) {
@@ -108,16 +100,9 @@ static int one_module(struct dl_phdr_info *info, size_t size, void *arg) {
 
 static int find_self(struct dl_phdr_info *info, size_t size, void *arg) {
     struct ext_ctx *c = arg;
-    uintptr_t me = (uintptr_t)&find_self;
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type != PT_LOAD) continue;
-        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
-        if (a < lo) lo = a;
-        if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
-    }
-    if (me - lo < hi - lo) {
+    uintptr_t me = (uintptr_t)&find_self, lo, hi;
+    cl_py_image_hull(info, &lo, &hi);
+    if (lo < hi && me - lo < hi - lo) {
         c->self_lo = lo;
         c->self_hi = hi;
         return 1;

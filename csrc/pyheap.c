@@ -671,14 +671,7 @@ struct dropping {
 static int on_dropped_page(const void *o, const struct dropping *d) {
     if (!in_region(o)) return 0;
     uint64_t p = cl_page_of((uintptr_t)o);
-    if (p - d->first < d->count) return 1;
-    size_t lo = 0, hi = d->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->pages[mid] < p) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < d->n && d->pages[lo] == p;
+    return p - d->first < d->count || cl_sorted_has(d->pages, d->n, p);
 }
 
 static int visit_dropped(PyObject *o, void *arg) {

@@ -40,16 +40,22 @@ struct img_ctx {
     size_t max, n;
 };
 
-static int one_image(struct dl_phdr_info *info, size_t size, void *arg) {
-    struct img_ctx *c = arg;
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
+void cl_py_image_hull(const struct dl_phdr_info *info, uintptr_t *lo, uintptr_t *hi) {
+    *lo = UINTPTR_MAX;
+    *hi = 0;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD) continue;
         uintptr_t a = info->dlpi_addr + ph->p_vaddr;
-        if (a < lo) lo = a;
-        if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
+        if (a < *lo) *lo = a;
+        if (a + ph->p_memsz > *hi) *hi = a + ph->p_memsz;
     }
+}
+
+static int one_image(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct img_ctx *c = arg;
+    uintptr_t lo, hi;
+    cl_py_image_hull(info, &lo, &hi);
     if (lo >= hi) return 0;
     if (c->n < c->max) {
         struct clamor_image *m = &c->out[c->n];
