@@ -31,11 +31,11 @@ the driver answers.  Every answer must be the driver's; a failed stage (the
 Cluster is made with ``max_attempts=1``) and a lost worker are failures
 too.  One JSON line reports what ran, what share() said and what differed.
 
-``WORKAROUNDS`` names the workaround of the clamor bug the hunt found on
-forked workers that is still open (``Hunt.prewarm``: library state made
-on first use inside a block); a run without it reproduces the bug.
-(CPython's slice cache, numpy's ufunc dispatch caches and Cython's free
-lists, three of its causes, are emptied before a fork now.)
+The hunt runs with no workaround.  Library state made on first use
+inside a block, which forked workers inherit, gave it wrong answers and
+lost workers until CPython's slice cache, numpy's ufunc dispatch caches
+and Cython's free lists were emptied before a fork and modules imported
+in a block ran outside the region.
 """
 import collections
 import datetime
@@ -542,43 +542,18 @@ class Obj:
 
 
 class Hunt:
-    def __init__(self, seed, start_method, objects, rounds, workarounds):
+    def __init__(self, seed, start_method, objects, rounds):
         self.r = random.Random(seed)
         self.nrng = np.random.default_rng(seed)
         self.seed, self.start_method, self.rounds, self.n = seed, start_method, rounds, objects
         self.portable = start_method == "spawn"
-        self.workarounds = workarounds
         self.objs = []
         self.rep = {"seed": seed, "start_method": start_method, "same_host": os.environ.get("CLAMOR_SAME_HOST"),
-                    "rounds": rounds, "workarounds": list(workarounds), "kinds": [], "cases": 0, "approved": 0,
+                    "rounds": rounds, "kinds": [], "cases": 0, "approved": 0,
                     "refused": 0, "refusals": {}, "share_warnings": 0, "by_value": 0, "ops": {},
                     "reads": {"in": 0, "out": 0},
                     "stage_first": 0, "stages": 0, "compared": 0, "mismatch_count": 0, "mismatches": [],
                     "failed_stages": [], "workers_lost": 0, "errors": [], "per_kind": {}}
-
-    def prewarm(self, kinds):
-        """Outside any block, before the fork: build each kind once, read it
-        and apply each of its updates, so that what the libraries' code
-        keeps in C on first use is made outside the region.  A workaround
-        of a clamor bug the hunt found, whose causes are not all known:
-        without it, ``main(5022, "fork", objects=8, rounds=2,
-        workarounds=())`` with CLAMOR_SAME_HOST=fetch gives a wrong answer
-        (rf2.pre, round 0: a forest fitted with n_jobs=2 predicts zeros on
-        the workers), and 4021 (map), 7022 and 8022 (fetch) lose workers.
-        Two causes are fixed: numpy's ufunc dispatch caches and Cython's
-        free lists, grown or filled inside a block, are emptied before a
-        fork.  Its own random streams: the hunt draws the same as
-        without."""
-        r, nrng = random.Random(self.seed + 7), np.random.default_rng(self.seed + 7)
-        for kind in kinds:
-            box = {"v": build(kind, r, nrng)}
-            for op in sorted(OPS[kind]):
-                safe_answer(kind, box["v"], query(kind, box["v"], r, nrng))
-                try:
-                    OPS[kind][op](box, r, nrng)
-                except Exception:
-                    pass
-            safe_answer(kind, box["v"], query(kind, box["v"], r, nrng))
 
     def build(self, kinds, phase):
         for kind in kinds:
@@ -703,8 +678,6 @@ class Hunt:
         po.import_libraries()
         kinds = self.r.sample(KINDS, self.n)
         self.rep["kinds"] = kinds
-        if "prewarm" in self.workarounds and self.start_method == "fork":    # (what spawned workers never inherit)
-            self.prewarm(kinds)
         half = len(kinds) // 2
         self.build(kinds[:half], "pre")          # before the workers start
         opts = dict(workers=2, progress=False, max_attempts=1, speculation=False, start_method=self.start_method)
@@ -719,15 +692,10 @@ class Hunt:
         return self.rep
 
 
-WORKAROUNDS = ("prewarm",)
-
-
-def main(seed, start_method="fork", objects=10, rounds=3, workarounds=WORKAROUNDS):
-    """Run the hunt with ``seed`` and the ``workarounds`` of the clamor bug
-    it found that is still open (``Hunt.prewarm``); print the report as one
-    JSON line."""
+def main(seed, start_method="fork", objects=10, rounds=3):
+    """Run the hunt with ``seed``; print the report as one JSON line."""
     t0 = time.monotonic()
-    rep = Hunt(seed, start_method, objects, rounds, tuple(workarounds)).run()
+    rep = Hunt(seed, start_method, objects, rounds).run()
     rep["seconds"] = round(time.monotonic() - t0, 1)
     print(json.dumps(rep, default=repr), flush=True)
     return rep

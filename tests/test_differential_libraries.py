@@ -23,9 +23,9 @@ and a spawned worker that fetched a page they wrote died; the scan took a
 hash table's keys for a Python object (a categorical frame); numpy's
 ufunc dispatch caches grown in a block, inherited by forked workers
 pointing into region memory the driver later reused, move out before a
-fork; so do Cython's free lists holding region objects.  It runs with a
-workaround on forked workers for causes not yet found
-(``libgen.WORKAROUNDS``; open, docs/limits.md).
+fork; so do Cython's free lists holding region objects; modules imported
+in a block run outside the region (test_imports_in_block).  It runs with
+no workaround.
 """
 import os
 import sys
@@ -47,12 +47,11 @@ ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"
        "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
 
 
-def run_hunt(seed, start_method, objects=8, rounds=2, workarounds=None, timeout=240):
+def run_hunt(seed, start_method, objects=8, rounds=2, timeout=240):
     """libgen.main in a fresh interpreter; its JSON line, with "exit" and
     "fatal" (helpers.run_driver)."""
-    extra = "" if workarounds is None else f", workarounds={tuple(workarounds)!r}"
     code = (f"import sys; sys.path.insert(0, {HERE!r}); import libgen\n"
-            f"libgen.main({seed!r}, {start_method!r}, objects={objects}, rounds={rounds}{extra})\n")
+            f"libgen.main({seed!r}, {start_method!r}, objects={objects}, rounds={rounds})\n")
     return run_driver(code, timeout=timeout, env=ENV)
 
 
@@ -260,8 +259,8 @@ def test_a_cython_free_list_of_region_objects_is_not_the_workers():
     Region ones freed outside a block went there; the driver took them back
     for objects outside any block (region memory, written where the
     workers read), and a forked worker that made one died ("object
-    already tracked").  Without the libraries hunt's prewarm, this lost
-    workers and gave wrong answers.  Before a fork, such entries are
+    already tracked").  In the libraries hunt this lost workers and gave
+    wrong answers.  Before a fork, such entries are
     replaced by objects outside the region (csrc/pyextfree.c)."""
     out = run_driver(CYTHON_FREE_LIST, timeout=90, env=ENV)
     assert out["exit"] == 0, out

@@ -51,6 +51,7 @@ def install():
         if not _installed:
             lib.clamor_py_heap_install()
             _adopt_threads()
+            _imports_outside()
             _installed = True
         lib.clamor_interpose_refresh()
 
@@ -252,6 +253,50 @@ def all_classes():
                 stack.append(c)
 
 
+def _imports_outside():
+    """A module imported inside a block runs its code outside the region.
+
+    A module's state is the interpreter's, not data the user shares: its
+    globals and classes, and what its code sets on objects that already
+    exist (``multiprocessing.dummy`` gives the main thread a
+    ``WeakKeyDictionary`` of the pool threads it starts; a library imports
+    a submodule lazily inside ``fit()``).  Made in the region, it is
+    reached from the interpreter's own state, which a forked worker
+    inherits.  The driver's later changes to it outside any block give
+    those region objects tables and values in the driver's private memory,
+    and the worker follows the driver's pointers into memory of its own: a
+    forest fitted with n_jobs=2 inside a block made its workers loop for
+    ever in such a dict, die, or predict zeros.
+
+    The interpreter calls ``importlib._bootstrap._find_and_load`` only for
+    a module it has not loaded yet, so the wrapper costs nothing on other
+    imports.  A thread a block adopted (``_adopt_threads``) leaves it for
+    the import as well."""
+    boot = sys.modules.get("_frozen_importlib")
+    find = getattr(boot, "_find_and_load", None)
+    if find is None or getattr(find, "_clamor", False):
+        return
+
+    @functools.wraps(find)
+    def find_and_load(name, import_):
+        if lib.clamor_heap_active():
+            with suspended():
+                return find(name, import_)
+        block = getattr(_adopted, "block", 0)
+        if not block:
+            return find(name, import_)
+        lib.clamor_heap_adopt(0)
+        try:
+            return find(name, import_)
+        finally:
+            lib.clamor_heap_adopt(block)
+    find_and_load._clamor = True
+    boot._find_and_load = find_and_load
+
+
+_adopted = threading.local()     # .block: the block this thread adopted (_adopt_threads)
+
+
 def _adopt_threads():
     """A thread started inside a block allocates in the region while that
     block is open (csrc/interpose.c): a library that fits a model in a
@@ -268,6 +313,7 @@ def _adopt_threads():
             run = self.run
 
             def run_in_block():
+                _adopted.block = block      # (before: its dict is made outside the region)
                 lib.clamor_heap_adopt(block)
                 lib.clamor_py_numpy_enter()     # (numpy's handler is per context: the thread's own)
                 try:
@@ -275,6 +321,7 @@ def _adopt_threads():
                 finally:
                     lib.clamor_py_numpy_exit()
                     lib.clamor_heap_adopt(0)
+                    _adopted.block = 0
             self.run = run_in_block
         return start(self)
     start_in_block._clamor = True
