@@ -414,6 +414,7 @@ unsigned long clamor_py_region_dropped(void);
  * that lie outside the region but grew a table in it a table outside;
  * outside every block.  How many moved, or -1. */
 long clamor_py_rehome(uintptr_t objs);
+long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);

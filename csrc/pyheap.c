@@ -740,6 +740,63 @@ long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npag
     return n;
 }
 
+/* Driver, before a fork: the region objects this process holds from
+ * outside the region.
+ *
+ * A forked worker inherits the driver's private memory as it is at the
+ * fork: a module's globals, a library's cache, a thread's attributes.
+ * Where those hold a region object (a counter a block set, a str a block
+ * stored in a module's dict), the worker keeps the reference, while the
+ * driver may drop it later, free the object and give its memory to
+ * another: the worker would then read the other object in its place (an
+ * int became another int, a str became an array).  The caller keeps each
+ * object listed alive while workers forked now may live.
+ *
+ * Each object of objs (gc.get_objects()) outside the region is traversed;
+ * a region object it refers to goes to out, and a container outside the
+ * region that the collector does not track (a tuple or dict of atoms) is
+ * traversed in turn.  Returns how many were listed (repeats included), or
+ * -1 (error printed). */
+struct held {
+    PyObject *out;
+    int depth;
+    int failed;
+};
+
+static int visit_held(PyObject *o, void *arg) {
+    struct held *h = arg;
+    if (!o || h->failed) return 0;
+    if (in_region(o)) {
+        if (PyList_Append(h->out, o) < 0) h->failed = 1;
+    } else if (PyObject_IS_GC(o) && !PyObject_GC_IsTracked(o) && Py_TYPE(o)->tp_traverse && h->depth < 32) {
+        h->depth++;   /* (untracked containers hold atoms and untracked containers only: no cycle) */
+        Py_TYPE(o)->tp_traverse(o, visit_held, h);
+        h->depth--;
+    }
+    return 0;
+}
+
+long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long n = -1;
+    PyObject *l = (PyObject *)objs, *o = (PyObject *)out;
+    if (!PyList_Check(l) || !PyList_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "clamor_py_held_from_outside needs two lists");
+    } else {
+        struct held h = {o, 0, 0};
+        Py_ssize_t before = PyList_GET_SIZE(o);
+        for (Py_ssize_t i = 0; !h.failed && i < PyList_GET_SIZE(l); i++) {
+            PyObject *x = PyList_GET_ITEM(l, i);
+            if (x == o || in_region(x) || !Py_TYPE(x)->tp_traverse) continue;
+            Py_TYPE(x)->tp_traverse(x, visit_held, &h);
+        }
+        if (!h.failed) n = (long)(PyList_GET_SIZE(o) - before);
+    }
+    if (n < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return n;
+}
+
 /* objs: a list of objects (gc.get_objects()); the calling thread outside
  * every block.  Returns how many tables moved, or -1 (error printed). */
 long clamor_py_rehome(uintptr_t objs) {

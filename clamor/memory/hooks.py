@@ -152,7 +152,9 @@ def callbacks_off():
 
 def prepare_fork():
     """Call right before ``os.fork()`` of a worker, before making anything
-    the child reads.
+    the child reads.  Returns the region objects the child inherits
+    references to from outside the region (``_held_from_outside``): keep
+    them alive while the child may live.
 
     CPython keeps freed objects of the common types (lists, tuples, dicts,
     floats, ...) on free lists and hands them out again, and numpy keeps
@@ -165,20 +167,40 @@ def prepare_fork():
     took from the region, and numpy's ufunc dispatch caches, go back
     outside.
     """
-    if _installed:
-        _forget_interpreter_caches()
-        gc.collect()
-        _flush_dims(active())
-        if not active():
-            _rehome()
-            _ufunc_caches_out()
-            _extension_free_lists_out()
-            # (and the one slice CPython caches, which a collection leaves:
-            # a region slice there was a worker's next slice)
-            if lib.clamor_py_freelists_flush() < 0:
-                raise errors.ClamorError("could not empty CPython's free lists of region objects")
-        global _dropped_seen
-        _dropped_seen = lib.clamor_py_region_dropped()
+    if not _installed:
+        return []
+    _forget_interpreter_caches()
+    gc.collect()
+    _flush_dims(active())
+    held = []
+    if not active():
+        _rehome()
+        _ufunc_caches_out()
+        _extension_free_lists_out()
+        # (and the one slice CPython caches, which a collection leaves:
+        # a region slice there was a worker's next slice)
+        if lib.clamor_py_freelists_flush() < 0:
+            raise errors.ClamorError("could not empty CPython's free lists of region objects")
+        held = _held_from_outside()
+    global _dropped_seen
+    _dropped_seen = lib.clamor_py_region_dropped()
+    return held
+
+
+def _held_from_outside():
+    """The region objects this process's own memory refers to: a module's
+    global or a library's cache that a block set (csrc/pyheap.c,
+    ``clamor_py_held_from_outside``).  A forked worker inherits those
+    references as they are; if the driver dropped such an object later and
+    reused its memory, the worker would read the new object in its place.
+    So the caller keeps them alive while the workers it forks live."""
+    objs, held = gc.get_objects(), []
+    try:
+        if lib.clamor_py_held_from_outside(id(objs), id(held)) < 0:
+            raise errors.ClamorError("could not list the region objects held from outside the region")
+    finally:
+        del objs
+    return held
 
 
 _dropped_seen = 0

@@ -307,6 +307,7 @@ class Cluster(Stages):
         self._welcomed_at = {}  # wid -> when its WELCOME left, until its HELLO
         self._idle_since = None  # when the last action ended: nobody read the socket since
         self._born = {}         # forked wid -> the stage it was forked at
+        self._held = {}         # id -> region object forked workers inherited a reference to (prepare_fork)
         self._remote_open = self.remote   # hand-started workers still welcome
         self._start_failures = 0  # replacements in a row that died before joining
         self._wids = itertools.count()
@@ -367,7 +368,9 @@ class Cluster(Stages):
         """Start one more local worker; it joins when its HELLO arrives."""
         wid = b"w%d" % next(self._wids)
         if self.start_method == "fork":
-            prepare_fork()   # before the arguments are made: none may come from a free list
+            # before the arguments are made: none may come from a free list
+            for o in prepare_fork():
+                self._held.setdefault(id(o), o)
             code.note_fork()
             pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
             self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
@@ -405,6 +408,8 @@ class Cluster(Stages):
         if state is not None:   # (None: closed already)
             _, fn, args, _ = state
             fn(*args, timeout=timeout)
+        # what forked workers inherited references to may be freed now
+        getattr(self, "_held", {}).clear()
 
     @property
     def worker_pids(self):
