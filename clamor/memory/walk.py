@@ -419,16 +419,21 @@ def _own_keys(o, path):
     write then would change pages for nothing (and, for workers not forked,
     be a page version no relocation list describes)."""
     from .._native import lib
-    from .hooks import install
+    from . import hooks
 
-    install()   # (the block below needs Python's allocators wrapped)
+    if not hooks._installed:
+        hooks.install()   # (the block below needs Python's allocators wrapped; once: it rescans every library)
 
     def convert(fresh):
         lib.clamor_heap_enter()
         try:
             d = o.__dict__
             if fresh:
-                d = o.__dict__ = dict(d)
+                d = dict(d)
+                if not region.contains(id(d), sys.getsizeof(d)):
+                    spare.append(d)     # off the free list: kept, so the next one is not
+                    return False
+                o.__dict__ = d
             else:
                 depth = lib.clamor_heap_suspend()   # (the check's own objects are no region objects)
                 try:
@@ -445,13 +450,22 @@ def _own_keys(o, path):
         return region.contains(id(d), sys.getsizeof(d))
 
     # The dict object may come from CPython's free list, outside the region
-    # (its keys, general ones, never do): then empty the lists and make a
-    # new one.
+    # (its keys, general ones, never do): then make new ones until one is
+    # the allocator's, holding those the free list gave (it keeps 80 at
+    # most), which go back to it afterwards.  (A collection to empty the
+    # lists cost a walk of the whole heap for each such instance.)
+    spare = []
     if not convert(False):
         conversions[0] += 1
-        gc.collect()
-        if not convert(True):
+        for _ in range(_FREE_LIST_MAX + 1):
+            if convert(True):
+                break
+        else:
             raise NotShareable(f"{path}.__dict__ could not be placed in the region")
+        spare.clear()
+
+
+_FREE_LIST_MAX = 80     # CPython's dict free list (PyDict_MAXFREELIST)
 
 
 def _owns_keys(d):
