@@ -4,7 +4,8 @@ Once a stage has begun (a Cluster protects the region as it starts; so
 does attaching to Dask), the driver keeps region pages write-protected to
 log their versions.  A system call that writes into such a page used to
 fail with EFAULT: np.load, pickle.load, open().read(), pd.read_csv and even
-the first import of a module under heap().  Each mechanism is run:
+the first import of a module under heap() (which now runs outside the
+region: hooks._imports_outside).  Each mechanism is run:
 userfaultfd, where a system call's write waits for the page's version like
 any other write, and mprotect, the fallback, where the blocks heap() hands
 out are opened as they are handed out.
@@ -184,7 +185,7 @@ np.save(%r, pts)
 res = {}
 with clamor.Cluster(workers=2, progress=False) as cl:
     with clamor.heap():
-        import scipy.spatial                     # its .py and .so files read into region memory
+        import scipy.spatial                     # (the import itself runs outside the region)
         loaded = np.load(%r)
         tree = scipy.spatial.cKDTree(loaded)
     res["in_region"] = region.contains(id(tree)) and region.contains(loaded.ctypes.data, loaded.nbytes)
