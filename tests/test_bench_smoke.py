@@ -55,6 +55,7 @@ KEYS = {
     "portable": (["portable_time_ratio", "reloc_us_per_page", "reloc_bytes_per_page", "pages_with_relocs"], {}),
     "dask_globals": (["speedup_vs_scatter", "bytes_ratio_vs_scatter", "update_speedup_vs_rescatter"], {}),
     "sparse_lr": ([], {"speedup_vs_spark": "spark", "speedup_vs_dask": "dask", "speedup_vs_ray": "ray"}),
+    "objects": (["check_vs_pickle", "first_stage_vs_pickle", "changed_stage_vs_pickle", "objects_per_s_min"], {}),
     "figures": ([], {}),
 }
 

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Big Python object graphs: share(), a first stage and a stage after a
+one-entry change, against one pickle of the same object.
+
+Globals are often plain Python: a dict from ids to records, a list of
+instances.  A broadcast pickles such an object once; clamor instead checks
+it (``clamor.share``, and the Cluster's own check before a stage) and, for
+workers that were not forked, lists the words of each page that point out
+of the region.  This script measures those walks on four shapes, built
+under ``clamor.heap()`` before the Cluster starts:
+
+  dict_int    {i: (i, "s<i>")}           int keys, tuple values
+  dict_str    {"k<i>": "v<i>"}           str keys (the hash seed is fixed:
+                                         spawned workers hash as the driver)
+  list_plain  [Plain(i, "n<i>", i / 2)]  instances of a plain class
+  list_dc     [Rec(i, "n<i>", i / 2)]    dataclass instances
+
+For each shape and each kind of worker (forked, spawned), in one run:
+
+  pickle_s        one ``pickle.dumps`` of the object: the baseline
+  check_s         ``clamor.share(obj)`` (``portable=True`` for spawned)
+  first_stage_s   the first stage whose tasks read 64 entries, one task a
+                  worker (the Cluster's check and the pages included)
+  changed_stage_s the next stage after the driver changed one entry in a
+                  block (the check again, the changed page)
+
+and the ratios to ``pickle_s``: ``check_vs_pickle`` (target <= 0.5),
+``first_stage_vs_pickle`` (<= 1.0), ``changed_stage_vs_pickle`` (<= 0.05),
+with ``objects_per_s``: the objects of the graph (keys, values, tuples,
+instances and their attribute values) over ``check_s``.  Every task's
+answer must equal the driver's, or the script exits 1; a stage that fails
+(a lost worker) is reported as such.  The last line is one JSON object
+with every figure and, per ratio, the worst shape.
+
+    python bench/objects.py [--quick | --smoke] [--workers 2] [--modes fork,spawn]
+
+Full run: dicts of 10^7 entries, lists of 10^6 instances; --quick: 10^6
+and 10^5; --smoke: 10^4 and 10^3 (seconds; checks that the script works).
+"""
+import argparse
+import os
+import pickle
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if os.environ.get("PYTHONHASHSEED") != "0":     # str keys hash alike on spawned workers
+    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": "0"})
+# spawned workers import the classes by name, as a user's workers import their module
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
+
+from _common import json_line  # noqa: E402
+from _records import Plain, Rec  # noqa: E402
+
+SHAPES = ("dict_int", "dict_str", "list_plain", "list_dc")
+READS = 64
+
+
+def build(shape, n):
+    """The object of ``shape`` with ``n`` entries, and its object count."""
+    if shape == "dict_int":
+        return {i: (i, "s" + str(i)) for i in range(n)}, 3 * n + 1
+    if shape == "dict_str":
+        return {"k" + str(i): "v" + str(i) for i in range(n)}, 2 * n + 1
+    cls = Plain if shape == "list_plain" else Rec
+    return [cls(i, "n" + str(i), i / 2) for i in range(n)], 4 * n + 1
+
+
+def keys_of(shape, n):
+    step = max(1, n // READS)
+    idx = list(range(0, n, step))[:READS]
+    return ["k" + str(i) for i in idx] if shape == "dict_str" else idx
+
+
+def read(shape, obj, keys):
+    """What a task returns: the entries at ``keys`` (runs on the workers)."""
+    if shape.startswith("dict"):
+        return [obj[k] for k in keys]
+    return [(r.id, r.name, r.score) for r in (obj[k] for k in keys)]
+
+
+def change(clamor, shape, obj, n):
+    """One entry changed by the driver, in a block; the key it changed."""
+    with clamor.heap():
+        if shape == "dict_int":
+            obj[n // 2] = (-1, "changed" + str(n))
+            return n // 2
+        if shape == "dict_str":
+            obj["k" + str(n // 2)] = "changed" + str(n)
+            return "k" + str(n // 2)
+        obj[n // 2].score = -float(n)
+        return n // 2
+
+
+def stage(cl, workers, shape, obj, keys):
+    t0 = time.perf_counter()
+    got = cl.parallelize(range(workers), workers).map(lambda _: read(shape, obj, keys)).collect()
+    return time.perf_counter() - t0, got
+
+
+def run_mode(clamor, mode, objs, args):
+    out = {}
+    with clamor.Cluster(workers=args.workers, start_method=mode, progress=None, max_attempts=2) as cl:
+        cl.run(lambda: None)     # the workers exist
+        for shape, (obj, count, n, pickle_s) in objs.items():
+            rec = out[shape] = {"entries": n, "objects": count, "pickle_s": pickle_s}
+            t0 = time.perf_counter()
+            clamor.share(obj, portable=mode == "spawn")
+            rec["check_s"] = time.perf_counter() - t0
+            keys = keys_of(shape, n)
+            try:
+                rec["first_stage_s"], got = stage(cl, args.workers, shape, obj, keys)
+                rec["first_equal"] = got == [read(shape, obj, keys)] * args.workers
+                k = change(clamor, shape, obj, n)
+                keys = keys + [k]
+                rec["changed_stage_s"], got = stage(cl, args.workers, shape, obj, keys)
+                rec["changed_equal"] = got == [read(shape, obj, keys)] * args.workers
+            except clamor.ClamorError as e:
+                rec["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            for key in ("check", "first_stage", "changed_stage"):
+                if f"{key}_s" in rec:
+                    rec[f"{key}_vs_pickle"] = rec[f"{key}_s"] / pickle_s
+            rec["objects_per_s"] = count / rec["check_s"]
+            print(f"  {mode:5} {shape:10} {n:>10,}: pickle {pickle_s:7.3f} s  share {rec['check_s']:7.3f} s "
+                  f"({rec['objects_per_s'] / 1e6:.2f} M objects/s)  first stage "
+                  f"{rec.get('first_stage_s', float('nan')):7.3f} s  changed {rec.get('changed_stage_s', float('nan')):7.3f} s"
+                  + (f"  FAILED {rec['failed']}" if "failed" in rec else "")
+                  + ("" if rec.get("first_equal", True) and rec.get("changed_equal", True) else "  answers DIFFER"),
+                  flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="dicts of 10^6 entries, lists of 10^5")
+    size.add_argument("--smoke", action="store_true", help="dicts of 10^4 entries, lists of 10^3")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--modes", default="fork,spawn", help="kinds of worker, of fork and spawn")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="of " + ", ".join(SHAPES))
+    args = ap.parse_args()
+    modes, shapes = args.modes.split(","), args.shapes.split(",")
+    if set(modes) - {"fork", "spawn"} or set(shapes) - set(SHAPES) or args.workers < 1:
+        ap.error("--modes names fork and spawn, --shapes the shapes above, --workers is positive")
+    dict_n, list_n = (10 ** 4, 10 ** 3) if args.smoke else (10 ** 6, 10 ** 5) if args.quick else (10 ** 7, 10 ** 6)
+
+    import clamor
+
+    objs = {}
+    for shape in shapes:
+        n = dict_n if shape.startswith("dict") else list_n
+        with clamor.heap():
+            obj, count = build(shape, n)
+        t0 = time.perf_counter()
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        objs[shape] = (obj, count, n, time.perf_counter() - t0)
+    print(f"objects: {', '.join(f'{s} {v[2]:,}' for s, v in objs.items())}; {args.workers} workers; "
+          f"region {clamor.heap_stats()['allocated'] / 2**20:.0f} MiB", flush=True)
+    runs = {mode: run_mode(clamor, mode, objs, args) for mode in modes}
+
+    bad = [f"{m} {s}" for m, r in runs.items() for s, x in r.items()
+           if not (x.get("first_equal", True) and x.get("changed_equal", True))]
+    figures = {"bench": "objects", "workers": args.workers, "runs": runs, "answers_equal": not bad}
+    for key in ("check_vs_pickle", "first_stage_vs_pickle", "changed_stage_vs_pickle"):
+        vals = [(x[key], f"{m} {s}") for m, r in runs.items() for s, x in r.items() if key in x]
+        if vals:
+            worst = max(vals)
+            figures[key] = worst[0]
+            figures[key + "_worst"] = worst[1]
+    figures["failed"] = [f"{m} {s}" for m, r in runs.items() for s, x in r.items() if "failed" in x]
+    figures["objects_per_s_min"] = min(x["objects_per_s"] for r in runs.values() for x in r.values())
+    json_line(figures)
+    if bad:
+        print("objects: answers differ: " + ", ".join(bad), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
