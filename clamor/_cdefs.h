@@ -169,6 +169,7 @@ long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *failed);
 long clamor_py_rehome(uintptr_t objs);
 long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
+int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited);
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);

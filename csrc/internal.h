@@ -511,9 +511,16 @@ int clamor_py_classes_init(void);
 int clamor_py_is_class(uintptr_t type);
 #ifdef PY_VERSION_HEX
 bool cl_py_is_class(PyTypeObject *t);
+/* The HIDE_* bits of region object o's words a stage would hide (pyheap.c),
+ * with the words' addresses. */
+int cl_py_to_hide(PyObject *o, void ***weak, void ***info);
 #endif
 /* Bytes of the object's own body (basic size and items). */
 size_t clamor_py_body_size(uintptr_t obj);
+/* share()'s walk of plain data (pywalk.c): 1 when every object reachable
+ * from root is plain, in the region (or a singleton) with its tables there,
+ * 0 when the Python walk must decide, -1 out of memory. */
+int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:
  * words into the region but outside [lo, lo + len) go to inner[] (a repeat
  * of the previous one dropped), words inside one of the npriv sorted,

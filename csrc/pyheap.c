@@ -596,7 +596,7 @@ static void **buffer_info_of(PyObject *o) {
 
 /* Which words of `o` (a live region object) to hide now: HIDE_* bits;
  * *weak and *info get their addresses. */
-static int to_hide(PyObject *o, void ***weak, void ***info) {
+int cl_py_to_hide(PyObject *o, void ***weak, void ***info) {
     int kinds = 0;
     PyWeakReference **head = weaklist_of(o);
     if (head && in_region(head) && *head && PyWeakref_Check((PyObject *)*head) && (*head)->wr_object == o &&
@@ -618,7 +618,7 @@ int clamor_py_hides(uintptr_t obj) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *o = (PyObject *)obj;
     void **weak, **info;
-    int rc = in_region(o) ? to_hide(o, &weak, &info) : 0;
+    int rc = in_region(o) ? cl_py_to_hide(o, &weak, &info) : 0;
     PyGILState_Release(g);
     return rc;
 }
@@ -644,7 +644,7 @@ int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uin
         PyObject *o = (PyObject *)(uintptr_t)objs[i];
         void **weak = NULL, **info = NULL;
         state[i] = in_region(o) && in_region((char *)o + sizeof(PyObject) - 1) &&
-                   (uint64_t)(uintptr_t)Py_TYPE(o) == types[i] && Py_REFCNT(o) > 0 && to_hide(o, &weak, &info);
+                   (uint64_t)(uintptr_t)Py_TYPE(o) == types[i] && Py_REFCNT(o) > 0 && cl_py_to_hide(o, &weak, &info);
         if (weak) words[k++] = weak;
         if (info) words[k++] = info;
     }

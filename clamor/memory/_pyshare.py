@@ -103,6 +103,10 @@ class AddressMap:
         self.private = ffi.new("uintptr_t[]", [x for r in private for x in r] or [0])
         self.nprivate = len(private)
 
+    def images(self):
+        """The loaded images' address ranges, sorted: [(lo, hi)]."""
+        return list(self._images)
+
     def in_image(self, addr):
         i = bisect.bisect_right(self._starts, addr) - 1
         return i >= 0 and addr < self._images[i][1]

@@ -628,6 +628,8 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
     nothing is written."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
+    if mode is None and reads is None and _walk_plain(obj, limit):
+        return
     last = None
     for _ in range(16):
         moves = _walk_once(obj, limit, mode, reads, bring_in)
@@ -643,6 +645,27 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
         if reads is not None:
             reads.restart()
     _walk_once(obj, limit, mode, reads, False)
+
+
+_PLAIN = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex, bool)
+plain_in_c = [True]     # (tests/test_walk_plain.py compares the two walks)
+
+
+def _walk_plain(obj, limit):
+    """share()'s walk of plain data in C (csrc/pywalk.c): True when every
+    object reachable is plain, in the region with its tables (or a
+    singleton every process has), and the walk in Python would approve it
+    without a word to say or a thing to write; False when that walk must
+    decide."""
+    if not plain_in_c[0] or type(obj) not in _PLAIN:
+        return False
+    spans = _pyshare.AddressMap().images()
+    visited = ffi.new("long *")
+    rc = lib.clamor_py_walk_plain(id(obj), limit, ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]),
+                                  len(spans), visited)
+    if rc < 0:
+        raise MemoryError("no memory for the walk of plain data")
+    return rc == 1
 
 
 def _bring_in(moves):
