@@ -14,6 +14,7 @@ only if it is also portable (``clamor.memory.portable``): those workers
 relocate its pages.
 """
 import ctypes
+import gc
 import io
 import logging
 import pickle
@@ -25,11 +26,12 @@ import cloudpickle
 import numpy as np
 
 from .. import errors
+from .._native import lib
 from ..errors import NotShareable
 from ..memory import byvalue, portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
-from ..memory.walk import conversions
+from ..memory.walk import brought, conversions
 from . import code
 from .collection import DataCollection
 
@@ -143,6 +145,7 @@ def _vouched(obj, known, check):
     try:
         reads = check(obj)
     except NotShareable as err:
+        _fresh_free_lists()
         log.info("a region %s travels by value: %s", type(obj).__name__, err)
         _refused.append((obj, str(err)))     # (said once the payload is made, with its size)
         known[id(obj)] = (sig, False, None, obj if known is _portable else None)
@@ -154,8 +157,30 @@ def _vouched(obj, known, check):
         log.info("a region %s travels by value once: its instances' dicts were rewritten as it shipped",
                  type(obj).__name__)
         return False
+    _fresh_free_lists()
     known[id(obj)] = (sig, True, reads, obj if known is _portable else None)
     return True
+
+
+_flushed_at = [None]     # the counters when the free lists were last emptied here
+
+
+def _fresh_free_lists():
+    """After a check (or before a dump): CPython's free lists hold no region
+    object.  A check may drop region objects (an entry of a library's
+    cache, a dict it replaced); a dead region list on the list free list
+    became cloudpickle's next ``_cloudpickle_submodules`` list, which this
+    pickler then sent by offset as if the user had shared it, and which
+    the stage's version did not show as the driver had remade it (a worker
+    died in ``_function_setstate``: updgen seed 7015).  Emptying the lists
+    costs about a millisecond: only when region memory was freed, or a walk
+    wrote, since the last time."""
+    now = (lib.clamor_py_region_dropped(), conversions[0], brought[0])
+    if now == _flushed_at[0]:
+        return
+    if lib.clamor_py_freelists_flush() < 0:
+        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+    _flushed_at[0] = now
 
 
 class _Pickler(cloudpickle.CloudPickler):
@@ -220,12 +245,18 @@ def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forke
     p = _Pickler(buf, protocol=protocol)
     p.roots, p.forked, p.portable, p.modules = roots, forked, portable, modules
     del _refused[:]
+    collecting = gc.isenabled()
     try:
+        if _base:
+            _fresh_free_lists()
+            gc.disable()    # (a collection in the dump would free region garbage onto the free lists)
         p.dump(obj)
         for refused, reason in _refused:
             byvalue.report(refused, reason, stacklevel=4, size=buf.tell())
     finally:
         del _refused[:]
+        if collecting:
+            gc.enable()
     if objects is not None and p.in_place is not None:
         objects.append(p.in_place)
     return buf.getvalue()
