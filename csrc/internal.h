@@ -520,7 +520,9 @@ size_t clamor_py_body_size(uintptr_t obj);
 /* share()'s walk of plain data (pywalk.c): 1 when every object reachable
  * from root is plain, in the region (or a singleton) with its tables there,
  * 0 when the Python walk must decide, -1 out of memory. */
-int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited);
+int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
+                         uintptr_t extents_out);
+void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:
  * words into the region but outside [lo, lo + len) go to inner[] (a repeat
  * of the previous one dropped), words inside one of the npriv sorted,

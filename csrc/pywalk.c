@@ -114,6 +114,71 @@ static int push(struct stack *st, PyObject *o) {
     return 0;
 }
 
+/* ---- what a reader follows pointers from (walk.pointer_extents) ---------------- */
+
+struct extents {
+    uint64_t *v; /* (start, length) pairs, each within one region page */
+    size_t n, cap;
+};
+
+static int extent(struct extents *e, uintptr_t lo, size_t len) {
+    if (!e) return 0;
+    while (len) { /* split at page boundaries: the digests are per page */
+        uintptr_t page_end = ((lo - cl_region.base) | (((uintptr_t)1 << cl_region.page_shift) - 1)) + 1 + cl_region.base;
+        size_t n = page_end - lo < len ? page_end - lo : len;
+        if (e->n == e->cap) {
+            size_t cap = e->cap ? 2 * e->cap : 4096;
+            uint64_t *t = realloc(e->v, 2 * cap * sizeof *t);
+            if (!t) return -1;
+            e->v = t;
+            e->cap = cap;
+        }
+        e->v[2 * e->n] = lo;
+        e->v[2 * e->n + 1] = n;
+        e->n++;
+        lo += n;
+        len -= n;
+    }
+    return 0;
+}
+
+static void block_extent(struct extents *e, const void *p, int *fail) {
+    uintptr_t start;
+    size_t size;
+    if (clamor_block_of(p, &start, &size) != 0) {
+        start = (uintptr_t)p;
+        size = 8;
+    }
+    if (extent(e, start, size) < 0) *fail = 1;
+}
+
+/* The extents of region object o of a plain type, as pointer_extents()
+ * gives them: the body past the reference count of a container (atoms are
+ * data past their type), a list's items, a dict's keys table and a set's
+ * table (the allocator's blocks). */
+static int extents_of(PyObject *o, struct extents *e) {
+    if (!e) return 0;
+    int fail = 0;
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyTuple_Type || t == &PyList_Type || t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type) {
+        size_t body = clamor_py_body_size((uintptr_t)o);
+        if (body > 8 && extent(e, (uintptr_t)o + 8, body - 8) < 0) return -1;
+    }
+    if (t == &PyList_Type) {
+        PyObject **items = ((PyListObject *)o)->ob_item;
+        if (items && inside((uintptr_t)items, 1) && PyList_GET_SIZE(o) &&
+            extent(e, (uintptr_t)items, 8 * (size_t)PyList_GET_SIZE(o)) < 0)
+            return -1;
+    } else if (t == &PyDict_Type) {
+        void *k = ((PyDictObject *)o)->ma_keys;
+        if (k && inside((uintptr_t)k, 1)) block_extent(e, k, &fail);
+    } else if (t == &PySet_Type || t == &PyFrozenSet_Type) {
+        PySetObject *s = (PySetObject *)o;
+        if (s->table != s->smalltable && inside((uintptr_t)s->table, 1)) block_extent(e, s->table, &fail);
+    }
+    return fail ? -1 : 0;
+}
+
 /* ---- one object ---------------------------------------------------------------- */
 
 enum { FALLBACK = 0, OK = 1, NOMEM = -1 };
@@ -208,10 +273,12 @@ static int children(PyObject *o, struct stack *st) {
 /* root: an object; limit: share()'s; images: the loaded images' ranges,
  * sorted pairs.  Returns 1 (approved, the Python walk has nothing to add),
  * 0 (walk it in Python) or -1 (no memory).  *visited: objects looked at. */
-int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited) {
+int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
+                         uintptr_t extents_out) {
     PyGILState_STATE g = PyGILState_Ensure();
     struct seen seen = {0};
     struct stack st = {0};
+    struct extents ext = {0}, *e = extents_out ? &ext : NULL;
     int rc = OK;
     long n = 0;
     if (push(&st, (PyObject *)root) < 0) rc = NOMEM;
@@ -239,13 +306,60 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
             rc = FALLBACK;
             break;
         }
-        if (children(o, &st) < 0) rc = NOMEM;
+        if (children(o, &st) < 0 || extents_of(o, e) < 0) rc = NOMEM;
     }
+    if (rc == OK && e) { /* (start, length) pairs as native words, into the caller's bytearray */
+        PyObject *ba = (PyObject *)extents_out;
+        size_t bytes = 2 * ext.n * sizeof(uint64_t);
+        if (!PyByteArray_Check(ba) || PyByteArray_Resize(ba, (Py_ssize_t)bytes) < 0) {
+            PyErr_Clear();
+            rc = NOMEM;
+        } else if (bytes) {
+            memcpy(PyByteArray_AS_STRING(ba), ext.v, bytes);
+        }
+    }
+    free(ext.v);
     free(seen.slot);
     free(st.item);
     *visited = n;
     PyGILState_Release(g);
     return rc;
+}
+
+/* A 128-bit digest of the bytes of ranges[0..n) ((start, length) pairs),
+ * for walk.read_digests: did a walk's bytes change?  Two 64-bit lanes of a
+ * multiply-rotate hash over 8-byte words (the tail byte by byte), each range's
+ * length mixed in.  Not cryptographic: the driver's own bytes, compared with
+ * themselves. */
+static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out) {
+    uint64_t a = 0x9E3779B97F4A7C15ull, b = 0xC2B2AE3D27D4EB4Full;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)ranges[2 * i];
+        uint64_t len = ranges[2 * i + 1];
+        a = rotl(a ^ len, 27) * 0x100000001B3ull;
+        b = rotl(b + len, 31) * 0x9E3779B97F4A7C15ull;
+        size_t k = 0;
+        for (; k + 8 <= len; k += 8) {
+            uint64_t w;
+            memcpy(&w, p + k, 8);
+            a = rotl(a ^ (w * 0x87C37B91114253D5ull), 31) * 0x4CF5AD432745937Full;
+            b = rotl(b + (w ^ (w >> 29)), 27) * 0x9FB21C651E98DF25ull + a;
+        }
+        for (; k < len; k++) {
+            a = (a ^ p[k]) * 0x100000001B3ull;
+            b = rotl(b + p[k], 13) * 0x9E3779B97F4A7C15ull;
+        }
+    }
+    a ^= a >> 33;
+    a *= 0xFF51AFD7ED558CCDull;
+    a ^= a >> 33;
+    b ^= b >> 29;
+    b *= 0xC4CEB9FE1A85EC53ull;
+    b ^= b >> 32;
+    out[0] = a;
+    out[1] = b;
 }
 
 #endif /* CLAMOR_WITH_PYTHON */

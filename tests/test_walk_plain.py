@@ -1,5 +1,6 @@
 """share()'s walk of plain data in C (csrc/pywalk.c) against the walk in
-Python, its reference (clamor/memory/walk.py).
+Python, its reference (clamor/memory/walk.py): the verdict, and for the
+Cluster's check the bytes the verdict rests on.
 
 The C walk may only say yes where the Python walk says yes with nothing to
 add: approved, no object brought into the region, no dict given keys of its
@@ -28,7 +29,7 @@ def c_walk(o, limit):
     spans = _pyshare.AddressMap().images()
     v = ffi.new("long *")
     return lib.clamor_py_walk_plain(id(o), limit, ffi.new("uintptr_t[]", [x for r in spans for x in r]),
-                                    len(spans), v), v[0]
+                                    len(spans), v, 0), v[0]
 
 def python_walk(o, limit):
     walk.plain_in_c[0] = False
@@ -43,6 +44,29 @@ def python_walk(o, limit):
     finally:
         walk.plain_in_c[0] = True
     return verdict, (walk.brought[0], walk.conversions[0]) != before, len(caught)
+
+def union(pairs):
+    out = []
+    for lo, n in sorted((int(a), int(b)) for a, b in pairs if int(b)):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], lo + n)
+        else:
+            out.append([lo, lo + n])
+    return out
+
+def same_reads(o, limit):
+    # the bytes the Cluster's check rests on: the C walk's extents against
+    # the Python walk's (walk.pointer_extents of every object)
+    mine = walk.Reads()
+    if not walk._walk_plain(o, limit, mine):
+        return "C deferred"
+    walk.plain_in_c[0] = False
+    try:
+        theirs = walk.Reads()
+        walk._walk(o, limit, None, theirs)
+    finally:
+        walk.plain_in_c[0] = True
+    return union(mine.plain) == union((lo, n) for lo, n, *_ in theirs.extents) and not theirs.inherited
 
 def leaf(r, outside):
     k = r.randrange(9)
@@ -131,7 +155,7 @@ r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
 OUTSIDE = [r.randrange(10**3, 10**12) for _ in range(50)] + ["o" + str(r.random()) for _ in range(50)] + \
           [r.random() * 1e6 for _ in range(50)]      # made outside any block
 shared = []
-counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0}
+counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0, "reads_compared": 0}
 for case in range(int({cases!r})):
     with clamor.heap():
         g = [build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
@@ -148,6 +172,11 @@ for case in range(int({cases!r})):
     else:
         counts["c_no"] += 1
         counts["kinds_c_no"][kind] = counts["kinds_c_no"].get(kind, 0) + 1
+    if c == 1:
+        counts["reads_compared"] += 1
+        same = same_reads(g, limit)
+        if same is not True:
+            counts["bad"].append([case, kind, "reads differ", same])
     if c == 1 and case % 11 == 0:       # and the C walk's answer stands once Python walked too
         c2, _ = c_walk(g, limit)
         if c2 != 1:
@@ -161,6 +190,7 @@ def test_the_c_walk_approves_only_what_the_python_walk_approves_untouched():
     assert out["exit"] == 0, out
     assert not out["bad"], out
     assert out["c_yes"] >= 60 and out["c_no"] >= 60, out      # both answers are exercised
+    assert out["reads_compared"] == out["c_yes"], out
     # each kind of change that needs the Python walk made the C walk defer
     for kind in ("list grown outside", "int outside", "weakly referenced set", "split dict", "instance", "array",
                  "dict grown outside"):

@@ -40,7 +40,6 @@ import array
 import ctypes
 import datetime
 import gc
-import hashlib
 import sys
 import types
 import warnings
@@ -325,28 +324,42 @@ def pointer_extents(o, path=None, body=True):
     return out
 
 
-def read_digests(extents):
+def read_digests(extents, plain=None):
     """{page: (the byte ranges of it in ``extents``, their digest)}.  A walk's
     verdict depends on the bytes it read pointers from only (reference
     counts and the collector's links are not among them), so a page the
-    driver changed whose ranges read the same needs no new walk."""
+    driver changed whose ranges read the same needs no new walk.
+    ``extents``: (start, length, ...) tuples; ``plain``: more of them, as
+    an (n, 2) uint64 array already split at page boundaries (the C walk's,
+    csrc/pywalk.c).  The ranges of a page are an (k, 2) array."""
     base, ps = region.base(), region.page_size()
-    spans = {}
+    pairs = []
     for lo, n, *_ in extents:
         pos, end = lo, lo + n
         while pos < end:
-            page = (pos - base) // ps
-            stop = min(end, base + (page + 1) * ps)
-            spans.setdefault(page, []).append((pos, stop - pos))
+            stop = min(end, base + ((pos - base) // ps + 1) * ps)
+            pairs.append((pos, stop - pos))
             pos = stop
-    return {page: (rs, _digest(rs)) for page, rs in spans.items()}
+    arr = np.array(pairs, dtype=np.uint64).reshape(-1, 2)
+    if plain is not None and len(plain):
+        arr = np.concatenate([arr, plain])
+    if not len(arr):
+        return {}
+    pages = (arr[:, 0] - np.uint64(base)) // np.uint64(ps)
+    order = np.argsort(pages, kind="stable")
+    arr, pages = np.ascontiguousarray(arr[order]), pages[order]
+    firsts = np.flatnonzero(np.r_[True, pages[1:] != pages[:-1]])
+    ends = np.r_[firsts[1:], len(arr)]
+    return {int(pages[i]): (arr[i:j], _digest(arr[i:j])) for i, j in zip(firsts, ends)}
 
 
 def _digest(ranges):
-    h = hashlib.blake2b(digest_size=16)
-    for lo, n in ranges:
-        h.update(ctypes.string_at(lo, n))
-    return h.digest()
+    """The digest of the bytes of ``ranges``, a (k, 2) uint64 array of
+    (start, length) (csrc/pywalk.c, clamor_py_digest)."""
+    ranges = np.ascontiguousarray(ranges, dtype=np.uint64)
+    out = ffi.new("uint64_t[2]")
+    lib.clamor_py_digest(ffi.cast("const uint64_t *", ranges.ctypes.data), len(ranges), out)
+    return (int(out[0]), int(out[1]))
 
 
 def read_changed(read, changed):
@@ -366,16 +379,17 @@ class Reads:
 
     def __init__(self):
         self.extents = []
+        self.plain = None       # the C walk's extents (csrc/pywalk.c), an (n, 2) array
         self.inherited = []
         self.read = None
 
     def restart(self):
-        self.extents, self.inherited = [], []
+        self.extents, self.plain, self.inherited = [], None, []
 
     def seal(self):
         """Digest what was read (``read``), and let the extents go."""
-        self.read = read_digests(self.extents)
-        self.extents = []
+        self.read = read_digests(self.extents, self.plain)
+        self.extents, self.plain = [], None
         return self
 
     def changed(self, pages):
@@ -628,7 +642,7 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
     nothing is written."""
     if not region.size():
         raise errors.NoRegion("no region in this process")
-    if mode is None and reads is None and _walk_plain(obj, limit):
+    if mode is None and _walk_plain(obj, limit, reads):
         return
     last = None
     for _ in range(16):
@@ -651,20 +665,24 @@ _PLAIN = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex, bo
 plain_in_c = [True]     # (tests/test_walk_plain.py compares the two walks)
 
 
-def _walk_plain(obj, limit):
+def _walk_plain(obj, limit, reads=None):
     """share()'s walk of plain data in C (csrc/pywalk.c): True when every
     object reachable is plain, in the region with its tables (or a
     singleton every process has), and the walk in Python would approve it
     without a word to say or a thing to write; False when that walk must
-    decide."""
+    decide.  ``reads`` (the Cluster's check) gets the extents the verdict
+    rests on, as the Python walk's ``Reads.inside`` would."""
     if not plain_in_c[0] or type(obj) not in _PLAIN:
         return False
     spans = _pyshare.AddressMap().images()
     visited = ffi.new("long *")
+    out = bytearray() if reads is not None else None
     rc = lib.clamor_py_walk_plain(id(obj), limit, ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]),
-                                  len(spans), visited)
+                                  len(spans), visited, id(out) if out is not None else 0)
     if rc < 0:
         raise MemoryError("no memory for the walk of plain data")
+    if rc == 1 and reads is not None:
+        reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
     return rc == 1
 
 
