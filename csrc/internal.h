@@ -513,7 +513,7 @@ int clamor_py_is_class(uintptr_t type);
 bool cl_py_is_class(PyTypeObject *t);
 /* The HIDE_* bits of region object o's words a stage would hide (pyheap.c),
  * with the words' addresses. */
-int cl_py_to_hide(PyObject *o, void ***weak, void ***info);
+int cl_py_to_hide(struct _object *o, void ***weak, void ***info);   /* (struct _object: PyObject) */
 #endif
 /* Bytes of the object's own body (basic size and items). */
 size_t clamor_py_body_size(uintptr_t obj);
