@@ -192,6 +192,9 @@ static int everyones(PyObject *o) {
         return !overflow && v >= -5 && v <= 256;
     }
     if (PyUnicode_CheckExact(o)) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (!PyUnicode_IS_READY(o)) return 0; /* (a legacy str: its length is not known yet) */
+#endif
         Py_ssize_t n = PyUnicode_GET_LENGTH(o);
         return n == 0 || (n == 1 && PyUnicode_READ_CHAR(o, 0) < 256);
     }
