@@ -331,34 +331,30 @@ def read_digests(extents, plain=None):
     driver changed whose ranges read the same needs no new walk.
     ``extents``: (start, length, ...) tuples; ``plain``: more of them, as
     an (n, 2) uint64 array already split at page boundaries (the C walk's,
-    csrc/pywalk.c).  The ranges of a page are an (k, 2) array."""
+    csrc/pywalk.c).  The ranges of a page are a list of (start, length).
+    (Kept as lists: with numpy arrays there, the libraries hunt at seed
+    1022, fetch, read other objects on the workers; not understood yet.)"""
     base, ps = region.base(), region.page_size()
-    pairs = []
+    spans = {}
     for lo, n, *_ in extents:
         pos, end = lo, lo + n
         while pos < end:
-            stop = min(end, base + ((pos - base) // ps + 1) * ps)
-            pairs.append((pos, stop - pos))
+            page = (pos - base) // ps
+            stop = min(end, base + (page + 1) * ps)
+            spans.setdefault(page, []).append((pos, stop - pos))
             pos = stop
-    arr = np.array(pairs, dtype=np.uint64).reshape(-1, 2)
     if plain is not None and len(plain):
-        arr = np.concatenate([arr, plain])
-    if not len(arr):
-        return {}
-    pages = (arr[:, 0] - np.uint64(base)) // np.uint64(ps)
-    order = np.argsort(pages, kind="stable")
-    arr, pages = np.ascontiguousarray(arr[order]), pages[order]
-    firsts = np.flatnonzero(np.r_[True, pages[1:] != pages[:-1]])
-    ends = np.r_[firsts[1:], len(arr)]
-    return {int(pages[i]): (arr[i:j], _digest(arr[i:j])) for i, j in zip(firsts, ends)}
+        for lo, n in plain.tolist():
+            spans.setdefault((lo - base) // ps, []).append((lo, n))
+    return {page: (rs, _digest(rs)) for page, rs in spans.items()}
 
 
 def _digest(ranges):
-    """The digest of the bytes of ``ranges``, a (k, 2) uint64 array of
-    (start, length) (csrc/pywalk.c, clamor_py_digest)."""
-    ranges = np.ascontiguousarray(ranges, dtype=np.uint64)
+    """The digest of the bytes of ``ranges``, (start, length) pairs
+    (csrc/pywalk.c, clamor_py_digest)."""
+    arr = np.array(ranges, dtype=np.uint64).reshape(-1, 2)
     out = ffi.new("uint64_t[2]")
-    lib.clamor_py_digest(ffi.cast("const uint64_t *", ranges.ctypes.data), len(ranges), out)
+    lib.clamor_py_digest(ffi.cast("const uint64_t *", arr.ctypes.data), len(arr), out)
     return (int(out[0]), int(out[1]))
 
 
