@@ -112,6 +112,17 @@ static inline bool cl_sorted_has(const uint64_t *a, size_t n, uint64_t v) {
     }
     return lo < n && a[lo] == v;
 }
+/* Does w lie in one of the nr sorted, disjoint ranges [r[2i], r[2i+1])? */
+static inline bool cl_in_ranges(uintptr_t w, const uintptr_t *r, size_t nr) {
+    size_t lo = 0, hi = nr;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (w < r[2 * mid]) hi = mid;
+        else if (w >= r[2 * mid + 1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
 static inline char *cl_page_addr(uint64_t idx) {
     return (char *)(cl_region.base + ((uintptr_t)idx << cl_region.page_shift));
 }

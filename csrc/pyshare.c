@@ -117,17 +117,6 @@ size_t clamor_py_body_size(uintptr_t obj) {
     return n;
 }
 
-static int in_ranges(uintptr_t w, const uintptr_t *r, size_t nr) {
-    size_t lo = 0, hi = nr; // r: sorted, disjoint [r[2i], r[2i+1])
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (w < r[2 * mid]) hi = mid;
-        else if (w >= r[2 * mid + 1]) lo = mid + 1;
-        else return 1;
-    }
-    return 0;
-}
-
 size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
                       size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter) {
     uintptr_t start = (lo + 7) & ~(uintptr_t)7, end = lo + len, prev = 0;
@@ -140,7 +129,7 @@ size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t np
             if ((w >= lo && w < end) || w == prev) continue; // into this block, or a repeat
             if (ni == maxinner) break;
             inner[ni++] = prev = w;
-        } else if (in_ranges(w, priv, npriv)) {
+        } else if (cl_in_ranges(w, priv, npriv)) {
             if (no + 2 > maxouter) break;
             outer[no++] = p - lo;
             outer[no++] = w;

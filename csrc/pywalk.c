@@ -45,17 +45,6 @@ static inline int inside(uintptr_t a, size_t n) {
     return a >= cl_region.base && a - cl_region.base <= cl_region.size && n <= cl_region.size - (a - cl_region.base);
 }
 
-static int in_image(uintptr_t a, const uintptr_t *r, size_t nr) {
-    size_t lo = 0, hi = nr; /* r: sorted, disjoint [r[2i], r[2i+1]) */
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (a < r[2 * mid]) hi = mid;
-        else if (a >= r[2 * mid + 1]) lo = mid + 1;
-        else return 1;
-    }
-    return 0;
-}
-
 /* ---- the set of objects seen: open addressing on addresses ------------------ */
 
 struct seen {
@@ -231,7 +220,7 @@ static int fields_inside(PyObject *o, const uintptr_t *images, size_t nimages) {
         PyDictObject *d = (PyDictObject *)o;
         if (d->ma_values) return 0;
         uintptr_t k = (uintptr_t)d->ma_keys;
-        return !k || inside(k, 1) || in_image(k, images, nimages);
+        return !k || inside(k, 1) || cl_in_ranges(k, images, nimages);
     }
     if (PyAnySet_CheckExact(o)) {
         PySetObject *s = (PySetObject *)o;
@@ -300,7 +289,7 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
         uintptr_t a = (uintptr_t)o;
         if (!inside(a, 1)) {
             /* (not walked: the Python walk accepts it as it is) */
-            if (!everyones(o) && !(static_atom(o) && in_image(a, images, nimages))) rc = FALLBACK;
+            if (!everyones(o) && !(static_atom(o) && cl_in_ranges(a, images, nimages))) rc = FALLBACK;
             continue;
         }
         void **weak = NULL, **info = NULL;

@@ -659,6 +659,11 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
 
 _PLAIN = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex, bool)
 plain_in_c = [True]     # (tests/test_walk_plain.py compares the two walks)
+# The loaded images' ranges, read once (/proc/self/maps costs milliseconds):
+# the interpreter's static objects lie in its own image, loaded at start; an
+# image loaded later is only missing from them, and what lies there goes to
+# the Python walk.
+_images = [None]
 
 
 def _walk_plain(obj, limit, reads=None):
@@ -670,11 +675,12 @@ def _walk_plain(obj, limit, reads=None):
     rests on, as the Python walk's ``Reads.inside`` would."""
     if not plain_in_c[0] or type(obj) not in _PLAIN:
         return False
-    spans = _pyshare.AddressMap().images()
+    if _images[0] is None:
+        spans = _pyshare.AddressMap().images()
+        _images[0] = (ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]), len(spans))
     visited = ffi.new("long *")
     out = bytearray() if reads is not None else None
-    rc = lib.clamor_py_walk_plain(id(obj), limit, ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]),
-                                  len(spans), visited, id(out) if out is not None else 0)
+    rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0)
     if rc < 0:
         raise MemoryError("no memory for the walk of plain data")
     if rc == 1 and reads is not None:
