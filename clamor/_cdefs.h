@@ -74,6 +74,7 @@ uint64_t clamor_moved_count(void);
 void clamor_versions_map_floor(uint32_t stage);
 void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs);
 int clamor_versions_keep(const uint32_t *stages, size_t n);
 void clamor_peer_gone(const char *endpoint);
 void clamor_set_stage(uint32_t stage);

@@ -231,6 +231,11 @@ uint64_t clamor_moved_count(void);
 void clamor_versions_map_floor(uint32_t stage);
 void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_stage_current(void);
+/* Driver: *differs = 1 if a byte of [a, a+len) in the region reads
+ * otherwise now than in the version the tasks of `stage` read (the driver
+ * wrote it since that stage began), else 0.  0, or EINVAL (not the
+ * region's range), EPERM (not the driver), ENOMEM. */
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs);
 /* Driver: keep only the versions that the stages in `stages` (n of them,
  * ascending: those a task may still read at) need; the lowest becomes the
  * floor below which a request for a changed page gets ESTALE.  0, or

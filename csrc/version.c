@@ -633,6 +633,32 @@ int clamor_versions_keep(const uint32_t *stages, size_t n) {
     return 0;
 }
 
+/* *differs: 1 if a byte of [a, a+len) reads otherwise now than in the
+ * version the tasks of `stage` read, else 0.  Only pages written since
+ * `stage` began (logged in epoch `stage` or later) are compared; a version
+ * already collected counts as different.  0, or errno + cl_err. */
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs) {
+    *differs = 0;
+    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver keeps page versions");
+    if (a < cl_region.base || a - cl_region.base >= cl_region.size || len > cl_region.size - (a - cl_region.base))
+        return cl_err(EINVAL, "range %#lx+%zu is not inside the region", (unsigned long)a, len);
+    if (!V.on || !len || stage == 0) return 0;
+    char *page = NULL;
+    for (uintptr_t pos = a, end = a + len; pos < end && !*differs;) {
+        uint64_t p = cl_page_of(pos);
+        uintptr_t start = (uintptr_t)cl_page_addr(p);
+        uintptr_t stop = start + cl_region.page_size < end ? start + cl_region.page_size : end;
+        if ((atomic_load(&V.logged[p]) & ~LOGGING) >= stage) {
+            if (!page && !(page = malloc(cl_region.page_size))) return cl_err(ENOMEM, "no memory for a page");
+            *differs = cl_version_read(p, stage, page) != 0 ||
+                       memcmp(page + (pos - start), (const void *)pos, stop - pos) != 0;
+        }
+        pos = stop;
+    }
+    free(page);
+    return 0;
+}
+
 /* ---- serving -------------------------------------------------------------------- */
 
 /* Copy page p as stage `stage` sees it into dst.  0, or ESTALE if the page

@@ -489,6 +489,15 @@ def stage_current():
     return int(lib.clamor_stage_current())
 
 
+def differs_since(addr, nbytes, stage):
+    """Driver: do the ``nbytes`` at ``addr`` (in the region) read otherwise
+    now than in the version the tasks of ``stage`` read?  Only the pages
+    written since that stage began are compared."""
+    out = ffi.new("int *")
+    check(lib.clamor_version_differs(addr, nbytes, stage, out), "comparing region bytes with a stage's version")
+    return bool(out[0])
+
+
 def versions_keep(stages):
     """Driver: keep only the page versions that tasks reading at ``stages``
     (ascending stage numbers) need."""

@@ -331,9 +331,8 @@ def read_digests(extents, plain=None):
     driver changed whose ranges read the same needs no new walk.
     ``extents``: (start, length, ...) tuples; ``plain``: more of them, as
     an (n, 2) uint64 array already split at page boundaries (the C walk's,
-    csrc/pywalk.c).  The ranges of a page are a list of (start, length).
-    (Kept as lists: with numpy arrays there, the libraries hunt at seed
-    1022, fetch, read other objects on the workers; not understood yet.)"""
+    csrc/pywalk.c).  The ranges of a page are an (n, 2) uint64 array of
+    (start, length): 16 bytes a range."""
     base, ps = region.base(), region.page_size()
     spans = {}
     for lo, n, *_ in extents:
@@ -346,13 +345,17 @@ def read_digests(extents, plain=None):
     if plain is not None and len(plain):
         for lo, n in plain.tolist():
             spans.setdefault((lo - base) // ps, []).append((lo, n))
-    return {page: (rs, _digest(rs)) for page, rs in spans.items()}
+    out = {}
+    for page, rs in spans.items():
+        rs = np.array(rs, dtype=np.uint64).reshape(-1, 2)
+        out[page] = (rs, _digest(rs))
+    return out
 
 
 def _digest(ranges):
     """The digest of the bytes of ``ranges``, (start, length) pairs
     (csrc/pywalk.c, clamor_py_digest)."""
-    arr = np.array(ranges, dtype=np.uint64).reshape(-1, 2)
+    arr = np.ascontiguousarray(ranges, dtype=np.uint64).reshape(-1, 2)
     out = ffi.new("uint64_t[2]")
     lib.clamor_py_digest(ffi.cast("const uint64_t *", arr.ctypes.data), len(arr), out)
     return (int(out[0]), int(out[1]))

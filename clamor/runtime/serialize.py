@@ -31,7 +31,7 @@ from ..errors import NotShareable
 from ..memory import byvalue, portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
-from ..memory.walk import brought, conversions
+from ..memory.walk import brought, conversions, pointer_extents
 from . import code
 from .collection import DataCollection
 
@@ -190,6 +190,7 @@ class _Pickler(cloudpickle.CloudPickler):
     portable = False    # some worker is not: check that it is portable
 
     modules = None      # a set: the modules of what is pickled by name (functions, classes, modules)
+    version = None      # the stage whose version the tasks read, once it has begun
 
     def reducer_override(self, obj):
         if type(obj) is np.ndarray and obj.nbytes and not obj.dtype.hasobject and _in_region(obj):
@@ -211,6 +212,10 @@ class _Pickler(cloudpickle.CloudPickler):
             if (self.forked and not _vouched(obj, _shared, vouch)) or \
                     (self.portable and not _vouched(obj, _portable, _portable_check)):
                 return None
+            if self.version is not None and _written_since(obj, self.version):
+                log.debug("a region %s at %#x travels by value: written since stage %d began",
+                          type(obj).__name__, id(obj), self.version)
+                return None
             return self._by_offset(obj)
         return None
 
@@ -229,21 +234,38 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
+def _written_since(obj, stage):
+    """Was the region object ``obj`` written where its readers follow
+    pointers (``walk.pointer_extents``) since ``stage`` began?  Its tasks
+    read the bytes of then, and an object made at that address since is
+    another object to them.  CPython makes such objects outside any block
+    from its free lists, which may hold region objects that died since the
+    last time they were emptied (a dict a library's ``__reduce__`` made
+    while the payload was pickled: a worker read the dict that had lain
+    there, a cache entry the same ``__reduce__`` had just dropped).  (A str
+    or bytes is never made again at a region address outside a block, and
+    its cached hash may be set since: only their tables are compared.)"""
+    body = not isinstance(obj, (str, bytes))
+    return any(region.differs_since(lo, n, stage) for lo, n, *_ in pointer_extents(obj, body=body) if n)
+
+
 def dumps(obj, protocol=pickle.HIGHEST_PROTOCOL, objects=None, roots=None, forked=True, portable=False,
-          modules=None):
+          modules=None, version=None):
     """cloudpickle ``obj``, shipping region arrays by reference.  If
     ``objects`` is a list, a description of the first region object sent
     by offset (used in place) is appended to it; if ``roots`` is a list,
     every such object.  ``forked``: some worker may be forked (region
     objects are checked with share(), and go by value if refused);
     ``portable``: some worker was not forked (they are checked to be
-    portable, and go by value if not)."""
+    portable, and go by value if not).  ``version``: the stage, begun
+    already, whose version the tasks read; a region object written since
+    then goes by value (``_written_since``)."""
     global _base
     _base = region.base() if region.size() else 0
     _end[0] = _base + region.size()
     buf = io.BytesIO()
     p = _Pickler(buf, protocol=protocol)
-    p.roots, p.forked, p.portable, p.modules = roots, forked, portable, modules
+    p.roots, p.forked, p.portable, p.modules, p.version = roots, forked, portable, modules, version
     del _refused[:]
     collecting = gc.isenabled()
     try:
@@ -280,7 +302,7 @@ def _payload(_installed, data):
     return loads(data)
 
 
-def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
+def dumps_task(obj, objects=None, roots=None, forked=True, portable=False, version=None):
     """``dumps`` of a stage's payload, with the driver's own modules in
     front of it (for forked workers only those reloaded since the fork);
     what cannot travel is named in a NotSerializable error
@@ -288,7 +310,8 @@ def dumps_task(obj, objects=None, roots=None, forked=True, portable=False):
     _forget_dead(_portable)    # (once a stage, not for every task's data)
     used = set()
     try:
-        data = dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable, modules=used)
+        data = dumps(obj, objects=objects, roots=roots, forked=forked, portable=portable, modules=used,
+                     version=version)
         ship = code.shipment(used, forked_only=not portable)
         return data if ship is None else pickle.dumps(_WithCode(ship, data), protocol=pickle.HIGHEST_PROTOCOL)
     except errors.ClamorError:

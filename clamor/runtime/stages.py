@@ -340,10 +340,11 @@ class Stages:
         others = self.start_method != "fork" or self.remote > 0
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
                                         "action": job.action, "arg": job.arg, "locs": self._locs(job.version)},
-                                       objects=in_place, roots=roots, forked=forked, portable=others)
+                                       objects=in_place, roots=roots, forked=forked, portable=others,
+                                       version=job.version)
         sources = _sources(job.computes)
         extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}, objects=in_place,
-                                     roots=roots, forked=forked, portable=others)
+                                     roots=roots, forked=forked, portable=others, version=job.version)
                   for p in missing}
         if roots:
             self._check_in_place(job, missing, roots)
