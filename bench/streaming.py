@@ -97,7 +97,10 @@ rounds.  Zipf lookups keep reaching pages no worker has read yet for several
 rounds, so clamor's rounds get cheaper as its workers' caches fill; the
 late figures are nearer its steady state (one page refetched a round).
 ``first_round_vs_shm`` and ``first_round_vs_ray`` are medians of the cold
-first rounds: map mode / shm, map mode / Ray.  ``speedup_vs_spark``,
+first rounds: map mode / shm, map mode / Ray.  ``round0_fetch_ratio``: in
+the fetch-mode cold first rounds (median), bytes fetched / bytes of the
+pages the lookups touched, each worker process counting a page once, with
+the read-ahead that lands after the round (with ``--netns``: round 0's).  ``speedup_vs_spark``,
 ``speedup_vs_dask``, ``speedup_vs_ray``: the peer's median seconds per
 round over the rounds after the first / clamor's (``clamor_round_s``),
 null for a peer that did not run (``<peer>_missing`` says why).  For every
@@ -494,6 +497,25 @@ def mib(n):
     return f"{n / (1 << 20):9.2f} MiB"
 
 
+def lookup_pages(table, keys, slot_of, bits, psize):
+    """Page indices (address // psize) that looking ``keys`` up reads: the
+    page of each key's home slot and of the slot that holds it (a probe
+    chain is far shorter than a page, so nothing lies between)."""
+    at = table.ctypes.data
+    home = (at + slot_hash(keys, bits) * table.strides[0]) // psize
+    return np.union1d(home, (at + slot_of * table.strides[0]) // psize)
+
+
+def fetch_ratio(fetched, pids, pages, psize):
+    """Bytes fetched / bytes of the pages the lookups touched, each worker
+    process counted once per page (the union of its shares' pages)."""
+    per = {}
+    for pid, pg in zip(pids, pages):
+        per[pid] = np.union1d(per.get(pid, pg[:0]), pg)
+    touched = sum(len(v) for v in per.values()) * psize
+    return fetched / touched if touched else None, touched
+
+
 def on_hosts(args, wl, peers, spark_conf):
     """``--netns``: clamor's rounds with one remote worker per namespace
     host (they fetch: no worker shares the driver's host), against the
@@ -509,14 +531,24 @@ def on_hosts(args, wl, peers, spark_conf):
         bits = wl.bits
 
         def task(part):
-            return [answer(table, part, bits)]
+            return [(answer(table, part, bits), os.getpid())]
 
         def warm(part):   # a first task that does not read the region
             return [answer(tiny, tiny_keys, TINY_BITS)]
 
+        def settle():
+            """A stage that reads nothing, after a pause: read-ahead still on
+            the wire after a round lands and is reported; its bytes."""
+            time.sleep(0.3)
+            cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect()
+            st = cl.stage_stats()[-1]
+            return st["bytes_from_driver"] + st["bytes_from_peers"]
+
         if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
                 [answer(tiny, tiny_keys, TINY_BITS)] * W:
             raise SystemExit("streaming: the warm-up answer is wrong")
+        psize = clamor.region.page_size()
+        pages0 = [lookup_pages(table, wl.keys[i], wl.slot_of[i], bits, psize) for i in wl.plan[0][2]]
         print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
               f"{wl.n} keys; clamor's workers fetch", flush=True)
         links = _stream_peers._peerhosts.LinkWindow(hosts)
@@ -525,11 +557,14 @@ def on_hosts(args, wl, peers, spark_conf):
         for r in range(rounds):
             shares, expect = wl.begin(r)
             t = time.perf_counter()
-            got = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
+            out = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
             times.append(time.perf_counter() - t)
+            got = [a for a, _ in out]
             st = cl.stage_stats()[-1]
             moved.append(st["bytes_from_driver"] + st["bytes_from_peers"])
             wire.append(st["wire_bytes"])
+            if r == 0:   # untimed: round 0's late read-ahead, then its bytes against the pages it touched
+                ratio0, touched0 = fetch_ratio(moved[-1] + settle(), [p for _, p in out], pages0, psize)
             single = [answer(table, q, bits) for q in shares]
             for who, ans in [("clamor", got), ("single process", single)] + [(w, p["answers"][r]) for w, p in ran.items()]:
                 if [tuple(a) for a in ans] != [tuple(a) for a in expect]:
@@ -552,7 +587,10 @@ def on_hosts(args, wl, peers, spark_conf):
             p = peers.get(who)
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
                             f"{who}_missing": _stream_peers.why_not(p) if p else "not requested (--systems)"})
+    print(f"round 0: clamor fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
+          f"({mib(touched0).strip()})", flush=True)
     figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
+                    "round0_fetch_ratio": ratio0, "round0_touched_bytes": touched0,
                     "clamor_bytes_per_round": moved, "clamor_wire_bytes_per_round": wire,
                     "peer_versions": {who: p.get("version") for who, p in ran.items()},
                     "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
@@ -776,7 +814,7 @@ def main(argv=None):
         shares0, expect0 = begin_round(0)
         # pages of the table holding the keys each worker looks up in round 0
         npages = table.nbytes // psize
-        touched = [np.unique((table.ctypes.data + slot_of[i] * table.strides[0]) // psize) for i in plan[0][2]]
+        touched = [lookup_pages(table, keys[i], slot_of[i], bits, psize) for i in plan[0][2]]
         coverage = [len(t) / npages for t in touched]
         coverage_all = len(np.unique(np.concatenate(touched))) / npages
         first = {"map": [], "fetch": [], "shm": [], "ray": []}
@@ -815,7 +853,17 @@ def main(argv=None):
                                     [answer(tiny, tiny_keys, TINY_BITS)] * W:
                                 raise SystemExit(f"streaming: the {who}-mode warm-up answer is wrong")
                             took, got, pids, _, st = clamor_round(cl, shares0)
+                            # untimed: a pause and a stage that reads nothing, so that read-ahead
+                            # still on the wire lands and is reported
+                            time.sleep(0.3)
+                            cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect()
+                            late = cl.stage_stats()[-1]
+                        moved0 = sum(s["bytes_from_driver"] + s["bytes_from_peers"] for s in (st, late))
+                        ratio, touched0 = fetch_ratio(moved0, pids, touched, psize)
                         first_detail[who].append({"bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
+                                                  "late_bytes": moved0 - st["bytes_from_driver"]
+                                                  - st["bytes_from_peers"], "touched_bytes": touched0,
+                                                  "fetch_ratio": ratio if who == "fetch" else None,
                                                   "mapped": st["bytes_mapped"], "faults": st["faults"],
                                                   "task_s": st["task_s"]["max"], "workers_used": len(set(pids))})
                     elif who == "shm":
@@ -861,6 +909,9 @@ def main(argv=None):
           f"{mib(sum(r['pickle_bytes'] for r in rows)).strip()}", flush=True)
     print(f"rounds 1..{rounds - 1} of every pass, median: fetch mode {fe_med:.4f}s, map mode {mp_med:.4f}s: "
           f"fetch/map = {fe_med / mp_med:.2f} ({fe_late / mp_late:.2f} over rounds {half}..)", flush=True)
+    ratio0 = statistics.median(d["fetch_ratio"] for d in first_detail["fetch"])
+    print(f"cold first round in fetch mode: fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
+          f"(median of {first_reps}; read-ahead that landed after the round counted)", flush=True)
     print(f"cold first round, medians of {first_reps}: map {fm['map']:.4f}s, fetch {fm['fetch']:.4f}s, "
           f"shared memory {fm['shm']:.4f}s: map/shm = {fm['map'] / fm['shm']:.2f}; "
           + (f"Ray {fm['ray']:.4f}s (ray.put {statistics.median(first_detail['ray_put_s']):.4f}s): "
@@ -918,7 +969,7 @@ def main(argv=None):
         "round_speedup_map": fe_med / mp_med, "round_speedup_map_late": fe_late / mp_late,
         "map_round_s": mp_med, "fetch_round_s": fe_med, "map_late_round_s": mp_late, "fetch_late_round_s": fe_late,
         "first_round_s": fm, "first_round_s_list": {who: v for who, v in first.items() if v},
-        "first_round_speedup_map": fm["fetch"] / fm["map"],
+        "first_round_speedup_map": fm["fetch"] / fm["map"], "round0_fetch_ratio": ratio0,
         "first_round_detail": {"map": first_detail["map"], "fetch": first_detail["fetch"]},
         "ray_put_s_list": first_detail["ray_put_s"], "ray_workers_used": first_detail["ray_workers_used"],
         "ray_version": rh.version,

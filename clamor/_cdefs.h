@@ -92,6 +92,7 @@ struct clamor_stats {
     uint64_t pages_fetched;
     uint64_t bytes_fetched;
     uint64_t readahead_pages;
+    uint64_t readahead_streams;
     uint64_t fetch_requests;
     uint64_t fetch_errors;
     uint64_t pages_served;

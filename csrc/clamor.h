@@ -311,6 +311,7 @@ void clamor_replication_reset(void);
     COUNTER(pages_fetched)     /* pages installed from the network */                                           \
     COUNTER(bytes_fetched)                                                                                      \
     COUNTER(readahead_pages)   /* of pages_fetched, those fetched ahead */                                      \
+    COUNTER(readahead_streams) /* worker: read-ahead streams started (three faults on consecutive pages) */     \
     COUNTER(fetch_requests)    /* requests sent by the pager */                                                 \
     COUNTER(fetch_errors)                                                                                       \
     COUNTER(pages_served)      /* by this process's page server */                                              \

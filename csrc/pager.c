@@ -11,11 +11,19 @@
  * public view is still closed), opens the public view (pagetable.c) and wakes
  * the sleepers.  It never takes the GIL.
  *
- * Read-ahead: two demand faults on consecutive pages start a stream.  The
- * pager then requests the next 2B pages and leaves the first page of the
- * second half closed when it arrives (HELD): the first touch of that marker
- * page asks for B more, so a sequential scan keeps B..2B pages in flight and
- * rarely waits.  B = readahead bytes / 2.
+ * Read-ahead follows the access pattern, as Linux's does (mm/readahead.c):
+ * a stream starts small and grows only while it is used.  Three demand
+ * faults on consecutive pages (among the last four faults, since a copy
+ * routine may touch pages out of order) start a stream with a window of W =
+ * RA_START_BYTES: the pager requests the next 2W pages and leaves the first
+ * page of the second half closed when it arrives (HELD).  The first touch
+ * of that marker page doubles W, up to B = readahead bytes / 2, and asks
+ * for W more, the first of them the next marker.  A sequential scan thus
+ * reaches B..2B pages in flight after a few markers and rarely waits; a
+ * random lookup never starts a stream, and pages that happen to be
+ * touched in threes (a record straddling pages) cost one small window whose
+ * marker nobody touches.  readahead_streams counts the streams started,
+ * readahead_pages the pages they fetched.
  *
  * Replication: the driver may answer with REDIRECT to a peer, and its
  * replies carry hints that send later fetches straight to a peer (peers.c).
@@ -73,6 +81,7 @@ static struct pager {
     struct run pending[PENDING_CAP];
     unsigned phead, plen;
     uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
+    uint64_t ra_win;             /* the stream's window W, in pages */
     unsigned nrecent;
     void *scratch; /* sparse replies are expanded here (write_pages) */
     size_t scratch_len;
@@ -104,6 +113,22 @@ static uint32_t chunk_pages(void) {
 
 static uint64_t half_window(void) {
     return (uint64_t)(atomic_load(&readahead_bytes) / 2) >> cl_region.page_shift;
+}
+
+/* A new stream's window: small, so a stream nobody follows costs little. */
+#define RA_START_BYTES (256u << 10)
+
+static uint64_t start_window(uint64_t b) {
+    uint64_t w = (uint64_t)RA_START_BYTES >> cl_region.page_shift;
+    return w < 1 ? 1 : w > b ? b : w;
+}
+
+/* The stream's marker was touched: it is being followed, so its window
+ * doubles (up to b).  Returns the new window. */
+static uint64_t grow_window(uint64_t b) {
+    P.ra_win = P.ra_win < 1 ? start_window(b) : 2 * P.ra_win;
+    if (P.ra_win > b) P.ra_win = b;
+    return P.ra_win;
 }
 
 static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker);
@@ -235,11 +260,20 @@ static void on_demand(uint64_t idx) {
     if (atomic_load(&cl_region.map_on) && cl_map_run(idx, true, false) == 0) return;
     pend(idx, 1, K_DEMAND, -1);
     uint64_t b = half_window();
-    bool seq = false;
-    for (unsigned k = 0; k < 4; k++) seq |= idx == P.recent[k] + 1;
-    if (b && seq) { /* sequential: (re)start a stream */
-        if (P.ra_next <= idx || P.ra_next > idx + 1 + 2 * b) P.ra_next = idx + 1;
-        read_ahead(idx + 1 + 2 * b, idx + 1 + b);
+    bool one = false, two = false; /* idx-1 and idx-2 among the recent faults */
+    for (unsigned k = 0; k < 4; k++) {
+        one |= idx == P.recent[k] + 1;
+        two |= idx == P.recent[k] + 2;
+    }
+    if (b && one && two) { /* sequential */
+        if (P.ra_next <= idx || P.ra_next > idx + 1 + 2 * b) { /* a new stream */
+            P.ra_next = idx + 1;
+            P.ra_win = start_window(b);
+            CL_COUNT(readahead_streams, 1);
+        }
+        /* else the faults caught up with the stream: it keeps its window */
+        uint64_t w = P.ra_win < 1 ? start_window(b) : P.ra_win > b ? b : P.ra_win;
+        read_ahead(idx + 1 + 2 * w, idx + 1 + w);
     }
     /* a few positions, since a copy routine may touch pages out of order */
     P.recent[P.nrecent++ % 4] = idx;
@@ -252,7 +286,7 @@ static void on_marker(uint64_t idx) {
     P.recent[P.nrecent++ % 4] = idx;
     if (!b) return;
     if (P.ra_next <= idx) P.ra_next = idx + 1;
-    read_ahead(P.ra_next + b, P.ra_next);
+    read_ahead(P.ra_next + grow_window(b), P.ra_next);
 }
 
 static void on_range(uint64_t first, uint32_t count) {
@@ -285,8 +319,9 @@ static void install_run(struct req *q) {
         /* someone already waits on the marker: open it and read further */
         cl_pt_install(first, q->count);
         uint64_t b = half_window();
+        if (!b) return;
         if (P.ra_next < end) P.ra_next = end;
-        read_ahead(P.ra_next + b, P.ra_next);
+        read_ahead(P.ra_next + grow_window(b), P.ra_next);
         return;
     }
     cl_pt_install(first, q->count);
@@ -593,6 +628,7 @@ int clamor_pager_start(const char *endpoint) {
     memset(P.inflight, 0, sizeof P.inflight);
     P.ninflight = P.phead = P.plen = 0;
     P.ra_next = UINT64_MAX - 1;
+    P.ra_win = 0;
     for (unsigned k = 0; k < 4; k++) P.recent[k] = UINT64_MAX - 1;
     P.nrecent = 0;
     snprintf(P.endpoint, sizeof P.endpoint, "%s", endpoint);

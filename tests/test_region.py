@@ -290,7 +290,8 @@ def test_configure_validation_and_round_trip():
     assert out["ms"] == 0.001  # rounded up to the 1 ms resolution, never 0
 
 
-STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests", "fetch_errors",
+STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "readahead_streams",
+             "fetch_requests", "fetch_errors",
              "pages_served", "bytes_served", "requests_served", "bad_requests", "evictions", "pages_dropped",
              "pages_invalidated", "pages_logged", "pages_unchanged", "versions", "version_bytes",
              "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",

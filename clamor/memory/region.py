@@ -546,8 +546,8 @@ def mappings():
     return int(lib.clamor_mappings())
 
 
-_STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests",
-                "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
+_STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "readahead_streams",
+                "fetch_requests", "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
