@@ -522,6 +522,16 @@ int clamor_py_classes_init(void);
 int clamor_py_is_class(uintptr_t type);
 #ifdef PY_VERSION_HEX
 bool cl_py_is_class(PyTypeObject *t);
+/* A class statement's type whose instances are laid out as object's plus
+ * a managed dict and weak references: no __slots__, no C base but object
+ * in its MRO. */
+bool cl_py_plain_class(PyTypeObject *t);
+/* The dict of an instance of such a class, once made (NULL while its
+ * attributes lie in a values table, or it has none). */
+struct _object *cl_py_instance_dict(struct _object *o);
+/* The head of object o's list of weak references (pyheap.c): NULL when
+ * it has none or its type has no list. */
+void *cl_py_weaklist_head(struct _object *o);
 /* The HIDE_* bits of region object o's words a stage would hide (pyheap.c),
  * with the words' addresses. */
 int cl_py_to_hide(struct _object *o, void ***weak, void ***info);   /* (struct _object: PyObject) */
