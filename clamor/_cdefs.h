@@ -172,7 +172,8 @@ long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *f
 long clamor_py_rehome(uintptr_t objs);
 long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
 int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
-                         uintptr_t extents_out);
+                         uintptr_t extents_out, uintptr_t outside_out);
+long clamor_py_own_keys(uintptr_t root, long limit);
 void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out);
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);

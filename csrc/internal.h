@@ -522,17 +522,34 @@ int clamor_py_classes_init(void);
 int clamor_py_is_class(uintptr_t type);
 #ifdef PY_VERSION_HEX
 bool cl_py_is_class(PyTypeObject *t);
+/* A class statement's type whose instances are laid out as object's plus
+ * a managed dict and weak references: no __slots__, no C base but object
+ * in its MRO. */
+bool cl_py_plain_class(PyTypeObject *t);
+/* The dict of an instance of such a class, once made (NULL while its
+ * attributes lie in a values table, or it has none). */
+struct _object *cl_py_instance_dict(struct _object *o);
+/* The head of object o's list of weak references (pyheap.c): NULL when
+ * it has none or its type has no list. */
+void *cl_py_weaklist_head(struct _object *o);
 /* The HIDE_* bits of region object o's words a stage would hide (pyheap.c),
  * with the words' addresses. */
 int cl_py_to_hide(struct _object *o, void ***weak, void ***info);   /* (struct _object: PyObject) */
 #endif
 /* Bytes of the object's own body (basic size and items). */
 size_t clamor_py_body_size(uintptr_t obj);
-/* share()'s walk of plain data (pywalk.c): 1 when every object reachable
- * from root is plain, in the region (or a singleton) with its tables there,
- * 0 when the Python walk must decide, -1 out of memory. */
+/* share()'s walk of plain data and plain instances (pywalk.c): 1 when
+ * every object reachable from root is plain data or an instance of a plain
+ * class, in the region (or a singleton) with its tables there, and each
+ * object outside the region appended to the list at outside_out (atoms,
+ * classes) passes the caller's rule; 0 when the Python walk must decide; 2
+ * when an instance's dict needs keys of its own first (clamor_py_own_keys);
+ * -1 out of memory.  extents_out: 0, or a bytearray for the extents. */
 int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
-                         uintptr_t extents_out);
+                         uintptr_t extents_out, uintptr_t outside_out);
+/* walk._own_keys for every region instance of a plain class reachable from
+ * root, in one heap block: the conversions made, or a negative errno. */
+long clamor_py_own_keys(uintptr_t root, long limit);
 void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:
  * words into the region but outside [lo, lo + len) go to inner[] (a repeat

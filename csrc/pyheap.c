@@ -580,6 +580,11 @@ static PyWeakReference **weaklist_of(PyObject *o) {
     return (PyWeakReference **)((char *)o + t->tp_weaklistoffset);
 }
 
+void *cl_py_weaklist_head(PyObject *o) {
+    PyWeakReference **head = weaklist_of(o);
+    return head ? (void *)*head : NULL;
+}
+
 static int leads_out(PyWeakReference **head) {
     for (PyWeakReference *r = *head; r; r = r->wr_next)
         if (!in_region(r)) return 1;

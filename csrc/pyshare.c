@@ -84,13 +84,26 @@ int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max) {
  * time (PyType_FromSpec: collections.deque since 3.12, decimal.Decimal since
  * 3.13), and so do pybind11's.  A class made once shows which it is. */
 static destructor class_dealloc;
+/* The layout of the probe, a class of object with nothing declared: its
+ * instances hold a dict and weak references, where this CPython puts them. */
+static Py_ssize_t plain_basicsize, plain_dictoffset, plain_weaklistoffset;
+static unsigned long plain_flags;
+#define PLAIN_FLAGS (Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HEAPTYPE)
 
 int clamor_py_classes_init(void) {
     PyGILState_STATE g = PyGILState_Ensure();
     if (!class_dealloc) {
         PyObject *t = PyObject_CallFunction((PyObject *)&PyType_Type, "s()N", "clamor_probe", PyDict_New());
-        if (t) class_dealloc = ((PyTypeObject *)t)->tp_dealloc;
-        else PyErr_Print();
+        if (t) {
+            PyTypeObject *p = (PyTypeObject *)t;
+            plain_basicsize = p->tp_basicsize;
+            plain_dictoffset = p->tp_dictoffset;
+            plain_weaklistoffset = p->tp_weaklistoffset;
+            plain_flags = p->tp_flags & PLAIN_FLAGS;
+            class_dealloc = p->tp_dealloc;
+        } else {
+            PyErr_Print();
+        }
         Py_XDECREF(t);
     }
     PyGILState_Release(g);
@@ -103,6 +116,36 @@ bool cl_py_is_class(PyTypeObject *t) {
 }
 
 int clamor_py_is_class(uintptr_t type) { return cl_py_is_class((PyTypeObject *)type); }
+
+bool cl_py_plain_class(PyTypeObject *t) {
+    if (!class_dealloc || t->tp_dealloc != class_dealloc || t->tp_itemsize || t->tp_basicsize != plain_basicsize ||
+        t->tp_dictoffset != plain_dictoffset || t->tp_weaklistoffset != plain_weaklistoffset ||
+        (t->tp_flags & PLAIN_FLAGS) != plain_flags || !(plain_flags & Py_TPFLAGS_MANAGED_DICT))
+        return false;
+    // no C type but object in the MRO (a mixin's C layout may match the size)
+    PyObject *mro = t->tp_mro;
+    if (!mro || !PyTuple_CheckExact(mro)) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if (b != &PyBaseObject_Type && b->tp_dealloc != class_dealloc) return false;
+    }
+    return true;
+}
+
+/* The words before a managed-dict instance's collector links (CPython
+ * 3.11: values table at -4, dict at -3; 3.12: weak references at -4, dict
+ * or values (tagged 1) at -3; 3.13: weak references at -4, dict at -3, the
+ * values inline after the body). */
+PyObject *cl_py_instance_dict(PyObject *o) {
+    PyObject **pre = (PyObject **)o;
+#if PY_VERSION_HEX < 0x030C0000
+    return pre[-4] ? NULL : pre[-3];
+#elif PY_VERSION_HEX < 0x030D0000
+    return ((uintptr_t)pre[-3] & 1) ? NULL : pre[-3];
+#else
+    return pre[-3];
+#endif
+}
 
 // Bytes of the object's own body: its type's basic size and its items.
 size_t clamor_py_body_size(uintptr_t obj) {

@@ -1,23 +1,30 @@
-/* pywalk.c -- share()'s walk of plain data, in C.
+/* pywalk.c -- share()'s walk of plain data and plain instances, in C.
  *
  * Built only into the Python extension (CLAMOR_WITH_PYTHON).  share() walks
  * the object graph in Python (clamor/memory/walk.py): about 0.1 million
- * objects a second.  Most large globals are plain data, though: dicts,
- * lists, tuples and sets of ints, floats, strs and bytes.  For those,
- * clamor_py_walk_plain() does the same checks as the Python walk, in C:
+ * objects a second.  Most large globals are plain, though: dicts, lists,
+ * tuples and sets of ints, floats, strs and bytes, and lists of instances
+ * of plain classes and dataclasses.  For those, clamor_py_walk_plain() does
+ * the same checks as the Python walk, in C:
  *
  *   - every object lies in the region, header to the end of its body, or
  *     is a singleton every process has (None, True, False, Ellipsis,
  *     NotImplemented, an int from -5 to 256, the empty str and the
  *     one-character Latin-1 strs), as walk._ok_outside says, or an object
  *     with no referent in a loaded image (the empty tuple), as the walk's
- *     in_image says;
+ *     in_image says; or an atom or a class outside the region, which the
+ *     caller judges by walk._ok_outside (inherited at the fork, or not);
  *   - every raw pointer field the Python walk checks (pyshare.c, fields())
  *     leads into the region: a list's item array, a dict's keys table (or
  *     the interpreter's static empty one, in a loaded image), a set's
  *     table, a str's data and cached copies;
  *   - no dict is split (a values table: an instance's), and no object has
- *     words a stage would hide (a set's weak-reference list, pyheap.c).
+ *     words a stage would hide (a set's weak-reference list, pyheap.c);
+ *   - an instance is of a class laid out as object with a dict
+ *     (cl_py_plain_class: no __slots__, no C base), has no weak reference,
+ *     and has a dict of its own (walk._owns_keys); its collector referents
+ *     (its class, its dict) are walked as gc.get_referents gives them to
+ *     the Python walk.
  *
  * It answers 1 only when all of that holds for every object reachable, and
  * then the Python walk would approve without a word to say or a thing to
@@ -26,7 +33,10 @@
  * and the caller walks in Python, which refuses with a path, brings the
  * object in, or accepts it for reasons this file does not know (an object
  * the workers inherited).  So C only ever says yes where Python says yes;
- * tests/test_walk_plain.py checks that on random graphs.
+ * tests/test_walk_plain.py checks that on random graphs.  An instance
+ * whose dict is not its own yet answers 2: clamor_py_own_keys() gives
+ * every such instance reachable one, as walk._own_keys would, in one heap
+ * block, and the caller walks again.
  *
  * The GIL is held throughout (the objects are borrowed): about 0.2 s per
  * million objects on this machine.
@@ -34,6 +44,7 @@
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,7 +181,7 @@ static int extents_of(PyObject *o, struct extents *e) {
 
 /* ---- one object ---------------------------------------------------------------- */
 
-enum { FALLBACK = 0, OK = 1, NOMEM = -1 };
+enum { FALLBACK = 0, OK = 1, NEEDS_KEYS = 2, NOMEM = -1 };
 
 /* A singleton every process has, outside the region (walk._ok_outside). */
 static int everyones(PyObject *o) {
@@ -262,58 +273,250 @@ static int children(PyObject *o, struct stack *st) {
     return 0;
 }
 
-/* root: an object; limit: share()'s; images: the loaded images' ranges,
- * sorted pairs.  Returns 1 (approved, the Python walk has nothing to add),
- * 0 (walk it in Python) or -1 (no memory).  *visited: objects looked at. */
-int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
-                         uintptr_t extents_out) {
-    PyGILState_STATE g = PyGILState_Ensure();
-    struct seen seen = {0};
-    struct stack st = {0};
-    struct extents ext = {0}, *e = extents_out ? &ext : NULL;
-    int rc = OK;
-    long n = 0;
-    if (push(&st, (PyObject *)root) < 0) rc = NOMEM;
-    while (rc == OK && st.n) {
-        PyObject *o = st.item[--st.n];
-        int fresh = seen_add(&seen, (uintptr_t)o);
-        if (fresh < 0) {
-            rc = NOMEM;
-            break;
+/* Outside the region, what the Python walk accepts by a rule of its own
+ * (walk._ok_outside): an atom the workers inherited, a class they have.
+ * Collected for the caller, which applies that rule to each. */
+static int outside_candidate(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    return t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
+           t == &PyBytes_Type || PyType_Check(o);
+}
+
+/* ---- one walk ------------------------------------------------------------------ */
+
+struct walk {
+    struct seen seen;
+    struct stack st;
+    struct extents ext, *e;        /* e: &ext when the caller wants the extents */
+    PyObject *outside;             /* a list for the outside candidates, or NULL */
+    const uintptr_t *images;
+    size_t nimages;
+    long limit, n;
+    PyTypeObject *classes[8];      /* plain classes met (cl_py_plain_class is a scan of the MRO) */
+    int nclasses;
+    int converting;                /* the pass of clamor_py_own_keys: collect, never refuse */
+    struct stack todo;             /* there: the instances whose dicts need keys of their own (held) */
+};
+
+static int plain_instance(struct walk *w, PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    for (int i = 0; i < w->nclasses; i++)
+        if (w->classes[i] == t) return 1;
+    if (!cl_py_plain_class(t)) return 0;
+    if (w->nclasses < (int)(sizeof w->classes / sizeof w->classes[0])) w->classes[w->nclasses++] = t;
+    return 1;
+}
+
+/* walk._owns_keys: a dict in the region, combined, its keys table there
+ * too.  (The Python test is [d, d + sys.getsizeof(d)) in the region; the
+ * body, the collector's links and the keys' whole block bound that.) */
+static int owns_keys(PyObject *d) {
+    if (!d || !PyDict_CheckExact(d)) return 0;
+    PyDictObject *m = (PyDictObject *)d;
+    uintptr_t k = (uintptr_t)m->ma_keys, start;
+    size_t size;
+    if (m->ma_values || !inside(k, 1) || clamor_block_of((void *)k, &start, &size) != 0) return 0;
+    return inside((uintptr_t)d, (size_t)Py_TYPE(d)->tp_basicsize + 2 * sizeof(void *) + size);
+}
+
+static int visit_push(PyObject *r, void *arg) { return r && push(arg, r) < 0 ? -1 : 0; }
+
+/* An instance's extents as pointer_extents() gives them: its body past the
+ * reference count, and the dict's words before its header. */
+static int instance_extents(PyObject *o, struct extents *e) {
+    if (!e) return 0;
+    uintptr_t a = (uintptr_t)o;
+    size_t body = clamor_py_body_size(a), pre = 2 * sizeof(void *) + (PyObject_IS_GC(o) ? 2 * sizeof(void *) : 0);
+    if (body > 8 && extent(e, a + 8, body - 8) < 0) return -1;
+    return extent(e, a - pre, 2 * sizeof(void *));
+}
+
+/* One region instance of a plain class. */
+static int instance(struct walk *w, PyObject *o) {
+    uintptr_t a = (uintptr_t)o;
+    if (!inside(a, clamor_py_body_size(a))) return w->converting ? OK : FALLBACK;
+    if (!owns_keys(cl_py_instance_dict(o))) {
+        if (!w->converting) return NEEDS_KEYS;
+        Py_INCREF(o);
+        if (push(&w->todo, o) < 0) {
+            Py_DECREF(o);
+            return NOMEM;
         }
-        if (!fresh) continue;
-        if (++n > limit) {
-            rc = FALLBACK;
-            break;
-        }
-        uintptr_t a = (uintptr_t)o;
-        if (!inside(a, 1)) {
-            /* (not walked: the Python walk accepts it as it is) */
-            if (!everyones(o) && !(static_atom(o) && cl_in_ranges(a, images, nimages))) rc = FALLBACK;
-            continue;
-        }
-        void **weak = NULL, **info = NULL;
-        if (!plain_type(Py_TYPE(o)) || !inside(a, clamor_py_body_size(a)) || !fields_inside(o, images, nimages) ||
-            cl_py_to_hide(o, &weak, &info)) {
-            rc = FALLBACK;
-            break;
-        }
-        if (children(o, &st) < 0 || extents_of(o, e) < 0) rc = NOMEM;
+    } else if (!w->converting && cl_py_weaklist_head(o)) {
+        return FALLBACK; /* (hidden.note's, when it leads out of the region) */
     }
-    if (rc == OK && e) { /* (start, length) pairs as native words, into the caller's bytearray */
+    /* the collector's referents, as gc.get_referents gives the Python walk:
+     * the class, and the dict or the values table */
+    if (Py_TYPE(o)->tp_traverse(o, visit_push, &w->st) != 0) return NOMEM;
+    return w->converting ? OK : instance_extents(o, w->e) < 0 ? NOMEM : OK;
+}
+
+static int visit(struct walk *w, PyObject *o) {
+    uintptr_t a = (uintptr_t)o;
+    if (!inside(a, 1)) {
+        /* (not walked: the Python walk accepts it as it is, or decides) */
+        if (w->converting || everyones(o) || (static_atom(o) && cl_in_ranges(a, w->images, w->nimages)))
+            return OK;
+        if (!w->outside || !outside_candidate(o)) return FALLBACK;
+        return PyList_Append(w->outside, o) < 0 ? NOMEM : OK;
+    }
+    if (plain_type(Py_TYPE(o))) {
+        void **weak = NULL, **info = NULL;
+        if (!w->converting && (!inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages) ||
+                               cl_py_to_hide(o, &weak, &info)))
+            return FALLBACK;
+        if (children(o, &w->st) < 0) return NOMEM;
+        return w->converting ? OK : extents_of(o, w->e) < 0 ? NOMEM : OK;
+    }
+    if (plain_instance(w, o)) return instance(w, o);
+    return w->converting ? OK : FALLBACK;
+}
+
+static int walk_from(struct walk *w, PyObject *root) {
+    int rc = push(&w->st, root) < 0 ? NOMEM : OK;
+    while (rc == OK && w->st.n) {
+        PyObject *o = w->st.item[--w->st.n];
+        int fresh = seen_add(&w->seen, (uintptr_t)o);
+        if (fresh < 0) return NOMEM;
+        if (!fresh) continue;
+        if (++w->n > w->limit) return w->converting ? OK : FALLBACK;
+        rc = visit(w, o);
+    }
+    return rc;
+}
+
+static void walk_free(struct walk *w) {
+    for (size_t i = 0; i < w->todo.n; i++) Py_DECREF(w->todo.item[i]);
+    free(w->todo.item);
+    free(w->ext.v);
+    free(w->seen.slot);
+    free(w->st.item);
+}
+
+/* root: an object; limit: share()'s; images: the loaded images' ranges,
+ * sorted pairs.  Returns 1 (approved, the Python walk has nothing to add
+ * once the caller accepts each object of `outside_out`), 0 (walk it in
+ * Python), 2 (an instance's dict needs keys of its own: clamor_py_own_keys
+ * first) or -1 (no memory).  *visited: objects looked at. */
+int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
+                         uintptr_t extents_out, uintptr_t outside_out) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit};
+    w.e = extents_out ? &w.ext : NULL;
+    w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
+    int rc = walk_from(&w, (PyObject *)root);
+    if (rc == OK && w.e) { /* (start, length) pairs as native words, into the caller's bytearray */
         PyObject *ba = (PyObject *)extents_out;
-        size_t bytes = 2 * ext.n * sizeof(uint64_t);
+        size_t bytes = 2 * w.ext.n * sizeof(uint64_t);
         if (!PyByteArray_Check(ba) || PyByteArray_Resize(ba, (Py_ssize_t)bytes) < 0) {
             PyErr_Clear();
             rc = NOMEM;
         } else if (bytes) {
-            memcpy(PyByteArray_AS_STRING(ba), ext.v, bytes);
+            memcpy(PyByteArray_AS_STRING(ba), w.ext.v, bytes);
         }
     }
-    free(ext.v);
-    free(seen.slot);
-    free(st.item);
-    *visited = n;
+    if (rc == NOMEM) PyErr_Clear(); /* (a failed append) */
+    walk_free(&w);
+    *visited = w.n;
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* ---- instances given dicts with keys of their own (walk._own_keys) ----------- */
+
+#define DICT_FREE_LIST_MAX 80 /* CPython's PyDict_MAXFREELIST */
+
+static int str_keys(PyObject *d) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v))
+        if (!PyUnicode_CheckExact(k)) return 0;
+    return 1;
+}
+
+/* One non-str key set and deleted makes a split dict combined, with a keys
+ * table of its own (a general one, which never comes from a free list). */
+static int combine(PyObject *d, PyObject *key) {
+    if (PyDict_SetItem(d, key, Py_None) < 0 || PyDict_DelItem(d, key) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* Instance o (held) gets a region dict with keys of its own, inside a heap
+ * block; returns the conversions made, as walk._own_keys counts them.  Its
+ * dict may come off CPython's free list, outside the region: then copies
+ * are made until one is the allocator's, and those the free list gave are
+ * kept in `spare` until the end.  A dict with a key other than an exact
+ * str is left to the Python walk: no key's __eq__ runs here. */
+static long own_keys(PyObject *o, PyObject *key, struct stack *spare) {
+    PyObject *d = PyObject_GenericGetDict(o, NULL);
+    long count = 0;
+    if (!d) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!PyDict_CheckExact(d) || !str_keys(d) || owns_keys(d)) goto out;
+    count = 1;
+    if (combine(d, key) < 0 || owns_keys(d)) goto out;
+    count = 2;
+    for (int i = 0; i <= DICT_FREE_LIST_MAX; i++) {
+        PyObject *c = PyDict_Copy(d);
+        if (!c) {
+            PyErr_Clear();
+            break;
+        }
+        if (!inside((uintptr_t)c, (size_t)Py_TYPE(c)->tp_basicsize)) {
+            if (push(spare, c) < 0) Py_DECREF(c);
+            continue;
+        }
+        if (PyObject_GenericSetDict(o, c, NULL) < 0) {
+            PyErr_Clear();
+        } else {
+            combine(c, key);
+            if (push(spare, d) == 0) Py_INCREF(d); /* (kept off the free list: the next instance's is not it) */
+        }
+        Py_DECREF(c);
+        count++;
+        break;
+    }
+out:
+    Py_DECREF(d);
+    return count;
+}
+
+/* walk._own_keys for every region instance of a plain class reachable from
+ * root through region objects of plain types and such instances (up to
+ * `limit` objects), in one heap block, the collector off (nothing here runs
+ * Python code or frees what the walk found).  Driver, before a stage's
+ * version begins; Python's allocators wrapped (hooks.install).  Returns the
+ * conversions made (walk.conversions counts them), or a negative errno. */
+long clamor_py_own_keys(uintptr_t root, long limit) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct walk w = {.limit = limit, .converting = 1};
+    struct stack spare = {0};
+    long rc = walk_from(&w, (PyObject *)root) == NOMEM ? -ENOMEM : 0;
+    PyObject *key = rc || !w.todo.n ? NULL : PyLong_FromLong(-12345); /* (walk._NONSTR_KEY) */
+    if (!rc && w.todo.n && !key) {
+        PyErr_Clear();
+        rc = -ENOMEM;
+    }
+    if (key) {
+        int collecting = PyGC_Disable();
+        int err = clamor_heap_enter();
+        if (err) {
+            rc = -err;
+        } else {
+            for (size_t i = 0; i < w.todo.n; i++) rc += own_keys(w.todo.item[i], key, &spare);
+            clamor_heap_exit();
+        }
+        for (size_t i = 0; i < spare.n; i++) Py_DECREF(spare.item[i]); /* (back to the free list) */
+        if (collecting) PyGC_Enable();
+        Py_DECREF(key);
+    }
+    free(spare.item);
+    walk_free(&w);
     PyGILState_Release(g);
     return rc;
 }

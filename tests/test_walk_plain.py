@@ -1,35 +1,56 @@
-"""share()'s walk of plain data in C (csrc/pywalk.c) against the walk in
-Python, its reference (clamor/memory/walk.py): the verdict, and for the
-Cluster's check the bytes the verdict rests on.
+"""share()'s walk of plain data and of instances of plain classes in C
+(csrc/pywalk.c) against the walk in Python, its reference
+(clamor/memory/walk.py): the verdict, and for the Cluster's check the bytes
+the verdict rests on.
 
 The C walk may only say yes where the Python walk says yes with nothing to
 add: approved, no object brought into the region, no dict given keys of its
 own, no warning.  Where it cannot tell, it says no and the Python walk
 decides.  Random graphs of dicts, lists, tuples, sets, strs, bytes, ints and
 floats, each built in a block or with parts made outside it: ints and strs
-made outside, tables grown outside a block, the static empty dict keys,
-singletons, a set with a weak reference, an instance's split dict, an
-instance, an array, shared and repeated objects, and more objects than the
-limit.  Both walks run on each; the Python walk runs second, since it may
-write (bringing objects in).
+made outside (before the snapshot of a fork: inherited; after: not),
+tables grown outside a block, the static empty dict keys, singletons, a set
+with a weak reference, an instance's split dict, instances of a plain class
+and of a dataclass (with dicts of their own, given by the C conversion or
+by walk._own_keys; without; nested), of a class with __slots__, of a class
+made in a block, one with a weak reference, an array, shared and repeated
+objects, and more objects than the limit.  Both walks run on each; the
+Python walk runs second, since it may write (bringing objects in).
+
+The conversion (clamor_py_own_keys) against walk._own_keys: twin graphs of
+instances, one shared with the C walk on, one with the Python walk only:
+the same verdict, every instance's dict its own afterwards, and neither
+walk finds anything left to write in the other's graph.
 """
 from helpers import run_driver
 
-DIFFERENTIAL = """
+# the classes of both scripts' instances: a plain class and a dataclass
+CLASSES = """
+import dataclasses
+
+class Inst:
+    pass
+
+@dataclasses.dataclass
+class Rec:
+    a: object
+    b: object = None
+"""
+
+DIFFERENTIAL = CLASSES + """
 import json, random, sys, warnings, weakref
 import numpy as np
 import clamor
 from clamor.memory import walk, _pyshare
 from clamor._native import ffi, lib
 
-class Inst:
-    pass
+class Slotted:
+    __slots__ = ("a", "b")
 
 def c_walk(o, limit):
-    spans = _pyshare.AddressMap().images()
-    v = ffi.new("long *")
-    return lib.clamor_py_walk_plain(id(o), limit, ffi.new("uintptr_t[]", [x for r in spans for x in r]),
-                                    len(spans), v, 0), v[0]
+    # the C walk's verdict as share() takes it (the objects it met outside
+    # the region judged by walk._ok_outside), converting nothing
+    return walk._walk_plain(o, limit, convert=False)
 
 def python_walk(o, limit):
     walk.plain_in_c[0] = False
@@ -58,7 +79,7 @@ def same_reads(o, limit):
     # the bytes the Cluster's check rests on: the C walk's extents against
     # the Python walk's (walk.pointer_extents of every object)
     mine = walk.Reads()
-    if not walk._walk_plain(o, limit, mine):
+    if not walk._walk_plain(o, limit, mine, convert=False):
         return "C deferred"
     walk.plain_in_c[0] = False
     try:
@@ -100,7 +121,7 @@ def build(r, depth, odd):
 
 def perturb(r, g, shared):
     # a change of the kinds that make the Python walk refuse, bring in or warn
-    k = r.randrange(10)
+    k = r.randrange(17)
     box = g if isinstance(g, list) else None
     if box is None:
         return g, "none"
@@ -149,11 +170,62 @@ def perturb(r, g, shared):
                 d["g" + str(j)] = None                           # the keys table grows outside the block
         box.append(d)
         return g, "dict grown outside"
+    if k in (10, 11):
+        with clamor.heap():
+            objs = [Inst() if r.random() < 0.5 else Rec(None) for _ in range(r.randrange(1, 5))]
+            for o in objs:
+                o.a, o.b = build(r, 2, False), build(r, 2, False)
+        if k == 10:
+            lib.clamor_py_own_keys(id(objs), 10**6)               # the conversion in C
+        else:
+            for o in objs:
+                walk._own_keys(o, "obj")                         # the Python reference
+        box.extend(objs)
+        return g, "instances converted in C" if k == 10 else "instances converted in Python"
+    if k == 12:
+        with clamor.heap():
+            o = Rec(build(r, 2, False), "x" + str(r.random()))  # attributes in a values table
+        box.append(o)
+        return g, "unconverted instance"
+    if k == 13:
+        with clamor.heap():
+            o = Slotted()
+            o.a, o.b = 1.5, "y" + str(r.random())
+        box.append(o)
+        return g, "slotted instance"
+    if k == 14:
+        with clamor.heap():
+            class Made:
+                pass
+            o = Made()
+            o.a = 2.5
+            walk._own_keys(o, "obj")
+        box.append(o)
+        return g, "class made in a block"
+    if k == 15:
+        with clamor.heap():
+            o = Inst()
+            o.a = 3.5
+            walk._own_keys(o, "obj")
+        shared.append(weakref.ref(o))                            # a weak reference made outside the block
+        box.append(o)
+        return g, "instance with a weak reference"
+    if k == 16:
+        with clamor.heap():
+            o = Inst()
+            o.kids = [Rec(j, {"w": [j * 0.5]}) for j in range(r.randrange(1, 4))]
+            o.kids.append(o)                                     # a cycle through an instance
+            o.other = Rec(o.kids[0])
+            top = {"top": o}
+        lib.clamor_py_own_keys(id(top), 10**6)
+        box.append(top)
+        return g, "nested instances"
     return g, "none"
 
 r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
 OUTSIDE = [r.randrange(10**3, 10**12) for _ in range(50)] + ["o" + str(r.random()) for _ in range(50)] + \
           [r.random() * 1e6 for _ in range(50)]      # made outside any block
+walk.note_fork()     # as a Cluster's fork would: OUTSIDE, the classes and their attribute names are inherited
 shared = []
 counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0, "reads_compared": 0}
 for case in range(int({cases!r})):
@@ -162,9 +234,9 @@ for case in range(int({cases!r})):
     g, kind = perturb(r, g, shared)
     limit = 10**6 if case % 17 else max(1, r.randrange(1, 30))
     counts["limit_checked"] += limit < 10**6
-    c, visited = c_walk(g, limit)
+    c = c_walk(g, limit)
     verdict, wrote, warned = python_walk(g, limit)
-    if c == 1:
+    if c:
         counts["c_yes"] += 1
         counts["kinds_c_yes"][kind] = counts["kinds_c_yes"].get(kind, 0) + 1
         if verdict != "approved" or wrote or warned:
@@ -172,31 +244,34 @@ for case in range(int({cases!r})):
     else:
         counts["c_no"] += 1
         counts["kinds_c_no"][kind] = counts["kinds_c_no"].get(kind, 0) + 1
-    if c == 1:
+    if c:
         counts["reads_compared"] += 1
         same = same_reads(g, limit)
         if same is not True:
             counts["bad"].append([case, kind, "reads differ", same])
-    if c == 1 and case % 11 == 0:       # and the C walk's answer stands once Python walked too
-        c2, _ = c_walk(g, limit)
-        if c2 != 1:
+    if c and case % 11 == 0:       # and the C walk's answer stands once Python walked too
+        if not c_walk(g, limit):
             counts["bad"].append([case, kind, "C changed its mind"])
 print(json.dumps(counts))
 """
 
 
 def test_the_c_walk_approves_only_what_the_python_walk_approves_untouched():
-    out = run_driver(DIFFERENTIAL.replace("{cases!r}", "300"), timeout=300)
+    out = run_driver(DIFFERENTIAL.replace("{cases!r}", "400"), timeout=300)
     assert out["exit"] == 0, out
     assert not out["bad"], out
-    assert out["c_yes"] >= 60 and out["c_no"] >= 60, out      # both answers are exercised
+    assert out["c_yes"] >= 80 and out["c_no"] >= 80, out      # both answers are exercised
     assert out["reads_compared"] == out["c_yes"], out
     # each kind of change that needs the Python walk made the C walk defer
     for kind in ("list grown outside", "int outside", "weakly referenced set", "split dict", "instance", "array",
-                 "dict grown outside"):
+                 "dict grown outside", "unconverted instance", "slotted instance", "class made in a block",
+                 "instance with a weak reference"):
         assert out["kinds_c_no"].get(kind, 0) >= 3, (kind, out)
+        assert out["kinds_c_yes"].get(kind, 0) == 0, (kind, out)
     assert out["limit_checked"] >= 10, out
-    assert out["kinds_c_yes"].get("empty dict", 0) >= 3, out      # the static empty keys and tuple: accepted
+    # accepted: the static empty keys and tuple; instances with dicts of their own
+    for kind in ("empty dict", "instances converted in C", "instances converted in Python", "nested instances"):
+        assert out["kinds_c_yes"].get(kind, 0) >= 3, (kind, out)
 
 
 def test_share_of_plain_data_goes_through_the_c_walk_and_is_read_right():
@@ -225,3 +300,81 @@ print(json.dumps({"python_walks": python_walks, "got": got}))
     assert out["python_walks"] == 0, out
     assert out["got"] == [[[7, "s7"], [199_999, "s199999"], ["v123", 61.5], 200_000],
                           [[8, "s8"], [199_999, "s199999"], ["v123", 61.5], 200_000]], out
+
+
+CONVERSION = CLASSES + """
+import json, random
+import clamor
+from clamor.memory import walk
+
+def graph(seed):
+    # instances whose attributes lie in values tables (no dict of their
+    # own yet), some nested, in lists, dicts and tuples; and the instances
+    r = random.Random(seed)
+    made = []
+    def instance(depth):
+        o = Inst() if r.random() < 0.5 else Rec(None)
+        made.append(o)
+        o.a = r.random() if depth > 1 or r.random() < 0.5 else [instance(depth + 1) for _ in range(r.randrange(3))]
+        o.b = "s" + str(r.randrange(10**6))
+        if r.random() < 0.2:
+            o.c = (instance(depth + 1), r.randrange(10**6))
+        return o
+    with clamor.heap():
+        g = [instance(0) if r.random() < 0.7 else {"k" + str(i): instance(1) for i in range(3)}
+             for _ in range(r.randrange(1, 20))]
+    return g, made
+
+def python_walks():
+    calls = []
+    orig = walk._walk_once
+    walk._walk_once = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    return calls, orig
+
+def verdict(g):
+    try:
+        clamor.share(g)
+        return "approved"
+    except clamor.NotShareable:
+        return "refused"
+
+walk.note_fork()     # as a Cluster's fork would: the classes and attribute names are inherited
+out = {"cases": 0, "bad": [], "converted_c": 0, "converted_py": 0}
+for case in range(60):
+    ga, made_a = graph(case)     # twins: the same shapes and values
+    gb, made_b = graph(case)
+    before = walk.conversions[0]
+    calls, orig = python_walks()
+    try:
+        va = verdict(ga)             # the C walk, which converts first
+    finally:
+        walk._walk_once = orig
+    out["converted_c"] += walk.conversions[0] - before
+    walk.plain_in_c[0] = False
+    before = walk.conversions[0]
+    try:
+        vb = verdict(gb)             # the Python walk alone: walk._own_keys
+    finally:
+        walk.plain_in_c[0] = True
+    out["converted_py"] += walk.conversions[0] - before
+    owned = [walk._owns_keys(o.__dict__) for o in made_a + made_b]
+    walk.plain_in_c[0] = False
+    before = walk.conversions[0]
+    try:
+        va2 = verdict(ga)            # the Python walk finds nothing left to write in the C walk's graph
+    finally:
+        walk.plain_in_c[0] = True
+    left = walk.conversions[0] != before
+    c_on_b = walk._walk_plain(gb, 10**6, convert=False)    # and C approves the Python walk's, untouched
+    out["cases"] += 1
+    if not (va == vb == va2 == "approved" and all(owned) and not left and c_on_b and not calls):
+        out["bad"].append([case, va, vb, va2, owned.count(False), left, c_on_b, len(calls)])
+print(json.dumps(out))
+"""
+
+
+def test_the_c_conversion_gives_instances_the_dicts_the_python_walk_gives():
+    out = run_driver(CONVERSION, timeout=300)
+    assert out["exit"] == 0, out
+    assert out["cases"] == 60 and not out["bad"], out
+    assert out["converted_c"] > 0 and out["converted_py"] > 0, out

@@ -129,6 +129,12 @@ class Warm:
             pass
 
 
+def warms(t):
+    """Can an instance of class ``t`` be ``warmable``?"""
+    pd = sys.modules.get("pandas")
+    return pd is not None and issubclass(t, pd.Index)
+
+
 def warmable(o):
     """Is ``o`` a pandas Index (not a RangeIndex or MultiIndex, which
     look up without a table) whose hash table is not made yet?  An index

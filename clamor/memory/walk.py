@@ -669,26 +669,59 @@ plain_in_c = [True]     # (tests/test_walk_plain.py compares the two walks)
 _images = [None]
 
 
-def _walk_plain(obj, limit, reads=None):
-    """share()'s walk of plain data in C (csrc/pywalk.c): True when every
-    object reachable is plain, in the region with its tables (or a
-    singleton every process has), and the walk in Python would approve it
-    without a word to say or a thing to write; False when that walk must
-    decide.  ``reads`` (the Cluster's check) gets the extents the verdict
-    rests on, as the Python walk's ``Reads.inside`` would."""
-    if not plain_in_c[0] or type(obj) not in _PLAIN:
+def _walk_plain(obj, limit, reads=None, convert=True):
+    """share()'s walk of plain data and of instances of plain classes in C
+    (csrc/pywalk.c): True when every object reachable is plain data or such
+    an instance, in the region with its tables (or a singleton every
+    process has, or an atom or class outside it that ``_ok_outside``
+    accepts), and the walk in Python would approve it without a word to
+    say or a thing to write; False when that walk must decide.  ``reads``
+    (the Cluster's check) gets the extents the verdict rests on, as the
+    Python walk's ``Reads.inside`` would.  ``convert``: instances whose
+    dicts need keys of their own get them first, as ``_own_keys`` gives
+    them (csrc/pywalk.c, clamor_py_own_keys), where the Python walk would
+    have."""
+    if not plain_in_c[0] or not (type(obj) in _PLAIN or _pyshare.is_class(type(obj))):
         return False
     if _images[0] is None:
         spans = _pyshare.AddressMap().images()
         _images[0] = (ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]), len(spans))
     visited = ffi.new("long *")
-    out = bytearray() if reads is not None else None
-    rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0)
-    if rc < 0:
-        raise MemoryError("no memory for the walk of plain data")
-    if rc == 1 and reads is not None:
+    for again in (False, True):
+        out = bytearray() if reads is not None else None
+        outside = []
+        rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0,
+                                      id(outside))
+        if rc < 0:
+            raise MemoryError("no memory for the walk of plain data")
+        if rc != 2 or again or not convert:
+            break
+        from . import hooks
+        if not hooks._installed:
+            hooks.install()     # (the block needs Python's allocators wrapped)
+        n = lib.clamor_py_own_keys(id(obj), limit)
+        if n < 0:
+            return False        # (not the driver: the Python walk says why)
+        conversions[0] += n
+    if rc != 1 or not _c_outside_ok(outside):
+        return False
+    if reads is not None:
         reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
-    return rc == 1
+    return True
+
+
+def _c_outside_ok(objs):
+    """Does the Python walk accept each of ``objs``, outside the region, as
+    it is: the atoms and classes the C walk met there?  (A class whose
+    instances the walk warms, a pandas Index's, is left to the Python
+    walk.)"""
+    walk = _Walk()
+    for o in objs:
+        if isinstance(o, type) and promote.warms(o):
+            return False
+        if not (_ok_outside(o) or walk.amap.in_image(id(o))):
+            return False
+    return True
 
 
 def _bring_in(moves):
