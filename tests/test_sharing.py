@@ -26,6 +26,40 @@ def test_an_attribute_first_set_after_the_fork_is_seen_by_workers():
     assert out["got"] == [[7.5, "late"], [7.5, "late"]]
 
 
+def test_instances_built_before_any_cluster_are_approved_with_their_attribute_names_copied_in():
+    """An attribute name is one str, outside the region, that every
+    instance's dict holds as a key.  Before any worker is forked nothing is
+    inherited: each dict gets a copy of it in the region.  On the old code
+    a walk copied it into one dict only (the str was seen once), and share()
+    refused the list; the C walk and the Python walk both approve now, in
+    one call, and the workers read every instance."""
+    out = scenario("""
+        from clamor.memory import walk
+
+        class Rec:
+            def __init__(self, i):
+                self.ident, self.label, self.score = i, "n" + str(i), i / 2
+
+        verdicts = []
+        for in_c in (True, False):
+            walk.plain_in_c[0] = in_c
+            with clamor.heap():
+                recs = [Rec(i) for i in range(200)]
+            try:
+                clamor.share(recs)
+                verdicts.append("approved")
+            except clamor.NotShareable as e:
+                verdicts.append(str(e)[:200])
+        walk.plain_in_c[0] = True
+        with clamor.Cluster(workers=1, progress=False) as c:
+            got = c.range(4).map(lambda i: sum(r.score for r in recs) + len(recs[i].label)).collect()
+        want = [sum(r.score for r in recs) + len(recs[i].label) for i in range(4)]
+        print(json.dumps({"verdicts": verdicts, "equal": got == want}))
+        """)
+    assert out["verdicts"] == ["approved", "approved"], out
+    assert out["equal"], out
+
+
 def test_share_names_what_workers_would_read_wrong():
     out = scenario("""
         with clamor.Cluster(workers=1, progress=False) as c:

@@ -773,11 +773,16 @@ def _walk_once(obj, limit, mode, reads, bring_in):
     root = _Path()
     stack = [(root, obj, None, None)]
     seen = set()
+    rekeyed = set()     # constants outside the region to copy in as keys: of every dict that has them
     moves = []
     n = 0
     while stack:
         path, o, parent, cache = stack.pop()
         if id(o) in seen:
+            # (an attribute name that instances of a class share is one str:
+            # each dict gets a copy, in this round)
+            if id(o) in rekeyed and promote.rekeyable(parent, o):
+                moves.append((promote.Rekey(parent), o))
             continue
         seen.add(id(o))
         n += 1
@@ -793,6 +798,8 @@ def _walk_once(obj, limit, mode, reads, bring_in):
                 if store is None:
                     raise mode.refusal(path, o, why)
                 moves.append((store, o))
+                if isinstance(store, promote.Rekey):
+                    rekeyed.add(id(o))
             continue
         if not inside:
             by_words = _vouched_by_words(o)    # (the fingerprint once: _ok_outside's last test)
@@ -826,6 +833,8 @@ def _walk_once(obj, limit, mode, reads, bring_in):
             store = _candidate(parent, o, cache) if bring_in else None
             if store is not None:
                 moves.append((store, o))
+                if isinstance(store, promote.Rekey):
+                    rekeyed.add(id(o))
                 continue
             if _inherited is None:
                 raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is outside the region, and no "
