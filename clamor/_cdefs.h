@@ -175,6 +175,8 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
                          uintptr_t extents_out, uintptr_t outside_out);
 long clamor_py_own_keys(uintptr_t root, long limit);
 void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out);
+void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
+                           uint64_t *out);
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);

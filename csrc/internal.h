@@ -551,6 +551,8 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
  * root, in one heap block: the conversions made, or a negative errno. */
 long clamor_py_own_keys(uintptr_t root, long limit);
 void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out);
+void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
+                           uint64_t *out);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:
  * words into the region but outside [lo, lo + len) go to inner[] (a repeat
  * of the previous one dropped), words inside one of the npriv sorted,

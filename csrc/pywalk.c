@@ -528,7 +528,7 @@ long clamor_py_own_keys(uintptr_t root, long limit) {
  * themselves. */
 static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
-void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out) {
+static void digest(const uint64_t *ranges, size_t n, uint64_t *out) {
     uint64_t a = 0x9E3779B97F4A7C15ull, b = 0xC2B2AE3D27D4EB4Full;
     for (size_t i = 0; i < n; i++) {
         const unsigned char *p = (const unsigned char *)(uintptr_t)ranges[2 * i];
@@ -555,6 +555,19 @@ void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out) {
     b ^= b >> 32;
     out[0] = a;
     out[1] = b;
+}
+
+void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out) { digest(ranges, n, out); }
+
+/* The digests of runs of ranges (a read table's pages, walk.ReadTable):
+ * for each k < n, run which[k] is ranges[starts[which[k]] .. starts[which[k] + 1]),
+ * its digest goes to out[2k], out[2k + 1]. */
+void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
+                           uint64_t *out) {
+    for (size_t k = 0; k < n; k++) {
+        uint64_t i = which[k];
+        digest(ranges + 2 * starts[i], starts[i + 1] - starts[i], out + 2 * k);
+    }
 }
 
 #endif /* CLAMOR_WITH_PYTHON */

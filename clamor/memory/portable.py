@@ -60,7 +60,8 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents, read_changed, read_digests
+from .walk import (_HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pages_array, pointer_extents, read_changed,
+                   read_digests)
 
 NotShareable = errors.NotShareable
 
@@ -362,7 +363,7 @@ class Relocations:
         self.generation = region.generation()
         self.targets = _Targets()
         self.roots = {}         # id -> object, every root shipped in place (and alive)
-        self.per_root = {}      # id -> ({page: entries}, {page: what its last walk read there})
+        self.per_root = {}      # id -> ({page: entries}, what its last walk read: a walk.ReadTable)
         self.lists = {}         # page -> entries installed (bytes)
         self.orphans = set()    # pages listing words of roots forgotten since
         self.changed = []       # pages the driver changed since the last walk
@@ -406,7 +407,7 @@ class Relocations:
         changed = np.unique(np.concatenate(self.changed)) if self.changed else np.zeros(0, np.uint64)
         todo = {id(r): r for r in roots if id(r) not in self.roots}
         if changed.size:
-            ch = set(changed.tolist())
+            ch = pages_array(changed)
             todo.update((k, self.roots[k]) for k, (_, read) in self.per_root.items()
                         if k in self.roots and read_changed(read, ch))
         if not todo:
@@ -450,7 +451,8 @@ class Relocations:
             out = np.union1d(out, orphaned).astype(np.uint64)
         self.cost["walks"] += 1
         self.cost["walked_pages"] += sum(len(read) for _, read in walked.values())
-        self.cost["covered"] = len(set().union(*(read for _, read in self.per_root.values())))
+        self.cost["covered"] = len(pages_array(np.concatenate([read.pages for _, read in self.per_root.values()]
+                                                              or [np.zeros(0, np.uint64)])))
         self.cost["seconds"] += time.perf_counter() - t0
         return out
 

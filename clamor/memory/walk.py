@@ -324,49 +324,92 @@ def pointer_extents(o, path=None, body=True):
     return out
 
 
+class ReadTable:
+    """What a walk's verdict rests on: the region bytes it read pointers
+    from, per page, with each page's digest.  A verdict depends on those
+    bytes only (reference counts and the collector's links are not among
+    them), so a page the driver changed whose ranges read the same needs
+    no new walk.  ``ranges``: an (n, 2) uint64 array of (start, length),
+    ordered by page (in the walk's order within one); ``pages``: the pages,
+    ascending; page ``pages[i]`` holds ``ranges[starts[i]:starts[i + 1]]``;
+    ``digests``: an (m, 2) uint64 array, one per page (csrc/pywalk.c).
+    About 16 bytes a range and 32 a page."""
+
+    __slots__ = ("ranges", "pages", "starts", "digests")
+
+    def __init__(self, ranges):
+        base, shift = region.base(), region.page_size().bit_length() - 1
+        page = (ranges[:, 0] - np.uint64(base)) >> np.uint64(shift) if len(ranges) else np.zeros(0, np.uint64)
+        order = np.argsort(page, kind="stable")
+        self.ranges = np.ascontiguousarray(ranges[order])
+        self.pages, first = np.unique(page[order], return_index=True)
+        self.starts = np.append(first, len(order)).astype(np.uint64)
+        self.digests = self._digests(np.arange(len(self.pages), dtype=np.uint64))
+
+    def __len__(self):
+        return len(self.pages)
+
+    def nbytes(self):
+        return self.ranges.nbytes + self.pages.nbytes + self.starts.nbytes + self.digests.nbytes
+
+    def _digests(self, which):
+        out = np.empty((len(which), 2), dtype=np.uint64)
+        if len(which):
+            lib.clamor_py_digest_runs(ffi.cast("const uint64_t *", self.ranges.ctypes.data),
+                                      ffi.cast("const uint64_t *", self.starts.ctypes.data),
+                                      ffi.cast("const uint64_t *", which.ctypes.data), len(which),
+                                      ffi.cast("uint64_t *", out.ctypes.data))
+        return out
+
+    def changed(self, pages):
+        """Does a page of ``pages`` (ascending unique uint64) read otherwise
+        now where the walk read it?"""
+        if not len(pages) or not len(self.pages):
+            return False
+        idx = np.searchsorted(self.pages, pages)
+        ok = idx < len(self.pages)
+        idx, pages = idx[ok], pages[ok]
+        idx = idx[self.pages[idx] == pages]
+        return bool(len(idx)) and bool((self._digests(idx.astype(np.uint64)) != self.digests[idx]).any())
+
+
+def _split(extents):
+    """(start, length, ...) tuples as an (n, 2) uint64 array, each range
+    split at page boundaries."""
+    arr = np.array([(lo, n) for lo, n, *_ in extents if n], dtype=np.uint64).reshape(-1, 2)
+    if not len(arr):
+        return arr
+    base, ps = np.uint64(region.base()), np.uint64(region.page_size())
+    lo, end = arr[:, 0], arr[:, 0] + arr[:, 1]
+    first, last = (lo - base) // ps, (end - np.uint64(1) - base) // ps
+    k = (last - first + np.uint64(1)).astype(np.int64)
+    if (k == 1).all():
+        return arr
+    page = np.repeat(first, k) + (np.arange(k.sum()) - np.repeat(np.cumsum(k) - k, k)).astype(np.uint64)
+    seg_lo = np.maximum(np.repeat(lo, k), base + page * ps)
+    seg_hi = np.minimum(np.repeat(end, k), base + (page + np.uint64(1)) * ps)
+    return np.stack([seg_lo, seg_hi - seg_lo], axis=1)
+
+
 def read_digests(extents, plain=None):
-    """{page: (the byte ranges of it in ``extents``, their digest)}.  A walk's
-    verdict depends on the bytes it read pointers from only (reference
-    counts and the collector's links are not among them), so a page the
-    driver changed whose ranges read the same needs no new walk.
-    ``extents``: (start, length, ...) tuples; ``plain``: more of them, as
-    an (n, 2) uint64 array already split at page boundaries (the C walk's,
-    csrc/pywalk.c).  The ranges of a page are an (n, 2) uint64 array of
-    (start, length): 16 bytes a range."""
-    base, ps = region.base(), region.page_size()
-    spans = {}
-    for lo, n, *_ in extents:
-        pos, end = lo, lo + n
-        while pos < end:
-            page = (pos - base) // ps
-            stop = min(end, base + (page + 1) * ps)
-            spans.setdefault(page, []).append((pos, stop - pos))
-            pos = stop
+    """The ``ReadTable`` of a walk: ``extents``, (start, length, ...)
+    tuples, and ``plain``, more of them as an (n, 2) uint64 array already
+    split at page boundaries (the C walk's, csrc/pywalk.c)."""
+    parts = [_split(extents)]
     if plain is not None and len(plain):
-        for lo, n in plain.tolist():
-            spans.setdefault((lo - base) // ps, []).append((lo, n))
-    out = {}
-    for page, rs in spans.items():
-        rs = np.array(rs, dtype=np.uint64).reshape(-1, 2)
-        out[page] = (rs, _digest(rs))
-    return out
+        parts.append(np.asarray(plain, dtype=np.uint64).reshape(-1, 2))
+    return ReadTable(np.concatenate(parts) if len(parts) > 1 else parts[0])
 
 
-def _digest(ranges):
-    """The digest of the bytes of ``ranges``, (start, length) pairs
-    (csrc/pywalk.c, clamor_py_digest)."""
-    arr = np.ascontiguousarray(ranges, dtype=np.uint64).reshape(-1, 2)
-    out = ffi.new("uint64_t[2]")
-    lib.clamor_py_digest(ffi.cast("const uint64_t *", arr.ctypes.data), len(arr), out)
-    return (int(out[0]), int(out[1]))
+def pages_array(pages):
+    """Page indices (any iterable or array) as an ascending unique uint64 array."""
+    return np.unique(np.asarray(pages if isinstance(pages, np.ndarray) else list(pages), dtype=np.uint64))
 
 
 def read_changed(read, changed):
-    """Did any page of ``changed`` (a set) change where a walk read it (as
-    ``read_digests`` recorded)?"""
-    if len(changed) > len(read):
-        return any(p in changed and _digest(rs) != d for p, (rs, d) in read.items())
-    return any(p in read and _digest(read[p][0]) != read[p][1] for p in changed)
+    """Did any page of ``changed`` (ascending unique uint64, ``pages_array``)
+    change where a walk read it (``read``, a ``ReadTable``)?"""
+    return read.changed(changed)
 
 
 class Reads:

@@ -31,7 +31,7 @@ from ..errors import NotShareable
 from ..memory import byvalue, portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
-from ..memory.walk import brought, conversions, pointer_extents
+from ..memory.walk import brought, conversions, pages_array, pointer_extents
 from . import code
 from .collection import DataCollection
 
@@ -111,7 +111,7 @@ def note_changed(pages):
     the region)."""
     if not len(pages) or not (_shared or _portable):
         return
-    changed = set(np.asarray(pages).tolist())
+    changed = pages_array(pages)
     for known in (_shared, _portable):
         for k in [k for k, (_, ok, reads, _obj) in known.items() if ok and reads is not None and reads.changed(changed)]:
             del known[k]
