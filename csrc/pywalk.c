@@ -273,13 +273,14 @@ static int children(PyObject *o, struct stack *st) {
     return 0;
 }
 
-/* Outside the region, what the Python walk accepts by a rule of its own
- * (walk._ok_outside): an atom the workers inherited, a class they have.
- * Collected for the caller, which applies that rule to each. */
+/* Outside the region, what the Python walk may accept by rules of its own
+ * (walk._ok_outside, an object the workers inherited by its fingerprint):
+ * an atom, a class, and an object of a type this walk takes.  Collected
+ * for the caller, which judges each (a container by a walk of its own). */
 static int outside_candidate(PyObject *o) {
     PyTypeObject *t = Py_TYPE(o);
     return t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
-           t == &PyBytes_Type || PyType_Check(o);
+           t == &PyBytes_Type || PyType_Check(o) || plain_type(t) || cl_py_plain_class(t);
 }
 
 /* ---- one walk ------------------------------------------------------------------ */

@@ -87,7 +87,9 @@ def same_reads(o, limit):
         walk._walk(o, limit, None, theirs)
     finally:
         walk.plain_in_c[0] = True
-    return union(mine.plain) == union((lo, n) for lo, n, *_ in theirs.extents) and not theirs.inherited
+    ours = [tuple(x) for x in mine.plain] + [(lo, n) for lo, n, *_ in mine.extents]
+    return union(ours) == union((lo, n) for lo, n, *_ in theirs.extents) and \
+        sorted(map(id, mine.inherited)) == sorted(map(id, theirs.inherited))
 
 def leaf(r, outside):
     k = r.randrange(9)
@@ -121,7 +123,7 @@ def build(r, depth, odd):
 
 def perturb(r, g, shared):
     # a change of the kinds that make the Python walk refuse, bring in or warn
-    k = r.randrange(17)
+    k = r.randrange(19)
     box = g if isinstance(g, list) else None
     if box is None:
         return g, "none"
@@ -220,12 +222,22 @@ def perturb(r, g, shared):
         lib.clamor_py_own_keys(id(top), 10**6)
         box.append(top)
         return g, "nested instances"
+    if k == 17:
+        box.append(r.choice(INHERITED))                         # containers made before the fork
+        box.append(r.choice(INHERITED))
+        return g, "inherited containers"
+    if k == 18:
+        with clamor.heap.suspended():
+            box.append((r.randrange(10**3, 10**12), "late" + str(r.random())))   # made after it, outside
+        return g, "late tuple"
     return g, "none"
 
 r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
 OUTSIDE = [r.randrange(10**3, 10**12) for _ in range(50)] + ["o" + str(r.random()) for _ in range(50)] + \
           [r.random() * 1e6 for _ in range(50)]      # made outside any block
-walk.note_fork()     # as a Cluster's fork would: OUTSIDE, the classes and their attribute names are inherited
+INHERITED = [tuple(OUTSIDE[i:i + 3]) for i in range(0, 30, 3)] + [frozenset(OUTSIDE[i:i + 2]) for i in range(60, 70, 2)] + \
+            [[OUTSIDE[i], (OUTSIDE[i + 1],)] for i in range(100, 110, 2)] + [{"i" + str(i): OUTSIDE[i]} for i in range(5)]
+walk.note_fork()     # as a Cluster's fork would: OUTSIDE, INHERITED, the classes and their attribute names are inherited
 shared = []
 counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0, "reads_compared": 0}
 for case in range(int({cases!r})):
@@ -265,12 +277,13 @@ def test_the_c_walk_approves_only_what_the_python_walk_approves_untouched():
     # each kind of change that needs the Python walk made the C walk defer
     for kind in ("list grown outside", "int outside", "weakly referenced set", "split dict", "instance", "array",
                  "dict grown outside", "unconverted instance", "slotted instance", "class made in a block",
-                 "instance with a weak reference"):
+                 "instance with a weak reference", "late tuple"):
         assert out["kinds_c_no"].get(kind, 0) >= 3, (kind, out)
         assert out["kinds_c_yes"].get(kind, 0) == 0, (kind, out)
     assert out["limit_checked"] >= 10, out
     # accepted: the static empty keys and tuple; instances with dicts of their own
-    for kind in ("empty dict", "instances converted in C", "instances converted in Python", "nested instances"):
+    for kind in ("empty dict", "instances converted in C", "instances converted in Python", "nested instances",
+                 "inherited containers"):
         assert out["kinds_c_yes"].get(kind, 0) >= 3, (kind, out)
 
 

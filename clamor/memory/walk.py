@@ -746,23 +746,41 @@ def _walk_plain(obj, limit, reads=None, convert=True):
         if n < 0:
             return False        # (not the driver: the Python walk says why)
         conversions[0] += n
-    if rc != 1 or not _c_outside_ok(outside):
+    if rc != 1:
+        return False
+    if not _c_outside_ok(outside, limit, reads):
+        if reads is not None:
+            reads.restart()
         return False
     if reads is not None:
         reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
     return True
 
 
-def _c_outside_ok(objs):
+_C_ATOMS = (int, float, complex, str, bytes)
+
+
+def _c_outside_ok(objs, limit, reads):
     """Does the Python walk accept each of ``objs``, outside the region, as
-    it is: the atoms and classes the C walk met there?  (A class whose
-    instances the walk warms, a pandas Index's, is left to the Python
-    walk.)"""
+    it is: the atoms, classes and containers the C walk met there?  An
+    atom or a class by ``_ok_outside``; a container (one the workers
+    inherited, such as a constant tuple of code compiled before the fork)
+    by a walk of its own that brings nothing in, its extents and inherited
+    objects going to ``reads``.  (A class whose instances the walk warms, a
+    pandas Index's, is left to the Python walk; so is a container it would
+    refuse, or copy into the region, where its holder is known.)"""
     walk = _Walk()
     for o in objs:
         if isinstance(o, type) and promote.warms(o):
             return False
-        if not (_ok_outside(o) or walk.amap.in_image(id(o))):
+        if type(o) in _C_ATOMS or isinstance(o, type):
+            if not (_ok_outside(o) or walk.amap.in_image(id(o))):
+                return False
+            continue
+        try:
+            if _walk_once(o, limit, None, reads, False):
+                return False
+        except NotShareable:
             return False
     return True
 
