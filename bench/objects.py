@@ -24,7 +24,10 @@ For each shape and each kind of worker (forked, spawned), in one run:
   changed_stage_s the next stage after the driver changed one entry in a
                   block (the check again, the changed page)
 
-and the ratios to ``pickle_s``: ``check_vs_pickle`` (target <= 0.5),
+and ``bytes_per_object``: what the Cluster's checks keep to know when to
+walk again (``cl.stats()["checks"]``: read tables, relocation lists) over
+the objects their walks visited (target <= 16 at 10^7); and the ratios to
+``pickle_s``: ``check_vs_pickle`` (target <= 0.5),
 ``first_stage_vs_pickle`` (<= 1.0), ``changed_stage_vs_pickle`` (<= 0.05),
 with ``objects_per_s``: the objects of the graph (keys, values, tuples,
 instances and their attribute values) over ``check_s``.  Every task's
@@ -108,8 +111,12 @@ def run_mode(clamor, mode, objs, args):
             clamor.share(obj, portable=mode == "spawn")
             rec["check_s"] = time.perf_counter() - t0
             keys = keys_of(shape, n)
+            kept0 = cl.stats()["checks"]
             try:
                 rec["first_stage_s"], got = stage(cl, args.workers, shape, obj, keys)
+                kept = cl.stats()["checks"]     # (what the first stage's check added)
+                visited = kept["objects"] - kept0["objects"]
+                rec["bytes_per_object"] = (kept["bytes"] - kept0["bytes"]) / visited if visited > 0 else None
                 rec["first_equal"] = got == [read(shape, obj, keys)] * args.workers
                 k = change(clamor, shape, obj, n)
                 keys = keys + [k]
@@ -124,6 +131,7 @@ def run_mode(clamor, mode, objs, args):
             print(f"  {mode:5} {shape:10} {n:>10,}: pickle {pickle_s:7.3f} s  share {rec['check_s']:7.3f} s "
                   f"({rec['objects_per_s'] / 1e6:.2f} M objects/s)  first stage "
                   f"{rec.get('first_stage_s', float('nan')):7.3f} s  changed {rec.get('changed_stage_s', float('nan')):7.3f} s"
+                  f"  kept {rec.get('bytes_per_object') or float('nan'):.1f} B/object"
                   + (f"  FAILED {rec['failed']}" if "failed" in rec else "")
                   + ("" if rec.get("first_equal", True) and rec.get("changed_equal", True) else "  answers DIFFER"),
                   flush=True)
@@ -169,6 +177,8 @@ def main():
             figures[key + "_worst"] = worst[1]
     figures["failed"] = [f"{m} {s}" for m, r in runs.items() for s, x in r.items() if "failed" in x]
     figures["objects_per_s_min"] = min(x["objects_per_s"] for r in runs.values() for x in r.values())
+    kept = [x["bytes_per_object"] for r in runs.values() for x in r.values() if x.get("bytes_per_object")]
+    figures["bytes_per_object_max"] = max(kept) if kept else None
     json_line(figures)
     if bad:
         print("objects: answers differ: " + ", ".join(bad), file=sys.stderr)

@@ -391,3 +391,27 @@ def test_the_c_conversion_gives_instances_the_dicts_the_python_walk_gives():
     assert out["exit"] == 0, out
     assert out["cases"] == 60 and not out["bad"], out
     assert out["converted_c"] > 0 and out["converted_py"] > 0, out
+
+
+def test_the_cluster_reports_what_its_checks_keep_per_object():
+    """cl.stats()["checks"]: the verdicts remembered, the objects their
+    walks visited and the bytes kept to know when to walk again; at most
+    16 bytes an object for a big dict of records (issue's bound)."""
+    out = run_driver("""
+import json
+import clamor
+n = 100_000
+with clamor.heap():
+    d = {i: (i, "s" + str(i)) for i in range(n)}
+with clamor.Cluster(workers=1, progress=False) as cl:
+    before = cl.stats()["checks"]
+    got = cl.parallelize(range(1), 1).map(lambda i: d[n - 1]).collect()
+    after = cl.stats()["checks"]
+print(json.dumps({"before": before, "after": after, "got": got}))
+""", timeout=180)
+    assert out["exit"] == 0, out
+    assert out["got"] == [[99_999, "s99999"]], out
+    assert out["before"]["objects"] == 0, out
+    after = out["after"]
+    assert after["verdicts"] >= 1 and after["objects"] >= 3 * 100_000 - 300, out   # the dict, tuples, ints, strs
+    assert 0 < after["bytes"] and after["bytes_per_object"] <= 16, out

@@ -269,11 +269,13 @@ class _Mode:
         self.seeded = None      # path of a dict or set whose keys hash by the seed
         self.root = None        # what the walk started from, for messages
         self.blocks_seen = set()
+        self.objects = 0        # region objects visited
 
     def restart(self):
         """Forget what a walk collected: it is made again (objects were
         brought into the region)."""
         self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
+        self.objects = 0
 
     def why_not(self, o):
         """None if ``o`` (outside the region) is a relocation target, else
@@ -303,6 +305,7 @@ class _Mode:
         return True
 
     def inside(self, path, o):
+        self.objects += 1
         if isinstance(o, (type, types.FunctionType, types.CodeType, types.ModuleType)):
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) was made inside clamor.heap(): a class, "
                                f"function or module in the region is not portable; define it in a module")
@@ -371,6 +374,13 @@ class Relocations:
         # walks done, their time, pages they read (last walk), pages with a
         # list and the entries of those lists (now)
         self.cost = {"walks": 0, "seconds": 0.0, "walked_pages": 0, "covered": 0, "pages": 0, "entries": 0}
+
+    def nbytes(self):
+        """The bytes the relocation lists keep: those installed, each
+        root's entries and the table of what its walk read."""
+        per_root = sum(len(e) for entries, _ in self.per_root.values() for e in entries.values())
+        tables = sum(read.nbytes() for _, read in self.per_root.values() if read is not None)
+        return sum(len(b) for b in self.lists.values()) + per_root + tables
 
     def note_changed(self, pages):
         if len(pages):
@@ -568,15 +578,19 @@ def check(obj, limit=20_000_000, seed=True):
     _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
     if seed and mode.seeded is not None and not seed_passes_on():
         raise NotShareable(seed_message(mode.seeded))
-    return _Read(read_digests(mode.extents))
+    return _Read(read_digests(mode.extents), mode.objects)
 
 
 class _Read:
     """What a portable verdict rests on: the region bytes its walk read
     pointers from (``walk.Reads``'s interface)."""
 
-    def __init__(self, read):
+    def __init__(self, read, objects=0):
         self.read = read
+        self.objects = objects
+
+    def nbytes(self):
+        return self.read.nbytes()
 
     def changed(self, pages):
         return read_changed(self.read, pages)
@@ -614,6 +628,12 @@ def reset():
 def driver():
     """This process's Relocations (the driver's)."""
     return _driver()
+
+
+def driver_nbytes():
+    """The bytes the driver's relocation lists keep (0 if it has none)."""
+    d = _DRIVER[0]
+    return d.nbytes() if d is not None else 0
 
 
 # ---- worker --------------------------------------------------------------------------

@@ -424,9 +424,15 @@ class Reads:
         self.plain = None       # the C walk's extents (csrc/pywalk.c), an (n, 2) array
         self.inherited = []
         self.read = None
+        self.objects = 0        # the objects the walk visited
 
     def restart(self):
-        self.extents, self.plain, self.inherited = [], None, []
+        self.extents, self.plain, self.inherited, self.objects = [], None, [], 0
+
+    def nbytes(self):
+        """The bytes this verdict keeps: its read table and the inherited
+        objects it names."""
+        return (self.read.nbytes() if self.read is not None else 0) + 8 * len(self.inherited)
 
     def seal(self):
         """Digest what was read (``read``), and let the extents go."""
@@ -754,6 +760,7 @@ def _walk_plain(obj, limit, reads=None, convert=True):
         return False
     if reads is not None:
         reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
+        reads.objects += int(visited[0])
     return True
 
 
@@ -947,6 +954,8 @@ def _walk_once(obj, limit, mode, reads, bring_in):
             stack.append((_Path(path, *step) if isinstance(step, tuple) else path + step, child, o, entry))
         entry = None
         step = child = None     # (a reference left here would count as another holder)
+    if reads is not None:
+        reads.objects += n
     moves += [(None, t) for t in walk.tables]
     if moves:
         return moves

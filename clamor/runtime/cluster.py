@@ -39,7 +39,7 @@ import weakref
 import numpy as np
 import zmq
 
-from . import _liveness, code
+from . import _liveness, code, serialize
 from .. import errors
 from ..memory import byvalue, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
@@ -562,6 +562,7 @@ class Cluster(Stages):
             "peer_timeouts": sum(w.get("timeouts", 0) for w in ws.values()),
         }
         out["by_value"] = byvalue.counts()   # region objects workers could not use in place (process-wide)
+        out["checks"] = serialize.check_stats()   # what the checks before stages keep (process-wide)
         out["bytes_mapped"] = self._totals["bytes_mapped"]
         out["wire_bytes"] = self._totals["wire_bytes"]
         out["write_protection"] = region.write_protection()

@@ -117,6 +117,19 @@ def note_changed(pages):
             del known[k]
 
 
+def check_stats():
+    """What the checks before stages keep (process-wide): the verdicts
+    remembered, the objects their walks visited, and the bytes of what
+    they rest on (read tables, inherited objects named, and the relocation
+    lists for workers not forked)."""
+    entries = [e for known in (_shared, _portable) for e in known.values() if e[1] and e[2] is not None]
+    reloc = portable.driver_nbytes()
+    kept = sum(e[2].nbytes() for e in entries) + reloc
+    objects = sum(e[2].objects for e in entries)
+    return {"verdicts": len(entries), "objects": objects, "bytes": kept, "relocation_bytes": reloc,
+            "bytes_per_object": kept / objects if objects else 0.0}
+
+
 def _forget_dead(known):
     """The portable walk's verdicts keep their object alive, so that no
     other object can take its address and its verdict (a KDTree freed after
