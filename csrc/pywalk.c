@@ -60,45 +60,63 @@ static inline int inside(uintptr_t a, size_t n) {
 
 struct seen {
     uintptr_t *slot;
+    int32_t *tag; /* the tag each object was first seen with */
     size_t mask, n;
 };
 
 static int seen_grow(struct seen *s) {
     size_t cap = s->slot ? 2 * (s->mask + 1) : 1024;
     uintptr_t *t = calloc(cap, sizeof *t);
-    if (!t) return -1;
+    int32_t *g = calloc(cap, sizeof *g);
+    if (!t || !g) {
+        free(t);
+        free(g);
+        return -1;
+    }
     for (size_t i = 0; s->slot && i <= s->mask; i++) {
         uintptr_t a = s->slot[i];
         if (!a) continue;
         size_t j = (a >> 4) * 0x9E3779B97F4A7C15ull & (cap - 1);
         while (t[j]) j = (j + 1) & (cap - 1);
         t[j] = a;
+        g[j] = s->tag[i];
     }
     free(s->slot);
+    free(s->tag);
     s->slot = t;
+    s->tag = g;
     s->mask = cap - 1;
     return 0;
 }
 
-/* 1 if added, 0 if seen before, -1 out of memory */
-static int seen_add(struct seen *s, uintptr_t a) {
+/* 1 if added (with `tag`), 0 if seen before (*first: its tag then), -1
+ * out of memory */
+static int seen_add(struct seen *s, uintptr_t a, int32_t tag, int32_t *first) {
     if (!s->slot || 2 * (s->n + 1) > s->mask + 1) {
         if (seen_grow(s) < 0) return -1;
     }
     size_t j = (a >> 4) * 0x9E3779B97F4A7C15ull & s->mask;
     while (s->slot[j]) {
-        if (s->slot[j] == a) return 0;
+        if (s->slot[j] == a) {
+            *first = s->tag[j];
+            return 0;
+        }
         j = (j + 1) & s->mask;
     }
     s->slot[j] = a;
+    s->tag[j] = tag;
     s->n++;
     return 1;
 }
 
 /* ---- the stack of objects to visit ------------------------------------------- */
 
+/* Each object pushed carries the tag `cur` of the moment: the entry of
+ * the root it was reached through (clamor_py_walk_tagged), or ROOT. */
 struct stack {
     PyObject **item;
+    int32_t *tag;
+    int32_t cur;
     size_t n, cap;
 };
 
@@ -108,8 +126,12 @@ static int push(struct stack *st, PyObject *o) {
         PyObject **t = realloc(st->item, cap * sizeof *t);
         if (!t) return -1;
         st->item = t;
+        int32_t *g = realloc(st->tag, cap * sizeof *g);
+        if (!g) return -1;
+        st->tag = g;
         st->cap = cap;
     }
+    st->tag[st->n] = st->cur;
     st->item[st->n++] = o;
     return 0;
 }
@@ -118,6 +140,8 @@ static int push(struct stack *st, PyObject *o) {
 
 struct extents {
     uint64_t *v; /* (start, length) pairs, each within one region page */
+    int32_t *tag; /* the tag of the object each belongs to */
+    int32_t cur;
     size_t n, cap;
 };
 
@@ -131,8 +155,12 @@ static int extent(struct extents *e, uintptr_t lo, size_t len) {
             uint64_t *t = realloc(e->v, 2 * cap * sizeof *t);
             if (!t) return -1;
             e->v = t;
+            int32_t *g = realloc(e->tag, cap * sizeof *g);
+            if (!g) return -1;
+            e->tag = g;
             e->cap = cap;
         }
+        e->tag[e->n] = e->cur;
         e->v[2 * e->n] = lo;
         e->v[2 * e->n + 1] = n;
         e->n++;
@@ -297,6 +325,15 @@ struct walk {
     int nclasses;
     int converting;                /* the pass of clamor_py_own_keys: collect, never refuse */
     struct stack todo;             /* there: the instances whose dicts need keys of their own (held) */
+    /* clamor_py_walk_tagged: the root's entries tag what is reached through them */
+    int tagging, shared;           /* shared: an object with extents reached through two entries */
+    const uint64_t *prev_fp;       /* a recheck: the entries' fingerprints as the last walk saw them */
+    size_t nprev;
+    const int32_t *dirty;          /* and the entries to walk again anyway (sorted) */
+    size_t ndirty;
+    int recheck;
+    uint64_t *fp;                  /* the entries' fingerprints now */
+    size_t nfp, capfp;
 };
 
 static int plain_instance(struct walk *w, PyObject *o) {
@@ -373,15 +410,88 @@ static int visit(struct walk *w, PyObject *o) {
     return w->converting ? OK : FALLBACK;
 }
 
+#define ROOT_TAG (-1)
+
+/* An object with extents of its own (a region container or instance): one
+ * reached through two entries of the root makes a walk of one entry not
+ * enough to vouch for it. */
+static int has_extents(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    return inside((uintptr_t)o, 1) && t != &PyLong_Type && t != &PyFloat_Type && t != &PyComplex_Type &&
+           t != &PyUnicode_Type && t != &PyBytes_Type && t != &PyBool_Type;
+}
+
+static int binary_has(const int32_t *v, size_t n, int32_t x) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && v[lo] == x;
+}
+
+/* Entry i of the root, (k, v) (k NULL for a list's item): its fingerprint
+ * now, and pushed (tagged i) unless a recheck finds it as it was. */
+static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
+    uint64_t f = (((uint64_t)(uintptr_t)k * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uintptr_t)v * 0xC2B2AE3D27D4EB4Full)) | 1;
+    if (i >= w->capfp) {
+        size_t cap = w->capfp ? 2 * w->capfp : 4096;
+        while (cap <= i) cap *= 2;
+        uint64_t *t = realloc(w->fp, cap * sizeof *t);
+        if (!t) return NOMEM;
+        memset(t + w->capfp, 0, (cap - w->capfp) * sizeof *t);
+        w->fp = t;
+        w->capfp = cap;
+    }
+    w->fp[i] = f;
+    if (i + 1 > w->nfp) w->nfp = i + 1;
+    if (w->recheck && i < w->nprev && w->prev_fp[i] == f && !binary_has(w->dirty, w->ndirty, (int32_t)i))
+        return OK;
+    w->st.cur = (int32_t)i;
+    if ((k && push(&w->st, k) < 0) || push(&w->st, v) < 0) return NOMEM;
+    return OK;
+}
+
+/* The root of a tagged walk, an exact dict or list: checked as visit()
+ * checks it, its own extents tagged ROOT_TAG, its entries pushed each with
+ * its index (a recheck: only those changed or dirty). */
+static int visit_root(struct walk *w, PyObject *o) {
+    uintptr_t a = (uintptr_t)o;
+    void **weak = NULL, **info = NULL;
+    if (!inside(a, 1) || !inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages) ||
+        cl_py_to_hide(o, &weak, &info))
+        return FALLBACK;
+    if (extents_of(o, w->e) < 0) return NOMEM;
+    int rc = OK;
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (rc == OK && PyDict_Next(o, &pos, &k, &v)) rc = root_entry(w, (size_t)pos - 1, k, v);
+    } else {
+        for (Py_ssize_t i = 0; rc == OK && i < PyList_GET_SIZE(o); i++)
+            rc = root_entry(w, (size_t)i, NULL, PyList_GET_ITEM(o, i));
+    }
+    w->st.cur = ROOT_TAG;
+    return rc;
+}
+
 static int walk_from(struct walk *w, PyObject *root) {
+    w->st.cur = ROOT_TAG;
     int rc = push(&w->st, root) < 0 ? NOMEM : OK;
     while (rc == OK && w->st.n) {
-        PyObject *o = w->st.item[--w->st.n];
-        int fresh = seen_add(&w->seen, (uintptr_t)o);
+        w->st.n--;
+        PyObject *o = w->st.item[w->st.n];
+        int32_t tag = w->st.tag[w->st.n], first;
+        int fresh = seen_add(&w->seen, (uintptr_t)o, tag, &first);
         if (fresh < 0) return NOMEM;
-        if (!fresh) continue;
+        if (!fresh) {
+            if (w->tagging && first != tag && has_extents(o)) w->shared = 1;
+            continue;
+        }
         if (++w->n > w->limit) return w->converting ? OK : FALLBACK;
-        rc = visit(w, o);
+        w->st.cur = w->ext.cur = tag;
+        rc = w->tagging && o == root ? visit_root(w, o) : visit(w, o);
     }
     return rc;
 }
@@ -389,9 +499,25 @@ static int walk_from(struct walk *w, PyObject *root) {
 static void walk_free(struct walk *w) {
     for (size_t i = 0; i < w->todo.n; i++) Py_DECREF(w->todo.item[i]);
     free(w->todo.item);
+    free(w->todo.tag);
     free(w->ext.v);
+    free(w->ext.tag);
     free(w->seen.slot);
+    free(w->seen.tag);
     free(w->st.item);
+    free(w->st.tag);
+    free(w->fp);
+}
+
+/* Copy n bytes at src into the bytearray ba (resized): 0, or -1. */
+static int to_bytearray(uintptr_t ba, const void *src, size_t n) {
+    PyObject *b = (PyObject *)ba;
+    if (!PyByteArray_Check(b) || PyByteArray_Resize(b, (Py_ssize_t)n) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (n) memcpy(PyByteArray_AS_STRING(b), src, n);
+    return 0;
 }
 
 /* root: an object; limit: share()'s; images: the loaded images' ranges,
@@ -406,17 +532,44 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
     w.e = extents_out ? &w.ext : NULL;
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     int rc = walk_from(&w, (PyObject *)root);
-    if (rc == OK && w.e) { /* (start, length) pairs as native words, into the caller's bytearray */
-        PyObject *ba = (PyObject *)extents_out;
-        size_t bytes = 2 * w.ext.n * sizeof(uint64_t);
-        if (!PyByteArray_Check(ba) || PyByteArray_Resize(ba, (Py_ssize_t)bytes) < 0) {
-            PyErr_Clear();
-            rc = NOMEM;
-        } else if (bytes) {
-            memcpy(PyByteArray_AS_STRING(ba), w.ext.v, bytes);
-        }
-    }
+    /* (start, length) pairs as native words, into the caller's bytearray */
+    if (rc == OK && w.e && to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0) rc = NOMEM;
     if (rc == NOMEM) PyErr_Clear(); /* (a failed append) */
+    walk_free(&w);
+    *visited = w.n;
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* clamor_py_walk_plain of an exact dict or list `root`, each extent tagged
+ * (an int32 into tags_out, beside extents_out) with the index of the
+ * root's entry it was reached through, or -1 (the root's own).  fp_out
+ * gets each entry's fingerprint (the key's and value's addresses; 0 for
+ * a hole), as uint64s.  *shared: an object with extents was reached
+ * through two entries (a walk of one entry does not vouch for it).
+ *
+ * recheck: walk only the entries whose fingerprint differs from prev_fp
+ * (nprev of them; new ones too) or whose index is in dirty (ndirty,
+ * sorted): the root itself is checked again and its entries read, which
+ * costs a few nanoseconds an entry.  The caller keeps the other entries'
+ * extents: their bytes did not change. */
+int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
+                          uintptr_t extents_out, uintptr_t tags_out, uintptr_t fp_out, uintptr_t outside_out,
+                          const uint64_t *prev_fp, size_t nprev, const int32_t *dirty, size_t ndirty, int recheck,
+                          int *shared) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .tagging = 1, .recheck = recheck,
+                     .prev_fp = prev_fp, .nprev = nprev, .dirty = dirty, .ndirty = ndirty};
+    w.e = &w.ext;
+    w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
+    PyObject *r = (PyObject *)root;
+    int rc = PyDict_CheckExact(r) || PyList_CheckExact(r) ? walk_from(&w, r) : FALLBACK;
+    if (rc == OK && (to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0 ||
+                     to_bytearray(tags_out, w.ext.tag, w.ext.n * sizeof(int32_t)) < 0 ||
+                     to_bytearray(fp_out, w.fp, w.nfp * sizeof(uint64_t)) < 0))
+        rc = NOMEM;
+    if (rc == NOMEM) PyErr_Clear();
+    *shared = w.shared;
     walk_free(&w);
     *visited = w.n;
     PyGILState_Release(g);
@@ -517,6 +670,7 @@ long clamor_py_own_keys(uintptr_t root, long limit) {
         Py_DECREF(key);
     }
     free(spare.item);
+    free(spare.tag);
     walk_free(&w);
     PyGILState_Release(g);
     return rc;

@@ -333,15 +333,17 @@ class ReadTable:
     ordered by page (in the walk's order within one); ``pages``: the pages,
     ascending; page ``pages[i]`` holds ``ranges[starts[i]:starts[i + 1]]``;
     ``digests``: an (m, 2) uint64 array, one per page (csrc/pywalk.c).
-    About 16 bytes a range and 32 a page."""
+    ``tags`` (a walk of a dict's or list's entries, or None): an int32 per
+    range, the entry it was reached through (-1: the root's own).  About
+    16 bytes a range (20 tagged) and 32 a page."""
 
-    __slots__ = ("ranges", "pages", "starts", "digests")
+    __slots__ = ("ranges", "pages", "starts", "digests", "tags")
 
-    def __init__(self, ranges):
-        base, shift = region.base(), region.page_size().bit_length() - 1
-        page = (ranges[:, 0] - np.uint64(base)) >> np.uint64(shift) if len(ranges) else np.zeros(0, np.uint64)
+    def __init__(self, ranges, tags=None):
+        page = _page_of(ranges)
         order = np.argsort(page, kind="stable")
         self.ranges = np.ascontiguousarray(ranges[order])
+        self.tags = None if tags is None else np.ascontiguousarray(tags[order])
         self.pages, first = np.unique(page[order], return_index=True)
         self.starts = np.append(first, len(order)).astype(np.uint64)
         self.digests = self._digests(np.arange(len(self.pages), dtype=np.uint64))
@@ -350,7 +352,60 @@ class ReadTable:
         return len(self.pages)
 
     def nbytes(self):
-        return self.ranges.nbytes + self.pages.nbytes + self.starts.nbytes + self.digests.nbytes
+        return self.ranges.nbytes + self.pages.nbytes + self.starts.nbytes + self.digests.nbytes + \
+            (self.tags.nbytes if self.tags is not None else 0)
+
+    def changed_pages(self, pages):
+        """The pages of ``pages`` (ascending unique uint64) whose ranges read
+        otherwise now."""
+        idx = self._index(pages)
+        return self.pages[idx[(self._digests(idx.astype(np.uint64)) != self.digests[idx]).any(axis=1)]]
+
+    def _index(self, pages):
+        if not len(pages) or not len(self.pages):
+            return np.zeros(0, np.int64)
+        idx = np.searchsorted(self.pages, pages)
+        ok = idx < len(self.pages)
+        idx, pages = idx[ok], pages[ok]
+        return idx[self.pages[idx] == pages]
+
+    def tags_on(self, pages):
+        """The tags of the ranges on ``pages`` (ascending unique uint64)."""
+        idx = self._index(pages)
+        if not len(idx):
+            return np.zeros(0, np.int32)
+        return np.unique(np.concatenate([self.tags[int(self.starts[i]):int(self.starts[i + 1])] for i in idx]))
+
+    def updated(self, drop, ranges, tags, touched):
+        """This table with the ranges tagged in ``drop`` replaced by
+        ``ranges`` (tagged ``tags``); the pages in ``touched`` (ascending)
+        and those ranges come and go on are digested again, the others'
+        digests kept."""
+        keep = ~np.isin(self.tags, drop)
+        gone = _page_of(self.ranges[~keep])
+        old_r, old_t = self.ranges[keep], self.tags[keep]
+        old_p = _page_of(old_r)
+        new_p = _page_of(ranges)
+        order = np.argsort(new_p, kind="stable")
+        ranges, tags, new_p = ranges[order], tags[order], new_p[order]
+        at = np.searchsorted(old_p, new_p, side="right")
+        t = ReadTable.__new__(ReadTable)
+        t.ranges = np.ascontiguousarray(np.insert(old_r, at, ranges, axis=0))
+        t.tags = np.ascontiguousarray(np.insert(old_t, at, tags))
+        page = np.insert(old_p, at, new_p)
+        first = np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if len(page) else np.zeros(0, np.int64)
+        t.pages = page[first]
+        t.starts = np.append(first, len(page)).astype(np.uint64)
+        t.digests = np.empty((len(t.pages), 2), dtype=np.uint64)
+        redo = np.isin(t.pages, np.concatenate([touched, gone, new_p]))
+        was = np.searchsorted(self.pages, t.pages)
+        was = np.minimum(was, max(len(self.pages) - 1, 0))
+        known = (len(self.pages) > 0) & (self.pages[was] == t.pages) & ~redo if len(self.pages) else \
+            np.zeros(len(t.pages), bool)
+        t.digests[known] = self.digests[was[known]]
+        need = np.flatnonzero(~known).astype(np.uint64)
+        t.digests[~known] = t._digests(need)
+        return t
 
     def _digests(self, which):
         out = np.empty((len(which), 2), dtype=np.uint64)
@@ -373,6 +428,12 @@ class ReadTable:
         return bool(len(idx)) and bool((self._digests(idx.astype(np.uint64)) != self.digests[idx]).any())
 
 
+def _page_of(ranges):
+    if not len(ranges):
+        return np.zeros(0, np.uint64)
+    return (ranges[:, 0] - np.uint64(region.base())) >> np.uint64(region.page_size().bit_length() - 1)
+
+
 def _split(extents):
     """(start, length, ...) tuples as an (n, 2) uint64 array, each range
     split at page boundaries."""
@@ -391,14 +452,16 @@ def _split(extents):
     return np.stack([seg_lo, seg_hi - seg_lo], axis=1)
 
 
-def read_digests(extents, plain=None):
+def read_digests(extents, plain=None, tags=None):
     """The ``ReadTable`` of a walk: ``extents``, (start, length, ...)
     tuples, and ``plain``, more of them as an (n, 2) uint64 array already
-    split at page boundaries (the C walk's, csrc/pywalk.c)."""
+    split at page boundaries (the C walk's, csrc/pywalk.c), tagged by
+    ``tags`` when there are no others."""
     parts = [_split(extents)]
     if plain is not None and len(plain):
         parts.append(np.asarray(plain, dtype=np.uint64).reshape(-1, 2))
-    return ReadTable(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    ranges = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return ReadTable(ranges, tags if tags is not None and len(tags) == len(ranges) else None)
 
 
 def pages_array(pages):
@@ -422,12 +485,21 @@ class Reads:
     def __init__(self):
         self.extents = []
         self.plain = None       # the C walk's extents (csrc/pywalk.c), an (n, 2) array
+        self.tags = None        # a walk of a dict's or list's entries: the entry of each of those (int32)
+        self.fp = None          # and each entry's fingerprint (uint64): what ``recheck`` compares
         self.inherited = []
         self.read = None
         self.objects = 0        # the objects the walk visited
+        self.stale = None       # pages changed since that the verdict read (``recheck`` walks again)
 
     def restart(self):
         self.extents, self.plain, self.inherited, self.objects = [], None, [], 0
+        self.tags = self.fp = None
+
+    @property
+    def incremental(self):
+        """Can a change be checked by walking again only the entries it touched?"""
+        return self.read is not None and self.read.tags is not None and self.fp is not None
 
     def nbytes(self):
         """The bytes this verdict keeps: its read table and the inherited
@@ -436,9 +508,21 @@ class Reads:
 
     def seal(self):
         """Digest what was read (``read``), and let the extents go."""
-        self.read = read_digests(self.extents, self.plain)
-        self.extents, self.plain = [], None
+        self.read = read_digests(self.extents, self.plain, self.tags)
+        self.extents, self.plain, self.tags = [], None, None
         return self
+
+    def note(self, pages):
+        """The driver changed ``pages`` (ascending unique uint64): does the
+        verdict still stand as it is (True), or must it be walked again
+        whole (False)?  One that ``recheck`` can bring up to date keeps
+        the pages it read that changed in ``stale``."""
+        if not self.incremental:
+            return not self.changed(pages)
+        hit = self.read.changed_pages(pages)
+        if len(hit):
+            self.stale = hit if self.stale is None else np.union1d(self.stale, hit)
+        return True
 
     def changed(self, pages):
         """Did the driver change, in ``pages`` (a set), a byte the walk read
@@ -736,11 +820,17 @@ def _walk_plain(obj, limit, reads=None, convert=True):
         spans = _pyshare.AddressMap().images()
         _images[0] = (ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]), len(spans))
     visited = ffi.new("long *")
+    tagged = reads is not None and type(obj) in (dict, list)
     for again in (False, True):
         out = bytearray() if reads is not None else None
         outside = []
-        rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0,
-                                      id(outside))
+        if tagged:
+            tags, fp, shared = bytearray(), bytearray(), ffi.new("int *")
+            rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tags), id(fp),
+                                           id(outside), ffi.NULL, 0, ffi.NULL, 0, 0, shared)
+        else:
+            rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0,
+                                          id(outside))
         if rc < 0:
             raise MemoryError("no memory for the walk of plain data")
         if rc != 2 or again or not convert:
@@ -761,6 +851,52 @@ def _walk_plain(obj, limit, reads=None, convert=True):
     if reads is not None:
         reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
         reads.objects += int(visited[0])
+        if tagged and not shared[0] and not reads.extents:
+            # (entries sharing an object, or containers the Python walk took
+            # outside the region: a change is walked again whole)
+            reads.tags = np.frombuffer(bytes(tags), dtype=np.int32)
+            reads.fp = np.frombuffer(bytes(fp), dtype=np.uint64)
+    return True
+
+
+def recheck(obj, reads, limit=20_000_000):
+    """Bring a verdict on the dict or list ``obj`` up to date after the
+    driver changed the pages in ``reads.stale``: walk again, in C, only the
+    entries whose key or value is another object now, or which led to a
+    range on a changed page (csrc/pywalk.c, clamor_py_walk_tagged), and
+    replace their ranges in the read table.  True if the verdict stands
+    (``reads`` updated); False if it must be made again by a whole walk
+    (an entry the C walk leaves to Python, an object two entries share,
+    an instance whose dict needs keys of its own)."""
+    if not reads.incremental or type(obj) not in (dict, list) or not plain_in_c[0]:
+        return False
+    stale = reads.stale if reads.stale is not None else np.zeros(0, np.uint64)
+    dirty = reads.read.tags_on(stale)
+    dirty = np.ascontiguousarray(dirty[dirty >= 0], dtype=np.int32)
+    prev = np.ascontiguousarray(reads.fp)
+    out, tags, fp, shared, visited = bytearray(), bytearray(), bytearray(), ffi.new("int *"), ffi.new("long *")
+    outside = []
+    rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tags), id(fp), id(outside),
+                                   ffi.cast("const uint64_t *", prev.ctypes.data), len(prev),
+                                   ffi.cast("const int32_t *", dirty.ctypes.data), len(dirty), 1, shared)
+    if rc < 0:
+        raise MemoryError("no memory for the walk of plain data")
+    if rc != 1 or shared[0]:
+        return False
+    extra = Reads()
+    if not _c_outside_ok(outside, limit, extra) or extra.extents:
+        return False
+    fp = np.frombuffer(bytes(fp), dtype=np.uint64)
+    n = max(len(fp), len(prev))
+    a, b = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+    a[:len(prev)], b[:len(fp)] = prev, fp
+    walked = np.union1d(np.union1d(np.flatnonzero(a != b).astype(np.int32), dirty), np.array([-1], np.int32))
+    ranges = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
+    reads.read = reads.read.updated(walked, ranges, np.frombuffer(bytes(tags), dtype=np.int32), stale)
+    reads.fp = fp
+    reads.inherited += extra.inherited
+    reads.objects = max(reads.objects, int(visited[0]))
+    reads.stale = None
     return True
 
 

@@ -31,6 +31,7 @@ from ..errors import NotShareable
 from ..memory import byvalue, portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
+from ..memory import walk
 from ..memory.walk import brought, conversions, pages_array, pointer_extents
 from . import code
 from .collection import DataCollection
@@ -112,9 +113,10 @@ def note_changed(pages):
     if not len(pages) or not (_shared or _portable):
         return
     changed = pages_array(pages)
-    for known in (_shared, _portable):
-        for k in [k for k, (_, ok, reads, _obj) in known.items() if ok and reads is not None and reads.changed(changed)]:
-            del known[k]
+    for k in [k for k, (_, ok, reads, _obj) in _shared.items() if ok and reads is not None and not reads.note(changed)]:
+        del _shared[k]
+    for k in [k for k, (_, ok, reads, _obj) in _portable.items() if ok and reads is not None and reads.changed(changed)]:
+        del _portable[k]
 
 
 def check_stats():
@@ -152,6 +154,14 @@ def _vouched(obj, known, check):
     list holding region objects that died after a block.)"""
     sig = (type(obj), _length(obj))
     seen = known.get(id(obj))
+    if seen is not None and seen[1] and getattr(seen[2], "stale", None) is not None and seen[0][0] is sig[0]:
+        # a dict or list whose entries changed: only those are walked again
+        # (walk.recheck; a dict that grew, too: its entries tell)
+        if walk.recheck(obj, seen[2]) and seen[2].still_inherited():
+            known[id(obj)] = (sig, True, seen[2], seen[3])
+            return True
+        del known[id(obj)]
+        seen = None
     if seen is not None and seen[0] == sig and (seen[2] is None or seen[2].still_inherited()):
         return seen[1]
     rewrites = conversions[0]
