@@ -327,13 +327,9 @@ struct walk {
     struct stack todo;             /* there: the instances whose dicts need keys of their own (held) */
     /* clamor_py_walk_tagged: the root's entries tag what is reached through them */
     int tagging, shared;           /* shared: an object with extents reached through two entries */
-    const uint64_t *prev_fp;       /* a recheck: the entries' fingerprints as the last walk saw them */
-    size_t nprev;
-    const int32_t *dirty;          /* and the entries to walk again anyway (sorted) */
+    int recheck;                   /* walk only the entries listed in dirty (sorted) */
+    const int32_t *dirty;
     size_t ndirty;
-    int recheck;
-    uint64_t *fp;                  /* the entries' fingerprints now */
-    size_t nfp, capfp;
 };
 
 static int plain_instance(struct walk *w, PyObject *o) {
@@ -431,23 +427,8 @@ static int binary_has(const int32_t *v, size_t n, int32_t x) {
     return lo < n && v[lo] == x;
 }
 
-/* Entry i of the root, (k, v) (k NULL for a list's item): its fingerprint
- * now, and pushed (tagged i) unless a recheck finds it as it was. */
+/* Entry i of the root, (k, v) (k NULL for a list's item), pushed tagged i. */
 static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
-    uint64_t f = (((uint64_t)(uintptr_t)k * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uintptr_t)v * 0xC2B2AE3D27D4EB4Full)) | 1;
-    if (i >= w->capfp) {
-        size_t cap = w->capfp ? 2 * w->capfp : 4096;
-        while (cap <= i) cap *= 2;
-        uint64_t *t = realloc(w->fp, cap * sizeof *t);
-        if (!t) return NOMEM;
-        memset(t + w->capfp, 0, (cap - w->capfp) * sizeof *t);
-        w->fp = t;
-        w->capfp = cap;
-    }
-    w->fp[i] = f;
-    if (i + 1 > w->nfp) w->nfp = i + 1;
-    if (w->recheck && i < w->nprev && w->prev_fp[i] == f && !binary_has(w->dirty, w->ndirty, (int32_t)i))
-        return OK;
     w->st.cur = (int32_t)i;
     if ((k && push(&w->st, k) < 0) || push(&w->st, v) < 0) return NOMEM;
     return OK;
@@ -455,7 +436,7 @@ static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
 
 /* The root of a tagged walk, an exact dict or list: checked as visit()
  * checks it, its own extents tagged ROOT_TAG, its entries pushed each with
- * its index (a recheck: only those changed or dirty). */
+ * its index (a recheck: only those listed in `dirty`). */
 static int visit_root(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     void **weak = NULL, **info = NULL;
@@ -464,7 +445,17 @@ static int visit_root(struct walk *w, PyObject *o) {
         return FALLBACK;
     if (extents_of(o, w->e) < 0) return NOMEM;
     int rc = OK;
-    if (PyDict_CheckExact(o)) {
+    if (w->recheck) {
+        for (size_t j = 0; rc == OK && j < w->ndirty; j++) {
+            Py_ssize_t i = w->dirty[j], pos = i;
+            PyObject *k = NULL, *v = NULL;
+            if (PyDict_CheckExact(o)) {
+                if (PyDict_Next(o, &pos, &k, &v) && pos - 1 == i) rc = root_entry(w, (size_t)i, k, v);
+            } else if (i < PyList_GET_SIZE(o)) {
+                rc = root_entry(w, (size_t)i, NULL, PyList_GET_ITEM(o, i));
+            }
+        }
+    } else if (PyDict_CheckExact(o)) {
         Py_ssize_t pos = 0;
         PyObject *k, *v;
         while (rc == OK && PyDict_Next(o, &pos, &k, &v)) rc = root_entry(w, (size_t)pos - 1, k, v);
@@ -506,7 +497,6 @@ static void walk_free(struct walk *w) {
     free(w->seen.tag);
     free(w->st.item);
     free(w->st.tag);
-    free(w->fp);
 }
 
 /* Copy n bytes at src into the bytearray ba (resized): 0, or -1. */
@@ -543,35 +533,83 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
 
 /* clamor_py_walk_plain of an exact dict or list `root`, each extent tagged
  * (an int32 into tags_out, beside extents_out) with the index of the
- * root's entry it was reached through, or -1 (the root's own).  fp_out
- * gets each entry's fingerprint (the key's and value's addresses; 0 for
- * a hole), as uint64s.  *shared: an object with extents was reached
- * through two entries (a walk of one entry does not vouch for it).
- *
- * recheck: walk only the entries whose fingerprint differs from prev_fp
- * (nprev of them; new ones too) or whose index is in dirty (ndirty,
- * sorted): the root itself is checked again and its entries read, which
- * costs a few nanoseconds an entry.  The caller keeps the other entries'
- * extents: their bytes did not change. */
+ * root's entry it was reached through, or -1 (the root's own).  *shared:
+ * an object with extents was reached through two entries (a walk of one
+ * entry does not vouch for it).  recheck: the root is checked again, and
+ * of its entries only those in dirty (ndirty, ascending) are walked; the
+ * caller keeps the other entries' extents (their bytes did not change:
+ * clamor_py_root_slots says where each entry lies). */
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
-                          uintptr_t extents_out, uintptr_t tags_out, uintptr_t fp_out, uintptr_t outside_out,
-                          const uint64_t *prev_fp, size_t nprev, const int32_t *dirty, size_t ndirty, int recheck,
-                          int *shared) {
+                          uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
+                          size_t ndirty, int recheck, int *shared) {
     PyGILState_STATE g = PyGILState_Ensure();
     struct walk w = {.images = images, .nimages = nimages, .limit = limit, .tagging = 1, .recheck = recheck,
-                     .prev_fp = prev_fp, .nprev = nprev, .dirty = dirty, .ndirty = ndirty};
+                     .dirty = dirty, .ndirty = ndirty};
     w.e = &w.ext;
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     PyObject *r = (PyObject *)root;
     int rc = PyDict_CheckExact(r) || PyList_CheckExact(r) ? walk_from(&w, r) : FALLBACK;
     if (rc == OK && (to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0 ||
-                     to_bytearray(tags_out, w.ext.tag, w.ext.n * sizeof(int32_t)) < 0 ||
-                     to_bytearray(fp_out, w.fp, w.nfp * sizeof(uint64_t)) < 0))
+                     to_bytearray(tags_out, w.ext.tag, w.ext.n * sizeof(int32_t)) < 0))
         rc = NOMEM;
     if (rc == NOMEM) PyErr_Clear();
     *shared = w.shared;
     walk_free(&w);
     *visited = w.n;
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* ---- where a root's entries lie ------------------------------------------------ */
+
+/* The head of a dict's keys table, CPython 3.11-3.13 (pycore_dict.h; the
+ * default build): entry i lies at dk_indices + (1 << dk_log2_index_bytes)
+ * + i * the entry's size (a key, a value, and a hash unless the table is
+ * of str keys only).  Read only where a few entries check out. */
+struct cl_dict_keys {
+    Py_ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind;
+    uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+};
+
+/* Entry i of the dict or list `root` occupies [*first + i * *stride, + *stride)
+ * for i < *count.  0, or -1: not known here (another layout, a split or
+ * foreign table); the caller walks the root whole. */
+int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *o = (PyObject *)root;
+    int rc = -1;
+    if (PyList_CheckExact(o)) {
+        *first = (uint64_t)(uintptr_t)((PyListObject *)o)->ob_item;
+        *stride = sizeof(PyObject *);
+        *count = PyList_GET_SIZE(o);
+        rc = 0;
+    } else if (PyDict_CheckExact(o) && !((PyDictObject *)o)->ma_values && inside((uintptr_t)((PyDictObject *)o)->ma_keys, 1)) {
+        struct cl_dict_keys *k = (struct cl_dict_keys *)((PyDictObject *)o)->ma_keys;
+        size_t size = k->dk_kind == 0 ? 3 * sizeof(void *) : 2 * sizeof(void *), key_at = k->dk_kind == 0 ? 8 : 0;
+        uintptr_t e0 = (uintptr_t)k->dk_indices + ((size_t)1 << k->dk_log2_index_bytes);
+        uintptr_t start;
+        size_t block;
+        int ok = k->dk_kind <= 1 && k->dk_log2_index_bytes < 40 && clamor_block_of(k, &start, &block) == 0 &&
+                 k->dk_nentries >= 0 && e0 + (size_t)k->dk_nentries * size <= start + block;
+        Py_ssize_t pos = 0;
+        PyObject *key, *val;
+        for (int checked = 0; ok && checked < 4 && PyDict_Next(o, &pos, &key, &val); checked++) {
+            PyObject **slot = (PyObject **)(e0 + (size_t)(pos - 1) * size + key_at);
+            ok = slot[0] == key && slot[1] == val;
+        }
+        if (ok) {
+            *first = e0;
+            *stride = size;
+            *count = k->dk_nentries;
+            rc = 0;
+        }
+    }
     PyGILState_Release(g);
     return rc;
 }

@@ -486,7 +486,7 @@ class Reads:
         self.extents = []
         self.plain = None       # the C walk's extents (csrc/pywalk.c), an (n, 2) array
         self.tags = None        # a walk of a dict's or list's entries: the entry of each of those (int32)
-        self.fp = None          # and each entry's fingerprint (uint64): what ``recheck`` compares
+        self.root = None        # and where the root's entries lie: (first, stride, count)
         self.inherited = []
         self.read = None
         self.objects = 0        # the objects the walk visited
@@ -494,12 +494,12 @@ class Reads:
 
     def restart(self):
         self.extents, self.plain, self.inherited, self.objects = [], None, [], 0
-        self.tags = self.fp = None
+        self.tags = self.root = None
 
     @property
     def incremental(self):
         """Can a change be checked by walking again only the entries it touched?"""
-        return self.read is not None and self.read.tags is not None and self.fp is not None
+        return self.read is not None and self.read.tags is not None and self.root is not None
 
     def nbytes(self):
         """The bytes this verdict keeps: its read table and the inherited
@@ -825,9 +825,9 @@ def _walk_plain(obj, limit, reads=None, convert=True):
         out = bytearray() if reads is not None else None
         outside = []
         if tagged:
-            tags, fp, shared = bytearray(), bytearray(), ffi.new("int *")
-            rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tags), id(fp),
-                                           id(outside), ffi.NULL, 0, ffi.NULL, 0, 0, shared)
+            tags, shared = bytearray(), ffi.new("int *")
+            rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tags), id(outside),
+                                           ffi.NULL, 0, 0, shared)
         else:
             rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0,
                                           id(outside))
@@ -851,33 +851,68 @@ def _walk_plain(obj, limit, reads=None, convert=True):
     if reads is not None:
         reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
         reads.objects += int(visited[0])
-        if tagged and not shared[0] and not reads.extents:
-            # (entries sharing an object, or containers the Python walk took
-            # outside the region: a change is walked again whole)
+        slots = _root_slots(obj) if tagged and not shared[0] and not reads.extents else None
+        if slots is not None:
+            # (entries sharing an object, containers the Python walk took
+            # outside the region, a table laid out otherwise: a change is
+            # walked again whole)
             reads.tags = np.frombuffer(bytes(tags), dtype=np.int32)
-            reads.fp = np.frombuffer(bytes(fp), dtype=np.uint64)
+            reads.root = slots
     return True
+
+
+def _root_slots(obj):
+    """(first, stride, count): entry i of the dict or list ``obj`` lies at
+    first + i * stride, for i < count; None if that is not known."""
+    first, stride, count = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int64_t *")
+    if lib.clamor_py_root_slots(id(obj), first, stride, count) != 0:
+        return None
+    return int(first[0]), int(stride[0]), int(count[0])
+
+
+def union_equal(a, b):
+    """Do the (n, 2) range arrays ``a`` and ``b`` hold the same ranges?"""
+    return len(a) == len(b) and bool((np.sort(a.view(np.dtype((np.void, 16))).ravel()) ==
+                                      np.sort(b.view(np.dtype((np.void, 16))).ravel())).all())
 
 
 def recheck(obj, reads, limit=20_000_000):
     """Bring a verdict on the dict or list ``obj`` up to date after the
     driver changed the pages in ``reads.stale``: walk again, in C, only the
-    entries whose key or value is another object now, or which led to a
-    range on a changed page (csrc/pywalk.c, clamor_py_walk_tagged), and
-    replace their ranges in the read table.  True if the verdict stands
-    (``reads`` updated); False if it must be made again by a whole walk
-    (an entry the C walk leaves to Python, an object two entries share,
-    an instance whose dict needs keys of its own)."""
+    entries whose slot in the root's table, or a range reached through
+    them, lies on a changed page (csrc/pywalk.c, clamor_py_walk_tagged),
+    and replace their ranges in the read table.  True if the verdict
+    stands (``reads`` updated); False if it must be made again by a whole
+    walk (the root's table moved or grew, an entry the C walk leaves to
+    Python, an object two entries share, an instance whose dict needs keys
+    of its own)."""
     if not reads.incremental or type(obj) not in (dict, list) or not plain_in_c[0]:
         return False
     stale = reads.stale if reads.stale is not None else np.zeros(0, np.uint64)
-    dirty = reads.read.tags_on(stale)
-    dirty = np.ascontiguousarray(dirty[dirty >= 0], dtype=np.int32)
-    prev = np.ascontiguousarray(reads.fp)
-    out, tags, fp, shared, visited = bytearray(), bytearray(), bytearray(), ffi.new("int *"), ffi.new("long *")
+    table = reads.read
+    tags = table.tags_on(stale)
+    dirty = tags[tags >= 0]
+    root_changed = bool(len(tags)) and tags[0] < 0
+    if root_changed:
+        # the root's own bytes changed: the entries whose slots lie on those
+        # pages, and those past its old end; none if its table moved (the
+        # slots are others: a whole walk)
+        now = _root_slots(obj)
+        if now is None or now[:2] != reads.root[:2]:
+            return False
+        lo, st, count = now
+        hi, ps, base = lo + st * count, region.page_size(), region.base()
+        slots = [np.arange(min(reads.root[2], count), count, dtype=np.int32)]
+        for p in stale.tolist():
+            a, b = max(lo, base + p * ps), min(hi, base + (p + 1) * ps)
+            if a < b:
+                slots.append(np.arange((a - lo) // st, (b - lo + st - 1) // st, dtype=np.int32))
+        dirty = np.union1d(dirty, np.concatenate(slots))
+        reads.root = now
+    dirty = np.ascontiguousarray(dirty, dtype=np.int32)
+    out, tagbuf, shared, visited = bytearray(), bytearray(), ffi.new("int *"), ffi.new("long *")
     outside = []
-    rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tags), id(fp), id(outside),
-                                   ffi.cast("const uint64_t *", prev.ctypes.data), len(prev),
+    rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tagbuf), id(outside),
                                    ffi.cast("const int32_t *", dirty.ctypes.data), len(dirty), 1, shared)
     if rc < 0:
         raise MemoryError("no memory for the walk of plain data")
@@ -886,16 +921,15 @@ def recheck(obj, reads, limit=20_000_000):
     extra = Reads()
     if not _c_outside_ok(outside, limit, extra) or extra.extents:
         return False
-    fp = np.frombuffer(bytes(fp), dtype=np.uint64)
-    n = max(len(fp), len(prev))
-    a, b = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
-    a[:len(prev)], b[:len(fp)] = prev, fp
-    walked = np.union1d(np.union1d(np.flatnonzero(a != b).astype(np.int32), dirty), np.array([-1], np.int32))
     ranges = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
-    reads.read = reads.read.updated(walked, ranges, np.frombuffer(bytes(tags), dtype=np.int32), stale)
-    reads.fp = fp
+    new_tags = np.frombuffer(bytes(tagbuf), dtype=np.int32)
+    mine = new_tags < 0
+    if union_equal(table.ranges[table.tags < 0], ranges[mine]):
+        ranges, new_tags = ranges[~mine], new_tags[~mine]      # (the root's own ranges stay)
+    else:
+        dirty = np.union1d(dirty, np.array([-1], np.int32))    # (a list's items grew: its ranges with them)
+    reads.read = table.updated(dirty, ranges, new_tags, stale)
     reads.inherited += extra.inherited
-    reads.objects = max(reads.objects, int(visited[0]))
     reads.stale = None
     return True
 
