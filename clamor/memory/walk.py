@@ -380,31 +380,34 @@ class ReadTable:
         """This table with the ranges tagged in ``drop`` replaced by
         ``ranges`` (tagged ``tags``); the pages in ``touched`` (ascending)
         and those ranges come and go on are digested again, the others'
-        digests kept."""
-        keep = ~np.isin(self.tags, drop)
-        gone = _page_of(self.ranges[~keep])
-        old_r, old_t = self.ranges[keep], self.tags[keep]
-        old_p = _page_of(old_r)
+        digests kept.  (A few ranges replaced in millions cost a copy, not
+        a sort.)"""
+        page = _page_of(self.ranges)
+        gone = np.flatnonzero(np.isin(self.tags, drop))
         new_p = _page_of(ranges)
         order = np.argsort(new_p, kind="stable")
         ranges, tags, new_p = ranges[order], tags[order], new_p[order]
-        at = np.searchsorted(old_p, new_p, side="right")
+        keep = np.ones(len(page), bool)
+        keep[gone] = False
+        at = np.searchsorted(page[keep], new_p, side="right")
+        # (a range as one 16-byte item: numpy copies those fast, pairs slowly)
+        r = np.insert(_as_items(self.ranges)[keep], at, _as_items(ranges)).view(np.uint64).reshape(-1, 2)
+        g = np.insert(self.tags[keep], at, tags)
+        pg = np.insert(page[keep], at, new_p)
         t = ReadTable.__new__(ReadTable)
-        t.ranges = np.ascontiguousarray(np.insert(old_r, at, ranges, axis=0))
-        t.tags = np.ascontiguousarray(np.insert(old_t, at, tags))
-        page = np.insert(old_p, at, new_p)
-        first = np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if len(page) else np.zeros(0, np.int64)
-        t.pages = page[first]
-        t.starts = np.append(first, len(page)).astype(np.uint64)
+        t.ranges, t.tags = np.ascontiguousarray(r), np.ascontiguousarray(g)
+        first = np.flatnonzero(np.r_[True, pg[1:] != pg[:-1]]) if len(pg) else np.zeros(0, np.int64)
+        t.pages = pg[first]
+        t.starts = np.append(first, len(pg)).astype(np.uint64)
         t.digests = np.empty((len(t.pages), 2), dtype=np.uint64)
-        redo = np.isin(t.pages, np.concatenate([touched, gone, new_p]))
-        was = np.searchsorted(self.pages, t.pages)
-        was = np.minimum(was, max(len(self.pages) - 1, 0))
-        known = (len(self.pages) > 0) & (self.pages[was] == t.pages) & ~redo if len(self.pages) else \
-            np.zeros(len(t.pages), bool)
-        t.digests[known] = self.digests[was[known]]
-        need = np.flatnonzero(~known).astype(np.uint64)
-        t.digests[~known] = t._digests(need)
+        redo = np.isin(t.pages, np.concatenate([touched, page[gone], new_p]))
+        if len(self.pages):
+            was = np.minimum(np.searchsorted(self.pages, t.pages), len(self.pages) - 1)
+            known = (self.pages[was] == t.pages) & ~redo
+            t.digests[known] = self.digests[was[known]]
+        else:
+            known = np.zeros(len(t.pages), bool)
+        t.digests[~known] = t._digests(np.flatnonzero(~known).astype(np.uint64))
         return t
 
     def _digests(self, which):
@@ -419,13 +422,12 @@ class ReadTable:
     def changed(self, pages):
         """Does a page of ``pages`` (ascending unique uint64) read otherwise
         now where the walk read it?"""
-        if not len(pages) or not len(self.pages):
-            return False
-        idx = np.searchsorted(self.pages, pages)
-        ok = idx < len(self.pages)
-        idx, pages = idx[ok], pages[ok]
-        idx = idx[self.pages[idx] == pages]
+        idx = self._index(pages)
         return bool(len(idx)) and bool((self._digests(idx.astype(np.uint64)) != self.digests[idx]).any())
+
+
+def _as_items(ranges):
+    return np.ascontiguousarray(ranges).view(np.dtype((np.void, 16))).ravel()
 
 
 def _page_of(ranges):
