@@ -32,7 +32,7 @@ from .. import errors
 from .._native import check, lib
 from . import region
 from .hooks import (HANDLER, _flush_dims, _rehome, active, callbacks_off, close_gate, collect, install,  # noqa: F401
-                    open_gate, outside, prepare_fork, release_dropped, suspended)
+                    open_gate, outside, prepare_fork, release_dropped, settle, suspended)
 
 
 @contextlib.contextmanager
@@ -87,6 +87,7 @@ def heap():
                 _flush_dims(active())   # an inner block's end is still inside the outer one
                 if not active():
                     _rehome()
+                    settle()
     finally:
         if outer:
             open_gate()

@@ -370,6 +370,19 @@ def release_dropped():
     _flush_dims(False)
 
 
+def settle():
+    """At the end of an outer ``heap()`` block, after its full collection
+    (which empties CPython's free lists and frees the region's garbage
+    cycles) and the tables moved out: empty the lists again of what that
+    freed, and count the region memory freed so far as looked at, so that
+    the next action does not collect the whole heap again for it
+    (``release_dropped``)."""
+    global _dropped_seen
+    if lib.clamor_py_freelists_flush() < 0:
+        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+    _dropped_seen = lib.clamor_py_region_dropped()
+
+
 def active():
     """True inside a ``heap()`` block on this thread."""
     return bool(lib.clamor_heap_active())
