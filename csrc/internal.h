@@ -226,7 +226,7 @@ int cl_map_run(uint64_t idx, bool claimed, bool from_handler);
 /* Pages mapped at one fault at most: an aligned window. */
 uint64_t cl_map_window(void);
 /* Kept copies (diffs).  cl_pt_diffs_on(): this worker keeps copies and asks
- * for diffs (a budget set, fetching rather than mapping, no relocations).
+ * for diffs (a budget set, fetching rather than mapping).
  * cl_pt_kept(i): the stage of page i's kept copy, 0 if none.
  * cl_pt_unkeep(): forget the kept copies of [first, first+count), punching
  * their memory out if `punch` (else a fetch about to overwrite it).

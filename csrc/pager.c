@@ -35,7 +35,9 @@
  * peer.  A diff reply is applied to the copies read back from the memfd,
  * and each page rebuilt must sum as the driver's (the copy may hold this
  * worker's own writes, or not be the version it names): else the pages
- * are asked for again whole.  A driver of before diffs answers EPROTO; the
+ * are asked for again whole.  A worker that relocates puts the driver's
+ * words back into its copies first (reloc.c), and relocates the rebuilt
+ * pages by the list that comes with the diff.  A driver of before diffs answers EPROTO; the
  * pager then asks it again without, and no more diffs of it.
  *
  * Pipe messages are 8-byte words (internal.h): a page index, with
@@ -462,6 +464,7 @@ static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, b
                 }
                 done += (size_t)r;
             }
+            if (relocs) cl_reloc_restore(first, count, P.scratch); /* the driver's words, as the diff has them */
             if (cl_wire_diff_apply(p + head, got - head, P.scratch, len) != 0) {
                 cl_zmq.msg_close(&m);
                 return EBADMSG;
@@ -521,7 +524,8 @@ static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, b
         }
         if (!rc && cl_region.sums) {   /* what a peer may be served of them: these bytes (server.c) */
             for (uint32_t k = 0; k < count; k++)
-                atomic_store_explicit(&cl_region.sums[first + k], diff ? sums[k] : cl_page_sum(p + k * ps, ps),
+                atomic_store_explicit(&cl_region.sums[first + k],
+                                      diff && !relocs ? sums[k] : cl_page_sum(p + k * ps, ps),
                                       memory_order_release);
         }
         if (!rc) cl_pt_unkeep(first, count, false); /* the copies are the pages now */
@@ -603,10 +607,10 @@ static void on_reply(void *sock) {
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
     bool relocs = clamor_reloc_enabled();
     /* a diff only answers a request for one (so only from the driver), and
-     * never comes sparse or with relocations */
+     * never comes sparse; its relocations are the new pages' */
     bool diff = h.flags & CL_WIRE_DIFF;
     if (h.index == q->first && h.count == q->count && more && relocs == !!(h.flags & CL_WIRE_RELOC) &&
-        (!diff || (q->diff_sent && !from_peer && !(h.flags & (CL_WIRE_SPARSE | CL_WIRE_RELOC))))) {
+        (!diff || (q->diff_sent && !from_peer && !(h.flags & CL_WIRE_SPARSE)))) {
         announce(q->first, q->count);
         rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE, diff);
     }

@@ -185,7 +185,7 @@ uint64_t clamor_diff_keep(void) {
 
 bool cl_pt_diffs_on(void) {
     return cl_region.kept && atomic_load(&diff_keep_bytes) && atomic_load(&diff_keep_bytes) != UINT64_MAX &&
-           !atomic_load(&cl_region.map_on) && !clamor_reloc_enabled();
+           !atomic_load(&cl_region.map_on);
 }
 
 uint32_t cl_pt_kept(uint64_t i) { return cl_region.kept ? atomic_load(&cl_region.kept[i]) : 0; }

@@ -27,7 +27,9 @@
  * reads both versions, XORs them (summing the new one as it goes), and
  * sends the sparse form of the XOR with the sums when that is shorter than
  * the pages: for a few weights rewritten on a page, about twice their
- * bytes instead of the page.  A version it no longer has (ESTALE), or a
+ * bytes instead of the page.  The relocations frame, for a worker that
+ * relocates, is the new pages' as always (the diff is of the driver's
+ * words).  A version it no longer has (ESTALE), or a
  * diff no shorter, and the reply is the pages as usual.  Such a request is
  * never redirected (a peer would send the whole page), and a worker's page
  * server answers it with its pages, ignoring the bases.
@@ -336,7 +338,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
     /* Mostly-zero pages travel as their nonzero words, when that halves
      * them (the relocation lists above were checked against these bytes). */
     size_t sent = len;
-    bool diff = bases && !rbuf && cl_region.role == CLAMOR_ROLE_DRIVER && diffen(&body, len, rq, bases, &sent);
+    bool diff = bases && cl_region.role == CLAMOR_ROLE_DRIVER && diffen(&body, len, rq, bases, &sent);
     bool sparse = !diff && (rq->flags & CL_WIRE_SPARSE) && sparsen(&body, len, &sent);
     size_t hl = hints_for(self, rq);
     rate_take(sent + rlen + hl); /* relocations and hints travel on the same link */

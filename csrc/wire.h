@@ -61,10 +61,12 @@
  *                           request's stage reads them, then runs as in a
  *                           sparse frame of those pages XOR the requester's
  *                           copies (the words that changed).  Sent only
- *                           when shorter than the pages; never with
- *                           relocs.  The requester applies it to its
- *                           copies and checks the sums; a page that does
- *                           not sum right is asked for again without DIFF.
+ *                           when shorter than the pages, never sparse;
+ *                           relocs (the new pages') may follow.  The
+ *                           requester applies it to its copies (the
+ *                           driver's words) and checks the sums; a page
+ *                           that does not sum right is asked for again
+ *                           without DIFF.
  *   PAGES  [hdr][data][relocs], with CL_WIRE_RELOC, for a GET with it:
  *                           relocs = u32 n, then n struct clamor_reloc
  *                           (clamor.h; 16 bytes, word counted from the

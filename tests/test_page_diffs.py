@@ -21,7 +21,7 @@ import hashlib, json, numpy as np, clamor
 from clamor import region
 
 rng = np.random.default_rng({seed})
-cl = clamor.Cluster(workers=2, same_host="fetch", progress=False, speculation=False).start()
+cl = clamor.Cluster(workers=2, start_method={method!r}, same_host="fetch", progress=False, speculation=False).start()
 ps = region.page_size()
 words = ps // 8
 n_pages = 24
@@ -81,9 +81,11 @@ print(json.dumps({{"mismatch": mismatch, "rounds": rounds, "ps": ps, "n_pages": 
 
 
 @pytest.mark.fetch_path
-@pytest.mark.parametrize("seed", [1, 2])
-def test_diffs_read_as_on_the_driver_and_are_used(py, seed):
-    p = py(SCENARIO.format(seed=seed), timeout=300)
+@pytest.mark.parametrize("method,seed", [("fork", 1), ("fork", 2), ("spawn", 3)])
+def test_diffs_read_as_on_the_driver_and_are_used(py, method, seed):
+    """Forked workers, and spawned ones, which relocate: their copies get
+    the driver's words back before the diff, and the new list after."""
+    p = py(SCENARIO.format(seed=seed, method=method), timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["mismatch"] == [], out["mismatch"]
@@ -108,7 +110,7 @@ def test_diffs_read_as_on_the_driver_and_are_used(py, seed):
 def test_no_diffs_when_no_copy_is_kept(py):
     """CLAMOR_DIFF_KEEP=0: no copy is kept and no diff asked for; the reads
     are the same."""
-    p = py(SCENARIO.format(seed=3), env={"CLAMOR_DIFF_KEEP": "0"}, timeout=300)
+    p = py(SCENARIO.format(seed=3, method="fork"), env={"CLAMOR_DIFF_KEEP": "0"}, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["mismatch"] == [], out["mismatch"]
