@@ -12,7 +12,10 @@ and a long tail is rare, so a partition touches a small subset of the
 weights (but, hashed, those weights lie on nearly every page: see
 RESULTS.md).  Labels: y = [sum of the point's hidden true weights + N(0, 1)
 noise > 0], the true weight of entry j uniform in (-0.5, 0.5) from a hash of
-j.  Everything is deterministic from ``--seed``.  Sizes: full 2^27 weights
+j.  Everything is deterministic from ``--seed``.  The weights start at
+zero, or with ``--init warm`` from a model trained before: every weight
+nonzero (a hash of its index), so that every page is dense and an
+iteration changes a few of its words.  Sizes: full 2^27 weights
 (1 GiB), 1M points; ``--quick`` 2^24 (128 MiB), 200k points.
 
 The points are cut into P = ``--partitions`` (default W) contiguous
@@ -84,6 +87,17 @@ children's subreaper), and said.
 
     python bench/sparse_lr.py --quick        # 2^24 weights, 200k points: about 2 minutes
     python bench/sparse_lr.py                # 2^27 weights (1 GiB), 1M points
+
+Fetching workers keep their copies of the pages an update changed and are
+sent only the words that changed (docs/wire.md, "Diffs"): the JSON line
+has each iteration's wire bytes (``clamor_wire_bytes_per_iter``, of them
+diffs ``clamor_wire_bytes_diff_per_iter``), the bytes of the weights each
+update changed (``changed_bytes_per_iter``, the updates replayed after the
+run) and ``clamor_wire_per_changed_per_worker``: the wire bytes of
+iterations 1.. over W x the bytes updates 0.. changed (an iteration
+fetches what the previous one wrote; every worker reads nearly every
+page).  From zeros the pages are mostly zero and travel sparse anyway;
+``--init warm`` shows the diffs.
 
 The last line is the JSON line: ``speedup_vs_spark``, ``speedup_vs_dask``,
 ``speedup_vs_ray`` (the peer's mean time per iteration / clamor's),
@@ -266,10 +280,36 @@ def train(w, comb, iters, step, publish, grads, retire, log=None):
 PHASES = []   # (publish s, tasks s, combine + update + retire s) of each iteration train() ran
 
 
+def initial_weights(meta):
+    """The weights every system starts from: zeros, or with ``--init warm``
+    a model trained before (a warm start): every entry nonzero, small, from
+    a hash of its index, so that every page is dense and an iteration
+    changes a few of its words."""
+    n = 1 << meta["bits"]
+    if meta.get("init", "zeros") == "zeros":
+        return np.zeros(n)
+    w = np.empty(n)
+    step = 1 << 22
+    for i in range(0, n, step):   # (in slices: the hash makes temporaries)
+        w[i:i + step] = 0.01 * (true_weight(np.arange(i, min(n, i + step)), meta["seed"] + 1) + 0.5 + 1e-3)
+    return w
+
+
+def changed_bytes(w0U, Gs, step):
+    """Bytes of the weights each update changed: the updates replayed on the
+    entries of U (no other entry changes), as the driver computes them."""
+    cur, out = w0U.copy(), []
+    for G in Gs:
+        new = cur - step * G
+        out.append(int(np.count_nonzero(new != cur)) * 8)
+        cur = new
+    return out
+
+
 def reference(parts, meta):
     """The single-process numpy run: (times, losses, final w[U])."""
     comb = Combiner([p[0] for p in parts])
-    w = np.zeros(1 << meta["bits"])
+    w = initial_weights(meta)
     times, losses = train(w, comb, meta["iters"], meta["lr"] / meta["points"], lambda w: w,
                           lambda w: [part_grad(w, *p) for p in parts], lambda h: None)
     return times, losses, w[comb.U].copy()
@@ -312,6 +352,8 @@ def run_clamor(d, meta, hosts):
 
     P, iters = meta["partitions"], meta["iters"]
     w = clamor.zeros(1 << meta["bits"])
+    if meta.get("init", "zeros") != "zeros":
+        w[:] = initial_weights(meta)
     us = []
     rparts = []
     for i in range(P):
@@ -319,7 +361,15 @@ def run_clamor(d, meta, hosts):
         us.append(u)
         rparts.append((clamor.array(u), clamor.array(inv), clamor.array(y)))
         del inv
-    comb = Combiner(us)
+    comb0 = Combiner(us)
+    w0U = w[comb0.U].copy()
+    Gs = []
+
+    def comb(res):   # the updates, for the bytes they change (counted after the run)
+        G, loss = comb0(res)
+        Gs.append(G)
+        return G, loss
+    comb.U = comb0.U
     probe = clamor.zeros(8)
     extra = {}
     with started("clamor", meta, hosts) as cl:
@@ -340,6 +390,9 @@ def run_clamor(d, meta, hosts):
             extra[k] = int(sum(s.get(k, 0) or 0 for s in stages))
         extra["per_iter_bytes_from_driver"] = [int(s.get("bytes_from_driver", 0) or 0) for s in stages]
         extra["per_iter_bytes_mapped"] = [int(s.get("bytes_mapped", 0) or 0) for s in stages]
+        extra["per_iter_wire_bytes"] = [int(s.get("wire_bytes", 0) or 0) for s in stages]
+        extra["per_iter_wire_bytes_diff"] = [int(s.get("wire_bytes_diff", 0) or 0) for s in stages]
+        extra["per_iter_changed_bytes"] = changed_bytes(w0U, Gs, meta["lr"] / meta["points"])
         extra["task_max_s"] = [round(s["task_s"]["max"], 4) for s in stages if "task_s" in s]
         extra["same_host"] = st.get("same_host", {}).get("mode") if isinstance(st.get("same_host"), dict) else None
         from clamor import region
@@ -348,7 +401,7 @@ def run_clamor(d, meta, hosts):
         extra["driver_pages_logged"] = cs.get("pages_logged")
         extra["driver_version_bytes"] = cs.get("version_bytes")
         extra["bytes"] = extra["link_bytes"] if hosts is not None else extra["wire_bytes"]
-    return times, losses, w[comb.U].copy(), extra
+    return times, losses, w[comb0.U].copy(), extra
 
 
 def run_spark(d, meta, hosts):
@@ -356,7 +409,7 @@ def run_spark(d, meta, hosts):
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
     comb = Combiner(us)
-    w = np.zeros(1 << meta["bits"])
+    w = initial_weights(meta)
     with started("spark", meta, hosts) as sc:
         rdd = sc.parallelize(range(P), P).map(lambda i: load_part(d, i)).cache()
         bc = sc.broadcast(np.zeros(8))
@@ -382,7 +435,7 @@ def run_dask(d, meta, hosts):
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
     comb = Combiner(us)
-    w = np.zeros(1 << meta["bits"])
+    w = initial_weights(meta)
     with started("dask", meta, hosts) as client:
         import dask
         import distributed
@@ -418,7 +471,7 @@ def run_ray(d, meta, hosts):
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     parts = [load_part(d, i) for i in range(P)]
     comb = Combiner([p[0] for p in parts])
-    w = np.zeros(1 << meta["bits"])
+    w = initial_weights(meta)
     with started("ray", meta, hosts) as ray:
         grad_task = ray.remote(grad_of)
         warm_task = ray.remote(lambda p, q: warm_part(*p, q))
@@ -498,6 +551,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.5, help="step on the mean gradient")
     ap.add_argument("--zipf", type=float, default=1.3, help="Zipf exponent of each field's values")
     ap.add_argument("--vocab", type=float, default=4e6, help="largest field's vocabulary (smallest 16)")
+    ap.add_argument("--init", choices=("zeros", "warm"), default="zeros",
+                    help="zeros: start from zero weights (default); warm: from a model trained before, every "
+                         "weight nonzero (dense pages, a few words of each changed per iteration)")
     ap.add_argument("--layout", choices=("hashed", "ranked"), default="hashed",
                     help="hashed: (field, value) hashed into the vector (default); ranked: per-field ranges, "
                          "values in frequency order")
@@ -543,7 +599,7 @@ def main(argv=None):
             raise SystemExit(f"sparse_lr: namespace hosts cannot be made here ({why}); --local runs on one host")
     meta = {"netns": netns, "rate": args.rate if netns else None,"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
             "layout": args.layout,
-        "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed,
+        "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed, "init": args.init,
             "spark_executor_mb": args.spark_executor_mb or (2 * wbytes // MIB + 1024),
             "spark_driver_memory": args.spark_driver_memory or f"{max(2, 4 * wbytes // (1 << 30))}g"}
     t_all = time.perf_counter()
@@ -654,6 +710,15 @@ def main(argv=None):
         "rate": args.rate if netns else None,
         "time_unit": "s per iteration",
         "clamor_wire_bytes": ce.get("wire_bytes"),
+        # an iteration's fetches carry the previous iteration's update: wire bytes of iterations 1.. against
+        # the bytes of the weights updates 0.. changed, per worker (each worker fetches every page it reads)
+        "clamor_wire_bytes_per_iter": ce.get("per_iter_wire_bytes"),
+        "clamor_wire_bytes_diff_per_iter": ce.get("per_iter_wire_bytes_diff"),
+        "changed_bytes_per_iter": ce.get("per_iter_changed_bytes"),
+        "clamor_wire_per_changed_per_worker": (
+            round(sum(ce["per_iter_wire_bytes"][1:]) / W / max(1, sum(ce["per_iter_changed_bytes"][:-1])), 3)
+            if ce.get("per_iter_wire_bytes") and len(ce["per_iter_wire_bytes"]) > 1 else None),
+        "init": args.init,
         "link_bytes": {s: r["extra"].get("link_bytes") for s, r in results.items() if "times" in r} if netns else None,
         "layout": args.layout,
         "zipf": args.zipf,

@@ -44,6 +44,8 @@ uint32_t clamor_fetch_timeout_ms(void);
 void clamor_set_max_mappings(uint32_t n);
 uint32_t clamor_max_mappings(void);
 uint32_t clamor_mappings(void);
+void clamor_set_diff_keep(uint64_t bytes);
+uint64_t clamor_diff_keep(void);
 
 int clamor_server_start(const char *endpoint, char *bound, size_t boundlen);
 int clamor_server_stop(void);
@@ -124,6 +126,12 @@ struct clamor_stats {
     uint64_t wire_bytes_served;
     uint64_t region_frees;
     uint64_t peer_written;
+    uint64_t pages_kept;
+    uint64_t diff_pages;
+    uint64_t diff_wire_bytes;
+    uint64_t diff_retries;
+    uint64_t diff_pages_served;
+    uint64_t kept_bytes;
     uint64_t latency_count;
     double latency_p50_us;
     double latency_p99_us;

@@ -149,6 +149,13 @@ void clamor_set_max_mappings(uint32_t n);
 uint32_t clamor_max_mappings(void);
 /* Mappings the region is split into now (worker), as tracked by the pager. */
 uint32_t clamor_mappings(void);
+/* Worker: at most this many bytes of copies kept for diffs (0: none kept,
+ * no diffs asked for).  A fetching worker keeps the copy of a page it held
+ * when the driver changes it, and asks for the page with the version the
+ * copy is; the driver may answer with the words that changed.  Default
+ * CLAMOR_DIFF_KEEP, else 1 GiB.  Thread-safe. */
+void clamor_set_diff_keep(uint64_t bytes);
+uint64_t clamor_diff_keep(void);
 
 /* ---- page server (driver and workers) --------------------------------- */
 
@@ -343,6 +350,12 @@ void clamor_replication_reset(void);
     COUNTER(wire_bytes_served) /* page server: page data bytes as sent (of bytes_served) */                     \
     COUNTER(region_frees)      /* worker: region memory freed here, ignored (0 unless a count went wrong) */    \
     COUNTER(peer_written)      /* page server: requests refused, a page written here (the peer asks the driver) */ \
+    COUNTER(pages_kept)        /* worker: invalidated copies kept as the base of a diff */                      \
+    COUNTER(diff_pages)        /* worker: pages fetched as a diff against a kept copy */                          \
+    COUNTER(diff_wire_bytes)   /* worker: of wire_bytes_fetched, those of diffs */                                \
+    COUNTER(diff_retries)      /* worker: diffs that did not sum right (a copy written here): fetched whole */    \
+    COUNTER(diff_pages_served) /* page server: pages sent as a diff */                                            \
+    VALUE(uint64_t, kept_bytes) /* worker: bytes of kept copies now */                                            \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \
     VALUE(double, latency_p99_us)                                                                               \

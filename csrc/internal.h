@@ -93,6 +93,11 @@ struct cl_region {
      * held): it is not served to a peer, which would read this worker's
      * pointers. */
     _Atomic uint64_t *sums;
+    /* worker: per page absent from the public view, the stage whose
+     * version its bytes, kept in the memfd, are (0: none kept).  A page the
+     * driver changed keeps its old copy there, so that its next fetch may
+     * come as the words that changed (a diff, wire.h). */
+    _Atomic uint32_t *kept;
 };
 extern struct cl_region cl_region;
 
@@ -206,6 +211,8 @@ enum {
 int cl_pt_init(void);
 void cl_pt_free(void);
 uint64_t cl_page_sum(const void *p, size_t len);
+/* out = a XOR b (len bytes); returns cl_page_sum(a, len), in one pass. */
+uint64_t cl_page_xor_sum(const void *a, const void *b, void *out, size_t len);
 void cl_pt_after_fork(void);
 int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);
@@ -218,6 +225,18 @@ int cl_pt_drop(uint64_t first, uint64_t count);
 int cl_map_run(uint64_t idx, bool claimed, bool from_handler);
 /* Pages mapped at one fault at most: an aligned window. */
 uint64_t cl_map_window(void);
+/* Kept copies (diffs).  cl_pt_diffs_on(): this worker keeps copies and asks
+ * for diffs (a budget set, fetching rather than mapping).
+ * cl_pt_kept(i): the stage of page i's kept copy, 0 if none.
+ * cl_pt_unkeep(): forget the kept copies of [first, first+count), punching
+ * their memory out if `punch` (else a fetch about to overwrite it).
+ * cl_pt_kept_pages(): how many are kept now.  Atomics, no lock: only the
+ * pager reads and forgets a copy while its page is in flight, and a fetch
+ * checks what it rebuilt against the server's sums. */
+bool cl_pt_diffs_on(void);
+uint32_t cl_pt_kept(uint64_t i);
+void cl_pt_unkeep(uint64_t first, uint64_t count, bool punch);
+uint64_t cl_pt_kept_pages(void);
 /* Pager: map the windows [first, first + count * window) where they are
  * absent and mappable, and fill their page-table entries
  * (MADV_POPULATE_READ), so that a scan reading them takes no fault. */

@@ -29,6 +29,17 @@
  * replies carry hints that send later fetches straight to a peer (peers.c).
  * A peer that fails or stays silent sends the fetch back to the driver.
  *
+ * Diffs: a run of pages whose old copies the worker kept (pagetable.c) is
+ * asked of the driver with DIFF and the stage of each copy, alone in its
+ * request (runs are cut where kept copies begin or end) and never of a
+ * peer.  A diff reply is applied to the copies read back from the memfd,
+ * and each page rebuilt must sum as the driver's (the copy may hold this
+ * worker's own writes, or not be the version it names): else the pages
+ * are asked for again whole.  A worker that relocates puts the driver's
+ * words back into its copies first (reloc.c), and relocates the rebuilt
+ * pages by the list that comes with the diff.  A driver of before diffs answers EPROTO; the
+ * pager then asks it again without, and no more diffs of it.
+ *
  * Pipe messages are 8-byte words (internal.h): a page index, with
  * CL_REQ_MARKER when the page was HELD, or a range from clamor_prefetch()
  * (prefetch.c).
@@ -62,6 +73,10 @@ struct req {
     uint64_t first_ns; /* when the first request went out (latency) */
     int peer;          /* -1: asked the driver; else the peer it was sent to */
     bool direct;       /* sent to that peer on a hint, not on a redirect */
+    bool diff;         /* every page has a kept copy: ask the driver for a diff */
+    bool diff_sent;    /* the request on the wire asked for one */
+    uint16_t flags;    /* of the request on the wire (DIFF aside), */
+    uint32_t status;   /* and its status: to ask again the same way */
 };
 
 #define PEER_TIMEOUT_NS 1000000000ull /* a silent peer: ask the driver instead */
@@ -85,6 +100,7 @@ static struct pager {
     unsigned nrecent;
     void *scratch; /* sparse replies are expanded here (write_pages) */
     size_t scratch_len;
+    bool no_diffs; /* the driver refused a diff request (a server of before diffs) */
 } P = {.t = CL_THREAD_INIT};
 
 static _Atomic size_t readahead_bytes = 4u << 20;
@@ -182,30 +198,62 @@ static void prepare_fill(uint64_t first, uint32_t count) {
     fallocate(cl_region.memfd, FALLOC_FL_KEEP_SIZE, off, len);
 }
 
+static bool diffs_now(void) { return !P.no_diffs && cl_pt_diffs_on(); }
+
+/* How many of the n pages from `first` agree with the first on having a
+ * kept copy (a request asks for a diff of all its pages or of none). */
+static uint32_t same_kept(uint64_t first, uint32_t n) {
+    bool k0 = cl_pt_kept(first) != 0;
+    uint32_t i = 1;
+    while (i < n && (cl_pt_kept(first + i) != 0) == k0) i++;
+    return i;
+}
+
+/* Send q's GET on sock with flags and status: to the driver, with DIFF and
+ * the bases frame when q asks for a diff and every page still has its
+ * kept copy.  false if libzmq refused it. */
+static bool send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, uint32_t status) {
+    uint8_t bases[4 * CL_WIRE_MAX_COUNT];
+    bool diff = q->diff && sock == P.t.sock && diffs_now();
+    for (uint32_t k = 0; diff && k < q->count; k++) {
+        uint32_t b = cl_pt_kept(q->first + k);
+        if (!b) diff = false; /* dropped meanwhile: the pages whole */
+        for (int i = 0; i < 4; i++) bases[4 * k + i] = (uint8_t)(b >> (8 * i));
+    }
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET,
+                            .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE |
+                                     (diff ? CL_WIRE_DIFF : 0),
+                            .status = status, .index = q->first,
+                            .count = q->count, .stage = atomic_load(&cl_worker_stage),
+                            .tag = (uint32_t)q->gen << 16 | slot};
+    uint8_t buf[CL_WIRE_HDR];
+    cl_wire_encode(&h, buf);
+    q->flags = flags;
+    q->status = status;
+    q->diff_sent = diff;
+    q->sent_ns = cl_now_ns();
+    if (cl_zmq.send(sock, buf, sizeof buf, diff ? CL_ZMQ_SNDMORE : 0) != (int)sizeof buf) return false;
+    return !diff || cl_zmq.send(sock, bases, 4 * (size_t)q->count, 0) == (int)(4 * q->count);
+}
+
 static int send_one(struct run *r) {
     unsigned slot = 0;
     while (P.inflight[slot].used) slot++;
     struct req *q = &P.inflight[slot];
     q->gen++;
-    uint32_t stage = atomic_load(&cl_worker_stage);
-    int peer = cl_hints_peer(r->first, r->count, stage);
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET,
-                            .flags = (peer >= 0 ? CL_WIRE_DIRECT : 0) | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) |
-                                     CL_WIRE_SPARSE,
-                            .index = r->first,
-                            .count = r->count, .stage = stage, .tag = (uint32_t)q->gen << 16 | slot};
-    uint8_t buf[CL_WIRE_HDR];
-    cl_wire_encode(&h, buf);
-    if (cl_zmq.send(peer >= 0 ? cl_peer_sock(peer) : P.t.sock, buf, sizeof buf, 0) != (int)sizeof buf) {
+    q->first = r->first;
+    q->count = r->count;
+    /* kept copies: a diff from the driver, not the pages from a peer */
+    q->diff = diffs_now() && cl_pt_kept(r->first) && same_kept(r->first, r->count) == r->count;
+    int peer = q->diff ? -1 : cl_hints_peer(r->first, r->count, atomic_load(&cl_worker_stage));
+    if (!send_get(peer >= 0 ? cl_peer_sock(peer) : P.t.sock, q, slot, peer >= 0 ? CL_WIRE_DIRECT : 0, 0)) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
     if (r->kind != K_DEMAND) prepare_fill(r->first, r->count); /* the faulting thread does its own */
-    q->first = r->first;
-    q->count = r->count;
     q->kind = r->kind;
     q->marker = r->marker;
-    q->sent_ns = q->first_ns = cl_now_ns();
+    q->first_ns = q->sent_ns;
     q->peer = peer;
     q->direct = peer >= 0;
     q->used = 1;
@@ -219,6 +267,7 @@ static void flush_pending(void) {
     while (P.plen && P.ninflight < MAX_INFLIGHT) {
         struct run *r = &P.pending[P.phead];
         uint32_t c = chunk_pages();
+        if (diffs_now()) c = same_kept(r->first, r->count < c ? r->count : c);
         if (r->count > c) { /* split off one chunk */
             struct run head = {r->first, c, r->kind, -1};
             if (r->marker >= (int64_t)r->first && r->marker < (int64_t)(r->first + c)) {
@@ -332,18 +381,6 @@ static void finish(struct req *q) {
     P.ninflight--;
 }
 
-static void send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, uint32_t status) {
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET,
-                            .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE,
-                            .status = status, .index = q->first,
-                            .count = q->count, .stage = atomic_load(&cl_worker_stage),
-                            .tag = (uint32_t)q->gen << 16 | slot};
-    uint8_t buf[CL_WIRE_HDR];
-    cl_wire_encode(&h, buf);
-    cl_zmq.send(sock, buf, sizeof buf, 0);
-    q->sent_ns = cl_now_ns();
-}
-
 /* The peer did not deliver: ask the driver, which forgets that holder
  * unless the peer only ran another stage (`missing` false).  After a hint
  * the driver may still redirect; after a redirect it serves the page. */
@@ -390,24 +427,61 @@ static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_h
  * the copy (a 64 KiB page: ~14 us by pwrite into allocated pages, ~45 us
  * by memcpy through the fill view).  The public view stays closed until
  * install_run opens it, so no thread sees a half-written page.
- * 0, EBADMSG (no such frame or the wrong size), or pwrite's errno. */
-static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs, bool sparse) {
+ * A diff (wire.h) is applied to the kept copies, read back from the memfd.
+ * 0, EBADMSG (no such frame, the wrong size, a malformed sparse frame or
+ * diff), EILSEQ (a page rebuilt from a diff does not sum as the driver's),
+ * or pwrite's errno. */
+static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs, bool sparse, bool diff) {
     cl_zmq_msg m;
     cl_zmq.msg_init(&m);
     int rc = EBADMSG;
-    if (cl_zmq.msg_recv(&m, sock, 0) >= 0 && (sparse ? cl_zmq.msg_size(&m) <= len / 2 : cl_zmq.msg_size(&m) == len)) {
+    size_t head = (size_t)count * 8, ps = (size_t)1 << cl_region.page_shift;
+    uint64_t sums[CL_WIRE_MAX_COUNT];
+    if (cl_zmq.msg_recv(&m, sock, 0) >= 0 &&
+        (diff     ? cl_zmq.msg_size(&m) >= head && cl_zmq.msg_size(&m) < len
+         : sparse ? cl_zmq.msg_size(&m) <= len / 2
+                  : cl_zmq.msg_size(&m) == len)) {
         char *p = cl_zmq.msg_data(&m);
-        CL_COUNT(wire_bytes_fetched, cl_zmq.msg_size(&m));
-        if (sparse) { /* expanded into the pager's buffer, then as if it came whole */
-            if (P.scratch_len < len) {
-                void *b = realloc(P.scratch, len);
-                if (!b) {
-                    cl_zmq.msg_close(&m);
-                    return ENOMEM;
-                }
-                P.scratch = b;
-                P.scratch_len = len;
+        size_t got = cl_zmq.msg_size(&m);
+        CL_COUNT(wire_bytes_fetched, got);
+        if ((sparse || diff) && P.scratch_len < len) {
+            void *b = realloc(P.scratch, len);
+            if (!b) {
+                cl_zmq.msg_close(&m);
+                return ENOMEM;
             }
+            P.scratch = b;
+            P.scratch_len = len;
+        }
+        if (diff) { /* the kept copies, then the words that changed */
+            off_t off = (off_t)((size_t)first << cl_region.page_shift);
+            for (size_t done = 0; done < len;) {
+                ssize_t r = pread(cl_region.memfd, (char *)P.scratch + done, len - done, off + (off_t)done);
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) { /* (past the memfd's end cannot be: read as zeros, the sums decide) */
+                    memset((char *)P.scratch + done, 0, len - done);
+                    break;
+                }
+                done += (size_t)r;
+            }
+            if (relocs) cl_reloc_restore(first, count, P.scratch); /* the driver's words, as the diff has them */
+            if (cl_wire_diff_apply(p + head, got - head, P.scratch, len) != 0) {
+                cl_zmq.msg_close(&m);
+                return EBADMSG;
+            }
+            for (uint32_t k = 0; k < count; k++) {
+                uint64_t want = 0;
+                for (int i = 0; i < 8; i++) want |= (uint64_t)(uint8_t)p[k * 8 + i] << (8 * i);
+                sums[k] = cl_page_sum((char *)P.scratch + k * ps, ps);
+                if (sums[k] != want) {
+                    cl_zmq.msg_close(&m);
+                    return EILSEQ;
+                }
+            }
+            CL_COUNT(diff_pages, count);
+            CL_COUNT(diff_wire_bytes, got);
+            p = P.scratch;
+        } else if (sparse) { /* expanded into the pager's buffer, then as if it came whole */
             if (cl_wire_sparse_decode(p, cl_zmq.msg_size(&m), P.scratch, len) != 0) {
                 cl_zmq.msg_close(&m);
                 return EBADMSG;
@@ -449,10 +523,12 @@ static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, b
             done += (size_t)w;
         }
         if (!rc && cl_region.sums) {   /* what a peer may be served of them: these bytes (server.c) */
-            size_t ps = (size_t)1 << cl_region.page_shift;
             for (uint32_t k = 0; k < count; k++)
-                atomic_store_explicit(&cl_region.sums[first + k], cl_page_sum(p + k * ps, ps), memory_order_release);
+                atomic_store_explicit(&cl_region.sums[first + k],
+                                      diff && !relocs ? sums[k] : cl_page_sum(p + k * ps, ps),
+                                      memory_order_release);
         }
+        if (!rc) cl_pt_unkeep(first, count, false); /* the copies are the pages now */
     }
     cl_zmq.msg_close(&m);
     return rc;
@@ -511,6 +587,14 @@ static void on_reply(void *sock) {
         finish(q);
         return;
     }
+    if (h.type == CL_WIRE_ERROR && q->diff_sent && (h.status == EPROTO || h.status == EBADMSG)) {
+        /* a driver of before diffs: the same request without, and no more */
+        cl_zmq_drain(sock);
+        P.no_diffs = true;
+        q->diff = false;
+        send_get(P.t.sock, q, slot, q->flags, q->status);
+        return;
+    }
     if (h.type == CL_WIRE_ERROR) {
         cl_zmq_drain(sock);
         fail_run(q->first, q->count, h.status ? (int)h.status : EIO, demanded);
@@ -522,17 +606,29 @@ static void on_reply(void *sock) {
     size_t sz = sizeof more;
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
     bool relocs = clamor_reloc_enabled();
-    if (h.index == q->first && h.count == q->count && more && relocs == !!(h.flags & CL_WIRE_RELOC)) {
+    /* a diff only answers a request for one (so only from the driver), and
+     * never comes sparse; its relocations are the new pages' */
+    bool diff = h.flags & CL_WIRE_DIFF;
+    if (h.index == q->first && h.count == q->count && more && relocs == !!(h.flags & CL_WIRE_RELOC) &&
+        (!diff || (q->diff_sent && !from_peer && !(h.flags & CL_WIRE_SPARSE)))) {
         announce(q->first, q->count);
-        rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE);
+        rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE, diff);
     }
     if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
     cl_zmq_drain(sock);
+    if (rc == EILSEQ) { /* a kept copy was not the version it named: the pages whole */
+        CL_COUNT(diff_retries, 1);
+        cl_pt_unkeep(q->first, q->count, false);
+        q->diff = false;
+        send_get(P.t.sock, q, slot, q->flags, q->status);
+        return;
+    }
     if (rc) {
         if (from_peer && rc == EBADMSG) {
             back_to_driver(q, slot, true);
             return;
         }
+        if (q->diff_sent) cl_pt_unkeep(q->first, q->count, true); /* never a base again */
         fail_run(q->first, q->count, rc, demanded);
         finish(q);
         return;

@@ -18,6 +18,18 @@
  * pager's installs, clamor_pages_drop() and clamor_invalidate() from the
  * task threads; the state words themselves are atomics that the fault
  * handler reads and waits on (futex.c) without the lock.
+ *
+ * Kept copies.  A page the driver changed is dropped from the public view
+ * at the worker's next task (clamor_invalidate), but a fetching worker
+ * keeps its bytes in the memfd, with the stage they are the version of
+ * (cl_region.kept), instead of punching them out: its next fetch names
+ * that stage, and the driver may send only the words that changed (a diff,
+ * wire.h; pager.c applies it).  Only pages the worker held are kept, so
+ * its memory does not grow past what it held before the invalidation, and
+ * at most clamor_diff_keep() bytes at once (CLAMOR_DIFF_KEEP, default 1
+ * GiB; past it pages are punched as before).  A copy the worker wrote into
+ * (reference counts) is kept too: the fetch checks the page it rebuilds
+ * against the driver's sum and fetches it whole when they differ.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -36,6 +48,9 @@ static uint64_t *evict_ring;      /* run starts, oldest first */
 static uint32_t mapping_budget(void);
 static void read_default_budget(void);
 static uint32_t evict_cap, evict_head, evict_len;
+static inline uint32_t wloc_of(uint64_t i);
+static void read_diff_keep(void);
+static _Atomic uint64_t kept_pages;
 
 /* ---- pt_lock ------------------------------------------------------------- */
 
@@ -85,6 +100,16 @@ int cl_pt_init(void) {
         munmap(pt, tbl);
         return cl_err(errno, "mmap of the page sums: %s", strerror(errno));
     }
+    void *kept = mmap(NULL, (size_t)cl_region.npages * sizeof(uint32_t), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (kept == MAP_FAILED) {
+        munmap(pt, tbl);
+        munmap(sums, (size_t)cl_region.npages * sizeof(uint64_t));
+        return cl_err(errno, "mmap of the kept copies' table: %s", strerror(errno));
+    }
+    cl_region.kept = kept;
+    atomic_store(&kept_pages, 0);
+    read_diff_keep();
     cl_region.sums = sums;
     cl_region.pages = pt;
     cl_region.install_prot = PROT_READ | PROT_WRITE;
@@ -99,6 +124,9 @@ void cl_pt_free(void) {
     cl_region.pages = NULL;
     if (cl_region.sums) munmap((void *)cl_region.sums, (size_t)cl_region.npages * sizeof(uint64_t));
     cl_region.sums = NULL;
+    if (cl_region.kept) munmap((void *)cl_region.kept, (size_t)cl_region.npages * sizeof(uint32_t));
+    cl_region.kept = NULL;
+    atomic_store(&kept_pages, 0);
 }
 
 /* A sum of a page's bytes as a worker installed them (never 0). */
@@ -115,6 +143,90 @@ uint64_t cl_page_sum(const void *p, size_t len) {
     h *= 0xbf58476d1ce4e5b9ULL;
     h ^= h >> 31;
     return h | 1;
+}
+
+uint64_t cl_page_xor_sum(const void *a_, const void *b_, void *out_, size_t len) {
+    const uint64_t *w = a_, *v = b_;
+    uint64_t *o = out_;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ len, a = 0, b = 0;
+    size_t n = len / 8, i = 0;
+    for (; i + 1 < n; i += 2) { /* cl_page_sum's lanes, and the XOR beside them */
+        o[i] = w[i] ^ v[i];
+        o[i + 1] = w[i + 1] ^ v[i + 1];
+        a = (a ^ w[i]) * 0xff51afd7ed558ccdULL;
+        b = (b ^ w[i + 1]) * 0xc4ceb9fe1a85ec53ULL;
+        a ^= a >> 29;
+        b ^= b >> 31;
+    }
+    for (; i < n; i++) o[i] = w[i] ^ v[i];
+    h ^= a + 3 * b;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 31;
+    return h | 1;
+}
+
+/* ---- kept copies ---------------------------------------------------------- */
+
+static _Atomic uint64_t diff_keep_bytes = UINT64_MAX; /* UINT64_MAX: not read yet */
+
+static void read_diff_keep(void) {
+    if (atomic_load(&diff_keep_bytes) != UINT64_MAX) return;
+    const char *v = getenv("CLAMOR_DIFF_KEEP");
+    char *end = NULL;
+    unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
+    atomic_store(&diff_keep_bytes, v && *v && end && !*end ? (uint64_t)n : (uint64_t)1 << 30);
+}
+
+void clamor_set_diff_keep(uint64_t bytes) { atomic_store(&diff_keep_bytes, bytes == UINT64_MAX ? bytes - 1 : bytes); }
+uint64_t clamor_diff_keep(void) {
+    read_diff_keep();
+    return atomic_load(&diff_keep_bytes);
+}
+
+bool cl_pt_diffs_on(void) {
+    return cl_region.kept && atomic_load(&diff_keep_bytes) && atomic_load(&diff_keep_bytes) != UINT64_MAX &&
+           !atomic_load(&cl_region.map_on);
+}
+
+uint32_t cl_pt_kept(uint64_t i) { return cl_region.kept ? atomic_load(&cl_region.kept[i]) : 0; }
+uint64_t cl_pt_kept_pages(void) { return atomic_load(&kept_pages); }
+
+void cl_pt_unkeep(uint64_t first, uint64_t count, bool punch) {
+    if (!cl_region.kept) return;
+    for (uint64_t i = first; i < first + count; i++) {
+        if (!atomic_exchange(&cl_region.kept[i], 0)) continue;
+        atomic_fetch_sub(&kept_pages, 1);
+        if (punch)
+            fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(i << cl_region.page_shift),
+                      (off_t)cl_region.page_size);
+    }
+}
+
+/* Keep page i's bytes as the version of `stage` rather than punch them:
+ * true if kept.  pt_lock held, the page closed. */
+static bool keep_copy(uint64_t i, uint32_t stage) {
+    if (!stage || !cl_pt_diffs_on() || wloc_of(i) || !atomic_load(&cl_region.sums[i])) return false;
+    uint64_t cap = atomic_load(&diff_keep_bytes) >> cl_region.page_shift;
+    if (atomic_load(&kept_pages) >= cap) return false;
+    if (atomic_exchange(&cl_region.kept[i], stage) == 0) atomic_fetch_add(&kept_pages, 1);
+    CL_COUNT(pages_kept, 1);
+    return true;
+}
+
+/* Punch [first, first+count) out of the memfd, but keep each page it can
+ * (keep: the stage its bytes are the version of, 0: none). */
+static void punch_or_keep(uint64_t first, uint64_t count, uint32_t keep) {
+    uint64_t s = first, end = first + count; /* s: start of the run still to punch */
+    for (uint64_t i = first; i < end; i++) {
+        if (!keep_copy(i, keep)) continue;
+        if (i > s)
+            fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(s << cl_region.page_shift),
+                      (off_t)((i - s) << cl_region.page_shift));
+        s = i + 1;
+    }
+    if (end > s)
+        fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(s << cl_region.page_shift),
+                  (off_t)((end - s) << cl_region.page_shift));
 }
 
 /* A parent's thread may have held the lock at fork(). */
@@ -259,7 +371,7 @@ static int close_runs(uint64_t first, uint64_t count, bool keep) {
     return 0;
 }
 
-static int drop_locked(uint64_t first, uint64_t count) {
+static int drop_locked(uint64_t first, uint64_t count, uint32_t keep) {
     size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
     int d = map_delta(first, count, 0);
     atomic_fetch_add(&cl_pt_drops, 1);
@@ -269,7 +381,8 @@ static int drop_locked(uint64_t first, uint64_t count) {
         return cl_err(rc, "closing pages %lu+%lu: %s", (unsigned long)first, (unsigned long)count, strerror(rc));
     }
     mappings = (uint32_t)((int64_t)mappings + d);
-    fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    if (keep) punch_or_keep(first, count, keep);
+    else fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
     for (uint64_t i = first; i < first + count; i++) atomic_store(&cl_region.pages[i], CL_PG_ABSENT);
     atomic_fetch_add(&cl_pt_drops, 1);
     return 0;
@@ -318,6 +431,7 @@ static int evict_locked(void) {
  * Forget them; if a thread waits for the page, ask for it again.  pt_lock. */
 static void discard_stale(uint64_t i) {
     _Atomic uint32_t *w = &cl_region.pages[i];
+    cl_pt_unkeep(i, 1, false);
     fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(i << cl_region.page_shift),
               (off_t)cl_region.page_size);
     uint32_t s = atomic_load(w);
@@ -397,13 +511,15 @@ int cl_pt_drop(uint64_t first, uint64_t count) {
             if (atomic_compare_exchange_strong(&cl_region.pages[i], &exp, CL_PG_ABSENT)) {
                 fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                           (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
+            } else if (CL_PG_STATE(exp) == CL_PG_ABSENT) {
+                cl_pt_unkeep(i, 1, true); /* a kept copy goes too */
             }
             i++;
         }
         uint64_t s = i;
         while (i < end && is_open(i)) i++;
         if (i > s) {
-            rc = drop_locked(s, i - s);
+            rc = drop_locked(s, i - s, 0);
             if (!rc) CL_COUNT(pages_dropped, i - s);
             /* A partial drop splits a run, and the part that lost the page
              * its ring entry named could never be evicted again: name both
@@ -429,7 +545,7 @@ int clamor_pages_drop(uint64_t first, uint64_t count) {
  * evicted, drop i's whole open run instead (its other pages are fetched
  * again if touched).  What is left of a split run joins the eviction ring.
  * pt_lock held. */
-static int drop_open_page(uint64_t i) {
+static int drop_open_page(uint64_t i, uint32_t keep) {
     uint64_t s = i, e = i + 1;
     uint32_t budget = mapping_budget();
     int d = map_delta(i, 1, 0);
@@ -441,7 +557,7 @@ static int drop_open_page(uint64_t i) {
         while (s > 0 && is_open(s - 1)) s--;
         while (e < cl_region.npages && is_open(e)) e++;
     }
-    int rc = drop_locked(s, e - s);
+    int rc = drop_locked(s, e - s, keep);
     if (rc == 0 && e - s == 1) {
         if (i > 0 && is_open(i - 1)) ring_push(i - 1);
         if (i + 1 < cl_region.npages && is_open(i + 1)) ring_push(i + 1);
@@ -456,6 +572,9 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             return cl_err(EINVAL, "page %lu is outside the region (%lu pages)", (unsigned long)pages[k],
                           (unsigned long)cl_region.npages);
     int rc = 0;
+    /* The copies held reflect the stage the worker is leaving (the caller
+     * sets the next one after): kept copies are that stage's versions. */
+    uint32_t keep = atomic_load(&cl_worker_stage);
     pt_lock();
     for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
         uint64_t i = pages[k];
@@ -463,7 +582,7 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
         uint32_t s = atomic_load(w);
         switch (CL_PG_STATE(s)) {
         case CL_PG_PRESENT: {
-            int r = drop_open_page(i);
+            int r = drop_open_page(i, keep);
             if (r && !rc) rc = r;
             CL_COUNT(pages_invalidated, 1);
             break;
@@ -476,8 +595,9 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
                 continue;
             }
             atomic_fetch_add(&cl_pt_drops, 1);
-            fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
+            if (!keep_copy(i, keep))
+                fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
             uint32_t exp = CL_PG_WANTED;
             if (!atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) { /* a waiter came */
                 atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);

@@ -22,6 +22,18 @@
  * (lineage recovery) holds old versions: until it moves on, it refuses
  * requests of newer stages, and a change of stage during a copy voids it.
  *
+ * Diffs.  A worker that kept its copy of a page the driver changed asks
+ * with DIFF and the stage each copy is the version of (wire.h).  The driver
+ * reads both versions, XORs them (summing the new one as it goes), and
+ * sends the sparse form of the XOR with the sums when that is shorter than
+ * the pages: for a few weights rewritten on a page, about twice their
+ * bytes instead of the page.  The relocations frame, for a worker that
+ * relocates, is the new pages' as always (the diff is of the driver's
+ * words).  A version it no longer has (ESTALE), or a
+ * diff no shorter, and the reply is the pages as usual.  Such a request is
+ * never redirected (a peer would send the whole page), and a worker's page
+ * server answers it with its pages, ignoring the bases.
+ *
  * Rate limit (for benchmarks): CLAMOR_SERVE_RATE=<bytes per second>, read
  * when the server starts, makes page replies leave no faster than a link of
  * that rate, so a loopback run can show a network bottleneck
@@ -46,7 +58,27 @@ static struct server {
     char endpoint[256];
     void *scratch; /* the server thread's: sparse replies are encoded here */
     size_t scratch_len;
+    void *xbuf, *vbuf; /* the server thread's, for diffs: the XOR of the pages, a base version */
+    size_t xbuf_len, vbuf_len;
 } S = {.t = CL_THREAD_INIT};
+
+/* Make *buf (the server thread's) at least n bytes; false if out of memory. */
+static bool grow(void **buf, size_t *cap, size_t n) {
+    if (*cap >= n) return true;
+    void *p = realloc(*buf, n);
+    if (!p) return false;
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
+static void buffers_free(void) {
+    free(S.scratch);
+    free(S.xbuf);
+    free(S.vbuf);
+    S.scratch = S.xbuf = S.vbuf = NULL;
+    S.scratch_len = S.xbuf_len = S.vbuf_len = 0;
+}
 
 const char *clamor_server_endpoint(void) { return S.t.running ? S.endpoint : ""; }
 
@@ -124,12 +156,7 @@ static bool rewound_for(uint32_t stage, uint64_t *view) {
  * is at most half as long; *sent is then its length.  A reply that does not
  * shrink is sent as it is, having cost one scan of the zero words. */
 static bool sparsen(cl_zmq_msg *body, size_t len, size_t *sent) {
-    if (S.scratch_len < len / 2) { /* the server thread's own; kept for the next reply */
-        void *p = realloc(S.scratch, len / 2);
-        if (!p) return false;
-        S.scratch = p;
-        S.scratch_len = len / 2;
-    }
+    if (!grow(&S.scratch, &S.scratch_len, len / 2)) return false; /* kept for the next reply */
     size_t n = 0;
     cl_zmq_msg sized;
     if (cl_wire_sparse_encode(cl_zmq.msg_data(body), len, S.scratch, len / 2, &n) != 0 ||
@@ -142,7 +169,34 @@ static bool sparsen(cl_zmq_msg *body, size_t len, size_t *sent) {
     return true;
 }
 
-static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
+/* Driver: replace *body (the pages as the request's stage reads them) by
+ * their diff against the requester's copies, the versions of bases[k]
+ * (wire.h), if that is shorter; *sent is then its length. */
+static bool diffen(cl_zmq_msg *body, size_t len, const struct cl_wire_hdr *rq, const uint32_t *bases, size_t *sent) {
+    size_t ps = (size_t)1 << cl_region.page_shift, head = (size_t)rq->count * 8;
+    if (len <= head + 8 || !grow(&S.xbuf, &S.xbuf_len, len) || !grow(&S.vbuf, &S.vbuf_len, ps) ||
+        !grow(&S.scratch, &S.scratch_len, len))
+        return false;
+    const char *pages = cl_zmq.msg_data(body);
+    uint8_t *out = S.scratch;
+    for (uint32_t k = 0; k < rq->count; k++) {
+        if (cl_version_read(rq->index + k, bases[k], S.vbuf) != 0) return false; /* collected: the pages */
+        uint64_t sum = cl_page_xor_sum(pages + k * ps, S.vbuf, (char *)S.xbuf + k * ps, ps);
+        for (int i = 0; i < 8; i++) out[k * 8 + i] = (uint8_t)(sum >> (8 * i));
+    }
+    size_t n = 0;
+    cl_zmq_msg sized;
+    if (cl_wire_sparse_encode(S.xbuf, len, out + head, len - head - 8, &n) != 0 ||
+        cl_zmq.msg_init_size(&sized, head + n) != 0)
+        return false;
+    memcpy(cl_zmq.msg_data(&sized), out, head + n);
+    cl_zmq.msg_close(body);
+    *body = sized;
+    *sent = head + n;
+    return true;
+}
+
+static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32_t *bases) {
     if (rq->index >= cl_region.npages || rq->count > cl_region.npages - rq->index) {
         reply_err(id, rq->tag, rq, ERANGE, "pages outside the region");
         return;
@@ -153,7 +207,9 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         self = cl_dir_peer_of(cl_zmq.msg_data(id), cl_zmq.msg_size(id));
         if (rq->flags & CL_WIRE_PEERMISS) cl_dir_miss(rq->index, rq->count, (int)rq->status - 1);
         const char *ep;
-        int peer = (rq->flags & CL_WIRE_NOREDIRECT) ? -1 : cl_dir_choose(rq->index, rq->count, rq->stage, self, &ep);
+        /* (a requester with copies gets a diff here rather than the pages from a peer) */
+        int peer = (rq->flags & CL_WIRE_NOREDIRECT) || bases ? -1
+                                                             : cl_dir_choose(rq->index, rq->count, rq->stage, self, &ep);
         if (peer >= 0) { /* a worker holds it: send the requester there */
             size_t hl = hints_for(self, rq);
             struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .flags = hl ? CL_WIRE_HINTS : 0,
@@ -282,11 +338,13 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     /* Mostly-zero pages travel as their nonzero words, when that halves
      * them (the relocation lists above were checked against these bytes). */
     size_t sent = len;
-    bool sparse = (rq->flags & CL_WIRE_SPARSE) && sparsen(&body, len, &sent);
+    bool diff = bases && cl_region.role == CLAMOR_ROLE_DRIVER && diffen(&body, len, rq, bases, &sent);
+    bool sparse = !diff && (rq->flags & CL_WIRE_SPARSE) && sparsen(&body, len, &sent);
     size_t hl = hints_for(self, rq);
     rate_take(sent + rlen + hl); /* relocations and hints travel on the same link */
     struct cl_wire_hdr h = {.type = CL_WIRE_PAGES,
-                            .flags = (hl ? CL_WIRE_HINTS : 0) | (rbuf ? CL_WIRE_RELOC : 0) | (sparse ? CL_WIRE_SPARSE : 0),
+                            .flags = (hl ? CL_WIRE_HINTS : 0) | (rbuf ? CL_WIRE_RELOC : 0) | (sparse ? CL_WIRE_SPARSE : 0) |
+                                     (diff ? CL_WIRE_DIFF : 0),
                             .index = rq->index,
                             .count = rq->count, .stage = rq->stage, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
@@ -297,6 +355,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
     CL_COUNT(pages_served, rq->count);
     CL_COUNT(bytes_served, len);
     CL_COUNT(wire_bytes_served, sent);
+    if (diff) CL_COUNT(diff_pages_served, rq->count);
     cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     int more = (hl || rbuf) ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT;
@@ -307,6 +366,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq) {
         CL_COUNT(pages_served, -(uint64_t)rq->count);
         CL_COUNT(bytes_served, -(uint64_t)len);
         CL_COUNT(wire_bytes_served, -(uint64_t)sent);
+        if (diff) CL_COUNT(diff_pages_served, -(uint64_t)rq->count);
         return;
     }
     if (rbuf) {
@@ -353,15 +413,41 @@ static void serve_one(void) {
         cl_zmq.msg_close(&id);
         return;
     }
+    /* A GET with DIFF: [hdr][bases], count u32 stages, none 0 */
+    uint32_t bases[CL_WIRE_MAX_COUNT];
+    const char *why = extra ? "unexpected extra frames" : "malformed header";
+    bool diff = !bad && h.type == CL_WIRE_GET && (h.flags & CL_WIRE_DIFF);
+    if (diff && !extra) {
+        bad = EBADMSG;
+        why = "a diff request without its bases";
+    } else if (diff) {
+        cl_zmq_msg b;
+        cl_zmq.msg_init(&b);
+        if (cl_zmq.msg_recv(&b, S.t.sock, 0) < 0) {
+            cl_zmq.msg_close(&b);
+            cl_zmq.msg_close(&id);
+            return;
+        }
+        extra = cl_zmq.msg_more(&b);
+        const uint8_t *p = cl_zmq.msg_data(&b);
+        if (cl_zmq.msg_size(&b) != (size_t)h.count * 4) bad = EBADMSG;
+        for (uint32_t k = 0; !bad && k < h.count; k++) {
+            bases[k] = (uint32_t)p[4 * k] | (uint32_t)p[4 * k + 1] << 8 | (uint32_t)p[4 * k + 2] << 16 |
+                       (uint32_t)p[4 * k + 3] << 24;
+            if (!bases[k]) bad = EBADMSG;
+        }
+        cl_zmq.msg_close(&b);
+        why = extra ? "unexpected extra frames" : "malformed bases frame";
+    }
     if (extra) {
         cl_zmq_drain(S.t.sock);
         if (!bad) bad = EBADMSG;
     }
     if (bad) {
         CL_COUNT(bad_requests, 1);
-        reply_err(&id, h.tag, NULL, bad, extra ? "unexpected extra frames" : "malformed header");
+        reply_err(&id, h.tag, NULL, bad, why);
     } else if (h.type == CL_WIRE_GET) {
-        serve_get(&id, &h);
+        serve_get(&id, &h, diff ? bases : NULL);
     } else if (h.type == CL_WIRE_HELLO) {
         struct cl_wire_geo g = {cl_region.base, cl_region.size, cl_region.page_size, (uint32_t)cl_region.role, 0};
         uint8_t geo[32];
@@ -391,9 +477,7 @@ static void *server_main(void *arg) {
             }
         }
     }
-    free(S.scratch);
-    S.scratch = NULL;
-    S.scratch_len = 0;
+    buffers_free();
     return NULL;
 }
 
@@ -447,9 +531,7 @@ int cl_server_stop_after_fork(void) {
     S.zap = NULL;   /* the parent's: abandoned with its context */
     cl_thread_abandon(&S.t);
     S.endpoint[0] = '\0';
-    free(S.scratch); /* the parent's thread's buffer, copied into this process */
-    S.scratch = NULL;
-    S.scratch_len = 0;
+    buffers_free(); /* the parent's thread's buffers, copied into this process */
     return 0;
 }
 

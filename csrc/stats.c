@@ -66,6 +66,7 @@ void clamor_stats_get(struct clamor_stats *o) {
     CLAMOR_STATS(LOAD, CL_STATS_NONE)
 #undef LOAD
     cl_version_stats(&o->versions, &o->version_bytes);
+    o->kept_bytes = cl_region.role == CLAMOR_ROLE_WORKER ? cl_pt_kept_pages() << cl_region.page_shift : 0;
     uint64_t h[NBUCKETS]; /* 8 KiB snapshot on the stack */
     uint64_t total = 0;
     for (unsigned b = 0; b < NBUCKETS; b++) {

@@ -50,8 +50,8 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
     h->count = get32(p + 24);
     if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
     uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT | CL_WIRE_RELOC |
-                                                    CL_WIRE_SPARSE
-                       : h->type == CL_WIRE_PAGES ? CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE
+                                                    CL_WIRE_SPARSE | CL_WIRE_DIFF
+                       : h->type == CL_WIRE_PAGES ? CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE | CL_WIRE_DIFF
                        : h->type == CL_WIRE_REDIRECT ? CL_WIRE_HINTS
                        : 0;
     if (h->flags & ~allowed) return EPROTO;
@@ -144,6 +144,40 @@ int cl_wire_sparse_decode(const void *in, size_t inlen, void *data, size_t len) 
         memcpy(d + first * 8, p + o + 8, k * 8);
         o += 8 + k * 8;
         end = first + k;
+    }
+    return 0;
+}
+
+/* The runs of a sparse frame are well formed for len bytes: ascending, not
+ * overlapping, each of at least one word and inside len, the frame whole. */
+static int runs_valid(const uint8_t *p, size_t inlen, size_t len) {
+    size_t n = len / 8, end = 0, o = 0;
+    if (len % 8) return EBADMSG;
+    while (o < inlen) {
+        if (inlen - o < 8) return EBADMSG;
+        uint64_t first = get32(p + o), k = get32(p + o + 4);
+        if (k == 0 || first < end || first > n || k > n - first || k > (inlen - o - 8) / 8) return EBADMSG;
+        o += 8 + k * 8;
+        end = first + k;
+    }
+    return 0;
+}
+
+int cl_wire_diff_apply(const void *in, size_t inlen, void *data, size_t len) {
+    const uint8_t *p = in;
+    uint8_t *d = data;
+    int rc = runs_valid(p, inlen, len);
+    if (rc) return rc;
+    for (size_t o = 0; o < inlen;) {
+        size_t first = get32(p + o), k = get32(p + o + 4);
+        for (size_t j = 0; j < k; j++) {
+            uint64_t x, y;
+            memcpy(&x, d + (first + j) * 8, 8);
+            memcpy(&y, p + o + 8 + j * 8, 8);
+            x ^= y;
+            memcpy(d + (first + j) * 8, &x, 8);
+        }
+        o += 8 + k * 8;
     }
     return 0;
 }

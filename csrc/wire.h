@@ -15,11 +15,14 @@
  *                     asking the driver: served only by a peer that runs
  *                     the request's stage), CL_WIRE_RELOC (send
  *                     the pages' relocations), CL_WIRE_SPARSE (the
- *                     requester takes sparse data); PAGES and REDIRECT:
+ *                     requester takes sparse data), CL_WIRE_DIFF (a bases
+ *                     frame follows: the requester holds old copies);
+ *                     PAGES and REDIRECT:
  *                     CL_WIRE_HINTS (a hints frame follows); PAGES:
  *                     CL_WIRE_RELOC (a relocations frame follows the
  *                     data), CL_WIRE_SPARSE (the data frame is sparse,
- *                     below); other bits
+ *                     below), CL_WIRE_DIFF (the data frame is a diff
+ *                     against the requester's copies, below); other bits
  *                     and other types: reserved, zero
  *     8    4 status   replies: 0 or an errno value (ERROR)
  *    12    4 stage    the stage whose page versions the requester may see
@@ -30,6 +33,14 @@
  *
  * Requests (DEALER -> ROUTER; the ROUTER's identity frame is not shown):
  *   GET    [hdr]            ask for pages [index, index+count)
+ *   GET    [hdr][bases], with CL_WIRE_DIFF: the same, from a requester that
+ *                           holds a copy of each page: bases = count u32,
+ *                           the stage whose version each copy is (>= 1).
+ *                           The driver may answer with a diff; a worker's
+ *                           page server ignores the bases, and no server
+ *                           redirects such a request.  A version 1 server
+ *                           of before diffs answers EPROTO: ask again
+ *                           without.
  *   HELLO  [hdr]            ask for the region geometry
  *   REGISTER [hdr][endpoint] a worker's pager names its own page server
  *                           (driver only; no reply)
@@ -45,6 +56,17 @@
  *                           all zeros).  A server sends it only when it
  *                           halves the bytes (mostly-zero pages); it may be
  *                           followed by relocs and hints as data is.
+ *   PAGES  [hdr][diff], with CL_WIRE_DIFF, for a GET with it: count u64
+ *                           sums (cl_page_sum) of the pages as the
+ *                           request's stage reads them, then runs as in a
+ *                           sparse frame of those pages XOR the requester's
+ *                           copies (the words that changed).  Sent only
+ *                           when shorter than the pages, never sparse;
+ *                           relocs (the new pages') may follow.  The
+ *                           requester applies it to its copies (the
+ *                           driver's words) and checks the sums; a page
+ *                           that does not sum right is asked for again
+ *                           without DIFF.
  *   PAGES  [hdr][data][relocs], with CL_WIRE_RELOC, for a GET with it:
  *                           relocs = u32 n, then n struct clamor_reloc
  *                           (clamor.h; 16 bytes, word counted from the
@@ -101,6 +123,7 @@ enum cl_wire_type {
 #define CL_WIRE_HINTS 16u
 #define CL_WIRE_RELOC 32u
 #define CL_WIRE_SPARSE 64u
+#define CL_WIRE_DIFF 128u
 
 struct cl_wire_hdr {
     uint8_t version;
@@ -143,5 +166,11 @@ int cl_wire_sparse_encode(const void *data, size_t len, void *out, size_t cap, s
  * EBADMSG (a truncated run, a run of no words, runs out of order or
  * overlapping, a run past len) with data's contents unspecified. */
 int cl_wire_sparse_decode(const void *in, size_t inlen, void *data, size_t len);
+
+/* XOR the runs of a sparse frame of inlen bytes into the len bytes at data
+ * (a diff: the words that changed).  0, or EBADMSG as
+ * cl_wire_sparse_decode (checked before any byte is changed, so data is
+ * untouched on error). */
+int cl_wire_diff_apply(const void *in, size_t inlen, void *data, size_t len);
 
 #endif /* CLAMOR_WIRE_H */

@@ -264,6 +264,7 @@ def test_configure_validation_and_round_trip():
             "fetch_timeout 0": attempt(clamor.configure, fetch_timeout=0),
             "fetch_timeout -2": attempt(clamor.configure, fetch_timeout=-2.0),
             "max_mappings -1": attempt(clamor.configure, max_mappings=-1),
+            "diff_keep -1": attempt(clamor.configure, diff_keep=-1),
         }
         res["after bad"] = clamor.configure()
         res["set"] = clamor.configure(readahead=1 << 20, fetch_timeout=2.5, max_mappings=1000)
@@ -271,23 +272,27 @@ def test_configure_validation_and_round_trip():
         res["partial"] = clamor.configure(readahead=0)
         res["restore"] = clamor.configure(max_mappings=0)
         res["ms"] = clamor.configure(fetch_timeout=0.0001)["fetch_timeout"]
+        res["diff_keep"] = clamor.configure(diff_keep=0)["diff_keep"]
         print(json.dumps(res))
         """))
     d = out["defaults"]
     # the defaults of docs/configuration.md (run_json's environment has no CLAMOR_*)
     with open("/proc/sys/vm/max_map_count") as f:
         half = int(f.read()) // 2
-    assert d == {"readahead": 4 << 20, "fetch_timeout": 30.0, "max_mappings": half if half > 1024 else 512}, d
+    assert d == {"readahead": 4 << 20, "fetch_timeout": 30.0, "max_mappings": half if half > 1024 else 512,
+                 "diff_keep": 1 << 30}, d
     assert isinstance(d["readahead"], int) and isinstance(d["fetch_timeout"], float)
     assert isinstance(d["max_mappings"], int)
     for what, r in out["bad"].items():
         assert r[0] == "ConfigError" and r[2], (what, r)
     assert "readahead" in out["bad"]["readahead -1"][1]
     assert out["after bad"] == d  # a refused call changes nothing
-    assert out["set"] == out["get"] == {"readahead": 1 << 20, "fetch_timeout": 2.5, "max_mappings": 1000}
-    assert out["partial"] == {"readahead": 0, "fetch_timeout": 2.5, "max_mappings": 1000}
+    assert out["set"] == out["get"] == {"readahead": 1 << 20, "fetch_timeout": 2.5, "max_mappings": 1000,
+                                        "diff_keep": 1 << 30}
+    assert out["partial"] == {"readahead": 0, "fetch_timeout": 2.5, "max_mappings": 1000, "diff_keep": 1 << 30}
     assert out["restore"]["max_mappings"] == d["max_mappings"]
     assert out["ms"] == 0.001  # rounded up to the 1 ms resolution, never 0
+    assert out["diff_keep"] == 0
 
 
 STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "readahead_streams",
@@ -296,7 +301,8 @@ STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "rea
              "pages_invalidated", "pages_logged", "pages_unchanged", "versions", "version_bytes",
              "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",
              "peers_admitted", "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
-             "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "latency_count", "mappings")
+             "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "pages_kept", "diff_pages",
+             "diff_wire_bytes", "diff_retries", "diff_pages_served", "kept_bytes", "latency_count", "mappings")
 STAT_FLOATS = ("fetch_p50_us", "fetch_p99_us", "fetch_max_us")
 
 

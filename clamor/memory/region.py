@@ -402,10 +402,11 @@ def untrack_region_objects(pages=None, first=0, count=0):
     return int(kept[0])
 
 
-def configure(readahead=None, fetch_timeout=None, max_mappings=None):
-    """Set read-ahead (bytes, 0 disables), the fetch time-out (seconds) and the
+def configure(readahead=None, fetch_timeout=None, max_mappings=None, diff_keep=None):
+    """Set read-ahead (bytes, 0 disables), the fetch time-out (seconds), the
     bound on mappings the region may be split into (0: half of
-    vm.max_map_count)."""
+    vm.max_map_count) and the bytes of old page copies a fetching worker
+    keeps to be sent diffs against (0: none, no diffs)."""
     if readahead is not None:
         if _number(readahead, "readahead") < 0 or readahead > 1 << 48:
             raise errors.ConfigError(f"readahead must be 0 to 2**48 bytes, not {readahead!r}")
@@ -414,6 +415,9 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None):
     if max_mappings is not None:
         if _number(max_mappings, "max_mappings") < 0 or max_mappings > _U32:
             raise errors.ConfigError(f"max_mappings must be 0 to {_U32}, not {max_mappings!r}")
+    if diff_keep is not None:
+        if _number(diff_keep, "diff_keep") < 0 or diff_keep > 1 << 62:
+            raise errors.ConfigError(f"diff_keep must be 0 to 2**62 bytes, not {diff_keep!r}")
     # set only once every value is known to be good
     if readahead is not None:
         lib.clamor_set_readahead(int(readahead))
@@ -421,10 +425,13 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None):
         lib.clamor_set_fetch_timeout_ms(ms)
     if max_mappings is not None:
         lib.clamor_set_max_mappings(int(max_mappings))
+    if diff_keep is not None:
+        lib.clamor_set_diff_keep(int(diff_keep))
     return {
         "readahead": int(lib.clamor_readahead()),
         "fetch_timeout": lib.clamor_fetch_timeout_ms() / 1000.0,
         "max_mappings": int(lib.clamor_max_mappings()),
+        "diff_keep": int(lib.clamor_diff_keep()),
     }
 
 
@@ -552,7 +559,8 @@ _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
                 "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
-                "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "latency_count")
+                "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "pages_kept", "diff_pages",
+                "diff_wire_bytes", "diff_retries", "diff_pages_served", "kept_bytes", "latency_count")
 
 
 def stats():

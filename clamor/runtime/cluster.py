@@ -565,6 +565,9 @@ class Cluster(Stages):
         out["checks"] = serialize.check_stats()   # what the checks before stages keep (process-wide)
         out["bytes_mapped"] = self._totals["bytes_mapped"]
         out["wire_bytes"] = self._totals["wire_bytes"]
+        # of wire_bytes, those that came as diffs against a worker's kept copy, and their pages
+        out["wire_bytes_diff"] = self._totals["wire_bytes_diff"]
+        out["diff_pages"] = self._totals["diff_pages"]
         out["write_protection"] = region.write_protection()
         out["same_host"] = {"mode": self.same_host,
                             "workers": {w.decode(): dict(info.get("same_host") or {"mode": "fetch", "reason": "unknown"})

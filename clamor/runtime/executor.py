@@ -474,7 +474,8 @@ def counters():
     return {"faults": st["faults"], "bytes_fetched": st["bytes_fetched"], "bytes_from_peers": st["bytes_from_peers"],
             "served": st["bytes_served"], "redirects": st["redirects"], "direct": st["peer_direct"],
             "fallbacks": st["peer_fallbacks"], "timeouts": st["peer_timeouts"],
-            "mapped": st["pages_mapped"] * region.page_size(), "wire": st["wire_bytes_fetched"]}
+            "mapped": st["pages_mapped"] * region.page_size(), "wire": st["wire_bytes_fetched"],
+            "diff_wire": st["diff_wire_bytes"], "diff_pages": st["diff_pages"]}
 
 
 def worker_main(driver, wid, security, host, ports="*"):

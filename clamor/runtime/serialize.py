@@ -348,11 +348,11 @@ def loads(data):
     return _Unpickler(io.BytesIO(data)).load()
 
 
-# A worker's running counters, sent with every report as ten
+# A worker's running counters, sent with every report as twelve
 # little-endian uint64s: integers need no pickle.
 COUNTERS = ("faults", "bytes_fetched", "bytes_from_peers", "served", "redirects", "direct", "fallbacks", "timeouts",
-            "mapped", "wire")
-_COUNTERS = struct.Struct("<10Q")
+            "mapped", "wire", "diff_wire", "diff_pages")
+_COUNTERS = struct.Struct("<12Q")
 
 
 def pack_counters(counters):

@@ -369,7 +369,7 @@ class Stages:
             tasks.append(TaskSpec((asid, p), asid, p, prefer, job.only.get(p, ())))
         stat = {"stage": job.version, "kind": job.kind if job.kind == "map" else job.action, "tasks": len(tasks),
                 "durations": [], "faults": 0, "bytes_from_driver": 0, "bytes_from_peers": 0, "bytes_mapped": 0,
-                "wire_bytes": 0,
+                "wire_bytes": 0, "wire_bytes_diff": 0, "diff_pages": 0,
                 "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values()),
                 "attempt": job.attempts, "rerun": job.rerun}
         job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
@@ -695,7 +695,7 @@ class Stages:
         w["counters"] = now
         w["served"], w["followed"], w["fallbacks"] = now["served"], now["redirects"], now["fallbacks"]
         w["direct"], w["timeouts"] = now["direct"], now["timeouts"]
-        moved = ("faults", "bytes_fetched", "bytes_from_peers", "mapped", "wire")
+        moved = ("faults", "bytes_fetched", "bytes_from_peers", "mapped", "wire", "diff_wire", "diff_pages")
         if any(now[k] < last.get(k, 0) for k in moved):
             last = {}   # a task zeroed the worker's counters (clamor.reset_stats())
         d = {k: now[k] - last.get(k, 0) for k in moved}
@@ -705,7 +705,8 @@ class Stages:
         # out of their sum.)
         self._count_moved(asid, {"faults": d["faults"], "bytes_from_peers": d["bytes_from_peers"],
                                  "bytes_from_driver": d["bytes_fetched"] - d["bytes_from_peers"],
-                                 "bytes_mapped": d["mapped"], "wire_bytes": d["wire"]})
+                                 "bytes_mapped": d["mapped"], "wire_bytes": d["wire"],
+                                 "wire_bytes_diff": d["diff_wire"], "diff_pages": d["diff_pages"]})
 
     def _join(self, ident, frame):
         """A worker not forked from here asks to join (clamor/runtime/worker.py):

@@ -148,8 +148,8 @@ static void test_bad_fields(void) {
     }
 
     for (int bit = 2; bit < 16; bit++) { /* every reserved flag bit (0, 1, 3: GET's; 4: replies') */
-        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE))
-            continue; /* checked in test_replication_flags, test_reloc_flags and test_sparse_layout */
+        if ((1u << bit) & (CL_WIRE_DIRECT | CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE | CL_WIRE_DIFF))
+            continue; /* checked in test_replication_flags, test_reloc_flags, test_sparse_layout, test_diff */
         valid_get(b);
         b[6 + bit / 8] |= (uint8_t)(1u << (bit % 8));
         CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
@@ -372,6 +372,76 @@ static void test_sparse_malformed(long iters) {
     }
 }
 
+/* ---- diffs ------------------------------------------------------------------ */
+
+/* DIFF on GET and PAGES only; a diff is a sparse frame XORed into the copy,
+ * checked whole before any word changes. */
+static void test_diff(long iters) {
+    uint8_t b[CL_WIRE_HDR];
+    struct cl_wire_hdr h;
+    static const uint8_t types[] = {CL_WIRE_GET, CL_WIRE_PAGES};
+    for (size_t i = 0; i < 2; i++) {
+        struct cl_wire_hdr g = {.type = types[i], .flags = CL_WIRE_DIFF | CL_WIRE_SPARSE, .index = 7, .count = 3};
+        cl_wire_encode(&g, b);
+        CHECK(b[6] == 0xc0);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == 0 && h.flags == (CL_WIRE_DIFF | CL_WIRE_SPARSE));
+    }
+    static const uint8_t others[] = {CL_WIRE_REDIRECT, CL_WIRE_HELLO, CL_WIRE_HELLO_REPLY, CL_WIRE_ERROR,
+                                     CL_WIRE_REGISTER};
+    for (size_t i = 0; i < sizeof others; i++) {
+        struct cl_wire_hdr o = {.type = others[i], .flags = CL_WIRE_DIFF, .count = 1};
+        cl_wire_encode(&o, b);
+        CHECK(cl_wire_decode(b, sizeof b, &h) == EPROTO);
+    }
+    /* differential: old ^ encode(old ^ new) == new, for every density */
+    size_t max = 65536 / 8;
+    uint64_t *o = malloc(max * 8), *n = malloc(max * 8 + 8), *x = malloc(max * 8);
+    uint8_t *f = malloc(max * 16 + 64);
+    static const unsigned dens[] = {0, 1, 5, 20, 100, 300, 700, 1000};
+    for (long it = 0; it < iters / 4; it++) {
+        size_t w = 1 + rnd() % (it % 8 == 0 ? max : 64), len = 0;
+        for (size_t i = 0; i < w; i++) o[i] = rnd() % 3 ? rnd() : 0;
+        sparse_fill(x, w, dens[rnd() % 8]);
+        for (size_t i = 0; i < w; i++) n[i] = o[i] ^ x[i];
+        CHECK(cl_wire_sparse_encode(x, w * 8, f, w * 16 + 16, &len) == 0);
+        n[w] = 0x77;
+        memcpy(x, o, w * 8);
+        CHECK(cl_wire_diff_apply(f, len, x, w * 8) == 0);
+        CHECK(memcmp(x, n, w * 8) == 0);
+    }
+    /* malformed: EBADMSG and the copy untouched, for each kind and for noise */
+    struct { uint32_t first, n; size_t extra; } bad[] = {{0, 0, 0}, {8, 1, 8}, {7, 2, 16}, {0, 2, 8}};
+    uint64_t copy[9], orig[9];
+    for (int i = 0; i < 9; i++) orig[i] = rnd();
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        set32(f, 1);
+        set32(f + 4, 1);
+        memset(f + 8, 0xff, 8); /* a good first run: must not be applied either */
+        set32(f + 16, bad[k].first);
+        set32(f + 20, bad[k].n);
+        memset(f + 24, 1, bad[k].extra);
+        memcpy(copy, orig, sizeof copy);
+        CHECK(cl_wire_diff_apply(f, 24 + bad[k].extra, copy, 64) == EBADMSG);
+        CHECK(memcmp(copy, orig, sizeof copy) == 0);
+    }
+    set32(f, 3), set32(f + 4, 2), set32(f + 24, 4), set32(f + 28, 1); /* overlapping */
+    memcpy(copy, orig, sizeof copy);
+    CHECK(cl_wire_diff_apply(f, 40, copy, 64) == EBADMSG && memcmp(copy, orig, sizeof copy) == 0);
+    for (long it = 0; it < iters; it++) {
+        size_t fl = rnd() % 64;
+        for (size_t i = 0; i < fl; i++) f[i] = (uint8_t)(rnd() % 4 == 0 ? rnd() % 9 : rnd());
+        memcpy(copy, orig, sizeof copy);
+        int rc = cl_wire_diff_apply(f, fl, copy, 64);
+        CHECK(rc == 0 || rc == EBADMSG);
+        CHECK(copy[8] == orig[8]);
+        if (rc) CHECK(memcmp(copy, orig, sizeof copy) == 0);
+    }
+    free(o);
+    free(n);
+    free(x);
+    free(f);
+}
+
 static void test_geo(void) {
     struct cl_wire_geo g = {.base = 0x200000000000ull, .size = (uint64_t)64 << 30, .page_size = 65536,
                             .role = 1, .reserved = 0x5555};
@@ -464,6 +534,7 @@ int main(void) {
     test_sparse_layout();
     test_sparse_roundtrip(iters / 100);
     test_sparse_malformed(iters);
+    test_diff(iters);
     test_random(iters);
     return CHECK_SUMMARY("test_wire");
 }
