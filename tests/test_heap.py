@@ -49,6 +49,24 @@ print(json.dumps(out))
     assert out["freed"] >= 8 << 20, out   # freed outside the block, back to the region
 
 
+def test_the_first_slice_a_block_makes_is_its_own_not_the_one_cpython_cached(py):
+    """CPython keeps one freed slice for the next, and a collection leaves
+    it: a block's first slice was that one, outside the region (a pandas
+    block made inside a Cluster was refused for it, its placement's slice
+    not inherited).  So after a suspension inside the block."""
+    p = py(PRE + """
+x = slice(1, 2, 3); del x                 # cached: made outside any block
+with clamor.heap():
+    first = slice(4, 5)
+    with clamor.heap.suspended():
+        y = slice(7, 8, 9); del y         # cached again, outside the block
+    again = slice(5, 6)
+after = slice(8, 9)
+print(json.dumps([inr(first), inr(again), inr(after)]))
+""")
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [True, True, False], p.stdout
+
+
 def test_c_heap_of_extension_modules_is_interposed(py, tmp_path):
     lib = shared_library(tmp_path, "grab", CLIB)
     p = py(PRE + f"""

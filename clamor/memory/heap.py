@@ -31,8 +31,9 @@ import errno
 from .. import errors
 from .._native import check, lib
 from . import region
-from .hooks import (HANDLER, _flush_dims, _rehome, active, callbacks_off, close_gate, collect, install,  # noqa: F401
-                    open_gate, outside, prepare_fork, release_dropped, settle, suspended)
+from .hooks import (HANDLER, _flush_dims, _held_slices, _rehome, active, callbacks_off,  # noqa: F401
+                    close_gate, collect, install, open_gate, outside, prepare_fork, release_dropped, settle,
+                    suspended)
 
 
 @contextlib.contextmanager
@@ -70,6 +71,11 @@ def heap():
             # allocated earlier outside the region, and, after it, hand region
             # objects to code outside it.
             collect()
+            # CPython caches one freed slice, and a collection leaves it: the
+            # block's first slice would be that one, outside the region (a
+            # pandas block's placement).  Held until the block ends, the
+            # block makes its own.
+            cached_slice = slice(None)
             rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
             if rc:
                 lib.clamor_py_numpy_exit()
@@ -88,6 +94,8 @@ def heap():
                 if not active():
                     _rehome()
                     settle()
+                    _held_slices.clear()
+                del cached_slice
     finally:
         if outer:
             open_gate()

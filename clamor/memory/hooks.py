@@ -204,6 +204,9 @@ def _held_from_outside():
 
 
 _dropped_seen = 0
+# CPython's cached slice, taken where a block resumes (suspended): held
+# until the outer block ends, so that the block makes its own slices
+_held_slices = []
 
 
 def _forget_interpreter_caches():
@@ -372,14 +375,14 @@ def release_dropped():
 
 def settle():
     """At the end of an outer ``heap()`` block, after its full collection
-    (which empties CPython's free lists and frees the region's garbage
-    cycles) and the tables moved out: empty the lists again of what that
-    freed, and count the region memory freed so far as looked at, so that
-    the next action does not collect the whole heap again for it
-    (``release_dropped``)."""
+    (which frees the region's garbage cycles) and the tables moved out:
+    count the region memory freed so far as looked at, so that the next
+    action does not collect the whole heap again for it.  (It still
+    empties the free lists: ``release_dropped``.  Emptied here, they would
+    be full of ordinary objects at the next block, whose objects would then
+    take them: a cached slice outside the region in a pandas block made
+    inside it.)"""
     global _dropped_seen
-    if lib.clamor_py_freelists_flush() < 0:
-        raise errors.ClamorError("could not empty CPython's free lists of region objects")
     _dropped_seen = lib.clamor_py_region_dropped()
 
 
@@ -418,8 +421,10 @@ def suspended():
         close_gate()
         lib.clamor_py_numpy_exit()
         collect()
+        cached_slice = slice(None)      # (CPython's one cached slice: not the block's next, as heap() does)
         lib.clamor_heap_resume(depth)
         _flush_dims(True)
+        _held_slices.append(cached_slice)
 
 
 def outside(fn):
