@@ -417,16 +417,6 @@ static int has_extents(PyObject *o) {
            t != &PyUnicode_Type && t != &PyBytes_Type && t != &PyBool_Type;
 }
 
-static int binary_has(const int32_t *v, size_t n, int32_t x) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (v[mid] < x) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n && v[lo] == x;
-}
-
 /* Entry i of the root, (k, v) (k NULL for a list's item), pushed tagged i. */
 static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
     w->st.cur = (int32_t)i;

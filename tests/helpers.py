@@ -156,3 +156,17 @@ def run_driver(code, timeout=150, env=None):
     out["exit"] = p.returncode
     out["fatal"] = sorted({ln for ln in p.stderr.splitlines() if "fatal" in ln.lower()})[:20]
     return out
+
+
+# For driver scripts that compare the byte ranges two walks read: the
+# union of (start, length) pairs as sorted, merged [start, end) lists.
+UNION = """
+def union(pairs):
+    out = []
+    for lo, n in sorted((int(a), int(b)) for a, b in pairs if int(b)):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], lo + n)
+        else:
+            out.append([lo, lo + n])
+    return out
+"""

@@ -13,9 +13,9 @@ After each, the recheck must approve only what a whole walk approves, and
 rest on the same bytes; where it cannot tell it says so and the whole walk
 decides.
 """
-from helpers import run_driver
+from helpers import UNION, run_driver
 
-DIFFERENTIAL = """
+DIFFERENTIAL = UNION + """
 import json, random, sys
 import numpy as np
 import clamor
@@ -23,15 +23,6 @@ from clamor.memory import walk
 
 class Rec:
     pass
-
-def union(pairs):
-    out = []
-    for lo, n in sorted((int(a), int(b)) for a, b in pairs if int(b)):
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], lo + n)
-        else:
-            out.append([lo, lo + n])
-    return out
 
 def record(r, depth=0):
     k = r.randrange(6 if depth < 2 else 3)

@@ -22,7 +22,7 @@ instances, one shared with the C walk on, one with the Python walk only:
 the same verdict, every instance's dict its own afterwards, and neither
 walk finds anything left to write in the other's graph.
 """
-from helpers import run_driver
+from helpers import UNION, run_driver
 
 # the classes of both scripts' instances: a plain class and a dataclass
 CLASSES = """
@@ -37,7 +37,7 @@ class Rec:
     b: object = None
 """
 
-DIFFERENTIAL = CLASSES + """
+DIFFERENTIAL = CLASSES + UNION + """
 import json, random, sys, warnings, weakref
 import numpy as np
 import clamor
@@ -65,15 +65,6 @@ def python_walk(o, limit):
     finally:
         walk.plain_in_c[0] = True
     return verdict, (walk.brought[0], walk.conversions[0]) != before, len(caught)
-
-def union(pairs):
-    out = []
-    for lo, n in sorted((int(a), int(b)) for a, b in pairs if int(b)):
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], lo + n)
-        else:
-            out.append([lo, lo + n])
-    return out
 
 def same_reads(o, limit):
     # the bytes the Cluster's check rests on: the C walk's extents against
