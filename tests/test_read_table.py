@@ -1,4 +1,4 @@
-"""The table a walk's verdict rests on (``walk.ReadTable``): the ranges it
+"""The table a walk's verdict rests on (``readtable.ReadTable``): the ranges it
 read, split at page boundaries and kept per page, and each page's digest.
 ``changed(pages)`` must say yes exactly when a byte inside a range on one of
 those pages changed: checked against the bytes themselves, on random
@@ -10,7 +10,7 @@ import json, random
 import numpy as np
 import clamor
 from clamor import region
-from clamor.memory import walk
+from clamor.memory import readtable
 
 NPAGES = 12
 buf = clamor.zeros(1 << 20, dtype=np.uint8)      # (the region exists from here)
@@ -31,7 +31,7 @@ for trial in range(60):
     plain = np.array([(base + p * ps + r.randrange(0, ps - 8), 8) for p in r.sample(range(NPAGES), 3)],
                      dtype=np.uint64)
     plain = plain[[(lo - region.base()) // ps == (lo + 7 - region.base()) // ps for lo in plain[:, 0].tolist()]]
-    table = walk.read_digests(ext, plain)
+    table = readtable.read_digests(ext, plain)
     # the ranges, split at page boundaries, cover exactly the bytes given
     want = np.zeros(raw.size, bool)
     for lo, n, *_ in ext:
@@ -50,17 +50,17 @@ for trial in range(60):
         raw[r.randrange(0, raw.size)] ^= np.uint8(1 + r.randrange(255))
     diff = before != raw
     for _ in range(10):
-        pages = walk.pages_array(first + p for p in r.sample(range(NPAGES + 1), r.randrange(1, 6)))
+        pages = readtable.pages_array(first + p for p in r.sample(range(NPAGES + 1), r.randrange(1, 6)))
         expect = False
         for pg in pages.tolist():
             a = max(0, (pg * ps) - (base - region.base()))
             b = min(raw.size, (pg + 1) * ps - (base - region.base()))
             expect |= bool(a < b and (diff[a:b] & want[a:b]).any())
         checks += 1
-        if walk.read_changed(table, pages) != expect:
+        if readtable.read_changed(table, pages) != expect:
             failures.append(["changed", trial, pages.tolist(), expect])
     raw[:] = before
-    if walk.read_changed(table, walk.pages_array(range(first - 1, first + NPAGES + 2))):
+    if readtable.read_changed(table, readtable.pages_array(range(first - 1, first + NPAGES + 2))):
         failures.append(["restored", trial])
 print(json.dumps({"failures": failures[:5], "checks": checks}))
 """

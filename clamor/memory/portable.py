@@ -60,8 +60,8 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .walk import (_HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pages_array, pointer_extents, read_changed,
-                   read_digests)
+from .readtable import pages_array, read_changed, read_digests
+from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents
 
 NotShareable = errors.NotShareable
 
@@ -366,7 +366,7 @@ class Relocations:
         self.generation = region.generation()
         self.targets = _Targets()
         self.roots = {}         # id -> object, every root shipped in place (and alive)
-        self.per_root = {}      # id -> ({page: entries}, what its last walk read: a walk.ReadTable)
+        self.per_root = {}      # id -> ({page: entries}, what its last walk read: a readtable.ReadTable)
         self.lists = {}         # page -> entries installed (bytes)
         self.orphans = set()    # pages listing words of roots forgotten since
         self.changed = []       # pages the driver changed since the last walk

@@ -32,7 +32,8 @@ from ..memory import byvalue, portable, region
 from ..memory.refs import ArrayRef
 from ..memory.share import vouch
 from ..memory import walk
-from ..memory.walk import brought, conversions, pages_array, pointer_extents
+from ..memory.readtable import pages_array
+from ..memory.walk import brought, conversions, pointer_extents
 from . import code
 from .collection import DataCollection
 
