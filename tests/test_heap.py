@@ -58,13 +58,15 @@ def test_the_first_slice_a_block_makes_is_its_own_not_the_one_cpython_cached(py)
 x = slice(1, 2, 3); del x                 # cached: made outside any block
 with clamor.heap():
     first = slice(4, 5)
+    pair = tuple([first])                 # (and no tuple of the runtime's on the free list)
     with clamor.heap.suspended():
         y = slice(7, 8, 9); del y         # cached again, outside the block
     again = slice(5, 6)
+    pair2 = tuple([again])
 after = slice(8, 9)
-print(json.dumps([inr(first), inr(again), inr(after)]))
+print(json.dumps([inr(first), inr(pair), inr(again), inr(pair2), inr(after)]))
 """)
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == [True, True, False], p.stdout
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [True, True, True, True, False], p.stdout
 
 
 def test_c_heap_of_extension_modules_is_interposed(py, tmp_path):

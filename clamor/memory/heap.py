@@ -70,12 +70,13 @@ def heap():
             # lists, dicts, ...), which would otherwise hand the block objects
             # allocated earlier outside the region, and, after it, hand region
             # objects to code outside it.
-            collect()
             # CPython caches one freed slice, and a collection leaves it: the
             # block's first slice would be that one, outside the region (a
             # pandas block's placement).  Held until the block ends, the
-            # block makes its own.
+            # block makes its own.  (Taken before the collection: the call
+            # leaves a tuple on the free list, which it empties.)
             cached_slice = slice(None)
+            collect()
             rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
             if rc:
                 lib.clamor_py_numpy_exit()

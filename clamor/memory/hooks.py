@@ -420,11 +420,10 @@ def suspended():
     finally:
         close_gate()
         lib.clamor_py_numpy_exit()
+        _held_slices.append(slice(None))    # (CPython's one cached slice: not the block's next, as heap() does)
         collect()
-        cached_slice = slice(None)      # (CPython's one cached slice: not the block's next, as heap() does)
         lib.clamor_heap_resume(depth)
         _flush_dims(True)
-        _held_slices.append(cached_slice)
 
 
 def outside(fn):
