@@ -573,7 +573,6 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
                           size_t ndirty, int recheck, int *shared);
 int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count);
-void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out);
 void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
                            uint64_t *out);
 /* Conservative scan of the aligned words of [lo, lo + len), driver only:

@@ -740,8 +740,6 @@ static void digest(const uint64_t *ranges, size_t n, uint64_t *out) {
     out[1] = b;
 }
 
-void clamor_py_digest(const uint64_t *ranges, size_t n, uint64_t *out) { digest(ranges, n, out); }
-
 /* The digests of runs of ranges (a read table's pages, walk.ReadTable):
  * for each k < n, run which[k] is ranges[starts[which[k]] .. starts[which[k] + 1]),
  * its digest goes to out[2k], out[2k + 1]. */

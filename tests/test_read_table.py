@@ -57,10 +57,10 @@ for trial in range(60):
             b = min(raw.size, (pg + 1) * ps - (base - region.base()))
             expect |= bool(a < b and (diff[a:b] & want[a:b]).any())
         checks += 1
-        if readtable.read_changed(table, pages) != expect:
+        if table.changed(pages) != expect:
             failures.append(["changed", trial, pages.tolist(), expect])
     raw[:] = before
-    if readtable.read_changed(table, readtable.pages_array(range(first - 1, first + NPAGES + 2))):
+    if table.changed(readtable.pages_array(range(first - 1, first + NPAGES + 2))):
         failures.append(["restored", trial])
 print(json.dumps({"failures": failures[:5], "checks": checks}))
 """

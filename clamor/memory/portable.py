@@ -60,7 +60,7 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
-from .readtable import pages_array, read_changed, read_digests
+from .readtable import pages_array, read_digests
 from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents
 
 NotShareable = errors.NotShareable
@@ -419,7 +419,7 @@ class Relocations:
         if changed.size:
             ch = pages_array(changed)
             todo.update((k, self.roots[k]) for k, (_, read) in self.per_root.items()
-                        if k in self.roots and read_changed(read, ch))
+                        if k in self.roots and read.changed(ch))
         if not todo:
             self.changed = []
             return orphaned
@@ -593,7 +593,7 @@ class _Read:
         return self.read.nbytes()
 
     def changed(self, pages):
-        return read_changed(self.read, pages)
+        return self.read.changed(pages)
 
     def still_inherited(self):
         return True

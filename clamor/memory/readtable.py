@@ -107,8 +107,7 @@ class ReadTable:
     def changed(self, pages):
         """Does a page of ``pages`` (ascending unique uint64) read otherwise
         now where the walk read it?"""
-        idx = self._index(pages)
-        return bool(len(idx)) and bool((self._digests(idx.astype(np.uint64)) != self.digests[idx]).any())
+        return bool(len(self.changed_pages(pages)))
 
 
 def _as_items(ranges):
@@ -156,13 +155,6 @@ def pages_array(pages):
     return np.unique(np.asarray(pages if isinstance(pages, np.ndarray) else list(pages), dtype=np.uint64))
 
 
-def read_changed(read, changed):
-    """Did any page of ``changed`` (ascending unique uint64, ``pages_array``)
-    change where a walk read it (``read``, a ``ReadTable``)?"""
-    return read.changed(changed)
-
-
 def union_equal(a, b):
     """Do the (n, 2) range arrays ``a`` and ``b`` hold the same ranges?"""
-    return len(a) == len(b) and bool((np.sort(a.view(np.dtype((np.void, 16))).ravel()) ==
-                                      np.sort(b.view(np.dtype((np.void, 16))).ravel())).all())
+    return len(a) == len(b) and bool((np.sort(_as_items(a)) == np.sort(_as_items(b))).all())

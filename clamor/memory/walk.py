@@ -51,7 +51,7 @@ from . import _pyshare, hidden, promote, region
 from .. import errors
 from .._native import ffi, lib
 from .hooks import HANDLER
-from .readtable import read_changed, read_digests, union_equal
+from .readtable import read_digests, union_equal
 
 _inherited = None  # _Snapshot of the objects alive at the last fork
 # Instance dicts _own_keys rewrote: the dicts and key tables that died then
@@ -377,7 +377,7 @@ class Reads:
     def changed(self, pages):
         """Did the driver change, in ``pages`` (a set), a byte the walk read
         a pointer from?"""
-        return read_changed(self.read, pages)
+        return self.read.changed(pages)
 
     def inside(self, path, o):
         self.extents += pointer_extents(o, path, body=not data_only(o))
@@ -652,6 +652,14 @@ plain_in_c = [True]     # (tests/test_walk_plain.py compares the two walks)
 _images = [None]
 
 
+def _image_ranges():
+    """The loaded images' ranges for the C walks: (sorted pairs, count)."""
+    if _images[0] is None:
+        spans = _pyshare.AddressMap().images()
+        _images[0] = (ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]), len(spans))
+    return _images[0]
+
+
 def _walk_plain(obj, limit, reads=None, convert=True):
     """share()'s walk of plain data and of instances of plain classes in C
     (csrc/pywalk.c): True when every object reachable is plain data or such
@@ -666,20 +674,17 @@ def _walk_plain(obj, limit, reads=None, convert=True):
     have."""
     if not plain_in_c[0] or not (type(obj) in _PLAIN or _pyshare.is_class(type(obj))):
         return False
-    if _images[0] is None:
-        spans = _pyshare.AddressMap().images()
-        _images[0] = (ffi.new("uintptr_t[]", [x for r in spans for x in r] or [0]), len(spans))
-    visited = ffi.new("long *")
+    images, visited = _image_ranges(), ffi.new("long *")
     tagged = reads is not None and type(obj) in (dict, list)
     for again in (False, True):
         out = bytearray() if reads is not None else None
         outside = []
         if tagged:
             tags, shared = bytearray(), ffi.new("int *")
-            rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tags), id(outside),
+            rc = lib.clamor_py_walk_tagged(id(obj), limit, *images, visited, id(out), id(tags), id(outside),
                                            ffi.NULL, 0, 0, shared)
         else:
-            rc = lib.clamor_py_walk_plain(id(obj), limit, *_images[0], visited, id(out) if out is not None else 0,
+            rc = lib.clamor_py_walk_plain(id(obj), limit, *images, visited, id(out) if out is not None else 0,
                                           id(outside))
         if rc < 0:
             raise MemoryError("no memory for the walk of plain data")
@@ -756,7 +761,7 @@ def recheck(obj, reads, limit=20_000_000):
     dirty = np.ascontiguousarray(dirty, dtype=np.int32)
     out, tagbuf, shared, visited = bytearray(), bytearray(), ffi.new("int *"), ffi.new("long *")
     outside = []
-    rc = lib.clamor_py_walk_tagged(id(obj), limit, *_images[0], visited, id(out), id(tagbuf), id(outside),
+    rc = lib.clamor_py_walk_tagged(id(obj), limit, *_image_ranges(), visited, id(out), id(tagbuf), id(outside),
                                    ffi.cast("const int32_t *", dirty.ctypes.data), len(dirty), 1, shared)
     if rc < 0:
         raise MemoryError("no memory for the walk of plain data")
