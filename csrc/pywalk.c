@@ -141,7 +141,9 @@ static int push(struct stack *st, PyObject *o) {
 struct extents {
     uint64_t *v; /* (start, length) pairs, each within one region page */
     int32_t *tag; /* the tag of the object each belongs to */
+    uint8_t *strict; /* a portable walk's: every word a pointer or null (pointer_extents' strict) */
     int32_t cur;
+    uint8_t strict_now;
     size_t n, cap;
 };
 
@@ -158,9 +160,13 @@ static int extent(struct extents *e, uintptr_t lo, size_t len) {
             int32_t *g = realloc(e->tag, cap * sizeof *g);
             if (!g) return -1;
             e->tag = g;
+            uint8_t *f = realloc(e->strict, cap);
+            if (!f) return -1;
+            e->strict = f;
             e->cap = cap;
         }
         e->tag[e->n] = e->cur;
+        e->strict[e->n] = e->strict_now;
         e->v[2 * e->n] = lo;
         e->v[2 * e->n + 1] = n;
         e->n++;
@@ -188,6 +194,7 @@ static int extents_of(PyObject *o, struct extents *e) {
     if (!e) return 0;
     int fail = 0;
     PyTypeObject *t = Py_TYPE(o);
+    e->strict_now = 1; /* (a body and an item array: pointers; a keys or set table also holds hashes) */
     if (t == &PyTuple_Type || t == &PyList_Type || t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type) {
         size_t body = clamor_py_body_size((uintptr_t)o);
         if (body > 8 && extent(e, (uintptr_t)o + 8, body - 8) < 0) return -1;
@@ -199,9 +206,11 @@ static int extents_of(PyObject *o, struct extents *e) {
             return -1;
     } else if (t == &PyDict_Type) {
         void *k = ((PyDictObject *)o)->ma_keys;
+        e->strict_now = 0;
         if (k && inside((uintptr_t)k, 1)) block_extent(e, k, &fail);
     } else if (t == &PySet_Type || t == &PyFrozenSet_Type) {
         PySetObject *s = (PySetObject *)o;
+        e->strict_now = 0;
         if (s->table != s->smalltable && inside((uintptr_t)s->table, 1)) block_extent(e, s->table, &fail);
     }
     return fail ? -1 : 0;
@@ -311,6 +320,54 @@ static int outside_candidate(PyObject *o) {
            t == &PyBytes_Type || PyType_Check(o) || plain_type(t) || cl_py_plain_class(t);
 }
 
+/* ---- what a portable walk adds (portable._Mode.inside) ----------------------- */
+
+struct words {
+    uint64_t *v;
+    size_t n, cap;
+};
+
+static int word(struct words *ws, uintptr_t a) {
+    if (ws->n == ws->cap) {
+        size_t cap = ws->cap ? 2 * ws->cap : 4096;
+        uint64_t *t = realloc(ws->v, cap * sizeof *t);
+        if (!t) return -1;
+        ws->v = t;
+        ws->cap = cap;
+    }
+    ws->v[ws->n++] = a;
+    return 0;
+}
+
+/* portable._seeded: a str or bytes, or a tuple or frozenset holding one */
+static int seeded_key(PyObject *k, int depth) {
+    if (PyUnicode_Check(k) || PyBytes_Check(k)) return 1;
+    if (depth >= 8) return 0;
+    if (PyTuple_Check(k)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k); i++)
+            if (seeded_key(PyTuple_GET_ITEM(k, i), depth + 1)) return 1;
+    } else if (PyFrozenSet_Check(k)) {
+        PySetObject *s = (PySetObject *)k;
+        for (Py_ssize_t i = 0; i <= s->mask; i++)
+            if (s->table[i].key && s->table[i].hash != -1 && seeded_key(s->table[i].key, depth + 1)) return 1;
+    }
+    return 0;
+}
+
+static int seeded_keys(PyObject *o) {
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v))
+            if (seeded_key(k, 0)) return 1;
+    } else if (PyAnySet_CheckExact(o)) {
+        PySetObject *s = (PySetObject *)o;
+        for (Py_ssize_t i = 0; i <= s->mask; i++)
+            if (s->table[i].key && s->table[i].hash != -1 && seeded_key(s->table[i].key, 0)) return 1;
+    }
+    return 0;
+}
+
 /* ---- one walk ------------------------------------------------------------------ */
 
 struct walk {
@@ -330,7 +387,29 @@ struct walk {
     int recheck;                   /* walk only the entries listed in dirty (sorted) */
     const int32_t *dirty;
     size_t ndirty;
+    /* clamor_py_walk_portable: the words a worker not forked reads as null,
+     * and whether a dict or set is keyed by what hashes by the seed */
+    int portable, seeded;
+    struct words nulls;
 };
+
+/* The words of region object o that a worker not forked reads as null (the
+ * collector's links, the weak-reference list) and, for an atom, its type
+ * word (its other words are data); the seed's mark. */
+static int portable_words(struct walk *w, PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    uintptr_t a = (uintptr_t)o;
+    if (PyType_HasFeature(t, Py_TPFLAGS_HAVE_GC) && (word(&w->nulls, a - 16) < 0 || word(&w->nulls, a - 8) < 0))
+        return NOMEM;
+    if (t->tp_weaklistoffset && word(&w->nulls, a + t->tp_weaklistoffset) < 0) return NOMEM;
+    if (!w->seeded && (t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type)) w->seeded = seeded_keys(o);
+    if (t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
+        t == &PyBytes_Type) {
+        w->ext.strict_now = 1;
+        return extent(&w->ext, a + 8, 8) < 0 ? NOMEM : OK;
+    }
+    return OK;
+}
 
 static int plain_instance(struct walk *w, PyObject *o) {
     PyTypeObject *t = Py_TYPE(o);
@@ -361,6 +440,7 @@ static int instance_extents(PyObject *o, struct extents *e) {
     if (!e) return 0;
     uintptr_t a = (uintptr_t)o;
     size_t body = clamor_py_body_size(a), pre = 2 * sizeof(void *) + (PyObject_IS_GC(o) ? 2 * sizeof(void *) : 0);
+    e->strict_now = 1;
     if (body > 8 && extent(e, a + 8, body - 8) < 0) return -1;
     return extent(e, a - pre, 2 * sizeof(void *));
 }
@@ -382,14 +462,20 @@ static int instance(struct walk *w, PyObject *o) {
     /* the collector's referents, as gc.get_referents gives the Python walk:
      * the class, and the dict or the values table */
     if (Py_TYPE(o)->tp_traverse(o, visit_push, &w->st) != 0) return NOMEM;
-    return w->converting ? OK : instance_extents(o, w->e) < 0 ? NOMEM : OK;
+    if (w->converting) return OK;
+    if (w->portable && portable_words(w, o) != OK) return NOMEM;
+    return instance_extents(o, w->e) < 0 ? NOMEM : OK;
 }
 
 static int visit(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     if (!inside(a, 1)) {
-        /* (not walked: the Python walk accepts it as it is, or decides) */
-        if (w->converting || everyones(o) || (static_atom(o) && cl_in_ranges(a, w->images, w->nimages)))
+        /* (not walked: the Python walk accepts it as it is, or decides; a
+         * portable walk's images are the relocation targets', and what lies
+         * outside them must be a target the caller numbers) */
+        int img = cl_in_ranges(a, w->images, w->nimages);
+        if (w->converting || (w->portable ? img && (everyones(o) || static_atom(o))
+                                          : everyones(o) || (static_atom(o) && img)))
             return OK;
         if (!w->outside || !outside_candidate(o)) return FALLBACK;
         return PyList_Append(w->outside, o) < 0 ? NOMEM : OK;
@@ -400,7 +486,9 @@ static int visit(struct walk *w, PyObject *o) {
                                cl_py_to_hide(o, &weak, &info)))
             return FALLBACK;
         if (children(o, &w->st) < 0) return NOMEM;
-        return w->converting ? OK : extents_of(o, w->e) < 0 ? NOMEM : OK;
+        if (w->converting) return OK;
+        if (w->portable && portable_words(w, o) != OK) return NOMEM;
+        return extents_of(o, w->e) < 0 ? NOMEM : OK;
     }
     if (plain_instance(w, o)) return instance(w, o);
     return w->converting ? OK : FALLBACK;
@@ -483,6 +571,8 @@ static void walk_free(struct walk *w) {
     free(w->todo.tag);
     free(w->ext.v);
     free(w->ext.tag);
+    free(w->ext.strict);
+    free(w->nulls.v);
     free(w->seen.slot);
     free(w->seen.tag);
     free(w->st.item);
@@ -490,7 +580,7 @@ static void walk_free(struct walk *w) {
 }
 
 /* Copy n bytes at src into the bytearray ba (resized): 0, or -1. */
-static int to_bytearray(uintptr_t ba, const void *src, size_t n) {
+int cl_py_to_bytearray(uintptr_t ba, const void *src, size_t n) {
     PyObject *b = (PyObject *)ba;
     if (!PyByteArray_Check(b) || PyByteArray_Resize(b, (Py_ssize_t)n) < 0) {
         PyErr_Clear();
@@ -513,7 +603,7 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     int rc = walk_from(&w, (PyObject *)root);
     /* (start, length) pairs as native words, into the caller's bytearray */
-    if (rc == OK && w.e && to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0) rc = NOMEM;
+    if (rc == OK && w.e && cl_py_to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0) rc = NOMEM;
     if (rc == NOMEM) PyErr_Clear(); /* (a failed append) */
     walk_free(&w);
     *visited = w.n;
@@ -539,11 +629,40 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     PyObject *r = (PyObject *)root;
     int rc = PyDict_CheckExact(r) || PyList_CheckExact(r) ? walk_from(&w, r) : FALLBACK;
-    if (rc == OK && (to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0 ||
-                     to_bytearray(tags_out, w.ext.tag, w.ext.n * sizeof(int32_t)) < 0))
+    if (rc == OK && (cl_py_to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0 ||
+                     cl_py_to_bytearray(tags_out, w.ext.tag, w.ext.n * sizeof(int32_t)) < 0))
         rc = NOMEM;
     if (rc == NOMEM) PyErr_Clear();
     *shared = w.shared;
+    walk_free(&w);
+    *visited = w.n;
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* clamor_py_walk_plain for workers not forked from the driver (the walk of
+ * portable._Mode, whose reference is the Python walk): `images` are the
+ * relocation targets' (an object outside the region and them goes to
+ * `outside_out` for the caller to number as a target, or to refuse); the
+ * extents to read relocations from go to extents_out, their strictness
+ * (pointer_extents': every word a pointer or null) one byte each to
+ * strict_out, and the words a worker reads as null to nulls_out (native
+ * words, bytearrays all three).  *seeded: a dict or set reached is keyed by
+ * what hashes by the seed.  Returns as clamor_py_walk_plain. */
+int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
+                            uintptr_t extents_out, uintptr_t strict_out, uintptr_t nulls_out, uintptr_t outside_out,
+                            int *seeded) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .portable = 1};
+    w.e = &w.ext;
+    w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
+    int rc = w.outside ? walk_from(&w, (PyObject *)root) : FALLBACK;
+    if (rc == OK && (cl_py_to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0 ||
+                     cl_py_to_bytearray(strict_out, w.ext.strict, w.ext.n) < 0 ||
+                     cl_py_to_bytearray(nulls_out, w.nulls.v, w.nulls.n * sizeof(uint64_t)) < 0))
+        rc = NOMEM;
+    if (rc == NOMEM) PyErr_Clear();
+    *seeded = w.seeded;
     walk_free(&w);
     *visited = w.n;
     PyGILState_Release(g);

@@ -61,6 +61,7 @@ from .._native import ffi, lib
 from . import _pyshare, images, region
 from .hooks import HANDLER
 from .readtable import pages_array, read_digests
+from . import walk
 from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents
 
 NotShareable = errors.NotShareable
@@ -183,6 +184,10 @@ class _Targets:
             # every region array names clamor's numpy allocator (not a gc referent)
             self._new(("handler", HANDLER), HANDLER, ctypes.cast(HANDLER, ctypes.py_object).value)
 
+    def image_pairs(self):
+        """The images' hulls for the C walk: (sorted [lo, hi) pairs, count)."""
+        return ffi.new("uintptr_t[]", [x for lo, hi, _ in self.images for x in (lo, hi)] or [0]), len(self.images)
+
     def in_image(self, addr):
         i = bisect.bisect_right(self._starts, addr) - 1
         return i >= 0 and addr < self.images[i][1]
@@ -262,20 +267,72 @@ class _Mode:
     """The portable side of one share() walk: classifies what lies outside
     the region and collects the extents to read for relocations."""
 
-    def __init__(self, targets):
+    def __init__(self, targets, seeds_agree=True, amap=None):
         self.t = targets
         self.extents = []       # (lo, length, strict, path, what)
         self.null_words = []    # addresses of words a worker reads as null
         self.seeded = None      # path of a dict or set whose keys hash by the seed
         self.root = None        # what the walk started from, for messages
         self.blocks_seen = set()
-        self.objects = 0        # region objects visited
+        self.objects = 0        # objects visited
+        self.seeds_agree = seeds_agree
+        self.amap = amap
+        # the walk in C (c_walk): its extents as arrays, and the words found
+        self.c_extents = None   # (n, 2) uint64 (start, length), each within one page
+        self.found = None       # (addresses, targets), sorted by address
 
     def restart(self):
         """Forget what a walk collected: it is made again (objects were
         brought into the region)."""
         self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
         self.objects = 0
+        self.c_extents = self.found = None
+
+    def c_walk(self, obj, limit):
+        """The walk of plain data and plain instances in C
+        (clamor_py_walk_portable), the relocations matched there too: True
+        if it decided (approved, the words found), False if the Python walk
+        must (an object it does not take, one outside the region that is no
+        target, a pointer into private memory, a seed to report).  Nothing is
+        brought into the region here."""
+        if not walk.in_c(obj):
+            return False
+        images = self.t.image_pairs()
+        visited, seeded = ffi.new("long *"), ffi.new("int *")
+        out = {}
+
+        def run():
+            out.update(ext=bytearray(), strict=bytearray(), nulls=bytearray(), outside=[])
+            return lib.clamor_py_walk_portable(id(obj), limit, *images, visited, id(out["ext"]), id(out["strict"]),
+                                               id(out["nulls"]), id(out["outside"]), seeded)
+
+        if walk.c_pass(run, obj, limit) != 1:
+            return False
+        numbered = set()
+        for o in out["outside"]:
+            if id(o) not in numbered:
+                if self.t.classify(o) is not None:
+                    return False
+                numbered.add(id(o))
+        if seeded[0] and not self.seeds_agree:
+            return False        # (the Python walk names the dict)
+        ext = np.frombuffer(bytes(out["ext"]), dtype=np.uint64).reshape(-1, 2)
+        strict = np.frombuffer(bytes(out["strict"]), dtype=np.uint8)
+        nulls = np.frombuffer(bytes(out["nulls"]), dtype=np.uint64)
+        found, bad = _match(ext, strict, nulls, self.t, self.amap)
+        if len(bad):
+            return False        # (the Python walk names the path)
+        self.c_extents, self.found = ext, found
+        self.objects += int(visited[0])
+        if seeded[0] and self.seeded is None:
+            self.seeded = f"a dict or set reached from {self.root or 'the object'}"
+        return True
+
+    def read_table(self):
+        """The ReadTable of what this walk read pointers from."""
+        if self.c_extents is not None:
+            return read_digests([], plain=self.c_extents)
+        return read_digests(self.extents)
 
     def why_not(self, o):
         """None if ``o`` (outside the region) is a relocation target, else
@@ -305,7 +362,6 @@ class _Mode:
         return True
 
     def inside(self, path, o):
-        self.objects += 1
         if isinstance(o, (type, types.FunctionType, types.CodeType, types.ModuleType)):
             raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) was made inside clamor.heap(): a class, "
                                f"function or module in the region is not portable; define it in a module")
@@ -430,11 +486,11 @@ class Relocations:
         walked, seeded, dropped = {}, None, set()
         shipped = {id(r) for r in roots}
         for k, r in todo.items():
-            mode = _Mode(t)
+            mode = _Mode(t, seeds_agree, amap)
             mode.root = f"a region {type(r).__name__} at {id(r):#x}"
             try:
                 _walk(r, limit, mode, bring_in=bring_in and k in shipped)
-                walked[k] = (_entries(mode, t, amap), read_digests(mode.extents))
+                walked[k] = (_entries(mode, t, amap), mode.read_table())
             except NotShareable:
                 if k in shipped or k not in self.roots:
                     raise
@@ -521,64 +577,84 @@ def _union(a, b):
     return e[first].tobytes()
 
 
+def _match(ext, strict, nulls, t, amap=None):
+    """The words of the extents ``ext`` ((n, 2) start, length) that point at
+    a target, and the ``nulls`` (read as null by a worker): ((addresses,
+    targets) sorted by address, the first number found for a word kept),
+    and the words of strict extents that point into private memory and are
+    no null word (``bad``, in the extents' order)."""
+    tlo, thi, tid, nt = t.ranges()
+    if amap is None:
+        amap = _pyshare.AddressMap()
+    ext = np.ascontiguousarray(ext, dtype=np.uint64)
+    strict = np.ascontiguousarray(strict, dtype=np.uint8)
+    at, ids = bytearray(), bytearray()
+    rc = lib.clamor_py_match_all(ffi.cast("const uint64_t *", ext.ctypes.data),
+                                 ffi.cast("const uint8_t *", strict.ctypes.data), len(ext), tlo, thi, tid, nt,
+                                 amap.private, amap.nprivate, id(at), id(ids))
+    if rc:
+        raise MemoryError("no memory to list the relocations")
+    at = np.frombuffer(bytes(at), dtype=np.uint64)
+    ids = np.frombuffer(bytes(ids), dtype=np.uint32)
+    nulls = np.asarray(nulls, dtype=np.uint64)
+    none = ids == lib.CLAMOR_NO_TARGET
+    bad = at[none]
+    if len(bad):
+        bad = bad[~np.isin(bad, nulls)]
+    addrs = np.concatenate([nulls, at[~none]])
+    tids = np.concatenate([np.zeros(len(nulls), np.uint32), ids[~none]])
+    addrs, first = np.unique(addrs, return_index=True)     # (a null word first, then the first extent's)
+    return (addrs, tids[first]), bad
+
+
 def _entries(mode, t, amap=None):
     """{page: entries as bytes, sorted by word} from the walk's extents."""
-    tlo, thi, tid, nt = t.ranges()
-    amap = amap or _pyshare.AddressMap()
-    cap = 1 << 16
-    at = ffi.new("uintptr_t[]", cap)
-    ids = ffi.new("uint32_t[]", cap)
-    done = ffi.new("size_t *")
-    found = dict.fromkeys(mode.null_words, 0)
-    for lo, n, strict, path, what in mode.extents:
-        pos = 0
-        while pos < n:
-            k = lib.clamor_py_match(lo + pos, n - pos, tlo, thi, tid, nt, amap.private, amap.nprivate,
-                                    at, ids, cap, done)
-            pos += int(done[0])
-            for i in range(k):
-                a, target = int(at[i]), int(ids[i])
-                if target == lib.CLAMOR_NO_TARGET:
-                    if strict and a not in found:
-                        word = int(ffi.cast("uintptr_t *", a)[0])
-                        raise NotShareable(f"{path}: its {what} holds at byte {a - lo} a pointer ({word:#x}) into "
-                                           f"this process's private memory outside the region, which a worker not "
-                                           f"forked from the driver cannot follow (a weak reference, a cached "
-                                           f"buffer, memory a library allocated outside clamor.heap())")
-                    continue    # C memory: share()'s scan has warned about it
-                if a not in found:
-                    found[a] = target
-    base, shift = region.base(), (region.page_size() - 1).bit_length()
-    if not found:
+    if mode.found is None:
+        ext = np.array([(lo, n) for lo, n, *_ in mode.extents], dtype=np.uint64).reshape(-1, 2)
+        strict = np.array([s for _, _, s, *_ in mode.extents], dtype=np.uint8)
+        mode.found, bad = _match(ext, strict, mode.null_words, t, amap or mode.amap)
+        if len(bad):
+            a = int(bad[0])
+            lo, n, _, path, what = next(e for e in mode.extents if e[2] and e[0] <= a < e[0] + e[1])
+            word = int(ffi.cast("uintptr_t *", a)[0])
+            raise NotShareable(f"{path}: its {what} holds at byte {a - lo} a pointer ({word:#x}) into "
+                               f"this process's private memory outside the region, which a worker not "
+                               f"forked from the driver cannot follow (a weak reference, a cached "
+                               f"buffer, memory a library allocated outside clamor.heap())")
+    addrs, tids = mode.found
+    if not len(addrs):
         return {}
-    addrs = np.fromiter(found.keys(), dtype=np.uint64, count=len(found))
-    tids = np.fromiter(found.values(), dtype=np.uint32, count=len(found))
-    order = np.argsort(addrs)
-    addrs, tids = addrs[order], tids[order]
+    base, ps = region.base(), region.page_size()
     off = addrs - np.uint64(base)
-    pages = off >> np.uint64(shift)
+    pages = off >> np.uint64((ps - 1).bit_length())
     rec = np.empty(len(addrs), dtype=_ENTRY)
-    rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
+    rec["w"] = (off & np.uint64(ps - 1)) >> np.uint64(3)
     rec["t"] = tids
-    rec["v"] = [int(ffi.cast("uintptr_t *", int(a))[0]) for a in addrs]
+    rec["v"] = _words(off)
     out = {}
     cuts = np.flatnonzero(np.diff(pages)) + 1
-    for chunk in np.split(np.arange(len(addrs)), cuts):
-        out[int(pages[chunk[0]])] = rec[chunk].tobytes()
+    for lo, hi in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(addrs)]]).tolist()):
+        out[int(pages[lo])] = rec[lo:hi].tobytes()
     return out
+
+
+def _words(off):
+    """The region's words at the byte offsets ``off`` (8-aligned), as they are now."""
+    view = np.frombuffer(ffi.buffer(ffi.cast("char *", region.base()), region.size()), dtype=np.uint64)
+    return view[off >> np.uint64(3)]
 
 
 def check(obj, limit=20_000_000, seed=True):
     """share(obj, portable=True): NotShareable unless workers not forked
     from the driver can use ``obj`` in place (``seed``: also unless its str
     hashes need a seed the workers will not have)."""
-    mode = _Mode(_driver().targets)
+    mode = _Mode(_driver().targets, seeds_agree=not seed or seed_passes_on())
     mode.t.refresh_images()
     _walk(obj, limit, mode)
     _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
     if seed and mode.seeded is not None and not seed_passes_on():
         raise NotShareable(seed_message(mode.seeded))
-    return _Read(read_digests(mode.extents), mode.objects)
+    return _Read(mode.read_table(), mode.objects)
 
 
 class _Read:

@@ -626,6 +626,8 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
         raise errors.NoRegion("no region in this process")
     if mode is None and _walk_plain(obj, limit, reads):
         return
+    if mode is not None and mode.c_walk(obj, limit):
+        return
     last = None
     for _ in range(16):
         moves = _walk_once(obj, limit, mode, reads, bring_in)
@@ -660,6 +662,34 @@ def _image_ranges():
     return _images[0]
 
 
+def in_c(obj):
+    """Can a walk from ``obj`` go in C (csrc/pywalk.c)?  Plain data, or an
+    instance of a plain class."""
+    return plain_in_c[0] and (type(obj) in _PLAIN or _pyshare.is_class(type(obj)))
+
+
+def c_pass(run, obj, limit, convert=True):
+    """Run the C walk ``run()`` from ``obj``; where it answers that an
+    instance's dict needs keys of its own (2) and ``convert``, give every
+    such instance reachable its own (clamor_py_own_keys, as ``_own_keys``
+    would) and run it again.  Its answer: 1 approved, 0 the Python walk
+    decides, 2 keys needed."""
+    for again in (False, True):
+        rc = run()
+        if rc < 0:
+            raise MemoryError("no memory for the walk of plain data")
+        if rc != 2 or again or not convert:
+            return rc
+        from . import hooks
+        if not hooks._installed:
+            hooks.install()     # (the block needs Python's allocators wrapped)
+        n = lib.clamor_py_own_keys(id(obj), limit)
+        if n < 0:
+            return 0            # (not the driver: the Python walk says why)
+        conversions[0] += n
+    return rc
+
+
 def _walk_plain(obj, limit, reads=None, convert=True):
     """share()'s walk of plain data and of instances of plain classes in C
     (csrc/pywalk.c): True when every object reachable is plain data or such
@@ -672,32 +702,24 @@ def _walk_plain(obj, limit, reads=None, convert=True):
     dicts need keys of their own get them first, as ``_own_keys`` gives
     them (csrc/pywalk.c, clamor_py_own_keys), where the Python walk would
     have."""
-    if not plain_in_c[0] or not (type(obj) in _PLAIN or _pyshare.is_class(type(obj))):
+    if not in_c(obj):
         return False
     images, visited = _image_ranges(), ffi.new("long *")
     tagged = reads is not None and type(obj) in (dict, list)
-    for again in (False, True):
+
+    def run():
+        nonlocal out, outside, tags, shared
         out = bytearray() if reads is not None else None
         outside = []
         if tagged:
             tags, shared = bytearray(), ffi.new("int *")
-            rc = lib.clamor_py_walk_tagged(id(obj), limit, *images, visited, id(out), id(tags), id(outside),
-                                           ffi.NULL, 0, 0, shared)
-        else:
-            rc = lib.clamor_py_walk_plain(id(obj), limit, *images, visited, id(out) if out is not None else 0,
-                                          id(outside))
-        if rc < 0:
-            raise MemoryError("no memory for the walk of plain data")
-        if rc != 2 or again or not convert:
-            break
-        from . import hooks
-        if not hooks._installed:
-            hooks.install()     # (the block needs Python's allocators wrapped)
-        n = lib.clamor_py_own_keys(id(obj), limit)
-        if n < 0:
-            return False        # (not the driver: the Python walk says why)
-        conversions[0] += n
-    if rc != 1:
+            return lib.clamor_py_walk_tagged(id(obj), limit, *images, visited, id(out), id(tags), id(outside),
+                                             ffi.NULL, 0, 0, shared)
+        return lib.clamor_py_walk_plain(id(obj), limit, *images, visited, id(out) if out is not None else 0,
+                                        id(outside))
+
+    out = outside = tags = shared = None
+    if c_pass(run, obj, limit, convert) != 1:
         return False
     if not _c_outside_ok(outside, limit, reads):
         if reads is not None:
@@ -975,6 +997,8 @@ def _walk_once(obj, limit, mode, reads, bring_in):
         step = child = None     # (a reference left here would count as another holder)
     if reads is not None:
         reads.objects += n
+    if mode is not None:
+        mode.objects += n
     moves += [(None, t) for t in walk.tables]
     if moves:
         return moves
