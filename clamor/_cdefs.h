@@ -187,7 +187,8 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
                           size_t ndirty, int recheck, int *shared);
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                             uintptr_t extents_out, uintptr_t strict_out, uintptr_t nulls_out, uintptr_t outside_out,
-                            int *seeded);
+                            int *seeded, int tagging, uintptr_t tags_out, uintptr_t null_tags_out,
+                            const int32_t *dirty, size_t ndirty, int recheck, int *shared);
 int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count);
 void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
                            uint64_t *out);
@@ -231,7 +232,7 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
                        size_t *done);
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                        uintptr_t at_out, uintptr_t id_out);
+                        uintptr_t at_out, uintptr_t id_out, uintptr_t which_out);
 size_t clamor_py_body_size(uintptr_t obj);
 size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
                       size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);

@@ -576,7 +576,8 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
  * with the words to relocate and those read as null (portable._Mode). */
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                             uintptr_t extents_out, uintptr_t strict_out, uintptr_t nulls_out, uintptr_t outside_out,
-                            int *seeded);
+                            int *seeded, int tagging, uintptr_t tags_out, uintptr_t null_tags_out,
+                            const int32_t *dirty, size_t ndirty, int recheck, int *shared);
 /* Copy n bytes at src into the bytearray at ba, resized: 0, or -1.  GIL held. */
 int cl_py_to_bytearray(uintptr_t ba, const void *src, size_t n);
 int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count);
@@ -614,10 +615,11 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
 /* clamor_py_match over the n extents ext[2i], ext[2i+1] (start, length),
  * in order, the words into the bytearrays at_out (native words) and id_out
  * (uint32); a word into private memory is reported (CLAMOR_NO_TARGET) only
- * from an extent marked strict[i].  0, or ENOMEM. */
+ * from an extent marked strict[i]; which_out (0, or a bytearray): the
+ * index of each word's extent (uint32).  0, or ENOMEM. */
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                        uintptr_t at_out, uintptr_t id_out);
+                        uintptr_t at_out, uintptr_t id_out, uintptr_t which_out);
 
 /* ---- stats.c: counters and the latency histogram ------------------------ */
 

@@ -119,11 +119,11 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
 }
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                        uintptr_t at_out, uintptr_t id_out) {
+                        uintptr_t at_out, uintptr_t id_out, uintptr_t which_out) {
     size_t cap = 4096, k = 0;
     uintptr_t *at = malloc(cap * sizeof *at);
-    uint32_t *id = malloc(cap * sizeof *id);
-    int rc = at && id ? 0 : ENOMEM;
+    uint32_t *id = malloc(cap * sizeof *id), *which = malloc(cap * sizeof *which);
+    int rc = at && id && which ? 0 : ENOMEM;
     for (size_t i = 0; !rc && i < n; i++) {
         size_t pos = 0, len = ext[2 * i + 1], done;
         while (!rc && pos < len) {
@@ -132,7 +132,9 @@ int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, co
                 if (a2) at = a2;
                 uint32_t *i2 = a2 ? realloc(id, 2 * cap * sizeof *id) : NULL;
                 if (i2) id = i2;
-                if (!a2 || !i2) {
+                uint32_t *w2 = i2 ? realloc(which, 2 * cap * sizeof *which) : NULL;
+                if (w2) which = w2;
+                if (!a2 || !i2 || !w2) {
                     rc = ENOMEM;
                     break;
                 }
@@ -140,18 +142,21 @@ int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, co
             }
             size_t got = clamor_py_match(ext[2 * i] + pos, len - pos, tlo, thi, tid, nt, strict[i] ? priv : NULL,
                                          strict[i] ? npriv : 0, at + k, id + k, cap - k, &done);
+            for (size_t j = k; j < k + got; j++) which[j] = (uint32_t)i;
             k += got;
             pos += done;
         }
     }
     if (!rc) {
         PyGILState_STATE g = PyGILState_Ensure();
-        if (cl_py_to_bytearray(at_out, at, k * sizeof *at) < 0 || cl_py_to_bytearray(id_out, id, k * sizeof *id) < 0)
+        if (cl_py_to_bytearray(at_out, at, k * sizeof *at) < 0 || cl_py_to_bytearray(id_out, id, k * sizeof *id) < 0 ||
+            (which_out && cl_py_to_bytearray(which_out, which, k * sizeof *which) < 0))
             rc = ENOMEM;
         PyGILState_Release(g);
     }
     free(at);
     free(id);
+    free(which);
     return rc;
 }
 #endif /* CLAMOR_WITH_PYTHON */

@@ -324,17 +324,22 @@ static int outside_candidate(PyObject *o) {
 
 struct words {
     uint64_t *v;
+    int32_t *tag; /* the tag of the object each belongs to */
     size_t n, cap;
 };
 
-static int word(struct words *ws, uintptr_t a) {
+static int word(struct words *ws, uintptr_t a, int32_t tag) {
     if (ws->n == ws->cap) {
         size_t cap = ws->cap ? 2 * ws->cap : 4096;
         uint64_t *t = realloc(ws->v, cap * sizeof *t);
         if (!t) return -1;
         ws->v = t;
+        int32_t *g = realloc(ws->tag, cap * sizeof *g);
+        if (!g) return -1;
+        ws->tag = g;
         ws->cap = cap;
     }
+    ws->tag[ws->n] = tag;
     ws->v[ws->n++] = a;
     return 0;
 }
@@ -399,9 +404,11 @@ struct walk {
 static int portable_words(struct walk *w, PyObject *o) {
     PyTypeObject *t = Py_TYPE(o);
     uintptr_t a = (uintptr_t)o;
-    if (PyType_HasFeature(t, Py_TPFLAGS_HAVE_GC) && (word(&w->nulls, a - 16) < 0 || word(&w->nulls, a - 8) < 0))
+    int32_t tag = w->ext.cur;
+    if (PyType_HasFeature(t, Py_TPFLAGS_HAVE_GC) &&
+        (word(&w->nulls, a - 16, tag) < 0 || word(&w->nulls, a - 8, tag) < 0))
         return NOMEM;
-    if (t->tp_weaklistoffset && word(&w->nulls, a + t->tp_weaklistoffset) < 0) return NOMEM;
+    if (t->tp_weaklistoffset && word(&w->nulls, a + t->tp_weaklistoffset, tag) < 0) return NOMEM;
     if (!w->seeded && (t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type)) w->seeded = seeded_keys(o);
     if (t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
         t == &PyBytes_Type) {
@@ -521,6 +528,7 @@ static int visit_root(struct walk *w, PyObject *o) {
     if (!inside(a, 1) || !inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages) ||
         cl_py_to_hide(o, &weak, &info))
         return FALLBACK;
+    if (w->portable && portable_words(w, o) != OK) return NOMEM;
     if (extents_of(o, w->e) < 0) return NOMEM;
     int rc = OK;
     if (w->recheck) {
@@ -573,6 +581,7 @@ static void walk_free(struct walk *w) {
     free(w->ext.tag);
     free(w->ext.strict);
     free(w->nulls.v);
+    free(w->nulls.tag);
     free(w->seen.slot);
     free(w->seen.tag);
     free(w->st.item);
@@ -647,22 +656,32 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
  * extents to read relocations from go to extents_out, their strictness
  * (pointer_extents': every word a pointer or null) one byte each to
  * strict_out, and the words a worker reads as null to nulls_out (native
- * words, bytearrays all three).  *seeded: a dict or set reached is keyed by
- * what hashes by the seed.  Returns as clamor_py_walk_plain. */
+ * words; bytearrays all).  *seeded: a dict or set reached is keyed by what
+ * hashes by the seed.  tagging: as clamor_py_walk_tagged, of an exact dict
+ * or list: each extent and null word tagged (int32, into tags_out and
+ * null_tags_out) with the root's entry it was reached through, *shared,
+ * and with recheck only the entries in dirty walked.  Returns as
+ * clamor_py_walk_plain. */
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                             uintptr_t extents_out, uintptr_t strict_out, uintptr_t nulls_out, uintptr_t outside_out,
-                            int *seeded) {
+                            int *seeded, int tagging, uintptr_t tags_out, uintptr_t null_tags_out,
+                            const int32_t *dirty, size_t ndirty, int recheck, int *shared) {
     PyGILState_STATE g = PyGILState_Ensure();
-    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .portable = 1};
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .portable = 1, .tagging = tagging,
+                     .recheck = recheck, .dirty = dirty, .ndirty = ndirty};
     w.e = &w.ext;
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
-    int rc = w.outside ? walk_from(&w, (PyObject *)root) : FALLBACK;
+    PyObject *r = (PyObject *)root;
+    int rc = w.outside && (!tagging || PyDict_CheckExact(r) || PyList_CheckExact(r)) ? walk_from(&w, r) : FALLBACK;
     if (rc == OK && (cl_py_to_bytearray(extents_out, w.ext.v, 2 * w.ext.n * sizeof(uint64_t)) < 0 ||
                      cl_py_to_bytearray(strict_out, w.ext.strict, w.ext.n) < 0 ||
-                     cl_py_to_bytearray(nulls_out, w.nulls.v, w.nulls.n * sizeof(uint64_t)) < 0))
+                     cl_py_to_bytearray(nulls_out, w.nulls.v, w.nulls.n * sizeof(uint64_t)) < 0 ||
+                     (tagging && (cl_py_to_bytearray(tags_out, w.ext.tag, w.ext.n * sizeof(int32_t)) < 0 ||
+                                  cl_py_to_bytearray(null_tags_out, w.nulls.tag, w.nulls.n * sizeof(int32_t)) < 0))))
         rc = NOMEM;
     if (rc == NOMEM) PyErr_Clear();
     *seeded = w.seeded;
+    *shared = w.shared;
     walk_free(&w);
     *visited = w.n;
     PyGILState_Release(g);

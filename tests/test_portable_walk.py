@@ -203,3 +203,182 @@ def test_the_c_portable_walk_lists_the_relocations_the_python_walk_lists(tmp_pat
     for kind in ("empty containers", "outside constants", "shared and cycle", "none"):
         assert out["kinds_yes"].get(kind, 0) >= 3, (kind, out)
     assert out["small_limit"] >= 10 and out["refused"] >= 40, out
+
+
+RECHECK = UNION + """
+import json, random, sys
+import numpy as np
+sys.path.insert(0, {moddir!r})
+import clamor
+import pwclasses
+from clamor.memory import portable
+
+def record(r, depth=0):
+    k = r.randrange(6 if depth < 2 else 3)
+    if k == 0:
+        return r.randrange(10**6, 10**9)
+    if k == 1:
+        return "s" + str(r.random())
+    if k == 2:
+        return (r.random(), "t" + str(r.randrange(10**6)))
+    if k == 3:
+        return [record(r, depth + 1) for _ in range(r.randrange(0, 4))]
+    if k == 4:
+        return {{"f" + str(i): record(r, depth + 1) for i in range(r.randrange(0, 4))}}
+    o = pwclasses.Inst()
+    o.a, o.b = record(r, depth + 1), record(r, depth + 1)
+    return o
+
+def parts(x, out, depth=0):
+    if isinstance(x, (list, dict, pwclasses.Inst)):
+        out.append(x)
+    if depth < 3:
+        for y in (x if isinstance(x, list) else x.values() if isinstance(x, dict) else
+                  (getattr(x, "a", None), getattr(x, "b", None)) if isinstance(x, pwclasses.Inst) else ()):
+            parts(y, out, depth + 1)
+    return out
+
+def change(r, root):
+    keys = list(root.keys()) if isinstance(root, dict) else list(range(len(root)))
+    k = r.randrange(9) if keys else 1
+    if k == 0:
+        with clamor.heap():
+            root[r.choice(keys)] = record(r)
+        return "entry replaced"
+    if k == 1:
+        with clamor.heap():
+            if isinstance(root, dict):
+                root["new" + str(r.random())] = record(r)
+            else:
+                root.append(record(r))
+        return "entry added"
+    if k == 2:
+        with clamor.heap():
+            if isinstance(root, dict):
+                del root[r.choice(keys)]
+            else:
+                root.pop(r.randrange(len(root)))
+        return "entry deleted"
+    cs = [c for key in r.sample(keys, min(len(keys), 8)) for c in parts(root[key], [])]
+    if not cs:
+        return "none"
+    c = r.choice(cs)
+    if k in (3, 4, 5):
+        with clamor.heap():
+            v = record(r)
+            if isinstance(c, list):
+                c.append(v) if not c or r.random() < 0.5 else c.__setitem__(r.randrange(len(c)), v)
+            elif isinstance(c, dict):
+                c["g" + str(r.randrange(5))] = v
+            else:
+                setattr(c, r.choice("ab"), v)
+        return "record changed in place"
+    if k == 6:
+        with clamor.heap.suspended():
+            v = ["outside" + str(r.random())]            # a mutable object outside: no target
+        if isinstance(c, list):
+            c.append(v)
+        elif isinstance(c, dict):
+            c["out"] = v
+        else:
+            c.a = v
+        return "object outside put in"
+    if k == 7 and len(keys) > 1:
+        a, b = r.sample(keys, 2)
+        with clamor.heap():
+            root[a] = root[b] if isinstance(root[b], (list, dict, pwclasses.Inst)) else [root[b]]
+            if root[a] is not root[b]:
+                root[b] = root[a]
+        return "record shared by two entries"
+    with clamor.heap():
+        if isinstance(c, (list, dict)):
+            c.clear()
+        else:
+            c.a = None
+    return "record emptied"
+
+rel = portable.Relocations()
+t = rel.targets
+t.refresh_images()
+
+def whole(root):
+    mode = portable._Mode(t)
+    if not mode.c_walk(root, 10**6):
+        return None
+    return portable._entries(mode, t), mode.read_table(), portable._tag_state(mode, root)
+
+def norm(entries):
+    # (a null word's recorded value is a collector link, which the driver's
+    # collector rewrites at any time: workers write null there, and the
+    # server's check of a list against the bytes it serves skips them)
+    out = {{}}
+    for page, e in entries.items():
+        a = np.frombuffer(e, portable._ENTRY).copy()
+        a["v"][a["t"] == 0] = 0
+        out[page] = a.tobytes()
+    return out
+
+r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 7)
+counts = {{"stood": 0, "deferred": 0, "bad": [], "kinds": {{}}, "words": 0}}
+for trial in range(int({trials!r})):
+    with clamor.heap():
+        n = r.randrange(1, 40)
+        root = {{"k" + str(i): record(r) for i in range(n)}} if trial % 2 else [record(r) for _ in range(n)]
+    got = whole(root)
+    if got is None or got[2] is None:
+        continue
+    k = id(root)
+    rel._keep(k, root, *got)
+    for step in range(10):
+        kinds = [change(r, root) for _ in range(1 if r.random() < 0.7 else r.randrange(2, 4))]
+        again = rel._recheck(k, root, rel.per_root[k][1].pages, 10**6)
+        full = whole(root)
+        for kind in kinds:
+            key = kind + (" stood" if again is not None else " deferred")
+            counts["kinds"][key] = counts["kinds"].get(key, 0) + 1
+        if again is None:
+            counts["deferred"] += 1
+            if full is None or full[2] is None:
+                break
+            rel._keep(k, root, *full)
+            continue
+        counts["stood"] += 1
+        entries, read, touched, state = again
+        if full is None:
+            counts["bad"].append([trial, step, kinds, "recheck approved what the whole walk does not"])
+            break
+        if norm(entries) != norm(full[0]):
+            counts["bad"].append([trial, step, kinds, "other relocation entries",
+                                  sorted(p for p in set(entries) | set(full[0]) if norm(entries).get(p) != norm(full[0]).get(p))])
+            break
+        if union(read.ranges.tolist()) != union(full[1].ranges.tolist()):
+            counts["bad"].append([trial, step, kinds, "rests on other bytes"])
+            break
+        if full[2] is not None and not all(np.array_equal(a, b) for a, b in zip(state[:3], full[2][:3])):
+            counts["bad"].append([trial, step, kinds, "other words or tags kept"])
+            break
+        counts["words"] += len(state[0])
+        rel._keep(k, root, entries, read, state)
+print(json.dumps(counts))
+"""
+
+
+def test_a_portable_recheck_lists_what_a_whole_walk_lists(tmp_path):
+    """A change costs what changed for workers not forked too: after the
+    driver changes a dict or list whose relocations are listed, only the
+    entries whose bytes changed are walked again (Relocations._recheck),
+    and their words and ranges replace the old ones.  Differential against
+    a whole walk over random changes of every kind: the same entries on
+    every page, the same bytes read, the same words and tags kept; where it
+    cannot tell (an object outside that is no target, one two entries
+    share) it defers to the whole walk."""
+    (tmp_path / "pwclasses.py").write_text(MODULE)
+    out = run_driver(RECHECK.format(moddir=str(tmp_path), trials=120), timeout=300)
+    assert out["exit"] == 0, out
+    assert not out["bad"], out["bad"][:3]
+    assert out["stood"] >= 100 and out["deferred"] >= 30 and out["words"] > 5000, out
+    kinds = out["kinds"]
+    for kind in ("entry replaced", "entry added", "entry deleted", "record changed in place", "record emptied"):
+        assert kinds.get(kind + " stood", 0) >= 10, (kind, out)
+    for kind in ("object outside put in",):
+        assert kinds.get(kind + " deferred", 0) >= 3, (kind, out)

@@ -279,34 +279,49 @@ class _Mode:
         self.amap = amap
         # the walk in C (c_walk): its extents as arrays, and the words found
         self.c_extents = None   # (n, 2) uint64 (start, length), each within one page
-        self.found = None       # (addresses, targets), sorted by address
+        self.tags = None        # int32 a range, a tagged walk's
+        self.found = None       # (addresses, targets, tags or None), sorted by address
+        self.shared = False
 
     def restart(self):
         """Forget what a walk collected: it is made again (objects were
         brought into the region)."""
         self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
         self.objects = 0
-        self.c_extents = self.found = None
+        self.c_extents = self.found = self.tags = None
+        self.shared = False
 
-    def c_walk(self, obj, limit):
+    def c_walk(self, obj, limit, dirty=None):
         """The walk of plain data and plain instances in C
         (clamor_py_walk_portable), the relocations matched there too: True
         if it decided (approved, the words found), False if the Python walk
         must (an object it does not take, one outside the region that is no
         target, a pointer into private memory, a seed to report).  Nothing is
-        brought into the region here."""
+        brought into the region here.  A dict or list is walked tagged: each
+        range read and word found carries the root's entry it was reached
+        through (``tags``, ``found[2]``), for a walk of some entries again
+        (``dirty``: those, ascending int32; ``shared``: an object reached
+        through two, which makes that walk not enough)."""
         if not walk.in_c(obj):
             return False
+        tagged = type(obj) in (dict, list)
+        if dirty is not None and not tagged:
+            return False
         images = self.t.image_pairs()
-        visited, seeded = ffi.new("long *"), ffi.new("int *")
+        visited, seeded, shared = ffi.new("long *"), ffi.new("int *"), ffi.new("int *")
+        want = dirty if dirty is not None else np.zeros(0, np.int32)
         out = {}
 
         def run():
-            out.update(ext=bytearray(), strict=bytearray(), nulls=bytearray(), outside=[])
+            out.update(ext=bytearray(), strict=bytearray(), nulls=bytearray(), outside=[], tags=bytearray(),
+                       null_tags=bytearray())
             return lib.clamor_py_walk_portable(id(obj), limit, *images, visited, id(out["ext"]), id(out["strict"]),
-                                               id(out["nulls"]), id(out["outside"]), seeded)
+                                               id(out["nulls"]), id(out["outside"]), seeded, tagged,
+                                               id(out["tags"]), id(out["null_tags"]),
+                                               ffi.cast("const int32_t *", want.ctypes.data), len(want),
+                                               dirty is not None, shared)
 
-        if walk.c_pass(run, obj, limit) != 1:
+        if walk.c_pass(run, obj, limit, convert=dirty is None) != 1:
             return False
         numbered = set()
         for o in out["outside"]:
@@ -319,10 +334,12 @@ class _Mode:
         ext = np.frombuffer(bytes(out["ext"]), dtype=np.uint64).reshape(-1, 2)
         strict = np.frombuffer(bytes(out["strict"]), dtype=np.uint8)
         nulls = np.frombuffer(bytes(out["nulls"]), dtype=np.uint64)
-        found, bad = _match(ext, strict, nulls, self.t, self.amap)
+        tags = np.frombuffer(bytes(out["tags"]), dtype=np.int32) if tagged else None
+        null_tags = np.frombuffer(bytes(out["null_tags"]), dtype=np.int32) if tagged else None
+        found, bad = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
-        self.c_extents, self.found = ext, found
+        self.c_extents, self.tags, self.found, self.shared = ext, tags, found, bool(shared[0])
         self.objects += int(visited[0])
         if seeded[0] and self.seeded is None:
             self.seeded = f"a dict or set reached from {self.root or 'the object'}"
@@ -331,7 +348,7 @@ class _Mode:
     def read_table(self):
         """The ReadTable of what this walk read pointers from."""
         if self.c_extents is not None:
-            return read_digests([], plain=self.c_extents)
+            return read_digests([], plain=self.c_extents, tags=self.tags)
         return read_digests(self.extents)
 
     def why_not(self, o):
@@ -423,6 +440,12 @@ class Relocations:
         self.targets = _Targets()
         self.roots = {}         # id -> object, every root shipped in place (and alive)
         self.per_root = {}      # id -> ({page: entries}, what its last walk read: a readtable.ReadTable)
+        self.visited = {}       # id -> the objects its last walk visited
+        self.offers = {}        # id -> (object, version, entries, _Read, seeded, tagged state): check()'s walks
+        # id -> (addresses, targets, tags, root slots, seeded): the words a
+        # tagged walk of a dict or list found, for a walk of some entries again
+        self.tagged = {}
+        self.pending = set()    # pages whose lists a recheck changed, to install at the next prepare
         self.lists = {}         # page -> entries installed (bytes)
         self.orphans = set()    # pages listing words of roots forgotten since
         self.changed = []       # pages the driver changed since the last walk
@@ -436,7 +459,8 @@ class Relocations:
         root's entries and the table of what its walk read."""
         per_root = sum(len(e) for entries, _ in self.per_root.values() for e in entries.values())
         tables = sum(read.nbytes() for _, read in self.per_root.values() if read is not None)
-        return sum(len(b) for b in self.lists.values()) + per_root + tables
+        tagged = sum(a.nbytes + t.nbytes + g.nbytes for a, t, g, *_ in self.tagged.values())
+        return sum(len(b) for b in self.lists.values()) + per_root + tables + tagged
 
     def note_changed(self, pages):
         if len(pages):
@@ -478,6 +502,9 @@ class Relocations:
                         if k in self.roots and read.changed(ch))
         if not todo:
             self.changed = []
+            if self.pending:
+                pages, self.pending = self.pending, set()
+                orphaned = np.union1d(orphaned, self._install(pages, stage)).astype(np.uint64)
             return orphaned
         t0 = time.perf_counter()
         t = self.targets
@@ -485,12 +512,24 @@ class Relocations:
         amap = _pyshare.AddressMap()
         walked, seeded, dropped = {}, None, set()
         shipped = {id(r) for r in roots}
+        offers, self.offers = self.offers, {}
         for k, r in todo.items():
+            o = _offered(offers.get(k), r, seeds_agree)
+            if o is not None:
+                walked[k] = (o[2], o[3].read, None, o[5])
+                self.visited[k] = o[3].objects
+                seeded = seeded or o[4]
+                continue
+            again = self._recheck(k, r, changed, limit, seeds_agree)
+            if again is not None:
+                walked[k] = again
+                continue
             mode = _Mode(t, seeds_agree, amap)
             mode.root = f"a region {type(r).__name__} at {id(r):#x}"
             try:
                 _walk(r, limit, mode, bring_in=bring_in and k in shipped)
-                walked[k] = (_entries(mode, t, amap), mode.read_table())
+                walked[k] = (_entries(mode, t, amap), mode.read_table(), None, _tag_state(mode, r))
+                self.visited[k] = mode.objects
             except NotShareable:
                 if k in shipped or k not in self.roots:
                     raise
@@ -498,35 +537,122 @@ class Relocations:
                 # not one this stage ships: its words go from the lists
                 # (a later stage that ships it checks it again first).
                 del self.roots[k]
+                self.visited.pop(k, None)
+                self.tagged.pop(k, None)
                 dropped.update(self.per_root.pop(k, ({}, None))[0])
                 continue
             seeded = seeded or mode.seeded
         if seeded is not None and not seeds_agree:
             raise NotShareable(seed_message(seeded))
-        pages = set(dropped)
-        for k, (entries, cov) in walked.items():
+        pages = set(dropped) | self.pending
+        self.pending = set()
+        for k, (entries, cov, touched, state) in walked.items():
             old = self.per_root.get(k)
-            pages.update(entries)
-            if old is not None:
-                pages.update(old[0])
-            self.per_root[k] = (entries, cov)
-            self.roots[k] = todo[k]
+            if touched is not None:
+                pages.update(touched.tolist())       # (a recheck: the other pages' lists stand)
+            else:
+                pages.update(entries)
+                if old is not None:
+                    pages.update(old[0])
+            self._keep(k, todo[k], entries, cov, state)
         self.changed = []
         out = self._install(pages, stage)
         if orphaned.size:
             out = np.union1d(out, orphaned).astype(np.uint64)
         self.cost["walks"] += 1
-        self.cost["walked_pages"] += sum(len(read) for _, read in walked.values())
+        self.cost["walked_pages"] += sum(len(read) for _, read, *_ in walked.values())
         self.cost["covered"] = len(pages_array(np.concatenate([read.pages for _, read in self.per_root.values()]
                                                               or [np.zeros(0, np.uint64)])))
         self.cost["seconds"] += time.perf_counter() - t0
         return out
+
+    def offer(self, obj, entries, read, seeded, state):
+        """A walk of ``obj`` that ``check`` made: a stage that ships it before
+        its version begins takes it, if the bytes it read still read so,
+        instead of walking again (the check before a stage and the listing
+        of its relocations walk the same object)."""
+        self.offers[id(obj)] = (obj, region.stage_current(), entries, read, seeded, state)
+
+    def _keep(self, k, r, entries, read, state):
+        self.per_root[k] = (entries, read)
+        self.roots[k] = r
+        if state is not None:
+            self.tagged[k] = state
+        else:
+            self.tagged.pop(k, None)
+
+    def _recheck(self, k, r, written, limit, seeds_agree=True):
+        """Root ``r`` (id ``k``), a dict or list whose tagged walk is kept,
+        after the driver wrote the pages ``written``: walk again in C only
+        the entries whose bytes changed (walk.dirty_entries), and put their
+        words and ranges in place of the old ones.  (entries, read table,
+        the pages whose lists changed, the tagged state), or None when a
+        whole walk must decide (see walk.recheck; also an object outside
+        the region that is no target, or a seed to report)."""
+        st = self.tagged.get(k)
+        if st is None or self.roots.get(k) is not r or not len(written):
+            return None
+        addrs, tids, tags, slots, was_seeded = st
+        if was_seeded and not seeds_agree:
+            return None
+        entries, read = self.per_root[k]
+        stale = read.changed_pages(np.intersect1d(pages_array(written), read.pages, assume_unique=True))
+        got = walk.dirty_entries(r, read, stale, slots)
+        if got is None:
+            return None
+        dirty, slots_now = got
+        self.targets.refresh_images()
+        mode = _Mode(self.targets, seeds_agree)
+        if not mode.c_walk(r, limit, dirty=dirty) or mode.shared:
+            return None
+        new_addrs, new_tids, new_tags = mode.found
+        drop = np.union1d(dirty, np.array([-1], np.int32)).astype(np.int32)  # (the root's own words come again)
+        gone = np.isin(tags, drop)
+        ka, kt, kg = addrs[~gone], tids[~gone], tags[~gone]
+        at = np.searchsorted(ka, new_addrs)
+        if len(ka) and (ka[np.minimum(at, len(ka) - 1)] == new_addrs).any():
+            return None      # (a word both kept and found again: an object two entries share)
+        addrs, tids, tags = np.insert(ka, at, new_addrs), np.insert(kt, at, new_tids), np.insert(kg, at, new_tags)
+        touched = np.union1d(_pages_of(st[0][gone]), _pages_of(new_addrs)).astype(np.uint64)
+        entries = dict(entries)
+        for page, e in _by_page(addrs, tids, only=touched).items():
+            if e:
+                entries[page] = e
+            else:
+                entries.pop(page, None)
+        read = read.updated(drop, mode.c_extents, mode.tags, stale)
+        self.cost["rechecks"] = self.cost.get("rechecks", 0) + 1
+        return entries, read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
+
+    def verdict(self, obj):
+        """What the last walk of ``obj`` read (a ``_Read``), if it is a root
+        whose pages read as that walk read them: its walk approved it for
+        workers not forked, and ``check`` would again.  None otherwise.
+        (Every page written since that walk is among those noted since, or
+        written since the version began.)"""
+        k = id(obj)
+        if self.roots.get(k) is not obj or k not in self.per_root:
+            return None
+        read = self.per_root[k][1]
+        written = pages_array(np.concatenate(self.changed + [region.dirty_pages()]))
+        if read.changed(np.intersect1d(written, read.pages, assume_unique=True)):
+            # (a dict or list whose entries changed: those are walked again,
+            # and their pages' lists listed at the next prepare)
+            again = self._recheck(k, obj, written, 20_000_000)
+            if again is None:
+                return None
+            entries, read, touched, state = again
+            self._keep(k, obj, entries, read, state)
+            self.pending.update(touched.tolist())
+        return _Read(read, self.visited.get(k, 0))
 
     def _forget_dead(self):
         """Roots no one but this table holds any more: their objects may be
         freed, and no task can read them."""
         for k in [k for k, r in self.roots.items() if sys.getrefcount(r) <= 3]:   # (the dict, r, the call)
             del self.roots[k]
+            self.visited.pop(k, None)
+            self.tagged.pop(k, None)
             entries, _ = self.per_root.pop(k, ({}, None))
             self.orphans.update(entries)     # (their words may be another object's soon)
 
@@ -565,6 +691,30 @@ class Relocations:
         return [(i, self.targets.specs[i]) for i in sorted(self.used - sent) if i]
 
 
+def _tag_state(mode, r):
+    """What a walk of some entries again needs of ``mode``'s walk of the
+    dict or list ``r``: its words tagged by entry and where the entries
+    lie; None if it was not tagged, or an object was reached through two."""
+    if mode.found is None or mode.found[2] is None or mode.shared:
+        return None
+    slots = walk._root_slots(r)
+    if slots is None:
+        return None
+    return (*mode.found, slots, bool(mode.seeded))
+
+
+def _offered(o, r, seeds_agree):
+    """The offered walk ``o`` of root ``r``, if it is current: made in this
+    version, on bytes that read as they did then (the pages written since
+    the version began are compared), and no seed to report."""
+    if o is None or o[0] is not r or o[1] != region.stage_current() or (o[4] and not seeds_agree):
+        return None
+    read = o[3].read
+    if read.changed(np.intersect1d(pages_array(region.dirty_pages()), read.pages, assume_unique=True)):
+        return None
+    return o
+
+
 _ENTRY = np.dtype([("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
 
 
@@ -577,21 +727,22 @@ def _union(a, b):
     return e[first].tobytes()
 
 
-def _match(ext, strict, nulls, t, amap=None):
+def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
     """The words of the extents ``ext`` ((n, 2) start, length) that point at
     a target, and the ``nulls`` (read as null by a worker): ((addresses,
-    targets) sorted by address, the first number found for a word kept),
-    and the words of strict extents that point into private memory and are
-    no null word (``bad``, in the extents' order)."""
+    targets, tags) sorted by address, the first number found for a word
+    kept, each word tagged as its extent or null word is, if ``tags``), and
+    the words of strict extents that point into private memory and are no
+    null word (``bad``, in the extents' order)."""
     tlo, thi, tid, nt = t.ranges()
     if amap is None:
         amap = _pyshare.AddressMap()
     ext = np.ascontiguousarray(ext, dtype=np.uint64)
     strict = np.ascontiguousarray(strict, dtype=np.uint8)
-    at, ids = bytearray(), bytearray()
+    at, ids, which = bytearray(), bytearray(), bytearray()
     rc = lib.clamor_py_match_all(ffi.cast("const uint64_t *", ext.ctypes.data),
                                  ffi.cast("const uint8_t *", strict.ctypes.data), len(ext), tlo, thi, tid, nt,
-                                 amap.private, amap.nprivate, id(at), id(ids))
+                                 amap.private, amap.nprivate, id(at), id(ids), id(which) if tags is not None else 0)
     if rc:
         raise MemoryError("no memory to list the relocations")
     at = np.frombuffer(bytes(at), dtype=np.uint64)
@@ -604,7 +755,11 @@ def _match(ext, strict, nulls, t, amap=None):
     addrs = np.concatenate([nulls, at[~none]])
     tids = np.concatenate([np.zeros(len(nulls), np.uint32), ids[~none]])
     addrs, first = np.unique(addrs, return_index=True)     # (a null word first, then the first extent's)
-    return (addrs, tids[first]), bad
+    word_tags = None
+    if tags is not None:
+        at_tags = np.asarray(tags, dtype=np.int32)[np.frombuffer(bytes(which), dtype=np.uint32)]
+        word_tags = np.concatenate([np.asarray(null_tags, dtype=np.int32), at_tags[~none]])[first]
+    return (addrs, tids[first], word_tags), bad
 
 
 def _entries(mode, t, amap=None):
@@ -621,20 +776,37 @@ def _entries(mode, t, amap=None):
                                f"this process's private memory outside the region, which a worker not "
                                f"forked from the driver cannot follow (a weak reference, a cached "
                                f"buffer, memory a library allocated outside clamor.heap())")
-    addrs, tids = mode.found
-    if not len(addrs):
-        return {}
-    base, ps = region.base(), region.page_size()
-    off = addrs - np.uint64(base)
-    pages = off >> np.uint64((ps - 1).bit_length())
-    rec = np.empty(len(addrs), dtype=_ENTRY)
-    rec["w"] = (off & np.uint64(ps - 1)) >> np.uint64(3)
-    rec["t"] = tids
+    return _by_page(*mode.found[:2])
+
+
+def _pages_of(addrs):
+    return (addrs - np.uint64(region.base())) >> np.uint64((region.page_size() - 1).bit_length())
+
+
+def _by_page(addrs, tids, only=None):
+    """{page: entries as bytes} of the words ``addrs`` (ascending) naming
+    targets ``tids``, the words' values read now; of the pages ``only``
+    (ascending; b"" for one with none) if given."""
+    pages = _pages_of(addrs)
+    if only is None:
+        cuts = np.flatnonzero(np.diff(pages)) + 1
+        lo = np.concatenate([[0], cuts]).astype(np.int64) if len(addrs) else np.zeros(0, np.int64)
+        hi = np.append(lo[1:], len(addrs)).astype(np.int64)
+        named = pages[lo]
+    else:
+        named = np.asarray(only, dtype=np.uint64)
+        lo = np.searchsorted(pages, named, side="left")
+        hi = np.searchsorted(pages, named, side="right")
+    idx = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, np.int64)])
+    off = addrs[idx] - np.uint64(region.base())
+    rec = np.empty(len(idx), dtype=_ENTRY)
+    rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
+    rec["t"] = tids[idx]
     rec["v"] = _words(off)
-    out = {}
-    cuts = np.flatnonzero(np.diff(pages)) + 1
-    for lo, hi in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(addrs)]]).tolist()):
-        out[int(pages[lo])] = rec[lo:hi].tobytes()
+    out, at = {}, 0
+    for page, a, b in zip(named.tolist(), lo.tolist(), hi.tolist()):
+        out[int(page)] = rec[at:at + b - a].tobytes()
+        at += b - a
     return out
 
 
@@ -648,13 +820,21 @@ def check(obj, limit=20_000_000, seed=True):
     """share(obj, portable=True): NotShareable unless workers not forked
     from the driver can use ``obj`` in place (``seed``: also unless its str
     hashes need a seed the workers will not have)."""
-    mode = _Mode(_driver().targets, seeds_agree=not seed or seed_passes_on())
+    if not seed or seed_passes_on():
+        # (the stage that ships it listed its relocations already: that walk's verdict)
+        known = _DRIVER[0].verdict(obj) if _DRIVER[0] is not None else None
+        if known is not None:
+            return known
+    d = _driver()
+    mode = _Mode(d.targets, seeds_agree=not seed or seed_passes_on())
     mode.t.refresh_images()
     _walk(obj, limit, mode)
-    _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
+    entries = _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
     if seed and mode.seeded is not None and not seed_passes_on():
         raise NotShareable(seed_message(mode.seeded))
-    return _Read(mode.read_table(), mode.objects)
+    read = _Read(mode.read_table(), mode.objects)
+    d.offer(obj, entries, read, mode.seeded, _tag_state(mode, obj))
+    return read
 
 
 class _Read:

@@ -747,6 +747,33 @@ def _root_slots(obj):
     return int(first[0]), int(stride[0]), int(count[0])
 
 
+def dirty_entries(obj, table, stale, root):
+    """The entries of the dict or list ``obj`` to walk again after the
+    driver changed the pages ``stale`` (ascending) that its walk read, by
+    the read ``table`` tagged by entry and where the entries lay then
+    (``root``, ``_root_slots``): those with a range on a changed page, and,
+    if the root's own bytes changed, those whose slots lie on those pages
+    and those between its old end and its new one.  (int32 entries ascending, the slots now),
+    or None if its table moved (the slots are others: a whole walk)."""
+    tags = table.tags_on(stale)
+    dirty = tags[tags >= 0]
+    if len(tags) and tags[0] < 0:
+        now = _root_slots(obj)
+        if now is None or now[:2] != root[:2]:
+            return None
+        lo, st, count = now
+        hi, ps, base = lo + st * count, region.page_size(), region.base()
+        # (and those between the old end and the new: gone, or new)
+        slots = [np.arange(min(root[2], count), max(root[2], count), dtype=np.int32)]
+        for p in stale.tolist():
+            a, b = max(lo, base + p * ps), min(hi, base + (p + 1) * ps)
+            if a < b:
+                slots.append(np.arange((a - lo) // st, (b - lo + st - 1) // st, dtype=np.int32))
+        dirty = np.union1d(dirty, np.concatenate(slots))
+        root = now
+    return np.ascontiguousarray(dirty, dtype=np.int32), root
+
+
 def recheck(obj, reads, limit=20_000_000):
     """Bring a verdict on the dict or list ``obj`` up to date after the
     driver changed the pages in ``reads.stale``: walk again, in C, only the
@@ -761,26 +788,10 @@ def recheck(obj, reads, limit=20_000_000):
         return False
     stale = reads.stale if reads.stale is not None else np.zeros(0, np.uint64)
     table = reads.read
-    tags = table.tags_on(stale)
-    dirty = tags[tags >= 0]
-    root_changed = bool(len(tags)) and tags[0] < 0
-    if root_changed:
-        # the root's own bytes changed: the entries whose slots lie on those
-        # pages, and those past its old end; none if its table moved (the
-        # slots are others: a whole walk)
-        now = _root_slots(obj)
-        if now is None or now[:2] != reads.root[:2]:
-            return False
-        lo, st, count = now
-        hi, ps, base = lo + st * count, region.page_size(), region.base()
-        slots = [np.arange(min(reads.root[2], count), count, dtype=np.int32)]
-        for p in stale.tolist():
-            a, b = max(lo, base + p * ps), min(hi, base + (p + 1) * ps)
-            if a < b:
-                slots.append(np.arange((a - lo) // st, (b - lo + st - 1) // st, dtype=np.int32))
-        dirty = np.union1d(dirty, np.concatenate(slots))
-        reads.root = now
-    dirty = np.ascontiguousarray(dirty, dtype=np.int32)
+    got = dirty_entries(obj, table, stale, reads.root)
+    if got is None:
+        return False
+    dirty, reads.root = got
     out, tagbuf, shared, visited = bytearray(), bytearray(), ffi.new("int *"), ffi.new("long *")
     outside = []
     rc = lib.clamor_py_walk_tagged(id(obj), limit, *_image_ranges(), visited, id(out), id(tagbuf), id(outside),
