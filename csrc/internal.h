@@ -34,6 +34,38 @@ int cl_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
 void cl_futex_wake(_Atomic uint32_t *w);
 
+/* ---- options.c: the tunables, the worker's version, the clock ---------- */
+
+/* The settings other files read, in one table (options.c): each with its
+ * default and the environment variable that may set it.  The public
+ * setters and getters of clamor.h (clamor_set_readahead, ...) are there. */
+enum cl_option {
+    CL_OPT_READAHEAD,        /* bytes of read-ahead on sequential faults, 0: off */
+    CL_OPT_FETCH_TIMEOUT_MS, /* a fetch not answered in this time fails (CLAMOR_FETCH_TIMEOUT_MS) */
+    CL_OPT_MAX_MAPPINGS,     /* as set; clamor_max_mappings() gives the default for 0 */
+    CL_OPT_DIFF_KEEP,        /* bytes of kept copies for diffs (CLAMOR_DIFF_KEEP) */
+    CL_OPT_SERVE_RATE,       /* bytes per second the page server sends, 0: no limit (CLAMOR_SERVE_RATE) */
+    CL_OPT_RELOC,            /* worker: ask for relocations with every page */
+    CL_OPT_COUNT
+};
+/* A relaxed atomic load: async-signal-safe. */
+uint64_t cl_option_get(enum cl_option o);
+void cl_option_set(enum cl_option o, uint64_t v);
+/* Take the option's environment variable now, if it is set and valid (the
+ * moment docs/configuration.md names for it).  Not async-signal-safe. */
+void cl_option_env(enum cl_option o);
+
+/* Stage of the task running in this worker (sent with every page request),
+ * the highest stage it has run, and a counter bumped after every change of
+ * stage (clamor_set_stage).  A worker re-running a task of an older stage
+ * (lineage recovery) is "rewound": it may hold old versions, so its page
+ * server refuses requests of newer stages (server.c). */
+extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
+extern _Atomic uint64_t cl_worker_view;
+
+/* Monotonic clock in nanoseconds (clock_gettime(2)): async-signal-safe. */
+uint64_t cl_now_ns(void);
+
 /* ---- thread.c: the service threads' start and stop ------------------------ */
 
 /* A service thread (the pager, the page server) with its libzmq context,
@@ -269,13 +301,6 @@ void cl_fault_fatal(uintptr_t addr, int err) __attribute__((noreturn));
 #define CL_REQ_INDEX ((1ull << 40) - 1)
 #define CL_REQ_MAXRUN 0x3fffffull
 
-/* Stage of the task running in this worker (sent with every page request),
- * the highest stage it has run, and a counter bumped after every change of
- * stage.  A worker re-running a task of an older stage (lineage recovery)
- * is "rewound": it may hold old versions, so its page server refuses
- * requests of newer stages (server.c). */
-extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
-extern _Atomic uint64_t cl_worker_view;
 int cl_pager_stop_after_fork(void);
 
 /* ---- prefetch.c --------------------------------------------------------- */
@@ -618,9 +643,6 @@ struct cl_counters {
 extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)
 void cl_stats_latency(uint64_t ns);
-
-/* Monotonic clock in nanoseconds. */
-uint64_t cl_now_ns(void);
 
 /* ---- reloc.c: relocations with the pages ------------------------------- */
 

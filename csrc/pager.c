@@ -103,32 +103,13 @@ static struct pager {
     bool no_diffs; /* the driver refused a diff request (a server of before diffs) */
 } P = {.t = CL_THREAD_INIT};
 
-static _Atomic size_t readahead_bytes = 4u << 20;
-_Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
-_Atomic uint64_t cl_worker_view;
-
-void clamor_set_stage(uint32_t stage) {
-    if (atomic_load(&cl_worker_stage) == stage) return;
-    /* The stage first, then the view counter: a server that reads the new
-     * count also reads the new stage (server.c, serve_get). */
-    atomic_store(&cl_worker_stage, stage);
-    if (stage > atomic_load(&cl_worker_stage_top)) atomic_store(&cl_worker_stage_top, stage);
-    atomic_fetch_add(&cl_worker_view, 1);
-}
-static _Atomic uint32_t fetch_timeout_ms = 30000;
-
-void clamor_set_readahead(size_t bytes) { atomic_store(&readahead_bytes, bytes); }
-size_t clamor_readahead(void) { return atomic_load(&readahead_bytes); }
-void clamor_set_fetch_timeout_ms(uint32_t ms) { atomic_store(&fetch_timeout_ms, ms ? ms : 1); }
-uint32_t clamor_fetch_timeout_ms(void) { return atomic_load(&fetch_timeout_ms); }
-
 static uint32_t chunk_pages(void) {
     uint32_t c = (uint32_t)((1u << 20) >> cl_region.page_shift);
     return c ? (c > CL_WIRE_MAX_COUNT ? CL_WIRE_MAX_COUNT : c) : 1;
 }
 
 static uint64_t half_window(void) {
-    return (uint64_t)(atomic_load(&readahead_bytes) / 2) >> cl_region.page_shift;
+    return (uint64_t)(cl_option_get(CL_OPT_READAHEAD) / 2) >> cl_region.page_shift;
 }
 
 /* A new stream's window: small, so a stream nobody follows costs little. */
@@ -221,7 +202,7 @@ static bool send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, u
         for (int i = 0; i < 4; i++) bases[4 * k + i] = (uint8_t)(b >> (8 * i));
     }
     struct cl_wire_hdr h = {.type = CL_WIRE_GET,
-                            .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE |
+                            .flags = flags | (cl_option_get(CL_OPT_RELOC) ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE |
                                      (diff ? CL_WIRE_DIFF : 0),
                             .status = status, .index = q->first,
                             .count = q->count, .stage = atomic_load(&cl_worker_stage),
@@ -605,7 +586,7 @@ static void on_reply(void *sock) {
     int rc = EBADMSG, more = 0;
     size_t sz = sizeof more;
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
-    bool relocs = clamor_reloc_enabled();
+    bool relocs = cl_option_get(CL_OPT_RELOC);
     /* a diff only answers a request for one (so only from the driver), and
      * never comes sparse; its relocations are the new pages' */
     bool diff = h.flags & CL_WIRE_DIFF;
@@ -648,7 +629,7 @@ static void on_reply(void *sock) {
 }
 
 static void check_timeouts(void) {
-    uint64_t now = cl_now_ns(), lim = (uint64_t)atomic_load(&fetch_timeout_ms) * 1000000ull;
+    uint64_t now = cl_now_ns(), lim = cl_option_get(CL_OPT_FETCH_TIMEOUT_MS) * 1000000ull;
     for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
         struct req *q = &P.inflight[i];
         if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
@@ -719,8 +700,7 @@ int clamor_pager_start(const char *endpoint) {
     if (!endpoint || !*endpoint) return cl_err(EINVAL, "no page-server endpoint given");
     if ((rc = cl_zmq_require())) return rc;
     if ((rc = clamor_fault_install()) > 0) return rc;
-    const char *t = getenv("CLAMOR_FETCH_TIMEOUT_MS");
-    if (t && atoi(t) > 0) clamor_set_fetch_timeout_ms((uint32_t)atoi(t));
+    cl_option_env(CL_OPT_FETCH_TIMEOUT_MS);
     memset(P.inflight, 0, sizeof P.inflight);
     P.ninflight = P.phead = P.plen = 0;
     P.ra_next = UINT64_MAX - 1;

@@ -17,7 +17,7 @@
 
 static int wait_page(uint64_t i) {
     _Atomic uint32_t *w = &cl_region.pages[i];
-    uint64_t start = cl_now_ns(), lim = ((uint64_t)clamor_fetch_timeout_ms() + 5000) * 1000000ull;
+    uint64_t start = cl_now_ns(), lim = (cl_option_get(CL_OPT_FETCH_TIMEOUT_MS) + 5000) * 1000000ull;
     for (;;) {
         uint32_t s = atomic_load(w);
         switch (CL_PG_STATE(s)) {

@@ -54,7 +54,6 @@ static struct {
     uint64_t *tdrv, *tloc; /* worker: per target, driver's and local address */
     uint8_t *tset;
     uint32_t ntargets;
-    _Atomic int on;      /* worker: ask for relocations */
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static int ensure_pages(void) {
@@ -161,7 +160,7 @@ void clamor_reloc_reset(void) {
     R.tdrv = R.tloc = NULL;
     R.tset = NULL;
     R.ntargets = 0;
-    atomic_store(&R.on, 0);
+    cl_option_set(CL_OPT_RELOC, 0);
     pthread_mutex_unlock(&R.lock);
 }
 
@@ -191,8 +190,6 @@ int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr
     return 0;
 }
 
-void clamor_reloc_enable(int on) { atomic_store(&R.on, on ? 1 : 0); }
-int clamor_reloc_enabled(void) { return atomic_load(&R.on); }
 
 /* ---- the data plane (server and pager threads) ------------------------------- */
 

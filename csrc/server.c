@@ -86,9 +86,8 @@ const char *clamor_server_endpoint(void) { return S.t.running ? S.endpoint : "";
 static struct { double rate, burst, tokens; uint64_t last_ns; } RL;
 
 static void rate_init(void) {
-    const char *v = getenv("CLAMOR_SERVE_RATE");
-    double r = v ? strtod(v, NULL) : 0.0;
-    RL.rate = r > 0 ? r : 0.0;
+    cl_option_env(CL_OPT_SERVE_RATE);
+    RL.rate = (double)cl_option_get(CL_OPT_SERVE_RATE);
     RL.burst = RL.tokens = RL.rate / 100;
     RL.last_ns = cl_now_ns();
 }
@@ -256,7 +255,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
             reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older stage");
             return;
         }
-        if ((rq->flags & CL_WIRE_RELOC) && (!clamor_reloc_enabled() || !cl_reloc_held(rq->index, rq->count))) {
+        if ((rq->flags & CL_WIRE_RELOC) && (!cl_option_get(CL_OPT_RELOC) || !cl_reloc_held(rq->index, rq->count))) {
             reply_err(id, rq->tag, rq, EAGAIN, "peer holds the page without its relocations");
             return;
         }
@@ -312,7 +311,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
          * voids the copy if the pages were fetched again meanwhile). */
         if (rq->flags & CL_WIRE_RELOC) {
             rlen = cl_reloc_frame(rq->index, rq->count, rq->stage, cl_zmq.msg_data(&body), &rbuf, &rerr);
-        } else if (clamor_reloc_enabled()) {
+        } else if (cl_option_get(CL_OPT_RELOC)) {
             cl_reloc_restore(rq->index, rq->count, cl_zmq.msg_data(&body));
         }
         atomic_thread_fence(memory_order_acquire);
