@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "clamor.h"
+#include "binding.h" /* what only the runtime calls: versions, same-host mapping, a forked worker, libzmq */
 #include "wire.h"
 #include "zmqdl.h"
 

@@ -1,6 +1,7 @@
 /* internal.h -- the internals of clamor's C core, shared between its files.
  *
- * Not installed, not part of the API (that is clamor.h).  Each function is
+ * Not installed, not part of the API (that is clamor.h; what only the
+ * Python binding calls is binding.h, included here).  Each function is
  * declared under the file that defines it, with the state it shares; the
  * page protocol has its own header (wire.h), and so does the run-time
  * binding of libzmq (zmqdl.h).  Prefixes: cl_<file>_ for what one file
@@ -17,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "clamor.h"
+#include "binding.h"
 
 #define CL_OS_PAGE ((size_t)4096)
 
