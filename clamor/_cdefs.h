@@ -137,13 +137,13 @@ int clamor_zmq_load(const char *path);
 void clamor_set_diff_keep(uint64_t bytes);
 uint64_t clamor_diff_keep(void);
 struct clamor_reloc { uint32_t word; uint32_t target; uint64_t value; };
-int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
 void clamor_reloc_prune(uint32_t floor);
 void clamor_reloc_reset(void);
 void clamor_reloc_enable(int on);
 int clamor_reloc_enabled(void);
 int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr);
-int clamor_stage_begin(uint32_t stage);
+int clamor_version_begin(uint32_t version);
 uint64_t clamor_changed_count(void);
 #define CLAMOR_WPROT_NONE ...
 #define CLAMOR_WPROT_MPROTECT ...
@@ -153,13 +153,13 @@ uint64_t clamor_dirty_count(void);
 uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
 uint64_t clamor_moved_count(void);
-void clamor_versions_map_floor(uint32_t stage);
+void clamor_versions_map_floor(uint32_t version);
 void clamor_moved_copy(uint64_t *out, uint64_t n);
-uint32_t clamor_stage_current(void);
-int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs);
-int clamor_versions_keep(const uint32_t *stages, size_t n);
+uint32_t clamor_version_current(void);
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t version, int *differs);
+int clamor_versions_keep(const uint32_t *versions, size_t n);
 void clamor_peer_gone(const char *endpoint);
-void clamor_set_stage(uint32_t stage);
+void clamor_set_version(uint32_t version);
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
 void clamor_set_replication(int policy);
 int clamor_replication(void);
@@ -191,7 +191,7 @@ void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);
-int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
+int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
                                  size_t n);
 long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
                               long *kept);

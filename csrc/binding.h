@@ -65,74 +65,81 @@ int clamor_zmq_load(const char *path);
 void clamor_set_diff_keep(uint64_t bytes);
 uint64_t clamor_diff_keep(void);
 
-/* ---- stages and page versions ----------------------------------------- */
+/* ---- page versions ------------------------------------------------------ */
 
-/* Driver: stage `stage` (> every earlier one) is about to be submitted.
- * The first call write-protects the region: from then on the first write
- * to a page in a stage logs the page's previous content as a version, and
- * pages whose bytes changed since the previous stage_begin are listed
+/* A version numbers a state of the region that tasks read: the runtime
+ * begins version v before it submits tasks that read the region as it is
+ * then, and a worker sets the version of the task it runs.  Versions only
+ * grow.  (The runtime calls its logical units of work stages; a stage's
+ * tasks may read at one version or another.) */
+
+/* Driver: version `version` (> every earlier one) begins now.  The first
+ * call write-protects the region: from then on the first write to a page
+ * logs the page's previous content as a version, and pages whose bytes
+ * changed since the previous clamor_version_begin() are listed
  * (clamor_changed_count/copy) so that workers drop their copies.  A page
- * written back to identical bytes is not listed.  Not thread-safe against
- * other stage calls; driver threads may keep writing. */
-int clamor_stage_begin(uint32_t stage);
+ * written back to identical bytes is not listed.  One at a time with the
+ * other version calls; driver threads may keep writing. */
+int clamor_version_begin(uint32_t version);
 uint64_t clamor_changed_count(void);
-/* Driver: how the region is write-protected since the first stage:
+/* Driver: how the region is write-protected since the first version:
  * CLAMOR_WPROT_USERFAULTFD (a system call that writes into a protected page
  * waits while its version is logged, as a user-space write does),
  * CLAMOR_WPROT_MPROTECT (such a system call fails with EFAULT unless the
  * pages were opened first: clamor_prefetch, or a block handed out inside
- * heap()), or CLAMOR_WPROT_NONE (no stage yet, or not the driver).  The
- * environment variable CLAMOR_WRITE_PROTECT, read at the first stage, says
- * which to use: auto (the default: userfaultfd if the process may use it),
- * userfaultfd (else the first stage fails with ENOTSUP), mprotect.  Why
- * this mechanism runs goes to `reason` (cap bytes, may be NULL).
+ * heap()), or CLAMOR_WPROT_NONE (no version yet, or not the driver).  The
+ * environment variable CLAMOR_WRITE_PROTECT, read at the first version,
+ * says which to use: auto (the default: userfaultfd if the process may use
+ * it), userfaultfd (else the first version fails with ENOTSUP), mprotect.
+ * Why this mechanism runs goes to `reason` (cap bytes, may be NULL).
  * Thread-safe. */
 #define CLAMOR_WPROT_NONE 0
 #define CLAMOR_WPROT_MPROTECT 1
 #define CLAMOR_WPROT_USERFAULTFD 2
 int clamor_write_protection(char *reason, size_t cap);
-/* Driver: pages logged (first writes) since the last clamor_stage_begin();
- * 0 also before the first.  A caller that numbers versions by stages asks
- * it to begin a stage only when something was written. */
+/* Driver: pages logged (first writes) since the last clamor_version_begin();
+ * 0 also before the first.  A caller asks it to begin a version only when
+ * something was written. */
 uint64_t clamor_dirty_count(void);
 /* Driver: copy up to `n` of those pages to `out` (in no order, a page
  * possibly twice); returns how many there are.  A caller that remembers
- * what it read of the region between stages asks which pages were written
- * since, before the next stage begins. */
+ * what it read of the region between versions asks which pages were
+ * written since, before the next version begins. */
 uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
 void clamor_changed_copy(uint64_t *out, uint64_t n);
-/* Pages of the last clamor_stage_begin() whose bytes did not change but
+/* Pages of the last clamor_version_begin() whose bytes did not change but
  * moved to another location of the driver's memfd (logged with a group):
  * workers that map the driver's pages drop them; the others keep theirs. */
 uint64_t clamor_moved_count(void);
 /* Driver: no worker that maps pages reads, through a mapping, a location
- * of a stage below `stage` (the lowest stage such a worker last ran or
- * runs at).  Versions that only those readers needed are freed by the
+ * of a version below `version` (the lowest version such a worker last ran
+ * or runs at).  Versions that only those readers needed are freed by the
  * next clamor_versions_keep(). */
-void clamor_versions_map_floor(uint32_t stage);
+void clamor_versions_map_floor(uint32_t version);
 void clamor_moved_copy(uint64_t *out, uint64_t n);
-uint32_t clamor_stage_current(void);
+/* Driver: the last version begun (0 before the first). */
+uint32_t clamor_version_current(void);
 /* Driver: *differs = 1 if a byte of [a, a+len) in the region reads
- * otherwise now than in the version the tasks of `stage` read (the driver
- * wrote it since that stage began), else 0.  0, or EINVAL (not the
- * region's range), EPERM (not the driver), ENOMEM. */
-int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs);
-/* Driver: keep only the versions that the stages in `stages` (n of them,
- * ascending: those a task may still read at) need; the lowest becomes the
- * floor below which a request for a changed page gets ESTALE.  0, or
- * EINVAL if not sorted. */
-int clamor_versions_keep(const uint32_t *stages, size_t n);
+ * otherwise now than in version `version` (the driver wrote it since that
+ * version began), else 0.  0, or EINVAL (not the region's range), EPERM
+ * (not the driver), ENOMEM. */
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t version, int *differs);
+/* Driver: keep only what the versions in `versions` (n of them, ascending:
+ * those a task may still read at) need; the lowest becomes the floor below
+ * which a request for a changed page gets ESTALE.  0, or EINVAL if not
+ * sorted. */
+int clamor_versions_keep(const uint32_t *versions, size_t n);
 /* Worker: the driver declared the peer whose page server is `endpoint` lost;
  * hinted requests stop going to it. */
 void clamor_peer_gone(const char *endpoint);
 
-/* Worker: the stage of the task about to run; page requests carry it and
- * are answered with the page as that stage sees it.  A stage older than the
- * highest set so far (a lineage re-run) first needs the pages changed in
- * between invalidated; until a newer stage is set again, this worker's page
- * server answers peers' requests of newer stages with EAGAIN.  Task thread,
- * between tasks. */
-void clamor_set_stage(uint32_t stage);
+/* Worker: the version the task about to run reads; page requests carry it
+ * and are answered with the page as that version has it.  A version older
+ * than the highest set so far (a lineage re-run) first needs the pages
+ * changed in between invalidated; until a newer version is set again, this
+ * worker's page server answers peers' requests of newer versions with
+ * EAGAIN.  Task thread, between tasks. */
+void clamor_set_version(uint32_t version);
 /* Worker: drop this worker's copies of the listed pages (changed by the
  * driver); fetches of them in flight are discarded on arrival.  Memory is
  * returned.  Thread-safe. */
@@ -150,12 +157,12 @@ struct clamor_reloc {
     uint32_t target;
     uint64_t value;
 };
-/* Driver: the relocations of page `page` as of stage `stage` (until a later
- * call replaces them), sorted by word; n may be 0.  EPERM if not the
+/* Driver: the relocations of page `page` as of version `version` (until a
+ * later call replaces them), sorted by word; n may be 0.  EPERM if not the
  * driver, ERANGE for a page outside the region, EINVAL for a word outside
  * the page.  Thread-safe. */
-int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *r, uint32_t n);
-/* Driver: forget the lists no request at stage >= floor can be served. */
+int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+/* Driver: forget the lists no request at version >= floor can be served. */
 void clamor_reloc_prune(uint32_t floor);
 /* Forget every list and target (region closed). */
 void clamor_reloc_reset(void);

@@ -247,8 +247,8 @@ int clamor_security_mode(void);
     COUNTER(evictions)         /* pages closed to bound the mapping count */                                    \
     COUNTER(pages_dropped)     /* pages dropped on request */                                                   \
     COUNTER(pages_invalidated) /* worker: copies dropped because the driver changed them */                     \
-    COUNTER(pages_logged)      /* driver: pages copied on their first write in a stage */                       \
-    COUNTER(pages_unchanged)   /* driver: of those, identical at the next stage */                              \
+    COUNTER(pages_logged)      /* driver: pages copied on their first write in a version */                     \
+    COUNTER(pages_unchanged)   /* driver: of those, identical at the next version */                            \
     VALUE(uint64_t, versions)  /* driver: page versions held */                                                 \
     VALUE(uint64_t, version_bytes)                                                                              \
     COUNTER(pages_from_peers)  /* worker: pages fetched from a peer (redirect or hint) */                       \

@@ -85,7 +85,7 @@ static const char *cause(int err) {
     case ETIMEDOUT: return "no answer from the page server within the fetch timeout (driver gone or overloaded?)";
     case ENOTCONN: return "no pager is running in this process (a process forked from the driver needs the driver's page server running: a Cluster's, or region.serve(); else start one with clamor_pager_start / attach)";
     case ENOMEM: return "out of memory mappings (vm.max_map_count) or of room for page versions";
-    case ESTALE: return "the page version this stage needs was already collected";
+    case ESTALE: return "the page version this task reads was already collected";
     case ERANGE: return "the page lies outside the region the server has";
     case EACCES: return "write to a page that is mapped read-only on this worker";
     case EPROTO: case EBADMSG: return "malformed reply from the page server";

@@ -130,15 +130,15 @@ int clamor_reloc_enabled(void) { return (int)cl_option_get(CL_OPT_RELOC); }
 
 /* ---- the worker's version ------------------------------------------------- */
 
-_Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
+_Atomic uint32_t cl_worker_version, cl_worker_version_top;
 _Atomic uint64_t cl_worker_view;
 
-void clamor_set_stage(uint32_t stage) {
-    if (atomic_load(&cl_worker_stage) == stage) return;
-    /* The stage first, then the view counter: a server that reads the new
-     * count also reads the new stage (server.c, serve_get). */
-    atomic_store(&cl_worker_stage, stage);
-    if (stage > atomic_load(&cl_worker_stage_top)) atomic_store(&cl_worker_stage_top, stage);
+void clamor_set_version(uint32_t version) {
+    if (atomic_load(&cl_worker_version) == version) return;
+    /* The version first, then the view counter: a server that reads the
+     * new count also reads the new version (server.c, serve_get). */
+    atomic_store(&cl_worker_version, version);
+    if (version > atomic_load(&cl_worker_version_top)) atomic_store(&cl_worker_version_top, version);
     atomic_fetch_add(&cl_worker_view, 1);
 }
 

@@ -30,7 +30,7 @@
  * A peer that fails or stays silent sends the fetch back to the driver.
  *
  * Diffs: a run of pages whose old copies the worker kept (pagetable.c) is
- * asked of the driver with DIFF and the stage of each copy, alone in its
+ * asked of the driver with DIFF and the version of each copy, alone in its
  * request (runs are cut where kept copies begin or end) and never of a
  * peer.  A diff reply is applied to the copies read back from the memfd,
  * and each page rebuilt must sum as the driver's (the copy may hold this
@@ -146,10 +146,10 @@ static void fail_run(uint64_t first, uint32_t count, int err, bool demanded) {
         /* invalidated meanwhile and nobody waits: it is simply absent */
         if ((exp & CL_PG_STALE) && !(exp & CL_PG_WAITERS) && atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT))
             continue;
-        /* A request of an earlier stage (read-ahead a task left behind) for a
+        /* A request of an earlier version (read-ahead a task left behind) for a
          * page that has changed since: the version it named is gone, but the
          * thread waiting now runs a later task, which dropped the page.  Ask
-         * again at the stage the worker is in now. */
+         * again at the version the worker is in now. */
         if (err == ESTALE && (exp & CL_PG_STALE) && atomic_compare_exchange_strong(w, &exp, CL_PG_WANTED | CL_PG_WAITERS)) {
             pend(i, 1, K_DEMAND, -1);
             continue;
@@ -205,7 +205,7 @@ static bool send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, u
                             .flags = flags | (cl_option_get(CL_OPT_RELOC) ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE |
                                      (diff ? CL_WIRE_DIFF : 0),
                             .status = status, .index = q->first,
-                            .count = q->count, .stage = atomic_load(&cl_worker_stage),
+                            .count = q->count, .version = atomic_load(&cl_worker_version),
                             .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
@@ -226,7 +226,7 @@ static int send_one(struct run *r) {
     q->count = r->count;
     /* kept copies: a diff from the driver, not the pages from a peer */
     q->diff = diffs_now() && cl_pt_kept(r->first) && same_kept(r->first, r->count) == r->count;
-    int peer = q->diff ? -1 : cl_hints_peer(r->first, r->count, atomic_load(&cl_worker_stage));
+    int peer = q->diff ? -1 : cl_hints_peer(r->first, r->count, atomic_load(&cl_worker_version));
     if (!send_get(peer >= 0 ? cl_peer_sock(peer) : P.t.sock, q, slot, peer >= 0 ? CL_WIRE_DIRECT : 0, 0)) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
@@ -363,7 +363,7 @@ static void finish(struct req *q) {
 }
 
 /* The peer did not deliver: ask the driver, which forgets that holder
- * unless the peer only ran another stage (`missing` false).  After a hint
+ * unless the peer only ran another version (`missing` false).  After a hint
  * the driver may still redirect; after a redirect it serves the page. */
 static void back_to_driver(struct req *q, unsigned slot, bool missing) {
     uint32_t peer = (uint32_t)q->peer + 1;
@@ -377,7 +377,7 @@ static void back_to_driver(struct req *q, unsigned slot, bool missing) {
 static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_hdr *h) {
     char ep[256];
     int n = cl_zmq.recv(P.t.sock, ep, sizeof ep - 1, 0);
-    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.t.sock, h->stage);
+    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.t.sock, h->version);
     cl_zmq_drain(P.t.sock);
     void *s = NULL;
     if (n > 0 && n < (int)sizeof ep) {
@@ -557,7 +557,7 @@ static void on_reply(void *sock) {
         follow_redirect(q, slot, &h);
         return;
     }
-    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other stage */
+    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other version */
         cl_zmq_drain(sock);
         back_to_driver(q, slot, bad || h.type != CL_WIRE_ERROR || h.status != ESTALE);
         return;
@@ -595,7 +595,7 @@ static void on_reply(void *sock) {
         announce(q->first, q->count);
         rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE, diff);
     }
-    if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
+    if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.version);
     cl_zmq_drain(sock);
     if (rc == EILSEQ) { /* a kept copy was not the version it named: the pages whole */
         CL_COUNT(diff_retries, 1);

@@ -42,7 +42,7 @@ int clamor_prefetch(const void *addr, size_t len) {
     uintptr_t a = (uintptr_t)addr;
     if (cl_region.role == CLAMOR_ROLE_DRIVER && a - cl_region.base <= cl_region.size &&
         len <= cl_region.size - (a - cl_region.base))
-        return cl_version_open(a, len); /* write-protected between stages */
+        return cl_version_open(a, len); /* write-protected between versions */
     if (cl_region.role == CLAMOR_ROLE_DRIVER)
         return cl_err(EFAULT, "prefetch range %p+%zu is not inside the region", addr, len);
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(ENXIO, "no region in this process");
