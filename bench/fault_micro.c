@@ -14,8 +14,8 @@
  *                    local (a private page closed with mprotect; the handler
  *                    opens it and the access is retried).
  *   map_fault_us     same host, map mode: a second worker, forked after the
- *                    driver called clamor_map_share(1) and clamor_stage_begin(1),
- *                    at stage 1, touches a driver page it does not have:
+ *                    driver called clamor_map_share(1) and clamor_version_begin(1),
+ *                    at version 1, touches a driver page it does not have:
  *                    SIGSEGV, the handler mmaps the driver's memfd over the
  *                    page's aligned 4 MiB window (64 pages, one mmap, no
  *                    copy, no pager), and the retried access takes the
@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "clamor.h"
+#include "binding.h" /* what only the runtime calls: versions, same-host mapping, a forked worker, libzmq */
 #include "wire.h"
 #include "zmqdl.h"
 
@@ -356,7 +357,7 @@ static void map_worker(int wfd, void *argp) {
     clamor_set_readahead(0);
     int rc = clamor_pager_start(clamor_fork_parent_endpoint());
     if (rc != 0 && rc != EBUSY) child_fail(wfd, "clamor_pager_start");
-    clamor_set_stage(1); /* stage 0 faults are fetched, not mapped */
+    clamor_set_version(1); /* version 0 faults are fetched, not mapped */
     size_t *order = malloc(sizeof(size_t) * a->windows);
     double *v = malloc(sizeof(double) * (size_t)a->n);
     if (!order || !v) child_fail(wfd, "out of memory");
@@ -459,9 +460,9 @@ int main(int argc, char **argv) {
     unsigned long served = (unsigned long)st.requests_served;
 
     /* Same host: children forked from now on map the driver's pages, at the
-     * stage the driver begins (as a Cluster does before a stage's tasks). */
+     * version the driver begins (as a Cluster does before a stage's tasks). */
     if (clamor_map_share(1) != 0) die("clamor_map_share: %s", clamor_last_error());
-    if (clamor_stage_begin(1) != 0) die("clamor_stage_begin: %s", clamor_last_error());
+    if (clamor_version_begin(1) != 0) die("clamor_version_begin: %s", clamor_last_error());
     struct map_arg ma = {mbuf, windows, n};
     pid = spawn(&rfd, map_worker, &ma);
     reap(pid, rfd, &map, "map faults");

@@ -28,8 +28,9 @@ with open(os.path.join(HERE, "_cdefs.h")) as f:
 
 ffibuilder.set_source(
     "clamor._clamor",
+    # clamor.h is the C contract, binding.h what only this module calls, and
     # internal.h declares the Python-only hooks (clamor_py_*) the cdefs name.
-    '#include "clamor.h"\n#include "internal.h"\n',
+    '#include "clamor.h"\n#include "binding.h"\n#include "internal.h"\n',
     sources=[_rel(p) for p in sorted(glob.glob(os.path.join(CSRC, "*.c")))],
     libraries=["dl", "pthread", "m"],
     include_dirs=[_rel(CSRC), numpy.get_include()],

@@ -1,8 +1,9 @@
-/* Declarations cffi compiles against csrc/clamor.h, the public C API, and
- * csrc/internal.h, for the Python extension's own hooks at the end
+/* Declarations cffi compiles against, in three parts: csrc/clamor.h (the
+ * C contract), csrc/binding.h (what only the binding calls) and
+ * csrc/internal.h (the Python extension's own hooks, clamor_py_*)
  * (declarations only; cffi cannot read the real headers' preprocessor
  * lines).  tests/test_region.py checks that every function here is declared
- * the same way in one of the two, and
+ * the same way in one of the three, and
  * tests/test_stats_fields.py that struct clamor_stats is the CLAMOR_STATS
  * list of csrc/clamor.h, expanded. */
 #define CLAMOR_DEFAULT_PAGE_SIZE ...
@@ -20,14 +21,6 @@ uintptr_t clamor_region_base(void);
 size_t clamor_region_size(void);
 size_t clamor_page_size(void);
 int clamor_region_role(void);
-const char *clamor_fork_parent_endpoint(void);
-int clamor_set_fork_ports(unsigned lo, unsigned hi);
-int clamor_map_share(int on);
-int clamor_map_info(int *fd, uint8_t *cookie);
-int clamor_map_attach(int pid, int fd, const uint8_t *cookie);
-int clamor_map_status(void);
-
-int clamor_zmq_load(const char *path);
 
 int clamor_fault_install(void);
 int clamor_fault_ensure_first(void);
@@ -44,8 +37,6 @@ uint32_t clamor_fetch_timeout_ms(void);
 void clamor_set_max_mappings(uint32_t n);
 uint32_t clamor_max_mappings(void);
 uint32_t clamor_mappings(void);
-void clamor_set_diff_keep(uint64_t bytes);
-uint64_t clamor_diff_keep(void);
 
 int clamor_server_start(const char *endpoint, char *bound, size_t boundlen);
 int clamor_server_stop(void);
@@ -53,40 +44,8 @@ const char *clamor_server_endpoint(void);
 int clamor_security(int mode, const char *server_public, const char *server_secret, const char *client_public,
                     const char *client_secret, const char *token);
 int clamor_security_mode(void);
-struct clamor_reloc { uint32_t word; uint32_t target; uint64_t value; };
-int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *r, uint32_t n);
-void clamor_reloc_prune(uint32_t floor);
-void clamor_reloc_reset(void);
-void clamor_reloc_enable(int on);
-int clamor_reloc_enabled(void);
-int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr);
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size,
                  uint64_t *page_size, int timeout_ms);
-
-int clamor_stage_begin(uint32_t stage);
-uint64_t clamor_changed_count(void);
-#define CLAMOR_WPROT_NONE ...
-#define CLAMOR_WPROT_MPROTECT ...
-#define CLAMOR_WPROT_USERFAULTFD ...
-int clamor_write_protection(char *reason, size_t cap);
-uint64_t clamor_dirty_count(void);
-uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
-void clamor_changed_copy(uint64_t *out, uint64_t n);
-uint64_t clamor_moved_count(void);
-void clamor_versions_map_floor(uint32_t stage);
-void clamor_moved_copy(uint64_t *out, uint64_t n);
-uint32_t clamor_stage_current(void);
-int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs);
-int clamor_versions_keep(const uint32_t *stages, size_t n);
-void clamor_peer_gone(const char *endpoint);
-void clamor_set_stage(uint32_t stage);
-int clamor_invalidate(const uint64_t *pages, uint64_t n);
-
-void clamor_set_replication(int policy);
-int clamor_replication(void);
-/* Forget a peer (by page-server endpoint; ENOENT if unknown), or all. */
-int clamor_replication_forget(const char *endpoint);
-void clamor_replication_reset(void);
 
 /* CLAMOR_STATS of csrc/clamor.h, expanded: same fields, same order. */
 struct clamor_stats {
@@ -158,7 +117,6 @@ size_t clamor_heap_footprint(void);
 const char *clamor_last_error(void);
 
 int clamor_interpose_refresh(void);
-unsigned long clamor_interpose_slots(void);
 int clamor_heap_enter(void);
 void clamor_heap_exit(void);
 int clamor_heap_active(void);
@@ -167,6 +125,48 @@ void clamor_heap_resume(int depth);
 int clamor_heap_threads(void);
 uint64_t clamor_heap_block(void);
 void clamor_heap_adopt(uint64_t block);
+
+/* csrc/binding.h: what only the binding calls */
+const char *clamor_fork_parent_endpoint(void);
+int clamor_set_fork_ports(unsigned lo, unsigned hi);
+int clamor_map_share(int on);
+int clamor_map_info(int *fd, uint8_t *cookie);
+int clamor_map_attach(int pid, int fd, const uint8_t *cookie);
+int clamor_map_status(void);
+int clamor_zmq_load(const char *path);
+void clamor_set_diff_keep(uint64_t bytes);
+uint64_t clamor_diff_keep(void);
+struct clamor_reloc { uint32_t word; uint32_t target; uint64_t value; };
+int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+void clamor_reloc_prune(uint32_t floor);
+void clamor_reloc_reset(void);
+void clamor_reloc_enable(int on);
+int clamor_reloc_enabled(void);
+int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr);
+int clamor_version_begin(uint32_t version);
+uint64_t clamor_changed_count(void);
+#define CLAMOR_WPROT_NONE ...
+#define CLAMOR_WPROT_MPROTECT ...
+#define CLAMOR_WPROT_USERFAULTFD ...
+int clamor_write_protection(char *reason, size_t cap);
+uint64_t clamor_dirty_count(void);
+uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n);
+void clamor_changed_copy(uint64_t *out, uint64_t n);
+uint64_t clamor_moved_count(void);
+void clamor_versions_map_floor(uint32_t version);
+void clamor_moved_copy(uint64_t *out, uint64_t n);
+uint32_t clamor_version_current(void);
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t version, int *differs);
+int clamor_versions_keep(const uint32_t *versions, size_t n);
+void clamor_peer_gone(const char *endpoint);
+void clamor_set_version(uint32_t version);
+int clamor_invalidate(const uint64_t *pages, uint64_t n);
+void clamor_set_replication(int policy);
+int clamor_replication(void);
+/* Forget a peer (by page-server endpoint; ENOENT if unknown), or all. */
+int clamor_replication_forget(const char *endpoint);
+void clamor_replication_reset(void);
+unsigned long clamor_interpose_slots(void);
 /* csrc/internal.h: the Python extension only (pyheap.c, pyshare.c) */
 int clamor_py_heap_install(void);
 int clamor_py_numpy_enter(void);
@@ -195,7 +195,7 @@ void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);
-int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
+int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
                                  size_t n);
 long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
                               long *kept);

@@ -11,7 +11,7 @@
  * the region, mmap'd MAP_NORESERVE so its untouched parts cost nothing.  The
  * allocator thus never reads or writes region memory: a worker never fetches
  * a page for the allocator's sake, freed bytes stay as they were, and the
- * driver can compare page bytes between stages.  A page-map word is a
+ * driver can compare page bytes between versions.  A page-map word is a
  * descriptor pointer with bit 0 set on every page of a span in use (slab or
  * large).  A free span keeps its descriptor, bit 0 clear, in its first and
  * last page only (boundary tags for coalescing) and 0 inside.

@@ -12,8 +12,8 @@
  * for lack of a peer.
  *
  * Versions: holders only ever hold the current version of a page.  When the
- * driver changes p (clamor_stage_begin), its holders are cleared and the
- * stage is noted; a request for an older stage than that is always served
+ * driver changes p (clamor_version_begin), its holders are cleared and the
+ * version is noted; a request for an older version than that is always served
  * by the driver, from its versions.
  *
  * Policies: off; random (a uniform holder, as in the paper); two-choices
@@ -23,14 +23,14 @@
  *
  * Hints: a redirect costs the requester a second round trip, which on a
  * CPU-bound machine costs more than the driver saves.  So each reply to a
- * registered worker's request of the current stage carries, for the next
+ * registered worker's request of the current version carries, for the next
  * window of its sweep over the pages held so far, one holder per page (a
  * uniform pick among holders other than the requester), and the worker sends
  * a later fetch of such a page straight to that peer (peers.c).  A hint is a
  * guess: the peer serves it only if it holds the page and runs that same
- * stage (server.c), else the requester asks here as before.
+ * version (server.c), else the requester asks here as before.
  *
- * Only the page-server thread touches the directory, except the stage call,
+ * Only the page-server thread touches the directory, except the version call,
  * which clears holders under dir_lock.
  */
 #define _GNU_SOURCE
@@ -46,7 +46,7 @@
 
 static struct {
     uint64_t *holders;          /* per page: bitmap of peers */
-    uint32_t *changed_at;       /* per page: stage of its last change */
+    uint32_t *changed_at;       /* per page: version of its last change */
     int policy;
     int npeers;
     struct {
@@ -131,15 +131,15 @@ int cl_dir_peer_of(const void *id, size_t idlen) {
     return -1;
 }
 
-/* A peer to redirect [first, first+count) to for a request of `stage` from
+/* A peer to redirect [first, first+count) to for a request of `version` from
  * peer `self` (-1: unregistered), or -1 to serve it here. */
-int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint) {
-    /* Before stages begin, the driver may write any page at any time and no
+int cl_dir_choose(uint64_t first, uint32_t count, uint32_t version, int self, const char **endpoint) {
+    /* Before versions begin, the driver may write any page at any time and no
      * one tells the workers: their copies cannot stand in for the driver's. */
     if (!D.policy || !D.holders || !cl_version_active()) return -1;
     uint64_t mask = ~0ull;
     for (uint64_t p = first; p < first + count && mask; p++) {
-        if (stage && stage < D.changed_at[p]) return -1; /* an old version: ours only */
+        if (version && version < D.changed_at[p]) return -1; /* an old version: ours only */
         mask &= D.holders[p];
     }
     if (self >= 0) mask &= ~(1ull << self);
@@ -160,29 +160,29 @@ int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, cons
 }
 
 /* The driver served [first, first+count) at the current version to `peer`. */
-void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer) {
+void cl_dir_served(uint64_t first, uint32_t count, uint32_t version, int peer) {
     if (peer < 0 || !D.holders || !cl_version_active()) return;
     if (first + count > D.hi) D.hi = first + count;
     for (uint64_t p = first; p < first + count; p++) {
-        if (stage && stage < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)) continue; /* an old version */
+        if (version && version < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)) continue; /* an old version */
         __atomic_or_fetch(&D.holders[p], 1ull << peer, __ATOMIC_SEQ_CST);
         /* A write that began meanwhile makes that copy stale; the fault
          * handler clears holders after marking the page, so checking after
-         * setting the bit closes the race.  Likewise a stage begun
+         * setting the bit closes the race.  Likewise a version begun
          * meanwhile that found the page changed (cl_dir_changed notes the
-         * stage before it clears the holders). */
-        if (cl_version_open_now(p) || (stage && stage < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)))
+         * version before it clears the holders). */
+        if (cl_version_open_now(p) || (version && version < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)))
             __atomic_and_fetch(&D.holders[p], ~(1ull << peer), __ATOMIC_SEQ_CST);
     }
 }
 
 /* Fill out (8 + up to CL_WIRE_MAX_HINTS bytes, wire.h) with the hints for
- * a reply to `self`'s request of `stage`; returns the length, 0 for none.
- * Only for the current stage: the worker uses them only while it stays in
- * the stage they name, so an old-stage request never leads to a peer. */
-size_t cl_dir_hints(int self, uint32_t stage, uint8_t *out, size_t cap) {
-    if (!D.policy || !D.holders || self < 0 || self >= D.npeers || !cl_version_active() || stage == 0 ||
-        stage != clamor_stage_current() || D.hi == 0 || cap <= 8)
+ * a reply to `self`'s request of `version`; returns the length, 0 for none.
+ * Only for the current version: the worker uses them only while it stays in
+ * the version they name, so an old-version request never leads to a peer. */
+size_t cl_dir_hints(int self, uint32_t version, uint8_t *out, size_t cap) {
+    if (!D.policy || !D.holders || self < 0 || self >= D.npeers || !cl_version_active() || version == 0 ||
+        version != clamor_version_current() || D.hi == 0 || cap <= 8)
         return 0;
     uint64_t live = 0;
     for (int i = 0; i < D.npeers; i++)
@@ -223,11 +223,11 @@ void cl_dir_miss(uint64_t first, uint32_t count, int peer) {
     for (uint64_t p = first; p < first + count; p++) D.holders[p] &= ~(1ull << peer);
 }
 
-/* Page p changed before `stage`: no worker holds the new version. */
-void cl_dir_changed(uint64_t p, uint32_t stage) {
+/* Page p changed before `version`: no worker holds the new version. */
+void cl_dir_changed(uint64_t p, uint32_t version) {
     if (!D.holders) return;
     pthread_mutex_lock(&dir_lock);
-    __atomic_store_n(&D.changed_at[p], stage, __ATOMIC_SEQ_CST); /* first: see cl_dir_served */
+    __atomic_store_n(&D.changed_at[p], version, __ATOMIC_SEQ_CST); /* first: see cl_dir_served */
     __atomic_store_n(&D.holders[p], 0, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&dir_lock);
 }

@@ -85,7 +85,7 @@ static const char *cause(int err) {
     case ETIMEDOUT: return "no answer from the page server within the fetch timeout (driver gone or overloaded?)";
     case ENOTCONN: return "no pager is running in this process (a process forked from the driver needs the driver's page server running: a Cluster's, or region.serve(); else start one with clamor_pager_start / attach)";
     case ENOMEM: return "out of memory mappings (vm.max_map_count) or of room for page versions";
-    case ESTALE: return "the page version this stage needs was already collected";
+    case ESTALE: return "the page version this task reads was already collected";
     case ERANGE: return "the page lies outside the region the server has";
     case EACCES: return "write to a page that is mapped read-only on this worker";
     case EPROTO: case EBADMSG: return "malformed reply from the page server";
@@ -184,11 +184,7 @@ static void give_memory(uint64_t idx) {
     fallocate(cl_region.memfd, FALLOC_FL_KEEP_SIZE, (off_t)(idx << cl_region.page_shift), (off_t)cl_region.page_size);
 }
 
-static uint64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* async-signal-safe */
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
+static uint64_t now_us(void) { return cl_now_ns() / 1000; } /* async-signal-safe (options.c) */
 
 static uint64_t now_ms(void) { return now_us() / 1000; }
 
@@ -241,7 +237,7 @@ static int map_here(uint64_t idx) {
 static _Atomic uint64_t last_window = UINT64_MAX - 1;
 
 static void stream(uintptr_t addr, uint64_t idx) {
-    if (!clamor_readahead()) return; /* read-ahead off: no filling ahead either */
+    if (!cl_option_get(CL_OPT_READAHEAD)) return; /* read-ahead off: no filling ahead either */
     uint64_t win = cl_map_window(), k = idx / win;
     uint64_t prev = atomic_exchange_explicit(&last_window, k, memory_order_relaxed);
     if (prev + 1 != k && prev + POPULATE_WINDOWS != k) return;
@@ -321,7 +317,7 @@ static void handler(int sig, siginfo_t *si, void *uc) {
          * out itself; this bound only guards against a pager that died. */
         if (!start) start = now_ms();
         cl_futex_wait(w, s, 1000);
-        if (now_ms() - start > (uint64_t)clamor_fetch_timeout_ms() + 5000) cl_fault_fatal(a, ETIMEDOUT);
+        if (now_ms() - start > cl_option_get(CL_OPT_FETCH_TIMEOUT_MS) + 5000) cl_fault_fatal(a, ETIMEDOUT);
         s = atomic_load(w);
     }
 }

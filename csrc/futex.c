@@ -1,6 +1,6 @@
 /* futex.c -- wait on a 32-bit word, wake its waiters: futex(2), bare.
  *
- * The page-state words (pagetable.c) and the driver's stage gate
+ * The page-state words (pagetable.c) and the driver's version gate
  * (version.c) are waited on this way.  Both calls are plain system calls,
  * so the fault handler may use them (async-signal-safe), and they need no
  * lock: the word is the whole state.

@@ -1,6 +1,7 @@
 /* internal.h -- the internals of clamor's C core, shared between its files.
  *
- * Not installed, not part of the API (that is clamor.h).  Each function is
+ * Not installed, not part of the API (that is clamor.h; what only the
+ * Python binding calls is binding.h, included here).  Each function is
  * declared under the file that defines it, with the state it shares; the
  * page protocol has its own header (wire.h), and so does the run-time
  * binding of libzmq (zmqdl.h).  Prefixes: cl_<file>_ for what one file
@@ -17,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "clamor.h"
+#include "binding.h"
 
 #define CL_OS_PAGE ((size_t)4096)
 
@@ -33,6 +34,38 @@ int cl_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
  * Async-signal-safe. */
 int cl_futex_wait(_Atomic uint32_t *w, uint32_t val, int timeout_ms);
 void cl_futex_wake(_Atomic uint32_t *w);
+
+/* ---- options.c: the tunables, the worker's version, the clock ---------- */
+
+/* The settings other files read, in one table (options.c): each with its
+ * default and the environment variable that may set it.  The public
+ * setters and getters of clamor.h (clamor_set_readahead, ...) are there. */
+enum cl_option {
+    CL_OPT_READAHEAD,        /* bytes of read-ahead on sequential faults, 0: off */
+    CL_OPT_FETCH_TIMEOUT_MS, /* a fetch not answered in this time fails (CLAMOR_FETCH_TIMEOUT_MS) */
+    CL_OPT_MAX_MAPPINGS,     /* as set; clamor_max_mappings() gives the default for 0 */
+    CL_OPT_DIFF_KEEP,        /* bytes of kept copies for diffs (CLAMOR_DIFF_KEEP) */
+    CL_OPT_SERVE_RATE,       /* bytes per second the page server sends, 0: no limit (CLAMOR_SERVE_RATE) */
+    CL_OPT_RELOC,            /* worker: ask for relocations with every page */
+    CL_OPT_COUNT
+};
+/* A relaxed atomic load: async-signal-safe. */
+uint64_t cl_option_get(enum cl_option o);
+void cl_option_set(enum cl_option o, uint64_t v);
+/* Take the option's environment variable now, if it is set and valid (the
+ * moment docs/configuration.md names for it).  Not async-signal-safe. */
+void cl_option_env(enum cl_option o);
+
+/* The version the task running in this worker reads (sent with every page
+ * request), the highest version it has run at, and a counter bumped after
+ * every change of version (clamor_set_version).  A worker re-running a task
+ * of an older version (lineage recovery) is "rewound": it may hold old
+ * pages, so its page server refuses requests of newer versions (server.c). */
+extern _Atomic uint32_t cl_worker_version, cl_worker_version_top;
+extern _Atomic uint64_t cl_worker_view;
+
+/* Monotonic clock in nanoseconds (clock_gettime(2)): async-signal-safe. */
+uint64_t cl_now_ns(void);
 
 /* ---- thread.c: the service threads' start and stop ------------------------ */
 
@@ -93,8 +126,8 @@ struct cl_region {
      * held): it is not served to a peer, which would read this worker's
      * pointers. */
     _Atomic uint64_t *sums;
-    /* worker: per page absent from the public view, the stage whose
-     * version its bytes, kept in the memfd, are (0: none kept).  A page the
+    /* worker: per page absent from the public view, the version its
+     * bytes, kept in the memfd, are (0: none kept).  A page the
      * driver changed keeps its old copy there, so that its next fetch may
      * come as the words that changed (a diff, wire.h). */
     _Atomic uint32_t *kept;
@@ -137,9 +170,9 @@ static inline char *cl_page_addr(uint64_t idx) {
 /* A page's bytes are at one of three locations of the driver's memfd: its
  * home (id p, where the region's view starts), its twin (id npages + p), or
  * a pool slot (id 2 * npages + k).  The table has one word per page: the
- * stage from which its current location holds what tasks read ("since",
+ * version from which its current location holds what tasks read ("since",
  * high 32 bits) and the location's id XOR p (low 32 bits), so that a
- * zero-filled table reads "at home since stage 0". */
+ * zero-filled table reads "at home since version 0". */
 #define CL_MAP_MAGIC 0x70616d726f6d616cull /* "lamormap" */
 struct cl_maphdr {
     uint64_t magic;
@@ -227,7 +260,7 @@ int cl_map_run(uint64_t idx, bool claimed, bool from_handler);
 uint64_t cl_map_window(void);
 /* Kept copies (diffs).  cl_pt_diffs_on(): this worker keeps copies and asks
  * for diffs (a budget set, fetching rather than mapping).
- * cl_pt_kept(i): the stage of page i's kept copy, 0 if none.
+ * cl_pt_kept(i): the version of page i's kept copy, 0 if none.
  * cl_pt_unkeep(): forget the kept copies of [first, first+count), punching
  * their memory out if `punch` (else a fetch about to overwrite it).
  * cl_pt_kept_pages(): how many are kept now.  Atomics, no lock: only the
@@ -269,13 +302,6 @@ void cl_fault_fatal(uintptr_t addr, int err) __attribute__((noreturn));
 #define CL_REQ_INDEX ((1ull << 40) - 1)
 #define CL_REQ_MAXRUN 0x3fffffull
 
-/* Stage of the task running in this worker (sent with every page request),
- * the highest stage it has run, and a counter bumped after every change of
- * stage.  A worker re-running a task of an older stage (lineage recovery)
- * is "rewound": it may hold old versions, so its page server refuses
- * requests of newer stages (server.c). */
-extern _Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
-extern _Atomic uint64_t cl_worker_view;
 int cl_pager_stop_after_fork(void);
 
 /* ---- prefetch.c --------------------------------------------------------- */
@@ -297,8 +323,8 @@ int cl_peer_pollitems(struct cl_zmq_pollitem *it); /* room for CL_PEERS_MAX */
 void cl_peer_close_all(bool abandon);
 void cl_peer_silent(int k);
 bool cl_peer_is(int k, const char *endpoint);
-void cl_hints_take(void *sock, uint32_t stage);
-int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage);
+void cl_hints_take(void *sock, uint32_t version);
+int cl_hints_peer(uint64_t first, uint32_t count, uint32_t version);
 
 /* ---- security.c: authentication of every socket the core opens ----------- */
 
@@ -318,11 +344,11 @@ int cl_server_stop_after_fork(void);
 
 int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen);
 int cl_dir_peer_of(const void *id, size_t idlen);
-int cl_dir_choose(uint64_t first, uint32_t count, uint32_t stage, int self, const char **endpoint);
-void cl_dir_served(uint64_t first, uint32_t count, uint32_t stage, int peer);
+int cl_dir_choose(uint64_t first, uint32_t count, uint32_t version, int self, const char **endpoint);
+void cl_dir_served(uint64_t first, uint32_t count, uint32_t version, int peer);
 void cl_dir_miss(uint64_t first, uint32_t count, int peer);
-size_t cl_dir_hints(int self, uint32_t stage, uint8_t *out, size_t cap);
-void cl_dir_changed(uint64_t p, uint32_t stage);
+size_t cl_dir_hints(int self, uint32_t version, uint8_t *out, size_t cap);
+void cl_dir_changed(uint64_t p, uint32_t version);
 void cl_dir_reset(void);
 void cl_dir_forget_all(void);
 /* The driver is about to write page p: forget its holders.  Async-signal-safe. */
@@ -331,23 +357,23 @@ void cl_dir_page_written(uint64_t p);
 /* ---- version.c: page versions (driver) ---------------------------------- */
 
 /* Called by the fault handler for a write to a write-protected driver page:
- * log its content for the current stage and open it.  Async-signal-safe.
+ * log its content for the current version and open it.  Async-signal-safe.
  * 0, EACCES (copy-on-write is off: not clamor's fault) or ENOMEM. */
 int cl_version_on_write(uintptr_t addr);
-/* Copy page p as a task of `stage` must see it (0: current).  ESTALE if
+/* Copy page p as a task of `version` must see it (0: current).  ESTALE if
  * that version was collected.  Page-server thread. */
-int cl_version_read(uint64_t p, uint32_t stage, void *dst);
+int cl_version_read(uint64_t p, uint32_t version, void *dst);
 void cl_version_stats(uint64_t *n, uint64_t *bytes);
 int cl_version_open(uintptr_t a, size_t len);
 /* The allocator punched pages [first, first+n) out of the memfd (they read
- * zero now, with no write fault): list them as changed at the next stage. */
+ * zero now, with no write fault): list them as changed at the next version. */
 void cl_version_discarded(uint64_t first, uint64_t n);
 /* The allocator frees [off, off+len) of the region: punch the bytes out of
  * the location each page is at now.  0 or errno. */
 int cl_version_punch(uint64_t off, uint64_t len);
 void cl_version_reset(void);
 
-/* Copy-on-write versions are on (a stage has begun): only then do pages
+/* Copy-on-write versions are on (a version has begun): only then do pages
  * change at known points, so only then may peers serve them. */
 bool cl_version_active(void);
 bool cl_version_open_now(uint64_t p);
@@ -360,7 +386,7 @@ void cl_version_prepare(uintptr_t a, size_t len);
 
 /* ---- wprot.c: how the driver's region is write-protected ----------------- */
 
-/* The first stage: choose the mechanism (CLAMOR_WRITE_PROTECT) and protect
+/* The first version: choose the mechanism (CLAMOR_WRITE_PROTECT) and protect
  * every page handed out so far.  Under version.c's lock.  0 or errno. */
 int cl_wprot_start(void);
 /* CLAMOR_WPROT_*; async-signal-safe. */
@@ -448,7 +474,7 @@ long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
 long clamor_py_table_in(uintptr_t obj);
 long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
 int clamor_py_hides(uintptr_t obj);
-int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
+int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
                                  size_t n);
 long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
                               long *kept);
@@ -551,7 +577,7 @@ struct _object *cl_py_instance_dict(struct _object *o);
 /* The head of object o's list of weak references (pyheap.c): NULL when
  * it has none or its type has no list. */
 void *cl_py_weaklist_head(struct _object *o);
-/* The HIDE_* bits of region object o's words a stage would hide (pyheap.c),
+/* The HIDE_* bits of region object o's words a version would hide (pyheap.c),
  * with the words' addresses. */
 int cl_py_to_hide(struct _object *o, void ***weak, void ***info);   /* (struct _object: PyObject) */
 #endif
@@ -635,16 +661,13 @@ extern struct cl_counters cl_stats;
 #define CL_COUNT(field, n) atomic_fetch_add_explicit(&cl_stats.field, (n), memory_order_relaxed)
 void cl_stats_latency(uint64_t ns);
 
-/* Monotonic clock in nanoseconds. */
-uint64_t cl_now_ns(void);
-
 /* ---- reloc.c: relocations with the pages ------------------------------- */
 
-/* The relocation frame for pages [first, first+count) at `stage` (the
- * driver's list of that stage's version, checked against the words of
+/* The relocation frame for pages [first, first+count) at `version` (the
+ * driver's list of that version, checked against the words of
  * `data`, the pages served: ENOTRECOVERABLE if none agrees; a worker's own lists):
  * malloc'd into *out, its size returned; 0 and *err on failure. */
-size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char *data, void **out, int *err);
+size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t version, const char *data, void **out, int *err);
 /* Worker: put the driver's words back into a copy of pages it holds. */
 void cl_reloc_restore(uint64_t first, uint32_t count, char *data);
 /* Worker: relocate the reply data of [first, first+count) (len bytes) by

@@ -30,7 +30,7 @@
  * A peer that fails or stays silent sends the fetch back to the driver.
  *
  * Diffs: a run of pages whose old copies the worker kept (pagetable.c) is
- * asked of the driver with DIFF and the stage of each copy, alone in its
+ * asked of the driver with DIFF and the version of each copy, alone in its
  * request (runs are cut where kept copies begin or end) and never of a
  * peer.  A diff reply is applied to the copies read back from the memfd,
  * and each page rebuilt must sum as the driver's (the copy may hold this
@@ -103,32 +103,13 @@ static struct pager {
     bool no_diffs; /* the driver refused a diff request (a server of before diffs) */
 } P = {.t = CL_THREAD_INIT};
 
-static _Atomic size_t readahead_bytes = 4u << 20;
-_Atomic uint32_t cl_worker_stage, cl_worker_stage_top;
-_Atomic uint64_t cl_worker_view;
-
-void clamor_set_stage(uint32_t stage) {
-    if (atomic_load(&cl_worker_stage) == stage) return;
-    /* The stage first, then the view counter: a server that reads the new
-     * count also reads the new stage (server.c, serve_get). */
-    atomic_store(&cl_worker_stage, stage);
-    if (stage > atomic_load(&cl_worker_stage_top)) atomic_store(&cl_worker_stage_top, stage);
-    atomic_fetch_add(&cl_worker_view, 1);
-}
-static _Atomic uint32_t fetch_timeout_ms = 30000;
-
-void clamor_set_readahead(size_t bytes) { atomic_store(&readahead_bytes, bytes); }
-size_t clamor_readahead(void) { return atomic_load(&readahead_bytes); }
-void clamor_set_fetch_timeout_ms(uint32_t ms) { atomic_store(&fetch_timeout_ms, ms ? ms : 1); }
-uint32_t clamor_fetch_timeout_ms(void) { return atomic_load(&fetch_timeout_ms); }
-
 static uint32_t chunk_pages(void) {
     uint32_t c = (uint32_t)((1u << 20) >> cl_region.page_shift);
     return c ? (c > CL_WIRE_MAX_COUNT ? CL_WIRE_MAX_COUNT : c) : 1;
 }
 
 static uint64_t half_window(void) {
-    return (uint64_t)(atomic_load(&readahead_bytes) / 2) >> cl_region.page_shift;
+    return (uint64_t)(cl_option_get(CL_OPT_READAHEAD) / 2) >> cl_region.page_shift;
 }
 
 /* A new stream's window: small, so a stream nobody follows costs little. */
@@ -165,10 +146,10 @@ static void fail_run(uint64_t first, uint32_t count, int err, bool demanded) {
         /* invalidated meanwhile and nobody waits: it is simply absent */
         if ((exp & CL_PG_STALE) && !(exp & CL_PG_WAITERS) && atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT))
             continue;
-        /* A request of an earlier stage (read-ahead a task left behind) for a
+        /* A request of an earlier version (read-ahead a task left behind) for a
          * page that has changed since: the version it named is gone, but the
          * thread waiting now runs a later task, which dropped the page.  Ask
-         * again at the stage the worker is in now. */
+         * again at the version the worker is in now. */
         if (err == ESTALE && (exp & CL_PG_STALE) && atomic_compare_exchange_strong(w, &exp, CL_PG_WANTED | CL_PG_WAITERS)) {
             pend(i, 1, K_DEMAND, -1);
             continue;
@@ -221,10 +202,10 @@ static bool send_get(void *sock, struct req *q, unsigned slot, uint16_t flags, u
         for (int i = 0; i < 4; i++) bases[4 * k + i] = (uint8_t)(b >> (8 * i));
     }
     struct cl_wire_hdr h = {.type = CL_WIRE_GET,
-                            .flags = flags | (clamor_reloc_enabled() ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE |
+                            .flags = flags | (cl_option_get(CL_OPT_RELOC) ? CL_WIRE_RELOC : 0) | CL_WIRE_SPARSE |
                                      (diff ? CL_WIRE_DIFF : 0),
                             .status = status, .index = q->first,
-                            .count = q->count, .stage = atomic_load(&cl_worker_stage),
+                            .count = q->count, .version = atomic_load(&cl_worker_version),
                             .tag = (uint32_t)q->gen << 16 | slot};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
@@ -245,7 +226,7 @@ static int send_one(struct run *r) {
     q->count = r->count;
     /* kept copies: a diff from the driver, not the pages from a peer */
     q->diff = diffs_now() && cl_pt_kept(r->first) && same_kept(r->first, r->count) == r->count;
-    int peer = q->diff ? -1 : cl_hints_peer(r->first, r->count, atomic_load(&cl_worker_stage));
+    int peer = q->diff ? -1 : cl_hints_peer(r->first, r->count, atomic_load(&cl_worker_version));
     if (!send_get(peer >= 0 ? cl_peer_sock(peer) : P.t.sock, q, slot, peer >= 0 ? CL_WIRE_DIRECT : 0, 0)) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
@@ -382,7 +363,7 @@ static void finish(struct req *q) {
 }
 
 /* The peer did not deliver: ask the driver, which forgets that holder
- * unless the peer only ran another stage (`missing` false).  After a hint
+ * unless the peer only ran another version (`missing` false).  After a hint
  * the driver may still redirect; after a redirect it serves the page. */
 static void back_to_driver(struct req *q, unsigned slot, bool missing) {
     uint32_t peer = (uint32_t)q->peer + 1;
@@ -396,7 +377,7 @@ static void back_to_driver(struct req *q, unsigned slot, bool missing) {
 static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_hdr *h) {
     char ep[256];
     int n = cl_zmq.recv(P.t.sock, ep, sizeof ep - 1, 0);
-    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.t.sock, h->stage);
+    if (n > 0 && (h->flags & CL_WIRE_HINTS)) cl_hints_take(P.t.sock, h->version);
     cl_zmq_drain(P.t.sock);
     void *s = NULL;
     if (n > 0 && n < (int)sizeof ep) {
@@ -576,7 +557,7 @@ static void on_reply(void *sock) {
         follow_redirect(q, slot, &h);
         return;
     }
-    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other stage */
+    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other version */
         cl_zmq_drain(sock);
         back_to_driver(q, slot, bad || h.type != CL_WIRE_ERROR || h.status != ESTALE);
         return;
@@ -605,7 +586,7 @@ static void on_reply(void *sock) {
     int rc = EBADMSG, more = 0;
     size_t sz = sizeof more;
     cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz);
-    bool relocs = clamor_reloc_enabled();
+    bool relocs = cl_option_get(CL_OPT_RELOC);
     /* a diff only answers a request for one (so only from the driver), and
      * never comes sparse; its relocations are the new pages' */
     bool diff = h.flags & CL_WIRE_DIFF;
@@ -614,7 +595,7 @@ static void on_reply(void *sock) {
         announce(q->first, q->count);
         rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE, diff);
     }
-    if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.stage);
+    if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.version);
     cl_zmq_drain(sock);
     if (rc == EILSEQ) { /* a kept copy was not the version it named: the pages whole */
         CL_COUNT(diff_retries, 1);
@@ -648,7 +629,7 @@ static void on_reply(void *sock) {
 }
 
 static void check_timeouts(void) {
-    uint64_t now = cl_now_ns(), lim = (uint64_t)atomic_load(&fetch_timeout_ms) * 1000000ull;
+    uint64_t now = cl_now_ns(), lim = cl_option_get(CL_OPT_FETCH_TIMEOUT_MS) * 1000000ull;
     for (unsigned i = 0; i < MAX_INFLIGHT; i++) {
         struct req *q = &P.inflight[i];
         if (q->used && q->peer >= 0 && now - q->sent_ns > PEER_TIMEOUT_NS) {
@@ -719,8 +700,7 @@ int clamor_pager_start(const char *endpoint) {
     if (!endpoint || !*endpoint) return cl_err(EINVAL, "no page-server endpoint given");
     if ((rc = cl_zmq_require())) return rc;
     if ((rc = clamor_fault_install()) > 0) return rc;
-    const char *t = getenv("CLAMOR_FETCH_TIMEOUT_MS");
-    if (t && atoi(t) > 0) clamor_set_fetch_timeout_ms((uint32_t)atoi(t));
+    cl_option_env(CL_OPT_FETCH_TIMEOUT_MS);
     memset(P.inflight, 0, sizeof P.inflight);
     P.ninflight = P.phead = P.plen = 0;
     P.ra_next = UINT64_MAX - 1;

@@ -21,9 +21,9 @@
  *
  * Kept copies.  A page the driver changed is dropped from the public view
  * at the worker's next task (clamor_invalidate), but a fetching worker
- * keeps its bytes in the memfd, with the stage they are the version of
+ * keeps its bytes in the memfd, with the version they are
  * (cl_region.kept), instead of punching them out: its next fetch names
- * that stage, and the driver may send only the words that changed (a diff,
+ * that version, and the driver may send only the words that changed (a diff,
  * wire.h; pager.c applies it).  Only pages the worker held are kept, so
  * its memory does not grow past what it held before the invalidation, and
  * at most clamor_diff_keep() bytes at once (CLAMOR_DIFF_KEEP, default 1
@@ -43,13 +43,9 @@
 #include "internal.h"
 
 static uint32_t mappings = 1;     /* public-view mappings, under pt_lock */
-static uint32_t max_mappings_set; /* 0: default */
 static uint64_t *evict_ring;      /* run starts, oldest first */
-static uint32_t mapping_budget(void);
-static void read_default_budget(void);
 static uint32_t evict_cap, evict_head, evict_len;
 static inline uint32_t wloc_of(uint64_t i);
-static void read_diff_keep(void);
 static _Atomic uint64_t kept_pages;
 
 /* ---- pt_lock ------------------------------------------------------------- */
@@ -109,12 +105,12 @@ int cl_pt_init(void) {
     }
     cl_region.kept = kept;
     atomic_store(&kept_pages, 0);
-    read_diff_keep();
+    cl_option_env(CL_OPT_DIFF_KEEP);
     cl_region.sums = sums;
     cl_region.pages = pt;
     cl_region.install_prot = PROT_READ | PROT_WRITE;
     mappings = 1;
-    read_default_budget(); /* now: the fault handler consults the budget */
+    clamor_max_mappings(); /* now: the fault handler consults the budget (options.c) */
     evict_head = evict_len = 0;
     return 0;
 }
@@ -167,25 +163,10 @@ uint64_t cl_page_xor_sum(const void *a_, const void *b_, void *out_, size_t len)
 
 /* ---- kept copies ---------------------------------------------------------- */
 
-static _Atomic uint64_t diff_keep_bytes = UINT64_MAX; /* UINT64_MAX: not read yet */
-
-static void read_diff_keep(void) {
-    if (atomic_load(&diff_keep_bytes) != UINT64_MAX) return;
-    const char *v = getenv("CLAMOR_DIFF_KEEP");
-    char *end = NULL;
-    unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
-    atomic_store(&diff_keep_bytes, v && *v && end && !*end ? (uint64_t)n : (uint64_t)1 << 30);
-}
-
-void clamor_set_diff_keep(uint64_t bytes) { atomic_store(&diff_keep_bytes, bytes == UINT64_MAX ? bytes - 1 : bytes); }
-uint64_t clamor_diff_keep(void) {
-    read_diff_keep();
-    return atomic_load(&diff_keep_bytes);
-}
-
+/* The budget, CL_OPT_DIFF_KEEP, is read when the page table is made
+ * (cl_pt_init). */
 bool cl_pt_diffs_on(void) {
-    return cl_region.kept && atomic_load(&diff_keep_bytes) && atomic_load(&diff_keep_bytes) != UINT64_MAX &&
-           !atomic_load(&cl_region.map_on);
+    return cl_region.kept && cl_option_get(CL_OPT_DIFF_KEEP) && !atomic_load(&cl_region.map_on);
 }
 
 uint32_t cl_pt_kept(uint64_t i) { return cl_region.kept ? atomic_load(&cl_region.kept[i]) : 0; }
@@ -202,19 +183,19 @@ void cl_pt_unkeep(uint64_t first, uint64_t count, bool punch) {
     }
 }
 
-/* Keep page i's bytes as the version of `stage` rather than punch them:
+/* Keep page i's bytes as version `version` rather than punch them:
  * true if kept.  pt_lock held, the page closed. */
-static bool keep_copy(uint64_t i, uint32_t stage) {
-    if (!stage || !cl_pt_diffs_on() || wloc_of(i) || !atomic_load(&cl_region.sums[i])) return false;
-    uint64_t cap = atomic_load(&diff_keep_bytes) >> cl_region.page_shift;
+static bool keep_copy(uint64_t i, uint32_t version) {
+    if (!version || !cl_pt_diffs_on() || wloc_of(i) || !atomic_load(&cl_region.sums[i])) return false;
+    uint64_t cap = cl_option_get(CL_OPT_DIFF_KEEP) >> cl_region.page_shift;
     if (atomic_load(&kept_pages) >= cap) return false;
-    if (atomic_exchange(&cl_region.kept[i], stage) == 0) atomic_fetch_add(&kept_pages, 1);
+    if (atomic_exchange(&cl_region.kept[i], version) == 0) atomic_fetch_add(&kept_pages, 1);
     CL_COUNT(pages_kept, 1);
     return true;
 }
 
 /* Punch [first, first+count) out of the memfd, but keep each page it can
- * (keep: the stage its bytes are the version of, 0: none). */
+ * (keep: the version its bytes are, 0: none). */
 static void punch_or_keep(uint64_t first, uint64_t count, uint32_t keep) {
     uint64_t s = first, end = first + count; /* s: start of the run still to punch */
     for (uint64_t i = first; i < end; i++) {
@@ -284,32 +265,6 @@ static int delta_to(uint64_t first, uint64_t count, bool drv, uint64_t off0, boo
 /* The same for the worker's own memfd, opened (open=1) or closed. */
 static int map_delta(uint64_t first, uint64_t count, int open) { return delta_to(first, count, false, first, open); }
 
-/* Half of vm.max_map_count, read once (at the first page table: never
- * from the fault handler, which consults the budget). */
-static uint32_t default_budget;
-
-static void read_default_budget(void) {
-    if (default_budget) return;
-    long sys = 65530;
-    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-    if (f) {
-        if (fscanf(f, "%ld", &sys) != 1) sys = 65530;
-        fclose(f);
-    }
-    /* Leave half for the interpreter, libraries, thread stacks and the
-     * rest of the process. */
-    default_budget = (uint32_t)(sys / 2 > 1024 ? sys / 2 : 512);
-}
-
-/* clamor_set_max_mappings(), or half of vm.max_map_count. */
-static uint32_t mapping_budget(void) {
-    if (max_mappings_set) return max_mappings_set;
-    if (!default_budget) read_default_budget(); /* (a driver: no page table, no handler use) */
-    return default_budget;
-}
-
-void clamor_set_max_mappings(uint32_t n) { max_mappings_set = n; }
-uint32_t clamor_max_mappings(void) { return mapping_budget(); }
 uint32_t clamor_mappings(void) { return mappings; }
 
 static void ring_push(uint64_t idx) {
@@ -474,7 +429,7 @@ static int install_run(uint64_t first, uint64_t count) {
     size_t off = (size_t)first << cl_region.page_shift, len = (size_t)count << cl_region.page_shift;
     int rc = 0;
     int d = map_delta(first, count, 1);
-    uint32_t budget = mapping_budget();
+    uint32_t budget = clamor_max_mappings();
     while (d > 0 && mappings + (uint32_t)d > budget) {
         if (evict_locked() != 0) break; /* try anyway: the budget is ours, not the kernel's */
         d = map_delta(first, count, 1);
@@ -547,7 +502,7 @@ int clamor_pages_drop(uint64_t first, uint64_t count) {
  * pt_lock held. */
 static int drop_open_page(uint64_t i, uint32_t keep) {
     uint64_t s = i, e = i + 1;
-    uint32_t budget = mapping_budget();
+    uint32_t budget = clamor_max_mappings();
     int d = map_delta(i, 1, 0);
     while (d > 0 && mappings + (uint32_t)d > budget && evict_locked() == 0) {
         if (!is_open(i)) return 0; /* the eviction took i's run with it */
@@ -572,9 +527,9 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             return cl_err(EINVAL, "page %lu is outside the region (%lu pages)", (unsigned long)pages[k],
                           (unsigned long)cl_region.npages);
     int rc = 0;
-    /* The copies held reflect the stage the worker is leaving (the caller
-     * sets the next one after): kept copies are that stage's versions. */
-    uint32_t keep = atomic_load(&cl_worker_stage);
+    /* The copies held reflect the version the worker is leaving (the caller
+     * sets the next one after): kept copies are of that version. */
+    uint32_t keep = atomic_load(&cl_worker_version);
     pt_lock();
     for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
         uint64_t i = pages[k];
@@ -632,15 +587,15 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
  * and no memory; the kernel fills the page-table entries on first touch. */
 #define MAP_WINDOW_BYTES ((size_t)4 << 20)
 
-/* Page j can be mapped for a task of `stage`: the driver allocated it, a
+/* Page j can be mapped for a task of `version`: the driver allocated it, a
  * worker that relocates does not need its relocations, and its current
- * location holds what that stage reads.  *id gets the location. */
-static bool mappable(uint64_t j, uint32_t stage, bool reloc, uint32_t *id) {
+ * location holds what that version reads.  *id gets the location. */
+static bool mappable(uint64_t j, uint32_t version, bool reloc, uint32_t *id) {
     uint8_t f = atomic_load_explicit(&cl_region.locflags[j], memory_order_relaxed);
     if (!(f & CL_LOC_USED) || (reloc && (f & CL_LOC_RELOC))) return false;
     uint64_t e = atomic_load_explicit(&cl_region.loctab[j], memory_order_acquire);
     *id = cl_loc_id(j, e);
-    return cl_loc_since(e) <= stage && *id < cl_region.nlocs;
+    return cl_loc_since(e) <= version && *id < cl_region.nlocs;
 }
 
 /* Claimed page j goes back: absent, or to the pager if a thread waits. */
@@ -657,23 +612,23 @@ static void give_back(uint64_t j) {
 static int map_locked(uint64_t idx, bool claimed, bool from_handler) {
     uint32_t s = atomic_load(&cl_region.pages[idx]);
     if (CL_PG_STATE(s) != (claimed ? CL_PG_WANTED : CL_PG_ABSENT)) return 0; /* no longer the caller's */
-    /* Outside a task (stage 0) the worker reads "now", which no kept
+    /* Outside a task (version 0) the worker reads "now", which no kept
      * version promises to stay: those few touches are fetched. */
-    uint32_t stage = atomic_load(&cl_worker_stage), id;
-    bool reloc = clamor_reloc_enabled();
-    if (stage == 0 || !mappable(idx, stage, reloc, &id)) return EAGAIN;
+    uint32_t version = atomic_load(&cl_worker_version), id;
+    bool reloc = cl_option_get(CL_OPT_RELOC);
+    if (version == 0 || !mappable(idx, version, reloc, &id)) return EAGAIN;
     uint64_t win = MAP_WINDOW_BYTES >> cl_region.page_shift;
     if (!win) win = 1;
     uint64_t lo = idx & ~(win - 1), hi = lo + win > cl_region.npages ? cl_region.npages : lo + win;
     uint64_t a = idx, b = idx + 1;
     uint32_t id2;
     while (a > lo && CL_PG_STATE(atomic_load(&cl_region.pages[a - 1])) == CL_PG_ABSENT &&
-           mappable(a - 1, stage, reloc, &id2) && (uint64_t)id2 + (idx - a + 1) == id)
+           mappable(a - 1, version, reloc, &id2) && (uint64_t)id2 + (idx - a + 1) == id)
         a--;
     while (b < hi && CL_PG_STATE(atomic_load(&cl_region.pages[b])) == CL_PG_ABSENT &&
-           mappable(b, stage, reloc, &id2) && id2 == (uint64_t)id + (b - idx))
+           mappable(b, version, reloc, &id2) && id2 == (uint64_t)id + (b - idx))
         b++;
-    uint32_t budget = mapping_budget();
+    uint32_t budget = clamor_max_mappings();
     int d = delta_to(a, b - a, true, id - (idx - a), true);
     if (d > 0 && mappings + (uint32_t)d + 2 > budget) { /* +2: a neighbour claimed meanwhile */
         if (from_handler) return EAGAIN;

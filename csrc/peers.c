@@ -11,11 +11,11 @@
  * (CL_WIRE_DIRECT): one round trip, as from the driver.
  *
  * A hint is only a guess, checked where it matters.  The driver hands hints
- * out only with replies to requests of its current stage; the table holds
- * the hints of one stage and is cleared when the worker's stage changes;
+ * out only with replies to requests of its current version; the table holds
+ * the hints of one version and is cleared when the worker's version changes;
  * the peer serves a direct request only if it holds the page and runs that
- * same stage (server.c), since a worker's pages are the versions of its
- * current stage (it drops changed pages before it takes a new stage).  A
+ * same version (server.c), since a worker's pages are as its current version
+ * has them (it drops changed pages before it takes a new version).  A
  * refusal or a silence sends the fetch to the driver, as after a redirect,
  * and a silent peer gets no more direct requests until the driver
  * redirects to it again (it may be gone, and its number given to a new
@@ -42,7 +42,7 @@ static struct {
     uint8_t *hint;             /* per page: 0, or peer + 1 */
     uint64_t npages;           /* length of hint */
     uint64_t lo, hi;           /* hints set since the last clear lie in [lo, hi) */
-    uint32_t stage;            /* the stage the hints are for */
+    uint32_t version;            /* the version the hints are for */
 } H;
 
 void *cl_peer_sock(int k) { return k >= 0 && k < CL_PEERS_MAX ? H.sock[k] : NULL; }
@@ -115,7 +115,7 @@ int cl_peer_pollitems(cl_zmq_pollitem *it) {
     return n;
 }
 
-static void clear_hints(uint32_t stage) {
+static void clear_hints(uint32_t version) {
     if (H.hi > H.lo) { /* give the touched pages back: they read as zero again */
         size_t pg = (size_t)sysconf(_SC_PAGESIZE);
         size_t a = (size_t)H.lo & ~(pg - 1), b = ((size_t)H.hi + pg - 1) & ~(pg - 1);
@@ -123,7 +123,7 @@ static void clear_hints(uint32_t stage) {
     }
     H.lo = UINT64_MAX;
     H.hi = 0;
-    H.stage = stage;
+    H.version = version;
 }
 
 /* abandon: after fork, the sockets belong to the parent's libzmq state. */
@@ -141,8 +141,8 @@ void cl_peer_silent(int k) {
 }
 
 /* Read the hints frame that follows on `sock` (the driver's reply to a
- * request of `stage`); a malformed one is ignored. */
-void cl_hints_take(void *sock, uint32_t stage) {
+ * request of `version`); a malformed one is ignored. */
+void cl_hints_take(void *sock, uint32_t version) {
     int more = 0;
     size_t sz = sizeof more;
     /* never read past the reply: a flag without its frame is only ignored */
@@ -152,7 +152,7 @@ void cl_hints_take(void *sock, uint32_t stage) {
     if (cl_zmq.msg_recv(&m, sock, CL_ZMQ_DONTWAIT) < 0) goto out;
     size_t len = cl_zmq.msg_size(&m);
     const uint8_t *b = cl_zmq.msg_data(&m);
-    if (len <= 8 || len > 8 + CL_WIRE_MAX_HINTS || stage != atomic_load(&cl_worker_stage)) goto out;
+    if (len <= 8 || len > 8 + CL_WIRE_MAX_HINTS || version != atomic_load(&cl_worker_version)) goto out;
     if (!H.hint || H.npages != cl_region.npages) {
         if (H.hint) munmap(H.hint, H.npages);
         void *t = mmap(NULL, cl_region.npages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -161,10 +161,10 @@ void cl_hints_take(void *sock, uint32_t stage) {
         H.npages = H.hint ? cl_region.npages : 0;
         H.lo = UINT64_MAX;
         H.hi = 0;
-        H.stage = stage;
+        H.version = version;
         if (!H.hint) goto out;
     }
-    if (stage != H.stage) clear_hints(stage);
+    if (version != H.version) clear_hints(version);
     uint64_t first = 0, n = len - 8;
     for (int i = 0; i < 8; i++) first |= (uint64_t)b[i] << (8 * i);
     if (first >= H.npages || n > H.npages - first) goto out;
@@ -175,10 +175,10 @@ out:
     cl_zmq.msg_close(&m);
 }
 
-/* The peer to ask directly for [first, first+count) at `stage`, or -1. */
-int cl_hints_peer(uint64_t first, uint32_t count, uint32_t stage) {
+/* The peer to ask directly for [first, first+count) at `version`, or -1. */
+int cl_hints_peer(uint64_t first, uint32_t count, uint32_t version) {
     silence_gone();
-    if (!H.hint || stage != H.stage || first < H.lo || first + count > H.hi) return -1;
+    if (!H.hint || version != H.version || first < H.lo || first + count > H.hi) return -1;
     uint8_t v = H.hint[first];
     for (uint64_t p = first + 1; p < first + count; p++)
         if (H.hint[p] != v) return -1;

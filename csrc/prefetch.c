@@ -17,7 +17,7 @@
 
 static int wait_page(uint64_t i) {
     _Atomic uint32_t *w = &cl_region.pages[i];
-    uint64_t start = cl_now_ns(), lim = ((uint64_t)clamor_fetch_timeout_ms() + 5000) * 1000000ull;
+    uint64_t start = cl_now_ns(), lim = (cl_option_get(CL_OPT_FETCH_TIMEOUT_MS) + 5000) * 1000000ull;
     for (;;) {
         uint32_t s = atomic_load(w);
         switch (CL_PG_STATE(s)) {
@@ -42,7 +42,7 @@ int clamor_prefetch(const void *addr, size_t len) {
     uintptr_t a = (uintptr_t)addr;
     if (cl_region.role == CLAMOR_ROLE_DRIVER && a - cl_region.base <= cl_region.size &&
         len <= cl_region.size - (a - cl_region.base))
-        return cl_version_open(a, len); /* write-protected between stages */
+        return cl_version_open(a, len); /* write-protected between versions */
     if (cl_region.role == CLAMOR_ROLE_DRIVER)
         return cl_err(EFAULT, "prefetch range %p+%zu is not inside the region", addr, len);
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(ENXIO, "no region in this process");

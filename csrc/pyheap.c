@@ -556,7 +556,7 @@ long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out) {
     return rc;
 }
 
-/* -- words a stage shows workers as zero --------------------------------
+/* -- words a version shows workers as zero --------------------------------
  * Some words of a region object point at what only the driver's process
  * made for it after a fork, outside the region:
  *  - its list of weak references (HIDE_WEAKLIST), which starts in its body:
@@ -566,9 +566,9 @@ long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out) {
  *  - an array's cached buffer description (HIDE_BUFFER_INFO), numpy's,
  *    made when the driver first exported the buffer (a Cython memoryview):
  *    the worker's export reads the driver's pointer (pandas' take died).
- * A stage's page versions show workers those words zero: the driver clears
- * them, begins the stage, and puts them back, holding the GIL throughout
- * (the write after the stage began leaves the cleared bytes as the version
+ * A version's pages show workers those words zero: the driver clears
+ * them, begins the version, and puts them back, holding the GIL throughout
+ * (the write after the version began leaves the cleared bytes as the version
  * its tasks read).  Zero is always right for a worker: it never frees a
  * region object, and makes its own references and descriptions. */
 #define HIDE_WEAKLIST 1
@@ -617,7 +617,7 @@ int cl_py_to_hide(PyObject *o, void ***weak, void ***info) {
     return kinds;
 }
 
-/* The HIDE_* bits of the words of region object `obj` that a stage would
+/* The HIDE_* bits of the words of region object `obj` that a version would
  * hide now (0: none). */
 int clamor_py_hides(uintptr_t obj) {
     PyGILState_STATE g = PyGILState_Ensure();
@@ -628,12 +628,12 @@ int clamor_py_hides(uintptr_t obj) {
     return rc;
 }
 
-/* Driver: clamor_stage_begin(stage) with the words to hide of the region
+/* Driver: clamor_version_begin(version) with the words to hide of the region
  * objects at objs[i] (of type types[i], as a walk saw them) shown zero to
- * the stage.  An entry no longer such an object, or with nothing to hide,
+ * the version.  An entry no longer such an object, or with nothing to hide,
  * gets state[i] = 0 (the caller forgets it), the others 1.  Returns
- * clamor_stage_begin's result. */
-int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uint64_t *types, int8_t *state,
+ * clamor_version_begin's result. */
+int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
                                  size_t n) {
     PyGILState_STATE g = PyGILState_Ensure();
     void ***words = n ? PyMem_RawCalloc(2 * n, sizeof *words) : NULL;
@@ -657,7 +657,7 @@ int clamor_py_stage_begin_hiding(uint32_t stage, const uint64_t *objs, const uin
         saved[i] = *words[i];
         *words[i] = NULL;
     }
-    int rc = clamor_stage_begin(stage);
+    int rc = clamor_version_begin(version);
     for (size_t i = 0; i < k; i++) *words[i] = saved[i];
     PyMem_RawFree(words);
     PyMem_RawFree(saved);

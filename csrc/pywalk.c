@@ -19,7 +19,7 @@
  *     the interpreter's static empty one, in a loaded image), a set's
  *     table, a str's data and cached copies;
  *   - no dict is split (a values table: an instance's), and no object has
- *     words a stage would hide (a set's weak-reference list, pyheap.c);
+ *     words a version would hide (a set's weak-reference list, pyheap.c);
  *   - an instance is of a class laid out as object with a dict
  *     (cl_py_plain_class: no __slots__, no C base), has no weak reference,
  *     and has a dict of its own (walk._owns_keys); its collector referents

@@ -20,10 +20,10 @@
  * worker serving a peer that wants the driver's bytes (a forked one) puts
  * them back, and a peer that relocates overwrites every listed word anyway.
  *
- * Driver: each page's list has a history by stage (a list is valid from
- * the stage it was computed at until a newer one replaces it), so that a
- * request of an older stage gets the list of the version it is served;
- * clamor_reloc_prune drops what no kept stage can ask for.
+ * Driver: each page's list has a history by version (a list is valid from
+ * the version it was computed at until a newer one replaces it), so that a
+ * request of an older version gets the list of the version it is served;
+ * clamor_reloc_prune drops what no kept version can ask for.
  * Worker: one list per page it holds, replaced when the page is fetched
  * again, served to peers with the page.
  *
@@ -40,7 +40,7 @@
 
 struct rlist {
     struct rlist *next; /* driver: older lists of the page */
-    uint32_t from;      /* driver: first stage it is valid at */
+    uint32_t from;      /* driver: first version it is valid at */
     uint32_t n;
     struct clamor_reloc e[];
 };
@@ -54,7 +54,6 @@ static struct {
     uint64_t *tdrv, *tloc; /* worker: per target, driver's and local address */
     uint8_t *tset;
     uint32_t ntargets;
-    _Atomic int on;      /* worker: ask for relocations */
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static int ensure_pages(void) {
@@ -86,13 +85,13 @@ static struct rlist *make(uint32_t from, const struct clamor_reloc *e, uint32_t 
     return l;
 }
 
-int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *e, uint32_t n) {
+int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *e, uint32_t n) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver lists relocations");
     if (page >= cl_region.npages) return cl_err(ERANGE, "page %llu is outside the region", (unsigned long long)page);
     uint64_t words = cl_region.page_size / 8;
     for (uint32_t i = 0; i < n; i++)
         if (e[i].word >= words) return cl_err(EINVAL, "relocation word %u is outside the page", e[i].word);
-    struct rlist *l = make(stage, e, n);
+    struct rlist *l = make(version, e, n);
     if (!l) return cl_err(ENOMEM, "out of memory for relocations");
     if (n) cl_map_mark_reloc(page); /* a worker that relocates fetches it */
     pthread_mutex_lock(&R.lock);
@@ -115,7 +114,7 @@ int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *e
         R.captouched = cap;
     }
     if (!old) R.touched[R.ntouched++] = page;
-    if (old && old->from >= stage) { /* a newer computation for the same stage replaces it */
+    if (old && old->from >= version) { /* a newer computation for the same version replaces it */
         l->next = old->next;
         free(old);
     } else {
@@ -124,9 +123,9 @@ int clamor_reloc_set(uint32_t stage, uint64_t page, const struct clamor_reloc *e
     R.page[page] = l;
     pthread_mutex_unlock(&R.lock);
     /* A worker that holds the page has it relocated by the old list: no
-     * peer serves it at this stage or later (the driver sends the workers
+     * peer serves it at this version or later (the driver sends the workers
      * that hold it word to drop it). */
-    cl_dir_changed(page, stage);
+    cl_dir_changed(page, version);
     return 0;
 }
 
@@ -161,7 +160,7 @@ void clamor_reloc_reset(void) {
     R.tdrv = R.tloc = NULL;
     R.tset = NULL;
     R.ntargets = 0;
-    atomic_store(&R.on, 0);
+    cl_option_set(CL_OPT_RELOC, 0);
     pthread_mutex_unlock(&R.lock);
 }
 
@@ -191,8 +190,6 @@ int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr
     return 0;
 }
 
-void clamor_reloc_enable(int on) { atomic_store(&R.on, on ? 1 : 0); }
-int clamor_reloc_enabled(void) { return atomic_load(&R.on); }
 
 /* ---- the data plane (server and pager threads) ------------------------------- */
 
@@ -209,7 +206,7 @@ static bool matches(const struct rlist *l, const char *page) {
     return true;
 }
 
-size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char *data, void **out, int *err) {
+size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t version, const char *data, void **out, int *err) {
     /* [u32 n][n entries]: word counted from the start of the reply's data */
     *err = 0;
     *out = NULL;
@@ -220,14 +217,14 @@ size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t stage, const char
     for (uint32_t k = 0; k < count; k++) {
         struct rlist *l = R.page && first + k < R.npages ? R.page[first + k] : NULL;
         if (cl_region.role == CLAMOR_ROLE_DRIVER && l) {
-            /* The list of the stage's version: the newest from that stage
+            /* The list of the version: the newest from that version
              * or before, else (a list first made later, for objects that
              * were there already) the oldest.  Whichever it is must agree
              * with the bytes served, word for word, or none is sent: a
              * relocation applied to the wrong bytes would corrupt them. */
             const char *page = data + (size_t)k * cl_region.page_size;
             struct rlist *c = l, *oldest = l;
-            while (c && c->from > stage) {
+            while (c && c->from > version) {
                 oldest = c;
                 c = c->next;
             }

@@ -4,11 +4,11 @@
  * DESIGN.  The driver's memfd holds more than the region: for each page a
  * home (where the region's view of it starts) and a twin, then a pool of
  * spare locations, then a table.  The table says, per page, where its
- * bytes are now and from which stage on (internal.h, cl_loc_*).  The
+ * bytes are now and from which version on (internal.h, cl_loc_*).  The
  * driver never writes a location a reader may map: the first write to a
- * page in a stage moves the driver's view of it to a free location holding
+ * page in a version moves the driver's view of it to a free location holding
  * a copy (version.c), and the old location becomes the version older
- * stages read.  A worker on the same host maps a page from the location
+ * versions read.  A worker on the same host maps a page from the location
  * the table gives, MAP_PRIVATE, so its own writes (reference counts) stay
  * its own; pagetable.c does the mapping, under the mapping budget.
  *

@@ -13,17 +13,17 @@
  * The driver's PAGES and REDIRECT replies to a registered worker carry a
  * frame of holder hints (directory.c), so that worker's later fetches can
  * go straight to a peer.  A worker serves such a DIRECT request only in
- * the request's own stage: its pages are then that stage's versions.
+ * the request's own version: its pages are then that version's.
  *
- * The driver answers with each page as the requester's stage sees it
+ * The driver answers with each page as the requester's version sees it
  * (version.c).  A worker copies a page out of its fill view and checks that the
  * page was present before and after the copy, so a page dropped meanwhile is
- * never served half-old.  A worker re-running a task of an older stage
+ * never served half-old.  A worker re-running a task of an older version
  * (lineage recovery) holds old versions: until it moves on, it refuses
- * requests of newer stages, and a change of stage during a copy voids it.
+ * requests of newer versions, and a change of version during a copy voids it.
  *
  * Diffs.  A worker that kept its copy of a page the driver changed asks
- * with DIFF and the stage each copy is the version of (wire.h).  The driver
+ * with DIFF and the version each copy is (wire.h).  The driver
  * reads both versions, XORs them (summing the new one as it goes), and
  * sends the sparse form of the XOR with the sums when that is shorter than
  * the pages: for a few weights rewritten on a page, about twice their
@@ -86,9 +86,8 @@ const char *clamor_server_endpoint(void) { return S.t.running ? S.endpoint : "";
 static struct { double rate, burst, tokens; uint64_t last_ns; } RL;
 
 static void rate_init(void) {
-    const char *v = getenv("CLAMOR_SERVE_RATE");
-    double r = v ? strtod(v, NULL) : 0.0;
-    RL.rate = r > 0 ? r : 0.0;
+    cl_option_env(CL_OPT_SERVE_RATE);
+    RL.rate = (double)cl_option_get(CL_OPT_SERVE_RATE);
     RL.burst = RL.tokens = RL.rate / 100;
     RL.last_ns = cl_now_ns();
 }
@@ -120,7 +119,7 @@ static void reply_err(cl_zmq_msg *id, uint32_t tag, const struct cl_wire_hdr *re
     if (req) {
         h.index = req->index;
         h.count = req->count;
-        h.stage = req->stage;
+        h.version = req->version;
     }
     reply_hdr(id, &h, why, strlen(why));
 }
@@ -129,7 +128,7 @@ static void reply_err(cl_zmq_msg *id, uint32_t tag, const struct cl_wire_hdr *re
 static uint8_t hint_buf[8 + CL_WIRE_MAX_HINTS];
 
 static size_t hints_for(int self, const struct cl_wire_hdr *rq) {
-    return cl_region.role == CLAMOR_ROLE_DRIVER ? cl_dir_hints(self, rq->stage, hint_buf, sizeof hint_buf) : 0;
+    return cl_region.role == CLAMOR_ROLE_DRIVER ? cl_dir_hints(self, rq->version, hint_buf, sizeof hint_buf) : 0;
 }
 
 /* Pages this worker holds in its own memory.  Pages it maps from the
@@ -143,13 +142,13 @@ static bool pages_held(uint64_t first, uint32_t count) {
     return true;
 }
 
-/* Worker: true if this worker is re-running an older stage than `stage`
+/* Worker: true if this worker is re-running an older version than `version`
  * (its copies may be older versions than the requester may see).  *view
- * gets the stage-change count read before the stage. */
-static bool rewound_for(uint32_t stage, uint64_t *view) {
+ * gets the version-change count read before the version. */
+static bool rewound_for(uint32_t version, uint64_t *view) {
     *view = atomic_load(&cl_worker_view);
-    uint32_t cur = atomic_load(&cl_worker_stage);
-    return cur < atomic_load(&cl_worker_stage_top) && stage > cur;
+    uint32_t cur = atomic_load(&cl_worker_version);
+    return cur < atomic_load(&cl_worker_version_top) && version > cur;
 }
 
 /* Replace *body (len bytes of pages) by its sparse form (wire.h) if that
@@ -169,7 +168,7 @@ static bool sparsen(cl_zmq_msg *body, size_t len, size_t *sent) {
     return true;
 }
 
-/* Driver: replace *body (the pages as the request's stage reads them) by
+/* Driver: replace *body (the pages as the request's version reads them) by
  * their diff against the requester's copies, the versions of bases[k]
  * (wire.h), if that is shorter; *sent is then its length. */
 static bool diffen(cl_zmq_msg *body, size_t len, const struct cl_wire_hdr *rq, const uint32_t *bases, size_t *sent) {
@@ -209,12 +208,12 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
         const char *ep;
         /* (a requester with copies gets a diff here rather than the pages from a peer) */
         int peer = (rq->flags & CL_WIRE_NOREDIRECT) || bases ? -1
-                                                             : cl_dir_choose(rq->index, rq->count, rq->stage, self, &ep);
+                                                             : cl_dir_choose(rq->index, rq->count, rq->version, self, &ep);
         if (peer >= 0) { /* a worker holds it: send the requester there */
             size_t hl = hints_for(self, rq);
             struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .flags = hl ? CL_WIRE_HINTS : 0,
                                     .status = (uint32_t)peer, .index = rq->index, .count = rq->count,
-                                    .stage = rq->stage, .tag = rq->tag};
+                                    .version = rq->version, .tag = rq->tag};
             uint8_t buf[CL_WIRE_HDR];
             cl_wire_encode(&h, buf);
             cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
@@ -230,10 +229,10 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
         }
     }
     /* A hinted request skipped the driver, so the driver's check of versions
-     * (changed_at) did not happen: serve only in the stage it names. */
+     * (changed_at) did not happen: serve only in the version it names. */
     if (cl_region.role != CLAMOR_ROLE_DRIVER && (rq->flags & CL_WIRE_DIRECT) &&
-        rq->stage != atomic_load(&cl_worker_stage)) {
-        reply_err(id, rq->tag, rq, ESTALE, "direct request for a stage this peer is not in");
+        rq->version != atomic_load(&cl_worker_version)) {
+        reply_err(id, rq->tag, rq, ESTALE, "direct request for a version this peer is not in");
         return;
     }
     size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
@@ -252,11 +251,11 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
             reply_err(id, rq->tag, rq, EAGAIN, "page not held by this peer");
             return;
         }
-        if (rewound_for(rq->stage, &view)) {
-            reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older stage");
+        if (rewound_for(rq->version, &view)) {
+            reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older version");
             return;
         }
-        if ((rq->flags & CL_WIRE_RELOC) && (!clamor_reloc_enabled() || !cl_reloc_held(rq->index, rq->count))) {
+        if ((rq->flags & CL_WIRE_RELOC) && (!cl_option_get(CL_OPT_RELOC) || !cl_reloc_held(rq->index, rq->count))) {
             reply_err(id, rq->tag, rq, EAGAIN, "peer holds the page without its relocations");
             return;
         }
@@ -264,18 +263,18 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
     }
     cl_zmq_msg body;
     if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-        /* Copy each page as the requester's stage sees it: the driver may
+        /* Copy each page as the requester's version sees it: the driver may
          * be writing the current page (version.c logs it first). */
         if (cl_zmq.msg_init_size(&body, len) != 0) {
             reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
             return;
         }
         for (uint32_t k = 0; k < rq->count; k++) {
-            int rc = cl_version_read(rq->index + k, rq->stage,
+            int rc = cl_version_read(rq->index + k, rq->version,
                                      (char *)cl_zmq.msg_data(&body) + ((size_t)k << cl_region.page_shift));
             if (rc) {
                 cl_zmq.msg_close(&body);
-                reply_err(id, rq->tag, rq, rc, "the version of that stage was collected");
+                reply_err(id, rq->tag, rq, rc, "that version was collected");
                 return;
             }
         }
@@ -311,12 +310,12 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
          * peer that does gets the lists (read before the check below, which
          * voids the copy if the pages were fetched again meanwhile). */
         if (rq->flags & CL_WIRE_RELOC) {
-            rlen = cl_reloc_frame(rq->index, rq->count, rq->stage, cl_zmq.msg_data(&body), &rbuf, &rerr);
-        } else if (clamor_reloc_enabled()) {
+            rlen = cl_reloc_frame(rq->index, rq->count, rq->version, cl_zmq.msg_data(&body), &rbuf, &rerr);
+        } else if (cl_option_get(CL_OPT_RELOC)) {
             cl_reloc_restore(rq->index, rq->count, cl_zmq.msg_data(&body));
         }
         atomic_thread_fence(memory_order_acquire);
-        /* A change of stage during the copy may have swapped in an older
+        /* A change of version during the copy may have swapped in an older
          * version (a lineage re-run), and a drop may have punched a page
          * (zeros) that was fetched again before the check: refuse rather
          * than risk mixing. */
@@ -329,7 +328,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
         }
     }
     if ((rq->flags & CL_WIRE_RELOC) && cl_region.role == CLAMOR_ROLE_DRIVER)
-        rlen = cl_reloc_frame(rq->index, rq->count, rq->stage, cl_zmq.msg_data(&body), &rbuf, &rerr);
+        rlen = cl_reloc_frame(rq->index, rq->count, rq->version, cl_zmq.msg_data(&body), &rbuf, &rerr);
     if ((rq->flags & CL_WIRE_RELOC) && !rbuf) {
         cl_zmq.msg_close(&body);
         reply_err(id, rq->tag, rq, rerr ? rerr : ENOMEM, "cannot list the pages' relocations");
@@ -346,7 +345,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
                             .flags = (hl ? CL_WIRE_HINTS : 0) | (rbuf ? CL_WIRE_RELOC : 0) | (sparse ? CL_WIRE_SPARSE : 0) |
                                      (diff ? CL_WIRE_DIFF : 0),
                             .index = rq->index,
-                            .count = rq->count, .stage = rq->stage, .tag = rq->tag};
+                            .count = rq->count, .version = rq->version, .tag = rq->tag};
     uint8_t buf[CL_WIRE_HDR];
     cl_wire_encode(&h, buf);
     /* Counted before the send: once the requester has the page, whoever it
@@ -374,7 +373,7 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
         free(rbuf);
     }
     if (hl && cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0) CL_COUNT(hint_bytes, hl);
-    if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->stage, self);
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->version, self);
 }
 
 static void serve_one(void) {
@@ -413,7 +412,7 @@ static void serve_one(void) {
         cl_zmq.msg_close(&id);
         return;
     }
-    /* A GET with DIFF: [hdr][bases], count u32 stages, none 0 */
+    /* A GET with DIFF: [hdr][bases], count u32 versions, none 0 */
     uint32_t bases[CL_WIRE_MAX_COUNT];
     const char *why = extra ? "unexpected extra frames" : "malformed header";
     bool diff = !bad && h.type == CL_WIRE_GET && (h.flags & CL_WIRE_DIFF);

@@ -7,7 +7,6 @@
  */
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -19,12 +18,6 @@ struct cl_counters cl_stats;
 
 static _Atomic uint64_t hist[NBUCKETS];
 static _Atomic uint64_t hist_max_ns;
-
-uint64_t cl_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static unsigned bucket_of(uint64_t ns) {
     if (ns < SUB) return (unsigned)ns;

@@ -1,41 +1,45 @@
-/* version.c -- the driver's page versions: copy-on-write between stages.
+/* version.c -- the driver's page versions: copy-on-write between versions.
  *
- * DESIGN.  Stage S begins with clamor_stage_begin(S).  From then on the
- * region is write-protected in the driver (wprot.c: userfaultfd, which
- * stops system calls' writes too, or mprotect); the first write to a page
- * in epoch S faults, and the fault handler (fault.c) or the
- * write-protection thread (wprot.c), through cl_version_on_write, leaves
- * the page's bytes where they are, as the version "last stage S" (what
- * stages <= S read), copies them to a free location of the memfd
- * (samehost.c: the page's home or twin, else a pool slot), points the
- * driver's view of the page there with mmap(MAP_FIXED), and opens it for
- * writing.  The location table then says the page is at
- * the copy from stage S+1 on.  Workers on the same host that mapped the old
- * location keep reading it until they drop the page at a later stage; no
- * driver write ever reaches memory a reader maps.  Everything the handler
- * does is async-signal-safe: a location comes from a lock-free stack or a
- * bump pointer, the copy is memcpy, the rest atomics, futex, mmap and
- * mprotect.
+ * A version numbers a state of the region that tasks read.  Version S
+ * begins with clamor_version_begin(S); what a page held when S+1 began is
+ * the page "as of S", and its bytes stay where they are, as a kept copy,
+ * for as long as a task may read at S.
  *
- * At the next clamor_stage_begin(S+1), each page of epoch S's dirty list is
- * compared with the version it logged: identical bytes (reference counts
+ * DESIGN.  From the first version on, the region is write-protected in the
+ * driver (wprot.c: userfaultfd, which stops system calls' writes too, or
+ * mprotect); the first write to a page in epoch S faults, and the fault
+ * handler (fault.c) or the write-protection thread (wprot.c), through
+ * cl_version_on_write, leaves the page's bytes where they are, as the kept
+ * copy with last version S (what versions <= S read), copies them to a
+ * free location of the memfd (samehost.c: the page's home or twin, else a
+ * pool slot), points the driver's view of the page there with
+ * mmap(MAP_FIXED), and opens it for writing.  The location table then says
+ * the page is at the copy from version S+1 on.  Workers on the same host
+ * that mapped the old location keep reading it until they drop the page at
+ * a later version; no driver write ever reaches memory a reader maps.
+ * Everything the handler does is async-signal-safe: a location comes from a
+ * lock-free stack or a bump pointer, the copy is memcpy, the rest atomics,
+ * futex, mmap and mprotect.
+ *
+ * At the next clamor_version_begin(S+1), each page of epoch S's dirty list
+ * is compared with the copy it logged: identical bytes (reference counts
  * that went up and down again, a value written back) mean no change, and
  * the view goes back to the old location, the copy freed (under
- * userfaultfd it stays at the copy: see stage_begin); otherwise the
- * page is on the changed list that travels with stage S+1's tasks, so
+ * userfaultfd it stays at the copy: see clamor_version_begin); otherwise
+ * the page is on the changed list that travels with version S+1's tasks, so
  * workers drop their copy or mapping.  The dirty pages are write-protected
  * again.
  *
- * A request for page p at stage s gets the version with the smallest last
- * stage >= s, else the current content.  The page server copies current
- * content under a seqlock on the page's log word, so a driver write racing
- * with the copy sends the logged version instead of torn bytes.
+ * A request for page p at version s gets the kept copy with the smallest
+ * last version >= s, else the current content.  The page server copies
+ * current content under a seqlock on the page's log word, so a driver write
+ * racing with the copy sends the logged copy instead of torn bytes.
  *
- * clamor_versions_keep(stages) frees the versions none of those stages can
- * ask for (the driver passes the stages a task may still read at, and the
- * stage each worker last ran at, whose pages it may still map).  The lock
- * here (vlock) is taken by the stage calls and the page server, never by
- * the fault handler.
+ * clamor_versions_keep(versions) frees the kept copies that none of those
+ * versions can ask for (the driver passes the versions a task may still
+ * read at, and the version each worker last ran at, whose pages it may
+ * still map).  The lock here (vlock) is taken by the version calls and the
+ * page server, never by the fault handler.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -50,21 +54,21 @@
 #define NONE UINT32_MAX
 #define LOGGING 0x80000000u
 
-/* A version: the bytes at location id (its index in meta) are what page
- * `page1 - 1` read in the stages up to last_stage.  page1 == 0: no version
+/* A kept copy: the bytes at location id (its index in meta) are what page
+ * `page1 - 1` read in the versions up to last_version.  page1 == 0: no copy
  * lives there.  `entry` is the table word the page had before it moved off
  * that location, put back if the move is undone. */
 struct ver {
     _Atomic uint64_t page1;
     uint64_t entry;
-    uint32_t last_stage;
+    uint32_t last_version;
     bool alias;            /* same bytes as the page's next newer content: kept only for readers that map it */
     _Atomic uint32_t next; /* older version, or NONE */
 };
 
 static struct {
-    bool on;                    /* copy-on-write active (a stage has begun) */
-    _Atomic uint32_t epoch;     /* stage of the last clamor_stage_begin */
+    bool on;                    /* copy-on-write active (a version has begun) */
+    _Atomic uint32_t epoch;     /* version of the last clamor_version_begin */
     _Atomic uint32_t *logged;   /* per page: epoch it was logged in (| LOGGING) */
     _Atomic uint32_t *head;     /* per page: newest version's location or NONE */
     char *fview;                /* the memfd's locations, mapped read-write */
@@ -77,27 +81,27 @@ static struct {
     uint64_t *dirty;            /* pages logged (or discarded) in the current epoch */
     _Atomic uint8_t *discarded; /* per page: punched by the allocator in this epoch */
     _Atomic uint64_t ndirty;
-    _Atomic uint32_t *changed_in; /* per page: the stage its last change became visible in */
-    uint64_t *changed;          /* result of the last stage_begin */
+    _Atomic uint32_t *changed_in; /* per page: the version its last change became visible in */
+    uint64_t *changed;          /* result of the last version_begin */
     uint64_t nchanged;
     _Atomic uint8_t *grouped;   /* per page: logged with its aligned group this epoch */
-    uint64_t *moved;            /* of the last stage_begin: unchanged pages left at a new location */
+    uint64_t *moved;            /* of the last version_begin: unchanged pages left at a new location */
     uint64_t nmoved;
     _Atomic uint64_t nversions;
     uint64_t *vpages;           /* pages that have had a version, each once */
     _Atomic uint8_t *vlisted;
     _Atomic uint64_t nvpages;
     _Atomic uint64_t off_home;  /* pages whose bytes are not at their home */
-    uint32_t map_floor;         /* no mapping worker reads a location of a stage below this */
-    uint32_t gc_floor;          /* versions for stages below this are gone */
+    uint32_t map_floor;         /* no mapping worker reads a location of a version below this */
+    uint32_t gc_floor;          /* copies for versions below this are gone */
 } V;
 
 static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
 
-/* A write fault and clamor_stage_begin exclude each other.  Without it, a
- * driver thread writing while another begins a stage could log a page
+/* A write fault and clamor_version_begin exclude each other.  Without it, a
+ * driver thread writing while another begins a version could log a page
  * under the old epoch into the new epoch's dirty list (where the next
- * stage_begin skips it), or open a page for writing just after stage_begin
+ * version_begin skips it), or open a page for writing just after version_begin
  * closed it: either way the page's changes reach no changed list, and
  * workers keep their old copy for good.  The handler cannot take a mutex;
  * it announces itself in `writers` and backs off while `beginning` is set
@@ -145,8 +149,8 @@ static uint32_t slot_get(void) {
 
 /* A location no one reads any more: its memory goes back to the kernel, and
  * a pool slot goes back on the stack.  Only a location no worker can still
- * map is freed (the stages that could read it are gone).  The home or twin
- * of a page the driver wrote in this stage or the last keeps its memory:
+ * map is freed (the versions that could read it are gone).  The home or twin
+ * of a page the driver wrote in this version or the last keeps its memory:
  * the page's next first write copies there (loc_choose), and a copy into
  * memory just handed back costs the kernel an allocation and a zeroing per
  * 4 KiB, more than the copy.  Such a page holds at most its two locations. */
@@ -226,7 +230,7 @@ static int versions_init(void) {
 }
 
 /* Head words are stored +1 so that the zero-filled reservation reads NONE.
- * The fault handler pushes and the stage calls unlink with compare-and-swap,
+ * The fault handler pushes and the version calls unlink with compare-and-swap,
  * so neither loses the other's change. */
 static inline uint32_t head_of(uint64_t p) { return atomic_load(&V.head[p]) - 1; }
 static inline bool cas_head(uint64_t p, uint32_t old, uint32_t new_) {
@@ -249,7 +253,7 @@ static int log_page(uint64_t p, uint32_t e) {
         if (atomic_compare_exchange_weak(w, &cur, e | LOGGING)) break;
     }
     cl_dir_page_written(p); /* no worker's copy is current any more */
-    /* The bytes stay where they are, as the version of stages <= e: readers
+    /* The bytes stay where they are, as the copy of versions <= e: readers
      * may have them mapped.  The driver's view moves to a copy. */
     uint64_t entry = atomic_load(&cl_region.loctab[p]);
     uint32_t old = cl_loc_id(p, entry), nl = loc_choose(p, old);
@@ -265,14 +269,14 @@ static int log_page(uint64_t p, uint32_t e) {
     }
     V.meta[old].page1 = p + 1;
     V.meta[old].entry = entry;
-    V.meta[old].last_stage = e;
+    V.meta[old].last_version = e;
     V.meta[old].alias = false;
     uint32_t h;
     do {
         h = head_of(p);
         atomic_store(&V.meta[old].next, h);
     } while (!cas_head(p, h, old));
-    /* readers of stages <= e keep the old location; later ones map this */
+    /* readers of versions <= e keep the old location; later ones map this */
     atomic_store(&cl_region.loctab[p], cl_loc_make(p, e + 1, nl));
     if (old == p) atomic_fetch_add(&V.off_home, 1);
     else if (nl == p) atomic_fetch_sub(&V.off_home, 1);
@@ -289,7 +293,7 @@ static int on_write(uintptr_t addr);
 
 int cl_version_on_write(uintptr_t addr) {
     writer_enter();
-    int rc = V.on ? on_write(addr) : EACCES; /* read after a first stage_begin has finished */
+    int rc = V.on ? on_write(addr) : EACCES; /* read after a first version_begin has finished */
     writer_exit();
     return rc;
 }
@@ -330,11 +334,11 @@ void cl_version_prepare(uintptr_t a, size_t len) {
 
 /* Freed spans are punched out of the memfd (alloc.c): the pages read zero
  * from then on, and no write fault tells this file.  A later write logs the
- * zeros as the old content, the comparison at the next stage finds nothing
+ * zeros as the old content, the comparison at the next version finds nothing
  * changed, and workers would keep the freed bytes for the new object (a
  * calloc of punched pages writes nothing at all).  So a punched page is
- * listed as changed at the next stage begin, without a version: the freed
- * bytes are no one's to read at an older stage. */
+ * listed as changed at the next version begin, without a kept copy: the freed
+ * bytes are no one's to read at an older version. */
 void cl_version_discarded(uint64_t first, uint64_t n) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.discarded) return;
     writer_enter();
@@ -344,7 +348,7 @@ void cl_version_discarded(uint64_t first, uint64_t n) {
     writer_exit();
 }
 
-/* ---- stages -------------------------------------------------------------------- */
+/* ---- versions -------------------------------------------------------------------- */
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -355,7 +359,7 @@ static int cmp_u64(const void *a, const void *b) {
  * that map them): one mapping more on each side of each such page.  Past
  * a quarter of the mapping budget (half of vm.max_map_count by default,
  * clamor_set_max_mappings), pages whose home is free go back home at a
- * stage begin, every page write-protected: the bytes are copied home, the
+ * version begin, every page write-protected: the bytes are copied home, the
  * view moves there, and the location left becomes a version of the epoch
  * that ended (a worker may map it) until the workers that map pages have
  * dropped the page (the moved list).  Under begin_exclusive and vlock. */
@@ -380,7 +384,7 @@ static bool relink(uint64_t p, uint32_t id, uint32_t repl) {
  * bytes move to a pool slot, where the page server still finds them. */
 static bool free_home(uint64_t p) {
     uint32_t h = (uint32_t)p;
-    if (V.meta[h].last_stage >= V.map_floor) return false;
+    if (V.meta[h].last_version >= V.map_floor) return false;
     if (V.meta[h].alias) {
         if (!relink(p, h, NONE)) return false;
         atomic_fetch_sub(&V.nversions, 1);
@@ -391,7 +395,7 @@ static bool free_home(uint64_t p) {
     if (sl == NONE) return false;
     memcpy(loc_bytes(sl), loc_bytes(h), cl_region.page_size);
     V.meta[sl].entry = V.meta[h].entry;
-    V.meta[sl].last_stage = V.meta[h].last_stage;
+    V.meta[sl].last_version = V.meta[h].last_version;
     V.meta[sl].alias = false;
     atomic_store(&V.meta[sl].page1, p + 1);
     if (!relink(p, h, sl)) {
@@ -405,14 +409,14 @@ static bool free_home(uint64_t p) {
 /* Pages away from home split the driver's view (and the views of workers
  * that map them): one mapping more on each side of each such page.  Past
  * a quarter of the mapping budget (half of vm.max_map_count by default,
- * clamor_set_max_mappings), pages go back home at a stage begin, every
+ * clamor_set_max_mappings), pages go back home at a version begin, every
  * page write-protected: the bytes are copied home, the view moves there,
  * and the location left becomes an alias version of the epoch that ended
  * (a worker may map it) until the workers that map pages have dropped the
  * page (the moved list) and moved past that epoch.  A home that holds a
  * version no mapping worker can read is freed first.  Under
  * begin_exclusive and vlock. */
-static void compact(uint32_t prev, uint32_t stage) {
+static void compact(uint32_t prev, uint32_t version) {
     uint64_t budget = clamor_max_mappings(), target = budget / 16;
     if (2 * atomic_load(&V.off_home) <= budget / 4) return;
     uint64_t np = atomic_load(&V.nvpages);
@@ -423,19 +427,19 @@ static void compact(uint32_t prev, uint32_t stage) {
         if (cur == h || (atomic_load(&V.logged[p]) & LOGGING)) continue;
         if (atomic_load(&V.meta[h].page1) && !free_home(p)) continue;
         uint32_t top = head_of(p);
-        if (top != NONE && V.meta[top].last_stage >= prev) continue; /* (not for a page of this epoch) */
+        if (top != NONE && V.meta[top].last_version >= prev) continue; /* (not for a page of this epoch) */
         if (cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
-            /* A closed view cannot move here (see stage_begin): the page
-             * is logged as a first write in this stage would log it, so
-             * its bytes and its view go home, open; the next stage begin
+            /* A closed view cannot move here (see version_begin): the page
+             * is logged as a first write in this version would log it, so
+             * its bytes and its view go home, open; the next version begin
              * finds it unchanged, and the workers that map it move. */
-            if (log_page(p, stage) == 0) CL_COUNT(pages_compacted, 1);
+            if (log_page(p, version) == 0) CL_COUNT(pages_compacted, 1);
             continue;
         }
         memcpy(loc_bytes(h), loc_bytes(cur), cl_region.page_size);
         if (view_at(p, h, PROT_READ, 0) != 0) continue;
         V.meta[cur].entry = entry;
-        V.meta[cur].last_stage = prev;
+        V.meta[cur].last_version = prev;
         V.meta[cur].alias = true;
         atomic_store(&V.meta[cur].next, top);
         atomic_store(&V.meta[cur].page1, p + 1);
@@ -446,19 +450,19 @@ static void compact(uint32_t prev, uint32_t stage) {
             continue;
         }
         atomic_fetch_add(&V.nversions, 1);
-        /* from the stage beginning now: a task of an earlier stage keeps its
+        /* from the version beginning now: a task of an earlier version keeps its
          * mapping of the old location, or fetches */
-        atomic_store(&cl_region.loctab[p], cl_loc_make(p, stage, h));
+        atomic_store(&cl_region.loctab[p], cl_loc_make(p, version, h));
         atomic_fetch_sub(&V.off_home, 1);
         V.moved[V.nmoved++] = p;
         CL_COUNT(pages_compacted, 1);
     }
 }
 
-int clamor_stage_begin(uint32_t stage) {
-    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver begins stages");
-    if (stage == 0 || stage <= atomic_load(&V.epoch))
-        return cl_err(EINVAL, "stage %u does not follow stage %u", stage, atomic_load(&V.epoch));
+int clamor_version_begin(uint32_t version) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver begins versions");
+    if (version == 0 || version <= atomic_load(&V.epoch))
+        return cl_err(EINVAL, "version %u does not follow version %u", version, atomic_load(&V.epoch));
     pthread_mutex_lock(&vlock);
     int rc = 0;
     if (!V.logged && (rc = versions_init())) goto unlock;
@@ -466,19 +470,19 @@ int clamor_stage_begin(uint32_t stage) {
     V.nchanged = 0;
     V.nmoved = 0;
     if (!V.on) {
-        /* first stage: everything written so far is the content of stage 1 */
+        /* first version: everything written so far is the content of version 1 */
         if ((rc = clamor_fault_install()) > 0) goto out;
-        atomic_store(&V.epoch, stage);
+        atomic_store(&V.epoch, version);
         V.on = true; /* before the protection: a write from now on is logged */
         if ((rc = cl_wprot_start())) {
             V.on = false;
             goto out;
         }
-        cl_dir_forget_all(); /* copies fetched before stages may be stale */
+        cl_dir_forget_all(); /* copies fetched before versions may be stale */
         goto out;
     }
     uint32_t prev = atomic_load(&V.epoch);
-    atomic_store(&V.epoch, stage); /* writes from now on log as `stage` */
+    atomic_store(&V.epoch, version); /* writes from now on log as `version` */
     uint64_t nd = atomic_exchange(&V.ndirty, 0);
     qsort(V.dirty, nd, sizeof *V.dirty, cmp_u64);
     uint64_t u = 0; /* a page logged and discarded is listed twice */
@@ -498,7 +502,7 @@ int clamor_stage_begin(uint32_t stage) {
         uint64_t p = V.dirty[i];
         uint32_t s = head_of(p);
         bool discarded = atomic_exchange(&V.discarded[p], 0);
-        if (s == NONE || V.meta[s].last_stage != prev) {
+        if (s == NONE || V.meta[s].last_version != prev) {
             if (discarded) V.changed[V.nchanged++] = p;
             continue;
         }
@@ -515,7 +519,7 @@ int clamor_stage_begin(uint32_t stage) {
              * old location, and the copy is freed. */
             if (grouped || cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
                 V.meta[s].alias = true;
-                atomic_store(&cl_region.loctab[p], cl_loc_make(p, stage, cur_of(p)));
+                atomic_store(&cl_region.loctab[p], cl_loc_make(p, version, cur_of(p)));
                 V.moved[V.nmoved++] = p;
                 CL_COUNT(pages_unchanged, 1);
                 continue;
@@ -539,10 +543,10 @@ int clamor_stage_begin(uint32_t stage) {
         }
     }
     for (uint64_t i = 0; i < V.nchanged; i++) {
-        atomic_store(&V.changed_in[V.changed[i]], stage);
-        cl_dir_changed(V.changed[i], stage);
+        atomic_store(&V.changed_in[V.changed[i]], version);
+        cl_dir_changed(V.changed[i], version);
     }
-    compact(prev, stage);
+    compact(prev, version);
 out:
     begin_done();
 unlock:
@@ -555,7 +559,7 @@ uint64_t clamor_dirty_count(void) { return atomic_load(&V.ndirty); }
 
 uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n) {
     /* Writers append (index first, page after): wait them out for a
-     * complete list, as a stage begin does. */
+     * complete list, as a version begin does. */
     pthread_mutex_lock(&vlock);
     begin_exclusive();
     uint64_t nd = atomic_load(&V.ndirty);
@@ -567,9 +571,9 @@ uint64_t clamor_dirty_copy(uint64_t *out, uint64_t n) {
 
 uint64_t clamor_moved_count(void) { return V.nmoved; }
 
-void clamor_versions_map_floor(uint32_t stage) {
+void clamor_versions_map_floor(uint32_t version) {
     pthread_mutex_lock(&vlock);
-    V.map_floor = stage;
+    V.map_floor = version;
     pthread_mutex_unlock(&vlock);
 }
 
@@ -579,7 +583,7 @@ void clamor_changed_copy(uint64_t *out, uint64_t n) {
     memcpy(out, V.changed, (n < V.nchanged ? n : V.nchanged) * sizeof *out);
 }
 
-uint32_t clamor_stage_current(void) { return atomic_load(&V.epoch); }
+uint32_t clamor_version_current(void) { return atomic_load(&V.epoch); }
 
 bool cl_version_active(void) { return V.on; }
 
@@ -598,28 +602,28 @@ static bool any_in(const uint32_t *sorted, size_t n, uint32_t lo, uint32_t hi) {
     return a < n && sorted[a] <= hi;
 }
 
-int clamor_versions_keep(const uint32_t *stages, size_t n) {
+int clamor_versions_keep(const uint32_t *versions, size_t n) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
     for (size_t i = 1; i < n; i++)
-        if (stages[i] < stages[i - 1]) return cl_err(EINVAL, "clamor_versions_keep: stages are not sorted");
+        if (versions[i] < versions[i - 1]) return cl_err(EINVAL, "clamor_versions_keep: versions are not sorted");
     pthread_mutex_lock(&vlock);
-    if (n && stages[0] > V.gc_floor) V.gc_floor = stages[0];
-    /* A version with last stage L, whose next older one has last stage L0
-     * (0 for none), answers the stages in (L0, L]: it goes if no stage to
-     * keep lies there.  Dropping it widens its newer neighbour's range only
-     * by stages not kept, so the order of the walk does not matter. */
+    if (n && versions[0] > V.gc_floor) V.gc_floor = versions[0];
+    /* A kept copy with last version L, whose next older one has last version
+     * L0 (0 for none), answers the versions in (L0, L]: it goes if no version
+     * to keep lies there.  Dropping it widens its newer neighbour's range only
+     * by versions not kept, so the order of the walk does not matter. */
     uint64_t np = atomic_load(&V.nvpages);
     for (uint64_t k = 0; k < np; k++) {
         uint64_t p = V.vpages[k];
         uint32_t prev = NONE;
         for (uint32_t c = head_of(p); c != NONE;) {
             uint32_t nx = atomic_load(&V.meta[c].next);
-            uint32_t lo = nx == NONE ? 0 : V.meta[nx].last_stage;
+            uint32_t lo = nx == NONE ? 0 : V.meta[nx].last_version;
             /* the newest version of the epoch being written stays: a write is logged there */
-            bool keep = any_in(stages, n, lo, V.meta[c].last_stage) || V.meta[c].last_stage >= atomic_load(&V.epoch);
+            bool keep = any_in(versions, n, lo, V.meta[c].last_version) || V.meta[c].last_version >= atomic_load(&V.epoch);
             /* an alias only serves readers that map it: the page server
              * finds the same bytes in the next newer content */
-            if (V.meta[c].alias && V.meta[c].last_stage < V.map_floor) keep = false;
+            if (V.meta[c].alias && V.meta[c].last_version < V.map_floor) keep = false;
             if (!keep && (prev == NONE ? cas_head(p, c, nx) : (atomic_store(&V.meta[prev].next, nx), true))) {
                 loc_free(c);
                 atomic_fetch_sub(&V.nversions, 1);
@@ -634,23 +638,23 @@ int clamor_versions_keep(const uint32_t *stages, size_t n) {
 }
 
 /* *differs: 1 if a byte of [a, a+len) reads otherwise now than in the
- * version the tasks of `stage` read, else 0.  Only pages written since
- * `stage` began (logged in epoch `stage` or later) are compared; a version
- * already collected counts as different.  0, or errno + cl_err. */
-int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs) {
+ * version `version`, else 0.  Only pages written since `version` began
+ * (logged in epoch `version` or later) are compared; a copy already
+ * collected counts as different.  0, or errno + cl_err. */
+int clamor_version_differs(uintptr_t a, size_t len, uint32_t version, int *differs) {
     *differs = 0;
     if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver keeps page versions");
     if (a < cl_region.base || a - cl_region.base >= cl_region.size || len > cl_region.size - (a - cl_region.base))
         return cl_err(EINVAL, "range %#lx+%zu is not inside the region", (unsigned long)a, len);
-    if (!V.on || !len || stage == 0) return 0;
+    if (!V.on || !len || version == 0) return 0;
     char *page = NULL;
     for (uintptr_t pos = a, end = a + len; pos < end && !*differs;) {
         uint64_t p = cl_page_of(pos);
         uintptr_t start = (uintptr_t)cl_page_addr(p);
         uintptr_t stop = start + cl_region.page_size < end ? start + cl_region.page_size : end;
-        if ((atomic_load(&V.logged[p]) & ~LOGGING) >= stage) {
+        if ((atomic_load(&V.logged[p]) & ~LOGGING) >= version) {
             if (!page && !(page = malloc(cl_region.page_size))) return cl_err(ENOMEM, "no memory for a page");
-            *differs = cl_version_read(p, stage, page) != 0 ||
+            *differs = cl_version_read(p, version, page) != 0 ||
                        memcmp(page + (pos - start), (const void *)pos, stop - pos) != 0;
         }
         pos = stop;
@@ -661,10 +665,10 @@ int clamor_version_differs(uintptr_t a, size_t len, uint32_t stage, int *differs
 
 /* ---- serving -------------------------------------------------------------------- */
 
-/* Copy page p as stage `stage` sees it into dst.  0, or ESTALE if the page
- * changed after that stage and its version then was collected. */
-int cl_version_read(uint64_t p, uint32_t stage, void *dst) {
-    if (!V.on || stage == 0) {
+/* Copy page p as version `version` sees it into dst.  0, or ESTALE if the page
+ * changed after that version and its copy of then was collected. */
+int cl_version_read(uint64_t p, uint32_t version, void *dst) {
+    if (!V.on || version == 0) {
         memcpy(dst, cl_page_addr(p), cl_region.page_size);
         return 0;
     }
@@ -675,16 +679,16 @@ int cl_version_read(uint64_t p, uint32_t stage, void *dst) {
             continue;
         }
         pthread_mutex_lock(&vlock);
-        /* Below the floor only a page changed since `stage` is unknown: one
+        /* Below the floor only a page changed since `version` is unknown: one
          * that did not change reads as it did then (the walk below gives
          * the current content, or this epoch's logged version of it). */
-        if (stage < V.gc_floor && atomic_load(&V.changed_in[p]) > stage) {
+        if (version < V.gc_floor && atomic_load(&V.changed_in[p]) > version) {
             pthread_mutex_unlock(&vlock);
             return ESTALE;
         }
         uint32_t best = NONE;
         for (uint32_t c = head_of(p); c != NONE; c = atomic_load(&V.meta[c].next)) {
-            if (V.meta[c].last_stage < stage) break;
+            if (V.meta[c].last_version < version) break;
             best = c;
         }
         const char *src = best != NONE ? loc_bytes(best) : cl_page_addr(p);
@@ -705,8 +709,8 @@ void cl_version_stats(uint64_t *n, uint64_t *bytes) {
  * page's bytes are (never a version's). */
 int cl_version_punch(uint64_t off, uint64_t len) {
     if (!len) return 0;
-    /* A first write (another thread) or a stage begin may move a page's
-     * view while this punches: wait out a write being logged, keep stage
+    /* A first write (another thread) or a version begin may move a page's
+     * view while this punches: wait out a write being logged, keep version
      * begins out, and punch again wherever the page went meanwhile. */
     bool guard = cl_region.role == CLAMOR_ROLE_DRIVER && V.logged;
     if (guard) writer_enter();

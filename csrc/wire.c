@@ -29,7 +29,7 @@ void cl_wire_encode(const struct cl_wire_hdr *h, uint8_t *o) {
     o[6] = (uint8_t)h->flags;
     o[7] = (uint8_t)(h->flags >> 8);
     put32(o + 8, h->status);
-    put32(o + 12, h->stage);
+    put32(o + 12, h->version);
     put64(o + 16, h->index);
     put32(o + 24, h->count);
     put32(o + 28, h->tag);
@@ -41,14 +41,14 @@ int cl_wire_decode(const void *buf, size_t len, struct cl_wire_hdr *h) {
     if (len >= CL_WIRE_HDR) h->tag = get32(p + 28);
     if (len != CL_WIRE_HDR) return EBADMSG;
     if (get32(p) != CL_WIRE_MAGIC) return EPROTO;
-    h->version = p[4];
+    h->proto = p[4];
     h->type = p[5];
     h->flags = (uint16_t)(p[6] | p[7] << 8);
     h->status = get32(p + 8);
-    h->stage = get32(p + 12);
+    h->version = get32(p + 12);
     h->index = get64(p + 16);
     h->count = get32(p + 24);
-    if (h->version != CL_WIRE_VERSION) return EPROTONOSUPPORT;
+    if (h->proto != CL_WIRE_VERSION) return EPROTONOSUPPORT;
     uint16_t allowed = h->type == CL_WIRE_GET ? CL_WIRE_NOREDIRECT | CL_WIRE_PEERMISS | CL_WIRE_DIRECT | CL_WIRE_RELOC |
                                                     CL_WIRE_SPARSE | CL_WIRE_DIFF
                        : h->type == CL_WIRE_PAGES ? CL_WIRE_HINTS | CL_WIRE_RELOC | CL_WIRE_SPARSE | CL_WIRE_DIFF

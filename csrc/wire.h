@@ -6,14 +6,15 @@
  *
  *   off size field    meaning
  *     0    4 magic    "CLMR"
- *     4    1 version  CL_WIRE_VERSION; a server answers others with an ERROR
+ *     4    1 proto    CL_WIRE_VERSION, the protocol's version; a server
+ *                     answers others with an ERROR
  *     5    1 type     enum cl_wire_type
  *     6    2 flags    GET: CL_WIRE_NOREDIRECT (answer with the page,
  *                     not a REDIRECT), CL_WIRE_PEERMISS (the peer named
  *                     in status, minus one, did not have it),
  *                     CL_WIRE_DIRECT (sent to a peer on a hint, without
  *                     asking the driver: served only by a peer that runs
- *                     the request's stage), CL_WIRE_RELOC (send
+ *                     the request's version), CL_WIRE_RELOC (send
  *                     the pages' relocations), CL_WIRE_SPARSE (the
  *                     requester takes sparse data), CL_WIRE_DIFF (a bases
  *                     frame follows: the requester holds old copies);
@@ -25,7 +26,8 @@
  *                     against the requester's copies, below); other bits
  *                     and other types: reserved, zero
  *     8    4 status   replies: 0 or an errno value (ERROR)
- *    12    4 stage    the stage whose page versions the requester may see
+ *    12    4 version  the page version the requester may see (a version
+ *                     numbers the state of the region tasks read)
  *    16    8 index    first page, counted from the region base (never an
  *                     address: processes may map the region elsewhere)
  *    24    4 count    pages, 1..CL_WIRE_MAX_COUNT
@@ -35,7 +37,7 @@
  *   GET    [hdr]            ask for pages [index, index+count)
  *   GET    [hdr][bases], with CL_WIRE_DIFF: the same, from a requester that
  *                           holds a copy of each page: bases = count u32,
- *                           the stage whose version each copy is (>= 1).
+ *                           the version each copy is (>= 1).
  *                           The driver may answer with a diff; a worker's
  *                           page server ignores the bases, and no server
  *                           redirects such a request.  A version 1 server
@@ -58,7 +60,7 @@
  *                           followed by relocs and hints as data is.
  *   PAGES  [hdr][diff], with CL_WIRE_DIFF, for a GET with it: count u64
  *                           sums (cl_page_sum) of the pages as the
- *                           request's stage reads them, then runs as in a
+ *                           request's version reads them, then runs as in a
  *                           sparse frame of those pages XOR the requester's
  *                           copies (the words that changed).  Sent only
  *                           when shorter than the pages, never sparse;
@@ -75,14 +77,14 @@
  *                           cannot send them answers EAGAIN.
  *   PAGES  [hdr][data][hints], REDIRECT [hdr][endpoint][hints], with
  *                           CL_WIRE_HINTS: from the driver to a registered
- *                           worker, for a request of the current stage.
+ *                           worker, for a request of the current version.
  *                           hints = u64 first page, then one byte a page
  *                           (at most CL_WIRE_MAX_HINTS): 0 = no hint, k+1 =
- *                           peer k held that page at that stage.  Only a
+ *                           peer k held that page at that version.  Only a
  *                           guess; a peer refuses what it cannot serve.
  *   ERROR  [hdr][text]      status = errno (ENOENT: page never allocated,
  *                           EAGAIN: page not held by this peer, ESTALE: a
- *                           DIRECT request for a stage the peer is not in,
+ *                           DIRECT request for a version the peer is not in,
  *                           ERANGE: out
  *                           of the region, EPROTO/EBADMSG/ENOMSG: malformed);
  *                           text = a one-line reason, may be empty
@@ -126,11 +128,11 @@ enum cl_wire_type {
 #define CL_WIRE_DIFF 128u
 
 struct cl_wire_hdr {
-    uint8_t version;
+    uint8_t proto;
     uint8_t type;
     uint16_t flags;
     uint32_t status;
-    uint32_t stage;
+    uint32_t version;
     uint64_t index;
     uint32_t count;
     uint32_t tag;

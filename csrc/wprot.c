@@ -1,7 +1,7 @@
-/* wprot.c -- how the driver write-protects the region between stages:
+/* wprot.c -- how the driver write-protects the region between versions:
  * userfaultfd's write-protect mode, or mprotect.
  *
- * DESIGN.  Once a stage has begun, the driver's first write to a page must
+ * DESIGN.  Once a version has begun, the driver's first write to a page must
  * be stopped before it lands, so that the page's bytes can be kept as the
  * version running tasks read (version.c).  mprotect(PROT_READ) stops a
  * write from user space (SIGSEGV, fault.c), but not a system call that
@@ -17,7 +17,7 @@
  * new mapping that is not registered and so writable), and wakes the
  * writer.  It never runs Python and takes no lock a writer may hold.
  *
- * The mechanism is chosen at the first stage: CLAMOR_WRITE_PROTECT=auto
+ * The mechanism is chosen at the first version: CLAMOR_WRITE_PROTECT=auto
  * (the default) tries userfaultfd and falls back to mprotect with the
  * reason kept (clamor_write_protection); "userfaultfd" makes its absence
  * an error; "mprotect" never tries it.  userfaultfd needs root,
@@ -29,7 +29,7 @@
  * Protecting unpopulated shared memory installs a marker per page and
  * allocates page tables: over the whole default region (64 GiB) that is
  * 128 MiB and 150 ms.  So userfaultfd protects only pages the allocator
- * has handed out: the hull of them at the first stage, and each page
+ * has handed out: the hull of them at the first version, and each page
  * beyond it as the allocator first hands it out (cl_wprot_used).  A range
  * userfaultfd cannot protect (out of memory) is protected with mprotect
  * instead: exact, only without the system calls.

@@ -66,9 +66,16 @@ err:
     return rc;
 }
 
+/* Python loads pyzmq's copy on import (clamor/_native.py); a C program
+ * that did not call clamor_zmq_load() gets the default lookup the first
+ * time the core needs a socket (clamor.h: clamor_pager_start). */
 int cl_zmq_require(void) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     if (cl_zmq_loaded) return 0;
-    return cl_err(ENOSYS, "libzmq is not loaded: call clamor_zmq_load() (Python does it on import)");
+    pthread_mutex_lock(&lock);
+    int rc = clamor_zmq_load(NULL);
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 void *cl_zmq_socket(void *ctx, int type) {

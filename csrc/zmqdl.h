@@ -73,7 +73,8 @@ struct cl_zmq {
 extern struct cl_zmq cl_zmq;
 extern int cl_zmq_loaded;
 
-/* 0 if libzmq is loaded, else ENOSYS with a detail saying what to do. */
+/* 0 once libzmq is loaded (by clamor_zmq_load(NULL) if nothing loaded it
+ * before), else its ENOENT or ENOSYS with the detail. */
 int cl_zmq_require(void);
 
 /* Open a socket with linger 0 and the given type, with the process's

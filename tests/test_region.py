@@ -427,18 +427,22 @@ def _prototypes(text):
 def test_cdefs_match_the_headers():
     cdefs = _prototypes((ROOT / "clamor" / "_cdefs.h").read_text())
     public = _prototypes((ROOT / "csrc" / "clamor.h").read_text())
+    binding = _prototypes((ROOT / "csrc" / "binding.h").read_text())
     internal = _prototypes((ROOT / "csrc" / "internal.h").read_text())
     assert len(cdefs) >= 40, sorted(cdefs)  # the regex found them
-    header = {**public, **internal}
-    assert not set(public) & set(internal), "declared in both headers"
+    header = {**public, **binding, **internal}
+    assert not set(public) & set(binding) and not set(public) & set(internal) and not set(binding) & set(internal), \
+        "declared in two headers"
     missing = sorted(set(cdefs) - set(header))
-    assert not missing, f"declared in _cdefs.h but in neither csrc/clamor.h nor csrc/internal.h: {missing}"
+    assert not missing, f"declared in _cdefs.h but in none of csrc/clamor.h, binding.h, internal.h: {missing}"
     differ = {n: (cdefs[n], header[n]) for n in cdefs if cdefs[n] != header[n]}
     assert not differ, differ
-    # every function of the public header reaches Python; the hooks only the
-    # Python extension has are internal, and reach Python too
+    # every function of the contract and of the binding's header reaches
+    # Python; the hooks only the Python extension has are internal, and
+    # reach Python too
     assert sorted(set(header) - set(cdefs)) == []
     assert not [n for n in public if n.startswith("clamor_py_")]
+    assert binding and not [n for n in binding if n.startswith("clamor_py_")]
     assert internal and all(n.startswith("clamor_py_") for n in internal), sorted(internal)
     from clamor._native import lib
     for name in cdefs:
@@ -495,3 +499,20 @@ def test_dirty_pages_lists_the_pages_first_written_since_the_stage_began():
                           "after": after}))
         """)
     assert out == {"before": [], "empty": [], "written": [2, 5], "changed": [5], "after": []}, out
+
+
+def test_every_function_of_the_contract_has_its_contract():
+    """csrc/clamor.h is a contract: the comment each function follows (with
+    only declarations and #defines between) says which threads may call it
+    and whether it is async-signal-safe."""
+    text = (ROOT / "csrc" / "clamor.h").read_text()
+    names = _prototypes(text)
+    assert len(names) >= 40, sorted(names)
+    bare = []
+    for name in names:
+        before = text[:re.search(r"^[A-Za-z_][\w \t*]*\b%s\s*\([^;{)]*\)\s*;" % name, text, re.M).start()]
+        end = before.rfind("*/")
+        comment = before[before.rfind("/*", 0, end):end]
+        if "/*" in before[end:] or "Thread:" not in comment or "Signal:" not in comment:
+            bare.append(name)
+    assert not bare, f"functions of csrc/clamor.h without Thread: and Signal: in their comment: {bare}"

@@ -41,13 +41,13 @@ def driver():
     p.wait()
 
 
-def hdr(type_, index=0, count=1, tag=0, version=1, flags=0, magic=MAGIC, status=0, stage=0):
-    return HDR.pack(magic, version, type_, flags, status, stage, index, count, tag)
+def hdr(type_, index=0, count=1, tag=0, proto=1, flags=0, magic=MAGIC, status=0, version=0):
+    return HDR.pack(magic, proto, type_, flags, status, version, index, count, tag)
 
 
 def parse(frames):
-    magic, version, type_, flags, status, stage, index, count, tag = HDR.unpack(frames[0])
-    assert magic == MAGIC and version == 1
+    magic, proto, type_, flags, status, version, index, count, tag = HDR.unpack(frames[0])
+    assert magic == MAGIC and proto == 1
     return type_, status, index, count, tag
 
 
@@ -74,7 +74,7 @@ def test_errors_for_each_kind_of_bad_request(driver):
         "short": ([b"CLMR"], errno.EBADMSG),
         "long": ([hdr(GET, index=page) + b"x"], errno.EBADMSG),
         "bad magic": ([hdr(GET, index=page, magic=0xDEADBEEF)], errno.EPROTO),
-        "version": ([hdr(GET, index=page, version=9)], errno.EPROTONOSUPPORT),
+        "version": ([hdr(GET, index=page, proto=9)], errno.EPROTONOSUPPORT),
         "reserved flags": ([hdr(GET, index=page, flags=4)], errno.EPROTO),
         "flags on a non-GET": ([hdr(HELLO, flags=1)], errno.EPROTO),
         "redirect as request": ([hdr(7, index=page)], errno.ENOMSG),

@@ -436,14 +436,15 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None, diff_keep=N
 
 
 def stage_begin(stage):
-    """Driver: stage ``stage`` is about to run.  Returns the indices of the
-    pages whose bytes changed since the previous stage (a uint64 ndarray):
-    workers must drop their copies before running its tasks."""
+    """Driver: page version ``stage`` begins (clamor_version_begin): the
+    tasks submitted next read the region as it is now.  Returns the indices
+    of the pages whose bytes changed since the previous version (a uint64
+    ndarray): workers must drop their copies before running its tasks."""
     import numpy as np
 
     from . import hidden
 
-    check(hidden.stage_begin(int(stage)), f"beginning stage {stage}",
+    check(hidden.version_begin(int(stage)), f"beginning version {stage}",
           {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
     n = int(lib.clamor_changed_count())
     out = np.empty(n, dtype=np.uint64)
@@ -492,8 +493,8 @@ def dirty_pages():
 
 
 def stage_current():
-    """Driver: the number of the last stage begun (0 before the first)."""
-    return int(lib.clamor_stage_current())
+    """Driver: the last page version begun (0 before the first)."""
+    return int(lib.clamor_version_current())
 
 
 def differs_since(addr, nbytes, stage):
@@ -513,8 +514,9 @@ def versions_keep(stages):
 
 
 def set_stage(stage):
-    """Worker: the stage of the task about to run (page requests carry it)."""
-    lib.clamor_set_stage(int(stage))
+    """Worker: the page version the task about to run reads (page requests
+    carry it)."""
+    lib.clamor_set_version(int(stage))
 
 
 def invalidate(pages):

@@ -22,7 +22,7 @@ static int choose(uint64_t page, const char **ep) { return cl_dir_choose(page, 1
 int main(void) {
     CHECK(clamor_region_init(BASE, (size_t)16 << 20, 4096) == 0);
     clamor_set_replication(1); /* random */
-    CHECK(clamor_stage_begin(1) == 0);
+    CHECK(clamor_version_begin(1) == 0);
 
     char id[32], ep[64];
     for (int i = 0; i < 64; i++) {

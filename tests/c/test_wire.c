@@ -33,20 +33,20 @@ static void set32(uint8_t *p, uint32_t v) {
 }
 
 static bool same_hdr(const struct cl_wire_hdr *a, const struct cl_wire_hdr *b) {
-    return a->type == b->type && a->flags == b->flags && a->status == b->status && a->stage == b->stage &&
+    return a->type == b->type && a->flags == b->flags && a->status == b->status && a->version == b->version &&
            a->index == b->index && a->count == b->count && a->tag == b->tag;
 }
 
 /* A valid GET header in buf. */
 static void valid_get(uint8_t *buf) {
-    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .stage = 3, .index = 42, .count = 1, .tag = 0xabcd1234};
+    struct cl_wire_hdr h = {.type = CL_WIRE_GET, .version = 3, .index = 42, .count = 1, .tag = 0xabcd1234};
     cl_wire_encode(&h, buf);
 }
 
 /* ---- layout and round trips ---------------------------------------------- */
 
 static void test_layout(void) {
-    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .status = 0x11223344, .stage = 0x55667788,
+    struct cl_wire_hdr h = {.type = CL_WIRE_PAGES, .status = 0x11223344, .version = 0x55667788,
                             .index = 0x0102030405060708ull, .count = 0x100, .tag = 0xdeadbeef};
     uint8_t b[CL_WIRE_HDR];
     memset(b, 0xee, sizeof b);
@@ -70,7 +70,7 @@ static void roundtrip(const struct cl_wire_hdr *in) {
     cl_wire_encode(in, b);
     int rc = cl_wire_decode(b, sizeof b, &out);
     CHECK(rc == 0);
-    CHECK(out.version == CL_WIRE_VERSION);
+    CHECK(out.proto == CL_WIRE_VERSION);
     CHECK(same_hdr(in, &out));
     if (rc || !same_hdr(in, &out))
         fprintf(stderr, "  round trip of type %u count %u failed (rc %d)\n", in->type, in->count, rc);
@@ -79,7 +79,7 @@ static void roundtrip(const struct cl_wire_hdr *in) {
 static void test_roundtrip(void) {
     static const uint32_t counts[] = {1, 2, 17, CL_WIRE_MAX_COUNT - 1, CL_WIRE_MAX_COUNT};
     for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
-        struct cl_wire_hdr g = {.type = CL_WIRE_GET, .stage = (uint32_t)i, .index = (uint64_t)1 << (8 * i),
+        struct cl_wire_hdr g = {.type = CL_WIRE_GET, .version = (uint32_t)i, .index = (uint64_t)1 << (8 * i),
                                 .count = counts[i], .tag = (uint32_t)(i * 0x01010101u)};
         roundtrip(&g);
         struct cl_wire_hdr p = g;
@@ -87,7 +87,7 @@ static void test_roundtrip(void) {
         roundtrip(&p);
     }
     /* extreme field values */
-    struct cl_wire_hdr big = {.type = CL_WIRE_GET, .status = UINT32_MAX, .stage = UINT32_MAX,
+    struct cl_wire_hdr big = {.type = CL_WIRE_GET, .status = UINT32_MAX, .version = UINT32_MAX,
                               .index = UINT64_MAX, .count = CL_WIRE_MAX_COUNT, .tag = UINT32_MAX};
     roundtrip(&big);
     /* ERROR, HELLO and HELLO_REPLY have no page range: any count is fine */
@@ -101,7 +101,7 @@ static void test_roundtrip(void) {
     struct cl_wire_hdr hr = {.type = CL_WIRE_HELLO_REPLY, .tag = 7, .count = 0};
     roundtrip(&hr);
     /* encode ignores a version field in the struct: it always writes its own */
-    struct cl_wire_hdr v = {.version = 99, .type = CL_WIRE_GET, .count = 1};
+    struct cl_wire_hdr v = {.proto = 99, .type = CL_WIRE_GET, .count = 1};
     uint8_t b[CL_WIRE_HDR];
     cl_wire_encode(&v, b);
     CHECK(b[4] == CL_WIRE_VERSION);
@@ -488,7 +488,7 @@ static void test_random(long iters) {
         if (!b) abort();
         if (len == CL_WIRE_HDR && rnd() % 2) { /* a valid header with a few bytes mutated */
             struct cl_wire_hdr v = {.type = (uint8_t)(1 + rnd() % 5), .status = (uint32_t)rnd(),
-                                    .stage = (uint32_t)rnd(), .index = rnd(),
+                                    .version = (uint32_t)rnd(), .index = rnd(),
                                     .count = (uint32_t)(1 + rnd() % CL_WIRE_MAX_COUNT), .tag = (uint32_t)rnd()};
             cl_wire_encode(&v, b);
             for (int k = (int)(rnd() % 3); k > 0; k--) b[rnd() % len] = (uint8_t)rnd();
