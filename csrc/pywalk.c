@@ -398,6 +398,11 @@ struct walk {
     struct words nulls;
 };
 
+/* An extent's strictness byte: bit 0 strict; TYPE_WORD: an atom's type
+ * word, read for its relocation only (it cannot change while the atom
+ * lives, and what holds the atom is read: portable._Mode.read_table). */
+#define TYPE_WORD 2
+
 /* The words of region object o that a worker not forked reads as null (the
  * collector's links, the weak-reference list) and, for an atom, its type
  * word (its other words are data); the seed's mark. */
@@ -412,7 +417,7 @@ static int portable_words(struct walk *w, PyObject *o) {
     if (!w->seeded && (t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type)) w->seeded = seeded_keys(o);
     if (t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
         t == &PyBytes_Type) {
-        w->ext.strict_now = 1;
+        w->ext.strict_now = 1 | TYPE_WORD;
         return extent(&w->ext, a + 8, 8) < 0 ? NOMEM : OK;
     }
     return OK;

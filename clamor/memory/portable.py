@@ -279,6 +279,7 @@ class _Mode:
         self.amap = amap
         # the walk in C (c_walk): its extents as arrays, and the words found
         self.c_extents = None   # (n, 2) uint64 (start, length), each within one page
+        self.c_strict = None    # uint8 a range: bit 0 strict, _TYPE_WORD an atom's type word
         self.tags = None        # int32 a range, a tagged walk's
         self.found = None       # (addresses, targets, tags or None), sorted by address
         self.shared = False
@@ -339,17 +340,21 @@ class _Mode:
         found, bad = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
-        self.c_extents, self.tags, self.found, self.shared = ext, tags, found, bool(shared[0])
+        self.c_extents, self.c_strict, self.tags, self.found, self.shared = ext, strict, tags, found, bool(shared[0])
         self.objects += int(visited[0])
         if seeded[0] and self.seeded is None:
             self.seeded = f"a dict or set reached from {self.root or 'the object'}"
         return True
 
     def read_table(self):
-        """The ReadTable of what this walk read pointers from."""
+        """The ReadTable of what this walk read pointers from, but for the
+        type words of atoms and other data-only objects: they cannot change
+        while the object lives, and what holds it is read (a dead one's
+        holder changed)."""
         if self.c_extents is not None:
-            return read_digests([], plain=self.c_extents, tags=self.tags)
-        return read_digests(self.extents)
+            read = (self.c_strict & _TYPE_WORD) == 0
+            return read_digests([], plain=self.c_extents[read], tags=self.tags[read] if self.tags is not None else None)
+        return read_digests([e for e in self.extents if e[4] != "type"])
 
     def why_not(self, o):
         """None if ``o`` (outside the region) is a relocation target, else
@@ -457,10 +462,11 @@ class Relocations:
     def nbytes(self):
         """The bytes the relocation lists keep: those installed, each
         root's entries and the table of what its walk read."""
-        per_root = sum(len(e) for entries, _ in self.per_root.values() for e in entries.values())
+        held = {id(e): len(e) for entries, _ in self.per_root.values() for e in entries.values()}
+        held.update((id(b), len(b)) for b in self.lists.values())     # (one root's lists are its entries)
         tables = sum(read.nbytes() for _, read in self.per_root.values() if read is not None)
         tagged = sum(a.nbytes + t.nbytes + g.nbytes for a, t, g, *_ in self.tagged.values())
-        return sum(len(b) for b in self.lists.values()) + per_root + tables + tagged
+        return sum(held.values()) + tables + tagged
 
     def note_changed(self, pages):
         if len(pages):
@@ -620,7 +626,8 @@ class Relocations:
                 entries[page] = e
             else:
                 entries.pop(page, None)
-        read = read.updated(drop, mode.c_extents, mode.tags, stale)
+        kept = (mode.c_strict & _TYPE_WORD) == 0
+        read = read.updated(drop, mode.c_extents[kept], mode.tags[kept], stale)
         self.cost["rechecks"] = self.cost.get("rechecks", 0) + 1
         return entries, read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
 
@@ -715,6 +722,7 @@ def _offered(o, r, seeds_agree):
     return o
 
 
+_TYPE_WORD = 2      # (an extent's strictness byte: csrc/pywalk.c)
 _ENTRY = np.dtype([("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
 
 
