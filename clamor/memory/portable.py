@@ -332,11 +332,11 @@ class _Mode:
                 numbered.add(id(o))
         if seeded[0] and not self.seeds_agree:
             return False        # (the Python walk names the dict)
-        ext = np.frombuffer(bytes(out["ext"]), dtype=np.uint64).reshape(-1, 2)
-        strict = np.frombuffer(bytes(out["strict"]), dtype=np.uint8)
-        nulls = np.frombuffer(bytes(out["nulls"]), dtype=np.uint64)
-        tags = np.frombuffer(bytes(out["tags"]), dtype=np.int32) if tagged else None
-        null_tags = np.frombuffer(bytes(out["null_tags"]), dtype=np.int32) if tagged else None
+        ext = np.frombuffer(out["ext"], dtype=np.uint64).reshape(-1, 2)
+        strict = np.frombuffer(out["strict"], dtype=np.uint8)
+        nulls = np.frombuffer(out["nulls"], dtype=np.uint64)
+        tags = np.frombuffer(out["tags"], dtype=np.int32) if tagged else None
+        null_tags = np.frombuffer(out["null_tags"], dtype=np.int32) if tagged else None
         found, bad = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
@@ -753,8 +753,8 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
                                  amap.private, amap.nprivate, id(at), id(ids), id(which) if tags is not None else 0)
     if rc:
         raise MemoryError("no memory to list the relocations")
-    at = np.frombuffer(bytes(at), dtype=np.uint64)
-    ids = np.frombuffer(bytes(ids), dtype=np.uint32)
+    at = np.frombuffer(at, dtype=np.uint64)
+    ids = np.frombuffer(ids, dtype=np.uint32)
     nulls = np.asarray(nulls, dtype=np.uint64)
     none = ids == lib.CLAMOR_NO_TARGET
     bad = at[none]
@@ -765,7 +765,7 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
     addrs, first = np.unique(addrs, return_index=True)     # (a null word first, then the first extent's)
     word_tags = None
     if tags is not None:
-        at_tags = np.asarray(tags, dtype=np.int32)[np.frombuffer(bytes(which), dtype=np.uint32)]
+        at_tags = np.asarray(tags, dtype=np.int32)[np.frombuffer(which, dtype=np.uint32)]
         word_tags = np.concatenate([np.asarray(null_tags, dtype=np.int32), at_tags[~none]])[first]
     return (addrs, tids[first], word_tags), bad
 

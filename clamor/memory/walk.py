@@ -726,14 +726,14 @@ def _walk_plain(obj, limit, reads=None, convert=True):
             reads.restart()
         return False
     if reads is not None:
-        reads.plain = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
+        reads.plain = np.frombuffer(out, dtype=np.uint64).reshape(-1, 2)
         reads.objects += int(visited[0])
         slots = _root_slots(obj) if tagged and not shared[0] and not reads.extents else None
         if slots is not None:
             # (entries sharing an object, containers the Python walk took
             # outside the region, a table laid out otherwise: a change is
             # walked again whole)
-            reads.tags = np.frombuffer(bytes(tags), dtype=np.int32)
+            reads.tags = np.frombuffer(tags, dtype=np.int32)
             reads.root = slots
     return True
 
@@ -803,8 +803,8 @@ def recheck(obj, reads, limit=20_000_000):
     extra = Reads()
     if not _c_outside_ok(outside, limit, extra) or extra.extents:
         return False
-    ranges = np.frombuffer(bytes(out), dtype=np.uint64).reshape(-1, 2)
-    new_tags = np.frombuffer(bytes(tagbuf), dtype=np.int32)
+    ranges = np.frombuffer(out, dtype=np.uint64).reshape(-1, 2)
+    new_tags = np.frombuffer(tagbuf, dtype=np.int32)
     mine = new_tags < 0
     if union_equal(table.ranges[table.tags < 0], ranges[mine]):
         ranges, new_tags = ranges[~mine], new_tags[~mine]      # (the root's own ranges stay)
