@@ -382,3 +382,30 @@ def test_a_portable_recheck_lists_what_a_whole_walk_lists(tmp_path):
         assert kinds.get(kind + " stood", 0) >= 10, (kind, out)
     for kind in ("object outside put in",):
         assert kinds.get(kind + " deferred", 0) >= 3, (kind, out)
+
+
+def test_a_walk_longer_than_the_heartbeat_timeout_loses_no_worker():
+    """The check before a stage and the listing of relocations hold the
+    driver's GIL while they walk; the heartbeats that workers send
+    meanwhile wait on the socket and count once it is read.  A stage whose
+    walks take more than twice ``heartbeat_timeout`` (the walk in Python,
+    the slow one) loses no spawned worker, and reads right."""
+    out = run_driver("""
+import json, time
+import clamor
+from clamor.memory import walk
+N = 100_000
+with clamor.heap():
+    d = {i: (i, "s" + str(i)) for i in range(N)}
+walk.plain_in_c[0] = False
+with clamor.Cluster(workers=2, start_method="spawn", progress=None, heartbeat_timeout=1.5) as cl:
+    cl.run(lambda: None)
+    t0 = time.perf_counter()
+    got = cl.parallelize(range(2), 2).map(lambda _: d[N // 3]).collect()
+    out = {"stage_s": time.perf_counter() - t0, "lost": cl.stats()["recovery"]["workers_lost"],
+           "right": got == [d[N // 3]] * 2}
+print(json.dumps(out))
+""", env={"PYTHONHASHSEED": "0"})
+    assert out["exit"] == 0, out
+    assert out["stage_s"] > 3.0, out       # the walks outlasted two time-outs
+    assert out["lost"] == 0 and out["right"], out
