@@ -472,7 +472,7 @@ class Relocations:
         if len(pages):
             self.changed.append(np.asarray(pages, dtype=np.uint64))
 
-    def prepare(self, roots, stage, seeds_agree=True, limit=20_000_000, bring_in=False):
+    def prepare(self, roots, stage, seeds_agree=True, limit=walk.LIMIT, bring_in=False):
         """List the relocations of ``roots`` and install the lists that
         differ at ``stage``; return the pages whose lists changed (workers
         must fetch them again).  NotShareable if a root is not portable, or
@@ -645,7 +645,7 @@ class Relocations:
         if read.changed(np.intersect1d(written, read.pages, assume_unique=True)):
             # (a dict or list whose entries changed: those are walked again,
             # and their pages' lists listed at the next prepare)
-            again = self._recheck(k, obj, written, 20_000_000)
+            again = self._recheck(k, obj, written, walk.LIMIT)
             if again is None:
                 return None
             entries, read, touched, state = again
@@ -824,7 +824,7 @@ def _words(off):
     return view[off >> np.uint64(3)]
 
 
-def check(obj, limit=20_000_000, seed=True):
+def check(obj, limit=walk.LIMIT, seed=True):
     """share(obj, portable=True): NotShareable unless workers not forked
     from the driver can use ``obj`` in place (``seed``: also unless its str
     hashes need a seed the workers will not have)."""

@@ -5,11 +5,11 @@ driver, ``clamor.memory.portable`` decides what they can have and lists
 the words to relocate.
 """
 from . import portable as _portable
-from .walk import Reads, _walk, note_fork  # noqa: F401  (note_fork: the Cluster's)
+from .walk import LIMIT, Reads, _walk, note_fork  # noqa: F401  (note_fork: the Cluster's)
 from ..errors import NotShareable, ShareWarning  # noqa: F401  (share()'s own)
 
 
-def share(obj, limit=20_000_000, portable=False):
+def share(obj, limit=LIMIT, portable=False):
     """Check that workers can use ``obj`` in place; returns ``obj``.
 
     Raises NotShareable naming the path to the first object, raw pointer
@@ -18,7 +18,7 @@ def share(obj, limit=20_000_000, portable=False):
     memory the workers inherited.  Warns (``ShareWarning``) where it cannot
     tell: a word in C memory behind an extension object that may or may not
     be a pointer out of the region, or C memory too large to scan to the
-    end.
+    end.  ``limit``: the most objects to visit (more are refused).
 
     ``portable=True`` asks instead whether workers that were not forked
     from the driver (spawned, on other hosts) can use it: everything
@@ -32,7 +32,7 @@ def share(obj, limit=20_000_000, portable=False):
     return obj
 
 
-def vouch(obj, limit=20_000_000):
+def vouch(obj, limit=LIMIT):
     """share(obj) for the runtime: returns the ``Reads`` the verdict rests
     on, so that the check is made again once they change."""
     reads = Reads()

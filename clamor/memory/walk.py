@@ -645,6 +645,10 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
     _walk_once(obj, limit, mode, reads, False)
 
 
+# The most objects a walk visits before it refuses (share()'s ``limit``):
+# a runaway graph is refused in seconds rather than walked for minutes; a
+# dict of 10^7 entries of tuples is 3 * 10^7 objects.
+LIMIT = 100_000_000
 _PLAIN = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex, bool)
 plain_in_c = [True]     # (tests/test_walk_plain.py compares the two walks)
 # The loaded images' ranges, read once (/proc/self/maps costs milliseconds):
@@ -774,7 +778,7 @@ def dirty_entries(obj, table, stale, root):
     return np.ascontiguousarray(dirty, dtype=np.int32), root
 
 
-def recheck(obj, reads, limit=20_000_000):
+def recheck(obj, reads, limit=LIMIT):
     """Bring a verdict on the dict or list ``obj`` up to date after the
     driver changed the pages in ``reads.stale``: walk again, in C, only the
     entries whose slot in the root's table, or a range reached through
