@@ -50,6 +50,7 @@ import zmq
 from .. import errors
 from ..memory import hooks, images, portable, region, samehost
 from ..runtime import security
+from ..runtime.versions import VersionKeeper
 from ..runtime._liveness import pid_namespace
 from ..runtime.cluster import REPLICATION
 from . import _pickling, _values
@@ -157,10 +158,9 @@ class Driver:
         self._sent = {}                   # a worker's identity -> the relocation targets it was sent
         self.security = security.Security(secret, encrypt)
         self.host = host
-        self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
-        self._changes = {}                # stage -> the pages changed when it began
+        self._lock = threading.Lock()     # the versions, and the tables below
+        self._versions = VersionKeeper()  # the page versions and the pages changed at each
         self._stamps = {}                 # version -> when it was last stamped
-        self.version = None               # the newest version: the last stage that changed bytes
         self._gone = threading.Event()    # detached: requests are answered BYE
         self._stop = threading.Event()
         self._serving = hooks.Gated()     # the control endpoint's thread, and the keeper's
@@ -169,6 +169,11 @@ class Driver:
         self.versions_kept = 1
 
     # -- versions --------------------------------------------------------
+
+    @property
+    def version(self):
+        """The newest version: the last stage that changed bytes."""
+        return self._versions.newest
 
     def stamp(self):
         """The version of a region array being pickled now: the last stage
@@ -184,15 +189,8 @@ class Driver:
             return v
 
     def _begin(self, relocated=None):
-        sid = region.stage_current() + 1
-        changed = region.stage_begin(sid)
-        if changed.size:
-            portable.driver().note_changed(changed)    # (a root whose bytes changed is walked again)
-        if relocated is not None and relocated.size:    # pages whose relocation lists changed at sid
-            changed = np.union1d(changed, relocated).astype(np.uint64)
-        if changed.size or self.version is None:
-            self._changes[sid] = changed
-            self.version = sid
+        # (``relocated``: pages whose relocation lists changed at the new version)
+        self._versions.begin(relocated)
 
     def ship(self, obj):
         """(offset, version) of region object ``obj`` sent to a task: its
@@ -231,15 +229,11 @@ class Driver:
     def changes(self, lo, hi, gated=None):
         """Pages changed at the stages after ``lo`` up to ``hi`` (either
         order).  ``gated``: the calling thread's, if it is gated."""
-        lo, hi = sorted((int(lo), int(hi)))
         self._hold(gated)
         try:
-            parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
+            return self._versions.changed_between(lo, hi)
         finally:
             self._lock.release()
-        if not parts:
-            return np.empty(0, dtype=np.uint64)
-        return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
     def _hold(self, gated):
         """Take the lock; ``gated``: the calling thread's (see Gated.hold)."""
@@ -258,10 +252,7 @@ class Driver:
             recent = time.monotonic() - STAMP_HOLD
             self._stamps = {v: t for v, t in self._stamps.items() if t >= recent}
             versions = {self.version} | set(live) | set(self._stamps)
-            keep = sorted(versions | {region.stage_current()})
-            samehost.map_floor(keep[0])
-            region.versions_keep(keep)
-            portable.driver().prune(keep[0])
+            self._versions.keep(versions | {region.stage_current()})
             self.versions_kept = len(versions)
         finally:
             self._lock.release()

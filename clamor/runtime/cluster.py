@@ -54,6 +54,7 @@ from ..memory.share import note_fork
 from ..memory import samehost
 from .scheduler import Scheduler, Speculation
 from .stages import Stages
+from .versions import VersionKeeper
 
 log = logging.getLogger("clamor")
 _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
@@ -316,8 +317,7 @@ class Cluster(Stages):
         self._attempt_version = {}  # attempt -> its version, while a task of it may run
         self._attempt_ids = itertools.count(1)
         self._current = self._trouble = None
-        self._changes = {}      # stage -> pages the driver changed just before it
-        self._moves = {}        # stage -> pages that moved unchanged just before it (for workers that map)
+        self._versions = VersionKeeper(moves=True)   # the page versions and what changed at each
         self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
         self._gone = {}         # lost worker -> its last reported counters (stats())
         # the driver's counters are the process's: stats() reports this cluster's share

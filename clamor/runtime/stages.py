@@ -42,7 +42,6 @@ task it drops the pages changed between the version its copies reflect and
 the task's version, in either direction, so a re-run of an old version sees
 old bytes and the next new task sees new ones again.
 """
-import bisect
 import collections
 import json
 import logging
@@ -184,15 +183,7 @@ class Stages:
                 raise ins.error
         if not self._workers and not self._expected:   # none left, none coming
             raise errors.WorkerLost("no live workers (every worker was lost and none is being replaced)")
-        sid = region.stage_current() + 1
-        changed = region.stage_begin(sid)
-        if changed.size:
-            self._changes[sid] = changed
-            portable.driver().note_changed(changed)
-            serialize.note_changed(changed)     # share()'s verdicts that rest on what changed
-        moved = samehost.moved()
-        if moved.size:
-            self._moves[sid] = moved
+        sid = self._versions.begin()
         # The page versions worth keeping are those of the stages a task may
         # still read at: this one, those recorded outputs were made at (lost
         # ones included: lineage re-runs read there), and those of tasks
@@ -212,42 +203,19 @@ class Stages:
         mapping = {w["seen"] for w in self._workers.values() if _maps(w)}
         last_ran = {w["seen"] for w in self._workers.values()}
         running_at = set(self._attempt_version.values())
-        keep = sorted({sid} | self._lineage.versions() | running_at | last_ran)
-        samehost.map_floor(min({sid} | mapping | running_at))
-        region.versions_keep(keep)
-        portable.driver().prune(keep[0])
-        self._trim_changes(keep)
+        keep = self._versions.keep({sid} | self._lineage.versions() | running_at | last_ran,
+                                   floor=min({sid} | mapping | running_at))
+        # (changed-page lists are asked for between a worker's version and one of these)
+        self._versions.trim(set(keep) | last_ran)
         return sid
-
-    def _trim_changes(self, keep):
-        """Changed-page lists are asked for between two versions, each one a
-        worker's or one of ``keep`` (no other can become one later): lists
-        of stages with no such version between them are merged, those at or
-        below the lowest dropped."""
-        bounds = sorted(set(keep) | {w["seen"] for w in self._workers.values()})
-
-        def trim(lists):
-            merged = {}
-            for s, ch in lists.items():
-                if s > bounds[0]:
-                    merged.setdefault(bounds[bisect.bisect_left(bounds, s)], []).append(ch)
-            return {b: chs[0] if len(chs) == 1 else np.unique(np.concatenate(chs)) for b, chs in merged.items()}
-
-        self._changes = trim(self._changes)
-        self._moves = trim(self._moves)
 
     def _invalidations(self, w, version):
         """Pages worker ``w`` must drop before a task at ``version``: those
         changed at every stage boundary between the version its copies
         reflect and ``version`` (either way: a re-run goes back)."""
-        lo, hi = sorted((w["seen"], version))
-        w["seen"] = version
-        parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
-        if _maps(w):   # its mappings of pages that moved name the old locations
-            parts += [ch for s, ch in self._moves.items() if lo < s <= hi]
-        if not parts:
-            return b""
-        return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
+        seen, w["seen"] = w["seen"], version
+        # (its mappings of pages that moved name the old locations)
+        return self._versions.changed_between(seen, version, moved=_maps(w)).astype(np.uint64).tobytes()
 
     # -- jobs and attempts ----------------------------------------------------------
     def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None, only=None):
