@@ -1,24 +1,18 @@
 """The driver's side of clamor on Dask: versions, the page server and the
 control endpoint workers join through.
 
-Versions are the runtime's stages.  A region array pickled for Dask is
-stamped with the current stage; if the driver wrote to the region since
-that stage began, a new stage begins first, so the stamp names the bytes
-as they are now and later writes go to new page versions.  The changed
-pages of each stage are kept for workers that move between versions.
+Versions are the region's page versions, kept by the one version keeper
+(clamor/runtime/versions.py) as a Cluster's are.  A region array pickled
+for Dask is stamped with the newest version; if the driver wrote to the
+region since it began, a new version begins first, so the stamp names the
+bytes as they are now and later writes go to new page versions.  The
+changed pages of each version are kept for workers that move between
+versions.
 
 The control endpoint (a ROUTER, CURVE or PLAIN with the secret, like a
-Cluster's) answers:
-
-    JOIN    json{"pid", "hash"}    -> WELCOME json{"pages", "stage", "base", "pid", "pidns", "hash", "images"}
-    CHANGES json[lo, hi]           -> CHANGES <uint64 page indices changed in stages lo+1..hi>
-    TARGETS b""                    -> TARGETS pickle[(id, spec)]: relocation targets it has not bound
-    PING    <its page server>      -> PONG, or BYE once detached
-    LEAVE   <its page server>      -> BYE
-
-A worker's page server is a peer the driver may send page requests to
-(replication, as in a Cluster); one that has not pinged for PEER_GRACE
-seconds, or that left, is forgotten.
+Cluster's) answers JOIN (the one schema of every driver, read and written
+by clamor/runtime/driver.py), CHANGES, TARGETS, PING and LEAVE: see
+docs/wire.md#clamordasks-control-endpoint.
 
 The driver's Python threads keep out of heap() blocks, as a Cluster's do
 (clamor.memory.hooks): the control endpoint and the keeper wait in C and
@@ -39,7 +33,6 @@ import asyncio
 import errno
 import json
 import logging
-import os
 import pickle
 import threading
 import time
@@ -48,11 +41,10 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import hooks, images, portable, region, samehost
+from ..memory import hooks, portable, region, samehost
 from ..runtime import security
 from ..runtime.versions import VersionKeeper
-from ..runtime._liveness import pid_namespace
-from ..runtime.cluster import REPLICATION
+from ..runtime.driver import read_join, read_leave, set_replication, welcome
 from . import _pickling, _values
 
 log = logging.getLogger("clamor.dask")
@@ -269,7 +261,7 @@ class Driver:
         self.security.core()
         self.pages = region.serve(f"tcp://{self.host}:*")
         region.reset_peers()
-        region.set_replication(REPLICATION[self.replication])
+        set_replication(self.replication)
         samehost.share(False)
         with self._lock:
             self._begin()   # from here on, a write is a new version
@@ -390,12 +382,8 @@ class Driver:
         if self._gone.is_set():
             self._sock.send_multipart([who, b"BYE", b""])
         elif kind == b"JOIN":
-            body = json.loads(frames[2])
-            self._hashes[who] = str(body.get("hash"))
-            welcome = {"pages": self.pages, "stage": self.version, "base": region.base(),
-                       "pid": os.getpid(), "pidns": pid_namespace(), "hash": portable.hash_digest(),
-                       "images": images.loaded()}
-            self._sock.send_multipart([who, b"WELCOME", json.dumps(welcome).encode()])
+            self._hashes[who] = str(read_join(frames[2])["hash"])
+            self._sock.send_multipart([who, b"WELCOME", welcome(self.pages, version=self.version)])
         elif kind == b"CHANGES":
             lo, hi = json.loads(frames[2])
             self._sock.send_multipart([who, b"CHANGES",
@@ -414,7 +402,9 @@ class Driver:
                 self._peers[frames[2].decode()] = time.monotonic()
             self._sock.send_multipart([who, b"PONG", b""])
         elif kind == b"LEAVE":
-            self._forget(frames[2].decode())
+            pages = read_leave(frames[2])["pages"]
+            if pages:
+                self._forget(pages)
             self._sock.send_multipart([who, b"BYE", b""])
         else:
             raise ValueError(f"unknown request {kind[:32]!r}")

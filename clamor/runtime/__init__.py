@@ -6,7 +6,7 @@
 - ``scheduler``: the pure state machine (events in, instructions out);
 - ``lineage``: which partitions and blocks exist, and at which version;
 - ``executor``: what a worker runs; ``serialize``: what travels;
-- ``_liveness``: forking, reaping and watching worker processes;
+- ``liveness``: forking, reaping and watching worker processes;
 - ``progress``: the progress bar; ``interrupt``: Ctrl-C between messages;
 - ``worker``: a worker that was not forked joins a Cluster (``clamor worker``).
 

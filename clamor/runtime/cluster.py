@@ -19,7 +19,7 @@ and a local one is replaced (a remote one leaves its place to the next
 that joins).
 
 Workers live as long as the driver process, whichever thread started them
-(clamor/runtime/_liveness.py), and no longer than their Cluster: close(), the end of
+(clamor/runtime/liveness.py), and no longer than their Cluster: close(), the end of
 a ``with``, the Cluster being garbage-collected, or the driver's exit stop
 them.  The finalizer holds what stopping takes (socket, context, process
 ids), never the Cluster itself.
@@ -39,7 +39,7 @@ import weakref
 import numpy as np
 import zmq
 
-from . import _liveness, code, serialize
+from . import code, liveness, serialize
 from .. import errors
 from ..memory import byvalue, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
@@ -55,12 +55,10 @@ from ..memory import samehost
 from .scheduler import Scheduler, Speculation
 from .stages import Stages
 from .versions import VersionKeeper
+from .driver import check_replication, refuse_if_in_use, set_replication
 
 log = logging.getLogger("clamor")
 _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
-# Redirect a page request to a worker that holds the page (paper section 4.2):
-# never, to a random holder, or to the less loaded of two random holders.
-REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
 START_METHODS = ("fork", "spawn")
 
 
@@ -82,23 +80,11 @@ def _refuse_close():
 region.add_close_guard(_refuse_close)
 
 
-# Other users of the process's region (clamor.dask) register a callable
-# that returns why a Cluster cannot start now, or None.
-_region_users = []
-
-
-def add_region_user(why_not):
-    _region_users.append(why_not)
-
-
 def _only_open_cluster():
     """One open Cluster per process: page versions, the changed-page lists
     and the peer directory belong to the region, and the region is the
     process's."""
-    for why_not in _region_users:
-        why = why_not()
-        if why:
-            raise errors.RegionInUse(why)
+    refuse_if_in_use()
     if any_open():
         raise errors.RegionInUse("another Cluster of this process is open: close it (or leave its with-block) "
                                  "before starting a new one; one process runs one Cluster at a time, since "
@@ -170,8 +156,7 @@ class Cluster(Stages):
         for name, v in (("heartbeat_timeout", heartbeat_timeout), ("start_timeout", start_timeout)):
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
                 raise errors.ConfigError(f"{name} must be a positive number of seconds, not {v!r}")
-        if replication not in REPLICATION:
-            raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
+        check_replication(replication)
         if speculation is True:
             speculation = Speculation()
         elif speculation is False or speculation is None:
@@ -278,7 +263,7 @@ class Cluster(Stages):
             served = f"tcp://{self._host}:{self._pages_port}"   # where remote workers reach it
         self.page_endpoint = region.serve(served)
         region.set_fork_ports(*(self._worker_ports or (0, 0)))   # forked workers' page servers
-        region.set_replication(REPLICATION[self.replication])
+        set_replication(self.replication)
         samehost.share(self.same_host == "map")   # forked workers map the driver's pages, or fetch them
         samehost.decline("the cluster was made with same_host='fetch'" if self.same_host == "fetch" else
                          "the driver's memfd could not be mapped after fork")
@@ -372,13 +357,13 @@ class Cluster(Stages):
             for o in prepare_fork():
                 self._held.setdefault(id(o), o)
             code.note_fork()
-            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
+            pid = liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
             self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
         else:
             args = ["--driver", self.endpoint, "--advertise", self._host] + ([] if self.encrypt else ["--no-encrypt"])
             if self._worker_ports:
                 args += ["--ports", self._ports]
-            proc = _liveness.spawn(args, {"CLAMOR_SECRET": self._security.secret})
+            proc = liveness.spawn(args, {"CLAMOR_SECRET": self._security.secret})
             self._procs.append(proc)
             pid = proc.pid
             self._joining[pid] = wid
@@ -630,7 +615,7 @@ def _shutdown(owner, sock, ctx, guard, workers, expected, pid_of, pids, procs, t
                 pass
     deadline = time.monotonic() + timeout
     for pid in list(pids):
-        _liveness.reap(pid, deadline)
+        liveness.reap(pid, deadline)
     for proc in procs:
         proc.poll()   # reaped above: the Popen learns it, and does not warn that it still runs
     sock.close()

@@ -59,8 +59,9 @@ from ..memory import region
 from . import serialize
 from .collection import Parallel, Shuffled
 from ..memory.heap import outside, release_dropped
-from ..memory import images, portable, samehost, walk
-from ._liveness import pid_alive, pid_namespace, shares_pids
+from ..memory import portable, samehost, walk
+from .driver import read_join, read_leave, welcome
+from .liveness import pid_alive, shares_pids
 from .interrupt import Deferred
 from .progress import StageProgress
 from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
@@ -680,8 +681,8 @@ class Stages:
         """A worker not forked from here asks to join (clamor/runtime/worker.py):
         one this cluster spawned, or one of its ``remote`` workers."""
         try:
-            body = json.loads(frame)
-            pid, pidns = int(body["pid"]), body.get("pidns")
+            body = read_join(frame)
+            pid, pidns = body["pid"], body["pidns"]
         except (ValueError, TypeError, KeyError) as err:
             log.warning("dropped a malformed JOIN: %s", err)
             return []
@@ -704,22 +705,20 @@ class Stages:
             self._expected.add(wid)
         self._joined_ids.add(wid)
         self._welcomed_at[wid] = time.monotonic()
-        base = body.get("base")
-        self._join_info[wid] = {"hash_ok": body.get("hash") == portable.hash_digest(),
+        base = body["base"]
+        self._join_info[wid] = {"hash_ok": body["hash"] == portable.hash_digest(),
                                 "same_base": base is None or base == region.base()}
-        welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace(),
-                   "images": images.loaded(), "base": region.base(),
-                   "map": samehost.info() if self.same_host == "map" else None}
-        self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
+        self._sock.send_multipart([ident, b"WELCOME", welcome(self.page_endpoint, wid=wid.decode(),
+                                   same_host=samehost.info() if self.same_host == "map" else None)])
         return []
 
     def _left(self, frame):
         """A welcomed worker that will not join after all (its images differ
         from the driver's): its place is free again."""
         try:
-            body = json.loads(frame)
+            body = read_leave(frame)
             wid = body["wid"].encode()
-        except (ValueError, TypeError, KeyError, AttributeError) as err:
+        except (ValueError, TypeError, KeyError, AttributeError) as err:   # (no wid: AttributeError)
             log.warning("dropped a malformed LEAVE: %s", err)
             return []
         if wid in self._expected and wid in self._joined_ids:
@@ -729,7 +728,7 @@ class Stages:
                 self._remote.discard(wid)
                 self._remote_open += 1
             log.warning("worker %s (pid %s) refused to join: %s", wid.decode(), self._pid_of.get(wid),
-                        str(body.get("reason"))[:2000])
+                        body["reason"])
         return []
 
     def _joined(self, wid, info):

@@ -14,12 +14,19 @@ policy (a Cluster's running attempts and lineage, Dask's scheduler).
 
 A worker changes version with ``change_version``: it lets go of the
 region objects whose pages change, drops those pages and tags its page
-requests with the new version.
+requests with the new version.  A worker that runs tasks on several
+threads (a Dask worker) runs those of one version at a time, through a
+``VersionGate``; a Cluster's worker runs one task at a time and changes
+version before each.
 """
 import bisect
+import gc
+import threading
+import time
 
 import numpy as np
 
+from .. import errors
 from ..memory import portable, region, samehost
 from . import serialize
 
@@ -107,3 +114,79 @@ def change_version(version, pages, release=None):
     if len(pages):
         region.invalidate(pages)
     region.set_stage(version)
+
+
+class VersionGate:
+    """Worker: tasks of one version at a time, on threads of its own; the
+    version changes (``change_version``) when none runs, in the order
+    versions were asked for.  ``changes(lo, hi)``: the pages changed between
+    two versions (the driver's answer).  ``resolved``: a task used a region
+    object since the last change (the next one first frees the cycles that
+    may hold such objects)."""
+
+    def __init__(self, changes, version, on_switch=None):
+        self.changes = changes
+        self.on_switch = on_switch    # called after each change of version (relocation targets)
+        self.resolved = False         # a region object was used since the last change
+        self.current = int(version)
+        self.running = 0
+        self.switches = 0
+        self.closed = None            # why, once closed
+        self._cond = threading.Condition()
+        self._waiting = {}            # ticket -> version
+        self._tickets = 0
+
+    def stamp(self):
+        return self.current
+
+    def enter(self, version):
+        with self._cond:
+            self._tickets += 1
+            ticket = self._tickets
+            self._waiting[ticket] = version
+            try:
+                while True:
+                    if self.closed:
+                        raise errors.ClamorError(f"clamor is detached from this worker ({self.closed}): a task that "
+                                                 f"reads the driver's globals cannot run here")
+                    older = [t for t, v in self._waiting.items() if t < ticket and v != version]
+                    if version == self.current and not older:
+                        break
+                    if self.running == 0 and ticket == min(self._waiting):
+                        self._switch(version)
+                        break
+                    self._cond.wait()
+            finally:
+                del self._waiting[ticket]
+                self._cond.notify_all()
+            self.running += 1
+
+    def exit(self):
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
+
+    def _switch(self, version):
+        pages = self.changes(self.current, version)
+        # Region objects a task used may sit in cycles: freed now, on the
+        # pages as this worker holds them, not against the driver's counts
+        # after the pages are fetched again.
+        change_version(version, pages, self._collect if self.resolved else None)
+        self.current = version
+        self.switches += 1
+        if self.on_switch is not None:
+            self.on_switch()
+
+    def _collect(self):
+        gc.collect()
+        self.resolved = False
+
+    def close(self, why, wait=60.0):
+        """Refuse new tasks; wait (up to ``wait`` seconds) for running ones."""
+        with self._cond:
+            self.closed = why
+            self._cond.notify_all()
+            deadline = time.monotonic() + wait
+            while self.running and time.monotonic() < deadline:
+                self._cond.wait(0.1)
+            return self.running == 0
