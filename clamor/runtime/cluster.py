@@ -32,27 +32,27 @@ import math
 import numbers
 import os
 import signal
-import statistics
 import time
 import weakref
 
 import numpy as np
 import zmq
 
-from . import code, liveness, serialize
+from . import liveness, serialize
 from .. import errors
 from ..memory import byvalue, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
-from .executor import worker_main
 from ..memory.heap import install as install_heap_hooks
 from ..memory.heap import outside
-from ..memory.hooks import prepare_fork
 from . import security
 from .lineage import Lineage
 from ..memory import portable
 from ..memory.share import note_fork
 from ..memory import samehost
+from .accounting import StageAccounts
+from .pool import PoolOptions, WorkerPool
 from .scheduler import Scheduler, Speculation
+from .shipping import Shipping
 from .stages import Stages
 from .versions import VersionKeeper
 from .driver import check_replication, refuse_if_in_use, set_replication
@@ -193,9 +193,8 @@ class Cluster(Stages):
         self.start_timeout = float(start_timeout)
         self._geometry = (base, region_size, page_size)
         self._opened = self._started = self._closed = False
-        self._stage_stats = collections.deque(maxlen=1000)
-        self._attempt_stats = collections.OrderedDict()   # attempt -> its stat, for reports (the last 1000)
-        self._totals = collections.Counter()
+        self._accounts = StageAccounts()       # what the stages moved and took
+        self._totals = self._accounts.totals
         self._forgotten = collections.deque()  # blocks whose collection is gone
 
     # -- life cycle -------------------------------------------------------------------
@@ -224,8 +223,8 @@ class Cluster(Stages):
             # that must reach the changed list of the first stage.
             region.stage_begin(region.stage_current() + 1)
             for _ in range(self.nworkers):
-                self._spawn_worker()
-            self._started = True
+                self._pool.spawn()
+            self._started = self._pool.started = True
             self._await_workers()
             self._idle_since = time.monotonic()
         except BaseException:
@@ -279,24 +278,14 @@ class Cluster(Stages):
             raise errors.TransportError(f"cannot listen on {self._listen}: {err}") from err
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sched = Scheduler(recover=self.recover, speculation=self.speculation)
-        self._workers = {}      # wid -> {"pid", "blocks", "pages", "last_hb", "stages", "seen"}
-        self._pids = []         # every worker process ever forked, reaped at close
-        self._pid_of = {}
-        self._expected = set()  # started or welcomed, HELLO not yet received
-        self._joining = {}      # pid -> wid: spawned, JOIN not yet received
-        self._procs = []        # the spawned ones' Popen objects
-        self._remote = set()    # wids of the workers started by hand
-        self._far = set()       # wids whose pid this host cannot check (another PID namespace)
-        self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
-        self._join_info = {}      # wid -> what its JOIN said of relocating (hash_ok, same_base)
-        self._conversions_seen = 0  # walk.conversions when the free lists were last emptied
-        self._welcomed_at = {}  # wid -> when its WELCOME left, until its HELLO
+        self._pool = WorkerPool(self._sock, self.endpoint, self._security, self._host, PoolOptions(
+            nworkers=self.nworkers, remote=self.remote, start_method=self.start_method, same_host=self.same_host,
+            worker_ports=self._worker_ports, ports=self._ports, heartbeat_timeout=self.heartbeat_timeout,
+            start_timeout=self.start_timeout, max_attempts=self.max_attempts, replace_workers=self.replace_workers),
+            self.page_endpoint, self._totals)
+        self._shipping = Shipping(self._pool, forked=self.start_method == "fork" and self.nworkers > 0,
+                                  others=self.start_method != "fork" or self.remote > 0)
         self._idle_since = None  # when the last action ended: nobody read the socket since
-        self._born = {}         # forked wid -> the stage it was forked at
-        self._held = {}         # id -> region object forked workers inherited a reference to (prepare_fork)
-        self._remote_open = self.remote   # hand-started workers still welcome
-        self._start_failures = 0  # replacements in a row that died before joining
-        self._wids = itertools.count()
         self._lineage = Lineage()
         self._jobs = {}         # attempt (scheduler stage id) -> its job
         self._attempt_version = {}  # attempt -> its version, while a task of it may run
@@ -304,38 +293,35 @@ class Cluster(Stages):
         self._current = self._trouble = None
         self._versions = VersionKeeper(moves=True)   # the page versions and what changed at each
         self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
-        self._gone = {}         # lost worker -> its last reported counters (stats())
         # the driver's counters are the process's: stats() reports this cluster's share
         self._driver0 = region.stats()
         # Stops the workers when the Cluster is collected or at exit, if
         # close() has not; it must not reference the Cluster.
         self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._guard,
-                                           self._workers,
-                                           self._expected, self._pid_of, self._pids, self._procs)
+                                           self._pool.workers, self._pool.expected, self._pool.pid_of,
+                                           self._pool.pids, self._pool.procs)
         _live.add(self)
         note_fork()
         self._opened = True
 
     def _await_workers(self):
+        pool = self._pool
         deadline = time.monotonic() + self.start_timeout
-        while len(self._workers) < self.nworkers + self.remote:
+        while len(pool.workers) < self.nworkers + self.remote:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(min(left, 0.5) * 1000)):
-                self._check_pids_at_start()
+                pool.check_pids_at_start()
                 self._check_liveness()    # a welcomed worker gone before its HELLO frees its place
                 if left <= 0:
-                    raise errors.WorkerLost(self._who_joined())
+                    raise errors.WorkerLost(pool.who_joined(self.join_command))
                 continue
             self._on_message(self._sock.recv_multipart())
 
-    def _who_joined(self):
-        local = sum(w not in self._remote for w in self._workers)
-        msg = [f"{local} of {self.nworkers} local workers started"] if self.nworkers else []
-        if self.remote:
-            joined = sorted(f"{w.decode()} (pid {self._pid_of[w]})" for w in self._workers if w in self._remote)
-            msg.append(f"{len(joined)} of {self.remote} remote workers joined ({', '.join(joined) or 'none'}); "
-                       f"each missing one starts with {self.join_command()!r}")
-        return f"within {self.start_timeout}s: " + "; ".join(msg)
+    # The pool's, under the names tests and benchmarks read.
+    _workers = property(lambda self: self._pool.workers)
+    _expected = property(lambda self: self._pool.expected)
+    _pid_of = property(lambda self: self._pool.pid_of)
+    _pids = property(lambda self: self._pool.pids)
 
     @property
     def secret(self):
@@ -349,41 +335,12 @@ class Cluster(Stages):
         self._open()
         return f"clamor worker {self.endpoint}" + ("" if self.encrypt else " --no-encrypt")
 
-    def _spawn_worker(self):
-        """Start one more local worker; it joins when its HELLO arrives."""
-        wid = b"w%d" % next(self._wids)
-        if self.start_method == "fork":
-            # before the arguments are made: none may come from a free list
-            for o in prepare_fork():
-                self._held.setdefault(id(o), o)
-            code.note_fork()
-            pid = liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
-            self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
-        else:
-            args = ["--driver", self.endpoint, "--advertise", self._host] + ([] if self.encrypt else ["--no-encrypt"])
-            if self._worker_ports:
-                args += ["--ports", self._ports]
-            proc = liveness.spawn(args, {"CLAMOR_SECRET": self._security.secret})
-            self._procs.append(proc)
-            pid = proc.pid
-            self._joining[pid] = wid
-        self._pids.append(pid)
-        self._pid_of[wid] = pid
-        self._expected.add(wid)
-        if self._started:
-            self._totals["workers_replaced"] += 1
-            log.info("started worker %s (pid %d) to replace a lost one", wid.decode(), pid)
-
-    def _check_pids_at_start(self):
-        for pid in self._pids:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                raise errors.WorkerLost(f"worker process {pid} exited during start-up")
-
     @outside
     def close(self, timeout=5.0):
         """Stop every worker (STOP, then SIGKILL after ``timeout``) and reap."""
         self._closed = True
+        if self._opened:
+            self._pool.closed = True
         _live.discard(self)
         # The relocation lists were this cluster's workers': the objects they
         # kept listed may go now (a later cluster lists what it ships).
@@ -394,14 +351,15 @@ class Cluster(Stages):
             _, fn, args, _ = state
             fn(*args, timeout=timeout)
         # what forked workers inherited references to may be freed now
-        getattr(self, "_held", {}).clear()
+        if self._opened:
+            self._pool.held.clear()
 
     @property
     def worker_pids(self):
         """Process ids of the current workers (live or starting), oldest first."""
         if not self._started:
             return []
-        return [self._pid_of[w] for w in sorted(set(self._workers) | self._expected, key=lambda w: int(w[1:]))]
+        return self._pool.pids_in_order()
 
     def run(self, fn, *args, workers=None, **kwargs):
         """Call ``fn(*args, **kwargs)`` once on each worker, or on those
@@ -412,7 +370,7 @@ class Cluster(Stages):
         TaskError; a worker lost before its call ends fails it with
         WorkerLost (the call runs there or nowhere)."""
         self._check()
-        live = sorted(self._workers, key=lambda w: int(w[1:]))
+        live = self._pool.live_ids()
         if workers is None:
             chosen = live
         else:
@@ -495,34 +453,6 @@ class Cluster(Stages):
         return NpyFiles(self, paths)
 
     # -- statistics --------------------------------------------------------------------
-    def _stat_opened(self, asid, stat):
-        """Attempt ``asid`` starts: what its tasks' reports say moved goes
-        into ``stat`` (``_count_moved``), even after the attempt ends."""
-        self._attempt_stats[asid] = stat
-        while len(self._attempt_stats) > self._stage_stats.maxlen:
-            self._attempt_stats.popitem(last=False)
-
-    def _count_moved(self, asid, moved):
-        """Faults and bytes a worker reported since its previous report, for
-        attempt ``asid``: into the totals and that attempt's stage stat at
-        once, so that the totals are the sum of the stage stats.  A late
-        report (a losing copy that ran on) still adds to a stage already
-        recorded."""
-        stat = self._attempt_stats.get(asid)
-        for k, v in moved.items():
-            self._totals[k] += v
-            if stat is not None:
-                stat[k] += v
-
-    def _record(self, stat):
-        d = stat.pop("durations")
-        stat["task_s"] = ({"min": min(d), "median": statistics.median(d), "max": max(d)} if d
-                          else {"min": 0.0, "median": 0.0, "max": 0.0})
-        self._stage_stats.append(stat)
-        self._totals["stages"] += 1
-        self._totals["tasks"] += stat["tasks"]
-        self._totals["task_seconds"] += sum(d)
-
     def stats(self):
         """Totals over this cluster's stages, and the per-stage list."""
         out = {k: self._totals[k] for k in ("stages", "tasks", "faults", "bytes_from_driver", "bytes_from_peers")}
@@ -531,7 +461,8 @@ class Cluster(Stages):
         drv = out["driver"] = region.stats()
         since = {k: drv[k] - getattr(self, "_driver0", {}).get(k, 0) for k in ("bytes_served", "redirects", "hint_bytes")}
         # lost workers too: what they served and fetched before they went
-        ws = {**getattr(self, "_gone", {}), **getattr(self, "_workers", {})}
+        pool = getattr(self, "_pool", None)
+        ws = {**pool.gone, **{w: r.served_counts() for w, r in pool.workers.items()}} if pool else {}
         # a peer asked on a redirect or straight on a hint; a fallback is either kind that failed
         direct = sum(w.get("direct", 0) for w in ws.values())
         followed = sum(w.get("followed", 0) for w in ws.values()) + direct
@@ -555,8 +486,8 @@ class Cluster(Stages):
         out["diff_pages"] = self._totals["diff_pages"]
         out["write_protection"] = region.write_protection()
         out["same_host"] = {"mode": self.same_host,
-                            "workers": {w.decode(): dict(info.get("same_host") or {"mode": "fetch", "reason": "unknown"})
-                                        for w, info in getattr(self, "_workers", {}).items()}}
+                            "workers": {w.decode(): dict(info.same_host or {"mode": "fetch", "reason": "unknown"})
+                                        for w, info in (pool.workers.items() if pool else ())}}
         out["recovery"] = {k: self._totals[k] for k in (
             "workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs", "speculative_copies",
             "copies_cancelled", "duplicate_results")}
@@ -572,7 +503,7 @@ class Cluster(Stages):
         last task of a stage counts in its next report.  A copy that
         outlives its stage adds to it when it reports, during a later
         action; the totals of stats() are always the sum."""
-        return [dict(s) for s in self._stage_stats]
+        return self._accounts.stage_stats()
 
 
 def _listen_endpoint(listen):

@@ -32,7 +32,7 @@ Control messages, multipart:
 Every report carries the worker's counters as they stand (``counters()``:
 cumulative since it started, never per task), and the driver attributes
 what moved since the worker's previous report to the stage the report is
-about (clamor/runtime/stages.py ``_account``).  So nothing a worker fetched goes
+about (clamor/runtime/accounting.py ``account``).  So nothing a worker fetched goes
 uncounted: not read-ahead that lands after its task, nor pickling a result,
 nor the work of a losing copy, a skipped or a failed task.
 
