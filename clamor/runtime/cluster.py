@@ -28,7 +28,6 @@ import collections
 import gc
 import itertools
 import logging
-import math
 import numbers
 import os
 import signal
@@ -51,15 +50,15 @@ from ..memory.share import note_fork
 from ..memory import samehost
 from .accounting import StageAccounts
 from .pool import PoolOptions, WorkerPool
-from .scheduler import Scheduler, Speculation
+from .options import grouped
+from .scheduler import Scheduler
 from .shipping import Shipping
 from .stages import Stages
 from .versions import VersionKeeper
-from .driver import check_replication, refuse_if_in_use, set_replication
+from .driver import refuse_if_in_use, set_replication
 
 log = logging.getLogger("clamor")
 _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
-START_METHODS = ("fork", "spawn")
 
 
 def any_open():
@@ -92,7 +91,17 @@ def _only_open_cluster():
 
 
 class Cluster(Stages):
-    """A driver and ``workers`` local worker processes.
+    """A driver and its workers: ``clamor.Cluster(workers=4)``.
+
+    Its settings come in three groups (clamor/runtime/options.py), and each
+    setting may also be given alone, by its name:
+
+    - ``workers``: a count, or ``clamor.WorkerOptions(workers, remote,
+      start_method, slots, same_host)``;
+    - ``network``: ``clamor.NetworkOptions(listen, pages_port, worker_ports,
+      secret, encrypt, replication)``;
+    - ``recovery``: ``clamor.RecoveryOptions(recover, replace_workers,
+      max_attempts, speculation, heartbeat_timeout, start_timeout)``.
 
     ``page_size``/``region_size``/``base`` set the region's geometry if this
     process has no region yet.  ``slots`` is how many tasks a worker may hold
@@ -133,64 +142,24 @@ class Cluster(Stages):
     raise ConfigError.  One Cluster may be open in a process at a time.
     """
 
-    def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
-                 heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
-                 replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0,
-                 secret=None, encrypt=True, listen=None, pages_port=None, worker_ports=None, same_host=None):
-        if same_host is None:
-            same_host = os.environ.get("CLAMOR_SAME_HOST") or "map"
-        if same_host not in samehost.MODES:
-            raise errors.ConfigError(f"same_host must be one of {samehost.MODES} (or CLAMOR_SAME_HOST), "
-                                     f"not {same_host!r}")
-        self.same_host = same_host
-        if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
-            raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
-        if workers is None:
-            workers = 0 if remote else os.cpu_count() or 1
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0 or workers + remote < 1:
-            raise errors.ConfigError(f"workers must be a positive int (or 0 with remote workers), not {workers!r}")
-        if start_method not in START_METHODS:
-            raise errors.ConfigError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
-        for name, v in (("heartbeat_timeout", heartbeat_timeout), ("start_timeout", start_timeout)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-                raise errors.ConfigError(f"{name} must be a positive number of seconds, not {v!r}")
-        check_replication(replication)
-        if speculation is True:
-            speculation = Speculation()
-        elif speculation is False or speculation is None:
-            speculation = None
-        elif not isinstance(speculation, Speculation):
-            raise errors.ConfigError(f"speculation must be True, False or a clamor.Speculation, not {speculation!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise errors.ConfigError(f"max_attempts must be a positive int, not {max_attempts!r}")
-        self.recover, self.replace_workers = bool(recover), bool(replace_workers)
-        self.speculation, self.max_attempts = speculation, max_attempts
-        self.replication = replication
-        self.nworkers = workers
-        self.remote = remote
-        self.start_method = start_method
-        self._listen, self._host = _listen_endpoint(listen)
-        if pages_port is not None and (isinstance(pages_port, bool) or not isinstance(pages_port, int)
-                                       or not 0 <= pages_port <= 65535):
-            raise errors.ConfigError(f"pages_port must be a port number (0 for any), not {pages_port!r}")
-        self._pages_port = pages_port or "*"
-        if worker_ports is not None:
-            ok = (isinstance(worker_ports, tuple) and len(worker_ports) == 2
-                  and all(isinstance(p, int) and not isinstance(p, bool) for p in worker_ports)
-                  and 0 < worker_ports[0] <= worker_ports[1] <= 65535)
-            if not ok:
-                raise errors.ConfigError(f"worker_ports must be a (lo, hi) tuple of ports, not {worker_ports!r}")
-        self._worker_ports = worker_ports
-        self._ports = "*" if worker_ports is None else f"{worker_ports[0]}-{worker_ports[1]}"
+    def __init__(self, workers=None, *, network=None, recovery=None, progress=None, page_size=None,
+                 region_size=None, base=None, **settings):
+        w, net, rec = grouped(workers, network, recovery, settings)
+        self.options = {"workers": w, "network": net, "recovery": rec}
+        self.same_host, self.nworkers, self.remote = w.same_host, w.workers, w.remote
+        self.start_method, self.slots = w.start_method, w.slots
+        self.recover, self.replace_workers = rec.recover, rec.replace_workers
+        self.speculation, self.max_attempts = rec.speculation, rec.max_attempts
+        self.heartbeat_timeout, self.start_timeout = rec.heartbeat_timeout, rec.start_timeout
+        self.replication = net.replication
+        self._listen, self._host = _listen_endpoint(net.listen)
+        self._pages_port = net.pages_port or "*"
+        self._worker_ports, self._ports = net.worker_ports, net.ports
         # the cluster's secret: given, else CLAMOR_SECRET, else a fresh one
-        self._security = security.Security(security.from_environment(secret) or security.new_secret(), encrypt)
+        self._security = security.Security(security.from_environment(net.secret) or security.new_secret(),
+                                           net.encrypt)
         self.encrypt = self._security.encrypt
-        self.slots = slots
         self.progress = progress
-        self.heartbeat_timeout = float(heartbeat_timeout)
-        self.start_timeout = float(start_timeout)
         self._geometry = (base, region_size, page_size)
         self._opened = self._started = self._closed = False
         self._accounts = StageAccounts()       # what the stages moved and took

@@ -161,10 +161,10 @@ class Stages:
         visit(node)
         return out
 
-    def _begin_stage(self):
-        """Number the next stage and end the driver's epoch: pages written
-        since the last stage are versioned, and the changed ones listed for
-        the workers to drop."""
+    def _begin_version(self):
+        """Begin the next page version, which a new stage reads at, and end
+        the driver's epoch: pages written since the last version are
+        versioned, and the changed ones listed for the workers to drop."""
         self._drop_forgotten()
         # notice workers that died while the cluster was idle, before giving
         # them tasks; first read the heartbeats that came meanwhile (the
@@ -214,7 +214,7 @@ class Stages:
         rerun = version is not None
         if version is None:
             self._shipping.vouch(kind, node, parent, action, arg, parts)
-            version = self._begin_stage()
+            version = self._begin_version()
         if kind == "map":
             parts = list(range(node.deps[parent].num_partitions)) if parts is None else parts
             self._lineage.shuffle_started(node.shuffle_ids[parent], node.deps[parent].num_partitions, version)

@@ -231,8 +231,8 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
     cluster's (default CLAMOR_SECRET).  ``advertise``: the address peers
     reach this worker by (default: this host's address towards the driver);
     its page and block servers listen there, on ``page_port`` and
-    ``block_port`` (default: any; ``ports``, "LO-HI": the first free ones
-    of that range).  ``slots``: tasks it holds at once
+    ``block_port`` (default: any; ``ports``, "LO-HI" or (lo, hi) as a
+    Cluster's ``worker_ports``: the first free ones of that range).  ``slots``: tasks it holds at once
     (default: the cluster's).  A bad endpoint, time-out or secret raises
     ConfigError, a driver that does not answer TransportError, one that
     says no or refuses the secret WorkerRefused."""
@@ -249,6 +249,10 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
     host = advertise or advertised_address(driver)
     if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
         raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
+    if ports is not None and not isinstance(ports, str) or isinstance(ports, str) and "-" in ports:
+        from .options import port_range    # (a Cluster's worker_ports, (lo, hi), is taken too)
+        lo, hi = port_range(ports, "ports", text=True)
+        ports = f"{lo}-{hi}"
     if region.role() is not None:
         raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
     ctx = zmq.Context()
