@@ -10,8 +10,16 @@ with ``start_method="spawn"``, or ``remote`` ones started by hand) join
 first (clamor/runtime/worker.py: JOIN, WELCOME) and then run the same
 Runtime; they read region arrays and refuse region objects.
 
-The driver thread that calls an action runs the stages (clamor/runtime/stages.py)
-over one ROUTER socket.  A worker that dies is noticed within half a second
+A Cluster is built of parts, each with its own state: the workers
+(``WorkerPool``, clamor/runtime/pool.py), the page versions
+(``VersionKeeper``, clamor/runtime/versions.py), the lineage store
+(clamor/runtime/lineage.py), the stage runner (``StageRunner``,
+clamor/runtime/stages.py), the in-place checks (clamor/runtime/shipping.py)
+and the accounts behind stats() (clamor/runtime/accounting.py); its
+settings are three groups (clamor/runtime/options.py).
+
+The driver thread that calls an action runs the stages over one ROUTER
+socket.  A worker that dies is noticed within half a second
 through psutil (processes in the driver's PID namespace) or after
 ``heartbeat_timeout`` without a heartbeat; it is killed and reaped, its
 work is recomputed from lineage on the others (clamor/runtime/lineage.py),
@@ -26,7 +34,6 @@ ids), never the Cluster itself.
 """
 import collections
 import gc
-import itertools
 import logging
 import numbers
 import os
@@ -53,7 +60,7 @@ from .pool import PoolOptions, WorkerPool
 from .options import grouped
 from .scheduler import Scheduler
 from .shipping import Shipping
-from .stages import Stages
+from .stages import StageRunner
 from .versions import VersionKeeper
 from .driver import refuse_if_in_use, set_replication
 
@@ -90,7 +97,7 @@ def _only_open_cluster():
                                  "page versions and the page directory belong to the process's region")
 
 
-class Cluster(Stages):
+class Cluster:
     """A driver and its workers: ``clamor.Cluster(workers=4)``.
 
     Its settings come in three groups (clamor/runtime/options.py), and each
@@ -166,6 +173,44 @@ class Cluster(Stages):
         self._totals = self._accounts.totals
         self._forgotten = collections.deque()  # blocks whose collection is gone
 
+    def __reduce__(self):
+        raise errors.NotSerializable("a task cannot capture the Cluster: it stays on the driver "
+                                     "(use it outside the functions you pass to map, filter, ...)")
+
+    # Page versions kept only for the snapshots of unpersisted collections
+    # (beyond those of live outputs): past this many, the oldest expire.
+    _unpersisted_versions = StageRunner.unpersisted_versions
+
+    @property
+    def unpersisted_versions(self):
+        return self._unpersisted_versions
+
+    @unpersisted_versions.setter
+    def unpersisted_versions(self, n):
+        self._unpersisted_versions = n
+        if self._opened:
+            self._runner.unpersisted_versions = n
+
+    # -- what collections ask of their cluster ----------------------------------------
+    def _run_action(self, node, kind, arg, partitions=None, only=None):
+        self._check()
+        return self._runner.run_action(node, kind, arg, partitions, only)
+
+    def _forget(self, prefix):
+        # Called by a finalizer, so at any moment and in any thread: only
+        # note it; the blocks are dropped before the next stage.
+        self._forgotten.append(prefix)
+
+    def _drop_cache(self, cid):
+        """``unpersist``: the workers drop the copies (lineage keeps the
+        versions they were made at)."""
+        if self._closed or not self._started:
+            return
+        self._runner._drop_cache(cid)
+
+    def _check_liveness(self):
+        return self._runner._check_liveness()
+
     # -- life cycle -------------------------------------------------------------------
     def __enter__(self):
         self.start()
@@ -195,7 +240,7 @@ class Cluster(Stages):
                 self._pool.spawn()
             self._started = self._pool.started = True
             self._await_workers()
-            self._idle_since = time.monotonic()
+            self._runner._idle_since = time.monotonic()
         except BaseException:
             self.close()
             raise
@@ -254,14 +299,12 @@ class Cluster(Stages):
             self.page_endpoint, self._totals)
         self._shipping = Shipping(self._pool, forked=self.start_method == "fork" and self.nworkers > 0,
                                   others=self.start_method != "fork" or self.remote > 0)
-        self._idle_since = None  # when the last action ended: nobody read the socket since
         self._lineage = Lineage()
-        self._jobs = {}         # attempt (scheduler stage id) -> its job
-        self._attempt_version = {}  # attempt -> its version, while a task of it may run
-        self._attempt_ids = itertools.count(1)
-        self._current = self._trouble = None
         self._versions = VersionKeeper(moves=True)   # the page versions and what changed at each
-        self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
+        self._runner = StageRunner(self._sock, self._pool, self._lineage, self._sched, self._versions,
+                                   self._shipping, self._accounts, self._forgotten, self.options["recovery"],
+                                   self.slots, self.progress)
+        self._runner.unpersisted_versions = self._unpersisted_versions
         # the driver's counters are the process's: stats() reports this cluster's share
         self._driver0 = region.stats()
         # Stops the workers when the Cluster is collected or at exit, if
@@ -280,11 +323,11 @@ class Cluster(Stages):
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(min(left, 0.5) * 1000)):
                 pool.check_pids_at_start()
-                self._check_liveness()    # a welcomed worker gone before its HELLO frees its place
+                self._runner._check_liveness()    # a welcomed worker gone before its HELLO frees its place
                 if left <= 0:
                     raise errors.WorkerLost(pool.who_joined(self.join_command))
                 continue
-            self._on_message(self._sock.recv_multipart())
+            self._runner._on_message(self._sock.recv_multipart())
 
     # The pool's, under the names tests and benchmarks read.
     _workers = property(lambda self: self._pool.workers)
@@ -309,7 +352,7 @@ class Cluster(Stages):
         """Stop every worker (STOP, then SIGKILL after ``timeout``) and reap."""
         self._closed = True
         if self._opened:
-            self._pool.closed = True
+            self._pool.closed = self._runner.closed = True
         _live.discard(self)
         # The relocation lists were this cluster's workers': the objects they
         # kept listed may go now (a later cluster lists what it ships).

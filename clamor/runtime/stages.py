@@ -43,6 +43,7 @@ the task's version, in either direction, so a re-run of an old version sees
 old bytes and the next new task sees new ones again.
 """
 import collections
+import itertools
 import logging
 import pickle
 import time
@@ -90,21 +91,36 @@ class _Job:
         return self.node.deps[self.parent] if self.kind == "map" else self.node
 
 
-class Stages:
-    """The part of Cluster that runs stages (see the module docstring)."""
+class StageRunner:
+    """Runs a Cluster's stages (see the module docstring), on its parts:
+    the control socket ``sock``, the workers (``pool``, runtime/pool.py),
+    the lineage store, the scheduler, the version keeper, the in-place
+    checks (``shipping``) and the accounts; ``forgotten``: the queue of
+    blocks whose collection is gone (filled by finalizers).  ``opts``: the
+    Cluster's RecoveryOptions; ``slots`` and ``progress`` its own."""
 
     # Page versions kept only for the snapshots of unpersisted collections
     # (beyond those of live outputs): past this many, the oldest expire.
     unpersisted_versions = 8
 
-    def __reduce__(self):
-        raise errors.NotSerializable("a task cannot capture the Cluster: it stays on the driver "
-                                     "(use it outside the functions you pass to map, filter, ...)")
+    def __init__(self, sock, pool, lineage, sched, versions, shipping, accounts, forgotten, opts, slots, progress):
+        self._sock, self._pool, self._lineage, self._sched = sock, pool, lineage, sched
+        self._versions, self._shipping, self._accounts = versions, shipping, accounts
+        self._forgotten = forgotten
+        self.recover, self.replace_workers, self.max_attempts = opts.recover, opts.replace_workers, opts.max_attempts
+        self.speculation, self.start_timeout = opts.speculation, opts.start_timeout
+        self.slots, self.progress = slots, progress
+        self.closed = False
+        self._idle_since = None  # when the last action ended: nobody read the socket since
+        self._jobs = {}         # attempt (scheduler stage id) -> its job
+        self._attempt_version = {}  # attempt -> its version, while a task of it may run
+        self._attempt_ids = itertools.count(1)
+        self._current = self._trouble = None
+        self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
 
     # -- planning -----------------------------------------------------------------------
     @outside
-    def _run_action(self, node, kind, arg, partitions=None, only=None):
-        self._check()
+    def run_action(self, node, kind, arg, partitions=None, only=None):
         release_dropped()
         self._shipping.conversions_seen = walk.conversions[0]
         try:
@@ -597,7 +613,7 @@ class Stages:
     def _drop_cache(self, cid):
         """``unpersist``: the workers drop the copies; lineage keeps the
         versions they were made at for re-runs of the stages so far."""
-        if self._closed or not self._started:
+        if self.closed:
             return
         self._lineage.unpersist(cid, until=region.stage_current() + 1)
         self._pool.send_all(b"DROP", pickle.dumps([("cache", cid)]))
@@ -605,7 +621,7 @@ class Stages:
     def _drop_restored(self):
         """The action ended: the copies restored for its re-runs go."""
         keys = self._lineage.drop_restored()
-        if keys and not self._closed:
+        if keys and not self.closed:
             self._pool.send_all(b"DROP", pickle.dumps(keys))
 
 
