@@ -24,11 +24,12 @@ from .memory.share import share
 from .runtime.cluster import Cluster
 from .runtime.collection import DataCollection
 from .runtime.scheduler import Speculation
+from .runtime.options import NetworkOptions, RecoveryOptions, WorkerOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "Speculation", "DataCollection", "heap", "share", "region", "NotShareable", "ShareWarning", "ByValueWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
+    "Cluster", "WorkerOptions", "NetworkOptions", "RecoveryOptions", "Speculation", "DataCollection", "heap", "share", "region", "NotShareable", "ShareWarning", "ByValueWarning", "alloc", "calloc", "realloc", "free", "usable_size", "heap_stats",
     "empty", "zeros", "full", "array", "asarray", "view", "in_region", "c_api", "get_include",
     "Ref", "ArrayRef", "ref", "prefetch", "configure", "connect", "stats", "reset_stats",
     "readinto", "recv_into", "write", "fromfile", "errors",

@@ -281,7 +281,7 @@ def test_local_workers_listen_on_the_ports_they_are_given():
         for method in ("fork", "spawn"):
             with clamor.Cluster(workers=2, start_method=method, worker_ports=(PORT0, PORT0 + 9), progress=False) as cl:
                 pages = cl.run(lambda: region.server_endpoint())
-                blocks = [w["blocks"] for w in cl._workers.values()]
+                blocks = [w.blocks for w in cl._workers.values()]
                 res[method] = sorted(int(ep.rsplit(":", 1)[1]) for ep in pages + blocks)
                 res[method + " sum"] = cl.range(10).sum()
         for bad in ((0, 10), (10, 5), (1, 70000), [47000, 47010], (1.5, 2), "47000-47010"):

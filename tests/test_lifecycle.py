@@ -20,7 +20,7 @@ import pytest
 
 import clamor
 from helpers import gone, wait_gone
-from clamor.runtime import _liveness
+from clamor.runtime import liveness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "a secret of the right length"   # for a worker that must get past the secret to the error at hand
@@ -200,14 +200,14 @@ def test_workers_leave_ctrl_c_to_the_driver(start_method):
 # ---- liveness across PID namespaces ------------------------------------------------------
 
 def test_pid_checks_only_between_processes_that_share_a_pid_namespace():
-    me = _liveness.pid_namespace()
+    me = liveness.pid_namespace()
     host, boot, ino = me.rsplit("/", 2)
     assert host == socket.gethostname() and len(boot) == 36 and int(ino) > 0
-    assert _liveness.shares_pids(me)
-    assert not _liveness.shares_pids(f"{host}/{boot}/{int(ino) + 1}")      # a container on this host
-    assert not _liveness.shares_pids(f"{host}-2/{boot}/{ino}")             # another host
-    assert not _liveness.shares_pids(f"{host}/{'0' * 36}/{ino}")           # this host, another boot
-    assert not _liveness.shares_pids(None) and not _liveness.shares_pids("")
+    assert liveness.shares_pids(me)
+    assert not liveness.shares_pids(f"{host}/{boot}/{int(ino) + 1}")      # a container on this host
+    assert not liveness.shares_pids(f"{host}-2/{boot}/{ino}")             # another host
+    assert not liveness.shares_pids(f"{host}/{'0' * 36}/{ino}")           # this host, another boot
+    assert not liveness.shares_pids(None) and not liveness.shares_pids("")
 
 
 def _unshare():

@@ -14,8 +14,8 @@ OUTSIDERS = """
 
         def endpoints(cl):
             w = next(iter(cl._workers.values()))
-            return {"control": cl.endpoint, "driver pages": cl.page_endpoint, "worker pages": w["pages"],
-                    "worker blocks": w["blocks"]}
+            return {"control": cl.endpoint, "driver pages": cl.page_endpoint, "worker pages": w.pages,
+                    "worker blocks": w.blocks}
 
         def dealer(ep, sec=None, member_keys=None):
             s = ctx.socket(zmq.DEALER); s.linger = 0

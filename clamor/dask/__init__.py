@@ -26,8 +26,9 @@ except ImportError as err:  # pragma: no cover - the extra is not installed
 
 from .. import errors
 from ..runtime import security
-from ..runtime._liveness import pid_namespace
-from ..runtime.cluster import REPLICATION, add_region_user, any_open
+from ..runtime.liveness import pid_namespace
+from ..runtime.cluster import any_open
+from ..runtime.driver import add_region_user, check_replication
 from ..runtime.worker import advertised_address
 from . import _driver, _scheduler, _worker
 from ._pickling import GlobalArray, GlobalObject
@@ -78,8 +79,7 @@ def attach(client, secret=None, encrypt=True, host=None, replication="two-choice
         raise errors.ConfigError(f"the Dask client is {client.status}, not running")
     if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or connect_timeout <= 0:
         raise errors.ConfigError(f"connect_timeout is a positive number of seconds, not {connect_timeout!r}")
-    if replication not in REPLICATION:
-        raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
+    check_replication(replication)
     with _lock:
         if _current:
             raise errors.ConfigError("this process is attached to a Dask client already: detach it first")

@@ -1,24 +1,18 @@
 """The driver's side of clamor on Dask: versions, the page server and the
 control endpoint workers join through.
 
-Versions are the runtime's stages.  A region array pickled for Dask is
-stamped with the current stage; if the driver wrote to the region since
-that stage began, a new stage begins first, so the stamp names the bytes
-as they are now and later writes go to new page versions.  The changed
-pages of each stage are kept for workers that move between versions.
+Versions are the region's page versions, kept by the one version keeper
+(clamor/runtime/versions.py) as a Cluster's are.  A region array pickled
+for Dask is stamped with the newest version; if the driver wrote to the
+region since it began, a new version begins first, so the stamp names the
+bytes as they are now and later writes go to new page versions.  The
+changed pages of each version are kept for workers that move between
+versions.
 
 The control endpoint (a ROUTER, CURVE or PLAIN with the secret, like a
-Cluster's) answers:
-
-    JOIN    json{"pid", "hash"}    -> WELCOME json{"pages", "stage", "base", "pid", "pidns", "hash", "images"}
-    CHANGES json[lo, hi]           -> CHANGES <uint64 page indices changed in stages lo+1..hi>
-    TARGETS b""                    -> TARGETS pickle[(id, spec)]: relocation targets it has not bound
-    PING    <its page server>      -> PONG, or BYE once detached
-    LEAVE   <its page server>      -> BYE
-
-A worker's page server is a peer the driver may send page requests to
-(replication, as in a Cluster); one that has not pinged for PEER_GRACE
-seconds, or that left, is forgotten.
+Cluster's) answers JOIN (the one schema of every driver, read and written
+by clamor/runtime/driver.py), CHANGES, TARGETS, PING and LEAVE: see
+docs/wire.md#clamordasks-control-endpoint.
 
 The driver's Python threads keep out of heap() blocks, as a Cluster's do
 (clamor.memory.hooks): the control endpoint and the keeper wait in C and
@@ -39,7 +33,6 @@ import asyncio
 import errno
 import json
 import logging
-import os
 import pickle
 import threading
 import time
@@ -48,10 +41,10 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import hooks, images, portable, region, samehost
+from ..memory import hooks, portable, region, samehost
 from ..runtime import security
-from ..runtime._liveness import pid_namespace
-from ..runtime.cluster import REPLICATION
+from ..runtime.versions import VersionKeeper
+from ..runtime.driver import read_join, read_leave, set_replication, welcome
 from . import _pickling, _values
 
 log = logging.getLogger("clamor.dask")
@@ -157,10 +150,9 @@ class Driver:
         self._sent = {}                   # a worker's identity -> the relocation targets it was sent
         self.security = security.Security(secret, encrypt)
         self.host = host
-        self._lock = threading.Lock()     # stage_begin and versions_keep, and the tables below
-        self._changes = {}                # stage -> the pages changed when it began
+        self._lock = threading.Lock()     # the versions, and the tables below
+        self._versions = VersionKeeper()  # the page versions and the pages changed at each
         self._stamps = {}                 # version -> when it was last stamped
-        self.version = None               # the newest version: the last stage that changed bytes
         self._gone = threading.Event()    # detached: requests are answered BYE
         self._stop = threading.Event()
         self._serving = hooks.Gated()     # the control endpoint's thread, and the keeper's
@@ -169,6 +161,11 @@ class Driver:
         self.versions_kept = 1
 
     # -- versions --------------------------------------------------------
+
+    @property
+    def version(self):
+        """The newest version: the last stage that changed bytes."""
+        return self._versions.newest
 
     def stamp(self):
         """The version of a region array being pickled now: the last stage
@@ -184,15 +181,8 @@ class Driver:
             return v
 
     def _begin(self, relocated=None):
-        sid = region.stage_current() + 1
-        changed = region.stage_begin(sid)
-        if changed.size:
-            portable.driver().note_changed(changed)    # (a root whose bytes changed is walked again)
-        if relocated is not None and relocated.size:    # pages whose relocation lists changed at sid
-            changed = np.union1d(changed, relocated).astype(np.uint64)
-        if changed.size or self.version is None:
-            self._changes[sid] = changed
-            self.version = sid
+        # (``relocated``: pages whose relocation lists changed at the new version)
+        self._versions.begin(relocated)
 
     def ship(self, obj):
         """(offset, version) of region object ``obj`` sent to a task: its
@@ -231,15 +221,11 @@ class Driver:
     def changes(self, lo, hi, gated=None):
         """Pages changed at the stages after ``lo`` up to ``hi`` (either
         order).  ``gated``: the calling thread's, if it is gated."""
-        lo, hi = sorted((int(lo), int(hi)))
         self._hold(gated)
         try:
-            parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
+            return self._versions.changed_between(lo, hi)
         finally:
             self._lock.release()
-        if not parts:
-            return np.empty(0, dtype=np.uint64)
-        return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
     def _hold(self, gated):
         """Take the lock; ``gated``: the calling thread's (see Gated.hold)."""
@@ -258,10 +244,7 @@ class Driver:
             recent = time.monotonic() - STAMP_HOLD
             self._stamps = {v: t for v, t in self._stamps.items() if t >= recent}
             versions = {self.version} | set(live) | set(self._stamps)
-            keep = sorted(versions | {region.stage_current()})
-            samehost.map_floor(keep[0])
-            region.versions_keep(keep)
-            portable.driver().prune(keep[0])
+            self._versions.keep(versions | {region.stage_current()})
             self.versions_kept = len(versions)
         finally:
             self._lock.release()
@@ -278,7 +261,7 @@ class Driver:
         self.security.core()
         self.pages = region.serve(f"tcp://{self.host}:*")
         region.reset_peers()
-        region.set_replication(REPLICATION[self.replication])
+        set_replication(self.replication)
         samehost.share(False)
         with self._lock:
             self._begin()   # from here on, a write is a new version
@@ -399,12 +382,8 @@ class Driver:
         if self._gone.is_set():
             self._sock.send_multipart([who, b"BYE", b""])
         elif kind == b"JOIN":
-            body = json.loads(frames[2])
-            self._hashes[who] = str(body.get("hash"))
-            welcome = {"pages": self.pages, "stage": self.version, "base": region.base(),
-                       "pid": os.getpid(), "pidns": pid_namespace(), "hash": portable.hash_digest(),
-                       "images": images.loaded()}
-            self._sock.send_multipart([who, b"WELCOME", json.dumps(welcome).encode()])
+            self._hashes[who] = str(read_join(frames[2])["hash"])
+            self._sock.send_multipart([who, b"WELCOME", welcome(self.pages, version=self.version)])
         elif kind == b"CHANGES":
             lo, hi = json.loads(frames[2])
             self._sock.send_multipart([who, b"CHANGES",
@@ -423,7 +402,9 @@ class Driver:
                 self._peers[frames[2].decode()] = time.monotonic()
             self._sock.send_multipart([who, b"PONG", b""])
         elif kind == b"LEAVE":
-            self._forget(frames[2].decode())
+            pages = read_leave(frames[2])["pages"]
+            if pages:
+                self._forget(pages)
             self._sock.send_multipart([who, b"BYE", b""])
         else:
             raise ValueError(f"unknown request {kind[:32]!r}")

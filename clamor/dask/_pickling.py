@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import errors
 from ..memory import region
-from ..memory.refs import ArrayRef, _bounds
+from ..memory.refs import ArrayRef, byte_bounds
 
 log = logging.getLogger("clamor.dask")
 
@@ -170,7 +170,7 @@ def in_region(a):
     """Whether ndarray ``a`` is data of this process's region."""
     if not a.nbytes or a.dtype.hasobject or not region.size():
         return False
-    lo, hi = _bounds(a)
+    lo, hi = byte_bounds(a)
     return region.contains(lo, max(hi - lo, 1))
 
 

@@ -47,7 +47,7 @@ import cloudpickle
 import numpy as np
 
 from ..memory import byvalue, region
-from ..memory._pyshare import fields
+from ..memory.walk import fields
 from ._pickling import GlobalArray, GlobalObject, local, one_version
 
 try:   # dask >= 2025.1: a graph is an expression

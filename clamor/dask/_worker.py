@@ -17,7 +17,6 @@ the new version.  Versions take turns in the order their tasks arrived.
 A task's result leaves as a value: region arrays in it are copied at the
 task's version.
 """
-import gc
 import json
 import logging
 import os
@@ -31,10 +30,11 @@ import zmq
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import errors
-from ..memory import images, portable, region, samehost
+from ..memory import images, portable, region
 from ..runtime import security, serialize
-from ..runtime._liveness import pid_alive, pid_namespace
-from ..runtime.worker import advertised_address
+from ..runtime.liveness import pid_namespace
+from ..runtime.versions import VersionGate
+from ..runtime.worker import advertised_address, attach, driver_check, join_body, leave_body
 from . import _pickling
 from ._scheduler import RESOURCE
 
@@ -90,82 +90,6 @@ class Link:
                 self.sock.close()
                 self.sock = None
         self.ctx.term()
-
-
-class Gate:
-    """Tasks of one version at a time; the version changes when none runs,
-    in the order versions were asked for."""
-
-    def __init__(self, link, stage, on_switch=None):
-        self.link = link
-        self.on_switch = on_switch    # called after each change of version (relocation targets)
-        self.resolved = False         # a region object was used since the last change
-        self.current = int(stage)
-        self.running = 0
-        self.switches = 0
-        self.closed = None            # why, once closed
-        self._cond = threading.Condition()
-        self._waiting = {}            # ticket -> version
-        self._tickets = 0
-
-    def stamp(self):
-        return self.current
-
-    def enter(self, version):
-        with self._cond:
-            self._tickets += 1
-            ticket = self._tickets
-            self._waiting[ticket] = version
-            try:
-                while True:
-                    if self.closed:
-                        raise errors.ClamorError(f"clamor is detached from this worker ({self.closed}): a task that "
-                                                 f"reads the driver's globals cannot run here")
-                    older = [t for t, v in self._waiting.items() if t < ticket and v != version]
-                    if version == self.current and not older:
-                        break
-                    if self.running == 0 and ticket == min(self._waiting):
-                        self._switch(version)
-                        break
-                    self._cond.wait()
-            finally:
-                del self._waiting[ticket]
-                self._cond.notify_all()
-            self.running += 1
-
-    def exit(self):
-        with self._cond:
-            self.running -= 1
-            self._cond.notify_all()
-
-    def _switch(self, version):
-        kind, body = self.link.ask(b"CHANGES", json.dumps([self.current, version]).encode())
-        if kind != b"CHANGES" or len(body) % 8:
-            raise errors.ProtocolError(f"the driver answered CHANGES with {kind!r}")
-        pages = np.frombuffer(body, dtype=np.uint64)
-        if self.resolved:
-            # Region objects a task used may sit in cycles: freed now, on the
-            # pages as this worker holds them, not against the driver's
-            # counts after the pages are fetched again.
-            gc.collect()
-            self.resolved = False
-        if pages.size:
-            region.invalidate(pages)
-        region.set_stage(version)
-        self.current = version
-        self.switches += 1
-        if self.on_switch is not None:
-            self.on_switch()
-
-    def close(self, why, wait=60.0):
-        """Refuse new tasks; wait (up to ``wait`` seconds) for running ones."""
-        with self._cond:
-            self.closed = why
-            self._cond.notify_all()
-            deadline = time.monotonic() + wait
-            while self.running and time.monotonic() < deadline:
-                self._cond.wait(0.1)
-            return self.running == 0
 
 
 _task = threading.local()   # .version: that of the task this thread runs (None between tasks)
@@ -250,21 +174,18 @@ class RegionPlugin(WorkerPlugin):
         self._done = False
         self.link = Link(self.control, sec, self.timeout)
         try:
-            kind, body = self.link.ask(b"JOIN", json.dumps({"pid": os.getpid(),
-                                                            "hash": portable.hash_digest()}).encode())
+            kind, body = self.link.ask(b"JOIN", join_body())
             if kind != b"WELCOME":
                 raise errors.WorkerRefused(f"the clamor driver at {self.control} answered JOIN with {kind!r}")
             welcome = json.loads(body)
-            sec.core()
-            portable.enable()   # every page comes with its relocations: region objects are used in place
             host = advertised_address(self.control)
-            self.serving = region.connect(welcome["pages"], serve_endpoint=f"tcp://{host}:*").encode()
+            # (every page comes with its relocations: region objects are used in place)
+            self.serving = attach(welcome, sec, f"tcp://{host}:*",
+                                  fetch_reason="a Dask worker fetches the driver's pages").encode()
         except BaseException:
             self.link.close()
             raise
-        region.ensure_handler_first()
-        samehost.decline("a Dask worker fetches the driver's pages")
-        region.set_stage(welcome["stage"])
+        region.set_stage(welcome["version"])
         # Region objects are used in place only at the driver's address, with
         # its hash seed and its builds of the images they point into.
         self.refuse = None
@@ -280,7 +201,7 @@ class RegionPlugin(WorkerPlugin):
         serialize.objects_in_place(self.refuse is None)
         _pickling.set_object_resolver(self._object)
         self.bind_error = None
-        self.gate = Gate(self.link, welcome["stage"], on_switch=self._bind_targets)
+        self.gate = VersionGate(self._changes, welcome["version"], on_switch=self._bind_targets)
         self._bind_targets()
         execs = worker.executors
         if isinstance(execs, Executors):   # attached before, then detached
@@ -292,12 +213,18 @@ class RegionPlugin(WorkerPlugin):
         _pickling.install(self.gate.stamp)
         _pickling.resolve(True)
         self._stop = threading.Event()
-        same_pids = welcome.get("pidns") == pid_namespace()
-        self._watcher = threading.Thread(target=self._watch, args=(worker, welcome["pid"] if same_pids else None),
+        self._watcher = threading.Thread(target=self._watch, args=(worker, driver_check(welcome)),
                                          name="clamor-dask-watch", daemon=True)
         self._watcher.start()
         log.info("attached to the clamor driver at %s (pages %s, version %d)", self.control, welcome["pages"],
-                 welcome["stage"])
+                 welcome["version"])
+
+    def _changes(self, lo, hi):
+        """The pages changed between versions ``lo`` and ``hi``, asked of the driver."""
+        kind, body = self.link.ask(b"CHANGES", json.dumps([lo, hi]).encode())
+        if kind != b"CHANGES" or len(body) % 8:
+            raise errors.ProtocolError(f"the driver answered CHANGES with {kind!r}")
+        return np.frombuffer(body, dtype=np.uint64)
 
     def _bind_targets(self):
         """Bind the relocation targets the driver's lists name (asked at
@@ -326,9 +253,9 @@ class RegionPlugin(WorkerPlugin):
             raise errors.NotShareable("clamor.dask.ref(...).get() reads the object in a task it was sent to "
                                       "(at that task's version), not outside one")
         self.gate.resolved = True
-        return serialize._object_at(ref.offset)
+        return serialize.object_at(ref.offset)
 
-    def _watch(self, worker, driver_pid):
+    def _watch(self, worker, driver_alive):
         """Detach this worker once the driver says BYE, its process is gone,
         or, across PID namespaces (where its process cannot be seen), it
         has not answered for DRIVER_GRACE seconds.  A driver this worker
@@ -338,7 +265,7 @@ class RegionPlugin(WorkerPlugin):
         last = time.monotonic()
         while not self._stop.wait(PING_PERIOD):
             why = None
-            if driver_pid is not None and not pid_alive(driver_pid):
+            if driver_alive is not None and not driver_alive():
                 why = "the driver's process is gone"
             else:
                 try:
@@ -347,7 +274,7 @@ class RegionPlugin(WorkerPlugin):
                     if kind == b"BYE":
                         why = "the driver detached"
                 except errors.ClamorError:
-                    if driver_pid is None and time.monotonic() - last > DRIVER_GRACE:
+                    if driver_alive is None and time.monotonic() - last > DRIVER_GRACE:
                         why = f"the driver has not answered for {DRIVER_GRACE:g} s"
             if why:
                 log.warning("clamor detaches this worker: %s", why)
@@ -372,7 +299,7 @@ class RegionPlugin(WorkerPlugin):
         _pickling.resolve(False)
         _pickling.uninstall()
         try:
-            self.link.ask(b"LEAVE", self.serving, timeout=1.0)
+            self.link.ask(b"LEAVE", leave_body(why, pages=self.serving.decode()), timeout=1.0)
         except errors.ClamorError:
             pass   # (a driver that is gone forgets it anyway)
         self.link.close()
@@ -385,5 +312,4 @@ class RegionPlugin(WorkerPlugin):
         # attachment's driver numbers its targets from 1 again, and a number
         # still marked bound here was skipped: its pointers stayed the old
         # driver's, and the task that read them killed the worker.
-        # (portable.bind's own table: portable.py has no call for this yet.)
-        portable._bound.clear()
+        portable.unbind_all()

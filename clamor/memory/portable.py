@@ -978,3 +978,9 @@ def bind(specs):
             _check(rc, "clamor_reloc_bind")
         _bound[tid] = obj
 
+
+def unbind_all():
+    """Forget every target bound here (the region was closed, which
+    unbound them in C): the next driver numbers its targets from 1 again."""
+    _bound.clear()
+

@@ -12,7 +12,8 @@ from . import region
 from .alloc import view
 
 
-def _bounds(a):
+def byte_bounds(a):
+    """(lo, hi): the addresses of the bytes ``a`` spans (numpy's byte_bounds)."""
     if hasattr(np.lib, "array_utils"):
         return np.lib.array_utils.byte_bounds(a)
     return np.byte_bounds(a)  # pragma: no cover - numpy < 2
@@ -64,7 +65,7 @@ class ArrayRef:
         if a.dtype.hasobject:
             raise errors.InvalidPointer("an array of Python objects holds pointers, not data: it cannot travel "
                                         "as a reference (ship the objects, built in clamor.heap(), instead)")
-        lo, hi = _bounds(a)
+        lo, hi = byte_bounds(a)
         if not region.contains(lo, max(hi - lo, 1)):
             raise errors.InvalidPointer("the array's buffer is not inside the region; "
                                         "make it with clamor.empty/zeros/array")

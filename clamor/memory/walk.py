@@ -48,6 +48,7 @@ import weakref
 import numpy as np
 
 from . import _pyshare, hidden, promote, region
+from ._pyshare import fields  # noqa: F401  (the raw pointer fields of an object: clamor.dask's)
 from .. import errors
 from .._native import ffi, lib
 from .hooks import HANDLER

@@ -10,8 +10,16 @@ with ``start_method="spawn"``, or ``remote`` ones started by hand) join
 first (clamor/runtime/worker.py: JOIN, WELCOME) and then run the same
 Runtime; they read region arrays and refuse region objects.
 
-The driver thread that calls an action runs the stages (clamor/runtime/stages.py)
-over one ROUTER socket.  A worker that dies is noticed within half a second
+A Cluster is built of parts, each with its own state: the workers
+(``WorkerPool``, clamor/runtime/pool.py), the page versions
+(``VersionKeeper``, clamor/runtime/versions.py), the lineage store
+(clamor/runtime/lineage.py), the stage runner (``StageRunner``,
+clamor/runtime/stages.py), the in-place checks (clamor/runtime/shipping.py)
+and the accounts behind stats() (clamor/runtime/accounting.py); its
+settings are three groups (clamor/runtime/options.py).
+
+The driver thread that calls an action runs the stages over one ROUTER
+socket.  A worker that dies is noticed within half a second
 through psutil (processes in the driver's PID namespace) or after
 ``heartbeat_timeout`` without a heartbeat; it is killed and reaped, its
 work is recomputed from lineage on the others (clamor/runtime/lineage.py),
@@ -19,48 +27,45 @@ and a local one is replaced (a remote one leaves its place to the next
 that joins).
 
 Workers live as long as the driver process, whichever thread started them
-(clamor/runtime/_liveness.py), and no longer than their Cluster: close(), the end of
+(clamor/runtime/liveness.py), and no longer than their Cluster: close(), the end of
 a ``with``, the Cluster being garbage-collected, or the driver's exit stop
 them.  The finalizer holds what stopping takes (socket, context, process
 ids), never the Cluster itself.
 """
 import collections
 import gc
-import itertools
 import logging
-import math
 import numbers
 import os
 import signal
-import statistics
 import time
 import weakref
 
 import numpy as np
 import zmq
 
-from . import _liveness, code, serialize
+from . import liveness, serialize
 from .. import errors
 from ..memory import byvalue, region
 from .collection import NpyFiles, Parallel, Range, TextFiles
-from .executor import worker_main
 from ..memory.heap import install as install_heap_hooks
 from ..memory.heap import outside
-from ..memory.hooks import prepare_fork
 from . import security
 from .lineage import Lineage
 from ..memory import portable
 from ..memory.share import note_fork
 from ..memory import samehost
-from .scheduler import Scheduler, Speculation
-from .stages import Stages
+from .accounting import StageAccounts
+from .pool import PoolOptions, WorkerPool
+from .options import grouped
+from .scheduler import Scheduler
+from .shipping import Shipping
+from .stages import StageRunner
+from .versions import VersionKeeper
+from .driver import refuse_if_in_use, set_replication
 
 log = logging.getLogger("clamor")
 _live = weakref.WeakSet()   # started and not closed (region.close() checks it)
-# Redirect a page request to a worker that holds the page (paper section 4.2):
-# never, to a random holder, or to the less loaded of two random holders.
-REPLICATION = {"off": 0, "random": 1, "two-choices": 2}
-START_METHODS = ("fork", "spawn")
 
 
 def any_open():
@@ -81,31 +86,29 @@ def _refuse_close():
 region.add_close_guard(_refuse_close)
 
 
-# Other users of the process's region (clamor.dask) register a callable
-# that returns why a Cluster cannot start now, or None.
-_region_users = []
-
-
-def add_region_user(why_not):
-    _region_users.append(why_not)
-
-
 def _only_open_cluster():
     """One open Cluster per process: page versions, the changed-page lists
     and the peer directory belong to the region, and the region is the
     process's."""
-    for why_not in _region_users:
-        why = why_not()
-        if why:
-            raise errors.RegionInUse(why)
+    refuse_if_in_use()
     if any_open():
         raise errors.RegionInUse("another Cluster of this process is open: close it (or leave its with-block) "
                                  "before starting a new one; one process runs one Cluster at a time, since "
                                  "page versions and the page directory belong to the process's region")
 
 
-class Cluster(Stages):
-    """A driver and ``workers`` local worker processes.
+class Cluster:
+    """A driver and its workers: ``clamor.Cluster(workers=4)``.
+
+    Its settings come in three groups (clamor/runtime/options.py), and each
+    setting may also be given alone, by its name:
+
+    - ``workers``: a count, or ``clamor.WorkerOptions(workers, remote,
+      start_method, slots, same_host)``;
+    - ``network``: ``clamor.NetworkOptions(listen, pages_port, worker_ports,
+      secret, encrypt, replication)``;
+    - ``recovery``: ``clamor.RecoveryOptions(recover, replace_workers,
+      max_attempts, speculation, heartbeat_timeout, start_timeout)``.
 
     ``page_size``/``region_size``/``base`` set the region's geometry if this
     process has no region yet.  ``slots`` is how many tasks a worker may hold
@@ -146,71 +149,67 @@ class Cluster(Stages):
     raise ConfigError.  One Cluster may be open in a process at a time.
     """
 
-    def __init__(self, workers=None, page_size=None, region_size=None, base=None, slots=2, progress=None,
-                 heartbeat_timeout=10.0, start_timeout=60.0, replication="two-choices", recover=True,
-                 replace_workers=True, speculation=True, max_attempts=4, start_method="fork", remote=0,
-                 secret=None, encrypt=True, listen=None, pages_port=None, worker_ports=None, same_host=None):
-        if same_host is None:
-            same_host = os.environ.get("CLAMOR_SAME_HOST") or "map"
-        if same_host not in samehost.MODES:
-            raise errors.ConfigError(f"same_host must be one of {samehost.MODES} (or CLAMOR_SAME_HOST), "
-                                     f"not {same_host!r}")
-        self.same_host = same_host
-        if isinstance(remote, bool) or not isinstance(remote, int) or remote < 0:
-            raise errors.ConfigError(f"remote must be an int >= 0, not {remote!r}")
-        if workers is None:
-            workers = 0 if remote else os.cpu_count() or 1
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0 or workers + remote < 1:
-            raise errors.ConfigError(f"workers must be a positive int (or 0 with remote workers), not {workers!r}")
-        if start_method not in START_METHODS:
-            raise errors.ConfigError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
-        for name, v in (("heartbeat_timeout", heartbeat_timeout), ("start_timeout", start_timeout)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-                raise errors.ConfigError(f"{name} must be a positive number of seconds, not {v!r}")
-        if replication not in REPLICATION:
-            raise errors.ConfigError(f"replication must be one of {sorted(REPLICATION)}, not {replication!r}")
-        if speculation is True:
-            speculation = Speculation()
-        elif speculation is False or speculation is None:
-            speculation = None
-        elif not isinstance(speculation, Speculation):
-            raise errors.ConfigError(f"speculation must be True, False or a clamor.Speculation, not {speculation!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise errors.ConfigError(f"max_attempts must be a positive int, not {max_attempts!r}")
-        self.recover, self.replace_workers = bool(recover), bool(replace_workers)
-        self.speculation, self.max_attempts = speculation, max_attempts
-        self.replication = replication
-        self.nworkers = workers
-        self.remote = remote
-        self.start_method = start_method
-        self._listen, self._host = _listen_endpoint(listen)
-        if pages_port is not None and (isinstance(pages_port, bool) or not isinstance(pages_port, int)
-                                       or not 0 <= pages_port <= 65535):
-            raise errors.ConfigError(f"pages_port must be a port number (0 for any), not {pages_port!r}")
-        self._pages_port = pages_port or "*"
-        if worker_ports is not None:
-            ok = (isinstance(worker_ports, tuple) and len(worker_ports) == 2
-                  and all(isinstance(p, int) and not isinstance(p, bool) for p in worker_ports)
-                  and 0 < worker_ports[0] <= worker_ports[1] <= 65535)
-            if not ok:
-                raise errors.ConfigError(f"worker_ports must be a (lo, hi) tuple of ports, not {worker_ports!r}")
-        self._worker_ports = worker_ports
-        self._ports = "*" if worker_ports is None else f"{worker_ports[0]}-{worker_ports[1]}"
+    def __init__(self, workers=None, *, network=None, recovery=None, progress=None, page_size=None,
+                 region_size=None, base=None, **settings):
+        w, net, rec = grouped(workers, network, recovery, settings)
+        self.options = {"workers": w, "network": net, "recovery": rec}
+        self.same_host, self.nworkers, self.remote = w.same_host, w.workers, w.remote
+        self.start_method, self.slots = w.start_method, w.slots
+        self.recover, self.replace_workers = rec.recover, rec.replace_workers
+        self.speculation, self.max_attempts = rec.speculation, rec.max_attempts
+        self.heartbeat_timeout, self.start_timeout = rec.heartbeat_timeout, rec.start_timeout
+        self.replication = net.replication
+        self._listen, self._host = _listen_endpoint(net.listen)
+        self._pages_port = net.pages_port or "*"
+        self._worker_ports, self._ports = net.worker_ports, net.ports
         # the cluster's secret: given, else CLAMOR_SECRET, else a fresh one
-        self._security = security.Security(security.from_environment(secret) or security.new_secret(), encrypt)
+        self._security = security.Security(security.from_environment(net.secret) or security.new_secret(),
+                                           net.encrypt)
         self.encrypt = self._security.encrypt
-        self.slots = slots
         self.progress = progress
-        self.heartbeat_timeout = float(heartbeat_timeout)
-        self.start_timeout = float(start_timeout)
         self._geometry = (base, region_size, page_size)
         self._opened = self._started = self._closed = False
-        self._stage_stats = collections.deque(maxlen=1000)
-        self._attempt_stats = collections.OrderedDict()   # attempt -> its stat, for reports (the last 1000)
-        self._totals = collections.Counter()
+        self._accounts = StageAccounts()       # what the stages moved and took
+        self._totals = self._accounts.totals
         self._forgotten = collections.deque()  # blocks whose collection is gone
+
+    def __reduce__(self):
+        raise errors.NotSerializable("a task cannot capture the Cluster: it stays on the driver "
+                                     "(use it outside the functions you pass to map, filter, ...)")
+
+    # Page versions kept only for the snapshots of unpersisted collections
+    # (beyond those of live outputs): past this many, the oldest expire.
+    _unpersisted_versions = StageRunner.unpersisted_versions
+
+    @property
+    def unpersisted_versions(self):
+        return self._unpersisted_versions
+
+    @unpersisted_versions.setter
+    def unpersisted_versions(self, n):
+        self._unpersisted_versions = n
+        if self._opened:
+            self._runner.unpersisted_versions = n
+
+    # -- what collections ask of their cluster ----------------------------------------
+    def _run_action(self, node, kind, arg, partitions=None, only=None):
+        self._check()
+        return self._runner.run_action(node, kind, arg, partitions, only)
+
+    def _forget(self, prefix):
+        # Called by a finalizer, so at any moment and in any thread: only
+        # note it; the blocks are dropped before the next stage.
+        self._forgotten.append(prefix)
+
+    def _drop_cache(self, cid):
+        """``unpersist``: the workers drop the copies (lineage keeps the
+        versions they were made at)."""
+        if self._closed or not self._started:
+            return
+        self._runner._drop_cache(cid)
+
+    def _check_liveness(self):
+        return self._runner._check_liveness()
 
     # -- life cycle -------------------------------------------------------------------
     def __enter__(self):
@@ -238,10 +237,10 @@ class Cluster(Stages):
             # that must reach the changed list of the first stage.
             region.stage_begin(region.stage_current() + 1)
             for _ in range(self.nworkers):
-                self._spawn_worker()
-            self._started = True
+                self._pool.spawn()
+            self._started = self._pool.started = True
             self._await_workers()
-            self._idle_since = time.monotonic()
+            self._runner._idle_since = time.monotonic()
         except BaseException:
             self.close()
             raise
@@ -277,7 +276,7 @@ class Cluster(Stages):
             served = f"tcp://{self._host}:{self._pages_port}"   # where remote workers reach it
         self.page_endpoint = region.serve(served)
         region.set_fork_ports(*(self._worker_ports or (0, 0)))   # forked workers' page servers
-        region.set_replication(REPLICATION[self.replication])
+        set_replication(self.replication)
         samehost.share(self.same_host == "map")   # forked workers map the driver's pages, or fetch them
         samehost.decline("the cluster was made with same_host='fetch'" if self.same_host == "fetch" else
                          "the driver's memfd could not be mapped after fork")
@@ -293,64 +292,48 @@ class Cluster(Stages):
             raise errors.TransportError(f"cannot listen on {self._listen}: {err}") from err
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sched = Scheduler(recover=self.recover, speculation=self.speculation)
-        self._workers = {}      # wid -> {"pid", "blocks", "pages", "last_hb", "stages", "seen"}
-        self._pids = []         # every worker process ever forked, reaped at close
-        self._pid_of = {}
-        self._expected = set()  # started or welcomed, HELLO not yet received
-        self._joining = {}      # pid -> wid: spawned, JOIN not yet received
-        self._procs = []        # the spawned ones' Popen objects
-        self._remote = set()    # wids of the workers started by hand
-        self._far = set()       # wids whose pid this host cannot check (another PID namespace)
-        self._joined_ids = set()  # wids of every worker that was not forked (it joined with JOIN)
-        self._join_info = {}      # wid -> what its JOIN said of relocating (hash_ok, same_base)
-        self._conversions_seen = 0  # walk.conversions when the free lists were last emptied
-        self._welcomed_at = {}  # wid -> when its WELCOME left, until its HELLO
-        self._idle_since = None  # when the last action ended: nobody read the socket since
-        self._born = {}         # forked wid -> the stage it was forked at
-        self._held = {}         # id -> region object forked workers inherited a reference to (prepare_fork)
-        self._remote_open = self.remote   # hand-started workers still welcome
-        self._start_failures = 0  # replacements in a row that died before joining
-        self._wids = itertools.count()
+        self._pool = WorkerPool(self._sock, self.endpoint, self._security, self._host, PoolOptions(
+            nworkers=self.nworkers, remote=self.remote, start_method=self.start_method, same_host=self.same_host,
+            worker_ports=self._worker_ports, ports=self._ports, heartbeat_timeout=self.heartbeat_timeout,
+            start_timeout=self.start_timeout, max_attempts=self.max_attempts, replace_workers=self.replace_workers),
+            self.page_endpoint, self._totals)
+        self._shipping = Shipping(self._pool, forked=self.start_method == "fork" and self.nworkers > 0,
+                                  others=self.start_method != "fork" or self.remote > 0)
         self._lineage = Lineage()
-        self._jobs = {}         # attempt (scheduler stage id) -> its job
-        self._attempt_version = {}  # attempt -> its version, while a task of it may run
-        self._attempt_ids = itertools.count(1)
-        self._current = self._trouble = None
-        self._changes = {}      # stage -> pages the driver changed just before it
-        self._moves = {}        # stage -> pages that moved unchanged just before it (for workers that map)
-        self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
-        self._gone = {}         # lost worker -> its last reported counters (stats())
+        self._versions = VersionKeeper(moves=True)   # the page versions and what changed at each
+        self._runner = StageRunner(self._sock, self._pool, self._lineage, self._sched, self._versions,
+                                   self._shipping, self._accounts, self._forgotten, self.options["recovery"],
+                                   self.slots, self.progress)
+        self._runner.unpersisted_versions = self._unpersisted_versions
         # the driver's counters are the process's: stats() reports this cluster's share
         self._driver0 = region.stats()
         # Stops the workers when the Cluster is collected or at exit, if
         # close() has not; it must not reference the Cluster.
         self._finalizer = weakref.finalize(self, _shutdown, os.getpid(), self._sock, self._ctx, self._guard,
-                                           self._workers,
-                                           self._expected, self._pid_of, self._pids, self._procs)
+                                           self._pool.workers, self._pool.expected, self._pool.pid_of,
+                                           self._pool.pids, self._pool.procs)
         _live.add(self)
         note_fork()
         self._opened = True
 
     def _await_workers(self):
+        pool = self._pool
         deadline = time.monotonic() + self.start_timeout
-        while len(self._workers) < self.nworkers + self.remote:
+        while len(pool.workers) < self.nworkers + self.remote:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(min(left, 0.5) * 1000)):
-                self._check_pids_at_start()
-                self._check_liveness()    # a welcomed worker gone before its HELLO frees its place
+                pool.check_pids_at_start()
+                self._runner._check_liveness()    # a welcomed worker gone before its HELLO frees its place
                 if left <= 0:
-                    raise errors.WorkerLost(self._who_joined())
+                    raise errors.WorkerLost(pool.who_joined(self.join_command))
                 continue
-            self._on_message(self._sock.recv_multipart())
+            self._runner._on_message(self._sock.recv_multipart())
 
-    def _who_joined(self):
-        local = sum(w not in self._remote for w in self._workers)
-        msg = [f"{local} of {self.nworkers} local workers started"] if self.nworkers else []
-        if self.remote:
-            joined = sorted(f"{w.decode()} (pid {self._pid_of[w]})" for w in self._workers if w in self._remote)
-            msg.append(f"{len(joined)} of {self.remote} remote workers joined ({', '.join(joined) or 'none'}); "
-                       f"each missing one starts with {self.join_command()!r}")
-        return f"within {self.start_timeout}s: " + "; ".join(msg)
+    # The pool's, under the names tests and benchmarks read.
+    _workers = property(lambda self: self._pool.workers)
+    _expected = property(lambda self: self._pool.expected)
+    _pid_of = property(lambda self: self._pool.pid_of)
+    _pids = property(lambda self: self._pool.pids)
 
     @property
     def secret(self):
@@ -364,41 +347,12 @@ class Cluster(Stages):
         self._open()
         return f"clamor worker {self.endpoint}" + ("" if self.encrypt else " --no-encrypt")
 
-    def _spawn_worker(self):
-        """Start one more local worker; it joins when its HELLO arrives."""
-        wid = b"w%d" % next(self._wids)
-        if self.start_method == "fork":
-            # before the arguments are made: none may come from a free list
-            for o in prepare_fork():
-                self._held.setdefault(id(o), o)
-            code.note_fork()
-            pid = _liveness.fork(worker_main, self.endpoint, wid, self._security, self._host, self._ports)
-            self._born[wid] = region.stage_current()   # the stage its copies reflect until its first task
-        else:
-            args = ["--driver", self.endpoint, "--advertise", self._host] + ([] if self.encrypt else ["--no-encrypt"])
-            if self._worker_ports:
-                args += ["--ports", self._ports]
-            proc = _liveness.spawn(args, {"CLAMOR_SECRET": self._security.secret})
-            self._procs.append(proc)
-            pid = proc.pid
-            self._joining[pid] = wid
-        self._pids.append(pid)
-        self._pid_of[wid] = pid
-        self._expected.add(wid)
-        if self._started:
-            self._totals["workers_replaced"] += 1
-            log.info("started worker %s (pid %d) to replace a lost one", wid.decode(), pid)
-
-    def _check_pids_at_start(self):
-        for pid in self._pids:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                raise errors.WorkerLost(f"worker process {pid} exited during start-up")
-
     @outside
     def close(self, timeout=5.0):
         """Stop every worker (STOP, then SIGKILL after ``timeout``) and reap."""
         self._closed = True
+        if self._opened:
+            self._pool.closed = self._runner.closed = True
         _live.discard(self)
         # The relocation lists were this cluster's workers': the objects they
         # kept listed may go now (a later cluster lists what it ships).
@@ -409,14 +363,15 @@ class Cluster(Stages):
             _, fn, args, _ = state
             fn(*args, timeout=timeout)
         # what forked workers inherited references to may be freed now
-        getattr(self, "_held", {}).clear()
+        if self._opened:
+            self._pool.held.clear()
 
     @property
     def worker_pids(self):
         """Process ids of the current workers (live or starting), oldest first."""
         if not self._started:
             return []
-        return [self._pid_of[w] for w in sorted(set(self._workers) | self._expected, key=lambda w: int(w[1:]))]
+        return self._pool.pids_in_order()
 
     def run(self, fn, *args, workers=None, **kwargs):
         """Call ``fn(*args, **kwargs)`` once on each worker, or on those
@@ -427,7 +382,7 @@ class Cluster(Stages):
         TaskError; a worker lost before its call ends fails it with
         WorkerLost (the call runs there or nowhere)."""
         self._check()
-        live = sorted(self._workers, key=lambda w: int(w[1:]))
+        live = self._pool.live_ids()
         if workers is None:
             chosen = live
         else:
@@ -510,34 +465,6 @@ class Cluster(Stages):
         return NpyFiles(self, paths)
 
     # -- statistics --------------------------------------------------------------------
-    def _stat_opened(self, asid, stat):
-        """Attempt ``asid`` starts: what its tasks' reports say moved goes
-        into ``stat`` (``_count_moved``), even after the attempt ends."""
-        self._attempt_stats[asid] = stat
-        while len(self._attempt_stats) > self._stage_stats.maxlen:
-            self._attempt_stats.popitem(last=False)
-
-    def _count_moved(self, asid, moved):
-        """Faults and bytes a worker reported since its previous report, for
-        attempt ``asid``: into the totals and that attempt's stage stat at
-        once, so that the totals are the sum of the stage stats.  A late
-        report (a losing copy that ran on) still adds to a stage already
-        recorded."""
-        stat = self._attempt_stats.get(asid)
-        for k, v in moved.items():
-            self._totals[k] += v
-            if stat is not None:
-                stat[k] += v
-
-    def _record(self, stat):
-        d = stat.pop("durations")
-        stat["task_s"] = ({"min": min(d), "median": statistics.median(d), "max": max(d)} if d
-                          else {"min": 0.0, "median": 0.0, "max": 0.0})
-        self._stage_stats.append(stat)
-        self._totals["stages"] += 1
-        self._totals["tasks"] += stat["tasks"]
-        self._totals["task_seconds"] += sum(d)
-
     def stats(self):
         """Totals over this cluster's stages, and the per-stage list."""
         out = {k: self._totals[k] for k in ("stages", "tasks", "faults", "bytes_from_driver", "bytes_from_peers")}
@@ -546,7 +473,8 @@ class Cluster(Stages):
         drv = out["driver"] = region.stats()
         since = {k: drv[k] - getattr(self, "_driver0", {}).get(k, 0) for k in ("bytes_served", "redirects", "hint_bytes")}
         # lost workers too: what they served and fetched before they went
-        ws = {**getattr(self, "_gone", {}), **getattr(self, "_workers", {})}
+        pool = getattr(self, "_pool", None)
+        ws = {**pool.gone, **{w: r.served_counts() for w, r in pool.workers.items()}} if pool else {}
         # a peer asked on a redirect or straight on a hint; a fallback is either kind that failed
         direct = sum(w.get("direct", 0) for w in ws.values())
         followed = sum(w.get("followed", 0) for w in ws.values()) + direct
@@ -570,8 +498,8 @@ class Cluster(Stages):
         out["diff_pages"] = self._totals["diff_pages"]
         out["write_protection"] = region.write_protection()
         out["same_host"] = {"mode": self.same_host,
-                            "workers": {w.decode(): dict(info.get("same_host") or {"mode": "fetch", "reason": "unknown"})
-                                        for w, info in getattr(self, "_workers", {}).items()}}
+                            "workers": {w.decode(): dict(info.same_host or {"mode": "fetch", "reason": "unknown"})
+                                        for w, info in (pool.workers.items() if pool else ())}}
         out["recovery"] = {k: self._totals[k] for k in (
             "workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs", "speculative_copies",
             "copies_cancelled", "duplicate_results")}
@@ -587,7 +515,7 @@ class Cluster(Stages):
         last task of a stage counts in its next report.  A copy that
         outlives its stage adds to it when it reports, during a later
         action; the totals of stats() are always the sum."""
-        return [dict(s) for s in self._stage_stats]
+        return self._accounts.stage_stats()
 
 
 def _listen_endpoint(listen):
@@ -630,7 +558,7 @@ def _shutdown(owner, sock, ctx, guard, workers, expected, pid_of, pids, procs, t
                 pass
     deadline = time.monotonic() + timeout
     for pid in list(pids):
-        _liveness.reap(pid, deadline)
+        liveness.reap(pid, deadline)
     for proc in procs:
         proc.poll()   # reaped above: the Popen learns it, and does not warn that it still runs
     sock.close()

@@ -9,7 +9,7 @@ buckets and cached partitions) to peers, and a DEALER that sends the driver
 a heartbeat every second.  The C pager and page server (csrc/) run beside
 them without the GIL, and a lifeline thread kills the worker as soon as
 the driver process is gone, even in the middle of a task
-(clamor/runtime/_liveness.py).
+(clamor/runtime/liveness.py).
 
 Control messages, multipart:
 
@@ -32,7 +32,7 @@ Control messages, multipart:
 Every report carries the worker's counters as they stand (``counters()``:
 cumulative since it started, never per task), and the driver attributes
 what moved since the worker's previous report to the stage the report is
-about (clamor/runtime/stages.py ``_account``).  So nothing a worker fetched goes
+about (clamor/runtime/accounting.py ``account``).  So nothing a worker fetched goes
 uncounted: not read-ahead that lands after its task, nor pickling a result,
 nor the work of a losing copy, a skipped or a failed task.
 
@@ -69,9 +69,10 @@ import zmq
 from .. import errors
 from ..memory import portable, region, samehost
 from . import code, serialize
-from ._liveness import LinkWatch, heartbeats
+from .liveness import LinkWatch, heartbeats
 from .collection import partition_result
 from .security import Guard
+from .versions import change_version
 
 log = logging.getLogger("clamor.worker")
 
@@ -414,10 +415,8 @@ class Runtime:
         # Pages the driver changed between this worker's last version and the
         # task's: dropped even if the task is skipped, since the driver counts
         # this worker as up to date once it has sent them.
-        if inval:
-            self._release_region_objects()
-            region.invalidate(np.frombuffer(inval, dtype=np.uint64))
-        region.set_stage(version)
+        change_version(version, np.frombuffer(inval, dtype=np.uint64),
+                       self._release_region_objects if inval else None)
         if key in self.cancelled:   # another copy finished while this one waited here
             self.cancelled.discard(key)
             self.sock.send_multipart([b"SKIP", key, serialize.pack_counters(counters())])
@@ -479,7 +478,7 @@ def counters():
 
 
 def worker_main(driver, wid, security, host, ports="*"):
-    """What a forked worker runs (clamor._liveness.fork does the rest)."""
+    """What a forked worker runs (clamor.runtime.liveness.fork does the rest)."""
     # Every object inherited at fork goes to the collector's permanent
     # generation: region objects among them have their list links in region
     # pages, which the driver rewrites, and this worker's collections must

@@ -55,7 +55,7 @@ def objects_in_place(allowed):
     _in_place[0] = bool(allowed)
 
 
-def _object_at(offset):
+def object_at(offset):
     """The Python object at region ``offset`` (a new reference).  Only for
     objects the driver built under clamor.heap(), in a process forked from
     it (their type pointers must be valid here)."""
@@ -254,7 +254,7 @@ class _Pickler(cloudpickle.CloudPickler):
 class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if type(pid) is tuple and len(pid) == 2 and pid[0] == "clamor-object":
-            return _object_at(pid[1])
+            return object_at(pid[1])
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 

@@ -42,38 +42,30 @@ task it drops the pages changed between the version its copies reflect and
 the task's version, in either direction, so a re-run of an old version sees
 old bytes and the next new task sees new ones again.
 """
-import bisect
 import collections
-import json
+import itertools
 import logging
-import os
 import pickle
-import signal
 import time
 
 import numpy as np
-import psutil
 import zmq
 
 from .. import errors
 from ..memory import region
 from . import serialize
-from .collection import Parallel, Shuffled
+from .collection import Shuffled
 from ..memory.heap import outside, release_dropped
-from ..memory import images, portable, samehost, walk
-from ._liveness import pid_alive, pid_namespace, shares_pids
+from ..memory import walk
 from .interrupt import Deferred
 from .progress import StageProgress
+from .shipping import sources as shipped_sources
 from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
                         TaskFailedEvent, TaskSkippedEvent, TickEvent, TaskSpec, WorkerJoinedEvent, WorkerLostEvent)
 
 log = logging.getLogger("clamor")
 
 
-
-def _maps(w):
-    """Worker ``w`` maps the driver's pages (same host)."""
-    return (w.get("same_host") or {}).get("mode") == "map"
 
 class _InputsLost(Exception):
     """Internal: the running attempt lost an input or an output; retry."""
@@ -99,23 +91,38 @@ class _Job:
         return self.node.deps[self.parent] if self.kind == "map" else self.node
 
 
-class Stages:
-    """The part of Cluster that runs stages (see the module docstring)."""
+class StageRunner:
+    """Runs a Cluster's stages (see the module docstring), on its parts:
+    the control socket ``sock``, the workers (``pool``, runtime/pool.py),
+    the lineage store, the scheduler, the version keeper, the in-place
+    checks (``shipping``) and the accounts; ``forgotten``: the queue of
+    blocks whose collection is gone (filled by finalizers).  ``opts``: the
+    Cluster's RecoveryOptions; ``slots`` and ``progress`` its own."""
 
     # Page versions kept only for the snapshots of unpersisted collections
     # (beyond those of live outputs): past this many, the oldest expire.
     unpersisted_versions = 8
 
-    def __reduce__(self):
-        raise errors.NotSerializable("a task cannot capture the Cluster: it stays on the driver "
-                                     "(use it outside the functions you pass to map, filter, ...)")
+    def __init__(self, sock, pool, lineage, sched, versions, shipping, accounts, forgotten, opts, slots, progress):
+        self._sock, self._pool, self._lineage, self._sched = sock, pool, lineage, sched
+        self._versions, self._shipping, self._accounts = versions, shipping, accounts
+        self._forgotten = forgotten
+        self.recover, self.replace_workers, self.max_attempts = opts.recover, opts.replace_workers, opts.max_attempts
+        self.speculation, self.start_timeout = opts.speculation, opts.start_timeout
+        self.slots, self.progress = slots, progress
+        self.closed = False
+        self._idle_since = None  # when the last action ended: nobody read the socket since
+        self._jobs = {}         # attempt (scheduler stage id) -> its job
+        self._attempt_version = {}  # attempt -> its version, while a task of it may run
+        self._attempt_ids = itertools.count(1)
+        self._current = self._trouble = None
+        self._affinity = {}     # (partitions in stage, partition) -> worker that last ran it
 
     # -- planning -----------------------------------------------------------------------
     @outside
-    def _run_action(self, node, kind, arg, partitions=None, only=None):
-        self._check()
+    def run_action(self, node, kind, arg, partitions=None, only=None):
         release_dropped()
-        self._conversions_seen = walk.conversions[0]
+        self._shipping.conversions_seen = walk.conversions[0]
         try:
             self._catch_up()
             for st in self._plan(node):
@@ -136,8 +143,8 @@ class Stages:
         now = time.monotonic()
         idle = self._idle_since
         if idle is not None:
-            for info in self._workers.values():
-                info["last_hb"] += now - idle
+            for info in self._pool.workers.values():
+                info.last_hb += now - idle
             self._idle_since = None
         with Deferred() as interrupt:
             for _ in range(100000):
@@ -147,7 +154,7 @@ class Stages:
                     break
                 for ins in self._on_message(frames):
                     # (no stage runs, so nothing is assigned: only late copies are cancelled)
-                    if isinstance(ins, Cancel) and ins.worker in self._workers:
+                    if isinstance(ins, Cancel) and ins.worker in self._pool.workers:
                         self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])
             interrupt.check()
 
@@ -170,29 +177,21 @@ class Stages:
         visit(node)
         return out
 
-    def _begin_stage(self):
-        """Number the next stage and end the driver's epoch: pages written
-        since the last stage are versioned, and the changed ones listed for
-        the workers to drop."""
+    def _begin_version(self):
+        """Begin the next page version, which a new stage reads at, and end
+        the driver's epoch: pages written since the last version are
+        versioned, and the changed ones listed for the workers to drop."""
         self._drop_forgotten()
         # notice workers that died while the cluster was idle, before giving
         # them tasks; first read the heartbeats that came meanwhile (the
-        # check before a stage, _vouch, may take longer than the time-out)
+        # check before a stage, Shipping.vouch, may take longer than the time-out)
         self._catch_up()
         for ins in self._check_liveness():
             if isinstance(ins, StageAborted):
                 raise ins.error
-        if not self._workers and not self._expected:   # none left, none coming
+        if not self._pool.workers and not self._pool.expected:   # none left, none coming
             raise errors.WorkerLost("no live workers (every worker was lost and none is being replaced)")
-        sid = region.stage_current() + 1
-        changed = region.stage_begin(sid)
-        if changed.size:
-            self._changes[sid] = changed
-            portable.driver().note_changed(changed)
-            serialize.note_changed(changed)     # share()'s verdicts that rest on what changed
-        moved = samehost.moved()
-        if moved.size:
-            self._moves[sid] = moved
+        sid = self._versions.begin()
         # The page versions worth keeping are those of the stages a task may
         # still read at: this one, those recorded outputs were made at (lost
         # ones included: lineage re-runs read there), and those of tasks
@@ -201,7 +200,7 @@ class Stages:
         # them is dropped: a collection cached once, then a global updated
         # at every stage, kept a version per stage, and the driver ran out
         # of room for them.
-        running = {k[0] for w in self._workers for k in self._sched.running(w)}
+        running = {k[0] for w in self._pool.workers for k in self._sched.running(w)}
         self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
         self._lineage.prune(self.unpersisted_versions)
         # A worker that maps the driver's pages may read, until its next
@@ -209,58 +208,35 @@ class Stages:
         # one that fetches them may fetch there until then (its collector,
         # between tasks, visits the region objects it tracks: a worker died
         # of a version collected under it).
-        mapping = {w["seen"] for w in self._workers.values() if _maps(w)}
-        last_ran = {w["seen"] for w in self._workers.values()}
+        mapping = {w.seen for w in self._pool.workers.values() if w.maps}
+        last_ran = {w.seen for w in self._pool.workers.values()}
         running_at = set(self._attempt_version.values())
-        keep = sorted({sid} | self._lineage.versions() | running_at | last_ran)
-        samehost.map_floor(min({sid} | mapping | running_at))
-        region.versions_keep(keep)
-        portable.driver().prune(keep[0])
-        self._trim_changes(keep)
+        keep = self._versions.keep({sid} | self._lineage.versions() | running_at | last_ran,
+                                   floor=min({sid} | mapping | running_at))
+        # (changed-page lists are asked for between a worker's version and one of these)
+        self._versions.trim(set(keep) | last_ran)
         return sid
-
-    def _trim_changes(self, keep):
-        """Changed-page lists are asked for between two versions, each one a
-        worker's or one of ``keep`` (no other can become one later): lists
-        of stages with no such version between them are merged, those at or
-        below the lowest dropped."""
-        bounds = sorted(set(keep) | {w["seen"] for w in self._workers.values()})
-
-        def trim(lists):
-            merged = {}
-            for s, ch in lists.items():
-                if s > bounds[0]:
-                    merged.setdefault(bounds[bisect.bisect_left(bounds, s)], []).append(ch)
-            return {b: chs[0] if len(chs) == 1 else np.unique(np.concatenate(chs)) for b, chs in merged.items()}
-
-        self._changes = trim(self._changes)
-        self._moves = trim(self._moves)
 
     def _invalidations(self, w, version):
         """Pages worker ``w`` must drop before a task at ``version``: those
         changed at every stage boundary between the version its copies
         reflect and ``version`` (either way: a re-run goes back)."""
-        lo, hi = sorted((w["seen"], version))
-        w["seen"] = version
-        parts = [ch for s, ch in self._changes.items() if lo < s <= hi]
-        if _maps(w):   # its mappings of pages that moved name the old locations
-            parts += [ch for s, ch in self._moves.items() if lo < s <= hi]
-        if not parts:
-            return b""
-        return np.unique(np.concatenate(parts)).astype(np.uint64).tobytes()
+        seen, w.seen = w.seen, version
+        # (its mappings of pages that moved name the old locations)
+        return self._versions.changed_between(seen, version, moved=w.maps).astype(np.uint64).tobytes()
 
     # -- jobs and attempts ----------------------------------------------------------
     def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None, only=None):
         rerun = version is not None
         if version is None:
-            self._vouch(kind, node, parent, action, arg, parts)
-            version = self._begin_stage()
+            self._shipping.vouch(kind, node, parent, action, arg, parts)
+            version = self._begin_version()
         if kind == "map":
             parts = list(range(node.deps[parent].num_partitions)) if parts is None else parts
             self._lineage.shuffle_started(node.shuffle_ids[parent], node.deps[parent].num_partitions, version)
         job = _Job(kind, node, parent, action, arg, parts, version, rerun, only)
         if rerun:
-            self._totals["recovery_jobs"] += 1
+            self._accounts.totals["recovery_jobs"] += 1
             log.info("recomputing %d partition(s) of %r at stage %d", len(parts), job.computes, version)
         try:
             self._run_attempts(job)
@@ -288,7 +264,7 @@ class Stages:
         while True:
             self._ensure_inputs(job)
             if kind == "map":   # an output is only as good as its worker
-                for p in [p for p, w in job.results.items() if w not in self._workers]:
+                for p in [p for p, w in job.results.items() if w not in self._pool.workers]:
                     del job.results[p]
             missing = [p for p in job.parts if p not in job.results]
             if not missing:
@@ -296,7 +272,7 @@ class Stages:
             if job.attempts >= self.max_attempts:
                 raise errors.WorkerLost(f"stage {job.version}: gave up after {job.attempts} attempts lost to failed "
                                         f"workers ({len(missing)} of {len(job.parts)} partitions missing)")
-            if not self._workers and not self._expected:
+            if not self._pool.workers and not self._pool.expected:
                 raise errors.WorkerLost(f"stage {job.version}: no live workers (every worker was lost and "
                                         f"none is being replaced)")
             job.attempts += 1
@@ -335,26 +311,25 @@ class Stages:
         if job.rerun:
             desc += " (recomputing lost partitions)"
         in_place, roots = [], []
-        self._release_converted()
-        forked = self.start_method == "fork" and self.nworkers > 0
-        others = self.start_method != "fork" or self.remote > 0
+        self._shipping.release_converted()
+        forked, others = self._shipping.forked, self._shipping.others
         payload = serialize.dumps_task({"kind": job.kind, "node": node, "parent": job.parent,
                                         "action": job.action, "arg": job.arg, "locs": self._locs(job.version)},
                                        objects=in_place, roots=roots, forked=forked, portable=others,
                                        version=job.version)
-        sources = _sources(job.computes)
+        sources = shipped_sources(job.computes)
         extras = {p: serialize.dumps({"p": p, "src": {s.id: s.task_data(p) for s in sources}}, objects=in_place,
                                      roots=roots, forked=forked, portable=others, version=job.version)
                   for p in missing}
         if roots:
-            self._check_in_place(job, missing, roots)
+            self._shipping.check_in_place(job, missing, roots)
         lineage = _cached_ids(node)
         nparts = len(job.parts)
         tasks = []
         # A worker is preferred for at most its fair share of the stage, so
         # a replacement (or any worker that ran nothing here before) is not
         # left idle while another holds every partition's affinity.
-        share = -(-len(missing) // max(1, len(self._workers)))
+        share = -(-len(missing) // max(1, len(self._pool.workers)))
         affine = collections.Counter()
         for p in missing:
             cached = tuple({w for (c, q), w in self._lineage.cache.items() if q == p and c in lineage})
@@ -363,7 +338,7 @@ class Stages:
             # worker holds already.
             last = self._affinity.get((nparts, p))
             prefer = cached
-            if not prefer and last in self._workers and affine[last] < share:
+            if not prefer and last in self._pool.workers and affine[last] < share:
                 affine[last] += 1
                 prefer = (last,)
             tasks.append(TaskSpec((asid, p), asid, p, prefer, job.only.get(p, ())))
@@ -373,11 +348,11 @@ class Stages:
                 "payload_bytes": len(payload), "task_data_bytes": sum(len(e) for e in extras.values()),
                 "attempt": job.attempts, "rerun": job.rerun}
         job.stat, job.bar = stat, StageProgress(len(tasks), desc, self.progress)
-        self._stat_opened(asid, stat)
+        self._accounts.opened(asid, stat)
         self._jobs[asid] = job
         self._attempt_version[asid] = job.version
-        for w in self._workers.values():   # payloads sent, of attempts still in progress only
-            w["stages"].intersection_update(self._jobs)
+        for w in self._pool.workers.values():   # payloads sent, of attempts still in progress only
+            w.stages.intersection_update(self._jobs)
         job.asids.append(asid)
         t0 = time.perf_counter()
         log.debug("%s: %d tasks (attempt %d)", desc, len(tasks), job.attempts)
@@ -386,105 +361,7 @@ class Stages:
         finally:
             job.bar.close()
             stat["duration_s"] = time.perf_counter() - t0
-            self._record(stat)
-
-    def _vouch(self, kind, node, parent, action, arg, parts):
-        """Before a stage begins: pickle what it will ship once, so that the
-        region objects it ships in place are checked now.  The check may
-        rewrite an instance's dict (walk._own_keys); a write after the stage
-        began would not reach its tasks: forked workers read the pages as
-        the stage began them, and for workers not forked it would be a page
-        version whose relocations no walk listed.  With forked workers only,
-        the task alone is walked here (its functions capture the globals);
-        a region instance reached only through partition data that still
-        needs the rewrite travels by value, once (serialize._vouched).
-        A verdict remembered from an earlier stage that rests on bytes the
-        driver wrote since (``d[k] = obj`` of the same size) is forgotten
-        first: the stage's own begin, which would tell, comes after."""
-        self._release_converted()
-        serialize.note_changed(region.dirty_pages())
-        forked = self.start_method == "fork" and self.nworkers > 0
-        others = self.start_method != "fork" or self.remote > 0
-        roots = []
-        serialize.dumps_task({"kind": kind, "node": node, "parent": parent, "action": action, "arg": arg},
-                             roots=roots, forked=forked, portable=others)
-        if not others:
-            return
-        src = _sources(node if kind != "map" else node.deps[parent])
-        every = range(node.deps[parent].num_partitions if kind == "map" else node.num_partitions)
-        for p in every if parts is None else parts:
-            serialize.dumps({"src": {s.id: s.task_data(p) for s in src}}, roots=roots, forked=forked,
-                            portable=True)
-        if roots:
-            self._relocate_early(roots)
-
-    def _relocate_early(self, roots):
-        """The relocation walks of ``roots`` (and of earlier stages' objects
-        the driver changed since) before the stage's version begins.  A
-        walk may write region pages: an instance's dict given keys of its
-        own, an object outside the region brought in.  Only a version begun
-        after the write shows it, and a list of bytes the version does not
-        have agrees with none of its pages (the worker that fetched one
-        died).  The check after the begin (_check_in_place) then finds
-        nothing to write.  A refusal is left to that check, which says it
-        with the workers it concerns."""
-        spawned = [w for w in self._workers.values() if w.get("spawned")]
-        if not spawned or not all(w.get("same_base") for w in spawned):
-            return
-        rel = portable.driver()
-        rel.note_changed(region.dirty_pages())
-        try:
-            changed = rel.prepare(roots, region.stage_current() + 1, bring_in=True,
-                                  seeds_agree=all(w.get("hash_ok") for w in spawned))
-        except errors.NotShareable:
-            return
-        self._invalidate_relocated(changed)
-
-    def _release_converted(self):
-        """Dicts that a walk replaced since the free lists were last emptied
-        (walk._own_keys) may sit on CPython's free lists: the payload's own
-        dicts must not be made of them, or a check remembered for an
-        address would pass them as region objects.  Empty the lists then."""
-        if walk.conversions[0] != self._conversions_seen:
-            self._conversions_seen = walk.conversions[0]
-            release_dropped()
-
-    def _check_in_place(self, job, parts, roots):
-        """Region objects travel by offset, used in place.  A worker not
-        forked from the driver can use them only if they are portable: their
-        pages' relocations are listed now (clamor/memory/portable.py), and
-        pages whose lists changed are dropped by those workers.
-        NotShareable if a task of ``parts`` may go to such a worker and they
-        are not portable, or the worker cannot relocate (another region
-        base, another hash seed)."""
-        may = set()
-        for p in parts:
-            may.update(job.only.get(p) or self._workers)
-        others = sorted(w for w in may if self._workers.get(w, {}).get("spawned"))
-        if not others:
-            return
-        what = f"a region {type(roots[0]).__name__} at {id(roots[0]):#x}"
-        elsewhere = [w.decode() for w in others if not self._workers[w].get("same_base")]
-        if elsewhere:
-            raise errors.NotShareable(
-                f"{what} is used by this stage, and worker(s) {', '.join(elsewhere)} map the region at another "
-                f"address (--base): Python objects built under clamor.heap() are used in place only at the "
-                f"driver's address. Keep such data in region arrays, which every worker reads")
-        unseeded = [w.decode() for w in others if not self._workers[w].get("hash_ok")]
-        try:
-            changed = portable.driver().prepare(roots, region.stage_current(), seeds_agree=not unseeded)
-        except errors.NotShareable as err:
-            if unseeded and "PYTHONHASHSEED" in str(err):
-                raise errors.NotShareable(f"{err} (worker(s) {', '.join(unseeded)} hash differently)") from None
-            raise
-        self._invalidate_relocated(changed)
-
-    def _invalidate_relocated(self, changed):
-        """Spawned workers drop the pages whose relocation lists changed."""
-        if changed.size:
-            for w in self._workers.values():
-                if w.get("spawned"):
-                    w["reloc_inval"] = np.union1d(w.get("reloc_inval", changed), changed).astype(np.uint64)
+            self._accounts.record(stat)
 
     def _drive(self, asid, job, tasks, payload, extras):
         """Submit attempt ``asid`` and run the event loop until it ends."""
@@ -508,12 +385,12 @@ class Stages:
                         if isinstance(ins, Run):
                             # A Run decided before its worker was lost in the same batch of
                             # events is stale: WorkerLostEvent already took the task back.
-                            if ins.worker in self._workers:
+                            if ins.worker in self._pool.workers:
                                 self._send_task(ins)
                         elif isinstance(ins, Cancel):
-                            if ins.worker in self._workers:
+                            if ins.worker in self._pool.workers:
                                 self._sock.send_multipart([ins.worker, b"CANCEL", pickle.dumps(ins.key)])
-                            self._totals["copies_cancelled"] += 1
+                            self._accounts.totals["copies_cancelled"] += 1
                         elif isinstance(ins, StageAborted) and ins.stage_id == asid:
                             raise ins.error
                         elif isinstance(ins, StageFinished) and ins.stage_id == asid:
@@ -534,7 +411,7 @@ class Stages:
                     if time.monotonic() >= next_check:
                         pending.extend(self._check_liveness())
                         next_check = time.monotonic() + 0.5
-                        if self._workers:
+                        if self._pool.workers:
                             alone_since = None
                         elif alone_since is None:
                             alone_since = time.monotonic()
@@ -556,7 +433,7 @@ class Stages:
 
 
     def _cancel_attempt(self, asid):
-        for wid in self._workers:
+        for wid in self._pool.workers:
             for key in self._sched.running(wid):
                 if key[0] == asid:
                     try:
@@ -567,40 +444,24 @@ class Stages:
     def _send_task(self, ins):
         asid, payload, extras = self._current
         job = self._jobs[asid]
-        w = self._workers[ins.worker]
-        if any(ins.key in other["sent"] for other in self._workers.values()):
-            self._totals["speculative_copies"] += 1   # (a task re-sent after a loss is not one)
-        w["sent"].add(ins.key)
-        first = ins.stage_id not in w["stages"]
-        w["stages"].add(ins.stage_id)
+        w = self._pool.workers[ins.worker]
+        if any(ins.key in other.sent for other in self._pool.workers.values()):
+            self._accounts.totals["speculative_copies"] += 1   # (a task re-sent after a loss is not one)
+        w.sent.add(ins.key)
+        first = ins.stage_id not in w.stages
+        w.stages.add(ins.stage_id)
         version = job.version
-        inval = self._invalidations(w, version) if w["seen"] != version else b""
-        if w.get("spawned"):
-            inval = self._relocation_news(ins.worker, w, inval)
+        inval = self._invalidations(w, version) if w.seen != version else b""
+        if w.spawned:
+            inval = self._shipping.relocation_news(ins.worker, w, inval)
         self._sock.send_multipart([ins.worker, b"TASK", pickle.dumps(ins.key), str(ins.stage_id).encode(),
                                    str(version).encode(), payload if first else b"", extras[ins.partition], inval])
-
-    def _relocation_news(self, wid, w, inval):
-        """Before a task goes to a worker not forked from the driver: the
-        relocation targets it has not bound yet (TARGETS), and the pages
-        whose relocation lists changed, added to ``inval``."""
-        rel = portable.driver()
-        specs = rel.specs_for(w["reloc_sent"])
-        if specs:
-            self._sock.send_multipart([wid, b"TARGETS", pickle.dumps(specs)])
-            w["reloc_sent"].update(i for i, _ in specs)
-        extra = w.pop("reloc_inval", None)
-        if extra is None or not extra.size:
-            return inval
-        if inval:
-            extra = np.union1d(np.frombuffer(inval, dtype=np.uint64), extra)
-        return extra.astype(np.uint64).tobytes()
 
     def _locs(self, version):
         """Where the blocks are, for tasks reading at ``version``: cached
         partitions made after it are not theirs to read (they compute
         those), each named with the version it was made at."""
-        eps = {w: info["blocks"] for w, info in self._workers.items()}
+        eps = {w: info.blocks for w, info in self._pool.workers.items()}
         lin = self._lineage
         cache = {k: (eps[w], lin.cache_made[k]) for k, w in lin.cache.items()
                  if w in eps and lin.cache_made[k] <= version}
@@ -619,25 +480,27 @@ class Stages:
             return []
         ident, kind = frames[0], frames[1]
         if kind == b"HB":
-            wid = frames[2]
-            if wid in self._workers:
-                self._workers[wid]["last_hb"] = time.monotonic()
+            w = self._pool.workers.get(frames[2])
+            if w is not None:
+                w.last_hb = time.monotonic()
             return []
         if kind == b"JOIN":
-            return self._join(ident, frames[2])
+            self._pool.join(ident, frames[2])
+            return []
         if kind == b"LEAVE":
-            return self._left(frames[2])
+            self._pool.left(frames[2])
+            return []
         if kind == b"HELLO":
             return self._joined(ident, pickle.loads(frames[2]))
-        w = self._workers.get(ident)
+        w = self._pool.workers.get(ident)
         if w is None:       # a worker already declared lost: nothing it says counts
             return []
-        w["last_hb"] = time.monotonic()
+        w.last_hb = time.monotonic()
         if kind not in (b"DONE", b"SKIP", b"FAIL"):
             return []
         key = pickle.loads(frames[2])
-        w["sent"].discard(key)
-        self._account(w, key[0], frames[3 if kind == b"SKIP" else 4])
+        w.sent.discard(key)
+        self._accounts.account(w, key[0], frames[3 if kind == b"SKIP" else 4])
         if kind == b"DONE":
             res = serialize.loads(frames[3])
             job = self._jobs.get(key[0])
@@ -658,7 +521,7 @@ class Stages:
                         stat["durations"].append(res["duration"])
                         job.bar.update()
                 else:
-                    self._totals["duplicate_results"] += 1
+                    self._accounts.totals["duplicate_results"] += 1
             return self._sched.handle(TaskDoneEvent(key, ident, None))
         if kind == b"SKIP":
             return self._sched.handle(TaskSkippedEvent(key, ident))
@@ -669,7 +532,7 @@ class Stages:
             # A block this task needed could not be fetched.
             if not self.recover:
                 return self._sched.handle(TaskFailedEvent(key, ident, errors.WorkerLost(msg)))
-            by_ep = {info["blocks"]: wid for wid, info in self._workers.items()}
+            by_ep = {info.blocks: wid for wid, info in self._pool.workers.items()}
             for ep, block in missing:
                 if ep in by_ep:
                     self._lineage.lose_block(by_ep[ep], block)
@@ -678,117 +541,11 @@ class Stages:
             return self._sched.handle(TaskSkippedEvent(key, ident))
         return []   # (not reached: DONE, SKIP and FAIL are handled above)
 
-    def _account(self, w, asid, frame):
-        """Count what worker ``w`` moved since its previous report (or its
-        HELLO) for attempt ``asid``, the one this report is about.  Workers
-        send their cumulative counters with every DONE, SKIP and FAIL, so the
-        figures add up by construction: a losing copy's fetches count, so
-        do a failed task's and read-ahead that landed after a task ended
-        (in the worker's next report), and nothing counts twice.  Each worker's
-        reports arrive in order on one socket."""
-        try:
-            now = serialize.unpack_counters(frame)
-        except errors.ProtocolError as err:   # counted nowhere, rather than stop the action
-            log.warning("worker %s sent a malformed report: %s", w.get("pid"), err)
-            return
-        last = w.get("counters") or {}
-        w["counters"] = now
-        w["served"], w["followed"], w["fallbacks"] = now["served"], now["redirects"], now["fallbacks"]
-        w["direct"], w["timeouts"] = now["direct"], now["timeouts"]
-        moved = ("faults", "bytes_fetched", "bytes_from_peers", "mapped", "wire", "diff_wire", "diff_pages")
-        if any(now[k] < last.get(k, 0) for k in moved):
-            last = {}   # a task zeroed the worker's counters (clamor.reset_stats())
-        d = {k: now[k] - last.get(k, 0) for k in moved}
-        # (The worker's snapshot reads bytes_fetched and bytes_from_peers one
-        # after the other: a fetch landing between them can move one run of
-        # pages between the two columns of consecutive reports, never in or
-        # out of their sum.)
-        self._count_moved(asid, {"faults": d["faults"], "bytes_from_peers": d["bytes_from_peers"],
-                                 "bytes_from_driver": d["bytes_fetched"] - d["bytes_from_peers"],
-                                 "bytes_mapped": d["mapped"], "wire_bytes": d["wire"],
-                                 "wire_bytes_diff": d["diff_wire"], "diff_pages": d["diff_pages"]})
-
-    def _join(self, ident, frame):
-        """A worker not forked from here asks to join (clamor/runtime/worker.py):
-        one this cluster spawned, or one of its ``remote`` workers."""
-        try:
-            body = json.loads(frame)
-            pid, pidns = int(body["pid"]), body.get("pidns")
-        except (ValueError, TypeError, KeyError) as err:
-            log.warning("dropped a malformed JOIN: %s", err)
-            return []
-        local = shares_pids(pidns)
-        if local and not pid_alive(pid):    # it gave up waiting for an answer (the driver was not reading)
-            return []
-        wid = self._joining.pop(pid, None) if local else None
-        if wid is None:
-            if self._closed or self._remote_open <= 0:
-                reason = ("the cluster is closed" if self._closed else
-                          f"it expects no more workers ({self.remote} remote, all joined)")
-                self._sock.send_multipart([ident, b"REFUSED", json.dumps({"reason": reason}).encode()])
-                return []
-            self._remote_open -= 1
-            wid = b"w%d" % next(self._wids)
-            self._remote.add(wid)
-            if not local:
-                self._far.add(wid)
-            self._pid_of[wid] = pid
-            self._expected.add(wid)
-        self._joined_ids.add(wid)
-        self._welcomed_at[wid] = time.monotonic()
-        base = body.get("base")
-        self._join_info[wid] = {"hash_ok": body.get("hash") == portable.hash_digest(),
-                                "same_base": base is None or base == region.base()}
-        welcome = {"wid": wid.decode(), "pages": self.page_endpoint, "pid": os.getpid(), "pidns": pid_namespace(),
-                   "images": images.loaded(), "base": region.base(),
-                   "map": samehost.info() if self.same_host == "map" else None}
-        self._sock.send_multipart([ident, b"WELCOME", json.dumps(welcome).encode()])
-        return []
-
-    def _left(self, frame):
-        """A welcomed worker that will not join after all (its images differ
-        from the driver's): its place is free again."""
-        try:
-            body = json.loads(frame)
-            wid = body["wid"].encode()
-        except (ValueError, TypeError, KeyError, AttributeError) as err:
-            log.warning("dropped a malformed LEAVE: %s", err)
-            return []
-        if wid in self._expected and wid in self._joined_ids:
-            self._expected.discard(wid)
-            self._joining = {p: w for p, w in self._joining.items() if w != wid}
-            if wid in self._remote:
-                self._remote.discard(wid)
-                self._remote_open += 1
-            log.warning("worker %s (pid %s) refused to join: %s", wid.decode(), self._pid_of.get(wid),
-                        str(body.get("reason"))[:2000])
-        return []
-
     def _joined(self, wid, info):
-        if wid in self._workers or wid not in self._expected:
+        rec = self._pool.hello(wid, info)
+        if rec is None:
             return []
-        self._expected.discard(wid)
-        self._welcomed_at.pop(wid, None)
-        self._start_failures = 0
-        # A forked worker's copies reflect the stage it was forked at, which a
-        # stage begun before its HELLO may have changed; one that joined has
-        # fetched nothing yet.
-        seen = self._born.pop(wid, region.stage_current())
-        mode = info.get("same_host") if isinstance(info.get("same_host"), dict) else {}
-        info["same_host"] = {"mode": "map" if mode.get("mode") == "map" else "fetch", "reason": str(mode.get("reason", ""))[:500]}
-        if self.same_host == "map" and info["same_host"]["mode"] == "fetch":
-            log.log(logging.INFO if wid in self._far else logging.WARNING, "worker %s fetches the driver's pages "
-                    "instead of mapping them: %s", wid.decode(), info["same_host"]["reason"])
-        info.update(last_hb=time.monotonic(), stages=set(), seen=seen, sent=set(),
-                    far=wid in self._far, spawned=wid in self._joined_ids, reloc_sent=set(),
-                    **self._join_info.pop(wid, {}))
-        self._workers[wid] = info
-        for other in self._workers:   # its endpoint may be a lost worker's, reused: no longer dead
-            if other != wid:
-                self._sock.send_multipart([other, b"LIVE", pickle.dumps([info["blocks"]])])
-        replacement = int(wid[1:]) >= self.nworkers + self.remote
-        log.log(logging.INFO if replacement else logging.DEBUG, "worker %s (pid %d) joined", wid.decode(), info["pid"])
-        slots = info.get("slots")
+        slots = rec.slots
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 4096:
             slots = self.slots    # (None: the cluster's)
         return self._sched.handle(WorkerJoinedEvent(wid, slots))
@@ -796,104 +553,27 @@ class Stages:
     # -- losing workers -----------------------------------------------------------------
     def _check_liveness(self):
         out = []
-        now = time.monotonic()
-        for wid, info in list(self._workers.items()):
-            reason = None
-            try:
-                if not info["far"] and psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE:
-                    reason = "process exited"
-            except psutil.NoSuchProcess:
-                reason = "process gone"
-            if reason is None and info["far"] and not self._connected(wid):
-                reason = "its connection closed"
-            if reason is None and now - info["last_hb"] > self.heartbeat_timeout:
-                reason = f"no heartbeat for {now - info['last_hb']:.1f}s"
-            if reason:
-                out.extend(self._lose(wid, reason))
-        for wid in list(self._expected):   # a replacement that died before its HELLO
-            if wid in self._far:
-                # no pid to check: one silent past start_timeout after its WELCOME is gone
-                if now - self._welcomed_at.get(wid, now) > self.start_timeout:
-                    self._expected.discard(wid)
-                    self._remote.discard(wid)
-                    self._remote_open += 1
-                    log.warning("worker %s was welcomed %.0f s ago and never said HELLO; its place is open "
-                                "again", wid.decode(), now - self._welcomed_at.pop(wid))
-                continue
-            pid = self._pid_of[wid]
-            try:
-                dead = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                dead = True
-            if dead:
-                self._expected.discard(wid)
-                self._totals["workers_lost"] += 1
-                self._start_failures += 1
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-                if self._start_failures > self.max_attempts:
-                    log.error("worker %s (pid %d) died while starting; %d replacements have failed to start, "
-                              "not forking more", wid.decode(), pid, self._start_failures)
-                    if self._current is not None and not self._workers and not self._expected:
-                        self._trouble = self._trouble or errors.WorkerLost(
-                            f"no live workers ({self._start_failures} replacements died while starting)")
-                    continue
-                log.warning("worker %s (pid %d) died while starting", wid.decode(), pid)
-                self._replace(wid)
+        trouble = self._pool.check(lambda wid, reason: out.extend(self._lose(wid, reason)))
+        if trouble is not None and self._current is not None:
+            self._trouble = self._trouble or trouble
         return out
 
-    def _connected(self, wid):
-        """Whether the control socket still has a connection to ``wid``: a
-        worker this host cannot check by pid is lost as soon as its
-        connection closes, not only after ``heartbeat_timeout``."""
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        try:
-            self._sock.send_multipart([wid, b"PING"], flags=zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError as err:
-            return err.errno != zmq.EHOSTUNREACH    # (EAGAIN: its queue is full, but it is there)
-        finally:
-            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-
     def _lose(self, wid, reason):
-        info = self._workers.pop(wid)
-        self._gone[wid] = {k: info[k] for k in ("served", "followed", "fallbacks", "direct", "timeouts") if k in info}
-        log.warning("worker %s (pid %d) lost: %s", wid.decode(), info["pid"], reason)
-        self._totals["workers_lost"] += 1
-        # One that stopped answering may still run: it must not come back.
-        # Once reaped, close() must never wait for, or kill, its reused pid.
-        if info["far"]:
-            self._sock.send_multipart([wid, b"STOP"])
-        elif _kill_and_reap(info["pid"]) and info["pid"] in self._pids:
-            self._pids.remove(info["pid"])
-        if info.get("pages"):
-            region.forget_peer(info["pages"])
+        rec = self._pool.remove(wid, reason)
         # What it was running: tasks sent to it and not reported.  (The
         # scheduler may have given it more, in a batch of losses declared
         # one by one: those it never had.)
-        running = self._sched.running(wid) & info["sent"]
+        running = self._sched.running(wid) & rec.sent
         shuffles, keys = self._lineage.lose_worker(wid)
-        for other in self._workers:   # fetches from it fail at once rather than time out
-            self._sock.send_multipart([other, b"LOST", pickle.dumps([info["blocks"]]),
-                                       pickle.dumps([info["pages"]] if info.get("pages") else [])])
+        self._pool.tell_lost(rec)
         out = self._sched.handle(WorkerLostEvent(wid, reason))
-        self._replace(wid)
+        self._pool.replace(wid)
         if self.recover and self._current is not None:
             t = self._loss_trouble(wid, reason, running, shuffles, keys)
             # giving up outranks retrying: with no worker left, a retry would wait start_timeout for nothing
             if t is not None and (self._trouble is None or isinstance(t, errors.WorkerLost)):
                 self._trouble = t
         return out
-
-    def _replace(self, wid):
-        """A local worker lost gets a replacement (``replace_workers``); a
-        remote one leaves its place to the next worker that joins."""
-        if wid in self._remote:
-            self._remote_open += 1
-        elif self.replace_workers and not self._closed:
-            self._spawn_worker()
 
     def _loss_trouble(self, wid, reason, running, shuffles, keys):
         """What losing ``wid`` means for the running attempt: None (its
@@ -903,11 +583,11 @@ class Stages:
         for key in running:
             if key[0] == asid and key[1] not in job.results:   # (not a copy that lost the race anyway)
                 job.losses[key[1]] += 1
-                self._totals["tasks_rerun"] += 1
+                self._accounts.totals["tasks_rerun"] += 1
                 if job.losses[key[1]] >= self.max_attempts:
                     return errors.WorkerLost(f"partition {key[1]} of stage {job.version} was lost with its worker "
                                              f"{job.losses[key[1]]} times (last: worker {wid.decode()}: {reason})")
-        if not self._workers and not self._expected and not self.replace_workers:
+        if not self._pool.workers and not self._pool.expected and not self.replace_workers:
             return errors.WorkerLost(f"no live workers (worker {wid.decode()} lost: {reason})")
         read_shuffles, read_cache = job.reads
         outputs_lost = job.kind == "map" and any(w == wid for w in job.results.values())
@@ -928,40 +608,21 @@ class Stages:
             drops.append(prefix)
             self._lineage.forget(*prefix)
         if drops:
-            for wid in self._workers:
-                self._sock.send_multipart([wid, b"DROP", pickle.dumps(drops)])
+            self._pool.send_all(b"DROP", pickle.dumps(drops))
 
     def _drop_cache(self, cid):
         """``unpersist``: the workers drop the copies; lineage keeps the
         versions they were made at for re-runs of the stages so far."""
-        if self._closed or not self._started:
+        if self.closed:
             return
         self._lineage.unpersist(cid, until=region.stage_current() + 1)
-        for wid in self._workers:
-            self._sock.send_multipart([wid, b"DROP", pickle.dumps([("cache", cid)])])
+        self._pool.send_all(b"DROP", pickle.dumps([("cache", cid)]))
 
     def _drop_restored(self):
         """The action ended: the copies restored for its re-runs go."""
         keys = self._lineage.drop_restored()
-        if keys and not self._closed:
-            for wid in self._workers:
-                self._sock.send_multipart([wid, b"DROP", pickle.dumps(keys)])
-
-
-def _kill_and_reap(pid, wait=1.0):
-    """SIGKILL a worker and reap it (a zombie otherwise until close()).
-    Bounded: a process stuck in the kernel is reaped by close() instead.
-    True once it is reaped (or was already)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + wait
-        while not os.waitpid(pid, os.WNOHANG)[0]:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.002)
-    except (ProcessLookupError, ChildProcessError):
-        pass
-    return True
+        if keys and not self.closed:
+            self._pool.send_all(b"DROP", pickle.dumps(keys))
 
 
 def _cached_ids(node):
@@ -972,20 +633,3 @@ def _cached_ids(node):
             out.add(c.id)
         stack.extend(c.deps)
     return out
-
-
-def _sources(node):
-    """Parallel sources reachable from ``node`` within its stage (not across
-    a shuffle), whose per-partition data travels with each task."""
-    out, stack, seen = [], [node], set()
-    while stack:
-        c = stack.pop()
-        if c.id in seen:
-            continue
-        seen.add(c.id)
-        if isinstance(c, Parallel):
-            out.append(c)
-        if not isinstance(c, Shuffled):
-            stack.extend(c.deps)
-    return out
-

@@ -1,22 +1,21 @@
-"""A worker that joins a Cluster: ``clamor worker tcp://HOST:PORT``.
+"""The worker core, and a worker that joins a Cluster: ``clamor worker tcp://HOST:PORT``.
 
 The same as ``python -m clamor.worker``; a Cluster with
 ``start_method="spawn"`` starts its local workers so.
 
-It joins the Cluster at ENDPOINT and then speaks the same protocol as a
-forked worker (clamor/runtime/executor.py, docs/wire.md).  Joining is one
-exchange on a connection of its own:
+The worker core is what every worker not forked from its driver does to
+join, a Cluster's and a Dask worker (clamor/dask/_worker.py) alike: it
+says JOIN (``join_body``), attaches the region by the WELCOME
+(``attach``), says LEAVE if it will not stay (``leave_body``), and
+watches the driver (``driver_check``).  The schema is written once, in
+docs/wire.md#joining; the driver's side is clamor/runtime/driver.py.
 
-    worker -> driver   JOIN json{"pid", "pidns"}
-    driver -> worker   WELCOME json{"wid", "pages", "pid", "pidns", "images", "base", "map"}
-                       REFUSED json{"reason"}
-
-``wid`` is the identity the driver gives this worker; ``pages`` the
-driver's page server; ``map`` (unless the cluster fetches) what a worker
-on the driver's host needs to map the driver's pages instead
-(clamor/memory/samehost.py).  The worker attaches the region through it (mapped
-at the driver's address unless ``--base`` says otherwise), opens its
-control socket under ``wid`` and says HELLO, as a forked worker does.
+A Cluster's worker joins at ENDPOINT on a connection of its own, attaches
+the region (mapped at the driver's address unless ``--base`` says
+otherwise, or the driver's pages mapped where they lie on its host:
+clamor/memory/samehost.py), opens its control socket under the WELCOME's
+``wid`` and says HELLO: from there on it speaks the same protocol as a
+forked worker (clamor/runtime/executor.py, docs/wire.md).
 
 Such a worker has the driver's pages but not the driver's process image,
 so a Python object built under ``clamor.heap()`` cannot be used in place
@@ -24,7 +23,7 @@ here (its type pointers name the driver's memory): a task that reads one
 fails with NotShareable.  Arrays in the region travel by reference and work.
 
 The worker lives as long as the driver: a spawned one dies with it at once
-(clamor/runtime/_liveness.py), one started by hand exits once the driver's
+(clamor/runtime/liveness.py), one started by hand exits once the driver's
 process is gone (same PID namespace) or its connection is (elsewhere).
 """
 import argparse
@@ -46,7 +45,7 @@ from .. import errors
 from ..memory import region
 from ..memory import images, portable, samehost
 from . import security, serialize
-from ._liveness import adopt_driver_path, pid_alive, pid_namespace, shares_pids, watch_lifeline
+from .liveness import adopt_driver_path, pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
 
@@ -89,8 +88,7 @@ def _ask_to_join(ctx, driver, timeout, sec, base=None):
         _connect(sock, driver)
         # (the hash seed and the region's address say whether this worker can
         # relocate the driver's region objects: clamor/memory/portable.py)
-        sock.send_multipart([b"JOIN", json.dumps({"pid": os.getpid(), "pidns": pid_namespace(),
-                                                  "hash": portable.hash_digest(), "base": base}).encode()])
+        sock.send_multipart([b"JOIN", join_body(base)])
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
@@ -143,6 +141,53 @@ def _ask_to_join(ctx, driver, timeout, sec, base=None):
     return body
 
 
+def join_body(base=None):
+    """A JOIN's body (docs/wire.md#joining): this process's pid, PID
+    namespace and str hash digest, and the region base it was told to use
+    (None: the driver's).  (The hash seed and the base say whether it can
+    relocate the driver's region objects: clamor/memory/portable.py.)"""
+    return json.dumps({"pid": os.getpid(), "pidns": pid_namespace(), "hash": portable.hash_digest(),
+                       "base": base}).encode()
+
+
+def leave_body(reason, wid=None, pages=None):
+    """A LEAVE's body: this worker leaves (it will not join after all, or
+    it detaches), and why; ``pages``: its page server, which the driver
+    forgets."""
+    return json.dumps({"wid": wid, "reason": reason, "pages": pages}).encode()
+
+
+def attach(welcome, sec, serve_endpoint, base=None, fetch_reason=None):
+    """The worker core's attaching, after a WELCOME: this process's
+    pager and page server (at ``serve_endpoint``) take the cluster's keys,
+    every page comes with its relocations, the region is mapped (at
+    ``base``, default the driver's) with every page absent, and clamor's
+    fault handler goes first.  A worker on the driver's host maps the
+    driver's pages where they lie if the WELCOME says how; otherwise it
+    fetches them (``fetch_reason``: why).  Returns its page server's
+    endpoint."""
+    sec.core()   # the pager and this worker's page server: before they open a socket
+    portable.enable()   # every page fetched comes with its relocations
+    served = region.connect(welcome["pages"], base=base, serve_endpoint=serve_endpoint)
+    region.ensure_handler_first()
+    if welcome.get("map"):
+        if not samehost.attach(welcome["map"]):
+            log.info("fetching the driver's pages: %s", samehost.status()["reason"])
+    else:
+        samehost.decline(fetch_reason)
+    return served
+
+
+def driver_check(welcome):
+    """A callable that tells whether the driver that sent ``welcome`` is
+    alive, by its pid, where this process can see it (the same PID
+    namespace); else None: its connection tells (clamor/runtime/liveness.py)."""
+    if not shares_pids(welcome.get("pidns")):
+        return None
+    pid = int(welcome["pid"])
+    return lambda: pid_alive(pid)
+
+
 def advertised_address(driver):
     """The address of this host that the driver's host reaches it by: the
     local end of the route to the driver (nothing is sent)."""
@@ -175,7 +220,7 @@ def _check_images(sock, frames, driver):
     reason = f"{len(bad)} of its images differ from the driver's: " + "; ".join(bad[:5]) + \
         ("; ..." if len(bad) > 5 else "")
     sock.linger = 1000              # closing it waits (up to a second) for the LEAVE to leave
-    sock.send_multipart([b"LEAVE", json.dumps({"wid": body.get("wid"), "reason": reason}).encode()])
+    sock.send_multipart([b"LEAVE", leave_body(reason, wid=body.get("wid"))])
     raise errors.WorkerRefused(f"this worker cannot join the cluster at {driver}: {reason}")
 
 
@@ -186,8 +231,8 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
     cluster's (default CLAMOR_SECRET).  ``advertise``: the address peers
     reach this worker by (default: this host's address towards the driver);
     its page and block servers listen there, on ``page_port`` and
-    ``block_port`` (default: any; ``ports``, "LO-HI": the first free ones
-    of that range).  ``slots``: tasks it holds at once
+    ``block_port`` (default: any; ``ports``, "LO-HI" or (lo, hi) as a
+    Cluster's ``worker_ports``: the first free ones of that range).  ``slots``: tasks it holds at once
     (default: the cluster's).  A bad endpoint, time-out or secret raises
     ConfigError, a driver that does not answer TransportError, one that
     says no or refuses the secret WorkerRefused."""
@@ -204,35 +249,28 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
     host = advertise or advertised_address(driver)
     if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
         raise errors.ConfigError(f"slots must be a positive int, not {slots!r}")
+    if ports is not None and not isinstance(ports, str) or isinstance(ports, str) and "-" in ports:
+        from .options import port_range    # (a Cluster's worker_ports, (lo, hi), is taken too)
+        lo, hi = port_range(ports, "ports", text=True)
+        ports = f"{lo}-{hi}"
     if region.role() is not None:
         raise errors.RegionError("this process has a region already; a worker that joins maps the driver's")
     ctx = zmq.Context()
     try:
         welcome = _ask_to_join(ctx, driver, timeout, sec, base)
-        sec.core()   # the pager and this worker's page server: before they open a socket
-        portable.enable()   # every page fetched comes with its relocations
-        region.connect(welcome["pages"], base=base, serve_endpoint=f"tcp://{host}:{page_port or ports or '*'}")
-        region.ensure_handler_first()
-        # On the driver's host, map its pages where they lie rather than fetch them.
-        if welcome.get("map"):
-            if not samehost.attach(welcome["map"]):
-                log.info("fetching the driver's pages: %s", samehost.status()["reason"])
-        else:
-            samehost.decline("the cluster was made with same_host='fetch'")
+        attach(welcome, sec, f"tcp://{host}:{page_port or ports or '*'}", base=base,
+               fetch_reason="the cluster was made with same_host='fetch'")
         serialize.objects_in_place(region.base() == welcome.get("base"))
         # What this interpreter made to start goes to the collector's
         # permanent generation: the full collections before a page changes
         # (executor._release_region_objects) then walk the tasks' objects only.
         gc.collect()
         gc.freeze()
-        driver_pid = int(welcome["pid"])
         blocks = f"tcp://{host}:{block_port or ports or '*'}"
-        if shares_pids(welcome.get("pidns")):
+        alive = driver_check(welcome)
+        if alive is not None:
             rt = Runtime(driver, welcome["wid"].encode(), sec, blocks=blocks, slots=slots)
-
-            def alive():
-                return pid_alive(driver_pid)
-        else:   # the connection tells (clamor/runtime/_liveness.py)
+        else:   # the connection tells (clamor/runtime/liveness.py)
             rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout, blocks=blocks, slots=slots)
             alive = rt.link
         rt.loop(alive)
