@@ -29,16 +29,24 @@ def clean_env(extra=None):
     return env
 
 
-def run_py(code, env=None, timeout=120, check=False):
-    """Run ``code`` in a fresh interpreter; returns the CompletedProcess, its
-    output captured as text.  faulthandler is off unless ``env`` sets it."""
+def run_py(code, env=None, timeout=120, check=False, args=()):
+    """Run ``code`` in a fresh interpreter, with ``args`` in its sys.argv;
+    returns the CompletedProcess, its output captured as text.  faulthandler
+    is off unless ``env`` sets it."""
     full_env = {**os.environ, "PYTHONFAULTHANDLER": "", **(env or {})}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=full_env, capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
     if check and proc.returncode != 0:
-        raise AssertionError(f"scenario failed with {proc.returncode}\nstdout:\n{proc.stdout}\n"
-                             f"stderr:\n{proc.stderr}")
+        raise AssertionError(f"scenario failed with {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+                             f"stderr:\n{proc.stderr[-6000:]}")
     return proc
+
+
+def run_script(code, env=None, timeout=120, args=()):
+    """``run_py`` that must exit 0: returns the JSON of the script's last
+    stdout line and its stderr."""
+    p = run_py(code, env=env, timeout=timeout, check=True, args=args)
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
 
 def run_json(code, env=None, timeout=60):
@@ -50,8 +58,13 @@ def run_json(code, env=None, timeout=60):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+# What every driver script starts with (scenario prepends it; a test that
+# runs a script another way puts it first itself): the modules scripts use,
+# clamor and its region, and attempt(f) -> ["ok", value] or [exception
+# class, message, is a ClamorError].  A file's own imports or sys.path
+# entries follow it in the script.
 PRELUDE = """
-import json, os, signal, socket, threading, time
+import json, os, signal, socket, subprocess, sys, threading, time
 import numpy as np
 import clamor
 from clamor import region

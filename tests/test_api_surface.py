@@ -10,18 +10,10 @@ import numpy as np
 import pytest
 
 import clamor
-from helpers import shared_library
+from helpers import PRELUDE, shared_library
 from clamor import region
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-DRIVER = """
-import json, os, socket, subprocess, sys
-import numpy as np
-import clamor
-from clamor import region
-"""
-
 
 def test_heap_helpers_are_reached_through_clamor_heap():
     assert clamor.heap.suspended is sys.modules["clamor.memory.hooks"].suspended
@@ -61,7 +53,7 @@ def test_prefetch_outside_the_region_names_the_range_on_the_driver():
 
 
 def test_cluster_takes_a_worker_started_elsewhere(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1000.0))
 cl = clamor.Cluster(workers=0, remote=1, progress=False)
 cmd = cl.join_command()                 # before start: the control socket is open
@@ -101,7 +93,7 @@ void *make(void *m, size_t n) { char *p = ((malloc_fn)m)(n); if (p) memset(p, 5,
 void drop(void *f, void *p) { ((free_fn)f)(p); }
 """, include=clamor.get_include())
     assert os.path.exists(os.path.join(clamor.get_include(), "clamor.h"))
-    p = py(DRIVER + f"""
+    p = py(PRELUDE + f"""
 import ctypes
 api = clamor.c_api()
 u = ctypes.CDLL("{lib}")

@@ -3,11 +3,7 @@ in its own calling convention; clamor's handler is put back in front before
 a task runs."""
 import signal
 
-DRIVER = """
-import numpy as np
-import clamor
-from clamor import region
-"""
+from helpers import PRELUDE
 
 NULL_DEREF = "import ctypes; ctypes.string_at(0)"
 
@@ -40,7 +36,7 @@ region.init(); region.ensure_handler_first()
 
 
 def test_faulthandler_enabled_after_clamor_is_chained_and_clamor_stays_first(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 import faulthandler
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 with clamor.Cluster(workers=1, progress=False) as cl:

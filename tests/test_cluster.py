@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 
 import clamor
-from helpers import gone, wait_gone
+from helpers import PRELUDE, ROOT, gone, run_script, wait_gone
 from clamor import region
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIB = 1024
 
 
@@ -70,14 +69,6 @@ def last_stage(cl):
 
 def env():
     return {**os.environ, "PYTHONFAULTHANDLER": ""}
-
-
-def run_json(code, timeout=60):
-    """Run ``code`` in a fresh interpreter; its last stdout line is JSON."""
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env(), capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT)
-    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
-    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
 
 # ---- task errors -----------------------------------------------------------------
@@ -176,7 +167,7 @@ def test_driver_write_between_stages_is_seen(cl, arrays):
 
 
 def test_read_ahead_stops():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, time, numpy as np, clamor
         a = clamor.array(np.arange(1 << 20, dtype="f8"))   # 8 MiB, read sequentially
         pad = clamor.alloc(256 << 20)                      # allocated, never read
@@ -185,7 +176,7 @@ def test_read_ahead_stops():
             time.sleep(1.0)
             print(json.dumps({"served": cl.stats()["driver"]["bytes_served"],
                               "readahead": clamor.configure()["readahead"]}))
-        """)
+        """, timeout=60)
     assert out["served"] <= (8 << 20) + 2 * out["readahead"] + (1 << 20)
 
 
@@ -281,7 +272,7 @@ def test_bad_arguments_are_config_errors(cl, tmp_path):
 
 def test_cluster_start_logs_at_info():
     # in its own process: this module's cluster is open, and a process runs one at a time
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, logging, clamor
         seen = []
         class Keep(logging.Handler):
@@ -293,7 +284,7 @@ def test_cluster_start_logs_at_info():
         with clamor.Cluster(workers=1, progress=False) as c:
             total = c.range(3).sum()
         print(json.dumps({"total": total, "info": [m for lvl, m in seen if lvl == logging.INFO]}))
-        """)
+        """, timeout=60)
     assert out["total"] == 3
     assert out["info"] and "1 workers" in out["info"][0]
 
@@ -311,7 +302,7 @@ def test_one_open_cluster_per_process(cl):
 # ---- life cycle (subprocesses) --------------------------------------------------------
 
 def test_close_leaves_no_child_process():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, psutil, clamor
         me = psutil.Process()
         with clamor.Cluster(workers=3, progress=False) as cl:
@@ -322,7 +313,7 @@ def test_close_leaves_no_child_process():
         after = [p.pid for p in me.children(recursive=True)]
         print(json.dumps({"pids": pids, "during": during, "after": after, "total": total,
                           "alive": [p for p in pids if psutil.pid_exists(p)]}))
-        """)
+        """, timeout=60)
     assert len(out["pids"]) == 3 and out["during"] == out["pids"]
     assert out["total"] == 45
     assert out["after"] == [] and out["alive"] == []
@@ -341,7 +332,7 @@ def test_cluster_left_open_is_closed_at_exit():
 
 
 def test_without_recovery_a_worker_killed_during_a_task_raises_worker_lost():
-    out, err = run_json("""
+    out, err = run_script("""
         import json, logging, os, signal, threading, time, clamor
         logging.basicConfig(level=logging.WARNING)
         with clamor.Cluster(workers=2, progress=False, recover=False, replace_workers=False) as cl:
@@ -365,7 +356,7 @@ def test_without_recovery_a_worker_killed_during_a_task_raises_worker_lost():
             cl.close(timeout=0.5)          # the survivor is still in its task: killed after 0.5 s
             closing = time.monotonic() - t0
         print(json.dumps({"res": res, "pids": pids, "closing": closing}))
-        """)
+        """, timeout=60)
     kind, msg, waited = out["res"]
     assert kind == "WorkerLost", msg
     assert waited < 3.0
@@ -376,7 +367,7 @@ def test_without_recovery_a_worker_killed_during_a_task_raises_worker_lost():
 
 
 def test_without_recovery_after_losing_an_idle_worker_the_survivors_carry_on():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, time, clamor
         with clamor.Cluster(workers=2, progress=False, recover=False, replace_workers=False) as cl:
             assert cl.range(10).sum() == 45
@@ -390,14 +381,13 @@ def test_without_recovery_after_losing_an_idle_worker_the_survivors_carry_on():
             again = cl.range(8, partitions=8).sum()
             workers = cl.stats()["workers"]
         print(json.dumps({"first": first, "again": again, "workers": workers}))
-        """)
+        """, timeout=60)
     assert out["first"] in (28, "WorkerLost")    # it may notice the loss before or during that stage
     assert out["again"] == 28
     assert out["workers"] == 1
 
 
-DRIVER = """
-import json, sys, time, clamor
+DRIVER = PRELUDE + """
 cl = clamor.Cluster(workers=2, progress=False).start()
 print(json.dumps(cl.worker_pids), flush=True)
 if sys.argv[1] == "busy":

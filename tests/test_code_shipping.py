@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 
+from helpers import PRELUDE
 from nethosts import require_hosts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,9 +46,8 @@ class Rec:
 """
 
 DRIVER = """
-import importlib, json, os, subprocess, sys
+import importlib
 sys.path.insert(0, {tests!r})
-import clamor
 import helper, pkg
 
 mode = sys.argv[1]
@@ -99,7 +99,7 @@ def script_dir(tmp_path):
     (tmp_path / "pkg" / "__init__.py").write_text("from . import sub\nfrom .sub import g\n")
     (tmp_path / "pkg" / "sub.py").write_text("def g(x):\n    return x + 100\n\ndef h(x):\n    return -x\n")
     (tmp_path / "later.py").write_text("def k(x):\n    return x ** 2\n")
-    (tmp_path / "drive.py").write_text(DRIVER.format(tests=HERE, edited=EDITED))
+    (tmp_path / "drive.py").write_text(PRELUDE + DRIVER.format(tests=HERE, edited=EDITED))
     return tmp_path
 
 

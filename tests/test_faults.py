@@ -6,25 +6,21 @@ hand, and calls functions on them with ``Cluster.run``.
 """
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from helpers import PRELUDE
 
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host); those about the fetch itself, fetch only.
 pytestmark = pytest.mark.usefixtures("same_host")
 
-DRIVER = """
-import json, os, sys, threading
-import numpy as np
-import clamor
-from clamor import region
-"""
-
 
 def test_random_reads_on_worker_equal_driver_values(py, same_host):
-    p = py(DRIVER + """
-a = clamor.array(np.random.default_rng(0).standard_normal(1 << 25))   # 256 MiB
-idx = np.random.default_rng(1).integers(0, a.size, 20000)
+    p = py(PRELUDE + """
+a = clamor.array(np.random.default_rng(0).standard_normal(1 << 22))   # 32 MiB: 512 pages
+idx = np.random.default_rng(1).integers(0, a.size, 2500)               # ~5 a page: ~1 page in 130 unread
 with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation=False) as cl:
     def f(r, idx):
         x = r.get()
@@ -45,7 +41,7 @@ print(json.dumps(st))
 
 @pytest.mark.fetch_path
 def test_many_threads_fault_one_page_fetch_it_once(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 a = clamor.array(np.arange(1 << 22, dtype=np.int64))   # 32 MiB, 512 pages
 with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     def f(r):
@@ -80,7 +76,7 @@ assert many == 32, f"{many} pages fetched for 32 distinct pages"
 
 
 def test_numpy_and_scipy_loops_holding_the_gil_fault_fine(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 a = clamor.array(np.random.default_rng(2).random((2000, 500)))
 with clamor.Cluster(workers=1, progress=False) as cl:
     def f(r):
@@ -93,7 +89,7 @@ assert s == float(a.sum()) and np.array_equal(m, a.mean(axis=0)) and n == float(
 
 @pytest.mark.fetch_path
 def test_sequential_scan_uses_read_ahead(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1 << 24, dtype=np.float64))   # 128 MiB, 2048 pages
 with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     def f(r, ra):
@@ -121,7 +117,7 @@ def test_region_pages_start_absent_in_forked_worker_and_driver_writes_stay_out(p
     # the page it holds and in one it fetches after the write (a page
     # request is answered as its stage sees the page).  The next stage
     # drops the changed pages on the worker and sees the write.
-    py(DRIVER + f"""
+    py(PRELUDE + f"""
 import time
 a = clamor.array(np.zeros(1 << 20))        # 8 MiB
 a[:] = 1.0
@@ -165,7 +161,7 @@ with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
 
 @pytest.mark.fetch_path
 def test_worker_page_server_serves_held_pages_to_peers(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 import zmq, struct
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 ps = region.page_size()
@@ -195,7 +191,7 @@ with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation
 
 
 def test_ipc_transport(py, tmp_path):
-    py(DRIVER + f"""
+    py(PRELUDE + f"""
 region.init()
 ep = region.serve("ipc://{tmp_path}/pages")
 a = clamor.array(np.arange(100000, dtype=np.int32))
@@ -206,7 +202,7 @@ with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:
 
 
 def test_unallocated_page_is_a_clear_fatal_error(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1000.0))
 with clamor.Cluster(workers=1, progress=False, replace_workers=False) as cl:
     def wild():
@@ -224,7 +220,7 @@ with clamor.Cluster(workers=1, progress=False, replace_workers=False) as cl:
 
 @pytest.mark.fetch_path
 def test_driver_gone_ends_in_a_fatal_error_not_a_hang(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 import subprocess, time
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 r = clamor.ref(a)
@@ -267,7 +263,7 @@ os.kill(os.getpid(), 9)
 
 
 def test_local_spawned_worker_dies_with_its_driver(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1000.0))
 cl = clamor.Cluster(workers=1, start_method="spawn", progress=False).start()
 print("WORKER", cl.worker_pids[0], flush=True)
@@ -293,7 +289,7 @@ os.kill(os.getpid(), 9)
 # worker asked for (RELOCS: a list of (word, target, value) per reply).
 # With SPARSE (a function of the pages' first index and count) set, a GET
 # that takes sparse data gets the frame SPARSE returns, flagged sparse.
-FAKE_SERVER = DRIVER + """
+FAKE_SERVER = PRELUDE + """
 import struct, zmq
 SPARSE = globals().get("SPARSE")
 from clamor.runtime.security import Guard, Security
@@ -390,7 +386,7 @@ def test_sparse_replies_expand_to_their_pages_and_a_malformed_one_is_fatal(py):
     expand to exactly its pages (the words it names, zeros elsewhere); a
     malformed one, of every kind, must end in the malformed-reply fatal
     error, never in pages opened with what it could make of it."""
-    p = py("RELOCS = []\n" + DRIVER + "import struct\nps = 1 << 16\n" + SPARSE_FRAMES +
+    p = py("RELOCS = []\n" + PRELUDE + "import struct\nps = 1 << 16\n" + SPARSE_FRAMES +
            "SPARSE = pattern\n" + FAKE_SERVER + """
 def words(r, pages):
     clamor.configure(readahead=0)
@@ -406,10 +402,10 @@ with cl:
 stop.set(); t.join()
 """, timeout=90)
     assert "SPARSE OK" in p.stdout, p.stdout + p.stderr
-    for kind in ("overlapping runs", "runs out of order", "a run past the pages", "a truncated run",
-                 "a run of no words", "longer than half the pages"):
-        p = py("RELOCS = []\n" + DRIVER + "import struct\nps = 1 << 16\n" + SPARSE_FRAMES +
-               f"SPARSE = BAD[{kind!r}]\n" + FAKE_SERVER + """
+
+    def malformed(kind):
+        return kind, py("RELOCS = []\n" + PRELUDE + "import struct\nps = 1 << 16\n" + SPARSE_FRAMES +
+                        f"SPARSE = BAD[{kind!r}]\n" + FAKE_SERVER + """
 with cl:
     try:
         cl.run(read, clamor.ref(a), [2])
@@ -418,6 +414,11 @@ with cl:
         print("LOST", e, flush=True)
 stop.set(); t.join()
 """, timeout=90)
+    kinds = ("overlapping runs", "runs out of order", "a run past the pages", "a truncated run",
+             "a run of no words", "longer than half the pages")
+    with ThreadPoolExecutor(3) as pool:          # each a driver, a fake server and a worker of its own
+        runs = list(pool.map(malformed, kinds))
+    for kind, p in runs:
         assert "LOST" in p.stdout and "READ A MALFORMED" not in p.stdout, (kind, p.stdout + p.stderr)
         assert "malformed reply from the page server" in p.stderr, (kind, p.stderr)
 
@@ -447,7 +448,7 @@ def test_a_region_block_grown_on_a_worker_becomes_a_private_copy(py):
     reallocated on the worker, which keeps a private copy.  Only the driver
     knows the old block's size; the copy must not read past it into pages
     the driver never allocated (that killed the worker)."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 n = 200000
 with clamor.Cluster(workers=1, progress=False, recover=False) as cl:
     with clamor.heap():
@@ -468,7 +469,7 @@ print(json.dumps({"got": got, "driver_len": len(L)}))
 def test_a_failed_fetch_is_tried_again_by_the_next_access(py):
     """A prefetch that timed out left its pages in the error state for good:
     the next prefetch failed at once and a plain touch ended the worker."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1 << 25, dtype=np.int64))      # 256 MiB
 with clamor.Cluster(workers=1, progress=False) as cl:
     def f(r):

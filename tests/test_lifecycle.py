@@ -19,23 +19,14 @@ import psutil
 import pytest
 
 import clamor
-from helpers import gone, wait_gone
+from helpers import PRELUDE, ROOT, gone, run_script, wait_gone
 from clamor.runtime import liveness
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "a secret of the right length"   # for a worker that must get past the secret to the error at hand
 
 
 def env(**extra):
     return {**os.environ, "PYTHONFAULTHANDLER": "", **extra}
-
-
-def run_json(code, timeout=120, args=()):
-    """Run ``code`` in a fresh interpreter; its last stdout line is JSON."""
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env(), capture_output=True,
-                       text=True, timeout=timeout, cwd=ROOT)
-    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
-    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
 
 def start(code, *args, **kw):
@@ -67,7 +58,7 @@ def refused(port):
 # ---- workers live as long as the driver process ---------------------------------------
 
 def test_workers_outlive_the_threads_that_forked_them():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import concurrent.futures, json, os, signal, threading, time, clamor
         box = {}
         th = threading.Thread(target=lambda: box.setdefault("cl", clamor.Cluster(workers=2, progress=False).start()))
@@ -104,8 +95,7 @@ def test_workers_outlive_the_threads_that_forked_them():
     assert out["victim"] not in out["pids"] and len(out["pids"]) == 2
 
 
-CLUSTER_DRIVER = """
-import json, sys, threading, time, clamor
+CLUSTER_DRIVER = PRELUDE + """
 box = {}
 def start():
     box["cl"] = clamor.Cluster(workers=2, start_method=sys.argv[2], progress=False).start()
@@ -244,7 +234,7 @@ def pidns_scenario():
     another stopped during one (silent, its connection open), the third
     still live.  Each loss is timed, and its reason read from the driver's
     log."""
-    out, _ = run_json(NS_WORKER + """
+    out, _ = run_script(NS_WORKER + """
 import logging, signal, threading, time, psutil, clamor
 reasons = []
 class Losses(logging.Handler):
@@ -333,7 +323,7 @@ time.sleep(60)
 
 @needs_pidns
 def test_a_worker_in_another_pid_namespace_stopped_by_close_exits_quietly():
-    out, err = run_json(NS_WORKER + """
+    out, err = run_script(NS_WORKER + """
 import time, clamor
 cl = clamor.Cluster(workers=0, remote=1, progress=False)
 w = ns_worker(cl)
@@ -350,7 +340,7 @@ print(json.dumps({"served": served, "code": code, "took": time.monotonic() - t0}
 # ---- reaping, finalizing, closing -----------------------------------------------------
 
 def test_a_worker_lost_to_the_heartbeat_timeout_is_reaped_at_once():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, time, psutil, clamor
         with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=3, speculation=False) as cl:
             assert cl.range(4).sum() == 6
@@ -370,7 +360,7 @@ def test_a_worker_lost_to_the_heartbeat_timeout_is_reaped_at_once():
 
 
 def test_a_cluster_dropped_without_close_stops_its_workers():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import gc, json, time, weakref, psutil, clamor
         def make():
             cl = clamor.Cluster(workers=2, progress=False).start()
@@ -418,7 +408,7 @@ def test_stop_goes_ahead_of_tasks_queued_on_a_worker(how):
     # The protocol itself: three TASKs and a STOP wait together in the
     # worker's queue (it is stopped while they arrive).  It must exit without
     # running any (each would be answered FAIL: their stage is unknown).
-    out, _ = run_json(CLUSTER_OF + textwrap.dedent("""
+    out, _ = run_script(CLUSTER_OF + textwrap.dedent("""
         import json, os, pickle, signal, time
         cl, procs = cluster_of(sys.argv[1], 1)
         with cl:
@@ -449,7 +439,7 @@ def test_stop_goes_ahead_of_tasks_queued_on_a_worker(how):
 
 @pytest.mark.parametrize("how", HOW)
 def test_close_after_ctrl_c_does_not_wait_for_queued_tasks(tmp_path, how):
-    out, _ = run_json(CLUSTER_OF + textwrap.dedent("""
+    out, _ = run_script(CLUSTER_OF + textwrap.dedent("""
         import json, os, signal, threading, time
         TMP = sys.argv[2]
         def task(x):
@@ -500,7 +490,7 @@ def test_a_worker_the_cluster_does_not_expect_is_refused_with_a_one_line_message
     # Every place is taken (the cluster's forked worker, or its one remote
     # worker, has joined): a worker started by hand is refused when an action
     # reads its JOIN, exits non-zero, and the cluster runs on as it was.
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, subprocess, sys, time, clamor
         remote = int(sys.argv[1])
         cl = clamor.Cluster(workers=1 - remote, remote=remote, progress=False)
@@ -559,7 +549,7 @@ def test_bad_lifecycle_settings_are_config_errors(kw):
 # ---- the runtime stays out of heap() blocks ------------------------------------------------
 
 def test_a_cluster_started_and_closed_inside_a_heap_block():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, numpy as np, clamor
         with clamor.heap():
             cl = clamor.Cluster(workers=1, progress=False).start()

@@ -1,11 +1,7 @@
 """Random access to 100,000+ distinct pages stays under vm.max_map_count."""
 import pytest
-DRIVER = """
-import json, threading
-import numpy as np
-import clamor
-from clamor import region
-"""
+
+from helpers import PRELUDE
 
 
 @pytest.mark.usefixtures("same_host")
@@ -13,7 +9,7 @@ from clamor import region
 def test_100k_random_pages_do_not_exhaust_mappings(py):
     """Fetched pages: each opened in the middle of closed ones splits the
     mapping (workers that map the driver's pages: test_samehost.py)."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 region.init(size=4 << 30, page_size=4096)
 a = clamor.array(np.arange(1 << 27, dtype=np.int64))     # 1 GiB = 262144 pages of 4 KiB
 pages = np.random.default_rng(3).permutation(a.size // 512)[:110000]

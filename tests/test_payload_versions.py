@@ -7,7 +7,7 @@ address (off a free list that holds region objects which died outside a
 block) is another object to the workers: it goes by value.  The object
 below is a library's, whose ``__reduce__`` drops an entry of a cache it
 keeps in the region and then returns a dict it makes there and then."""
-from helpers import run_driver
+from helpers import PRELUDE, run_driver
 
 MODULE = '''
 made = []
@@ -28,10 +28,8 @@ class Box:
 '''
 
 DRIVER = """
-import json, sys
 sys.path.insert(0, {path!r})
-import clamor, reducemod
-from clamor import region
+import reducemod
 
 with clamor.heap():
     values = tuple("value-%d-" % i + "x" * 30 for i in range(7))
@@ -54,7 +52,7 @@ print(json.dumps({{"results": out, "errors": errors, "lost": lost, "pops": 60 - 
 
 def _run(tmp_path, start, env=None):
     (tmp_path / "reducemod.py").write_text(MODULE)
-    return run_driver(DRIVER.format(path=str(tmp_path), start=start), timeout=240, env=env)
+    return run_driver(PRELUDE + DRIVER.format(path=str(tmp_path), start=start), timeout=240, env=env)
 
 
 def test_a_dict_a_reduce_makes_after_the_begin_is_read_as_the_driver_made_it(tmp_path):

@@ -11,12 +11,9 @@ worker names the pages it touches from the addresses it reads, so
 import json
 import textwrap
 
-DRIVER = """
-import json, time
-import numpy as np
-import clamor
-from clamor import region
+from helpers import PRELUDE
 
+DRIVER = """
 a = clamor.array(np.arange(1 << 24, dtype=np.int64))    # 128 MiB: 2048 pages of 64 KiB
 with clamor.Cluster(workers=1, start_method="spawn", same_host="fetch", progress=False, speculation=False) as cl:
     def f(r):
@@ -35,7 +32,7 @@ print(json.dumps({{"touched": touched, "stats": st}}))
 
 
 def scenario(py, body, check):
-    code = DRIVER.format(body=textwrap.indent(textwrap.dedent(body), " " * 8), check=textwrap.dedent(check))
+    code = PRELUDE + DRIVER.format(body=textwrap.indent(textwrap.dedent(body), " " * 8), check=textwrap.dedent(check))
     p = py(code, check=True, timeout=180)
     out = json.loads(p.stdout.strip().splitlines()[-1])
     return out["touched"], out["stats"]

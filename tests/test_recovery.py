@@ -7,36 +7,13 @@ a global, shuffles and joins; every run must give exactly the result of a
 run without failure (the expected values are computed in the driver with
 plain Python, at the version each stage must read).
 """
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import gone, run_script
 
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host); those about serving peers, fetch only.
 pytestmark = pytest.mark.usefixtures("same_host")
-
-
-def run_json(code, timeout=240, env=None, args=()):
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONFAULTHANDLER": "", **(env or {})})
-    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
-    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
-
-
-def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:     # a zombie not reaped by its (gone) parent is gone too
-        return f.read().split(")")[1].split()[0] == "Z"
-
 
 SEEDED = """
 import json, os, random, signal, sys, threading, time
@@ -131,10 +108,7 @@ print(json.dumps(out))
 def test_workers_killed_at_random_moments_give_the_exact_result(same_host):
     # ten seeds, five in each mode (each mode with all ten took 45 s of the suite)
     seeds = {"map": "1,2,3,4,5", "fetch": "6,7,8,9,10"}[same_host]
-    p = subprocess.run([sys.executable, "-c", SEEDED, seeds], capture_output=True, text=True, timeout=400,
-                       cwd=ROOT, env={**os.environ, "PYTHONFAULTHANDLER": ""})
-    assert p.returncode == 0, p.stderr[-6000:]
-    runs = json.loads(p.stdout.strip().splitlines()[-1])
+    runs, _ = run_script(SEEDED, timeout=400, args=[seeds])
     assert len(runs) == len(seeds.split(","))
     for r in runs:
         assert r["ok"], r
@@ -148,7 +122,7 @@ def test_lost_cached_partitions_are_recomputed_at_their_own_version():
     """The paper's point: lineage includes the page versions read.  The
     cached partitions were made before the update, so their re-run must read
     the old bytes, while a new stage reads the new ones."""
-    out, err = run_json("""
+    out, err = run_script("""
         import json, logging, os, signal, time
         import numpy as np
         import clamor
@@ -181,7 +155,7 @@ def test_lost_cached_partitions_are_recomputed_at_their_own_version():
             rec = cl.stats()["recovery"]
         print(json.dumps({"first": first, "again": again, "fresh": fresh, "rec": rec, "made_at": made_at,
                           "again_at": again_at, "lost": held.count(victim), "reruns": reruns.seen}))
-        """)
+        """, timeout=240)
     assert out["first"] == 600 * 7
     assert out["again"] == 600 * 7, out
     assert out["fresh"] == 600 * 1000
@@ -198,7 +172,7 @@ def test_a_worker_killed_while_serving_pages_to_peers():
     """Every worker reads the same hot pages, so with replication the driver
     redirects requests to holders; one holder dies mid-stage.  Requests to it
     fall back to the driver and its tasks run again elsewhere."""
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, threading, time
         import numpy as np
         import clamor
@@ -225,7 +199,7 @@ def test_a_worker_killed_while_serving_pages_to_peers():
         exp = [float(sum((hot[(j + i) % hot.size]) for j in range(0, hot.size, 8192))) for i in range(16)]
         print(json.dumps({"ok": got == exp, "redirects": st["replication"]["redirects"],
                           "lost": st["recovery"]["workers_lost"], "rerun": st["recovery"]["tasks_rerun"]}))
-        """)
+        """, timeout=240)
     assert out["ok"], out
     assert out["lost"] == 1
     assert out["redirects"] > 0                          # peers were serving pages
@@ -233,7 +207,7 @@ def test_a_worker_killed_while_serving_pages_to_peers():
 
 
 def test_replacement_workers_join_and_take_tasks():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, time, clamor
         with clamor.Cluster(workers=2, progress=False) as cl:
             before = cl.worker_pids
@@ -255,7 +229,7 @@ def test_replacement_workers_join_and_take_tasks():
             rec = cl.stats()["recovery"]
         print(json.dumps({"before": before, "after": after, "ran_on": ran_on, "ran_again": ran_again,
                           "sum": sum(x for x, _ in total), "sum2": sum(x for x, _ in again), "rec": rec}))
-        """)
+        """, timeout=240)
     assert out["sum"] == out["sum2"] == sum(range(200))
     assert out["before"][0] not in out["after"] and len(out["after"]) == 2
     assert out["rec"]["workers_lost"] == 1 and out["rec"]["workers_replaced"] == 1
@@ -266,7 +240,7 @@ def test_replacement_workers_join_and_take_tasks():
 
 
 def test_a_replacement_killed_before_it_joins_is_noticed_and_replaced():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, time, clamor
         with clamor.Cluster(workers=2, progress=False) as cl:
             first = cl.worker_pids
@@ -284,7 +258,7 @@ def test_a_replacement_killed_before_it_joins_is_noticed_and_replaced():
             rec = cl.stats()["recovery"]
         print(json.dumps({"first": first, "starting": starting, "after": after, "ran_on": ran_on,
                           "sum": sum(x for x, _ in total), "rec": rec}))
-        """)
+        """, timeout=240)
     assert out["sum"] == sum(range(200))
     assert len(out["starting"]) == 1
     assert out["rec"]["workers_lost"] == 2 and out["rec"]["workers_replaced"] == 2, out
@@ -297,7 +271,7 @@ def test_a_replacement_gets_its_share_of_an_iterative_job():
     # Partitions keep to the worker that ran them last (its pages are warm),
     # but no worker is preferred for more than its share: after a loss the
     # survivor ran every partition, and the replacement must not stay idle.
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, time, clamor
         def where(it):
             time.sleep(0.2)
@@ -316,7 +290,7 @@ def test_a_replacement_gets_its_share_of_an_iterative_job():
             rounds = [data.map_partitions(where).collect() for _ in range(3)]
             pids = cl.worker_pids
         print(json.dumps({"first": first, "lost": lost, "rounds": rounds, "victim": victim, "pids": pids}))
-        """)
+        """, timeout=240)
     total = sum(range(1000))
     assert sum(s for s, _ in out["lost"]) == total
     assert {p for _, p in out["lost"]} == {p for p in {p for _, p in out["first"]} if p != out["victim"]}
@@ -327,7 +301,7 @@ def test_a_replacement_gets_its_share_of_an_iterative_job():
 
 
 def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, time, clamor
         # One task a worker: a task that shared the dying worker would be
         # lost with it too, and could reach max_attempts first.
@@ -343,7 +317,7 @@ def test_a_task_that_kills_its_worker_every_time_fails_after_max_attempts():
             rec = cl.stats()["recovery"]
             pids = cl.worker_pids
         print(json.dumps({"res": res, "took": took, "after": ok_after, "rec": rec, "pids": pids}))
-        """)
+        """, timeout=240)
     assert "partition 4" in out["res"] and "3 times" in out["res"], out
     assert out["rec"]["workers_lost"] == 3
     assert out["after"] == 45
@@ -355,7 +329,7 @@ def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work(tmp_path):
     # it resumes, the report (which frees a slot on that worker) and the loss
     # are handled in one batch of events: the Run decided for the freed slot
     # must not go to the lost worker.
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, subprocess, sys, threading, time, clamor
         DRIVER = os.getpid()
         FLAG = os.path.join(sys.argv[1], "once")
@@ -376,7 +350,7 @@ def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work(tmp_path):
             again = cl.range(10).sum()
         flag = os.path.exists(FLAG)
         print(json.dumps({"got": got, "rec": rec, "again": again, "flag": flag}))
-        """, args=[str(tmp_path)])
+        """, args=[str(tmp_path)], timeout=240)
     assert out["flag"]
     assert out["got"] == list(range(8)), out
     assert out["rec"]["workers_lost"] == 1, out
@@ -384,7 +358,7 @@ def test_a_worker_lost_right_after_it_reports_is_not_sent_more_work(tmp_path):
 
 
 def test_without_replacements_losing_the_last_worker_raises():
-    out, _ = run_json("""
+    out, _ = run_script("""
         import json, os, signal, threading, time, clamor
         with clamor.Cluster(workers=1, progress=False, replace_workers=False) as cl:
             victim = cl.worker_pids[0]
@@ -397,7 +371,7 @@ def test_without_replacements_losing_the_last_worker_raises():
                 res = str(e)
             took = time.monotonic() - t0
         print(json.dumps({"res": res, "took": took}))
-        """)
+        """, timeout=240)
     assert "no live workers" in out["res"]
     assert out["took"] < 5
 
@@ -445,7 +419,7 @@ print(json.dumps({"base": base, "spec": spec, "nospec": nospec, "copies": rec_on
 
 
 def test_speculation_rescues_a_stage_from_a_straggler():
-    out, _ = run_json(STRAGGLER)
+    out, _ = run_script(STRAGGLER, timeout=240)
     assert out["copies"] >= 1 and out["copies_off"] == 0, out
     assert out["spec"] <= 2.0 * out["base"], out         # the issue's bound
     assert out["nospec"] >= 1.5 * out["spec"], out        # and measurably slower without it

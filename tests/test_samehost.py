@@ -11,13 +11,7 @@ import json
 
 import pytest
 
-DRIVER = """
-import json, os, sys, threading, time
-import numpy as np
-import clamor
-from clamor import region
-from clamor.memory import samehost
-"""
+from helpers import PRELUDE
 
 
 def test_a_driver_write_while_a_stage_runs_is_not_seen_by_it(py, tmp_path):
@@ -25,7 +19,7 @@ def test_a_driver_write_while_a_stage_runs_is_not_seen_by_it(py, tmp_path):
     # not touched yet while the task waits, and the task reads both again:
     # the old bytes, from the location it mapped and from the version the
     # driver kept.  The next stage sees the writes.  Spawned and forked.
-    p = py(DRIVER + f"""
+    p = py(PRELUDE + f"""
 flags = {str(tmp_path)!r}
 def wait_for(name):
     deadline = time.monotonic() + 60
@@ -70,7 +64,7 @@ print(json.dumps(out))
 
 
 def test_a_workers_private_write_never_reaches_the_driver_or_another_worker(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))   # 8 MiB
 with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
     w0, w1 = cl.worker_pids
@@ -99,7 +93,7 @@ print(json.dumps({"mine": mine, "seen": seen, "driver": driver, "w0": w0}))
 
 
 def test_many_threads_faulting_one_page_map_it_once(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 a = clamor.array(np.arange(1 << 22, dtype=np.int64))   # 32 MiB, 512 pages
 with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     def f(r):
@@ -128,7 +122,7 @@ def test_many_stages_of_sparse_updates_free_old_versions_and_bound_mappings(py):
     # bounded number of versions, and the mappings of the driver and of the
     # workers stay bounded (pages move between their home and their twin,
     # and a group moves together).
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 def maps(pid="self"):
     with open(f"/proc/{pid}/maps") as f:
         return sum(1 for _ in f)
@@ -174,7 +168,7 @@ def test_the_mapping_budget_holds_with_pages_at_scattered_locations(py):
     # worker reading it all maps one run per page; with a budget of 64
     # mappings the worker copies old runs into its own memory and closes
     # them (eviction), and still reads exactly.
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1 << 21, dtype=np.int64))   # 16 MiB, 256 pages
 with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
     cl.range(1, partitions=1).map(lambda _: 0).collect()  # stages begin: writes from now on move pages
@@ -195,7 +189,7 @@ print(json.dumps({"got": got, "want": int(a.sum())}))
 
 
 def test_forced_fetch_and_a_bad_mode(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 try:
     clamor.Cluster(workers=1, same_host="shared")
@@ -225,7 +219,8 @@ print(json.dumps({"bad": bad, "s": s, "mapped": st["pages_mapped"], "fetched": s
 def test_a_worker_that_cannot_map_says_why_and_fetches(py, offer, why):
     # The offer names a process and a descriptor: a wrong one is refused with
     # its reason, and the worker reads through its page server as before.
-    p = py(DRIVER + f"""
+    p = py(PRELUDE + f"""
+from clamor.memory import samehost
 offer = {offer!r}
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 region.serve()
@@ -265,7 +260,7 @@ def test_the_driver_moves_pages_back_home_to_bound_its_own_mappings(py, cached):
     # and every stage still reads exactly.  A collection cached at the first
     # stage keeps that stage's versions, at the pages' homes: those move to
     # the pool once no worker maps them, and the pages still go home.
-    p = py(DRIVER + f"""
+    p = py(PRELUDE + f"""
 cached = {cached!r}
 def maps():
     with open("/proc/self/maps") as f:
@@ -305,7 +300,8 @@ def test_a_task_of_an_older_stage_keeps_reading_its_stage_after_pages_move_home(
     # running at stage 2 (a straggler, a lineage re-run).  The driver then
     # writes the page twice, with stage 2 kept: the task must read its
     # stage's bytes all along, through its mapping and after a fetch.
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
+from clamor.memory import samehost
 import struct
 region.ensure(); region.serve()
 samehost.share(True)                # children forked from now on map the driver's pages

@@ -12,15 +12,13 @@ import time
 import pytest
 import zmq
 
-from helpers import ROOT
+from helpers import PRELUDE, ROOT
 
 MAGIC = 0x524D4C43
 HDR = struct.Struct("<IBBHIIQII")
 GET, PAGES, ERROR, HELLO, HELLO_REPLY = 1, 2, 3, 4, 5
 
-DRIVER = """
-import sys, numpy as np, clamor
-from clamor import region
+DRIVER = PRELUDE + """
 region.init(size=1 << 30)
 a = clamor.array(np.arange(1 << 17, dtype=np.float64))   # 1 MiB, pages 0..16
 ep = region.serve()

@@ -6,17 +6,13 @@ buffer lies in a 4 MiB window of its own, so none is mapped by an earlier
 case's fault."""
 import pytest
 
-pytestmark = pytest.mark.usefixtures("same_host")
+from helpers import PRELUDE
 
-DRIVER = """
-import os
-import numpy as np
-import clamor
-"""
+pytestmark = pytest.mark.usefixtures("same_host")
 
 
 def test_syscalls_into_and_from_region_memory(py, tmp_path):
-    py(DRIVER + f"""
+    py(PRELUDE + f"""
 import errno, socket
 tmp = "{tmp_path}"
 a = clamor.array(np.arange(1 << 22, dtype=np.float64))      # 32 MiB, 8 windows of 4 MiB
@@ -73,7 +69,7 @@ assert out["write"] and out["readinto"] and out["recv"] and out["fromfile"], out
 
 
 def test_prefetch_rejects_memory_outside_the_region(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 import errno
 a = clamor.array(np.arange(10.0))
 with clamor.Cluster(workers=1, progress=False) as cl:

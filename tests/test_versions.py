@@ -4,23 +4,18 @@ import json
 import numpy as np
 import pytest
 
+from helpers import PRELUDE
+
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host).
 pytestmark = pytest.mark.usefixtures("same_host")
-
-DRIVER = """
-import json, os, sys, threading, time
-import numpy as np
-import clamor
-from clamor import region
-sys.path.insert(0, "tests")
-"""
 
 
 def test_listing3_kdtree_update_between_stages(py):
     """The paper's Listing 3: query a k-d tree, update it in place, query
     again, zip both results and take the argmin; equal to one process."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
+sys.path.insert(0, "tests")
 from kdtree_region import KDTree
 rng = np.random.default_rng(7)
 pts = rng.random((4000, 2)) * 100
@@ -56,7 +51,7 @@ print(json.dumps({"nearer_after_update": sum(expect), "queries": len(expect),
 
 
 def test_one_page_update_refetches_only_that_page(py):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.arange(1 << 21, dtype=np.float64))     # 16 MiB, 256 pages of 64 KiB
 ps = region.page_size()
 with clamor.Cluster(workers=1, progress=False) as cl:
@@ -80,7 +75,7 @@ assert st2["pages_invalidated"] == 1
 
 
 def test_write_back_of_identical_bytes_invalidates_nothing(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 with clamor.Cluster(workers=1, progress=False) as cl:
     f = lambda _: (float(a.sum()), clamor.stats()["pages_fetched"])
@@ -95,7 +90,7 @@ assert st["pages_unchanged"] >= 1 and st["pages_logged"] >= 1
 
 
 def test_driver_write_during_a_running_stage_does_not_leak(py):
-    py(DRIVER + """
+    py(PRELUDE + """
 a = clamor.array(np.zeros(1 << 20))               # 8 MiB
 with clamor.Cluster(workers=2, progress=False) as cl:
     def late_read(i):
@@ -114,7 +109,7 @@ with clamor.Cluster(workers=2, progress=False) as cl:
 
 
 def test_versions_are_dropped_and_shown_in_stats(py, same_host):
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 a = clamor.array(np.zeros(1 << 20))               # 128 pages
 with clamor.Cluster(workers=1, progress=False) as cl:
     cl.range(2).count()
@@ -147,7 +142,7 @@ assert final == 0, final
 def test_invalidated_pages_give_memory_back_on_the_worker(py, keep):
     # A fetching worker keeps the copies of changed pages it held, for diffs,
     # up to diff_keep bytes (CLAMOR_DIFF_KEEP): the rest goes back.
-    py(f"KEEP = {keep}\n" + DRIVER + """
+    py(f"KEEP = {keep}\n" + PRELUDE + """
 a = clamor.array(np.ones(1 << 23))                 # 64 MiB
 def shmem(pid):
     for line in open(f"/proc/{pid}/status"):
@@ -169,7 +164,7 @@ def test_driver_syscalls_into_write_protected_region(py, tmp_path, write_protect
     # Under userfaultfd a read(2) into a protected page waits while the page's
     # version is logged; under mprotect it gets EFAULT, and clamor.readinto
     # opens the pages first.  Either way the next stage reads the new bytes.
-    py(DRIVER + f"""
+    py(PRELUDE + f"""
 import errno
 with open("{tmp_path}/d.bin", "wb") as f:
     f.write(np.arange(8192, dtype=np.float64).tobytes())
@@ -200,7 +195,7 @@ def test_a_skipped_task_still_drops_the_pages_it_carried(py, tmp_path):
     next stage; Y's task there is copied to another worker, which wins, and
     Y skips it unrun.  Y must still drop the changed pages, or it reads the
     old values in every later stage."""
-    p = py(DRIVER + f"""
+    p = py(PRELUDE + f"""
 N = 1 << 20
 a = clamor.array(np.zeros(N))
 mark = {str(tmp_path / "mark")!r}
@@ -236,7 +231,7 @@ def test_driver_writes_racing_with_stage_starts_all_reach_the_workers(py):
     just after the start closed it), and workers kept the old page for good.
     The race is timing-dependent: several rounds make it likely to show
     (five in each mode, workers that map and workers that fetch)."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 N = 1 << 20
 a = clamor.array(np.zeros(N))
 bad = []
@@ -271,7 +266,7 @@ def test_a_losing_copy_reads_its_own_stage_after_the_next_one_began(py, tmp_path
     is kept while the copy runs (it was collected at the next stage start,
     and the worker died on the fault).  An array nobody changed reads fine
     at any old stage."""
-    p = py(DRIVER + f"""
+    p = py(PRELUDE + f"""
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 b = clamor.array(np.arange(1 << 20, dtype=np.float64))
 c = clamor.array(np.arange(1 << 20, dtype=np.float64))
@@ -319,7 +314,7 @@ def test_read_ahead_left_in_flight_for_pages_changed_before_the_next_task(py):
     version is gone); the next task, waiting on them, must get the new
     bytes by asking again, not die (a 200 MB/s page server keeps the
     requests in flight long enough)."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 RA = 64
 clamor.configure(readahead=RA << 20)
 a = clamor.array(np.ones(1 << 23, dtype=np.float64))
@@ -351,7 +346,7 @@ def test_a_freed_span_reused_for_zeros_is_not_read_stale(py):
     zero at once, with no write fault.  A zero-filled array allocated there
     next (zeros writes zeros; calloc of punched pages writes nothing) must
     not leave workers with the freed array's bytes."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 N = 1 << 18
 out = {}
 with clamor.Cluster(workers=1, progress=False) as cl:
@@ -385,7 +380,7 @@ def test_invalidating_every_other_page_keeps_within_the_mapping_budget(py):
     changes every other page.  Dropping them one by one split the run into
     more mappings than vm.max_map_count allows (65530), and the worker
     died."""
-    p = py(DRIVER + """
+    p = py(PRELUDE + """
 region.init(size=2 << 30, page_size=4096)
 NP = 81920
 a = clamor.array(np.arange(NP * 512, dtype=np.int64))
