@@ -127,10 +127,9 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import _peers  # noqa: E402
-import leftovers  # noqa: E402
+from clamor.testing import leftovers  # noqa: E402
 from _peers import PeerMissing  # noqa: E402
 
 HOST_ENV = "CLAMOR_BENCH_HOST"        # a worker process's host index
@@ -190,7 +189,7 @@ def hosts_or_none(n, rate):
     (``nethosts.Hosts``), or None (``rate`` None: one host)."""
     if rate is None:
         return contextlib.nullcontext(None)
-    import nethosts
+    from clamor.testing import nethosts
     return nethosts.Hosts(n, rate=rate)
 
 
@@ -671,7 +670,7 @@ def _selftest_run(system, n, rate, mib):
 
     import numpy as np
 
-    import nethosts
+    from clamor.testing import nethosts
 
     out = {"system": system, "hosts": n, "rate": rate, "mib": mib}
     with nethosts.Hosts(n, rate=rate) as hosts:
@@ -722,7 +721,7 @@ def _selftest_run(system, n, rate, mib):
 
 
 def _selftest(args):
-    import nethosts
+    from clamor.testing import nethosts
 
     ok, reason = nethosts.available()
     if not ok:

@@ -87,11 +87,8 @@ def descendants(exclude=()):
 
 
 def _leftovers():
-    """tests/leftovers.py: the names in /dev/shm that killed processes leave."""
-    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
-    if tests not in sys.path:
-        sys.path.append(tests)
-    import leftovers
+    """clamor.testing.leftovers: the names in /dev/shm that killed processes leave."""
+    from clamor.testing import leftovers
 
     return leftovers
 

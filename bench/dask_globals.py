@@ -105,7 +105,6 @@ import numpy as np
 import scipy.spatial  # before any clamor.heap() block: a first import inside one puts it in the region
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from _common import MIB, die_with_parent, human, json_line, parse_size
 
@@ -358,7 +357,7 @@ class NoLinks:
 def start_netns(args, tmp, secret, stack):
     """Scheduler in the root namespace, one dask worker per namespace host.
     Returns (client, hosts, root address, link counter)."""
-    import nethosts
+    from clamor.testing import nethosts
     from dask.distributed import Client
 
     hosts = stack.enter_context(nethosts.Hosts(args.workers, rate=args.rate))
@@ -472,7 +471,7 @@ def main(argv=None):
     netns = not (args.local or (q and not args.netns))
     why_local = "--quick" if q and not args.netns else "--local" if args.local else None
     if netns:
-        import nethosts
+        from clamor.testing import nethosts
         ok, reason = nethosts.available()
         if not ok:
             netns, why_local = False, f"no network namespaces here ({reason})"

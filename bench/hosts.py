@@ -92,7 +92,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from _common import (
     GIB,
@@ -121,7 +120,7 @@ HOST_ENV = "CLAMOR_BENCH_HOST"      # a worker's host index, for the tasks to re
 # ---- the orchestrator (root namespace): hosts, workers, TCP ------------------------------
 
 def orchestrate(args, argv):
-    import nethosts
+    from clamor.testing import nethosts
 
     ok, reason = nethosts.available()
     if not ok:

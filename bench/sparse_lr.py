@@ -592,8 +592,7 @@ def main(argv=None):
     wbytes = 8 << bits
     netns = (args.netns or not (args.quick or sm)) and not args.local
     if netns:
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-        import nethosts
+        from clamor.testing import nethosts
         ok, why = nethosts.available()
         if not ok:
             raise SystemExit(f"sparse_lr: namespace hosts cannot be made here ({why}); --local runs on one host")

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from nethosts import require_hosts
+from clamor.testing.nethosts import require_hosts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
