@@ -106,7 +106,8 @@ import scipy.spatial  # before any clamor.heap() block: a first import inside on
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from _common import MIB, die_with_parent, human, json_line, parse_size
+from _common import MIB, die_with_parent, human, parse_size
+from _harness import json_line
 
 GRID = 1024          # cells a side
 CELL_KM = 4.0        # a cell's side

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-from _common import json_line
+from _harness import json_line
 
 CHILD = r"""
 import errno, json, os, pickle, sys, time

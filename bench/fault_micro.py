@@ -26,7 +26,8 @@ import os
 import subprocess
 import sys
 
-from _common import ROOT, c_compiler, last_json_line
+from _common import ROOT, c_compiler
+from _harness import last_json_line
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")

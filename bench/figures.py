@@ -670,7 +670,7 @@ def smoke(pl, records, args):
     import tempfile
 
     sys.path.insert(0, HERE)
-    from _common import json_line
+    from _harness import json_line
 
     check(pl)
     try:

@@ -48,13 +48,13 @@ queries up to six ways (``--systems``, default all; clamor always runs):
              ``ray.put((tree, records))`` once, one remote task per partition
              taking its reference, ``ray.get`` in order.
 
-The peers (spark, dask, ray: _geo_peers.py) each run in a subprocess of
+The peers (spark, dask, ray: py) each run in a subprocess of
 their own (``--run SYSTEM``), one after another, once clamor's workers and
 the other baselines' processes are gone; they broadcast the very (tree,
 records) the broadcast baseline pickles (read back from that pickle, so
 plain copies of the region's).  After each, anything the subprocess left
 running is killed by pid and named.  Every system is started through one
-function, ``_geo_peers.start(system, cfg)``.  A peer that cannot run (no
+function, ``start(system, cfg)``.  A peer that cannot run (no
 Java, not installed, failed) is reported as null with the reason.
 
 Records stay in the file's order (grouped by country, not by place), so a
@@ -105,6 +105,7 @@ figures they come from.
 """
 import argparse
 import functools
+import json
 import os
 import pickle
 import shutil
@@ -117,11 +118,15 @@ import time
 
 import numpy as np
 
-import _geo_peers
-from _common import Spawned, bounds, die_with_parent, json_line, parse_size, smoke_systems
+import _harness
+from _common import MIB, Spawned, bounds, die_with_parent, parse_size
+from _harness import json_line, smoke_systems
 from clamor.demo import geo
 
-SYSTEMS = ("clamor", "broadcast", "redis") + _geo_peers.PEERS
+PEERS = ("spark", "dask", "ray")
+WARM_RECORDS = 256   # records of the peers' warm-up tree
+WARM_QUERIES = 8     # queries of each warm-up partition
+SYSTEMS = ("clamor", "broadcast", "redis") + PEERS
 
 # ---- a small RESP client ------------------------------------------------------------
 
@@ -359,6 +364,150 @@ def mib(n):
     return f"{n / 2**20:10,.1f} MiB"
 
 
+# ---- the peers: Spark, Dask and Ray, each in a subprocess (--run SYSTEM) ------------------
+
+def config(args, pickled_bytes):
+    """What ``start`` and the subprocesses need, from geo.py's arguments:
+    Spark's memory defaults to what a broadcast of ``pickled_bytes`` needs
+    (executor heap 2 x it + 1 GiB; driver 4 x it, at least 2g: Spark's 1g
+    default cannot hold a 1 GiB broadcast)."""
+    return {"workers": args.workers, "partitions": 4 * args.workers, "page_size": args.page_size,
+            "netns": args.netns, "rate": args.rate if args.netns else None,
+            "spark_executor_mb": args.spark_executor_mb or (2 * pickled_bytes // MIB + 1024),
+            "spark_driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * pickled_bytes // (1 << 30)))}g"}
+
+
+def hosts_of(cfg):
+    """The namespace hosts for ``cfg`` (``--netns``), or None: a context manager."""
+    return _harness.hosts_for(cfg["workers"], cfg["rate"] if cfg.get("netns") else None)
+
+
+def start(system, cfg, hosts=None):
+    """``system`` with ``cfg["workers"]`` workers (one per host of ``hosts``), through the harness."""
+    return _harness.start(system, cfg["workers"], hosts, executor_mb=cfg["spark_executor_mb"],
+                          driver_memory=cfg["spark_driver_memory"], app="geo",
+                          spark_conf={"spark.ui.showConsoleProgress": "false"},   # no progress bars in the output
+                          page_size=cfg.get("page_size"), progress=None)
+
+
+def split(queries, p):
+    """The query partitions, cut as ``Cluster.parallelize`` cuts them."""
+    b = bounds(len(queries), p)
+    return [queries[b[i]:b[i + 1]] for i in range(p)]
+
+
+# ---- the jobs: (answers per partition, broadcast s, total s) --------------------------------
+
+def spark_job(sc, tree, records, parts):
+    t0 = time.perf_counter()
+    bc = sc.broadcast((tree, records))
+    t1 = time.perf_counter()
+
+    def answer(it):
+        tr, rec = bc.value
+        return [geo.answer(tr, rec, q) for q in it]
+
+    out = sc.parallelize(parts, len(parts)).mapPartitions(answer).collect()
+    t2 = time.perf_counter()
+    bc.destroy()
+    return out, t1 - t0, t2 - t0
+
+
+def dask_job(client, tree, records, parts):
+    t0 = time.perf_counter()
+    tf, rf = client.scatter([tree, records], broadcast=True)
+    t1 = time.perf_counter()
+    futs = [client.submit(geo.answer, tf, rf, q, pure=False) for q in parts]
+    out = client.gather(futs)
+    t2 = time.perf_counter()
+    client.cancel(futs + [tf, rf])
+    return out, t1 - t0, t2 - t0
+
+
+def ray_job(ray, tree, records, parts):
+    def answer(data, q):
+        return geo.answer(data[0], data[1], q)
+
+    task = ray.remote(answer)
+    t0 = time.perf_counter()
+    ref = ray.put((tree, records))
+    t1 = time.perf_counter()
+    out = ray.get([task.remote(ref, q) for q in parts])
+    t2 = time.perf_counter()
+    del ref
+    return out, t1 - t0, t2 - t0
+
+
+JOBS = {"spark": spark_job, "dask": dask_job, "ray": ray_job}
+
+
+def describe(system, h, ray_pids):
+    """What the peer runs on, after the warm-up: (one line, figures)."""
+    if system == "spark":
+        n = len(_harness.executor_pids(h))
+        return f"Spark {h.version}, {h.master}, {n} executor JVMs", {"version": h.version, "processes": n}
+    if system == "dask":
+        import distributed
+
+        n = len(h.scheduler_info()["workers"])
+        return f"Dask {distributed.__version__}, {n} workers", {"version": distributed.__version__, "processes": n}
+    n = len(ray_pids)
+    return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
+
+
+def run_peer(system, h, cfg, tree, records, queries, hosts=None):
+    """Warm-up, then the timed job: (answers, figures)."""
+    parts = split(queries, cfg["partitions"])
+    # Ray starts its workers lazily: have W of them before the warm-up
+    pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else None
+    small = np.ascontiguousarray(records[:WARM_RECORDS])
+    t0 = time.perf_counter()
+    JOBS[system](h, geo.build_tree(small), small, [q[:WARM_QUERIES] for q in parts])
+    warm_s = time.perf_counter() - t0
+    line, figures = describe(system, h, pids)
+    print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
+    links = _harness.LinkWindow(hosts)
+    out, bcast_s, total_s = JOBS[system](h, tree, records, parts)
+    figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
+    return geo.concat(out), figures
+
+
+# ---- one system per subprocess -----------------------------------------------------------------
+
+def write_data(d, blob, queries, cfg):
+    """The subprocesses' inputs in directory ``d``."""
+    with open(os.path.join(d, "data.pkl"), "wb") as f:
+        f.write(blob)
+    np.save(os.path.join(d, "queries.npy"), queries)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def child(system, d, out):
+    """``geo.py --run SYSTEM``: one peer over the data in ``d``; its figures
+    to ``out``, its answers beside it."""
+    die_with_parent()
+
+    def run():
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        with hosts_of(cfg) as hosts, start(system, cfg, hosts) as h:   # workers before the data, as in geo.py
+            with open(os.path.join(d, "data.pkl"), "rb") as f:
+                tree, records = pickle.load(f)
+            queries = np.load(os.path.join(d, "queries.npy"))
+            (ranked, top_km), figures = run_peer(system, h, cfg, tree, records, queries, hosts)
+        np.savez(os.path.join(d, f"answers-{system}.npz"), ranked=ranked, top_km=top_km)
+        return figures
+
+    return _harness.child_result(system, out, run)
+
+
+def load_answers(system, res, out):
+    with np.load(os.path.join(os.path.dirname(out), f"answers-{system}.npz")) as z:
+        res["answers"] = (z["ranked"], z["top_km"])
+
+
+
 # ---- main ------------------------------------------------------------------------------
 
 def local_systems(args, systems, d, clamor):
@@ -378,9 +527,9 @@ def local_systems(args, systems, d, clamor):
             bcast = Spawned(w, broadcast_worker)
         if args.readahead is not None:
             clamor.configure(readahead=args.readahead)  # the forked workers inherit it
-        cfg = _geo_peers.config(args, 0)
+        cfg = config(args, 0)
         P = cfg["partitions"]
-        with _geo_peers.hosts_of(cfg) as hosts, _geo_peers.start("clamor", cfg, hosts) as cl:
+        with hosts_of(cfg) as hosts, start("clamor", cfg, hosts) as cl:
             t0 = time.perf_counter()
             meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
             n = len(meta)
@@ -402,7 +551,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
-            links = _geo_peers._peerhosts.LinkWindow(hosts)
+            links = _harness.LinkWindow(hosts)
             t0 = time.perf_counter()
             parts = cl.parallelize(queries, partitions=P) \
                 .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
@@ -439,8 +588,8 @@ def local_systems(args, systems, d, clamor):
                 r["bad_bcast"] = geo.check_equal(r["ref"], r["got_bcast"])
                 bcast.close()
                 bcast = None
-            if any(s in systems for s in _geo_peers.PEERS):
-                _geo_peers.write_data(d, blob, queries, _geo_peers.config(args, len(blob)))
+            if any(s in systems for s in PEERS):
+                write_data(d, blob, queries, config(args, len(blob)))
             del blob
 
             # (c) Redis GEO
@@ -500,12 +649,12 @@ def main():
                     help="driver JVM heap (default: 4 x the pickled tree and records, >= 2g)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's subprocess may take")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--run", choices=_geo_peers.PEERS, help=argparse.SUPPRESS)
+    ap.add_argument("--run", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        return _geo_peers.child(args.run, args.data, args.out)
+        return child(args.run, args.data, args.out)
     if args.quick:
         args.dataset, args.scale = 5000, 1
         args.queries, args.redis_queries = min(args.queries, 200_000), min(args.redis_queries, 4_000)
@@ -538,17 +687,12 @@ def main():
         r = local_systems(args, systems, d, clamor)
         # The peers, each in a subprocess of its own, one after another, once
         # clamor's workers and the baselines' processes are gone.
-        peers = {}
-        with _geo_peers.reaping():
-            for s in (s for s in _geo_peers.PEERS if s in systems):
-                print(f"-- {s}", flush=True)
-                peers[s] = _geo_peers.run_system(s, d, os.path.abspath(__file__), args.timeout)
-                if "answers" in peers[s]:
-                    peers[s]["bad"] = geo.check_equal(r["got_clamor"], peers[s]["answers"])
-                else:
-                    print(f"  {s}: not run: {peers[s].get('missing') or peers[s].get('error')}", flush=True)
-                if peers[s].get("left_behind"):
-                    print(f"  {s} left behind, killed: {peers[s]['left_behind']}", flush=True)
+        peers = _harness.run_systems([s for s in PEERS if s in systems],
+                                     [sys.executable, os.path.abspath(__file__), "--data", d], d, args.timeout,
+                                     load=load_answers, preexec=False)
+        for p in peers.values():
+            if "answers" in p:
+                p["bad"] = geo.check_equal(r["got_clamor"], p["answers"])
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return report(args, systems, r, peers, time.perf_counter() - t_all)

@@ -93,20 +93,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-from _common import (
-    GIB,
-    MIB,
-    bounds,
-    compile_hotpages,
-    cpu_delta,
-    hot_lookup,
-    human,
-    json_line,
-    load_hotpages,
-    parse_size,
-    thread_cpu,
-    zipf_ranks,
-)
+from _common import (GIB, MIB, bounds, compile_hotpages, cpu_delta, hot_lookup, human, load_hotpages, parse_size,
+                     thread_cpu, zipf_ranks)
+from _harness import json_line
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)

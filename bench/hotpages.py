@@ -73,7 +73,8 @@ import time
 
 import numpy as np
 
-from _common import bounds, compile_hotpages, hot_lookup, json_line, load_hotpages, zipf_ranks
+from _common import bounds, compile_hotpages, hot_lookup, load_hotpages, zipf_ranks
+from _harness import json_line
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("off", "random", "two-choices")

@@ -118,8 +118,8 @@ import sys
 import time
 
 import _peers
-from _common import (MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, parse_size,
-                     partial_sums, smoke_systems, update)
+from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, parse_size, partial_sums, update
+from _harness import json_line, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from _common import json_line
+from _harness import json_line
 
 SRC = r"""
 #include <stdlib.h>

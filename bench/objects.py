@@ -52,7 +52,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":     # str keys hash alike on spawned
 # spawned workers import the classes by name, as a user's workers import their module
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
 
-from _common import json_line  # noqa: E402
+from _harness import json_line  # noqa: E402
 from _records import Plain, Rec  # noqa: E402
 
 SHAPES = ("dict_int", "dict_str", "list_plain", "list_dc")

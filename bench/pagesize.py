@@ -43,7 +43,8 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, json_line, last_json_line, parse_size
+from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, parse_size
+from _harness import json_line, last_json_line
 
 SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 2 * MIB, 4 * MIB]
 TIE = 0.10

@@ -58,7 +58,8 @@ import statistics
 import sys
 import time
 
-from _common import human, json_line, parse_size
+from _common import human, parse_size
+from _harness import json_line
 from clamor.demo import geo
 
 MODES = ("fork", "spawn")

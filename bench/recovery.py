@@ -36,7 +36,8 @@ import sys
 import threading
 import time
 
-from _common import MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, partial_sums, update
+from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, partial_sums, update
+from _harness import json_line
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402

@@ -45,7 +45,8 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, json_line, parse_size, thread_cpu
+from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, parse_size, thread_cpu
+from _harness import json_line
 
 
 # ---- loopback TCP baseline ------------------------------------------------------

@@ -114,7 +114,8 @@ import tempfile
 import time
 
 import _peerhosts
-from _common import die_with_parent, json_line, one_blas_thread, smoke_systems
+from _common import die_with_parent, one_blas_thread
+from _harness import json_line, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402

@@ -124,7 +124,8 @@ import time
 import numpy as np
 
 import _stream_peers
-from _common import Spawned, die_with_parent, json_line, smoke_systems, zipf_ranks
+from _common import Spawned, die_with_parent, zipf_ranks
+from _harness import json_line, smoke_systems
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1

@@ -36,7 +36,8 @@ import statistics
 import sys
 import time
 
-from _common import ensure_built, json_line
+from _common import ensure_built
+from _harness import json_line
 
 
 def noop(x):
