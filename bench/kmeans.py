@@ -111,21 +111,26 @@ system sends (about 1 KiB a task) are not counted.  A peer that cannot run
                            [--systems spark,dask] [--spark-executor-mb MB]
 """
 import argparse
+import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
-import _peers
-from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, parse_size, partial_sums, update
+import _harness
+from _common import (MIB, add, bounds, die_with_parent, ensure_built, make_points, one_blas_thread, parse_size,
+                     partial_sums, update)
 from _harness import json_line, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
 
-from _kmeans_peers import PEERS, run_peers  # noqa: E402  (imports numpy: after the line above)
-from _kmeans_peers import child as peer_child  # noqa: E402
+
+PEERS = ("spark", "dask")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ---- baseline: multiprocessing Pool over copy-on-write points --------------------
@@ -247,6 +252,195 @@ def peer_figures(s, r, cc, clamor_s, iters):
     return out
 
 
+# ---- the peers: Spark and Dask, each in a subprocess (--run SYSTEM) ----------------------
+
+# ---- the data directory -------------------------------------------------------------------
+
+def save_blocks(d, x, init, meta):
+    """The points as ``meta["partitions"]`` contiguous blocks, the initial
+    centroids and the run's parameters, in directory ``d``."""
+    b = bounds(len(x), meta["partitions"])
+    for i in range(meta["partitions"]):
+        np.save(os.path.join(d, f"block{i}.npy"), x[b[i]:b[i + 1]])
+    np.save(os.path.join(d, "init.npy"), init)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def load_block(d, i):
+    """Block i of the points (what the peers' workers run to load them)."""
+    return np.load(os.path.join(d, f"block{i}.npy"))
+
+
+def _meta(d):
+    with open(os.path.join(d, "meta.json")) as f:
+        return json.load(f)
+
+
+# ---- the iterations ------------------------------------------------------------------------
+
+def timed_partials(block, c, read_s=0.0):
+    """A task's answer: (partial sums and counts of ``block`` at centroids
+    ``c``, (seconds the task waited for its block, kernel seconds, the
+    kernel's CPU seconds, pid)).  Kernel seconds well above its CPU seconds
+    are time the task's thread waited for a core or the GIL."""
+    t, cpu = time.perf_counter(), time.thread_time()
+    out = partial_sums(block, c)
+    return out, (read_s, time.perf_counter() - t, time.thread_time() - cpu, os.getpid())
+
+
+def lloyd(step, init, iters, name):
+    """``iters`` iterations from ``init``; ``step(c)`` returns the
+    partitions' timed_partials in partition order.  Returns (centroids,
+    seconds per iteration, per iteration the longest read, kernel and
+    kernel CPU seconds of its tasks)."""
+    c, times, slow = init, [], []
+    for it in range(iters):
+        t = time.perf_counter()
+        res = step(c)
+        acc = res[0][0]
+        for r in res[1:]:
+            acc = add(acc, r[0])
+        c = update(c, *acc)
+        times.append(time.perf_counter() - t)
+        read, kernel, cpu = (max(r[1][j] for r in res) for j in range(3))
+        slow.append((read, kernel, cpu))
+        print(f"  {name:>5} iteration {it}: {times[-1]:7.3f} s (longest read {read:.3f} s, kernel {kernel:.3f} s, "
+              f"kernel CPU {cpu:.3f} s; {len({r[1][3] for r in res})} worker processes)", flush=True)
+    return c, times, slow
+
+
+def _rounds(step, init, meta, name, between=None):
+    """``meta["reps"]`` rounds of lloyd, each from the initial centroids;
+    ``between()`` (if given) is called after each round and its value kept."""
+    rounds = []
+    for _ in range(meta["reps"]):
+        c, times, slow = lloyd(step, init, meta["iters"], name)
+        rounds.append({"times": times, "slow": slow, "after": between() if between else None})
+    return c, rounds
+
+
+# ---- Spark ------------------------------------------------------------------------------------
+
+def _block_facts(block):
+    """The untimed warm-up's answer: the worker's pid, BLAS threads,
+    interpreter and numpy, and the block's rows."""
+    return os.getpid(), os.environ.get("OPENBLAS_NUM_THREADS"), sys.executable, np.__version__, len(block)
+
+
+def _say_facts(facts):
+    return (f"Python worker processes {sorted({f[0] for f in facts})}, BLAS threads {sorted({str(f[1]) for f in facts})}, "
+            f"{sorted({f[2] for f in facts})} with numpy {sorted({f[3] for f in facts})}")
+
+
+def run_spark(d, meta, init):
+    P, W = meta["partitions"], meta["workers"]
+    with _harness.start("spark", W, executor_mb=meta["spark_executor_mb"], app="kmeans") as sc:
+        sc.addPyFile(os.path.join(HERE, "_common.py"))   # what the tasks import, shipped the documented way
+        rdd = sc.parallelize(range(P), P).map(lambda i: load_block(d, i)).cache()
+        facts = rdd.map(_block_facts).collect()   # untimed: loads and caches the blocks, starts the Python workers
+        info = [r for r in sc._jsc.sc().getRDDStorageInfo() if r.id() == rdd.id()]
+        cached = info[0].numCachedPartitions() if info else 0
+        if cached != P:
+            raise RuntimeError(f"Spark cached {cached} of {P} blocks (it would reload the rest every iteration): "
+                               f"raise --spark-executor-mb")
+        mem = int(info[0].memSize())
+        execs = _harness.executor_pids(sc)
+        print(f"  spark: {sc.version}, master {sc.master}, {len(execs)} executor JVMs; {_say_facts(facts)}; "
+              f"{P} blocks cached ({mem / (1 << 20):.0f} MiB in the executors' memory)", flush=True)
+
+        def step(c):
+            def task(it):
+                t = time.perf_counter()
+                blocks = list(it)   # the cached block: the executor JVM writes it to this Python worker, unpickled here
+                read = time.perf_counter() - t
+                return [timed_partials(b, c, read) for b in blocks]
+            return rdd.mapPartitions(task).collect()
+
+        c, rounds = _rounds(step, init, meta, "spark")
+        extra = {"version": sc.version, "master": sc.master, "executor_processes": len(execs),
+                 "python_workers": len({f[0] for f in facts}), "cached_bytes": mem,
+                 # every iteration reads every cached block through the JVM -> Python socket
+                 "bytes": mem * meta["iters"]}
+    return c, rounds, extra
+
+
+# ---- Dask --------------------------------------------------------------------------------------
+
+def _incoming(client):
+    """Bytes the workers have received from one another so far (their transfer logs)."""
+    got = client.run(lambda dask_worker: sum(e["total"] for e in dask_worker.transfer_incoming_log))
+    return int(sum(got.values()))
+
+
+def run_dask(d, meta, init):
+    P, W = meta["partitions"], meta["workers"]
+    with _harness.start("dask", W) as client:
+        import distributed
+
+        parts = client.map(load_block, [d] * P, range(P), pure=False)
+        facts = client.gather([client.submit(_block_facts, f, pure=False) for f in parts])   # untimed
+        holders = {w for v in client.who_has(parts).values() for w in v}
+        print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
+              f"blocks on {len(holders)} of them; {_say_facts(facts)}", flush=True)
+
+        def step(c):
+            return client.gather([client.submit(timed_partials, f, c, pure=False) for f in parts])
+
+        before = [_incoming(client)]
+
+        def moved():
+            now = _incoming(client)
+            out, before[0] = now - before[0], now
+            return out
+
+        c, rounds = _rounds(step, init, meta, "dask", moved)
+        copies = sum(len(v) for v in client.who_has(parts).values())
+        if copies > P or any(r["after"] for r in rounds):
+            # Once more than 2 x threads tasks of one group are alive (this
+            # loop's, released but not yet forgotten), the scheduler takes
+            # them for root-ish and places them without regard to their block.
+            print(f"  dask: the workers copied blocks between them ({[r['after'] for r in rounds]} bytes a round; "
+                  f"{copies} copies of {P} blocks at the end): tasks placed as root-ish, away from their block",
+                  flush=True)
+        extra = {"version": distributed.__version__, "block_holders": len(holders), "block_copies": copies,
+                 "python_workers": len({f[0] for f in facts}), "bytes": rounds[-1]["after"]}
+    return c, rounds, extra
+
+
+RUNNERS = {"spark": run_spark, "dask": run_dask}
+
+
+# ---- the subprocess and the driver's side of it -------------------------------------------------
+
+def peer_child(system, d, out):
+    """``kmeans.py --run SYSTEM``: run one peer over the blocks in ``d``;
+    write its figures to ``out`` (JSON) and its centroids beside it, or the
+    reason it could not run."""
+    die_with_parent()
+
+    def run():
+        c, rounds, extra = RUNNERS[system](d, _meta(d), np.load(os.path.join(d, "init.npy")))
+        np.save(out + ".c.npy", c)
+        return {"rounds": rounds, "extra": extra}
+
+    return _harness.child_result(system, out, run)
+
+
+def run_peers(systems, x, init, meta, timeout):
+    """Each of ``systems`` over the points ``x`` from ``init``, in a
+    subprocess of its own (``--run SYSTEM``); {system: result dict}, with
+    ``rounds``, ``extra`` and ``centroids`` when the peer ran."""
+    d = tempfile.mkdtemp(prefix="kmeans-")
+    try:
+        save_blocks(d, x, init, meta)
+        return _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d, timeout,
+                                    load=lambda s, r, out: r.update(centroids=np.load(out + ".c.npy")))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -311,7 +505,7 @@ def main(argv=None):
     block_mib = x.nbytes / parts / MIB
     meta = {"partitions": parts, "workers": w, "iters": iters, "reps": args.reps,
             "spark_executor_mb": args.spark_executor_mb or max(2048, int(3 * block_mib) + 1024)}
-    _peers.subreaper()
+    _harness.subreaper()
     peer_res = run_peers(peers, x, init, meta, args.timeout) if peers else {}
 
     # The Pool forks before the region exists, so its processes are plain
@@ -359,7 +553,7 @@ def main(argv=None):
         cl.close()
         pool.close()
         pool.join()
-        left = _peers.reap_descendants()
+        left = _harness.reap_descendants()
         if left:
             print(f"killed processes left behind: {left}", flush=True)
 
