@@ -116,14 +116,16 @@ release; ``time_unit``, ``hosts`` (1), ``rate`` (null).
 import argparse
 import os
 import pickle
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-import _stream_peers
+import _harness
 from _common import Spawned, die_with_parent, zipf_ranks
 from _harness import json_line, smoke_systems
 
@@ -383,6 +385,179 @@ class ShmWorkers(Spawned):
         return self.map(one)
 
 
+# ---- the peers: Spark, Dask and Ray, each in a subprocess (--run SYSTEM) ------------------
+
+PEERS = ("spark", "dask", "ray")
+
+
+class WrongAnswer(RuntimeError):
+    """A peer's answers differ from the driver's: the comparison is void."""
+
+
+def start(system, workers, hosts=None, **conf):
+    """``system`` through the harness with ``workers`` workers (one per host
+    of ``hosts``): clamor's ``conf`` its Cluster's keywords, Spark's
+    executor_mb and driver_memory; no progress bars (display only)."""
+    return _harness.start(system, workers, hosts, app="streaming", spark_conf={"spark.ui.showConsoleProgress": "false"},
+                          progress=False, **conf)
+
+
+# ---- the rounds ----------------------------------------------------------------------------
+
+def run_rounds(wl, name, publish, lookups, retire):
+    """Every round of ``wl``: its update, then publish(table) -> h,
+    lookups(h, shares) -> [(answer, pid)] in share order, retire(h).
+    Returns {"times", "phases" (publish, lookups, release), "answers",
+    "workers_used"} per round and "worker_processes_seen" over them all."""
+    out = {"times": [], "phases": [], "answers": [], "workers_used": []}
+    seen = set()
+    for r in range(wl.rounds):
+        shares, expect = wl.begin(r)
+        t0 = time.perf_counter()
+        h = publish(wl.table)
+        t1 = time.perf_counter()
+        res = lookups(h, shares)
+        t2 = time.perf_counter()
+        retire(h)
+        h = None   # Ray frees an object when its last reference goes
+        t3 = time.perf_counter()
+        got = [tuple(a) for a, _ in res]
+        if got != expect:
+            raise WrongAnswer(f"{name}, round {r}: answers {got}, the driver's {expect}")
+        used = len({pid for _, pid in res})
+        seen |= {pid for _, pid in res}
+        out["times"].append(t3 - t0)
+        out["phases"].append((t1 - t0, t2 - t1, t3 - t2))
+        out["answers"].append(got)
+        out["workers_used"].append(used)
+        print(f"  {name:>5} round {r}: {t3 - t0:8.4f} s (publish {t1 - t0:.4f}, lookups {t2 - t1:.4f}, "
+              f"release {t3 - t2:.4f}); {used} worker processes", flush=True)
+    out["worker_processes_seen"] = len(seen)   # more than W: a system started new ones between rounds
+    return out
+
+
+def warm_check(name, got, want):
+    if [tuple(a) for a, _ in got] != want:
+        raise WrongAnswer(f"{name}: the warm-up answers are wrong")
+    return len({pid for _, pid in got})
+
+
+def run_spark(wl, task, warm, conf, hosts=None):
+
+    W = wl.workers
+    tiny, tkeys, tbits, tans = warm
+    with start("spark", W, hosts, **conf) as sc:
+        end = time.monotonic() + 120
+        while len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
+            time.sleep(0.2)   # executors register after the context is up
+        bc = sc.broadcast(tiny)
+        warm_check("spark", sc.parallelize([tkeys] * W, W).map(lambda q: task(bc.value, q, tbits, 0.3)).collect(),
+                   [tans] * W)
+        bc.destroy()
+        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
+        bits = wl.bits
+        links = _harness.LinkWindow(hosts)
+
+        def lookups(bc, shares):
+            return sc.parallelize(shares, len(shares)).map(lambda q: task(bc.value, q, bits)).collect()
+
+        out = run_rounds(wl, "spark", sc.broadcast, lookups, lambda bc: bc.destroy())
+        out.update(version=sc.version, master=sc.master, executor_processes=execs, link_bytes=links.bytes())
+    # one host: the pickled table to each executor, a lower bound; namespace hosts: what crossed the links
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
+    return out
+
+
+def run_dask(wl, task, warm, conf, hosts=None):
+    W = wl.workers
+    tiny, tkeys, tbits, tans = warm
+    with start("dask", W, hosts) as client:
+        import distributed
+
+        f = client.scatter(tiny, broadcast=True)
+        used = warm_check("dask", client.gather([client.submit(task, f, tkeys, tbits, 0.3, pure=False)
+                                                 for _ in range(W)]), [tans] * W)
+        f.release()
+        print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
+              f"{used} ran the warm-up", flush=True)
+        bits = wl.bits
+        links = _harness.LinkWindow(hosts)
+
+        def lookups(f, shares):
+            return client.gather([client.submit(task, f, q, bits, pure=False) for q in shares])
+
+        out = run_rounds(wl, "dask", lambda t: client.scatter(t, broadcast=True), lookups, lambda f: f.release())
+        out.update(version=distributed.__version__, link_bytes=links.bytes())
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
+    return out
+
+
+def run_ray(wl, task, warm, conf, hosts=None):
+    W = wl.workers
+    tiny, tkeys, tbits, tans = warm
+    with start("ray", W, hosts) as ray:
+        look = ray.remote(task)
+        pids = _harness.ray_wait_workers(ray, W)
+        ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
+        warm_check("ray", ray.get([look.remote(ref, tkeys, tbits, 0.3) for _ in range(W)]), [tans] * W)
+        del ref
+        print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
+        bits = wl.bits
+        links = _harness.LinkWindow(hosts)
+
+        def lookups(ref, shares):
+            return ray.get([look.remote(ref, q, bits) for q in shares])
+
+        out = run_rounds(wl, "ray", ray.put, lookups, lambda ref: None)
+        out.update(version=ray.__version__, worker_processes=len(pids), link_bytes=links.bytes())
+    # one host: one copy into its object store, read in place by the workers
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * wl.rounds
+    return out
+
+
+RUNNERS = {"spark": run_spark, "dask": run_dask, "ray": run_ray}
+
+
+# ---- one process per peer ------------------------------------------------------------------
+
+def peer_child(system, wl, task, warm, conf, out, rate=None):
+    """``--run SYSTEM``: run ``system`` over the workload ``wl`` (its table
+    built, in plain memory); write its figures to ``out`` (JSON), or why it
+    could not run ("missing"), failed ("error") or answered wrong
+    ("wrong").  ``task(table, q, bits, pause=0)`` -> (answer, pid) is what
+    every worker runs; ``warm`` = (a small table, its keys, its bits, the
+    answer) for the warm-up task."""
+    def run():
+        with _harness.hosts_for(wl.workers, rate) as hosts:
+            return RUNNERS[system](wl, task, warm, conf, hosts)
+
+    return _harness.child_result(system, out, run, {WrongAnswer: "wrong"})
+
+
+def run_peers(systems, cmd, timeout):
+    """Each of ``systems`` in a subprocess ``cmd + ["--run", system, "--out",
+    file]``, one after another; {system: its result}."""
+    def loaded(s, r, out):
+        r["answers"] = [[tuple(a) for a in rnd] for rnd in r["answers"]]
+
+    def checked(s, r):
+        if r.get("wrong"):
+            raise SystemExit(f"streaming: {r['wrong']}: the comparison is void")
+        if "times" in r:
+            rest = r["times"][1:]
+            print(f"  {s}: {sum(rest) / len(rest):.4f} s a round after the first (first {r['times'][0]:.4f} s); "
+                  f"{r['wall_s']:.0f} s with start-up", flush=True)
+
+    d = tempfile.mkdtemp(prefix="streaming-")
+    try:
+        return _harness.run_systems(systems, cmd, d, timeout, load=loaded, check=checked,
+                                    heading=": the table re-sent every round")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+
 # ---- the Ray baseline ------------------------------------------------------------------
 
 def ray_helper(conn, workers):
@@ -391,9 +566,7 @@ def ray_helper(conn, workers):
     works (its version, or None), then runs ray_command for each message
     and replies ("ok", result) or ("error", text)."""
     die_with_parent()
-    import _peers
-
-    _peers.subreaper()
+    _harness.subreaper()
     try:
         import ray
     except ImportError:
@@ -418,7 +591,7 @@ def ray_helper(conn, workers):
         state.clear()
         if session is not None:
             session.close()   # ray.shutdown()
-        _peers.reap_descendants()
+        _harness.reap_descendants()
 
 
 def ray_command(ray, msg, workers, state):
@@ -432,12 +605,10 @@ def ray_command(ray, msg, workers, state):
         import contextlib
         from multiprocessing import shared_memory
 
-        import _stream_peers
-
         _, name, shape, state["shares"], state["bits"] = msg
         t = time.perf_counter()
         state["session"] = contextlib.ExitStack()
-        state["session"].enter_context(_stream_peers.start("ray", workers))
+        state["session"].enter_context(start("ray", workers))
         # this script is __mp_main__ here, which Ray's workers cannot import: send its functions by value
         ray.cloudpickle.register_pickle_by_value(sys.modules[peer_task.__module__])
         state["look"] = look = ray.remote(peer_task)
@@ -526,8 +697,8 @@ def on_hosts(args, wl, peers, spark_conf):
 
     W, rounds = wl.workers, wl.rounds
     tiny, tiny_keys = tiny_table()
-    with _stream_peers._peerhosts.hosts_or_none(W, args.rate) as hosts, \
-            _stream_peers.start("clamor", W, hosts, page_size=args.page_size) as cl:
+    with _harness.hosts_for(W, args.rate) as hosts, \
+            start("clamor", W, hosts, page_size=args.page_size) as cl:
         table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
         bits = wl.bits
 
@@ -552,7 +723,7 @@ def on_hosts(args, wl, peers, spark_conf):
         pages0 = [lookup_pages(table, wl.keys[i], wl.slot_of[i], bits, psize) for i in wl.plan[0][2]]
         print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
               f"{wl.n} keys; clamor's workers fetch", flush=True)
-        links = _stream_peers._peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
         times, moved, wire = [], [], []
         ran = {who: p for who, p in peers.items() if "times" in p}
         for r in range(rounds):
@@ -576,18 +747,18 @@ def on_hosts(args, wl, peers, spark_conf):
         link = links.bytes()
     cl_med = statistics.median(times[1:])
     figures = {"bench": "streaming", "clamor_round_s": cl_med}
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         p = peers.get(who)
         figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
     common = {"clamor": (times, link)}
     common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
     for who, (ts, nbytes) in common.items():
         figures.update({f"{who}_iter_s": statistics.median(ts[1:]), f"{who}_times_s": ts, f"{who}_bytes": nbytes})
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         if who not in ran:
             p = peers.get(who)
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": _stream_peers.why_not(p) if p else "not requested (--systems)"})
+                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else "not requested (--systems)"})
     print(f"round 0: clamor fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
           f"({mib(touched0).strip()})", flush=True)
     figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
@@ -633,7 +804,7 @@ def main(argv=None):
     ap.add_argument("--spark-driver-memory", help="driver JVM heap (default: 4 x the table, >= 2g)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's run may take")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--run", choices=_stream_peers.SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--run", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sm = args.smoke
@@ -643,13 +814,13 @@ def main(argv=None):
     args.passes = args.passes or (1 if sm else 2)
     args.lookups = args.lookups or (2000 if sm else 20000)
     named = args.systems is not None
-    args.systems = ",".join(_stream_peers.SYSTEMS) if args.systems is None else args.systems
+    args.systems = ",".join(PEERS) if args.systems is None else args.systems
     W = args.workers
     if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
         ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
     systems = [x for x in args.systems.split(",") if x and x != "clamor" and not (args.no_ray and x == "ray")]
-    if set(systems) - set(_stream_peers.SYSTEMS):
-        ap.error(f"--systems: unknown {sorted(set(systems) - set(_stream_peers.SYSTEMS))}")
+    if set(systems) - set(PEERS):
+        ap.error(f"--systems: unknown {sorted(set(systems) - set(PEERS))}")
     smoke_left_out = {}
     if sm and not args.run:
         systems, smoke_left_out = smoke_systems(systems, named)
@@ -665,7 +836,7 @@ def main(argv=None):
         die_with_parent()
         wl = workload()
         wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
-        return _stream_peers.child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
+        return peer_child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
                                                               answer(tiny, tiny_keys, TINY_BITS)), spark_conf, args.out,
                                    args.rate if args.netns else None)
 
@@ -678,7 +849,7 @@ def main(argv=None):
                   "--spark-driver-memory", spark_conf["driver_memory"]]
     if args.netns:
         child_args += ["--netns", "--rate", args.rate]
-    peers = _stream_peers.run_peers(systems, [sys.executable] + child_args, args.timeout)
+    peers = run_peers(systems, [sys.executable] + child_args, args.timeout)
     if args.netns:
         return on_hosts(args, workload(), peers, spark_conf)
 
@@ -738,7 +909,7 @@ def main(argv=None):
         # ---- part 1: clamor (map mode) against the broadcast, round by round ----
         modes = Broadcast.MODES
         rows = []
-        with _stream_peers.start("clamor", W, page_size=args.page_size, same_host="map") as cl:
+        with start("clamor", W, page_size=args.page_size, same_host="map") as cl:
             psize = clamor.region.page_size()
             map_modes = same_host(cl, "map")
             print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; clamor workers map the "
@@ -780,7 +951,7 @@ def main(argv=None):
                       f"{row['pickle_s'] / row['clamor_s']:>6.1f}x {row['zero-copy_s'] / row['clamor_s']:>8.1f}x",
                       flush=True)
             tot = cl.stats()
-        ran = [who for who in _stream_peers.SYSTEMS if "times" in peers.get(who, {})]
+        ran = [who for who in PEERS if "times" in peers.get(who, {})]
         print("seconds per round, side by side (every answer checked equal to clamor's): clamor, the pickled "
               "broadcast, " + (", ".join(ran) if ran else "no peers"), flush=True)
         for r, row in enumerate(rows):
@@ -796,7 +967,7 @@ def main(argv=None):
             for who in ("map", "fetch") if k % 2 == 0 else ("fetch", "map"):
                 restore()
                 rs = []
-                with _stream_peers.start("clamor", W, page_size=args.page_size, same_host=who) as cl:
+                with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                     seen[who] = same_host(cl, who)
                     for r in range(rounds):
                         shares, expect = begin_round(r)
@@ -848,7 +1019,7 @@ def main(argv=None):
                 line = []
                 for who in order:
                     if who in ("map", "fetch"):
-                        with _stream_peers.start("clamor", W, page_size=args.page_size, same_host=who) as cl:
+                        with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                             same_host(cl, who)
                             if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
                                     [answer(tiny, tiny_keys, TINY_BITS)] * W:
@@ -935,7 +1106,7 @@ def main(argv=None):
         "speedup_late_vs_zero_copy": zc_late / cl_late,
         "first_round_vs_shm": fm["map"] / fm["shm"],
     }
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         p = peers.get(who)
         figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
     # every system's figures in the common shape: s per round after the first, per round, bytes moved
@@ -946,7 +1117,7 @@ def main(argv=None):
     for who, (times, nbytes) in common.items():
         figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
                         f"{who}_bytes": int(nbytes)})
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         p = peers.get(who)
         if who in ran:
             ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
@@ -956,7 +1127,7 @@ def main(argv=None):
                             f"{who}_worker_processes_seen": p["worker_processes_seen"]})
         else:
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": _stream_peers.why_not(p) if p else
+                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
                             smoke_left_out.get(who, "not requested (--systems)")})
     figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
                     "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran) + (["ray"] if "ray" in fm and "ray" not in ran else []),
