@@ -113,7 +113,7 @@ import sys
 import tempfile
 import time
 
-import _peerhosts
+import _harness
 from _common import die_with_parent, one_blas_thread
 from _harness import json_line, smoke_systems
 
@@ -122,7 +122,6 @@ import numpy as np  # noqa: E402
 
 FIELDS = 39
 SYSTEMS = ("clamor", "spark", "dask", "ray")
-HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 
 
@@ -327,25 +326,9 @@ def _log(name):
 
 
 def started(system, meta, hosts):
-    """The context manager that starts ``system`` with W workers: on this
-    host (``_peers.py``; clamor's forked workers), or one worker per
-    namespace host of ``hosts`` (``_peerhosts.py``)."""
-    W = meta["workers"]
-    mb, dm = meta["spark_executor_mb"], meta["spark_driver_memory"]
-    if hosts is None:
-        import _peers as m
-        if system == "clamor":
-            import clamor
-            return clamor.Cluster(workers=W, progress=False)
-        return {"spark": lambda: m.spark(W, mb, dm, "sparse_lr"), "dask": lambda: m.dask(W),
-                "ray": lambda: m.ray_session(W)}[system]()
-    import _peerhosts as m
-    # on slow links Dask's Active Memory Manager would drop the replicas
-    # scatter(broadcast=True) made, and tasks would fetch them again
-    return {"clamor": lambda: m.clamor_cluster(hosts, progress=False),
-            "spark": lambda: m.spark(hosts, mb, dm, app="sparse_lr"),
-            "dask": lambda: m.dask(hosts, config=m.DASK_AMM_OFF),
-            "ray": lambda: m.ray_session(hosts)}[system]()
+    """``system`` with W workers through the harness (one per host of ``hosts``)."""
+    return _harness.start(system, meta["workers"], hosts, executor_mb=meta["spark_executor_mb"],
+                          driver_memory=meta["spark_driver_memory"], app="sparse_lr", progress=False)
 
 
 def run_clamor(d, meta, hosts):
@@ -377,7 +360,7 @@ def run_clamor(d, meta, hosts):
         idx = cl.range(P, partitions=P)
         idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
         n_warm = len(cl.stage_stats())
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def grads(_):
             return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
@@ -418,7 +401,7 @@ def run_spark(d, meta, hosts):
         bc.destroy()
         execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
         print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def grads(bc):
             return rdd.mapPartitions(lambda it: [part_grad(bc.value, *p) for p in it]).collect()
@@ -449,7 +432,7 @@ def run_dask(d, meta, hosts):
         holders = {tuple(v) for v in where.values()}
         print(f"  dask: {dask.__version__}, {len(client.scheduler_info()['workers'])} workers, "
               f"partitions on {len(holders)} of them", flush=True)
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def publish(w):
             return client.scatter(w, broadcast=True)
@@ -467,8 +450,6 @@ def run_dask(d, meta, hosts):
 
 
 def run_ray(d, meta, hosts):
-    import _peers
-
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     parts = [load_part(d, i) for i in range(P)]
     comb = Combiner([p[0] for p in parts])
@@ -478,12 +459,12 @@ def run_ray(d, meta, hosts):
         warm_task = ray.remote(lambda p, q: warm_part(*p, q))
         refs = [ray.put(p) for p in parts]
         del parts
-        pids = _peers.ray_wait_workers(ray, W)
+        pids = _harness.ray_wait_workers(ray, W)
         probe = ray.put(np.zeros(1 << 17))   # 1 MiB: in the object store, not inlined
         ray.get([warm_task.remote(r, probe) for r in refs])
         del probe
         print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def grads(ref):
             return ray.get([grad_task.remote(ref, r) for r in refs])
@@ -499,35 +480,18 @@ RUNNERS = {"clamor": run_clamor, "spark": run_spark, "dask": run_dask, "ray": ru
 
 
 def child(system, d, out):
-    """``--run SYSTEM``: run one system over the data in ``d``; write its
-    figures to ``out`` (its weights beside, .w.npy) or the reason it could
-    not run."""
+    """``--run SYSTEM``: one system over the data in ``d``; its figures to
+    ``out`` (its weights beside, .w.npy) or the reason it could not run."""
     die_with_parent()
-    sys.path.insert(0, HERE)
-    import _peers
-
     meta = load_meta(d)
 
     def run():
-        with _peerhosts.hosts_or_none(meta["workers"], meta["rate"]) as hosts:
+        with _harness.hosts_for(meta["workers"], meta["rate"]) as hosts:
             times, losses, wU, extra = RUNNERS[system](d, meta, hosts)
         np.save(out + ".w.npy", wU)
         return {"times": times, "losses": losses, "extra": extra, "phases": PHASES[-len(times):]}
 
-    return _peers.child_result(system, out, run)
-
-
-def run_system(system, d, timeout):
-    """Runs ``--run system`` in a subprocess; its result dict (``error`` set
-    when it failed without saying why)."""
-    import _peers
-
-    out = os.path.join(d, f"result-{system}.json")
-    res = _peers.run_child(system, [sys.executable, os.path.abspath(__file__), "--run", system, "--data", d,
-                                    "--out", out], out, timeout)
-    if "times" in res:
-        res["w"] = np.load(out + ".w.npy")
-    return res
+    return _harness.child_result(system, out, run)
 
 
 # ---- the driver ----------------------------------------------------------------------------
@@ -575,10 +539,7 @@ def main(argv=None):
     if args.run:
         return child(args.run, args.data, args.out)
 
-    sys.path.insert(0, HERE)
-    import _peers
-
-    _peers.subreaper()
+    _harness.subreaper()
     sm = args.smoke
     bits = args.bits or (18 if sm else 24 if args.quick else 27)
     n = args.points or (5_000 if sm else 200_000 if args.quick else 1_000_000)
@@ -632,30 +593,27 @@ def main(argv=None):
         if not ref_losses[-1] < ref_losses[0]:
             raise SystemExit("sparse_lr: the loss did not go down; choose another --lr")
 
-        results = {}
-        for s in systems:
-            print(f"-- {s}", flush=True)
-            results[s] = run_system(s, d, args.timeout)
-            r = results[s]
+        def check(s, r):
             if "times" not in r:
-                why = r.get("missing") or r.get("error")
-                print(f"  {s}: not run: {why}", flush=True)
                 if s == "clamor":
-                    raise SystemExit(f"sparse_lr: clamor failed: {why}\n{r.get('traceback', '')}")
-                continue
+                    raise SystemExit(f"sparse_lr: clamor failed: {_harness.why_not(r)}\n{r.get('traceback', '')}")
+                return
             le = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref_losses))
             we = rel_err(r["w"], ref_w)
             r["loss_rel_err"], r["w_rel_err"] = le, we
             print(f"  {s}: {np.mean(r['times']):.3f} s an iteration (median {np.median(r['times']):.3f}); "
                   f"loss {r['losses'][-1]:.10g}, relative error {le:.2g} (losses), {we:.2g} (weights); "
-                  f"{r['wall_s']:.0f} s with start-up and loading"
-                  + (f"; left behind and killed: {r['left_behind']}" if r.get("left_behind") else ""), flush=True)
+                  f"{r['wall_s']:.0f} s with start-up and loading", flush=True)
             if len(r["losses"]) != len(ref_losses) or le > 1e-9 or we > 1e-9:
                 raise SystemExit(f"sparse_lr: {s}'s answer differs from the single-process run "
                                  f"(losses {le:.3g}, weights {we:.3g} relative): the comparison is void")
+
+        results = _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d,
+                                       args.timeout, load=lambda s, r, out: r.update(w=np.load(out + ".w.npy")),
+                                       check=check)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-        left = _peers.reap_descendants()
+        left = _harness.reap_descendants()
         if left:
             print(f"killed processes left behind: {left}", flush=True)
 
