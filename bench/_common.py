@@ -1,8 +1,9 @@
 """What the benchmarks share: sizes, the build, helper processes, random
-keys, the k-means kernel, the hot-pages table's C library, CPU time by
-thread, and the JSON line every script ends with.
+keys, the k-means kernel, the hot-pages table's C library and CPU time by
+thread.  Starting the systems, the child protocol and the JSON line every
+script ends with are the harness's (_harness.py).
 
-A benchmark imports this module and clamor, never another benchmark.
+A benchmark imports this module, _harness and clamor, never another benchmark.
 Run as ``python bench/NAME.py``, a script finds this module beside it
 (Python puts the script's folder first on ``sys.path``; processes started
 by ``multiprocessing``'s spawn get the same path).
@@ -19,14 +20,12 @@ recovery.py must fix the BLAS thread count before numpy loads (see
 ``one_blas_thread``), and scan.py's TCP sender stays a bare process.
 """
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,7 +24,7 @@ chunks:
   spark     the k-means a Spark user writes with RDDs (not MLlib's KMeans,
             another algorithm with its own initialisation), on
             ``local-cluster[W,1,--spark-executor-mb]`` (W executor JVMs of
-            one core; ``_peers.spark``), the Python workers on this
+            one core; ``_harness.start("spark")``), the Python workers on this
             interpreter (PYSPARK_PYTHON).  The points are an RDD of P numpy
             blocks, ``sc.parallelize(range(P), P).map(np.load of block
             i).cache()``, loaded by the executors from .npy files in a
@@ -33,7 +33,7 @@ chunks:
             closure).collect()`` (what ``rdd.reduce(add)`` runs) and the
             partials folded in partition order in the driver.
   dask      ``LocalCluster(n_workers=W, threads_per_worker=1,
-            processes=True)`` (``_peers.dask``): the blocks are P futures,
+            processes=True)`` (``_harness.start("dask")``): the blocks are P futures,
             ``client.map`` of the same loader, kept in the workers' memory;
             each iteration one ``client.submit(partial sums, block,
             centroids)`` per block, ``client.gather``, the partials folded
@@ -58,7 +58,7 @@ inherit it; each prints what its workers see).  The baseline and clamor run
 interleaved, one iteration of each in turn (which goes first alternates),
 so a busy moment of this shared machine slows both alike; each keeps its
 own centroids.  The peers run before them, one after the other, each in a
-subprocess of its own (``--run SYSTEM``; ``_kmeans_peers.py``), started
+subprocess of its own (``--run SYSTEM``, the harness's child protocol), started
 before this process becomes a clamor driver; ``--systems`` leaves peers out.
 
 Timed: the iterations only, each from handing out its tasks to the

@@ -2,116 +2,8 @@
 Dask re-scatter, Ray re-put and a pickled re-broadcast (Fig. 9), and
 clamor's same-host mapping against shared memory and Ray.
 
-The driver builds an open-addressing hash table in the region: one int64
-array of (key, value) slots, placed by a multiplicative (Fibonacci) hash
-with linear probing, half full.  Each round, every one of ``--workers``
-workers looks up ``--lookups`` keys drawn Zipf(``--zipf``) over the key set
-(plus the key updated last), vectorised with numpy, and returns a checksum.
-Between rounds the driver updates one hot key in place: it writes that
-key's value slot and nothing else.  The rounds (updates and lookups) are
-drawn once, up front, from ``--seed``, so every system below runs the same
-ones.
-
-First the peers, each in a subprocess of its own (``--run SYSTEM``, one
-after another, before this process has a region), on ``--workers``
-single-core worker processes, the table in plain memory, re-sent whole
-every round the way a user of that system publishes a changed global
-(``_stream_peers.py`` says how each is started and timed):
-
-  spark      ``local-cluster[W,1,--spark-executor-mb]``: ``sc.broadcast(table)``
-             each round, the lookups in ``sc.parallelize(shares, W).map``
-             reading ``bc.value``, then ``bc.destroy()``;
-  dask       ``LocalCluster(n_workers=W, threads_per_worker=1)``:
-             ``client.scatter(table, broadcast=True)`` each round, one
-             ``client.submit`` a share, then the future released;
-  ray        ``ray.init(num_cpus=W)``: ``ray.put(table)`` each round, one
-             remote task a share reading it zero-copy.
-
-A peer that cannot run (no Java, not installed) is reported as null with
-the reason; ``--systems`` leaves peers out.  Each peer's answers are
-checked, round by round, against the driver's values and against
-clamor's.  Then three parts, in one run:
-
-1. The rounds, clamor and the broadcast interleaved:
-
-  clamor     a ``clamor.Cluster`` (``same_host="map"``, the default): the
-             table travels by reference; workers on this host map the
-             driver's pages from its memfd as they touch them and keep
-             them across rounds; the page the driver wrote moves (copy on
-             write) and the workers drop it and map its new location.
-  broadcast  ``--workers`` plain processes (spawned before the region
-             exists), each on a socketpair: every round the driver ships
-             the whole table to every worker, all at once, two ways:
-             "pickle"    pickle.dumps(table) once, the bytes to each worker,
-                         which unpickles them (Spark's re-broadcast);
-             "zero-copy" the region's own buffer straight into a bytearray
-                         each worker keeps across rounds (pickle protocol 5,
-                         out of band): the cheapest whole-table broadcast.
-
-2. The same rounds again (the table put back as built) on a Cluster with
-   ``same_host="fetch"``: every page a worker touches comes over its
-   socket from the driver, and the page written is invalidated and fetched
-   again.  ``round_speedup_map`` = fetch-mode round time / map-mode round
-   time, over the rounds after the first (after a one-element update).
-
-3. Cold first rounds: round 0's lookups (the first stage that reads the
-   table, so every page a worker reads is touched for the first time),
-   ``--first-reps`` times on each system, in rotating order, the table as
-   round 0 read it:
-
-  map        a fresh ``Cluster(same_host="map")``;
-  fetch      a fresh ``Cluster(same_host="fetch")``;
-  shm        the table copied (untimed) into a
-             ``multiprocessing.shared_memory.SharedMemory`` block; as many
-             plain spawned processes attach to it by name and look up in
-             place, no copy (timed: attaching plus the lookups);
-  ray        only where ``import ray`` works (and Ray is in ``--systems``):
-             a plain spawned process is Ray's driver, ``ray.init(num_cpus=W,
-             include_dashboard=False)``, Ray's defaults otherwise; timed:
-             ``ray.put(table)`` (one object in the object store, as a Ray
-             user pays it each time the table is published) and one
-             ``ray.remote`` task per worker reading it zero-copy.
-
-   Every system's workers are started and have run one small untimed task
-   (a 1 MiB table that is not the region's; in Ray through its object
-   store) before the timed round, so worker start-up is in no figure.
-
-Every answer of every system is checked against the driver's own sums over
-its key -> value arrays (which do not use the table) and against the same
-lookups run in the driver, single-process; the script stops if any differ.
-Per round the script prints the times and the table bytes moved: clamor's
-``bytes_from_driver`` (+ peers) and ``bytes_mapped`` from
-``cl.stage_stats()``, and the pickled bytes x workers for the broadcast.
-Every system's processes are stopped at the end of its part; what a peer
-leaves running is killed by pid and said (this script is the peers'
-subreaper, see ``_peers.py``).
-
-    python bench/streaming.py            # 2^25 slots = 512 MiB, 10 rounds, 5 cold first rounds each
-    python bench/streaming.py --quick    # 2^23 slots = 128 MiB, 6 rounds, 3 cold first rounds each
-    python bench/streaming.py --quick --systems dask,ray     # Spark left out
-
-The last line printed is the JSON line.  ``clamor_round_s`` and
-``broadcast_round_s`` (pickle) are medians over the rounds after the first,
-``speedup`` their ratio; ``*_late_*`` are medians over the second half of the
-rounds.  Zipf lookups keep reaching pages no worker has read yet for several
-rounds, so clamor's rounds get cheaper as its workers' caches fill; the
-late figures are nearer its steady state (one page refetched a round).
-``first_round_vs_shm`` and ``first_round_vs_ray`` are medians of the cold
-first rounds: map mode / shm, map mode / Ray.  ``round0_fetch_ratio``: in
-the fetch-mode cold first rounds (median), bytes fetched / bytes of the
-pages the lookups touched, each worker process counting a page once, with
-the read-ahead that lands after the round (with ``--netns``: round 0's).  ``speedup_vs_spark``,
-``speedup_vs_dask``, ``speedup_vs_ray``: the peer's median seconds per
-round over the rounds after the first / clamor's (``clamor_round_s``),
-null for a peer that did not run (``<peer>_missing`` says why).  For every
-system s (clamor, broadcast, broadcast_zero_copy, spark, dask, ray):
-``s_iter_s`` (mean seconds per round after the first), ``s_times_s`` (per
-round) and ``s_bytes`` (table bytes moved over all rounds: clamor's from
-the driver and peers, pages mapped apart; the pickled or raw table x
-workers for the broadcasts, Spark and Dask, a lower bound; Ray one copy
-into this host's object store a round, which its workers read in place);
-``<peer>_phases_s`` splits a peer's round into publish, lookups and
-release; ``time_unit``, ``hosts`` (1), ``rate`` (null).
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"streaming.py".
 """
 import argparse
 import os
@@ -595,7 +487,7 @@ def ray_helper(conn, workers):
 
 
 def ray_command(ray, msg, workers, state):
-    """"start": Ray (``_stream_peers.start``), a warm-up task on each
+    """"start": Ray (``start``), a warm-up task on each
     worker through the object store, and a private copy of the table from
     the SharedMemory block (none of it timed; returns its seconds).
     "round": ray.put of the table and one task per share; returns
