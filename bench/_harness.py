@@ -391,13 +391,13 @@ def _distributed():
 
 
 @contextlib.contextmanager
-def _dask_local(workers, **cluster_kwargs):
+def _dask_local(workers, config=None, **cluster_kwargs):
     """A Client on LocalCluster(n_workers=W, threads_per_worker=1,
-    processes=True), Dask's defaults otherwise; its scratch space in a
-    directory removed on leaving (Dask keeps /tmp/dask-scratch-space)."""
+    processes=True), Dask's defaults otherwise (but ``config``); its scratch
+    space in a directory removed on leaving (Dask keeps /tmp/dask-scratch-space)."""
     dask, distributed = _distributed()
     with tempfile.TemporaryDirectory(prefix="bench-dask-", ignore_cleanup_errors=True) as scratch, \
-            dask.config.set({"temporary-directory": scratch}):
+            dask.config.set({**(config or {}), "temporary-directory": scratch}):
         kw = {"n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
         kw.update(cluster_kwargs)
         cluster = distributed.LocalCluster(**kw)
@@ -463,20 +463,25 @@ def hosts_for(n, rate):
 
 
 def start(system, workers, hosts=None, executor_mb=2048, driver_memory="4g", app="clamor-bench", spark_conf=None,
-          **cluster_kwargs):
+          dask_config=None, dask_options=None, **cluster_kwargs):
     """The context manager that starts ``system`` ("clamor", "spark",
     "dask", "ray") with ``workers`` worker processes on this host, or one
     per host of ``hosts``; ``cluster_kwargs`` are clamor.Cluster's,
-    ``executor_mb``, ``driver_memory``, ``app`` and ``spark_conf`` Spark's."""
+    ``executor_mb``, ``driver_memory``, ``app`` and ``spark_conf`` Spark's;
+    ``dask_config`` is set for Dask (on hosts DASK_AMM_OFF by default),
+    ``dask_options`` are LocalCluster's keywords on one host, ``dask
+    worker``'s options on hosts."""
     spark = dict(executor_mb=executor_mb, driver_memory=driver_memory, app=app, conf=spark_conf)
     if hosts is not None:
         return {"clamor": lambda: _clamor_hosts(hosts, **cluster_kwargs), "spark": lambda: _spark_hosts(hosts, **spark),
-                "dask": lambda: _dask_hosts(hosts, config=DASK_AMM_OFF), "ray": lambda: _ray_hosts(hosts)}[system]()
+                "dask": lambda: _dask_hosts(hosts, dask_config or DASK_AMM_OFF, **(dask_options or {})),
+                "ray": lambda: _ray_hosts(hosts)}[system]()
     if system == "clamor":
         import clamor
 
         return clamor.Cluster(workers=workers, **cluster_kwargs)
-    return {"spark": lambda: _spark_local(workers, **spark), "dask": lambda: _dask_local(workers),
+    return {"spark": lambda: _spark_local(workers, **spark),
+            "dask": lambda: _dask_local(workers, dask_config, **(dask_options or {})),
             "ray": lambda: _ray_local(workers)}[system]()
 
 

@@ -9,10 +9,7 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 """
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -20,8 +17,9 @@ import scipy.spatial  # before any clamor.heap() block: a first import inside on
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from _common import MIB, die_with_parent, human, parse_size
-from _harness import json_line
+from _common import MIB, human, parse_size
+import _harness
+from _harness import json_line, med
 
 GRID = 1024          # cells a side
 CELL_KM = 4.0        # a cell's side
@@ -31,7 +29,6 @@ CITIES = 10000
 # on slow links the two never finish.  A user who broadcasts turns it off.
 AMM_OFF = {"distributed.scheduler.active-memory-manager.start": False}
 HASH_SEED = "6640"   # the seed Dask's nanny starts its workers with
-AMM_OFF_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START": "False"}
 
 
 # ---- the task (runs on the Dask workers; cloudpickle sends it by value) -------------------
@@ -269,57 +266,7 @@ class NoLinks:
         return 0, 0
 
 
-def start_netns(args, tmp, secret, stack):
-    """Scheduler in the root namespace, one dask worker per namespace host.
-    Returns (client, hosts, root address, link counter)."""
-    from clamor.testing import nethosts
-    from dask.distributed import Client
-
-    hosts = stack.enter_context(nethosts.Hosts(args.workers, rate=args.rate))
-    root = hosts.root_addr
-    sfile = os.path.join(tmp, "scheduler.json")
-    log = stack.enter_context(open(os.path.join(tmp, "scheduler.log"), "w"))
-    hosts.root.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", root, "--port", "0",
-                      "--no-dashboard", "--scheduler-file", sfile],
-                     env={**os.environ, **AMM_OFF_ENV, "DASK_TEMPORARY_DIRECTORY": tmp},   # its scratch space
-                     stdin=subprocess.DEVNULL, stdout=log,
-                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sfile):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"dask_globals: the scheduler did not start; see {log.name}")
-        time.sleep(0.1)
-    time.sleep(0.2)
-    client = Client(scheduler_file=sfile, timeout=60)
-    addr = client.scheduler.address
-    env = {**os.environ, "CLAMOR_SECRET": secret}
-    for h in hosts:
-        wlog = stack.enter_context(open(os.path.join(tmp, f"worker{h.index}.log"), "w"))
-        h.popen([sys.executable, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1", "--no-nanny",
-                 "--no-dashboard", "--host", h.addr, "--name", f"h{h.index}", "--local-directory", tmp,
-                 "--death-timeout", "60"], env=env, stdin=subprocess.DEVNULL, stdout=wlog,
-                stderr=subprocess.STDOUT)
-    client.wait_for_workers(args.workers, timeout=120)
-    import _harness
-    return client, hosts, root, _harness.LinkCounter(hosts)
-
-
-def start_local(args, tmp):
-    import dask
-    from dask.distributed import Client, LocalCluster
-
-    dask.config.set(AMM_OFF)
-    dask.config.set({"temporary-directory": tmp})   # not /tmp/dask-scratch-space, which Dask keeps
-
-    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
-    return Client(cluster), cluster
-
-
 # ---- the run --------------------------------------------------------------------------------
-
-def med(xs):
-    return statistics.median(xs) if xs else None
-
 
 def main(argv=None):
     if argv is None and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
@@ -422,22 +369,23 @@ def main(argv=None):
               f"MiB", flush=True)
     all_pages = [(0, region.size() // ps)]
 
-    with tempfile.TemporaryDirectory(prefix="dask-globals-") as tmp, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
+        t = time.perf_counter()
         if netns:
-            secret = security.new_secret()
-            os.environ["CLAMOR_SECRET"] = secret
-            t = time.perf_counter()
-            client, hosts, root, links = start_netns(args, tmp, secret, stack)
-            nhosts = args.workers
+            os.environ["CLAMOR_SECRET"] = security.new_secret()   # the workers' too: they inherit it
+            hosts = stack.enter_context(_harness.hosts_for(args.workers, args.rate))
+            root, links, nhosts = hosts.root_addr, _harness.LinkCounter(hosts), args.workers
+            client = stack.enter_context(_harness.start(
+                "dask", args.workers, hosts, dask_config=AMM_OFF,
+                dask_options={"nanny": False, "dashboard": False, "death_timeout": 60}))
             print(f"hosts: {args.workers} namespace hosts on {hosts.prefix}.0/24, links {args.rate} both ways; "
                   f"scheduler and driver in the root namespace ({root}); Dask up in "
                   f"{time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client, cluster = start_local(args, tmp)
-            stack.callback(cluster.close)
+            client = stack.enter_context(_harness.start("dask", args.workers, dask_config=AMM_OFF,
+                                                        dask_options={"dashboard_address": None}))
             root, links, nhosts = None, NoLinks(), 1
-        stack.callback(client.close)
         t = time.perf_counter()
         clamor.dask.attach(client, host=root)
         stack.callback(lambda: clamor.dask.attached() and clamor.dask.detach(client))

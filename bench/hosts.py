@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ ROOT = os.path.dirname(HERE)
 
 from _common import (GIB, MIB, bounds, compile_hotpages, cpu_delta, hot_lookup, human, load_hotpages, parse_size,
                      thread_cpu, zipf_ranks)
-from _harness import json_line
+from _harness import json_line, med, ratio
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
@@ -247,17 +246,6 @@ def make_hot_task(so_path, addr, threads):
 
 
 # ---- the driver (host 0) ----------------------------------------------------------------------
-
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
-def ratio(num, den, what):
-    """num / den; a zero or missing denominator stops the driver, naming the figure."""
-    if not den or num is None:
-        raise SystemExit(f"hosts: cannot compute {what}: {num!r} / {den!r} (nothing measured to compare with)")
-    return num / den
-
 
 def check_fetching(cl, label):
     """Every worker of ``cl`` in ``SAME_HOST`` mode, else stop; the modes."""

@@ -6,7 +6,6 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 import argparse
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -14,7 +13,7 @@ import time
 import numpy as np
 
 from _common import bounds, compile_hotpages, hot_lookup, load_hotpages, zipf_ranks
-from _harness import json_line
+from _harness import json_line, med, ratio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("off", "random", "two-choices")
@@ -24,13 +23,6 @@ RATE_ENV = "CLAMOR_SERVE_RATE"
 SAME_HOST = "fetch"
 SAME_HOST_WHY = ("workers fetch every page from the driver or a peer, as on separate hosts; mapping the "
                  "driver's pages (clamor's default on one host) would leave no driver bytes to compare")
-
-
-def ratio(num, den, what):
-    """num / den; a zero denominator stops the script, naming the figure."""
-    if not den:
-        raise SystemExit(f"hotpages: cannot compute {what}: its baseline is {den!r} (nothing measured to compare with)")
-    return num / den
 
 
 def zipf_keys(lib, rng, a, nkeys, size):
@@ -121,7 +113,7 @@ def medians(rows):
             "direct_requests", "hint_bytes",
             "redirect_hit_rate", "peer_fallbacks", "evictions", "task_s_max", "coverage", "driver_cpu_s",
             "workers_cpu_s")
-    return {k: statistics.median(r[k] for r in rows) for k in keys} | {"runs": len(rows)}
+    return {k: med(rows, k) for k in keys} | {"runs": len(rows)}
 
 
 def rotated(seq, r):

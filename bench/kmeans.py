@@ -1,114 +1,8 @@
 #!/usr/bin/env python3
 """k-means on a clamor Cluster against a multiprocessing + numpy lower bound, Spark and Dask.
 
-The paper's dense workload (Clamor, SoCC 2021, §7: k-means, k=10, d=10):
-``--iters`` Lloyd iterations over ``--points`` float64 points from k Gaussian
-blobs, with the same initial centroids (k points drawn with ``--seed``) in
-every implementation, each on ``--workers`` (W) single-core worker processes,
-the points cut into the same P = ``--partitions`` (default W) contiguous
-chunks:
-
-  baseline  the MPI-like lower bound.  The points are an ordinary numpy array
-            made before a ``multiprocessing`` fork Pool, so every pool process
-            shares them copy-on-write and nothing is shipped but the
-            centroids.  Each iteration is ``pool.map`` over P contiguous
-            chunks (chunksize=1); a task returns its chunk's per-cluster sums
-            and counts and the driver combines them and moves the centroids.
-  clamor    the same points copied into the region (``clamor.array``), a
-            ``Cluster(workers=W)``, and per iteration
-            ``cl.parallelize(points, P).map_partitions(partial sums).reduce(add)``:
-            the chunks travel as region references, the centroids in the
-            closure.  Workers fault their chunk in during the first
-            iteration; the pages stay cached after it (the points never
-            change), so later iterations are compute plus stage overhead.
-  spark     the k-means a Spark user writes with RDDs (not MLlib's KMeans,
-            another algorithm with its own initialisation), on
-            ``local-cluster[W,1,--spark-executor-mb]`` (W executor JVMs of
-            one core; ``_harness.start("spark")``), the Python workers on this
-            interpreter (PYSPARK_PYTHON).  The points are an RDD of P numpy
-            blocks, ``sc.parallelize(range(P), P).map(np.load of block
-            i).cache()``, loaded by the executors from .npy files in a
-            temporary directory; each iteration is
-            ``rdd.mapPartitions(partial sums, the centroids in the
-            closure).collect()`` (what ``rdd.reduce(add)`` runs) and the
-            partials folded in partition order in the driver.
-  dask      ``LocalCluster(n_workers=W, threads_per_worker=1,
-            processes=True)`` (``_harness.start("dask")``): the blocks are P futures,
-            ``client.map`` of the same loader, kept in the workers' memory;
-            each iteration one ``client.submit(partial sums, block,
-            centroids)`` per block, ``client.gather``, the partials folded
-            in partition order in the driver.  Dask runs a task where its
-            block is, except once its scheduler counts more than 2 x W
-            tasks of the group alive (the last iteration's, released but
-            not yet forgotten) and takes them for root-ish: then a task may
-            run on another worker, which copies the block (in
-            ``dask_bytes``, and said).  Dask's workers start with
-            MALLOC_TRIM_THRESHOLD_=65536 (its default), under which every
-            temporary of the kernel (5 MiB a 64K-row block) is a fresh
-            mmap: the same kernel spends about twice the CPU there, in page
-            faults (``dask_task_cpu_max_s`` against Spark's).
-
-Every system runs ``_common.partial_sums`` on the same chunks and folds the
-partials with ``_common.add`` in partition order, then ``_common.update``,
-so all reach the same centroids: each one's are checked against clamor's
-(np.allclose, 1e-9); a difference stops the run (the comparison would be
-void).  BLAS runs one thread per process (as one MPI rank per core), unless
-OPENBLAS_NUM_THREADS/OMP_NUM_THREADS say otherwise (the peers' workers
-inherit it; each prints what its workers see).  The baseline and clamor run
-interleaved, one iteration of each in turn (which goes first alternates),
-so a busy moment of this shared machine slows both alike; each keeps its
-own centroids.  The peers run before them, one after the other, each in a
-subprocess of its own (``--run SYSTEM``, the harness's child protocol), started
-before this process becomes a clamor driver; ``--systems`` leaves peers out.
-
-Timed: the iterations only, each from handing out its tasks to the
-driver's new centroids.  Not timed: data generation; the region copy (clamor)
-and writing the peers' .npy blocks; every system's start (cluster, JVMs,
-Dask workers); and loading: on Spark one job that loads and caches every
-block and starts each executor's Python worker (the script then checks
-that Spark holds all P blocks in memory), on Dask the P load tasks and one
-small task per block.  Clamor's workers are forked at its start and read
-nothing before the first iteration, so its first iteration includes
-faulting (or mapping) each chunk in; the peers' first iterations start with
-the blocks in their workers' memory.  With ``--reps`` > 1 every system runs
-the whole round again (each clamor round cold: the workers drop the points'
-pages first; the peers keep their blocks); the figures are the medians over
-rounds, the per-iteration lists the last round's.
-
-Per iteration the table shows the baseline's and clamor's times, their
-ratio, clamor's longest task, its overhead (stage wall time less the
-busiest worker's task time: the larger of the longest task and total task
-time / W; that is dispatch, serialization and the barrier), faults and MiB
-fetched.  Tasks have no affinity to the workers that hold their pages, so
-with more partitions than the workers' slots (2 each) placement can change
-between iterations and a worker faults in a chunk another worker already
-holds (``--partitions``).  Each peer prints its iterations with the
-longest read time of its tasks (Spark: waiting for the executor JVM to
-write the cached, pickled block to the Python worker, and unpickling it;
-Dask: none, the block is in the worker's memory), kernel time and kernel
-CPU time (less than the kernel time when the task's thread waited for a
-core or the GIL); the rest of an iteration is the system's own (job and
-task scheduling, launch, results).
-
-The last line is one JSON object: ``ratio`` = clamor_s / baseline_s (target
-<= 1.5), ``ratio_vs_spark`` = clamor_s / spark_s (target <= 1.0),
-``ratio_vs_dask`` = clamor_s / dask_s; for each system s (clamor,
-baseline, spark, dask) ``<s>_s`` (all iterations), ``<s>_iter_s`` (per
-iteration), ``<s>_times_s`` (each iteration), ``<s>_first_s``,
-``<s>_later_median_s``, ``<s>_bytes``: bytes of points moved between
-processes in the timed iterations (clamor: from the driver and peers, its
-stage stats, with pages mapped from the driver apart in
-``clamor_bytes_mapped``; baseline: 0, shared copy-on-write; Spark: the
-cached blocks' size, Spark's own count, once an iteration, fed from the
-executor JVMs to their Python workers; Dask: what the workers fetched from
-one another, their transfer logs).  The centroids and partials every
-system sends (about 1 KiB a task) are not counted.  A peer that cannot run
-(no Java, not installed, failed) is null with ``<s>_missing`` saying why.
-``hosts`` is 1: k-means is dense, every worker reads its whole chunk once.
-
-    python bench/kmeans.py --quick      # 1M points: all four, about 2 minutes
-    python bench/kmeans.py [--points N] [--workers W] [--partitions P] [--reps R] [--readahead 2M]
-                           [--systems spark,dask] [--spark-executor-mb MB]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"kmeans.py".
 """
 import argparse
 import json
@@ -123,7 +17,7 @@ import time
 import _harness
 from _common import (MIB, add, bounds, die_with_parent, ensure_built, make_points, one_blas_thread, parse_size,
                      partial_sums, update)
-from _harness import json_line, smoke_systems
+from _harness import json_line, med, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -212,10 +106,6 @@ def run_round(pool, cl, pts, parts, init, iters):
 def summary(times):
     later = times[1:] or times
     return {"total_s": sum(times), "first_s": times[0], "later_median_s": statistics.median(later)}
-
-
-def med(xs, key):
-    return statistics.median(s[key] for s in xs)
 
 
 def peer_figures(s, r, cc, clamor_s, iters):

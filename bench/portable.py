@@ -10,7 +10,7 @@ import sys
 import time
 
 from _common import human, parse_size
-from _harness import json_line
+from _harness import json_line, med
 from clamor.demo import geo
 
 MODES = ("fork", "spawn")
@@ -136,18 +136,15 @@ def main():
     def stages(mode, which=("cold", "warm")):
         return [x for o in runs[mode] for k in which for x in ([o[k]] if k == "cold" else o[k])]
 
-    def med(mode, which, key="s"):
-        return statistics.median(x[key] for x in stages(mode, (which,)))
-
     def total(mode, key, which=("cold", "warm")):
         return sum(x[key] for x in stages(mode, which))
 
     def wsum(mode, key):
         return sum(w[key] for o in runs[mode] for w in o["workers"])
 
-    cold = {m: med(m, "cold") for m in MODES}
-    warm = {m: med(m, "warm") for m in MODES}
-    warm_stage = {m: med(m, "warm", "stage_s") for m in MODES}
+    cold = {m: med(stages(m, ("cold",)), "s") for m in MODES}
+    warm = {m: med(stages(m, ("warm",)), "s") for m in MODES}
+    warm_stage = {m: med(stages(m, ("warm",)), "stage_s") for m in MODES}
     start = {m: statistics.median(o["start_s"] for o in runs[m]) for m in MODES}
     imps = {m: statistics.median(o["imports_s"] for o in runs[m]) for m in MODES}
     bad = {m: sum(o["bad"] for o in runs[m]) for m in MODES}

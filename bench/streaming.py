@@ -19,7 +19,7 @@ import numpy as np
 
 import _harness
 from _common import Spawned, die_with_parent, zipf_ranks
-from _harness import json_line, smoke_systems
+from _harness import json_line, med, smoke_systems
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -949,14 +949,14 @@ def main(argv=None):
             shm.unlink()
         restore()
 
-    def med(k, first=1, rs=rows):
-        return statistics.median(r[k] for r in rs[first:])
+    def med_of(k, first=1, rs=rows):
+        return med(rs[first:], k)
 
-    cl_med, bc_med, zc_med = med("clamor_s"), med("pickle_s"), med("zero-copy_s")
+    cl_med, bc_med, zc_med = med_of("clamor_s"), med_of("pickle_s"), med_of("zero-copy_s")
     # The Zipf tail keeps reaching pages no worker has read yet for several
     # rounds; the second half of the rounds is closer to the steady state.
     half = rounds // 2
-    cl_late, bc_late, zc_late = med("clamor_s", half), med("pickle_s", half), med("zero-copy_s", half)
+    cl_late, bc_late, zc_late = med_of("clamor_s", half), med_of("pickle_s", half), med_of("zero-copy_s", half)
 
     def pmed(who, first):   # median over every pass's rounds first..
         return statistics.median(x["s"] for rs in passes[who] for x in rs[first:])
