@@ -219,6 +219,31 @@ def why_not(res):
     return res.get("missing") or res.get("wrong") or res.get("error")
 
 
+def child_args(ap, systems, sized_for=None, timeout=3600):
+    """A script's flags for its systems: ``--timeout`` (seconds a child may
+    take); with ``sized_for`` (what Spark's memory must hold, in words)
+    ``--spark-executor-mb`` and ``--spark-driver-memory`` (``spark_memory``
+    gives their defaults); and the child protocol's own, hidden: ``--run
+    SYSTEM`` (one of ``systems``), ``--data DIR``, ``--out FILE``."""
+    if sized_for:
+        ap.add_argument("--spark-executor-mb", type=int, default=None,
+                        help=f"heap of each executor JVM, MiB (default: 2 x {sized_for} + 1024)")
+        ap.add_argument("--spark-driver-memory", default=None,
+                        help=f"driver JVM heap (default: 4 x {sized_for}, >= 2g)")
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds a system's subprocess may take")
+    ap.add_argument("--run", choices=systems, help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def spark_memory(args, nbytes):
+    """(executor MiB, driver heap) for a broadcast of ``nbytes``, unless the
+    command line says: an executor 2 x it + 1 GiB, the driver 4 x it and at
+    least 2g (Spark's 1g default cannot hold a 1 GiB broadcast)."""
+    return (args.spark_executor_mb or 2 * nbytes // (1 << 20) + 1024,
+            args.spark_driver_memory or f"{max(2, -(-4 * nbytes // (1 << 30)))}g")
+
+
 def child_result(system, out, run, reasons=()):
     """In a ``--run SYSTEM`` child: ``run()`` -> a dict of figures, written
     to ``out`` as JSON with ``system``; or why not: ``missing``

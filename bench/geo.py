@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import _harness
-from _common import MIB, Spawned, bounds, die_with_parent, parse_size
+from _common import Spawned, bounds, die_with_parent, parse_size
 from _harness import json_line, smoke_systems
 from clamor.demo import geo
 
@@ -268,14 +268,12 @@ def mib(n):
 # ---- the peers: Spark, Dask and Ray, each in a subprocess (--run SYSTEM) ------------------
 
 def config(args, pickled_bytes):
-    """What ``start`` and the subprocesses need, from geo.py's arguments:
-    Spark's memory defaults to what a broadcast of ``pickled_bytes`` needs
-    (executor heap 2 x it + 1 GiB; driver 4 x it, at least 2g: Spark's 1g
-    default cannot hold a 1 GiB broadcast)."""
+    """What ``start`` and the subprocesses need, from geo.py's arguments;
+    Spark's memory sized for a broadcast of ``pickled_bytes``."""
+    mb, dm = _harness.spark_memory(args, pickled_bytes)
     return {"workers": args.workers, "partitions": 4 * args.workers, "page_size": args.page_size,
             "netns": args.netns, "rate": args.rate if args.netns else None,
-            "spark_executor_mb": args.spark_executor_mb or (2 * pickled_bytes // MIB + 1024),
-            "spark_driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * pickled_bytes // (1 << 30)))}g"}
+            "spark_executor_mb": mb, "spark_driver_memory": dm}
 
 
 def hosts_of(cfg):
@@ -544,15 +542,8 @@ def main():
     ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
     ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default all: "
                                                     + ",".join(SYSTEMS) + "; with --netns clamor,spark,dask,ray)")
-    ap.add_argument("--spark-executor-mb", type=int, default=None,
-                    help="heap of each executor JVM, MiB (default: 2 x the pickled tree and records + 1024)")
-    ap.add_argument("--spark-driver-memory", default=None,
-                    help="driver JVM heap (default: 4 x the pickled tree and records, >= 2g)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's subprocess may take")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--run", choices=PEERS, help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, PEERS, "the pickled tree and records")
     args = ap.parse_args()
     if args.run:
         return child(args.run, args.data, args.out)

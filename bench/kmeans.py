@@ -354,10 +354,7 @@ def main(argv=None):
                     "clamor,baseline,spark,dask; --smoke leaves Spark out unless named)")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each Spark executor JVM, MiB (default: 3 x a block + 1024, at least 2048)")
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds a peer's run may take")
-    ap.add_argument("--run", choices=("spark", "dask"), help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, PEERS, timeout=1800)
     args = ap.parse_args(argv)
     if args.run:   # a peer's subprocess: no clamor here
         return peer_child(args.run, args.data, args.out)

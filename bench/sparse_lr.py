@@ -426,14 +426,8 @@ def main(argv=None):
     ap.add_argument("--rate", default="1gbit", help="every namespace host's link, both ways (tc notation)")
     ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default "
                     + ",".join(SYSTEMS) + ")")
-    ap.add_argument("--spark-executor-mb", type=int, default=None,
-                    help="heap of each executor JVM, MiB (default: 2 x the weights + 1024)")
-    ap.add_argument("--spark-driver-memory", default=None, help="driver JVM heap (default: 4 x the weights, >= 2g)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a system's run may take")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--run", choices=SYSTEMS, help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, SYSTEMS, "the weights")
     args = ap.parse_args(argv)
     if args.run:
         return child(args.run, args.data, args.out)
@@ -460,8 +454,8 @@ def main(argv=None):
     meta = {"netns": netns, "rate": args.rate if netns else None,"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
             "layout": args.layout,
         "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed, "init": args.init,
-            "spark_executor_mb": args.spark_executor_mb or (2 * wbytes // MIB + 1024),
-            "spark_driver_memory": args.spark_driver_memory or f"{max(2, 4 * wbytes // (1 << 30))}g"}
+            "spark_executor_mb": _harness.spark_memory(args, wbytes)[0],
+            "spark_driver_memory": _harness.spark_memory(args, wbytes)[1]}
     t_all = time.perf_counter()
     d = tempfile.mkdtemp(prefix="sparse_lr-")
     try:

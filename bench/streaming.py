@@ -691,13 +691,8 @@ def main(argv=None):
     ap.add_argument("--systems", default=None,
                     help="peers to run (default spark,dask,ray; clamor always runs; '' for none)")
     ap.add_argument("--no-ray", action="store_true", help="leave Ray out (the peer and the cold first rounds)")
-    ap.add_argument("--spark-executor-mb", type=int, help="heap of each executor JVM, MiB (default: 2 x the "
-                                                             "table + 1024)")
-    ap.add_argument("--spark-driver-memory", help="driver JVM heap (default: 4 x the table, >= 2g)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's run may take")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--run", choices=PEERS, help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, PEERS, "the table")
     args = ap.parse_args(argv)
     sm = args.smoke
     bits = args.bits or (16 if sm else 23 if args.quick else 25)
@@ -717,8 +712,7 @@ def main(argv=None):
     if sm and not args.run:
         systems, smoke_left_out = smoke_systems(systems, named)
     tbytes = 16 << bits
-    spark_conf = {"executor_mb": args.spark_executor_mb or 2 * tbytes // (1 << 20) + 1024,
-                  "driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * tbytes // (1 << 30)))}g"}
+    spark_conf = dict(zip(("executor_mb", "driver_memory"), _harness.spark_memory(args, tbytes)))
 
     def workload():
         return Workload(bits, args.load, rounds, W, args.lookups, args.zipf, args.hot, args.seed)
