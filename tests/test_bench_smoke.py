@@ -59,7 +59,7 @@ KEYS = {
     "figures": ([], {}),
 }
 
-# What a --smoke run leaves out unless --systems names it (bench/_common.py),
+# What a --smoke run leaves out unless --systems names it (bench/_harness.py),
 # and what it must run when it is installed here.
 SMOKE_LEAVES_OUT = {"spark", "ray"}
 
