@@ -18,7 +18,7 @@ ROOT = os.path.dirname(HERE)
 
 from _common import (GIB, MIB, bounds, compile_hotpages, cpu_delta, hot_lookup, human, load_hotpages, parse_size,
                      thread_cpu, zipf_ranks)
-from _harness import json_line, med, ratio
+from _harness import HOST_ENV, json_line, med, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
@@ -26,7 +26,6 @@ SAME_HOST = "fetch"
 SAME_HOST_WHY = ("every page a worker reads must cross its socket (CURVE or PLAIN, link or loopback); "
                  "clamor's default on one host (same_host='map') has the loopback worker map the driver's "
                  "pages instead, and nothing would be measured")
-HOST_ENV = "CLAMOR_BENCH_HOST"      # a worker's host index, for the tasks to report (every pid is 1)
 
 
 # ---- the orchestrator (root namespace): hosts, workers, TCP ------------------------------
