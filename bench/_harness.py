@@ -196,20 +196,6 @@ def reap_descendants(exclude=(), grace=5.0):
     return names
 
 
-@contextlib.contextmanager
-def reaping():
-    """This process as the children's subreaper for the block; on leaving,
-    anything below it that was not there on entering is killed and named."""
-    subreaper()
-    before = {p.pid for p in descendants()}
-    try:
-        yield before
-    finally:
-        left = reap_descendants(exclude=before)
-        if left:
-            print(f"killed processes left behind: {left}", flush=True)
-
-
 # ---- the child protocol ------------------------------------------------------------------
 
 def why_not(res):
