@@ -1,8 +1,9 @@
 """What the benchmarks share: sizes, the build, helper processes, random
-keys, the k-means kernel, the hot-pages table's C library, CPU time by
-thread, and the JSON line every script ends with.
+keys, the k-means kernel, the hot-pages table's C library and CPU time by
+thread.  Starting the systems, the child protocol and the JSON line every
+script ends with are the harness's (_harness.py).
 
-A benchmark imports this module and clamor, never another benchmark.
+A benchmark imports this module, _harness and clamor, never another benchmark.
 Run as ``python bench/NAME.py``, a script finds this module beside it
 (Python puts the script's folder first on ``sys.path``; processes started
 by ``multiprocessing``'s spawn get the same path).
@@ -19,14 +20,12 @@ recovery.py must fix the BLAS thread count before numpy loads (see
 ``one_blas_thread``), and scan.py's TCP sender stays a bare process.
 """
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,49 +242,6 @@ def make_points(n, k, d, seed, out=None):
     return x, init
 
 
-# ---- the JSON line ---------------------------------------------------------------------
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-
-
-def _commit():
-    try:
-        out = subprocess.run(["git", "-C", os.path.dirname(RESULTS), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def json_line(figures, name=None):
-    """Print a benchmark's figures as one JSON object on one line: its last
-    line.  The same figures go to bench/results/NAME.json (NAME: the
-    script's, with "-quick" for a --quick run), with the date, the commit
-    and the command line, for bench/figures.py.  A ``--smoke`` run (a check
-    that the script works, sizes too small to mean anything) writes no file."""
-    print(json.dumps(figures), flush=True)
-    if "--smoke" in sys.argv:
-        return
-    if name is None:
-        name = os.path.splitext(os.path.basename(sys.argv[0]))[0] + ("-quick" if "--quick" in sys.argv else "")
-    record = {"bench": name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
-              "argv": sys.argv[1:], "machine": {"cpus": os.cpu_count(), "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
-              "figures": figures}
-    try:
-        os.makedirs(RESULTS, exist_ok=True)
-        with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
-            json.dump(record, f, indent=1, default=str)
-            f.write("\n")
-    except OSError as err:   # (a read-only checkout: the line above is the result)
-        print(f"could not write bench/results/{name}.json: {err}", file=sys.stderr)
-
-
-def last_json_line(text):
-    """The JSON object on the last line of ``text`` (a benchmark's output);
-    IndexError when there is no line, ValueError when it is not JSON."""
-    return json.loads(text.strip().splitlines()[-1])
-
-
 # ---- the hot-pages table (bench/hotpages.c) ---------------------------------------
 
 HOTPAGES_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hotpages.c")
@@ -350,25 +306,3 @@ def thread_cpu():
 def cpu_delta(before, after):
     """What each thread of ``after`` spent since ``before`` (thread_cpu())."""
     return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
-
-
-# ---- --smoke ---------------------------------------------------------------------------
-
-# The peers a --smoke run leaves out unless --systems names them: the test
-# machine installs clamor's "test" extra (Dask, not Ray nor pyspark) and has
-# no Java, and either's start-up alone takes longer than a whole smoke run.
-SMOKE_LEAVES_OUT = {
-    "spark": "left out under --smoke (a JVM per executor, Java 17 needed; name it in --systems to run it)",
-    "ray": "left out under --smoke (not in the test extra, slow to start; name it in --systems to run it)",
-}
-
-
-def smoke_systems(systems, named):
-    """(the systems a --smoke run keeps, {system: why left out}).  ``named``:
-    --systems was given on the command line, and then every system stays."""
-    if named:
-        return list(systems), {}
-    out = {s: why for s, why in SMOKE_LEAVES_OUT.items() if s in systems}
-    for s, why in out.items():
-        print(f"smoke: {s} {why}", flush=True)
-    return [s for s in systems if s not in out], out

@@ -4,110 +4,22 @@ in place (clamor.dask) against the same index broadcast with
 ``client.scatter(..., broadcast=True)``, and a round of streaming updates
 against re-scattering.
 
-The global is a grid index of ``--points`` places (40M; quick 2M) on a
-4096 x 4096 km plane, all of it region arrays made with ``clamor.empty``:
-
-  pts      (N, 2) float64  coordinates in km, sorted by grid cell (row-major
-                           cells of 4 km, 1024 x 1024)
-  ids      (N,)   int64    each place's record id
-  offsets  (G*G + 1,) int64  where each cell's places start in pts and ids
-
-(24 bytes a place: 0.9 GiB in the full run, 54 MiB quick.)  The places are
-70% around 10,000 "cities" (sizes Zipf(0.7), spread 5 to 25 km) and 30%
-uniform.  Queries are uniform in a disc of ``--radius-km`` (100) around
-the largest city, sorted by cell and cut into ``--tasks`` batches (8 per
-worker); a task answers its batch's ``--k`` (10) nearest places exactly:
-it gathers the places of the cells around its queries (one slice of pts
-and ids per row of cells), builds a scipy cKDTree over them, and takes a
-query's answer once its k-th distance is within the gathered rectangle;
-the others try again with a rectangle twice as wide.  A task reads only
-the cells near its queries.
-
-The same Dask cluster of ``--workers`` (4) single-threaded worker
-processes serves both sides, attached with ``clamor.dask.attach``:
-
-  clamor   ``client.map(knn_task, batches, pts=pts, ids=ids, offsets=...)``
-           with the region arrays as arguments: they travel by reference,
-           and each worker faults in the pages its tasks touch, from the
-           driver or a peer.  Timed from submitting to the answers.
-  scatter  ``client.scatter([pts, ids, offsets], broadcast=True)`` (region
-           arrays go by value, as any numpy array: Dask hashes, serialises
-           and sends them, then replicates them to every worker), then the
-           same map with the futures.  Timed from the scatter to the
-           answers.
-
-``speedup_vs_scatter`` = scatter time / clamor time.  Each of ``--reps``
-(2; quick 3) rounds starts cold: every worker drops its pages of the
-global, and the scattered copies are released; the order alternates.  The
-two sides' answers must be identical (and equal to a brute-force search
-for a few queries), else the script exits 1.
-
-Streaming updates (``--update-rounds``, 3; quick 2): the driver moves
-``--updates`` (300) places, chosen among those in the cells around the
-query disc, to new random points of their own cells (the index stays
-valid), writing pts in place; then ``--update-queries`` (20000; quick
-5000) new queries in ``2 x workers`` tasks.  clamor: the write and the
-lookups (each worker drops the pages that changed, then fetches what it
-reads again).  Baseline: the same lookups after re-scattering the updated
-pts (``broadcast=True``; ids and offsets did not change, so they stay:
-the baseline's best case).  Answers must be equal.
-``update_speedup_vs_rescatter`` = median re-scatter round / median clamor
-round.
-
-The paper's version (part 1b, ``--kdtree-reps``, default as ``--reps``;
-0 skips it): a scipy KDTree over a copy of the same places, and
-``records``, one (record id, rating) per place, both built under
-``clamor.heap()`` before the Dask client exists and held by one region
-tuple ``geo``.  A query takes its ``--k`` nearest from the tree, their
-records, and the top-rated of them (the job's figure: the mean distance to
-it).  clamor: ``client.map(kdtree_task, batches, geo=clamor.dask.ref(geo))``
-(``.get()`` in the task gives the region's tuple, used in place; the ref is
-made in the timed round).  Baseline: ``client.scatter([tree, records],
-broadcast=True)`` of ordinary copies (the tree unpickled from the region's,
-so the same tree), then the same map; timed from the scatter.  Cold rounds
-as in part 1, every worker dropping all its region pages first.  The two
-sides' answers must be identical, and their ``k`` nearest equal to part 1's
-(else exit 1).  It runs before the updates, which write pts.  The region's
-str-keyed dicts hash with the process's seed, so the script re-executes
-itself with PYTHONHASHSEED=6640 (Dask's nanny's seed for its workers; the
-namespace hosts' workers inherit it).
-
-Bytes: clamor's are the workers' ``bytes_fetched`` (which counts the bytes
-from peers too: ``clamor.stats()`` on each worker, summed); the scatter's
-are the arrays' bytes times the workers.  With namespace hosts, both sides
-are also measured on the links: the bytes into every worker host (the
-root-side veth's tx counter), which counts Dask's own messages too;
-``bytes_ratio_vs_scatter`` is the measured one there.
-
-Hosts: the full run makes ``--workers`` network-namespace hosts with
-tests/nethosts.py, every link limited to ``--rate`` (1gbit) both ways; the
-Dask scheduler (``python -m distributed.cli.dask_scheduler``) and the
-driver (this process) stay in the root namespace, one ``dask worker`` (no
-nanny, one thread) runs on each host with CLAMOR_SECRET in its
-environment, and ``attach(client, host=<root address>)``.  ``--quick``,
-``--local``, or a machine without root and namespaces: one host, a
-``LocalCluster(n_workers=4, threads_per_worker=1, processes=True)`` on
-loopback.
-
-    python bench/dask_globals.py [--quick] [--local] [--workers 4] [--rate 1gbit] [--points 40M] [--kdtree-reps N]
-
-The last line is one JSON object (keys in bench/README.md).
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"dask_globals.py".
 """
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import scipy.spatial  # before any clamor.heap() block: a first import inside one puts it in the region
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from _common import MIB, die_with_parent, human, json_line, parse_size
+from _common import MIB, human, parse_size
+import _harness
+from _harness import json_line, med
 
 GRID = 1024          # cells a side
 CELL_KM = 4.0        # a cell's side
@@ -117,7 +29,6 @@ CITIES = 10000
 # on slow links the two never finish.  A user who broadcasts turns it off.
 AMM_OFF = {"distributed.scheduler.active-memory-manager.start": False}
 HASH_SEED = "6640"   # the seed Dask's nanny starts its workers with
-AMM_OFF_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START": "False"}
 
 
 # ---- the task (runs on the Dask workers; cloudpickle sends it by value) -------------------
@@ -355,57 +266,7 @@ class NoLinks:
         return 0, 0
 
 
-def start_netns(args, tmp, secret, stack):
-    """Scheduler in the root namespace, one dask worker per namespace host.
-    Returns (client, hosts, root address, link counter)."""
-    import nethosts
-    from dask.distributed import Client
-
-    hosts = stack.enter_context(nethosts.Hosts(args.workers, rate=args.rate))
-    root = hosts.root_addr
-    sfile = os.path.join(tmp, "scheduler.json")
-    log = stack.enter_context(open(os.path.join(tmp, "scheduler.log"), "w"))
-    hosts.root.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", root, "--port", "0",
-                      "--no-dashboard", "--scheduler-file", sfile],
-                     env={**os.environ, **AMM_OFF_ENV, "DASK_TEMPORARY_DIRECTORY": tmp},   # its scratch space
-                     stdin=subprocess.DEVNULL, stdout=log,
-                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sfile):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"dask_globals: the scheduler did not start; see {log.name}")
-        time.sleep(0.1)
-    time.sleep(0.2)
-    client = Client(scheduler_file=sfile, timeout=60)
-    addr = client.scheduler.address
-    env = {**os.environ, "CLAMOR_SECRET": secret}
-    for h in hosts:
-        wlog = stack.enter_context(open(os.path.join(tmp, f"worker{h.index}.log"), "w"))
-        h.popen([sys.executable, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1", "--no-nanny",
-                 "--no-dashboard", "--host", h.addr, "--name", f"h{h.index}", "--local-directory", tmp,
-                 "--death-timeout", "60"], env=env, stdin=subprocess.DEVNULL, stdout=wlog,
-                stderr=subprocess.STDOUT)
-    client.wait_for_workers(args.workers, timeout=120)
-    import _peerhosts
-    return client, hosts, root, _peerhosts.LinkCounter(hosts)
-
-
-def start_local(args, tmp):
-    import dask
-    from dask.distributed import Client, LocalCluster
-
-    dask.config.set(AMM_OFF)
-    dask.config.set({"temporary-directory": tmp})   # not /tmp/dask-scratch-space, which Dask keeps
-
-    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
-    return Client(cluster), cluster
-
-
 # ---- the run --------------------------------------------------------------------------------
-
-def med(xs):
-    return statistics.median(xs) if xs else None
-
 
 def main(argv=None):
     if argv is None and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
@@ -472,7 +333,7 @@ def main(argv=None):
     netns = not (args.local or (q and not args.netns))
     why_local = "--quick" if q and not args.netns else "--local" if args.local else None
     if netns:
-        import nethosts
+        from clamor.testing import nethosts
         ok, reason = nethosts.available()
         if not ok:
             netns, why_local = False, f"no network namespaces here ({reason})"
@@ -508,22 +369,23 @@ def main(argv=None):
               f"MiB", flush=True)
     all_pages = [(0, region.size() // ps)]
 
-    with tempfile.TemporaryDirectory(prefix="dask-globals-") as tmp, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
+        t = time.perf_counter()
         if netns:
-            secret = security.new_secret()
-            os.environ["CLAMOR_SECRET"] = secret
-            t = time.perf_counter()
-            client, hosts, root, links = start_netns(args, tmp, secret, stack)
-            nhosts = args.workers
+            os.environ["CLAMOR_SECRET"] = security.new_secret()   # the workers' too: they inherit it
+            hosts = stack.enter_context(_harness.hosts_for(args.workers, args.rate))
+            root, links, nhosts = hosts.root_addr, _harness.LinkCounter(hosts), args.workers
+            client = stack.enter_context(_harness.start(
+                "dask", args.workers, hosts, dask_config=AMM_OFF,
+                dask_options={"nanny": False, "dashboard": False, "death_timeout": 60}))
             print(f"hosts: {args.workers} namespace hosts on {hosts.prefix}.0/24, links {args.rate} both ways; "
                   f"scheduler and driver in the root namespace ({root}); Dask up in "
                   f"{time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client, cluster = start_local(args, tmp)
-            stack.callback(cluster.close)
+            client = stack.enter_context(_harness.start("dask", args.workers, dask_config=AMM_OFF,
+                                                        dask_options={"dashboard_address": None}))
             root, links, nhosts = None, NoLinks(), 1
-        stack.callback(client.close)
         t = time.perf_counter()
         clamor.dask.attach(client, host=root)
         stack.callback(lambda: clamor.dask.attached() and clamor.dask.detach(client))

@@ -1,24 +1,7 @@
 """The driver's writes between stages under each write protection.
 
-Once a stage has begun the driver's region is write-protected, and its
-first write to a page logs the page's version (csrc/version.c).  The
-protection is userfaultfd's write-protect mode, where the process may use
-it, or mprotect (csrc/wprot.c).  This runs each in a process of its own
-(``CLAMOR_WRITE_PROTECT``) and measures, side by side:
-
-- the first write to a page after a stage begins (microseconds per page:
-  the copy, the new mapping, and the signal or the thread's round trip;
-  after a warm-up round, whose copies go to fresh memory);
-- a stage begin that protects the pages written again (us per page), and
-  one that finds them written back to the same bytes (mprotect moves each
-  one's view back; userfaultfd leaves it, and workers that map it move);
-- ``f.readinto`` of a file into a region array written before the stage:
-  ok under userfaultfd, EFAULT under mprotect (what ``clamor.readinto``
-  exists for);
-- ``np.load`` and ``pickle.load`` under ``heap()`` after a stage begin (ms),
-  which mprotect makes work by opening each block heap() hands out.
-
-    python bench/driver_writes.py [--quick | --smoke] [--pages N] [--reps R]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"driver_writes.py".
 """
 import argparse
 import json
@@ -28,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-from _common import json_line
+from _harness import json_line
 
 CHILD = r"""
 import errno, json, os, pickle, sys, time

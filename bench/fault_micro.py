@@ -1,24 +1,7 @@
 """Build and run the C fault microbenchmark (bench/fault_micro.c).
 
-It compares, in one run, a clamor remote page fault (64 KiB, read-ahead off)
-with the raw libzmq round trip of the same payload between two processes, and
-with a local SIGSEGV + mprotect fault; and a same-host map fault (a worker
-mapping a driver page from its memfd, one 4 MiB window a fault) with that
-local fault.  See the comment at the top of fault_micro.c for what each
-figure covers.
-
-    python bench/fault_micro.py            # 2000 faults on a 256 MiB buffer
-    python bench/fault_micro.py --quick    # 300 faults on 64 MiB
-    python bench/fault_micro.py --smoke    # 50 faults on 16 MiB (tests use it)
-
-The map faults touch one page in each of N + 20 windows of 4 MiB: a second
-buffer of that much address space (7.9 GiB full), of which only the touched
-pages are written.
-
-The binary is compiled with plain ``cc`` from csrc/*.c into bench/out/ (or
---build-dir), and is given the libzmq that clamor loads (pyzmq's copy), or
-the one CLAMOR_LIBZMQ names.  The last line printed is the benchmark's JSON
-line.
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"fault_micro.py".
 """
 import argparse
 import glob
@@ -26,7 +9,8 @@ import os
 import subprocess
 import sys
 
-from _common import ROOT, c_compiler, last_json_line
+from _common import ROOT, c_compiler
+from _harness import last_json_line
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")

@@ -2,7 +2,7 @@
 """Paper-style figures from the benchmarks' JSON results.
 
 Reads every ``*.json`` under ``--results`` (bench/results: one file per
-run, written by ``_common.json_line`` as {"bench", "date", "commit",
+run, written by ``_harness.json_line`` as {"bench", "date", "commit",
 "argv", "machine", "figures"}) and draws into ``--out`` (bench/figures):
 
   time_per_system.png  one panel per workload (sparse_lr, geo, streaming,
@@ -670,7 +670,7 @@ def smoke(pl, records, args):
     import tempfile
 
     sys.path.insert(0, HERE)
-    from _common import json_line
+    from _harness import json_line
 
     check(pl)
     try:

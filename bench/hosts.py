@@ -1,90 +1,13 @@
 #!/usr/bin/env python3
 """clamor across hosts: rate-limited links between network-namespace hosts.
 
-What clamor saves, bytes that never cross a link, becomes time once the
-links are slow.  This script makes ``1 + 4`` hosts with tests/nethosts.py
-(network namespaces on one bridge, every link limited to ``--rate`` both
-ways, 1gbit by default), runs the driver on host 0 (a subprocess started
-there with ``hosts[0].popen``) and remote workers on hosts 1-4, each
-started as ``unshare --pid --fork --mount-proc python -m clamor.worker
-ENDPOINT`` (another PID namespace: the driver knows it only by its
-connection and heartbeats).  No worker is forked from the driver:
-``Cluster(workers=0, remote=N, listen=f"{driver_addr}:*")``.
-
-The process the script starts (the *orchestrator*, in the root namespace)
-owns the hosts.  The driver asks it, over a pair of pipes, to start
-workers for a cluster, to wait for them once the cluster is closed, and to
-measure TCP between two hosts (``measure_tcp``), so that the baselines are
-measured in the same run, between the measurements they are compared with.
-
-Measurements, each against a baseline of the same run:
-
-- **link**: one TCP connection from the driver's host to worker host 1
-  (``measure_tcp``, 1 s), once per remote cluster of the scan part;
-  ``link_bytes_per_s`` is the median.
-- **scan**: one remote worker (host 1) sums a float64 region array
-  (``--size``, 256 MiB; quick 64 MiB) from cold, ``--scans`` times per
-  cluster (3; quick 2): before each, the worker drops every page of the
-  array, so each scan fetches it all over the link, with clamor's default
-  read-ahead.  Timed on the worker as in bench/scan.py.
-  ``scan_link_ratio`` = scan GB/s (CURVE, the default) / link GB/s.
-- **fault**: the same worker, read-ahead off (``clamor.configure(
-  readahead=0)``), reads one element of ``--faults`` random distinct pages
-  (1000; quick 300), each page dropped before: the time of each access,
-  one page fetch each; median.
-- **CURVE against PLAIN**: scan and fault run on a cluster made with the
-  default encryption (CURVE) and on one made with ``encrypt=False``
-  (workers ``--no-encrypt``: PLAIN authentication, nothing encrypted),
-  ``--reps`` rounds (3; quick 2), the order alternating from round to
-  round, a fresh cluster and worker each time.  ``curve_fault_ratio`` =
-  fault us CURVE / PLAIN (median of all faults of each), and
-  ``curve_scan_ratio`` = scan GB/s CURVE / PLAIN (median over scans).
-- **hot pages**: the workload of bench/hotpages.py: an open-addressing hash
-  table built by C (bench/hotpages.c) through ``clamor_malloc`` in the
-  region, 2^``--bits`` slots of 16 bytes (26 = 1 GiB; quick 23 = 128 MiB),
-  half full; 8 tasks of ``--lookups`` Zipf(1.1) keys (50000; quick 6250),
-  each looked up by C on 8 threads, on 4 remote workers (hosts 1-4), once
-  per replication policy ``off`` / ``random`` / ``two-choices``, each on a
-  fresh cluster whose workers start with no pages.  One untimed ``off``
-  stage warms the machine up; then ``--hot-reps`` rounds (3; quick 2),
-  the policies' order rotated every round.  The driver's link is the
-  bottleneck: with ``off`` every page a worker reads crosses it, with
-  replication most come from peers over their own links.
-  ``hot_time_ratio`` and ``hot_driver_bytes_ratio``: the better
-  replication policy (lower median time) over ``off``: stage time, and
-  bytes the driver's page server sent.  Every task's checksum is compared
-  with the driver's own lookups of the same keys.
-- **loopback**: scan and fault on one host, the driver and one spawned
-  worker (``Cluster(workers=1, start_method="spawn")``, loopback, no rate
-  limit), CURVE against PLAIN, the same rounds: the figures that decide
-  whether encryption stays on by default on one host.
-
-Every cluster is made with ``same_host="fetch"``, and the script checks
-that each worker fetches: what is measured is pages crossing a socket
-(encrypted or not, over a link or loopback).  With clamor's default on one
-host (``"map"``) the loopback worker would map the driver's pages in place:
-no page would cross the socket, and CURVE and PLAIN would not be compared
-at all.
-
-CPU: the worker's (``getrusage`` in the task, and by thread as in
-bench/scan.py), the driver's (``getrusage`` around the call) and the
-machine's (busy share of all CPUs from /proc/stat) for every scan and
-hot-pages stage: on 2 cores, 5 processes and the links' shaping share them.
-
-    python bench/hosts.py [--quick | --smoke] [--rate 1gbit]
-
-``--smoke`` (seconds, for the tests) runs every part with 2 worker hosts
-and tiny sizes.
-
-The last line is one JSON object (keys in bench/README.md).  Needs root
-and network namespaces; exits with status 2 and a message when there are
-none.
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"hosts.py".
 """
 import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,22 +15,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from _common import (
-    GIB,
-    MIB,
-    bounds,
-    compile_hotpages,
-    cpu_delta,
-    hot_lookup,
-    human,
-    json_line,
-    load_hotpages,
-    parse_size,
-    thread_cpu,
-    zipf_ranks,
-)
+from _common import (GIB, MIB, bounds, compile_hotpages, cpu_delta, hot_lookup, human, load_hotpages, parse_size,
+                     thread_cpu, zipf_ranks)
+from _harness import HOST_ENV, json_line, med, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
@@ -115,13 +26,12 @@ SAME_HOST = "fetch"
 SAME_HOST_WHY = ("every page a worker reads must cross its socket (CURVE or PLAIN, link or loopback); "
                  "clamor's default on one host (same_host='map') has the loopback worker map the driver's "
                  "pages instead, and nothing would be measured")
-HOST_ENV = "CLAMOR_BENCH_HOST"      # a worker's host index, for the tasks to report (every pid is 1)
 
 
 # ---- the orchestrator (root namespace): hosts, workers, TCP ------------------------------
 
 def orchestrate(args, argv):
-    import nethosts
+    from clamor.testing import nethosts
 
     ok, reason = nethosts.available()
     if not ok:
@@ -335,17 +245,6 @@ def make_hot_task(so_path, addr, threads):
 
 
 # ---- the driver (host 0) ----------------------------------------------------------------------
-
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
-def ratio(num, den, what):
-    """num / den; a zero or missing denominator stops the driver, naming the figure."""
-    if not den or num is None:
-        raise SystemExit(f"hosts: cannot compute {what}: {num!r} / {den!r} (nothing measured to compare with)")
-    return num / den
-
 
 def check_fetching(cl, label):
     """Every worker of ``cl`` in ``SAME_HOST`` mode, else stop; the modes."""

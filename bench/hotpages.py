@@ -1,79 +1,19 @@
 """Dynamic replication on Zipf hash-table lookups (the paper's Fig. 3).
 
-The driver builds an open-addressing hash table in the region with C code
-(bench/hotpages.c, compiled with ``cc`` into a temporary directory and
-loaded with ctypes) that allocates it through ``clamor_malloc``, whose
-address it gets from clamor's cffi module: 2^26 slots of 16 bytes = 1 GiB
-(``--quick``: 2^23 = 128 MiB), half full, linear probing.  Key ranks are
-drawn Zipf(``--zipf``, 1.1) with numpy in the driver; each task gets
-``--lookups`` keys (50000; quick 6250) as task data and looks them up with
-the C function in a forked worker, on ``--threads`` C threads (8, so that
-a worker has several page fetches in flight), and returns the checksum of
-the values found.  The table's address travels as an int: the region is at
-the same base in every worker.  Every checksum is compared with the
-driver's own lookups of the same keys, and with the values computed from
-the keys alone.
-
-The same keys run on ``--workers`` workers (4), ``2 x workers`` tasks in
-one stage, once per replication policy: ``off`` (every page from the
-driver), ``random`` and ``two-choices`` (a worker that asks the driver for
-a page another worker holds is redirected to that worker; clamor.Cluster's
-``replication``).  Each policy gets a fresh Cluster, whose workers start
-with no pages; the region and the table stay.  Policies are interleaved over
-``--reps`` rounds (3), with fresh keys each round and the order rotated
-from round to round (round r starts with policy r mod 3), so that no
-policy always runs first; figures are medians.  Before the rounds, one
-untimed ``off`` stage on its own cluster warms the machine up: on this VM
-memory that has been free for a few seconds costs 3-4x more to touch (the
-host took it back: free page reporting), and the first cluster of a run
-got that memory every time (its workers spent 2.7x the CPU of a later
-``off`` run in one full run), so a fixed first policy lost by that alone
-(``--no-warmup`` skips it).
-Per policy the script prints the stage's wall time, the bytes the driver's
-page server sent (its counter, before and after), the bytes the workers'
-page servers sent (``cl.stats()["replication"]``, as each worker last
-reported it with a task result) and received from peers
-(``cl.stats()["bytes_from_peers"]``), the share of the table each worker
-fetched, and CPU seconds (the driver during the stage, the workers over
-their life).
-
-Then the same with a network bottleneck: every page server (the driver's
-and each worker's) sends at most ``--rate`` bytes per second (100 MB/s),
-through the token bucket in csrc/server.c that the environment variable
-CLAMOR_SERVE_RATE turns on.  The driver's page server is restarted so that
-it reads the variable, and workers inherit it.  ``off`` runs against the
-best replication policy of the first part, ``--rate-lookups`` keys a task
-(the same as ``--lookups`` by default).
-
-Every cluster is made with ``same_host="fetch"``: the workers share the
-driver's host, and with clamor's default (``"map"``) they would map the
-driver's pages in place instead of fetching them, so the driver's page
-server would send nothing and there would be no driver bytes for
-replication to save.  The script checks that every worker fetches.
-
-    python bench/hotpages.py            # 1 GiB table (about 5 minutes)
-    python bench/hotpages.py --quick    # 128 MiB table (under a minute)
-    python bench/hotpages.py --smoke    # 4 MiB table, 1 round (seconds: the tests run it)
-
-The last line printed is the JSON line: ``driver_bytes_ratio`` (driver
-bytes with the best policy / with off; target <= 0.5), ``time_ratio`` (its
-time / off's; target <= 1.0), ``best_policy`` (the replication policy with
-the lower median time), ``ratios`` (both ratios and ``cpu_ratio`` for each
-policy), ``policies`` (per-policy medians), ``runs`` (every run), and the
-same two ratios under the rate limit (``rate_driver_bytes_ratio``,
-``rate_time_ratio``, medians in ``rate_limited``).
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"hotpages.py".
 """
 import argparse
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from _common import bounds, compile_hotpages, hot_lookup, json_line, load_hotpages, zipf_ranks
+from _common import bounds, compile_hotpages, hot_lookup, load_hotpages, zipf_ranks
+from _harness import json_line, med, ratio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("off", "random", "two-choices")
@@ -83,13 +23,6 @@ RATE_ENV = "CLAMOR_SERVE_RATE"
 SAME_HOST = "fetch"
 SAME_HOST_WHY = ("workers fetch every page from the driver or a peer, as on separate hosts; mapping the "
                  "driver's pages (clamor's default on one host) would leave no driver bytes to compare")
-
-
-def ratio(num, den, what):
-    """num / den; a zero denominator stops the script, naming the figure."""
-    if not den:
-        raise SystemExit(f"hotpages: cannot compute {what}: its baseline is {den!r} (nothing measured to compare with)")
-    return num / den
 
 
 def zipf_keys(lib, rng, a, nkeys, size):
@@ -180,7 +113,7 @@ def medians(rows):
             "direct_requests", "hint_bytes",
             "redirect_hit_rate", "peer_fallbacks", "evictions", "task_s_max", "coverage", "driver_cpu_s",
             "workers_cpu_s")
-    return {k: statistics.median(r[k] for r in rows) for k in keys} | {"runs": len(rows)}
+    return {k: med(rows, k) for k in keys} | {"runs": len(rows)}
 
 
 def rotated(seq, r):

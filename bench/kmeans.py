@@ -1,131 +1,30 @@
 #!/usr/bin/env python3
 """k-means on a clamor Cluster against a multiprocessing + numpy lower bound, Spark and Dask.
 
-The paper's dense workload (Clamor, SoCC 2021, §7: k-means, k=10, d=10):
-``--iters`` Lloyd iterations over ``--points`` float64 points from k Gaussian
-blobs, with the same initial centroids (k points drawn with ``--seed``) in
-every implementation, each on ``--workers`` (W) single-core worker processes,
-the points cut into the same P = ``--partitions`` (default W) contiguous
-chunks:
-
-  baseline  the MPI-like lower bound.  The points are an ordinary numpy array
-            made before a ``multiprocessing`` fork Pool, so every pool process
-            shares them copy-on-write and nothing is shipped but the
-            centroids.  Each iteration is ``pool.map`` over P contiguous
-            chunks (chunksize=1); a task returns its chunk's per-cluster sums
-            and counts and the driver combines them and moves the centroids.
-  clamor    the same points copied into the region (``clamor.array``), a
-            ``Cluster(workers=W)``, and per iteration
-            ``cl.parallelize(points, P).map_partitions(partial sums).reduce(add)``:
-            the chunks travel as region references, the centroids in the
-            closure.  Workers fault their chunk in during the first
-            iteration; the pages stay cached after it (the points never
-            change), so later iterations are compute plus stage overhead.
-  spark     the k-means a Spark user writes with RDDs (not MLlib's KMeans,
-            another algorithm with its own initialisation), on
-            ``local-cluster[W,1,--spark-executor-mb]`` (W executor JVMs of
-            one core; ``_peers.spark``), the Python workers on this
-            interpreter (PYSPARK_PYTHON).  The points are an RDD of P numpy
-            blocks, ``sc.parallelize(range(P), P).map(np.load of block
-            i).cache()``, loaded by the executors from .npy files in a
-            temporary directory; each iteration is
-            ``rdd.mapPartitions(partial sums, the centroids in the
-            closure).collect()`` (what ``rdd.reduce(add)`` runs) and the
-            partials folded in partition order in the driver.
-  dask      ``LocalCluster(n_workers=W, threads_per_worker=1,
-            processes=True)`` (``_peers.dask``): the blocks are P futures,
-            ``client.map`` of the same loader, kept in the workers' memory;
-            each iteration one ``client.submit(partial sums, block,
-            centroids)`` per block, ``client.gather``, the partials folded
-            in partition order in the driver.  Dask runs a task where its
-            block is, except once its scheduler counts more than 2 x W
-            tasks of the group alive (the last iteration's, released but
-            not yet forgotten) and takes them for root-ish: then a task may
-            run on another worker, which copies the block (in
-            ``dask_bytes``, and said).  Dask's workers start with
-            MALLOC_TRIM_THRESHOLD_=65536 (its default), under which every
-            temporary of the kernel (5 MiB a 64K-row block) is a fresh
-            mmap: the same kernel spends about twice the CPU there, in page
-            faults (``dask_task_cpu_max_s`` against Spark's).
-
-Every system runs ``_common.partial_sums`` on the same chunks and folds the
-partials with ``_common.add`` in partition order, then ``_common.update``,
-so all reach the same centroids: each one's are checked against clamor's
-(np.allclose, 1e-9); a difference stops the run (the comparison would be
-void).  BLAS runs one thread per process (as one MPI rank per core), unless
-OPENBLAS_NUM_THREADS/OMP_NUM_THREADS say otherwise (the peers' workers
-inherit it; each prints what its workers see).  The baseline and clamor run
-interleaved, one iteration of each in turn (which goes first alternates),
-so a busy moment of this shared machine slows both alike; each keeps its
-own centroids.  The peers run before them, one after the other, each in a
-subprocess of its own (``--run SYSTEM``; ``_kmeans_peers.py``), started
-before this process becomes a clamor driver; ``--systems`` leaves peers out.
-
-Timed: the iterations only, each from handing out its tasks to the
-driver's new centroids.  Not timed: data generation; the region copy (clamor)
-and writing the peers' .npy blocks; every system's start (cluster, JVMs,
-Dask workers); and loading: on Spark one job that loads and caches every
-block and starts each executor's Python worker (the script then checks
-that Spark holds all P blocks in memory), on Dask the P load tasks and one
-small task per block.  Clamor's workers are forked at its start and read
-nothing before the first iteration, so its first iteration includes
-faulting (or mapping) each chunk in; the peers' first iterations start with
-the blocks in their workers' memory.  With ``--reps`` > 1 every system runs
-the whole round again (each clamor round cold: the workers drop the points'
-pages first; the peers keep their blocks); the figures are the medians over
-rounds, the per-iteration lists the last round's.
-
-Per iteration the table shows the baseline's and clamor's times, their
-ratio, clamor's longest task, its overhead (stage wall time less the
-busiest worker's task time: the larger of the longest task and total task
-time / W; that is dispatch, serialization and the barrier), faults and MiB
-fetched.  Tasks have no affinity to the workers that hold their pages, so
-with more partitions than the workers' slots (2 each) placement can change
-between iterations and a worker faults in a chunk another worker already
-holds (``--partitions``).  Each peer prints its iterations with the
-longest read time of its tasks (Spark: waiting for the executor JVM to
-write the cached, pickled block to the Python worker, and unpickling it;
-Dask: none, the block is in the worker's memory), kernel time and kernel
-CPU time (less than the kernel time when the task's thread waited for a
-core or the GIL); the rest of an iteration is the system's own (job and
-task scheduling, launch, results).
-
-The last line is one JSON object: ``ratio`` = clamor_s / baseline_s (target
-<= 1.5), ``ratio_vs_spark`` = clamor_s / spark_s (target <= 1.0),
-``ratio_vs_dask`` = clamor_s / dask_s; for each system s (clamor,
-baseline, spark, dask) ``<s>_s`` (all iterations), ``<s>_iter_s`` (per
-iteration), ``<s>_times_s`` (each iteration), ``<s>_first_s``,
-``<s>_later_median_s``, ``<s>_bytes``: bytes of points moved between
-processes in the timed iterations (clamor: from the driver and peers, its
-stage stats, with pages mapped from the driver apart in
-``clamor_bytes_mapped``; baseline: 0, shared copy-on-write; Spark: the
-cached blocks' size, Spark's own count, once an iteration, fed from the
-executor JVMs to their Python workers; Dask: what the workers fetched from
-one another, their transfer logs).  The centroids and partials every
-system sends (about 1 KiB a task) are not counted.  A peer that cannot run
-(no Java, not installed, failed) is null with ``<s>_missing`` saying why.
-``hosts`` is 1: k-means is dense, every worker reads its whole chunk once.
-
-    python bench/kmeans.py --quick      # 1M points: all four, about 2 minutes
-    python bench/kmeans.py [--points N] [--workers W] [--partitions P] [--reps R] [--readahead 2M]
-                           [--systems spark,dask] [--spark-executor-mb MB]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"kmeans.py".
 """
 import argparse
+import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
-import _peers
-from _common import (MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, parse_size,
-                     partial_sums, smoke_systems, update)
+import _harness
+from _common import (MIB, add, bounds, die_with_parent, ensure_built, make_points, one_blas_thread, parse_size,
+                     partial_sums, update)
+from _harness import json_line, med, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
 
-from _kmeans_peers import PEERS, run_peers  # noqa: E402  (imports numpy: after the line above)
-from _kmeans_peers import child as peer_child  # noqa: E402
+
+PEERS = ("spark", "dask")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ---- baseline: multiprocessing Pool over copy-on-write points --------------------
@@ -209,10 +108,6 @@ def summary(times):
     return {"total_s": sum(times), "first_s": times[0], "later_median_s": statistics.median(later)}
 
 
-def med(xs, key):
-    return statistics.median(s[key] for s in xs)
-
-
 def peer_figures(s, r, cc, clamor_s, iters):
     """A peer's keys for the JSON line from its result ``r`` (None: not
     requested); exits when its centroids differ from clamor's ``cc``."""
@@ -247,6 +142,195 @@ def peer_figures(s, r, cc, clamor_s, iters):
     return out
 
 
+# ---- the peers: Spark and Dask, each in a subprocess (--run SYSTEM) ----------------------
+
+# ---- the data directory -------------------------------------------------------------------
+
+def save_blocks(d, x, init, meta):
+    """The points as ``meta["partitions"]`` contiguous blocks, the initial
+    centroids and the run's parameters, in directory ``d``."""
+    b = bounds(len(x), meta["partitions"])
+    for i in range(meta["partitions"]):
+        np.save(os.path.join(d, f"block{i}.npy"), x[b[i]:b[i + 1]])
+    np.save(os.path.join(d, "init.npy"), init)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def load_block(d, i):
+    """Block i of the points (what the peers' workers run to load them)."""
+    return np.load(os.path.join(d, f"block{i}.npy"))
+
+
+def _meta(d):
+    with open(os.path.join(d, "meta.json")) as f:
+        return json.load(f)
+
+
+# ---- the iterations ------------------------------------------------------------------------
+
+def timed_partials(block, c, read_s=0.0):
+    """A task's answer: (partial sums and counts of ``block`` at centroids
+    ``c``, (seconds the task waited for its block, kernel seconds, the
+    kernel's CPU seconds, pid)).  Kernel seconds well above its CPU seconds
+    are time the task's thread waited for a core or the GIL."""
+    t, cpu = time.perf_counter(), time.thread_time()
+    out = partial_sums(block, c)
+    return out, (read_s, time.perf_counter() - t, time.thread_time() - cpu, os.getpid())
+
+
+def lloyd(step, init, iters, name):
+    """``iters`` iterations from ``init``; ``step(c)`` returns the
+    partitions' timed_partials in partition order.  Returns (centroids,
+    seconds per iteration, per iteration the longest read, kernel and
+    kernel CPU seconds of its tasks)."""
+    c, times, slow = init, [], []
+    for it in range(iters):
+        t = time.perf_counter()
+        res = step(c)
+        acc = res[0][0]
+        for r in res[1:]:
+            acc = add(acc, r[0])
+        c = update(c, *acc)
+        times.append(time.perf_counter() - t)
+        read, kernel, cpu = (max(r[1][j] for r in res) for j in range(3))
+        slow.append((read, kernel, cpu))
+        print(f"  {name:>5} iteration {it}: {times[-1]:7.3f} s (longest read {read:.3f} s, kernel {kernel:.3f} s, "
+              f"kernel CPU {cpu:.3f} s; {len({r[1][3] for r in res})} worker processes)", flush=True)
+    return c, times, slow
+
+
+def _rounds(step, init, meta, name, between=None):
+    """``meta["reps"]`` rounds of lloyd, each from the initial centroids;
+    ``between()`` (if given) is called after each round and its value kept."""
+    rounds = []
+    for _ in range(meta["reps"]):
+        c, times, slow = lloyd(step, init, meta["iters"], name)
+        rounds.append({"times": times, "slow": slow, "after": between() if between else None})
+    return c, rounds
+
+
+# ---- Spark ------------------------------------------------------------------------------------
+
+def _block_facts(block):
+    """The untimed warm-up's answer: the worker's pid, BLAS threads,
+    interpreter and numpy, and the block's rows."""
+    return os.getpid(), os.environ.get("OPENBLAS_NUM_THREADS"), sys.executable, np.__version__, len(block)
+
+
+def _say_facts(facts):
+    return (f"Python worker processes {sorted({f[0] for f in facts})}, BLAS threads {sorted({str(f[1]) for f in facts})}, "
+            f"{sorted({f[2] for f in facts})} with numpy {sorted({f[3] for f in facts})}")
+
+
+def run_spark(d, meta, init):
+    P, W = meta["partitions"], meta["workers"]
+    with _harness.start("spark", W, executor_mb=meta["spark_executor_mb"], app="kmeans") as sc:
+        sc.addPyFile(os.path.join(HERE, "_common.py"))   # what the tasks import, shipped the documented way
+        rdd = sc.parallelize(range(P), P).map(lambda i: load_block(d, i)).cache()
+        facts = rdd.map(_block_facts).collect()   # untimed: loads and caches the blocks, starts the Python workers
+        info = [r for r in sc._jsc.sc().getRDDStorageInfo() if r.id() == rdd.id()]
+        cached = info[0].numCachedPartitions() if info else 0
+        if cached != P:
+            raise RuntimeError(f"Spark cached {cached} of {P} blocks (it would reload the rest every iteration): "
+                               f"raise --spark-executor-mb")
+        mem = int(info[0].memSize())
+        execs = _harness.executor_pids(sc)
+        print(f"  spark: {sc.version}, master {sc.master}, {len(execs)} executor JVMs; {_say_facts(facts)}; "
+              f"{P} blocks cached ({mem / (1 << 20):.0f} MiB in the executors' memory)", flush=True)
+
+        def step(c):
+            def task(it):
+                t = time.perf_counter()
+                blocks = list(it)   # the cached block: the executor JVM writes it to this Python worker, unpickled here
+                read = time.perf_counter() - t
+                return [timed_partials(b, c, read) for b in blocks]
+            return rdd.mapPartitions(task).collect()
+
+        c, rounds = _rounds(step, init, meta, "spark")
+        extra = {"version": sc.version, "master": sc.master, "executor_processes": len(execs),
+                 "python_workers": len({f[0] for f in facts}), "cached_bytes": mem,
+                 # every iteration reads every cached block through the JVM -> Python socket
+                 "bytes": mem * meta["iters"]}
+    return c, rounds, extra
+
+
+# ---- Dask --------------------------------------------------------------------------------------
+
+def _incoming(client):
+    """Bytes the workers have received from one another so far (their transfer logs)."""
+    got = client.run(lambda dask_worker: sum(e["total"] for e in dask_worker.transfer_incoming_log))
+    return int(sum(got.values()))
+
+
+def run_dask(d, meta, init):
+    P, W = meta["partitions"], meta["workers"]
+    with _harness.start("dask", W) as client:
+        import distributed
+
+        parts = client.map(load_block, [d] * P, range(P), pure=False)
+        facts = client.gather([client.submit(_block_facts, f, pure=False) for f in parts])   # untimed
+        holders = {w for v in client.who_has(parts).values() for w in v}
+        print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
+              f"blocks on {len(holders)} of them; {_say_facts(facts)}", flush=True)
+
+        def step(c):
+            return client.gather([client.submit(timed_partials, f, c, pure=False) for f in parts])
+
+        before = [_incoming(client)]
+
+        def moved():
+            now = _incoming(client)
+            out, before[0] = now - before[0], now
+            return out
+
+        c, rounds = _rounds(step, init, meta, "dask", moved)
+        copies = sum(len(v) for v in client.who_has(parts).values())
+        if copies > P or any(r["after"] for r in rounds):
+            # Once more than 2 x threads tasks of one group are alive (this
+            # loop's, released but not yet forgotten), the scheduler takes
+            # them for root-ish and places them without regard to their block.
+            print(f"  dask: the workers copied blocks between them ({[r['after'] for r in rounds]} bytes a round; "
+                  f"{copies} copies of {P} blocks at the end): tasks placed as root-ish, away from their block",
+                  flush=True)
+        extra = {"version": distributed.__version__, "block_holders": len(holders), "block_copies": copies,
+                 "python_workers": len({f[0] for f in facts}), "bytes": rounds[-1]["after"]}
+    return c, rounds, extra
+
+
+RUNNERS = {"spark": run_spark, "dask": run_dask}
+
+
+# ---- the subprocess and the driver's side of it -------------------------------------------------
+
+def peer_child(system, d, out):
+    """``kmeans.py --run SYSTEM``: run one peer over the blocks in ``d``;
+    write its figures to ``out`` (JSON) and its centroids beside it, or the
+    reason it could not run."""
+    die_with_parent()
+
+    def run():
+        c, rounds, extra = RUNNERS[system](d, _meta(d), np.load(os.path.join(d, "init.npy")))
+        np.save(out + ".c.npy", c)
+        return {"rounds": rounds, "extra": extra}
+
+    return _harness.child_result(system, out, run)
+
+
+def run_peers(systems, x, init, meta, timeout):
+    """Each of ``systems`` over the points ``x`` from ``init``, in a
+    subprocess of its own (``--run SYSTEM``); {system: result dict}, with
+    ``rounds``, ``extra`` and ``centroids`` when the peer ran."""
+    d = tempfile.mkdtemp(prefix="kmeans-")
+    try:
+        save_blocks(d, x, init, meta)
+        return _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d, timeout,
+                                    load=lambda s, r, out: r.update(centroids=np.load(out + ".c.npy")))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -270,10 +354,7 @@ def main(argv=None):
                     "clamor,baseline,spark,dask; --smoke leaves Spark out unless named)")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each Spark executor JVM, MiB (default: 3 x a block + 1024, at least 2048)")
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds a peer's run may take")
-    ap.add_argument("--run", choices=("spark", "dask"), help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, PEERS, timeout=1800)
     args = ap.parse_args(argv)
     if args.run:   # a peer's subprocess: no clamor here
         return peer_child(args.run, args.data, args.out)
@@ -311,7 +392,7 @@ def main(argv=None):
     block_mib = x.nbytes / parts / MIB
     meta = {"partitions": parts, "workers": w, "iters": iters, "reps": args.reps,
             "spark_executor_mb": args.spark_executor_mb or max(2048, int(3 * block_mib) + 1024)}
-    _peers.subreaper()
+    _harness.subreaper()
     peer_res = run_peers(peers, x, init, meta, args.timeout) if peers else {}
 
     # The Pool forks before the region exists, so its processes are plain
@@ -359,7 +440,7 @@ def main(argv=None):
         cl.close()
         pool.close()
         pool.join()
-        left = _peers.reap_descendants()
+        left = _harness.reap_descendants()
         if left:
             print(f"killed processes left behind: {left}", flush=True)
 

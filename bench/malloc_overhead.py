@@ -1,13 +1,7 @@
 """What clamor.heap()'s malloc interposition costs outside the block.
 
-clamor patches the GOT of loaded libraries so that malloc and friends go
-through its wrappers, which check one thread-local counter and call glibc
-when it is zero.  This compiles a small C library whose loop calls
-malloc/free (through its own GOT, as any extension module does), times it
-before the patch and after, interleaved, and reports the ratio.  Also times
-the same loop inside a heap() block (region allocator), for reference.
-
-    python bench/malloc_overhead.py [--quick | --smoke]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"malloc_overhead.py".
 """
 import argparse
 import ctypes
@@ -18,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from _common import json_line
+from _harness import json_line
 
 SRC = r"""
 #include <stdlib.h>

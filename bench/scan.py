@@ -1,40 +1,8 @@
 #!/usr/bin/env python3
 """Sequential scan of a region array from a worker, against loopback TCP.
 
-The driver makes a float64 array of ``--size`` bytes in the region with
-``clamor.empty`` and fills it.  The one worker of a ``clamor.Cluster``
-(``--mode spawn``: a fresh interpreter, ``python -m clamor.worker``;
-``fork``: forked from the driver) sums it with ``x.sum()`` from cold, in a
-``cl.run`` call: every page is absent (the call drops them first), so each
-one comes over the pager, with read-ahead as configured (``--readahead``,
-default: clamor's own setting).  The worker times the sum itself (bytes /
-elapsed), then sums again with every page present (``warm``: the cost of
-the arithmetic alone), and the driver checks the result against its own
-sum.  Each scan is a stage of its own; the driver writes nothing between
-them, so the stage invalidates no page and the worker's timed sum is all
-that is measured.
-
-In the same run, and interleaved with the scans so both see the same machine,
-two processes stream ``--tcp-total`` bytes over a loopback TCP socket in
-``--tcp-msg`` messages (``sendall`` / ``recv_into`` with reused buffers), one
-direction only: that is what a sequential scan with read-ahead amounts to.
-Two more are printed for reference: request/response (8-byte request, one
-message back, one in flight) and ``fresh``: the same stream received into a
-new memfd mapping, so every byte lands in a page never touched before, as in
-the worker's fill view.  On a VM where first-touching memory is slow, that is
-the floor under any fetch-on-touch scan.  Rates are GB/s = 1e9 bytes/second.
-
-The last line is one JSON object; ``ratio`` = scan_gbps / tcp_gbps (medians
-over ``--reps`` rounds; target >= 0.5), ``ratio_fresh`` = scan_gbps /
-tcp_fresh_gbps.  Those scans fetch (``same_host="fetch"``).  Then a second
-cluster's worker, on the same host, maps the driver's pages instead
-(``same_host="map"``): ``map_scan_gbps`` is its cold scan, and ``map_ratio``
-its rate over this process summing the same array in its own memory, each
-round one after the other (medians; target >= 0.8).  ``cold_mmap_gbps``: the
-same bytes in a memfd of this process's, mapped afresh and summed cold, the
-floor under any scan of a fresh mapping on this machine.
-
-    python bench/scan.py [--quick] [--readahead 4M] [--page-size 64K] [--mode spawn|fork]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"scan.py".
 """
 import argparse
 import mmap
@@ -45,7 +13,8 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, json_line, parse_size, thread_cpu
+from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, parse_size, thread_cpu
+from _harness import json_line
 
 
 # ---- loopback TCP baseline ------------------------------------------------------

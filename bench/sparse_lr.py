@@ -1,109 +1,8 @@
 #!/usr/bin/env python3
 """Sparse logistic regression: clamor against Spark, Dask and Ray broadcasting the weights.
 
-The paper's sparse workload (Clamor, SoCC 2021, section 7: logistic regression on
-Criteo).  Synthetic data in Criteo's shape: every point has 39 categorical
-fields (Criteo has 13 bucketed numeric + 26 categorical ones), each value
-hashed (splitmix64 of field and value) into ONE weight vector of 2^b
-float64 entries, one-hot (value 1.0).  Field f draws its values Zipf(``--zipf``)
-(1.3) over a vocabulary of V_f values, V_f log-spaced from 16 to ``--vocab``
-(4M) across the 39 fields: a few values of each field are in most points
-and a long tail is rare, so a partition touches a small subset of the
-weights (but, hashed, those weights lie on nearly every page: see
-RESULTS.md).  Labels: y = [sum of the point's hidden true weights + N(0, 1)
-noise > 0], the true weight of entry j uniform in (-0.5, 0.5) from a hash of
-j.  Everything is deterministic from ``--seed``.  The weights start at
-zero, or with ``--init warm`` from a model trained before: every weight
-nonzero (a hash of its index), so that every page is dense and an
-iteration changes a few of its words.  Sizes: full 2^27 weights
-(1 GiB), 1M points; ``--quick`` 2^24 (128 MiB), 200k points.
-
-The points are cut into P = ``--partitions`` (default W) contiguous
-partitions, each stored as (u, inv, y): u the sorted distinct weight
-indices of the partition (int64), inv the position in u of each of its
-n_p x 39 features (int32), y its labels.  Training: ``--iters`` (10)
-iterations of full-batch gradient descent on the mean logistic loss.  In an
-iteration each task reads the weights its partition needs (w[u]), computes
-the margins, its loss sum and its gradient, a sparse vector over u
-(np.bincount), and returns (gradient values, loss); the driver sums the
-partitions' gradients per index in partition order (positions into the
-union U of the u's, found once at load time) and updates the weights in
-place: w[U] -= lr / N * G.
-
-Every system runs the same kernel (``part_grad``) on the same partitions
-from the same initial weights (zeros), and the script checks each one's
-per-iteration losses and final weights w[U] against a single-process numpy
-run to 1e-9 relative; any difference stops it (exit 1).  Each system runs in
-a subprocess of its own (``--run SYSTEM``, one after another), with W
-worker processes:
-
-  clamor  ``clamor.Cluster(workers=W)``, forked workers, clamor's defaults
-          (same-host workers map the driver's pages).  The weights are a
-          region array (``clamor.zeros(2**b)``) and so are the partitions
-          (``clamor.array``, written once); an iteration is
-          ``cl.range(P, partitions=P).map(grad of partition p).collect()``,
-          the closure carrying the region arrays by reference.  The driver's
-          update writes the region between stages, and the workers drop only
-          the changed pages.
-  spark   ``local-cluster[W,1,--spark-executor-mb]`` (W executor JVMs, one
-          core each; driver JVM ``--spark-driver-memory``): an RDD of the
-          partitions, loaded by the executors from .npy files and cached;
-          each iteration ``sc.broadcast(w)`` (TorrentBroadcast of the whole
-          vector), ``rdd.mapPartitions(grad with bc.value).collect()``, then
-          ``bc.destroy()``.
-  dask    ``LocalCluster(n_workers=W, threads_per_worker=1, processes=True)``:
-          the partitions loaded by the workers (``client.map``, kept as
-          futures); each iteration ``client.scatter(w, broadcast=True)``,
-          one ``client.submit`` per partition, ``client.gather``, then the
-          weights' future released.
-  ray     ``ray.init(num_cpus=W, include_dashboard=False)``: the partitions
-          ``ray.put`` once; each iteration ``ray.put(w)`` and one remote task
-          per partition reading it (zero-copy numpy from the object store),
-          ``ray.get`` of the results in partition order.
-
-The full run puts every system on namespace hosts instead (``--netns``, the
-default without ``--quick``; ``--local`` keeps one host): one worker per
-host, links at ``--rate`` (1gbit), the driver in the root namespace
-(``_peerhosts.py``: clamor's remote workers, a Spark standalone cluster,
-Dask workers, Ray nodes), and every system's bytes are those that crossed
-the links.
-
-How each peer is started and stopped is in ``_peers.py``.  Not timed: data
-generation and loading, start-up, and one warm-up task per partition in
-every system (reads its partition; on the peers through a small
-broadcast/scatter/put), which starts every worker and Python process.
-Timed: each iteration, from the broadcast (or nothing: clamor has none) to
-the driver's update.  Bytes: clamor's ``cl.stage_stats()`` (bytes from the
-driver and from peers; ``bytes_mapped`` for pages same-host workers mapped
-rather than received, apart); for the peers the broadcast size x W per
-iteration, a lower bound (Spark compresses the broadcast's blocks, and
-deserialising moves more).
-
-A peer that cannot run (no Java, not installed, failed) is reported as
-null with the reason.  Every process a run started is stopped at its end,
-also on error: each system's own shutdown (``_peers.py``), then anything
-still running below this script is killed by pid (this script is the
-children's subreaper), and said.
-
-    python bench/sparse_lr.py --quick        # 2^24 weights, 200k points: about 2 minutes
-    python bench/sparse_lr.py                # 2^27 weights (1 GiB), 1M points
-
-Fetching workers keep their copies of the pages an update changed and are
-sent only the words that changed (docs/wire.md, "Diffs"): the JSON line
-has each iteration's wire bytes (``clamor_wire_bytes_per_iter``, of them
-diffs ``clamor_wire_bytes_diff_per_iter``), the bytes of the weights each
-update changed (``changed_bytes_per_iter``, the updates replayed after the
-run) and ``clamor_wire_per_changed_per_worker``: the wire bytes of
-iterations 1.. over W x the bytes updates 0.. changed (an iteration
-fetches what the previous one wrote; every worker reads nearly every
-page).  From zeros the pages are mostly zero and travel sparse anyway;
-``--init warm`` shows the diffs.
-
-The last line is the JSON line: ``speedup_vs_spark``, ``speedup_vs_dask``,
-``speedup_vs_ray`` (the peer's mean time per iteration / clamor's),
-``*_iter_s`` (mean), ``*_iter_median_s``, ``*_bytes`` (over the timed
-iterations), ``loss`` (the last iteration's, the same for all), and the
-sizes.
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"sparse_lr.py".
 """
 import argparse
 import json
@@ -113,15 +12,15 @@ import sys
 import tempfile
 import time
 
-import _peerhosts
-from _common import die_with_parent, json_line, one_blas_thread, smoke_systems
+import _harness
+from _common import die_with_parent, one_blas_thread
+from _harness import json_line, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
 
 FIELDS = 39
 SYSTEMS = ("clamor", "spark", "dask", "ray")
-HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 
 
@@ -326,25 +225,9 @@ def _log(name):
 
 
 def started(system, meta, hosts):
-    """The context manager that starts ``system`` with W workers: on this
-    host (``_peers.py``; clamor's forked workers), or one worker per
-    namespace host of ``hosts`` (``_peerhosts.py``)."""
-    W = meta["workers"]
-    mb, dm = meta["spark_executor_mb"], meta["spark_driver_memory"]
-    if hosts is None:
-        import _peers as m
-        if system == "clamor":
-            import clamor
-            return clamor.Cluster(workers=W, progress=False)
-        return {"spark": lambda: m.spark(W, mb, dm, "sparse_lr"), "dask": lambda: m.dask(W),
-                "ray": lambda: m.ray_session(W)}[system]()
-    import _peerhosts as m
-    # on slow links Dask's Active Memory Manager would drop the replicas
-    # scatter(broadcast=True) made, and tasks would fetch them again
-    return {"clamor": lambda: m.clamor_cluster(hosts, progress=False),
-            "spark": lambda: m.spark(hosts, mb, dm, app="sparse_lr"),
-            "dask": lambda: m.dask(hosts, config=m.DASK_AMM_OFF),
-            "ray": lambda: m.ray_session(hosts)}[system]()
+    """``system`` with W workers through the harness (one per host of ``hosts``)."""
+    return _harness.start(system, meta["workers"], hosts, executor_mb=meta["spark_executor_mb"],
+                          driver_memory=meta["spark_driver_memory"], app="sparse_lr", progress=False)
 
 
 def run_clamor(d, meta, hosts):
@@ -376,7 +259,7 @@ def run_clamor(d, meta, hosts):
         idx = cl.range(P, partitions=P)
         idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
         n_warm = len(cl.stage_stats())
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def grads(_):
             return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
@@ -417,7 +300,7 @@ def run_spark(d, meta, hosts):
         bc.destroy()
         execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
         print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def grads(bc):
             return rdd.mapPartitions(lambda it: [part_grad(bc.value, *p) for p in it]).collect()
@@ -448,7 +331,7 @@ def run_dask(d, meta, hosts):
         holders = {tuple(v) for v in where.values()}
         print(f"  dask: {dask.__version__}, {len(client.scheduler_info()['workers'])} workers, "
               f"partitions on {len(holders)} of them", flush=True)
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def publish(w):
             return client.scatter(w, broadcast=True)
@@ -466,8 +349,6 @@ def run_dask(d, meta, hosts):
 
 
 def run_ray(d, meta, hosts):
-    import _peers
-
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     parts = [load_part(d, i) for i in range(P)]
     comb = Combiner([p[0] for p in parts])
@@ -477,12 +358,12 @@ def run_ray(d, meta, hosts):
         warm_task = ray.remote(lambda p, q: warm_part(*p, q))
         refs = [ray.put(p) for p in parts]
         del parts
-        pids = _peers.ray_wait_workers(ray, W)
+        pids = _harness.ray_wait_workers(ray, W)
         probe = ray.put(np.zeros(1 << 17))   # 1 MiB: in the object store, not inlined
         ray.get([warm_task.remote(r, probe) for r in refs])
         del probe
         print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
-        links = _peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
 
         def grads(ref):
             return ray.get([grad_task.remote(ref, r) for r in refs])
@@ -498,35 +379,18 @@ RUNNERS = {"clamor": run_clamor, "spark": run_spark, "dask": run_dask, "ray": ru
 
 
 def child(system, d, out):
-    """``--run SYSTEM``: run one system over the data in ``d``; write its
-    figures to ``out`` (its weights beside, .w.npy) or the reason it could
-    not run."""
+    """``--run SYSTEM``: one system over the data in ``d``; its figures to
+    ``out`` (its weights beside, .w.npy) or the reason it could not run."""
     die_with_parent()
-    sys.path.insert(0, HERE)
-    import _peers
-
     meta = load_meta(d)
 
     def run():
-        with _peerhosts.hosts_or_none(meta["workers"], meta["rate"]) as hosts:
+        with _harness.hosts_for(meta["workers"], meta["rate"]) as hosts:
             times, losses, wU, extra = RUNNERS[system](d, meta, hosts)
         np.save(out + ".w.npy", wU)
         return {"times": times, "losses": losses, "extra": extra, "phases": PHASES[-len(times):]}
 
-    return _peers.child_result(system, out, run)
-
-
-def run_system(system, d, timeout):
-    """Runs ``--run system`` in a subprocess; its result dict (``error`` set
-    when it failed without saying why)."""
-    import _peers
-
-    out = os.path.join(d, f"result-{system}.json")
-    res = _peers.run_child(system, [sys.executable, os.path.abspath(__file__), "--run", system, "--data", d,
-                                    "--out", out], out, timeout)
-    if "times" in res:
-        res["w"] = np.load(out + ".w.npy")
-    return res
+    return _harness.child_result(system, out, run)
 
 
 # ---- the driver ----------------------------------------------------------------------------
@@ -562,22 +426,13 @@ def main(argv=None):
     ap.add_argument("--rate", default="1gbit", help="every namespace host's link, both ways (tc notation)")
     ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default "
                     + ",".join(SYSTEMS) + ")")
-    ap.add_argument("--spark-executor-mb", type=int, default=None,
-                    help="heap of each executor JVM, MiB (default: 2 x the weights + 1024)")
-    ap.add_argument("--spark-driver-memory", default=None, help="driver JVM heap (default: 4 x the weights, >= 2g)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a system's run may take")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--run", choices=SYSTEMS, help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, SYSTEMS, "the weights")
     args = ap.parse_args(argv)
     if args.run:
         return child(args.run, args.data, args.out)
 
-    sys.path.insert(0, HERE)
-    import _peers
-
-    _peers.subreaper()
+    _harness.subreaper()
     sm = args.smoke
     bits = args.bits or (18 if sm else 24 if args.quick else 27)
     n = args.points or (5_000 if sm else 200_000 if args.quick else 1_000_000)
@@ -592,16 +447,15 @@ def main(argv=None):
     wbytes = 8 << bits
     netns = (args.netns or not (args.quick or sm)) and not args.local
     if netns:
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-        import nethosts
+        from clamor.testing import nethosts
         ok, why = nethosts.available()
         if not ok:
             raise SystemExit(f"sparse_lr: namespace hosts cannot be made here ({why}); --local runs on one host")
     meta = {"netns": netns, "rate": args.rate if netns else None,"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
             "layout": args.layout,
         "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed, "init": args.init,
-            "spark_executor_mb": args.spark_executor_mb or (2 * wbytes // MIB + 1024),
-            "spark_driver_memory": args.spark_driver_memory or f"{max(2, 4 * wbytes // (1 << 30))}g"}
+            "spark_executor_mb": _harness.spark_memory(args, wbytes)[0],
+            "spark_driver_memory": _harness.spark_memory(args, wbytes)[1]}
     t_all = time.perf_counter()
     d = tempfile.mkdtemp(prefix="sparse_lr-")
     try:
@@ -632,30 +486,27 @@ def main(argv=None):
         if not ref_losses[-1] < ref_losses[0]:
             raise SystemExit("sparse_lr: the loss did not go down; choose another --lr")
 
-        results = {}
-        for s in systems:
-            print(f"-- {s}", flush=True)
-            results[s] = run_system(s, d, args.timeout)
-            r = results[s]
+        def check(s, r):
             if "times" not in r:
-                why = r.get("missing") or r.get("error")
-                print(f"  {s}: not run: {why}", flush=True)
                 if s == "clamor":
-                    raise SystemExit(f"sparse_lr: clamor failed: {why}\n{r.get('traceback', '')}")
-                continue
+                    raise SystemExit(f"sparse_lr: clamor failed: {_harness.why_not(r)}\n{r.get('traceback', '')}")
+                return
             le = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref_losses))
             we = rel_err(r["w"], ref_w)
             r["loss_rel_err"], r["w_rel_err"] = le, we
             print(f"  {s}: {np.mean(r['times']):.3f} s an iteration (median {np.median(r['times']):.3f}); "
                   f"loss {r['losses'][-1]:.10g}, relative error {le:.2g} (losses), {we:.2g} (weights); "
-                  f"{r['wall_s']:.0f} s with start-up and loading"
-                  + (f"; left behind and killed: {r['left_behind']}" if r.get("left_behind") else ""), flush=True)
+                  f"{r['wall_s']:.0f} s with start-up and loading", flush=True)
             if len(r["losses"]) != len(ref_losses) or le > 1e-9 or we > 1e-9:
                 raise SystemExit(f"sparse_lr: {s}'s answer differs from the single-process run "
                                  f"(losses {le:.3g}, weights {we:.3g} relative): the comparison is void")
+
+        results = _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d,
+                                       args.timeout, load=lambda s, r, out: r.update(w=np.load(out + ".w.npy")),
+                                       check=check)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-        left = _peers.reap_descendants()
+        left = _harness.reap_descendants()
         if left:
             print(f"killed processes left behind: {left}", flush=True)
 

@@ -2,129 +2,24 @@
 Dask re-scatter, Ray re-put and a pickled re-broadcast (Fig. 9), and
 clamor's same-host mapping against shared memory and Ray.
 
-The driver builds an open-addressing hash table in the region: one int64
-array of (key, value) slots, placed by a multiplicative (Fibonacci) hash
-with linear probing, half full.  Each round, every one of ``--workers``
-workers looks up ``--lookups`` keys drawn Zipf(``--zipf``) over the key set
-(plus the key updated last), vectorised with numpy, and returns a checksum.
-Between rounds the driver updates one hot key in place: it writes that
-key's value slot and nothing else.  The rounds (updates and lookups) are
-drawn once, up front, from ``--seed``, so every system below runs the same
-ones.
-
-First the peers, each in a subprocess of its own (``--run SYSTEM``, one
-after another, before this process has a region), on ``--workers``
-single-core worker processes, the table in plain memory, re-sent whole
-every round the way a user of that system publishes a changed global
-(``_stream_peers.py`` says how each is started and timed):
-
-  spark      ``local-cluster[W,1,--spark-executor-mb]``: ``sc.broadcast(table)``
-             each round, the lookups in ``sc.parallelize(shares, W).map``
-             reading ``bc.value``, then ``bc.destroy()``;
-  dask       ``LocalCluster(n_workers=W, threads_per_worker=1)``:
-             ``client.scatter(table, broadcast=True)`` each round, one
-             ``client.submit`` a share, then the future released;
-  ray        ``ray.init(num_cpus=W)``: ``ray.put(table)`` each round, one
-             remote task a share reading it zero-copy.
-
-A peer that cannot run (no Java, not installed) is reported as null with
-the reason; ``--systems`` leaves peers out.  Each peer's answers are
-checked, round by round, against the driver's values and against
-clamor's.  Then three parts, in one run:
-
-1. The rounds, clamor and the broadcast interleaved:
-
-  clamor     a ``clamor.Cluster`` (``same_host="map"``, the default): the
-             table travels by reference; workers on this host map the
-             driver's pages from its memfd as they touch them and keep
-             them across rounds; the page the driver wrote moves (copy on
-             write) and the workers drop it and map its new location.
-  broadcast  ``--workers`` plain processes (spawned before the region
-             exists), each on a socketpair: every round the driver ships
-             the whole table to every worker, all at once, two ways:
-             "pickle"    pickle.dumps(table) once, the bytes to each worker,
-                         which unpickles them (Spark's re-broadcast);
-             "zero-copy" the region's own buffer straight into a bytearray
-                         each worker keeps across rounds (pickle protocol 5,
-                         out of band): the cheapest whole-table broadcast.
-
-2. The same rounds again (the table put back as built) on a Cluster with
-   ``same_host="fetch"``: every page a worker touches comes over its
-   socket from the driver, and the page written is invalidated and fetched
-   again.  ``round_speedup_map`` = fetch-mode round time / map-mode round
-   time, over the rounds after the first (after a one-element update).
-
-3. Cold first rounds: round 0's lookups (the first stage that reads the
-   table, so every page a worker reads is touched for the first time),
-   ``--first-reps`` times on each system, in rotating order, the table as
-   round 0 read it:
-
-  map        a fresh ``Cluster(same_host="map")``;
-  fetch      a fresh ``Cluster(same_host="fetch")``;
-  shm        the table copied (untimed) into a
-             ``multiprocessing.shared_memory.SharedMemory`` block; as many
-             plain spawned processes attach to it by name and look up in
-             place, no copy (timed: attaching plus the lookups);
-  ray        only where ``import ray`` works (and Ray is in ``--systems``):
-             a plain spawned process is Ray's driver, ``ray.init(num_cpus=W,
-             include_dashboard=False)``, Ray's defaults otherwise; timed:
-             ``ray.put(table)`` (one object in the object store, as a Ray
-             user pays it each time the table is published) and one
-             ``ray.remote`` task per worker reading it zero-copy.
-
-   Every system's workers are started and have run one small untimed task
-   (a 1 MiB table that is not the region's; in Ray through its object
-   store) before the timed round, so worker start-up is in no figure.
-
-Every answer of every system is checked against the driver's own sums over
-its key -> value arrays (which do not use the table) and against the same
-lookups run in the driver, single-process; the script stops if any differ.
-Per round the script prints the times and the table bytes moved: clamor's
-``bytes_from_driver`` (+ peers) and ``bytes_mapped`` from
-``cl.stage_stats()``, and the pickled bytes x workers for the broadcast.
-Every system's processes are stopped at the end of its part; what a peer
-leaves running is killed by pid and said (this script is the peers'
-subreaper, see ``_peers.py``).
-
-    python bench/streaming.py            # 2^25 slots = 512 MiB, 10 rounds, 5 cold first rounds each
-    python bench/streaming.py --quick    # 2^23 slots = 128 MiB, 6 rounds, 3 cold first rounds each
-    python bench/streaming.py --quick --systems dask,ray     # Spark left out
-
-The last line printed is the JSON line.  ``clamor_round_s`` and
-``broadcast_round_s`` (pickle) are medians over the rounds after the first,
-``speedup`` their ratio; ``*_late_*`` are medians over the second half of the
-rounds.  Zipf lookups keep reaching pages no worker has read yet for several
-rounds, so clamor's rounds get cheaper as its workers' caches fill; the
-late figures are nearer its steady state (one page refetched a round).
-``first_round_vs_shm`` and ``first_round_vs_ray`` are medians of the cold
-first rounds: map mode / shm, map mode / Ray.  ``round0_fetch_ratio``: in
-the fetch-mode cold first rounds (median), bytes fetched / bytes of the
-pages the lookups touched, each worker process counting a page once, with
-the read-ahead that lands after the round (with ``--netns``: round 0's).  ``speedup_vs_spark``,
-``speedup_vs_dask``, ``speedup_vs_ray``: the peer's median seconds per
-round over the rounds after the first / clamor's (``clamor_round_s``),
-null for a peer that did not run (``<peer>_missing`` says why).  For every
-system s (clamor, broadcast, broadcast_zero_copy, spark, dask, ray):
-``s_iter_s`` (mean seconds per round after the first), ``s_times_s`` (per
-round) and ``s_bytes`` (table bytes moved over all rounds: clamor's from
-the driver and peers, pages mapped apart; the pickled or raw table x
-workers for the broadcasts, Spark and Dask, a lower bound; Ray one copy
-into this host's object store a round, which its workers read in place);
-``<peer>_phases_s`` splits a peer's round into publish, lookups and
-release; ``time_unit``, ``hosts`` (1), ``rate`` (null).
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"streaming.py".
 """
 import argparse
 import os
 import pickle
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-import _stream_peers
-from _common import Spawned, die_with_parent, json_line, smoke_systems, zipf_ranks
+import _harness
+from _common import Spawned, die_with_parent, zipf_ranks
+from _harness import json_line, med, smoke_systems
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -382,6 +277,179 @@ class ShmWorkers(Spawned):
         return self.map(one)
 
 
+# ---- the peers: Spark, Dask and Ray, each in a subprocess (--run SYSTEM) ------------------
+
+PEERS = ("spark", "dask", "ray")
+
+
+class WrongAnswer(RuntimeError):
+    """A peer's answers differ from the driver's: the comparison is void."""
+
+
+def start(system, workers, hosts=None, **conf):
+    """``system`` through the harness with ``workers`` workers (one per host
+    of ``hosts``): clamor's ``conf`` its Cluster's keywords, Spark's
+    executor_mb and driver_memory; no progress bars (display only)."""
+    return _harness.start(system, workers, hosts, app="streaming", spark_conf={"spark.ui.showConsoleProgress": "false"},
+                          progress=False, **conf)
+
+
+# ---- the rounds ----------------------------------------------------------------------------
+
+def run_rounds(wl, name, publish, lookups, retire):
+    """Every round of ``wl``: its update, then publish(table) -> h,
+    lookups(h, shares) -> [(answer, pid)] in share order, retire(h).
+    Returns {"times", "phases" (publish, lookups, release), "answers",
+    "workers_used"} per round and "worker_processes_seen" over them all."""
+    out = {"times": [], "phases": [], "answers": [], "workers_used": []}
+    seen = set()
+    for r in range(wl.rounds):
+        shares, expect = wl.begin(r)
+        t0 = time.perf_counter()
+        h = publish(wl.table)
+        t1 = time.perf_counter()
+        res = lookups(h, shares)
+        t2 = time.perf_counter()
+        retire(h)
+        h = None   # Ray frees an object when its last reference goes
+        t3 = time.perf_counter()
+        got = [tuple(a) for a, _ in res]
+        if got != expect:
+            raise WrongAnswer(f"{name}, round {r}: answers {got}, the driver's {expect}")
+        used = len({pid for _, pid in res})
+        seen |= {pid for _, pid in res}
+        out["times"].append(t3 - t0)
+        out["phases"].append((t1 - t0, t2 - t1, t3 - t2))
+        out["answers"].append(got)
+        out["workers_used"].append(used)
+        print(f"  {name:>5} round {r}: {t3 - t0:8.4f} s (publish {t1 - t0:.4f}, lookups {t2 - t1:.4f}, "
+              f"release {t3 - t2:.4f}); {used} worker processes", flush=True)
+    out["worker_processes_seen"] = len(seen)   # more than W: a system started new ones between rounds
+    return out
+
+
+def warm_check(name, got, want):
+    if [tuple(a) for a, _ in got] != want:
+        raise WrongAnswer(f"{name}: the warm-up answers are wrong")
+    return len({pid for _, pid in got})
+
+
+def run_spark(wl, task, warm, conf, hosts=None):
+
+    W = wl.workers
+    tiny, tkeys, tbits, tans = warm
+    with start("spark", W, hosts, **conf) as sc:
+        end = time.monotonic() + 120
+        while len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
+            time.sleep(0.2)   # executors register after the context is up
+        bc = sc.broadcast(tiny)
+        warm_check("spark", sc.parallelize([tkeys] * W, W).map(lambda q: task(bc.value, q, tbits, 0.3)).collect(),
+                   [tans] * W)
+        bc.destroy()
+        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
+        bits = wl.bits
+        links = _harness.LinkWindow(hosts)
+
+        def lookups(bc, shares):
+            return sc.parallelize(shares, len(shares)).map(lambda q: task(bc.value, q, bits)).collect()
+
+        out = run_rounds(wl, "spark", sc.broadcast, lookups, lambda bc: bc.destroy())
+        out.update(version=sc.version, master=sc.master, executor_processes=execs, link_bytes=links.bytes())
+    # one host: the pickled table to each executor, a lower bound; namespace hosts: what crossed the links
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
+    return out
+
+
+def run_dask(wl, task, warm, conf, hosts=None):
+    W = wl.workers
+    tiny, tkeys, tbits, tans = warm
+    with start("dask", W, hosts) as client:
+        import distributed
+
+        f = client.scatter(tiny, broadcast=True)
+        used = warm_check("dask", client.gather([client.submit(task, f, tkeys, tbits, 0.3, pure=False)
+                                                 for _ in range(W)]), [tans] * W)
+        f.release()
+        print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
+              f"{used} ran the warm-up", flush=True)
+        bits = wl.bits
+        links = _harness.LinkWindow(hosts)
+
+        def lookups(f, shares):
+            return client.gather([client.submit(task, f, q, bits, pure=False) for q in shares])
+
+        out = run_rounds(wl, "dask", lambda t: client.scatter(t, broadcast=True), lookups, lambda f: f.release())
+        out.update(version=distributed.__version__, link_bytes=links.bytes())
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
+    return out
+
+
+def run_ray(wl, task, warm, conf, hosts=None):
+    W = wl.workers
+    tiny, tkeys, tbits, tans = warm
+    with start("ray", W, hosts) as ray:
+        look = ray.remote(task)
+        pids = _harness.ray_wait_workers(ray, W)
+        ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
+        warm_check("ray", ray.get([look.remote(ref, tkeys, tbits, 0.3) for _ in range(W)]), [tans] * W)
+        del ref
+        print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
+        bits = wl.bits
+        links = _harness.LinkWindow(hosts)
+
+        def lookups(ref, shares):
+            return ray.get([look.remote(ref, q, bits) for q in shares])
+
+        out = run_rounds(wl, "ray", ray.put, lookups, lambda ref: None)
+        out.update(version=ray.__version__, worker_processes=len(pids), link_bytes=links.bytes())
+    # one host: one copy into its object store, read in place by the workers
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * wl.rounds
+    return out
+
+
+RUNNERS = {"spark": run_spark, "dask": run_dask, "ray": run_ray}
+
+
+# ---- one process per peer ------------------------------------------------------------------
+
+def peer_child(system, wl, task, warm, conf, out, rate=None):
+    """``--run SYSTEM``: run ``system`` over the workload ``wl`` (its table
+    built, in plain memory); write its figures to ``out`` (JSON), or why it
+    could not run ("missing"), failed ("error") or answered wrong
+    ("wrong").  ``task(table, q, bits, pause=0)`` -> (answer, pid) is what
+    every worker runs; ``warm`` = (a small table, its keys, its bits, the
+    answer) for the warm-up task."""
+    def run():
+        with _harness.hosts_for(wl.workers, rate) as hosts:
+            return RUNNERS[system](wl, task, warm, conf, hosts)
+
+    return _harness.child_result(system, out, run, {WrongAnswer: "wrong"})
+
+
+def run_peers(systems, cmd, timeout):
+    """Each of ``systems`` in a subprocess ``cmd + ["--run", system, "--out",
+    file]``, one after another; {system: its result}."""
+    def loaded(s, r, out):
+        r["answers"] = [[tuple(a) for a in rnd] for rnd in r["answers"]]
+
+    def checked(s, r):
+        if r.get("wrong"):
+            raise SystemExit(f"streaming: {r['wrong']}: the comparison is void")
+        if "times" in r:
+            rest = r["times"][1:]
+            print(f"  {s}: {sum(rest) / len(rest):.4f} s a round after the first (first {r['times'][0]:.4f} s); "
+                  f"{r['wall_s']:.0f} s with start-up", flush=True)
+
+    d = tempfile.mkdtemp(prefix="streaming-")
+    try:
+        return _harness.run_systems(systems, cmd, d, timeout, load=loaded, check=checked,
+                                    heading=": the table re-sent every round")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+
 # ---- the Ray baseline ------------------------------------------------------------------
 
 def ray_helper(conn, workers):
@@ -390,9 +458,7 @@ def ray_helper(conn, workers):
     works (its version, or None), then runs ray_command for each message
     and replies ("ok", result) or ("error", text)."""
     die_with_parent()
-    import _peers
-
-    _peers.subreaper()
+    _harness.subreaper()
     try:
         import ray
     except ImportError:
@@ -417,11 +483,11 @@ def ray_helper(conn, workers):
         state.clear()
         if session is not None:
             session.close()   # ray.shutdown()
-        _peers.reap_descendants()
+        _harness.reap_descendants()
 
 
 def ray_command(ray, msg, workers, state):
-    """"start": Ray (``_stream_peers.start``), a warm-up task on each
+    """"start": Ray (``start``), a warm-up task on each
     worker through the object store, and a private copy of the table from
     the SharedMemory block (none of it timed; returns its seconds).
     "round": ray.put of the table and one task per share; returns
@@ -431,12 +497,10 @@ def ray_command(ray, msg, workers, state):
         import contextlib
         from multiprocessing import shared_memory
 
-        import _stream_peers
-
         _, name, shape, state["shares"], state["bits"] = msg
         t = time.perf_counter()
         state["session"] = contextlib.ExitStack()
-        state["session"].enter_context(_stream_peers.start("ray", workers))
+        state["session"].enter_context(start("ray", workers))
         # this script is __mp_main__ here, which Ray's workers cannot import: send its functions by value
         ray.cloudpickle.register_pickle_by_value(sys.modules[peer_task.__module__])
         state["look"] = look = ray.remote(peer_task)
@@ -525,8 +589,8 @@ def on_hosts(args, wl, peers, spark_conf):
 
     W, rounds = wl.workers, wl.rounds
     tiny, tiny_keys = tiny_table()
-    with _stream_peers._peerhosts.hosts_or_none(W, args.rate) as hosts, \
-            _stream_peers.start("clamor", W, hosts, page_size=args.page_size) as cl:
+    with _harness.hosts_for(W, args.rate) as hosts, \
+            start("clamor", W, hosts, page_size=args.page_size) as cl:
         table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
         bits = wl.bits
 
@@ -551,7 +615,7 @@ def on_hosts(args, wl, peers, spark_conf):
         pages0 = [lookup_pages(table, wl.keys[i], wl.slot_of[i], bits, psize) for i in wl.plan[0][2]]
         print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
               f"{wl.n} keys; clamor's workers fetch", flush=True)
-        links = _stream_peers._peerhosts.LinkWindow(hosts)
+        links = _harness.LinkWindow(hosts)
         times, moved, wire = [], [], []
         ran = {who: p for who, p in peers.items() if "times" in p}
         for r in range(rounds):
@@ -575,18 +639,18 @@ def on_hosts(args, wl, peers, spark_conf):
         link = links.bytes()
     cl_med = statistics.median(times[1:])
     figures = {"bench": "streaming", "clamor_round_s": cl_med}
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         p = peers.get(who)
         figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
     common = {"clamor": (times, link)}
     common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
     for who, (ts, nbytes) in common.items():
         figures.update({f"{who}_iter_s": statistics.median(ts[1:]), f"{who}_times_s": ts, f"{who}_bytes": nbytes})
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         if who not in ran:
             p = peers.get(who)
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": _stream_peers.why_not(p) if p else "not requested (--systems)"})
+                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else "not requested (--systems)"})
     print(f"round 0: clamor fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
           f"({mib(touched0).strip()})", flush=True)
     figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
@@ -627,13 +691,8 @@ def main(argv=None):
     ap.add_argument("--systems", default=None,
                     help="peers to run (default spark,dask,ray; clamor always runs; '' for none)")
     ap.add_argument("--no-ray", action="store_true", help="leave Ray out (the peer and the cold first rounds)")
-    ap.add_argument("--spark-executor-mb", type=int, help="heap of each executor JVM, MiB (default: 2 x the "
-                                                             "table + 1024)")
-    ap.add_argument("--spark-driver-memory", help="driver JVM heap (default: 4 x the table, >= 2g)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a peer's run may take")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--run", choices=_stream_peers.SYSTEMS, help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    _harness.child_args(ap, PEERS, "the table")
     args = ap.parse_args(argv)
     sm = args.smoke
     bits = args.bits or (16 if sm else 23 if args.quick else 25)
@@ -642,19 +701,18 @@ def main(argv=None):
     args.passes = args.passes or (1 if sm else 2)
     args.lookups = args.lookups or (2000 if sm else 20000)
     named = args.systems is not None
-    args.systems = ",".join(_stream_peers.SYSTEMS) if args.systems is None else args.systems
+    args.systems = ",".join(PEERS) if args.systems is None else args.systems
     W = args.workers
     if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
         ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
     systems = [x for x in args.systems.split(",") if x and x != "clamor" and not (args.no_ray and x == "ray")]
-    if set(systems) - set(_stream_peers.SYSTEMS):
-        ap.error(f"--systems: unknown {sorted(set(systems) - set(_stream_peers.SYSTEMS))}")
+    if set(systems) - set(PEERS):
+        ap.error(f"--systems: unknown {sorted(set(systems) - set(PEERS))}")
     smoke_left_out = {}
     if sm and not args.run:
         systems, smoke_left_out = smoke_systems(systems, named)
     tbytes = 16 << bits
-    spark_conf = {"executor_mb": args.spark_executor_mb or 2 * tbytes // (1 << 20) + 1024,
-                  "driver_memory": args.spark_driver_memory or f"{max(2, -(-4 * tbytes // (1 << 30)))}g"}
+    spark_conf = dict(zip(("executor_mb", "driver_memory"), _harness.spark_memory(args, tbytes)))
 
     def workload():
         return Workload(bits, args.load, rounds, W, args.lookups, args.zipf, args.hot, args.seed)
@@ -664,7 +722,7 @@ def main(argv=None):
         die_with_parent()
         wl = workload()
         wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
-        return _stream_peers.child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
+        return peer_child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
                                                               answer(tiny, tiny_keys, TINY_BITS)), spark_conf, args.out,
                                    args.rate if args.netns else None)
 
@@ -677,7 +735,7 @@ def main(argv=None):
                   "--spark-driver-memory", spark_conf["driver_memory"]]
     if args.netns:
         child_args += ["--netns", "--rate", args.rate]
-    peers = _stream_peers.run_peers(systems, [sys.executable] + child_args, args.timeout)
+    peers = run_peers(systems, [sys.executable] + child_args, args.timeout)
     if args.netns:
         return on_hosts(args, workload(), peers, spark_conf)
 
@@ -737,7 +795,7 @@ def main(argv=None):
         # ---- part 1: clamor (map mode) against the broadcast, round by round ----
         modes = Broadcast.MODES
         rows = []
-        with _stream_peers.start("clamor", W, page_size=args.page_size, same_host="map") as cl:
+        with start("clamor", W, page_size=args.page_size, same_host="map") as cl:
             psize = clamor.region.page_size()
             map_modes = same_host(cl, "map")
             print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; clamor workers map the "
@@ -779,7 +837,7 @@ def main(argv=None):
                       f"{row['pickle_s'] / row['clamor_s']:>6.1f}x {row['zero-copy_s'] / row['clamor_s']:>8.1f}x",
                       flush=True)
             tot = cl.stats()
-        ran = [who for who in _stream_peers.SYSTEMS if "times" in peers.get(who, {})]
+        ran = [who for who in PEERS if "times" in peers.get(who, {})]
         print("seconds per round, side by side (every answer checked equal to clamor's): clamor, the pickled "
               "broadcast, " + (", ".join(ran) if ran else "no peers"), flush=True)
         for r, row in enumerate(rows):
@@ -795,7 +853,7 @@ def main(argv=None):
             for who in ("map", "fetch") if k % 2 == 0 else ("fetch", "map"):
                 restore()
                 rs = []
-                with _stream_peers.start("clamor", W, page_size=args.page_size, same_host=who) as cl:
+                with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                     seen[who] = same_host(cl, who)
                     for r in range(rounds):
                         shares, expect = begin_round(r)
@@ -847,7 +905,7 @@ def main(argv=None):
                 line = []
                 for who in order:
                     if who in ("map", "fetch"):
-                        with _stream_peers.start("clamor", W, page_size=args.page_size, same_host=who) as cl:
+                        with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                             same_host(cl, who)
                             if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
                                     [answer(tiny, tiny_keys, TINY_BITS)] * W:
@@ -885,14 +943,14 @@ def main(argv=None):
             shm.unlink()
         restore()
 
-    def med(k, first=1, rs=rows):
-        return statistics.median(r[k] for r in rs[first:])
+    def med_of(k, first=1, rs=rows):
+        return med(rs[first:], k)
 
-    cl_med, bc_med, zc_med = med("clamor_s"), med("pickle_s"), med("zero-copy_s")
+    cl_med, bc_med, zc_med = med_of("clamor_s"), med_of("pickle_s"), med_of("zero-copy_s")
     # The Zipf tail keeps reaching pages no worker has read yet for several
     # rounds; the second half of the rounds is closer to the steady state.
     half = rounds // 2
-    cl_late, bc_late, zc_late = med("clamor_s", half), med("pickle_s", half), med("zero-copy_s", half)
+    cl_late, bc_late, zc_late = med_of("clamor_s", half), med_of("pickle_s", half), med_of("zero-copy_s", half)
 
     def pmed(who, first):   # median over every pass's rounds first..
         return statistics.median(x["s"] for rs in passes[who] for x in rs[first:])
@@ -934,7 +992,7 @@ def main(argv=None):
         "speedup_late_vs_zero_copy": zc_late / cl_late,
         "first_round_vs_shm": fm["map"] / fm["shm"],
     }
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         p = peers.get(who)
         figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
     # every system's figures in the common shape: s per round after the first, per round, bytes moved
@@ -945,7 +1003,7 @@ def main(argv=None):
     for who, (times, nbytes) in common.items():
         figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
                         f"{who}_bytes": int(nbytes)})
-    for who in _stream_peers.SYSTEMS:
+    for who in PEERS:
         p = peers.get(who)
         if who in ran:
             ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
@@ -955,7 +1013,7 @@ def main(argv=None):
                             f"{who}_worker_processes_seen": p["worker_processes_seen"]})
         else:
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": _stream_peers.why_not(p) if p else
+                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
                             smoke_left_out.get(who, "not requested (--systems)")})
     figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
                     "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran) + (["ray"] if "ray" in fm and "ray" not in ran else []),

@@ -1,34 +1,8 @@
 #!/usr/bin/env python3
 """Empty-task throughput and stage latency of a Cluster, against a Pool.
 
-What the runtime costs per task and per stage when the tasks do nothing, on
-a ``Cluster(workers=W)`` (W=2 default):
-
-  throughput   one stage of N empty tasks:
-               ``cl.range(N, partitions=N).map_partitions(lambda p: []).count()``
-               (N=2000); tasks per second = N / wall time.
-  small stages S stages of ``--small`` empty tasks each, back to back (the
-               shape of an iterative job: a stage per iteration); tasks per
-               second over all of them, and the wall time per stage.
-  latency      median wall time of a 1-task stage and of a W-task stage,
-               over ``--lat-reps`` (50) stages each.
-
-The reference in the same run is a ``multiprocessing`` fork Pool of W
-processes doing the same empty tasks: ``pool.map(noop, range(N),
-chunksize=1)`` for throughput (and for the small stages), and
-``pool.map(noop, range(1|W), chunksize=1)`` for latency.  The Pool forks
-before the cluster maps its region, so its processes are plain processes.
-Every measurement runs ``--reps`` times, clamor and Pool in turn, so a busy
-moment of this shared machine hits both; the figures are medians.
-
-``--profile`` adds a cProfile of the driver during one N-task stage (top
-functions by own time, to stderr): where the driver's time per task goes.
-
-The last line is one JSON object: ``tasks_per_s``, ``stage_latency_ms``
-(1 task), ``stage_latency_w_ms`` (W tasks), ``pool_tasks_per_s``, and the
-rest side by side.
-
-    python bench/tasks.py [--quick] [--tasks N] [--workers W] [--reps R] [--profile]
+How to run it, what it compares and what its JSON line holds: bench/README.md,
+"tasks.py".
 """
 import argparse
 import multiprocessing
@@ -36,7 +10,8 @@ import statistics
 import sys
 import time
 
-from _common import ensure_built, json_line
+from _common import ensure_built
+from _harness import json_line
 
 
 def noop(x):

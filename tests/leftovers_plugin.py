@@ -45,7 +45,7 @@ import uuid
 
 import pytest
 
-import leftovers
+from clamor.testing import leftovers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEPT = {"dask-scratch-space"}
@@ -69,7 +69,7 @@ def pytest_configure(config):
     os.environ["TMPDIR"] = run
     os.environ[leftovers.RUN_ENV] = mark
     tempfile.tempdir = None          # gettempdir() caches: look at TMPDIR again
-    watcher = subprocess.Popen([sys.executable, os.path.join(HERE, "leftovers.py"), "watch", str(os.getpid()), mark],
+    watcher = subprocess.Popen([sys.executable, leftovers.__file__, "watch", str(os.getpid()), mark],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     watcher.stdout.readline()        # "ready": what /dev/shm held before the run is known (or it died)
     _state.update(run=run, mark=mark, saved=saved, watcher=watcher, report=[])

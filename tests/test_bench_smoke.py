@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from nethosts import require_hosts
+from clamor.testing.nethosts import require_hosts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
@@ -59,7 +59,7 @@ KEYS = {
     "figures": ([], {}),
 }
 
-# What a --smoke run leaves out unless --systems names it (bench/_common.py),
+# What a --smoke run leaves out unless --systems names it (bench/_harness.py),
 # and what it must run when it is installed here.
 SMOKE_LEAVES_OUT = {"spark", "ray"}
 

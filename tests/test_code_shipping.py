@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from helpers import PRELUDE
-from nethosts import require_hosts
+from clamor.testing.nethosts import require_hosts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,7 +54,7 @@ mode = sys.argv[1]
 res = {{}}
 procs = []
 if mode == "hosts":
-    from nethosts import Hosts
+    from clamor.testing.nethosts import Hosts
     hosts = Hosts(2)
     cl = clamor.Cluster(workers=0, remote=2, listen=f"{{hosts.root_addr}}:*", progress=False, start_timeout=60)
     cl.join_command()

@@ -1,6 +1,6 @@
 """clamor.dask across hosts: the driver (this pytest process, in the root
 namespace) runs a Dask scheduler on the bridge's address, and Dask workers
-run on namespace hosts (tests/nethosts.py), each in a PID namespace of its
+run on namespace hosts (clamor/testing/nethosts.py), each in a PID namespace of its
 own, so that the driver knows them only by their connections.  Links are
 limited to 1 gbit/s.  Dask reaches the scheduler over plain tcp://, so the
 driver does not hand the workers its secret: they get CLAMOR_SECRET in
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 import pytest
-from nethosts import Hosts, require_hosts
+from clamor.testing.nethosts import Hosts, require_hosts
 
 distributed = pytest.importorskip("distributed")
 dask = pytest.importorskip("dask")

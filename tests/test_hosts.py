@@ -1,6 +1,6 @@
 """Clusters across hosts: a real driver in the root namespace with two forked
 workers, and two workers started by hand on namespace hosts
-(tests/nethosts.py), each in a PID namespace of its own, so that the driver
+(clamor/testing/nethosts.py), each in a PID namespace of its own, so that the driver
 knows them only by their connection and heartbeats.  Links are limited to
 1 gbit/s.  Each scenario runs in a driver subprocess of its own, and every
 figure it computes on the cluster is compared with what plain Python
@@ -9,7 +9,7 @@ computes in the same script.
 import textwrap
 
 from helpers import scenario
-from nethosts import require_hosts
+from clamor.testing.nethosts import require_hosts
 
 # What every driver script shares (after helpers.PRELUDE): hosts, workers on
 # them, and where a task ran.
@@ -17,7 +17,7 @@ HOSTS = """
 import secrets, subprocess, sys, threading
 sys.path.insert(0, "tests")
 import psutil
-from nethosts import Hosts
+from clamor.testing.nethosts import Hosts
 
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
 

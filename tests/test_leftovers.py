@@ -1,5 +1,5 @@
 """The check that a run leaves nothing behind (tests/leftovers_plugin.py)
-and the clean-up after killed processes it relies on (tests/leftovers.py).
+and the clean-up after killed processes it relies on (clamor/testing/leftovers.py).
 
 The plugin is tried on small sessions of its own, run by pytest in a
 subprocess: one whose tests leave a multiprocessing semaphore, a temporary
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-import leftovers
+from clamor.testing import leftovers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,4 +1,4 @@
-"""tests/nethosts.py: hosts made of network namespaces, with rate-limited
+"""clamor/testing/nethosts.py: hosts made of network namespaces, with rate-limited
 links, that the multi-host tests and benchmarks run on.  Real namespaces,
 processes and sockets; every test first calls require_hosts()."""
 import json
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-import nethosts
-from nethosts import Hosts, available, measure_tcp, require_hosts
+from clamor.testing import nethosts
+from clamor.testing.nethosts import Hosts, available, measure_tcp, require_hosts
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -244,7 +244,7 @@ def test_two_hosts_objects_coexist():
 DRIVER = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-import nethosts
+from clamor.testing import nethosts
 h = nethosts.Hosts(2)
 p = h[0].popen(["sleep", "600"])
 child = os.fork()
@@ -262,7 +262,8 @@ if sys.argv[2] == "wait":
 @pytest.mark.parametrize("end", ["exit", "sigterm", "sigkill"])
 def test_teardown_when_the_driver_ends(end):
     require_hosts()
-    d = subprocess.Popen(py(DRIVER, TESTS, "exit" if end == "exit" else "wait"), stdout=subprocess.PIPE,
+    d = subprocess.Popen([sys.executable, "-c", DRIVER, os.path.dirname(TESTS), "exit" if end == "exit" else "wait"],
+                         stdout=subprocess.PIPE,
                          text=True)
     try:
         info = json.loads(d.stdout.readline())
@@ -296,7 +297,8 @@ def test_require_hosts_skips_or_fails_without_namespaces():
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {TESTS!r})
-        import pytest, nethosts
+        import pytest
+        from clamor.testing import nethosts
         print(nethosts.available())
         try:
             nethosts.require_hosts()

@@ -12,7 +12,7 @@ import os
 import textwrap
 
 from helpers import scenario, shadow_numpy
-from nethosts import require_hosts
+from clamor.testing.nethosts import require_hosts
 from test_hosts import HOSTS
 from test_join import HAND
 

@@ -6,7 +6,7 @@ context (Dask's nannies make their queues in one), a name stays until the
 process that made it unlinks it (when the object is collected, or at exit),
 or, should that process die first, until its resource tracker unlinks it,
 once every process that shares the tracker is gone.  A SIGKILL to a whole
-session or PID namespace (tests/nethosts.py's teardown, a benchmark's reap)
+session or PID namespace (clamor/testing/nethosts.py's teardown, a benchmark's reap)
 kills the tracker too, and the names stay for good.  So whoever kills
 processes takes ``held_shm(pids)`` first and calls ``unlink_unheld(paths)``
 once they are gone: the names of multiprocessing that no live process

@@ -30,7 +30,7 @@ Teardown happens on ``__exit__`` (after an exception too), through
 host is killed and waited for, so is anything else left in a host's
 namespace, then the namespaces, veths and bridge go, and the names in
 /dev/shm that only the killed processes held (multiprocessing's, whose
-resource tracker was killed with them: tests/leftovers.py).  Teardown runs only in
+resource tracker was killed with them: clamor/testing/leftovers.py).  Teardown runs only in
 the process that made the hosts (a forked child inherits the objects, the
 ``atexit`` hook and the handler, and must not tear its parent's hosts
 down), and a second teardown does nothing.  A run killed outright
@@ -64,7 +64,7 @@ import sys
 import threading
 import time
 
-import leftovers
+from clamor.testing import leftovers
 
 NS_PREFIX = "clamor-nh-"          # namespaces: clamor-nh-PID-START-K-hI
 LINK_PREFIX = "cnh"               # root-side links: cnhXbr (bridge), cnhXvI (veths), cnhPIDp* (probe)
@@ -177,7 +177,7 @@ def _netns_pids(name):
 def _kill_netns(name, timeout=10.0):
     """SIGKILL everything in namespace ``name`` until nothing is left there;
     then remove the names in /dev/shm that only those processes held
-    (tests/leftovers.py: the resource trackers that would have are killed
+    (clamor/testing/leftovers.py: the resource trackers that would have are killed
     too)."""
     deadline = time.monotonic() + timeout
     held = set()
