@@ -41,14 +41,11 @@ A dict or set with str or bytes keys stores their hashes, which CPython
 seeds per process; a worker reads it correctly only with the driver's
 seed (``PYTHONHASHSEED``, passed to the workers a Cluster spawns).
 """
-import bisect
 import ctypes
 import datetime
 import functools
 import hashlib
-import importlib
 import os
-import pickle
 import sys
 import time
 import types
@@ -58,15 +55,14 @@ import numpy as np
 
 from .. import errors
 from .._native import ffi, lib
-from . import _pyshare, images, region
-from .hooks import HANDLER
+from . import _pyshare, region
+from .targets import Targets, bind, enable, loaded_images, unbind_all  # noqa: F401  (the runtime's)
 from .readtable import pages_array, read_digests
-from . import walk
+from . import cwalk
 from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents
 
 NotShareable = errors.NotShareable
 
-_CONST_SCALARS = (int, float, complex, str, bytes)
 _HASHED_BY_SEED = (str, bytes, datetime.date, datetime.time)   # (a date's hash is its bytes')
 _ARRAY_CACHE = lib.clamor_py_array_cache_offset()
 
@@ -84,183 +80,12 @@ def seed_passes_on():
     return os.environ.get("PYTHONHASHSEED", "random").isdigit()
 
 
-_NAMES = {}     # path -> portable name (naming costs a look at sys.path and the file system)
-
-
-def loaded_images():
-    """[(portable name, path, base, lo, hi)] of this process's ELF objects."""
-    cap = 1024
-    while True:
-        buf = ffi.new("struct clamor_image[]", cap)
-        n = lib.clamor_py_images(buf, cap)
-        if n <= cap:
-            break
-        cap = n + 64
-    out = []
-    for i in range(n):
-        raw = ffi.string(buf[i].name).decode(errors="surrogateescape")
-        if not raw.startswith("/") and raw:
-            continue    # the vDSO: no file
-        named = _NAMES.get(raw)
-        if named is None:
-            path = os.path.realpath("/proc/self/exe" if not raw else raw)
-            named = _NAMES[raw] = (images.portable_name(path), path)
-        out.append((*named, int(buf[i].base), int(buf[i].lo), int(buf[i].hi)))
-    return out
-
-
-_MODULE_FILES = {}   # realpath of an extension module's file -> its name (grows as modules load)
-
-
-def _module_of_file(path):
-    if path not in _MODULE_FILES:
-        for name, m in list(sys.modules.items()):
-            f = getattr(m, "__file__", None)
-            if f and f.endswith(".so") and name not in _MODULE_FILES.values():
-                _MODULE_FILES.setdefault(os.path.realpath(f), name)
-    return _MODULE_FILES.get(path)
-
-
-def _lookup(module, qualname):
-    obj = importlib.import_module(module)
-    for part in qualname.split(".") if qualname else ():
-        obj = getattr(obj, part)
-    return obj
-
-
-def _is_const(o, depth=0):
-    if type(o) in _CONST_SCALARS:
-        return True
-    if type(o) is slice and depth < 8:     # (pandas keeps them in its block placements)
-        return all(x is None or _is_const(x, depth + 1) for x in (o.start, o.stop, o.step))
-    if type(o) in (tuple, frozenset) and depth < 8 and len(o) <= 64:
-        return all(_is_const(x, depth + 1) for x in o)
-    return False
-
-
 def _seeded(k, depth=0):
     if isinstance(k, _HASHED_BY_SEED):
         return True
     if isinstance(k, (tuple, frozenset)) and depth < 8:
         return any(_seeded(x, depth + 1) for x in k)
     return False
-
-
-class _Targets:
-    """The driver's relocation targets: id -> (spec, driver address)."""
-
-    def __init__(self):
-        self.specs = [("null",)]
-        self.addrs = [0]
-        self.by_addr = {}       # object address -> id
-        self.keep = []          # the objects: alive while numbered, so an address never names two
-        self.by_image = {}      # portable name -> id
-        self.images = []        # (lo, hi, id), this walk's
-        self._starts = []
-        self._ranges = None
-
-    def _new(self, spec, addr, obj=None):
-        tid = len(self.specs)
-        self.specs.append(spec)
-        self.addrs.append(addr)
-        if obj is not None:
-            self.by_addr[addr] = tid
-            self.keep.append(obj)
-            self._ranges = None
-        return tid
-
-    def refresh_images(self):
-        imgs = []
-        for name, path, base, lo, hi in loaded_images():
-            tid = self.by_image.get(name)
-            if tid is None or self.addrs[tid] != base:
-                # (the module is looked for once: a library a module pulled in has none)
-                tid = self.by_image[name] = self._new(("image", name, _module_of_file(path), base), base)
-            imgs.append((lo, hi, tid))
-        self.images = sorted(imgs)
-        self._starts = [lo for lo, _, _ in self.images]
-        self._ranges = None
-        if HANDLER and HANDLER not in self.by_addr and not self.in_image(HANDLER):
-            # every region array names clamor's numpy allocator (not a gc referent)
-            self._new(("handler", HANDLER), HANDLER, ctypes.cast(HANDLER, ctypes.py_object).value)
-
-    def image_pairs(self):
-        """The images' hulls for the C walk: (sorted [lo, hi) pairs, count)."""
-        return ffi.new("uintptr_t[]", [x for lo, hi, _ in self.images for x in (lo, hi)] or [0]), len(self.images)
-
-    def in_image(self, addr):
-        i = bisect.bisect_right(self._starts, addr) - 1
-        return i >= 0 and addr < self.images[i][1]
-
-    def ranges(self):
-        """Sorted target ranges for clamor_py_match: (lo[], hi[], id[], n)."""
-        if self._ranges is None:
-            rs = sorted(self.images + [(a, a + 1, t) for a, t in self.by_addr.items()])
-            clean = []
-            for r in rs:      # (an object inside an image's hull is covered by the image)
-                if clean and r[0] < clean[-1][1]:
-                    continue
-                clean.append(r)
-            n = len(clean)
-            self._ranges = (ffi.new("uintptr_t[]", [r[0] for r in clean] or [0]),
-                            ffi.new("uintptr_t[]", [r[1] for r in clean] or [0]),
-                            ffi.new("uint32_t[]", [r[2] for r in clean] or [0]), n)
-        return self._ranges
-
-    def classify(self, o):
-        """Number ``o`` (outside the region) as a target; None if an image
-        covers it, else the reason it is not portable."""
-        a = id(o)
-        if a in self.by_addr or self.in_image(a):
-            return None
-        if a == HANDLER:
-            self._new(("handler", a), a, o)
-            return None
-        if isinstance(o, types.ModuleType):
-            try:
-                ok = importlib.import_module(o.__name__) is o
-            except Exception:
-                ok = False
-            if not ok:
-                return f"module {o.__name__!r} cannot be imported by name"
-            self._new(("symbol", o.__name__, "", a), a, o)
-            return None
-        if isinstance(o, (type, types.FunctionType, types.BuiltinFunctionType)):
-            mod = getattr(o, "__module__", None)
-            if mod is None and isinstance(getattr(o, "__self__", None), types.ModuleType):
-                mod = o.__self__.__name__
-            qual = getattr(o, "__qualname__", None)
-            what = f"{'class' if isinstance(o, type) else 'function'} {mod}.{qual}"
-            if mod in (None, "__main__") or not qual or "<locals>" in qual:
-                return f"{what} cannot be imported by a worker (define it in a module the workers can import)"
-            try:
-                found = _lookup(mod, qual) is o
-            except Exception:
-                found = False
-            if not found:
-                return f"{what} is not what importing {mod} and looking up {qual} gives"
-            self._new(("symbol", mod, qual, a), a, o)
-            return None
-        if o is datetime.timezone.utc:       # (each process has its own, found by name)
-            self._new(("symbol", "datetime", "timezone.utc", a), a, o)
-            return None
-        if type(o) is str:
-            self._new(("str", o, a), a, o)
-            return None
-        if _is_const(o):
-            self._new(("const", pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL), a), a, o)
-            return None
-        if type(o) is np.dtype:
-            try:
-                builtin = np.dtype(o.str) is o
-            except TypeError:
-                builtin = False
-            if builtin:
-                self._new(("dtype", o.str, a), a, o)
-                return None
-            return "a dtype made at run time outside the region: make it inside clamor.heap()"
-        return (f"a {'mutable ' if not _is_const(o) else ''}{type(o).__name__} outside the region, which a worker "
-                f"not forked from the driver cannot have: build it inside clamor.heap()")
 
 
 class _Mode:
@@ -303,7 +128,7 @@ class _Mode:
         through (``tags``, ``found[2]``), for a walk of some entries again
         (``dirty``: those, ascending int32; ``shared``: an object reached
         through two, which makes that walk not enough)."""
-        if not walk.in_c(obj):
+        if not cwalk.in_c(obj):
             return False
         tagged = type(obj) in (dict, list)
         if dirty is not None and not tagged:
@@ -322,7 +147,7 @@ class _Mode:
                                                ffi.cast("const int32_t *", want.ctypes.data), len(want),
                                                dirty is not None, shared)
 
-        if walk.c_pass(run, obj, limit, convert=dirty is None) != 1:
+        if cwalk.c_pass(run, obj, limit, convert=dirty is None) != 1:
             return False
         numbered = set()
         for o in out["outside"]:
@@ -442,7 +267,7 @@ class Relocations:
 
     def __init__(self):
         self.generation = region.generation()
-        self.targets = _Targets()
+        self.targets = Targets()
         self.roots = {}         # id -> object, every root shipped in place (and alive)
         self.per_root = {}      # id -> ({page: entries}, what its last walk read: a readtable.ReadTable)
         self.visited = {}       # id -> the objects its last walk visited
@@ -472,7 +297,7 @@ class Relocations:
         if len(pages):
             self.changed.append(np.asarray(pages, dtype=np.uint64))
 
-    def prepare(self, roots, stage, seeds_agree=True, limit=walk.LIMIT, bring_in=False):
+    def prepare(self, roots, stage, seeds_agree=True, limit=cwalk.LIMIT, bring_in=False):
         """List the relocations of ``roots`` and install the lists that
         differ at ``stage``; return the pages whose lists changed (workers
         must fetch them again).  NotShareable if a root is not portable, or
@@ -590,10 +415,10 @@ class Relocations:
     def _recheck(self, k, r, written, limit, seeds_agree=True):
         """Root ``r`` (id ``k``), a dict or list whose tagged walk is kept,
         after the driver wrote the pages ``written``: walk again in C only
-        the entries whose bytes changed (walk.dirty_entries), and put their
+        the entries whose bytes changed (cwalk.dirty_entries), and put their
         words and ranges in place of the old ones.  (entries, read table,
         the pages whose lists changed, the tagged state), or None when a
-        whole walk must decide (see walk.recheck; also an object outside
+        whole walk must decide (see cwalk.recheck; also an object outside
         the region that is no target, or a seed to report)."""
         st = self.tagged.get(k)
         if st is None or self.roots.get(k) is not r or not len(written):
@@ -603,7 +428,7 @@ class Relocations:
             return None
         entries, read = self.per_root[k]
         stale = read.changed_pages(np.intersect1d(pages_array(written), read.pages, assume_unique=True))
-        got = walk.dirty_entries(r, read, stale, slots)
+        got = cwalk.dirty_entries(r, read, stale, slots)
         if got is None:
             return None
         dirty, slots_now = got
@@ -645,7 +470,7 @@ class Relocations:
         if read.changed(np.intersect1d(written, read.pages, assume_unique=True)):
             # (a dict or list whose entries changed: those are walked again,
             # and their pages' lists listed at the next prepare)
-            again = self._recheck(k, obj, written, walk.LIMIT)
+            again = self._recheck(k, obj, written, cwalk.LIMIT)
             if again is None:
                 return None
             entries, read, touched, state = again
@@ -704,7 +529,7 @@ def _tag_state(mode, r):
     lie; None if it was not tagged, or an object was reached through two."""
     if mode.found is None or mode.found[2] is None or mode.shared:
         return None
-    slots = walk._root_slots(r)
+    slots = cwalk._root_slots(r)
     if slots is None:
         return None
     return (*mode.found, slots, bool(mode.seeded))
@@ -824,7 +649,7 @@ def _words(off):
     return view[off >> np.uint64(3)]
 
 
-def check(obj, limit=walk.LIMIT, seed=True):
+def check(obj, limit=cwalk.LIMIT, seed=True):
     """share(obj, portable=True): NotShareable unless workers not forked
     from the driver can use ``obj`` in place (``seed``: also unless its str
     hashes need a seed the workers will not have)."""
@@ -898,89 +723,3 @@ def driver_nbytes():
     """The bytes the driver's relocation lists keep (0 if it has none)."""
     d = _DRIVER[0]
     return d.nbytes() if d is not None else 0
-
-
-# ---- worker --------------------------------------------------------------------------
-
-_bound = {}     # id -> the object a target resolved to (kept alive here)
-
-
-def enable():
-    """Ask for relocations with every page this worker fetches."""
-    lib.clamor_reloc_enable(1)
-
-
-def bind(specs):
-    """Resolve and bind targets [(id, spec)] in this worker.  NotShareable
-    if one cannot be had here (an image not loaded, a symbol not found)."""
-    imgs = None
-    for tid, spec in specs:
-        if tid in _bound:
-            continue
-        kind = spec[0]
-        if kind == "image":
-            _, name, module, dbase = spec
-            if module:
-                try:
-                    importlib.import_module(module)
-                except Exception as err:
-                    raise NotShareable(f"a region object points into {module}, which this worker cannot import: "
-                                       f"{err}") from err
-            imgs = imgs if imgs is not None and not module else {n: b for n, _, b, _, _ in loaded_images()}
-            local = imgs.get(name)
-            if local is None:
-                path = images.local_path(name)
-                if path is not None:
-                    try:
-                        ctypes.CDLL(path)
-                    except OSError:
-                        pass
-                    imgs = {n: b for n, _, b, _, _ in loaded_images()}
-                    local = imgs.get(name)
-            if local is None:
-                raise NotShareable(f"a region object points into {name.removeprefix('rel:')}, which this worker "
-                                   f"has not loaded and cannot load")
-            obj, daddr, laddr = None, dbase, local
-        elif kind == "symbol":
-            _, module, qual, daddr = spec
-            try:
-                obj = _lookup(module, qual)
-            except Exception as err:
-                raise NotShareable(f"a region object refers to {module}{'.' + qual if qual else ''}, which this "
-                                   f"worker cannot import: {type(err).__name__}: {err}") from err
-            laddr = id(obj)
-        elif kind == "str":
-            obj, daddr = sys.intern(spec[1]), spec[2]
-            laddr = id(obj)
-        elif kind == "const":
-            obj, daddr = pickle.loads(spec[1]), spec[2]
-            laddr = id(obj)
-        elif kind == "dtype":
-            obj, daddr = np.dtype(spec[1]), spec[2]
-            laddr = id(obj)
-        elif kind == "handler":
-            obj, daddr, laddr = None, spec[1], HANDLER
-        elif kind == "vtable":
-            _, module, qual, daddr = spec
-            try:
-                obj = _lookup(module, qual)
-            except Exception as err:
-                raise NotShareable(f"a region object uses the C methods of {module}.{qual}, which this worker "
-                                   f"cannot import: {type(err).__name__}: {err}") from err
-            laddr = _pyshare.vtable_of(obj)
-            if not laddr:
-                raise NotShareable(f"{module}.{qual} has no table of C methods on this worker")
-        else:
-            raise errors.ProtocolError(f"unknown relocation target kind {kind!r}")
-        rc = lib.clamor_reloc_bind(tid, daddr, laddr)
-        if rc:
-            from .._native import check as _check
-            _check(rc, "clamor_reloc_bind")
-        _bound[tid] = obj
-
-
-def unbind_all():
-    """Forget every target bound here (the region was closed, which
-    unbound them in C): the next driver numbers its targets from 1 again."""
-    _bound.clear()
-
