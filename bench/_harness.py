@@ -90,6 +90,16 @@ def _script():
     return os.path.splitext(os.path.basename(sys.argv[0]))[0]
 
 
+def parser(description, quick, smoke):
+    """A script's ArgumentParser with its two sizes, ``--quick`` and
+    ``--smoke`` (one or neither), ``quick`` and ``smoke`` their help."""
+    ap = argparse.ArgumentParser(description=description)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=quick)
+    size.add_argument("--smoke", action="store_true", help=smoke)
+    return ap
+
+
 # The peers a --smoke run leaves out unless --systems names them: the test
 # machine installs clamor's "test" extra (Dask, not Ray nor pyspark) and has
 # no Java, and either's start-up alone takes longer than a whole smoke run.

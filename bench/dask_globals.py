@@ -7,7 +7,6 @@ against re-scattering.
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "dask_globals.py".
 """
-import argparse
 import os
 import sys
 import time
@@ -19,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from _common import MIB, human, parse_size
 import _harness
-from _harness import json_line, med
+from _harness import json_line, med, parser
 
 GRID = 1024          # cells a side
 CELL_KM = 4.0        # a cell's side
@@ -275,11 +274,9 @@ def main(argv=None):
         # workers 6640; the namespace hosts' workers inherit this environment)
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small sizes, one host (under a minute)")
-    size.add_argument("--smoke", action="store_true", help="200k places, 2 workers, one round of each part, one "
-                      "host (seconds; the tests run it); without dask.distributed, a note and a JSON line")
+    ap = parser(__doc__.splitlines()[0], "small sizes, one host (under a minute)", "200k places, 2 workers, one "
+                "round of each part, one host (seconds; the tests run it); without dask.distributed, a note and a "
+                "JSON line")
     ap.add_argument("--local", action="store_true", help="one host (LocalCluster) even for the full run")
     ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
     ap.add_argument("--workers", type=int, default=None, help="Dask workers (4; smoke 2)")

@@ -4,7 +4,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "geo.py".
 """
-import argparse
 import functools
 import json
 import os
@@ -21,7 +20,7 @@ import numpy as np
 
 import _harness
 from _common import Spawned, bounds, die_with_parent, parse_size
-from _harness import json_line, smoke_systems
+from _harness import json_line, parser, smoke_systems
 from clamor.demo import geo
 
 PEERS = ("spark", "dask", "ray")
@@ -519,12 +518,9 @@ def local_systems(args, systems, d, clamor):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="cities5000, 200,000 queries, 4,000 to Redis")
-    size.add_argument("--smoke", action="store_true", help="cities15000, 5,000 queries, 500 to Redis, 2 workers; "
-                      "Spark and Ray left out unless named, Redis when redis-server is missing (seconds; the "
-                      "tests run it)")
+    ap = parser(__doc__.split("\n")[0], "cities5000, 200,000 queries, 4,000 to Redis", "cities15000, 5,000 queries, "
+                "500 to Redis, 2 workers; Spark and Ray left out unless named, Redis when redis-server is missing "
+                "(seconds; the tests run it)")
     ap.add_argument("--workers", type=int, default=None, help="worker processes (or clients) of every system (4)")
     ap.add_argument("--scale", type=int, default=2, help="copies of every place (jittered)")
     ap.add_argument("--dataset", type=int, default=500, choices=geo.DATASETS)

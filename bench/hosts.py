@@ -18,7 +18,7 @@ ROOT = os.path.dirname(HERE)
 
 from _common import (GIB, MIB, bounds, compile_hotpages, cpu_delta, hot_lookup, human, load_hotpages, parse_size,
                      thread_cpu, zipf_ranks)
-from _harness import HOST_ENV, json_line, med, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
+from _harness import HOST_ENV, json_line, med, parser, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
@@ -593,10 +593,8 @@ class Driver:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (under 2 minutes)")
-    size.add_argument("--smoke", action="store_true", help="2 worker hosts, tiny sizes, one round (for the tests)")
+    ap = parser(__doc__.splitlines()[0], "smaller sizes, fewer rounds (under 2 minutes)", "2 worker hosts, tiny "
+                "sizes, one round (for the tests)")
     ap.add_argument("--rate", default="1gbit", help="every host's link, both ways (tc notation; default 1gbit)")
     ap.add_argument("--size", type=parse_size, default=None, help="scanned array bytes (256M; quick 64M)")
     ap.add_argument("--scans", type=int, default=None, help="cold scans per cluster (3; quick 2)")

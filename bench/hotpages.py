@@ -3,7 +3,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "hotpages.py".
 """
-import argparse
 import os
 import resource
 import sys
@@ -13,7 +12,7 @@ import time
 import numpy as np
 
 from _common import bounds, compile_hotpages, hot_lookup, load_hotpages, zipf_ranks
-from _harness import json_line, med, ratio
+from _harness import json_line, med, parser, ratio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("off", "random", "two-choices")
@@ -136,11 +135,8 @@ def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="128 MiB table, 8x fewer lookups")
-    size.add_argument("--smoke", action="store_true", help="4 MiB table, 2 workers, 500 lookups a task, one "
-                      "round, the rate-limited part at 200 MB/s (seconds; the tests run it)")
+    ap = parser(__doc__.split("\n\n")[0], "128 MiB table, 8x fewer lookups", "4 MiB table, 2 workers, 500 lookups a "
+                "task, one round, the rate-limited part at 200 MB/s (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the slot count, 16 bytes a slot (26; quick 23)")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--workers", type=int, default=4)

@@ -4,7 +4,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "sparse_lr.py".
 """
-import argparse
 import json
 import os
 import shutil
@@ -14,7 +13,7 @@ import time
 
 import _harness
 from _common import die_with_parent, one_blas_thread
-from _harness import json_line, smoke_systems
+from _harness import json_line, parser, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -402,11 +401,8 @@ def rel_err(a, b):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="2^24 weights, 200k points")
-    size.add_argument("--smoke", action="store_true", help="2^18 weights, 5k points, 3 iterations, 2 workers, one "
-                      "host; Spark and Ray left out unless named (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "2^24 weights, 200k points", "2^18 weights, 5k points, 3 iterations, 2 "
+                "workers, one host; Spark and Ray left out unless named (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the weight count (default 27; quick 24)")
     ap.add_argument("--points", type=int, help="points (default 1M; quick 200k)")
     ap.add_argument("--workers", type=int, default=None, help="worker processes of every system (default 4)")

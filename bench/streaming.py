@@ -5,7 +5,6 @@ clamor's same-host mapping against shared memory and Ray.
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "streaming.py".
 """
-import argparse
 import os
 import pickle
 import shutil
@@ -19,7 +18,7 @@ import numpy as np
 
 import _harness
 from _common import Spawned, die_with_parent, zipf_ranks
-from _harness import json_line, med, smoke_systems
+from _harness import json_line, med, parser, smoke_systems
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -669,11 +668,9 @@ def on_hosts(args, wl, peers, spark_conf):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds, 3 cold first rounds")
-    size.add_argument("--smoke", action="store_true", help="2^16 slots (1 MiB), 3 rounds, 1 pass, 1 cold first "
-                      "round, 2,000 lookups; Spark and Ray left out unless named (seconds; the tests run it)")
+    ap = parser(__doc__.split("\n\n")[0], "2^23 slots (128 MiB), 6 rounds, 3 cold first rounds", "2^16 slots (1 "
+                "MiB), 3 rounds, 1 pass, 1 cold first round, 2,000 lookups; Spark and Ray left out unless named "
+                "(seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the slot count (16 bytes a slot; default 25)")
     ap.add_argument("--rounds", type=int, help="rounds (default 10, --quick 6)")
     ap.add_argument("--first-reps", type=int, help="cold first rounds on each system (default 5, --quick 3)")
