@@ -333,81 +333,44 @@ def warm_check(name, got, want):
     return len({pid for _, pid in got})
 
 
-def run_spark(wl, task, warm, conf, hosts=None):
-
+def run_peer(system, wl, task, warm, conf, hosts=None):
+    """``system``'s rounds over ``wl``, the table re-sent every round its
+    users' way (``_harness.shared``), after a warm-up task on every worker."""
     W = wl.workers
     tiny, tkeys, tbits, tans = warm
-    with start("spark", W, hosts, **conf) as sc:
-        end = time.monotonic() + 120
-        while len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
-            time.sleep(0.2)   # executors register after the context is up
-        bc = sc.broadcast(tiny)
-        warm_check("spark", sc.parallelize([tkeys] * W, W).map(lambda q: task(bc.value, q, tbits, 0.3)).collect(),
-                   [tans] * W)
-        bc.destroy()
-        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
-        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
+    with start(system, W, hosts, **conf) as h:
+        publish, tasks, retire = _harness.shared(system, h)
+        if system == "spark":
+            end = time.monotonic() + 120
+            while len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
+                time.sleep(0.2)   # executors register after the context is up
+        pids = _harness.ray_wait_workers(h, W) if system == "ray" else None
+        t = publish(tiny)   # Ray: 1 MiB, in the object store, not inlined
+        used = warm_check(system, tasks(task, t, [tkeys] * W, tbits, 0.3), [tans] * W)
+        retire(t)
+        del t
+        if system == "spark":
+            execs = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+            print(f"  spark: {h.version}, master {h.master}, {execs} executors", flush=True)
+            facts = {"version": h.version, "master": h.master, "executor_processes": execs}
+        elif system == "dask":
+            import distributed
+
+            print(f"  dask: {distributed.__version__}, {len(h.scheduler_info()['workers'])} workers, "
+                  f"{used} ran the warm-up", flush=True)
+            facts = {"version": distributed.__version__}
+        else:
+            print(f"  ray: {h.__version__}, {len(pids)} worker processes", flush=True)
+            facts = {"version": h.__version__, "worker_processes": len(pids)}
         bits = wl.bits
         links = _harness.LinkWindow(hosts)
-
-        def lookups(bc, shares):
-            return sc.parallelize(shares, len(shares)).map(lambda q: task(bc.value, q, bits)).collect()
-
-        out = run_rounds(wl, "spark", sc.broadcast, lookups, lambda bc: bc.destroy())
-        out.update(version=sc.version, master=sc.master, executor_processes=execs, link_bytes=links.bytes())
-    # one host: the pickled table to each executor, a lower bound; namespace hosts: what crossed the links
-    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
+        out = run_rounds(wl, system, publish, lambda t, shares: tasks(task, t, shares, bits), retire)
+        out.update(facts, link_bytes=links.bytes())
+    # one host: the pickled table to each Spark executor or Dask worker, a lower bound, and one
+    # copy into Ray's object store, read in place by its workers; namespace hosts: what crossed the links
+    copies = 1 if system == "ray" else W
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * copies * wl.rounds
     return out
-
-
-def run_dask(wl, task, warm, conf, hosts=None):
-    W = wl.workers
-    tiny, tkeys, tbits, tans = warm
-    with start("dask", W, hosts) as client:
-        import distributed
-
-        f = client.scatter(tiny, broadcast=True)
-        used = warm_check("dask", client.gather([client.submit(task, f, tkeys, tbits, 0.3, pure=False)
-                                                 for _ in range(W)]), [tans] * W)
-        f.release()
-        print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
-              f"{used} ran the warm-up", flush=True)
-        bits = wl.bits
-        links = _harness.LinkWindow(hosts)
-
-        def lookups(f, shares):
-            return client.gather([client.submit(task, f, q, bits, pure=False) for q in shares])
-
-        out = run_rounds(wl, "dask", lambda t: client.scatter(t, broadcast=True), lookups, lambda f: f.release())
-        out.update(version=distributed.__version__, link_bytes=links.bytes())
-    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
-    return out
-
-
-def run_ray(wl, task, warm, conf, hosts=None):
-    W = wl.workers
-    tiny, tkeys, tbits, tans = warm
-    with start("ray", W, hosts) as ray:
-        look = ray.remote(task)
-        pids = _harness.ray_wait_workers(ray, W)
-        ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
-        warm_check("ray", ray.get([look.remote(ref, tkeys, tbits, 0.3) for _ in range(W)]), [tans] * W)
-        del ref
-        print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
-        bits = wl.bits
-        links = _harness.LinkWindow(hosts)
-
-        def lookups(ref, shares):
-            return ray.get([look.remote(ref, q, bits) for q in shares])
-
-        out = run_rounds(wl, "ray", ray.put, lookups, lambda ref: None)
-        out.update(version=ray.__version__, worker_processes=len(pids), link_bytes=links.bytes())
-    # one host: one copy into its object store, read in place by the workers
-    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * wl.rounds
-    return out
-
-
-RUNNERS = {"spark": run_spark, "dask": run_dask, "ray": run_ray}
 
 
 # ---- one process per peer ------------------------------------------------------------------
@@ -421,7 +384,7 @@ def peer_child(system, wl, task, warm, conf, out, rate=None):
     answer) for the warm-up task."""
     def run():
         with _harness.hosts_for(wl.workers, rate) as hosts:
-            return RUNNERS[system](wl, task, warm, conf, hosts)
+            return run_peer(system, wl, task, warm, conf, hosts)
 
     return _harness.child_result(system, out, run, {WrongAnswer: "wrong"})
 
