@@ -260,6 +260,25 @@ def near_disc_range(offsets, centre, radius):
 
 # ---- hosts ----------------------------------------------------------------------------------
 
+def side_figures(rows, scatter_bytes, netns):
+    """The figures of part 1 or 1b (under "kdtree_"): the medians of each
+    side's cold rounds, clamor's against scatter's; bytes on the links with
+    ``netns``, else as counted."""
+    c, s = rows["clamor"], rows["scatter"]
+    cs, ss, cb, cl, sl = med(c, "s"), med(s, "s"), med(c, "bytes_fetched"), med(c, "link_in"), med(s, "link_in")
+    counted = scatter_bytes / cb if cb else None
+    link = sl / cl if netns and cl else None
+    return {"speedup_vs_scatter": ss / cs, "bytes_ratio_vs_scatter": link if link is not None else counted,
+            "bytes_ratio_source": "link" if link is not None else "counters",
+            "bytes_ratio_counters": counted, "bytes_ratio_link": link,
+            "clamor_s": cs, "scatter_s": ss, "scatter_transfer_s": med(s, "scatter_s"),
+            "clamor_s_all": [round(x["s"], 3) for x in c], "scatter_s_all": [round(x["s"], 3) for x in s],
+            "clamor_bytes": cb, "clamor_bytes_from_peers": med(c, "bytes_from_peers"),
+            "clamor_readahead_pages": med(c, "readahead_pages"), "clamor_bytes_per_worker": c[-1]["per_worker_bytes"],
+            "scatter_bytes": scatter_bytes,
+            "clamor_link_bytes": cl if netns else None, "scatter_link_bytes": sl if netns else None}
+
+
 class NoLinks:
     def read(self):
         return 0, 0
@@ -610,33 +629,15 @@ def main(argv=None):
         clamor.dask.detach(client)
 
     # ---- figures
-    c_s = med([x["s"] for x in rows["clamor"]])
-    s_s = med([x["s"] for x in rows["scatter"]])
-    c_bytes = med([x["bytes_fetched"] for x in rows["clamor"]])
-    s_bytes = gbytes * args.workers
-    c_link = med([x["link_in"] for x in rows["clamor"]])
-    s_link = med([x["link_in"] for x in rows["scatter"]])
+    part1 = side_figures(rows, gbytes * args.workers, netns)
+    c_s, s_s, c_bytes, s_bytes = (part1[k] for k in ("clamor_s", "scatter_s", "clamor_bytes", "scatter_bytes"))
+    c_link, s_link, link_ratio = part1["clamor_link_bytes"], part1["scatter_link_bytes"], part1["bytes_ratio_link"]
+    counted_ratio = part1["bytes_ratio_counters"]
     uc = med([x["s"] for x in urows["clamor"]])
     us = med([x["s"] for x in urows["rescatter"]])
-    counted_ratio = s_bytes / c_bytes if c_bytes else None
-    link_ratio = s_link / c_link if netns and c_link else None
     fig = {
-        "bench": "dask_globals",
-        "speedup_vs_scatter": s_s / c_s,
-        "bytes_ratio_vs_scatter": link_ratio if link_ratio is not None else counted_ratio,
-        "bytes_ratio_source": "link" if link_ratio is not None else "counters",
-        "bytes_ratio_counters": counted_ratio,
-        "bytes_ratio_link": link_ratio,
+        "bench": "dask_globals", **part1,
         "update_speedup_vs_rescatter": us / uc,
-        "clamor_s": c_s, "scatter_s": s_s,
-        "scatter_transfer_s": med([x["scatter_s"] for x in rows["scatter"]]),
-        "clamor_s_all": [round(x["s"], 3) for x in rows["clamor"]],
-        "scatter_s_all": [round(x["s"], 3) for x in rows["scatter"]],
-        "clamor_bytes": c_bytes, "clamor_bytes_from_peers": med([x["bytes_from_peers"] for x in rows["clamor"]]),
-        "clamor_readahead_pages": med([x["readahead_pages"] for x in rows["clamor"]]),
-        "clamor_bytes_per_worker": rows["clamor"][-1]["per_worker_bytes"],
-        "scatter_bytes": s_bytes,
-        "clamor_link_bytes": c_link if netns else None, "scatter_link_bytes": s_link if netns else None,
         "update_clamor_round_s": uc, "update_rescatter_round_s": us,
         "update_rescatter_transfer_s": med([x["scatter_s"] for x in urows["rescatter"]]),
         "update_clamor_round_s_all": [round(x["s"], 4) for x in urows["clamor"]],
@@ -655,42 +656,19 @@ def main(argv=None):
         "elapsed_s": round(time.perf_counter() - t_start, 1),
     }
     # the KDTree part (the paper's version): null when skipped (--kdtree-reps 0)
-    kd = dict.fromkeys(["kdtree_speedup_vs_scatter", "kdtree_bytes_ratio_vs_scatter", "kdtree_bytes_ratio_source",
-                        "kdtree_bytes_ratio_counters", "kdtree_bytes_ratio_link", "kdtree_clamor_s",
-                        "kdtree_scatter_s", "kdtree_scatter_transfer_s", "kdtree_clamor_s_all",
-                        "kdtree_scatter_s_all", "kdtree_ref_s", "kdtree_clamor_bytes",
-                        "kdtree_clamor_bytes_from_peers", "kdtree_clamor_readahead_pages",
-                        "kdtree_clamor_bytes_per_worker", "kdtree_clamor_faults", "kdtree_scatter_bytes",
-                        "kdtree_clamor_link_bytes", "kdtree_scatter_link_bytes", "kdtree_pickled_bytes",
-                        "kdtree_records_bytes", "kdtree_region_bytes", "kdtree_build_s", "kdtree_mean_top_km"])
+    kd = dict.fromkeys([f"kdtree_{k}" for k in part1] + [
+        "kdtree_ref_s", "kdtree_clamor_faults", "kdtree_pickled_bytes", "kdtree_records_bytes",
+        "kdtree_region_bytes", "kdtree_build_s", "kdtree_mean_top_km"])
     kd["kdtree_reps"] = args.kdtree_reps
     if args.kdtree_reps:
-        kc = med([x["s"] for x in krows["clamor"]])
-        ks = med([x["s"] for x in krows["scatter"]])
-        kc_bytes = med([x["bytes_fetched"] for x in krows["clamor"]])
-        ks_bytes = (kd_pickled + plain_records.nbytes) * args.workers
-        kc_link = med([x["link_in"] for x in krows["clamor"]])
-        ks_link = med([x["link_in"] for x in krows["scatter"]])
-        k_counted = ks_bytes / kc_bytes if kc_bytes else None
-        k_link = ks_link / kc_link if netns and kc_link else None
+        part1b = side_figures(krows, (kd_pickled + plain_records.nbytes) * args.workers, netns)
+        kd.update({f"kdtree_{k}": v for k, v in part1b.items()})
+        kc, ks, kc_bytes, ks_bytes = (part1b[k] for k in ("clamor_s", "scatter_s", "clamor_bytes", "scatter_bytes"))
+        kc_link, ks_link, k_link = part1b["clamor_link_bytes"], part1b["scatter_link_bytes"], part1b["bytes_ratio_link"]
+        k_counted = part1b["bytes_ratio_counters"]
         kd.update({
-            "kdtree_speedup_vs_scatter": ks / kc,
-            "kdtree_bytes_ratio_vs_scatter": k_link if k_link is not None else k_counted,
-            "kdtree_bytes_ratio_source": "link" if k_link is not None else "counters",
-            "kdtree_bytes_ratio_counters": k_counted, "kdtree_bytes_ratio_link": k_link,
-            "kdtree_clamor_s": kc, "kdtree_scatter_s": ks,
-            "kdtree_scatter_transfer_s": med([x["scatter_s"] for x in krows["scatter"]]),
-            "kdtree_clamor_s_all": [round(x["s"], 3) for x in krows["clamor"]],
-            "kdtree_scatter_s_all": [round(x["s"], 3) for x in krows["scatter"]],
             "kdtree_ref_s": med([x["ref_s"] for x in krows["clamor"]]),
-            "kdtree_clamor_bytes": kc_bytes,
-            "kdtree_clamor_bytes_from_peers": med([x["bytes_from_peers"] for x in krows["clamor"]]),
-            "kdtree_clamor_readahead_pages": med([x["readahead_pages"] for x in krows["clamor"]]),
-            "kdtree_clamor_bytes_per_worker": krows["clamor"][-1]["per_worker_bytes"],
             "kdtree_clamor_faults": med([x["faults"] for x in krows["clamor"]]),
-            "kdtree_scatter_bytes": ks_bytes,
-            "kdtree_clamor_link_bytes": kc_link if netns else None,
-            "kdtree_scatter_link_bytes": ks_link if netns else None,
             "kdtree_pickled_bytes": kd_pickled, "kdtree_records_bytes": plain_records.nbytes,
             "kdtree_region_bytes": kd_region_bytes, "kdtree_build_s": kd_build_s,
             "kdtree_mean_top_km": float(kanswers["clamor"][3].mean()),
