@@ -542,6 +542,26 @@ def fetch_ratio(fetched, pids, pages, psize):
     return fetched / touched if touched else None, touched
 
 
+def system_figures(figures, common, peers, left_out=None):
+    """Every system's figures in bench/figures.py's shape into ``figures``:
+    ``common`` {system: (seconds per round, bytes moved)} and each peer that
+    ran, with clamor's speedup over it; a peer that did not: null, and why."""
+    ran = {who: p for who, p in peers.items() if "times" in p}
+    cl_med = statistics.median(common["clamor"][0][1:])
+    for who, (times, nbytes) in {**common, **{who: (p["times"], p["bytes"]) for who, p in ran.items()}}.items():
+        figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
+                        f"{who}_bytes": int(nbytes)})
+    for who in PEERS:
+        p = peers.get(who)
+        figures[f"speedup_vs_{who}"] = figures[f"{who}_iter_s"] / cl_med if who in ran else None
+        if who not in ran:
+            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
+                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
+                            (left_out or {}).get(who, "not requested (--systems)")})
+    figures.update(peer_versions={who: p.get("version") for who, p in ran.items()},
+                   peer_wall_s={who: p["wall_s"] for who, p in peers.items()})
+
+
 def on_hosts(args, wl, peers, spark_conf):
     """``--netns``: clamor's rounds with one remote worker per namespace
     host (they fetch: no worker shares the driver's host), against the
@@ -601,25 +621,12 @@ def on_hosts(args, wl, peers, spark_conf):
         link = links.bytes()
     cl_med = statistics.median(times[1:])
     figures = {"bench": "streaming", "clamor_round_s": cl_med}
-    for who in PEERS:
-        p = peers.get(who)
-        figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
-    common = {"clamor": (times, link)}
-    common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
-    for who, (ts, nbytes) in common.items():
-        figures.update({f"{who}_iter_s": statistics.median(ts[1:]), f"{who}_times_s": ts, f"{who}_bytes": nbytes})
-    for who in PEERS:
-        if who not in ran:
-            p = peers.get(who)
-            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else "not requested (--systems)"})
+    system_figures(figures, {"clamor": (times, link)}, peers)
     print(f"round 0: clamor fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
           f"({mib(touched0).strip()})", flush=True)
     figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
                     "round0_fetch_ratio": ratio0, "round0_touched_bytes": touched0,
                     "clamor_bytes_per_round": moved, "clamor_wire_bytes_per_round": wire,
-                    "peer_versions": {who: p.get("version") for who, p in ran.items()},
-                    "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
                     "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"],
                     "table_bytes": int(table.nbytes), "keys": wl.n, "rounds": rounds, "workers": W,
                     "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "verified": True})
@@ -952,34 +959,19 @@ def main(argv=None):
         "speedup_late_vs_zero_copy": zc_late / cl_late,
         "first_round_vs_shm": fm["map"] / fm["shm"],
     }
-    for who in PEERS:
-        p = peers.get(who)
-        figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
-    # every system's figures in the common shape: s per round after the first, per round, bytes moved
-    common = {"clamor": (col("clamor_s"), sum(col("clamor_bytes"))),
-              "broadcast": (col("pickle_s"), sum(col("pickle_bytes"))),
-              "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))}
-    common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
-    for who, (times, nbytes) in common.items():
-        figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
-                        f"{who}_bytes": int(nbytes)})
-    for who in PEERS:
-        p = peers.get(who)
-        if who in ran:
-            ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
-            figures.update({f"{who}_round_s": statistics.median(p["times"][1:]),
-                            f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
-                            f"{who}_workers_per_round": p["workers_used"],
-                            f"{who}_worker_processes_seen": p["worker_processes_seen"]})
-        else:
-            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
-                            smoke_left_out.get(who, "not requested (--systems)")})
+    system_figures(figures, {"clamor": (col("clamor_s"), sum(col("clamor_bytes"))),
+                             "broadcast": (col("pickle_s"), sum(col("pickle_bytes"))),
+                             "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))},
+                   peers, smoke_left_out)
+    for who, p in ran.items():
+        ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
+        figures.update({f"{who}_round_s": statistics.median(p["times"][1:]),
+                        f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
+                        f"{who}_workers_per_round": p["workers_used"],
+                        f"{who}_worker_processes_seen": p["worker_processes_seen"]})
     figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
                     "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran) + (["ray"] if "ray" in fm and "ray" not in ran else []),
                     "smoke": sm,
-                    "peer_versions": {who: p.get("version") for who, p in ran.items()},
-                    "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
                     "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"]})
     if "ray" in fm:
         figures["first_round_vs_ray"] = fm["map"] / fm["ray"]
