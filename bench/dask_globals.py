@@ -234,12 +234,14 @@ def batches(q, parts):
     return [np.ascontiguousarray(q[order[b[i]:b[i + 1]]]) for i in range(parts)], order
 
 
-def assemble(results, order, n, k):
-    out_id = np.empty((n, k), np.int64)
-    out_d = np.empty((n, k))
-    out_id[order] = np.concatenate([r[0] for r in results])
-    out_d[order] = np.concatenate([r[1] for r in results])
-    return out_id, out_d
+def assemble(results, order):
+    """The tasks' answers (each a tuple of arrays, a row a query) in query order."""
+    out = []
+    for part in zip(*results):
+        c = np.concatenate(part)
+        out.append(np.empty_like(c))
+        out[-1][order] = c
+    return tuple(out)
 
 
 def brute(pts, ids, q, k):
@@ -451,46 +453,52 @@ def main(argv=None):
             while time.monotonic() < deadline and any(client.who_has(keys).get(k) for k in keys):
                 time.sleep(0.05)
 
+        def cold_rounds(reps, pages, run, what=""):
+            """``reps`` cold rounds of each side, order alternating, the
+            global's ``pages`` dropped first: ``run(side)`` -> (the tasks'
+            results, the seconds of its ref or scatter or None, what to
+            release after it); {side: rows}, {side: its answers}."""
+            rows, answers = {"clamor": [], "scatter": []}, {}
+            for r in range(reps):
+                for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
+                    client.run(drop_global, pages)
+                    l0 = links.read()
+                    t0 = time.perf_counter()
+                    res, step_s, held = run(side)
+                    dt = time.perf_counter() - t0
+                    l1 = links.read()
+                    row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
+                    if side == "clamor":
+                        row.update(clamor_bytes(), **({} if step_s is None else {"ref_s": step_s}))
+                        extra = ("" if step_s is None else f"ref {step_s:.2f} s, ") + (
+                            f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
+                            f"peers, {row['readahead_pages']} pages read ahead), ")
+                    else:
+                        row["scatter_s"] = step_s
+                        release(list(held))
+                        held = None
+                        extra = f"scatter {step_s:.2f} s, "
+                    got = assemble(res, qorder)
+                    if side in answers and not all(np.array_equal(x, y) for x, y in zip(answers[side], got)):
+                        raise SystemExit(f"dask_globals: {what}{side}'s answers differ between rounds")
+                    answers[side] = got
+                    rows[side].append(row)
+                    print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
+                          f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+            return rows, answers
+
         # ---- part 1: the k-NN queries, cold, each side ------------------------------------------
         queries = disc_queries(rng, centre, args.radius_km, args.queries)
         qb, qorder = batches(queries, args.tasks)
         print(f"part 1: {args.queries} queries ({args.k} nearest) in {args.tasks} tasks, {args.reps} cold round(s) "
               f"each side, order alternating", flush=True)
-        rows = {"clamor": [], "scatter": []}
-        answers = {}
-        for r in range(args.reps):
-            for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
-                client.run(drop_global, ranges)
-                l0 = links.read()
-                t0 = time.perf_counter()
-                if side == "clamor":
-                    res = run_clamor(qb)
-                    sc, held = None, None
-                else:
-                    res, sc, held = run_scatter(qb)
-                dt = time.perf_counter() - t0
-                l1 = links.read()
-                row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
-                if side == "clamor":
-                    row.update(clamor_bytes())
-                    row["bytes"] = row["bytes_fetched"]
-                else:
-                    row["scatter_s"] = sc
-                    row["bytes"] = gbytes * args.workers
-                    release(held)
-                    del held
-                got = assemble(res, qorder, args.queries, args.k)
-                if side in answers:
-                    same = np.array_equal(answers[side][0], got[0]) and np.array_equal(answers[side][1], got[1])
-                    if not same:
-                        raise SystemExit(f"dask_globals: {side}'s answers differ between rounds")
-                answers[side] = got
-                rows[side].append(row)
-                extra = (f"scatter {sc:.2f} s, " if sc is not None else
-                         f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
-                         f"peers, {row['readahead_pages']} pages read ahead), ")
-                print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
-                      f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+
+        def grid_side(side):
+            if side == "clamor":
+                return run_clamor(qb), None, None
+            return run_scatter(qb)
+
+        rows, answers = cold_rounds(args.reps, ranges, grid_side)
         a, b = answers["clamor"], answers["scatter"]
         if not (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])):
             bad = np.flatnonzero((a[0] != b[0]).any(axis=1) | (a[1] != b[1]).any(axis=1))
@@ -504,57 +512,27 @@ def main(argv=None):
 
         # ---- part 1b: the paper's version: a KDTree over every place, and the records -----------------
         # (before the updates, which move places in pts: the tree holds their places as they were)
-        krows = {"clamor": [], "scatter": []}
-        kanswers = {}
+        krows, kanswers = {"clamor": [], "scatter": []}, {}
         if args.kdtree_reps:
             print(f"part 1b: the same {args.queries} queries on a KDTree of all {args.points} places + records "
                   f"(top-rated of the {args.k} nearest), {args.kdtree_reps} cold round(s) each side: clamor.dask.ref "
                   f"against scattering an ordinary copy (broadcast=True)", flush=True)
-            kd_kw = {"k": args.k}
-            for r in range(args.kdtree_reps):
-                for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
-                    client.run(drop_global, all_pages)
-                    l0 = links.read()
+
+            def kdtree_side(side):
+                if side == "clamor":
+                    # one ref to the region's (tree, records): the walk is counted in the round.  (Not
+                    # records as a region array beside a ref: see the README.)
                     t0 = time.perf_counter()
-                    if side == "clamor":
-                        # one ref to the region's (tree, records): the walk is counted in the round.  (Not
-                        # records as a region array beside a ref: see the README.)
-                        gref = clamor.dask.ref(geo)
-                        ref_s = time.perf_counter() - t0
-                        futs = client.map(kdtree_task, qb, geo=gref, pure=False, **kd_kw)
-                        res = client.gather(futs)
-                        del futs, gref
-                        sc, held = None, None
-                    else:
-                        ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
-                        sc = time.perf_counter() - t0
-                        futs = client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, **kd_kw)
-                        res = client.gather(futs)
-                        del futs, ft, fr
-                    dt = time.perf_counter() - t0
-                    l1 = links.read()
-                    row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
-                    if side == "clamor":
-                        row.update(clamor_bytes())
-                        row["ref_s"] = ref_s
-                    else:
-                        row["scatter_s"] = sc
-                        release(list(held))
-                        held = None
-                    got = [np.empty((args.queries, args.k), np.int64), np.empty((args.queries, args.k)),
-                           np.empty(args.queries, np.int64), np.empty(args.queries)]
-                    for g, part in zip(got, zip(*res)):
-                        g[qorder] = np.concatenate(part)
-                    if side in kanswers and not all(np.array_equal(x, y) for x, y in zip(kanswers[side], got)):
-                        raise SystemExit(f"dask_globals: KDTree {side}'s answers differ between rounds")
-                    kanswers[side] = got
-                    krows[side].append(row)
-                    extra = (f"scatter {sc:.2f} s, " if sc is not None else
-                             f"ref {ref_s:.2f} s, fetched {row['bytes_fetched'] / MIB:.1f} MiB "
-                             f"({row['bytes_from_peers'] / MIB:.1f} from peers, {row['readahead_pages']} pages read "
-                             f"ahead), ")
-                    print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
-                          f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+                    gref = clamor.dask.ref(geo)
+                    ref_s = time.perf_counter() - t0
+                    res = client.gather(client.map(kdtree_task, qb, geo=gref, pure=False, k=args.k))
+                    return res, ref_s, None
+                t0 = time.perf_counter()
+                ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
+                sc = time.perf_counter() - t0
+                return client.gather(client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, k=args.k)), sc, held
+
+            krows, kanswers = cold_rounds(args.kdtree_reps, all_pages, kdtree_side, "KDTree ")
             a, b = kanswers["clamor"], kanswers["scatter"]
             if not all(np.array_equal(x, y) for x, y in zip(a, b)):
                 bad = np.flatnonzero((a[0] != b[0]).any(axis=1) | (a[1] != b[1]).any(axis=1) | (a[2] != b[2]))
@@ -614,7 +592,7 @@ def main(argv=None):
             res_s, sc, (base_fp, _, _) = run_scatter(ub, (None, base_fi, base_fo), only_pts=True)
             dt_s = time.perf_counter() - t0
             l3 = links.read()
-            got_c, got_s = assemble(res_c, uorder, len(uq), args.k), assemble(res_s, uorder, len(uq), args.k)
+            got_c, got_s = assemble(res_c, uorder), assemble(res_s, uorder)
             if not (np.array_equal(got_c[0], got_s[0]) and np.array_equal(got_c[1], got_s[1])):
                 raise SystemExit(f"dask_globals: update round {r}: clamor and re-scatter disagree")
             moved = set(ids[idx].tolist())
