@@ -683,24 +683,20 @@ def draw_all(pl, out, args):
 
     timed, moved, series = pl["time_per_system.png"], pl["bytes_moved.png"], pl["time_vs_hosts.png"]
     iters, rec = pl["iterations.png"]
-    if timed:
-        draw_time_per_system(timed, out, machine([p.rec for p in timed], args.machine))
-    else:
-        skip("time_per_system.png", "no workload with per-system times")
-    if any(s.bytes for p in moved for s in p.systems):
-        draw_bytes(moved, out, machine([p.rec for p in moved], args.machine))
-    else:
-        skip("bytes_moved.png", "no workload with bytes moved")
-    if series:
-        recs = [r for g in series.values() for r in g.values()]
-        draw_time_vs_hosts(series, out, machine(recs, args.machine))
-    else:
-        skip("time_vs_hosts.png", "no bench has results at two host counts or more")
-    if iters or rec:
-        draw_iterations(iters, rec, out, machine([p.rec for p in iters] + ([rec] if rec else []), args.machine))
-    else:
-        skip("iterations.png", "no per-iteration times")
-
+    # (figure, whether it can be drawn, how, from which files, why not)
+    for png, ok, draw, recs, why in (
+            ("time_per_system.png", timed, lambda m: draw_time_per_system(timed, out, m), [p.rec for p in timed],
+             "no workload with per-system times"),
+            ("bytes_moved.png", any(s.bytes for p in moved for s in p.systems), lambda m: draw_bytes(moved, out, m),
+             [p.rec for p in moved], "no workload with bytes moved"),
+            ("time_vs_hosts.png", series, lambda m: draw_time_vs_hosts(series, out, m),
+             [r for g in series.values() for r in g.values()], "no bench has results at two host counts or more"),
+            ("iterations.png", iters or rec, lambda m: draw_iterations(iters, rec, out, m),
+             [p.rec for p in iters] + ([rec] if rec else []), "no per-iteration times")):
+        if ok:
+            draw(machine(recs, args.machine))
+        else:
+            skip(png, why)
 
 if __name__ == "__main__":
     sys.exit(main())
