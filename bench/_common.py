@@ -283,6 +283,24 @@ def hot_lookup(lib, addr, keys, threads=1):
     return int(s), int(found.value)
 
 
+def hot_round(lib, rng, a, nkeys, addr, tasks, lookups, who):
+    """One stage's keys, ``tasks * lookups`` whose ranks are Zipf(a) over
+    [0, nkeys), and the driver's own (checksum, found) of each task's part
+    (cut as parallelize() cuts), checked against the keys' values."""
+    import numpy as np
+
+    keys = np.ascontiguousarray(zipf_ranks(rng, a, nkeys, tasks * lookups).astype(np.uint64))
+    lib.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
+    expect = []
+    b = bounds(len(keys), tasks)
+    for part in (keys[b[i]:b[i + 1]] for i in range(tasks)):
+        s, found = hot_lookup(lib, addr, part)
+        if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
+            raise SystemExit(f"{who}: the driver's own lookups do not match the values of the keys")
+        expect.append((s, found))
+    return keys, expect
+
+
 # ---- CPU time ------------------------------------------------------------------------
 
 def thread_cpu():

@@ -3,39 +3,29 @@
 
 SYSTEMS.  ``start(system, workers, hosts=None, **options)`` is the one
 place clamor, Spark, Dask and Ray are started: a context manager that
-yields the system's handle (a clamor Cluster, a SparkContext, a Dask
-Client, the ray module) and stops every process it started when the block
-ends, also on an error.  Without ``hosts``, W single-core worker processes
-on this host; with ``hosts`` (a ``clamor.testing.nethosts.Hosts``:
-``hosts_for(n, rate)``), one worker per namespace host, the driver (and
-Spark's master, Dask's scheduler, Ray's head) in the root namespace on
-``hosts.root_addr``.  bench/README.md, "The peers", says what each runs
-and what differs from its defaults.  A system that cannot run here (not
-installed, no Java, no unshare) raises ``PeerMissing`` saying why.
+yields the system's handle (a Cluster, a SparkContext, a Dask Client, the
+ray module) and stops every process it started, also on an error.
+Without ``hosts``, W single-core workers on this host; with ``hosts``
+(``hosts_for(n, rate)``), one worker per namespace host and the driver in
+the root namespace.  What each runs: bench/README.md, "The peers".  A
+system that cannot run here raises ``PeerMissing`` saying why.
 
-CHILD PROTOCOL.  Each system runs in a subprocess of its own (a script's
-``--run SYSTEM --out FILE``), one after another: ``run_systems`` in the
-parent, ``child_result`` in the child, which writes a JSON dict of figures
-(or ``missing``, ``error`` or a workload's own reason, such as ``wrong``).
-The parent is the children's subreaper: whatever a child leaves running is
-killed by pid and named in ``left_behind``, with the /dev/shm names only
-it held (``clamor.testing.leftovers``).  A child's temporary files (TMPDIR,
-Dask's scratch space, Spark's local directories) go to a directory its
-parent removes.  Run a peer in a process that is not a clamor driver: a
+CHILD PROTOCOL.  Each system runs in a subprocess of its own (``--run
+SYSTEM --out FILE``), one after another: ``run_systems`` in the parent,
+``child_result`` in the child, which writes a JSON dict of figures (or
+``missing``, ``error`` or the workload's own reason).  The parent is the
+children's subreaper: what a child leaves running is killed and named in
+``left_behind``.  Run a peer in a process that is not a clamor driver: a
 process forked from a region's driver attaches to the region.
 
-REPORT.  ``med``, ``ratio``, ``smoke_systems`` and ``json_line``: every
-script's last line is one JSON object, also written to
-bench/results/NAME.json (not under ``--smoke``).
+REPORT.  ``parser``, ``med``, ``ratio``, ``smoke_systems`` and
+``json_line`` (every script's last line; also bench/results/NAME.json).
 
     python bench/_harness.py --selftest [--hosts 2] [--rate 1gbit] [--mib 64] [--systems clamor,spark,dask,ray]
 
-starts each system on fresh namespace hosts, runs one task per worker and
-sends a ``--mib`` MiB array the system's way, then checks that nothing is
-left running and the namespaces are gone (needs root).
-
-This file is longer than the house's 600 lines: it is the one home of the
-four systems, on one host and on namespace hosts, and of their stop.
+checks each system on fresh namespace hosts (needs root).  This file is
+longer than the house's 600 lines: it is the one home of the four
+systems, on one host and on namespace hosts, and of their stop.
 """
 import argparse
 import contextlib
@@ -88,6 +78,16 @@ def ratio(num, den, what):
 
 def _script():
     return os.path.splitext(os.path.basename(sys.argv[0]))[0]
+
+
+def parser(description, quick, smoke):
+    """A script's ArgumentParser with its two sizes, ``--quick`` and
+    ``--smoke`` (one or neither), ``quick`` and ``smoke`` their help."""
+    ap = argparse.ArgumentParser(description=description)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=quick)
+    size.add_argument("--smoke", action="store_true", help=smoke)
+    return ap
 
 
 # The peers a --smoke run leaves out unless --systems names them: the test
@@ -494,6 +494,31 @@ def start(system, workers, hosts=None, executor_mb=2048, driver_memory="4g", app
     return {"spark": lambda: _spark_local(workers, **spark),
             "dask": lambda: _dask_local(workers, dask_config, **(dask_options or {})),
             "ray": lambda: _ray_local(workers)}[system]()
+
+
+def shared(system, h):
+    """A global shared the way a peer's users share it (bench/README.md,
+    "The peers"), on the handle ``start`` yielded: (publish, tasks, retire).
+    publish(x) -> a handle: ``sc.broadcast(x)``, ``client.scatter(x,
+    broadcast=True)``, ``ray.put(x)``; tasks(fn, handle, items, *args) ->
+    [fn(x, item, *args)], one task an item, in order; retire(handle): the
+    broadcast destroyed, the future released; Ray frees an object with its
+    last reference."""
+    if system == "spark":
+        def tasks(fn, bc, items, *args):
+            return h.parallelize(items, len(items)).map(lambda q: fn(bc.value, q, *args)).collect()
+        return h.broadcast, tasks, lambda bc: bc.destroy()
+    if system == "dask":
+        def tasks(fn, f, items, *args):
+            return h.gather([h.submit(fn, f, q, *args, pure=False) for q in items])
+        return (lambda x: h.scatter(x, broadcast=True)), tasks, lambda f: f.release()
+    remote = {}
+
+    def tasks(fn, ref, items, *args):
+        if fn not in remote:
+            remote[fn] = h.remote(fn)
+        return h.get([remote[fn].remote(ref, q, *args) for q in items])
+    return h.put, tasks, lambda ref: None
 
 
 # ---- namespace hosts: links, where a task ran ------------------------------------------------

@@ -7,7 +7,6 @@ against re-scattering.
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "dask_globals.py".
 """
-import argparse
 import os
 import sys
 import time
@@ -19,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from _common import MIB, human, parse_size
 import _harness
-from _harness import json_line, med
+from _harness import json_line, med, parser
 
 GRID = 1024          # cells a side
 CELL_KM = 4.0        # a cell's side
@@ -235,12 +234,14 @@ def batches(q, parts):
     return [np.ascontiguousarray(q[order[b[i]:b[i + 1]]]) for i in range(parts)], order
 
 
-def assemble(results, order, n, k):
-    out_id = np.empty((n, k), np.int64)
-    out_d = np.empty((n, k))
-    out_id[order] = np.concatenate([r[0] for r in results])
-    out_d[order] = np.concatenate([r[1] for r in results])
-    return out_id, out_d
+def assemble(results, order):
+    """The tasks' answers (each a tuple of arrays, a row a query) in query order."""
+    out = []
+    for part in zip(*results):
+        c = np.concatenate(part)
+        out.append(np.empty_like(c))
+        out[-1][order] = c
+    return tuple(out)
 
 
 def brute(pts, ids, q, k):
@@ -261,6 +262,25 @@ def near_disc_range(offsets, centre, radius):
 
 # ---- hosts ----------------------------------------------------------------------------------
 
+def side_figures(rows, scatter_bytes, netns):
+    """The figures of part 1 or 1b (under "kdtree_"): the medians of each
+    side's cold rounds, clamor's against scatter's; bytes on the links with
+    ``netns``, else as counted."""
+    c, s = rows["clamor"], rows["scatter"]
+    cs, ss, cb, cl, sl = med(c, "s"), med(s, "s"), med(c, "bytes_fetched"), med(c, "link_in"), med(s, "link_in")
+    counted = scatter_bytes / cb if cb else None
+    link = sl / cl if netns and cl else None
+    return {"speedup_vs_scatter": ss / cs, "bytes_ratio_vs_scatter": link if link is not None else counted,
+            "bytes_ratio_source": "link" if link is not None else "counters",
+            "bytes_ratio_counters": counted, "bytes_ratio_link": link,
+            "clamor_s": cs, "scatter_s": ss, "scatter_transfer_s": med(s, "scatter_s"),
+            "clamor_s_all": [round(x["s"], 3) for x in c], "scatter_s_all": [round(x["s"], 3) for x in s],
+            "clamor_bytes": cb, "clamor_bytes_from_peers": med(c, "bytes_from_peers"),
+            "clamor_readahead_pages": med(c, "readahead_pages"), "clamor_bytes_per_worker": c[-1]["per_worker_bytes"],
+            "scatter_bytes": scatter_bytes,
+            "clamor_link_bytes": cl if netns else None, "scatter_link_bytes": sl if netns else None}
+
+
 class NoLinks:
     def read(self):
         return 0, 0
@@ -275,11 +295,9 @@ def main(argv=None):
         # workers 6640; the namespace hosts' workers inherit this environment)
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small sizes, one host (under a minute)")
-    size.add_argument("--smoke", action="store_true", help="200k places, 2 workers, one round of each part, one "
-                      "host (seconds; the tests run it); without dask.distributed, a note and a JSON line")
+    ap = parser(__doc__.splitlines()[0], "small sizes, one host (under a minute)", "200k places, 2 workers, one "
+                "round of each part, one host (seconds; the tests run it); without dask.distributed, a note and a "
+                "JSON line")
     ap.add_argument("--local", action="store_true", help="one host (LocalCluster) even for the full run")
     ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
     ap.add_argument("--workers", type=int, default=None, help="Dask workers (4; smoke 2)")
@@ -435,46 +453,52 @@ def main(argv=None):
             while time.monotonic() < deadline and any(client.who_has(keys).get(k) for k in keys):
                 time.sleep(0.05)
 
+        def cold_rounds(reps, pages, run, what=""):
+            """``reps`` cold rounds of each side, order alternating, the
+            global's ``pages`` dropped first: ``run(side)`` -> (the tasks'
+            results, the seconds of its ref or scatter or None, what to
+            release after it); {side: rows}, {side: its answers}."""
+            rows, answers = {"clamor": [], "scatter": []}, {}
+            for r in range(reps):
+                for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
+                    client.run(drop_global, pages)
+                    l0 = links.read()
+                    t0 = time.perf_counter()
+                    res, step_s, held = run(side)
+                    dt = time.perf_counter() - t0
+                    l1 = links.read()
+                    row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
+                    if side == "clamor":
+                        row.update(clamor_bytes(), **({} if step_s is None else {"ref_s": step_s}))
+                        extra = ("" if step_s is None else f"ref {step_s:.2f} s, ") + (
+                            f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
+                            f"peers, {row['readahead_pages']} pages read ahead), ")
+                    else:
+                        row["scatter_s"] = step_s
+                        release(list(held))
+                        held = None
+                        extra = f"scatter {step_s:.2f} s, "
+                    got = assemble(res, qorder)
+                    if side in answers and not all(np.array_equal(x, y) for x, y in zip(answers[side], got)):
+                        raise SystemExit(f"dask_globals: {what}{side}'s answers differ between rounds")
+                    answers[side] = got
+                    rows[side].append(row)
+                    print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
+                          f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+            return rows, answers
+
         # ---- part 1: the k-NN queries, cold, each side ------------------------------------------
         queries = disc_queries(rng, centre, args.radius_km, args.queries)
         qb, qorder = batches(queries, args.tasks)
         print(f"part 1: {args.queries} queries ({args.k} nearest) in {args.tasks} tasks, {args.reps} cold round(s) "
               f"each side, order alternating", flush=True)
-        rows = {"clamor": [], "scatter": []}
-        answers = {}
-        for r in range(args.reps):
-            for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
-                client.run(drop_global, ranges)
-                l0 = links.read()
-                t0 = time.perf_counter()
-                if side == "clamor":
-                    res = run_clamor(qb)
-                    sc, held = None, None
-                else:
-                    res, sc, held = run_scatter(qb)
-                dt = time.perf_counter() - t0
-                l1 = links.read()
-                row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
-                if side == "clamor":
-                    row.update(clamor_bytes())
-                    row["bytes"] = row["bytes_fetched"]
-                else:
-                    row["scatter_s"] = sc
-                    row["bytes"] = gbytes * args.workers
-                    release(held)
-                    del held
-                got = assemble(res, qorder, args.queries, args.k)
-                if side in answers:
-                    same = np.array_equal(answers[side][0], got[0]) and np.array_equal(answers[side][1], got[1])
-                    if not same:
-                        raise SystemExit(f"dask_globals: {side}'s answers differ between rounds")
-                answers[side] = got
-                rows[side].append(row)
-                extra = (f"scatter {sc:.2f} s, " if sc is not None else
-                         f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
-                         f"peers, {row['readahead_pages']} pages read ahead), ")
-                print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
-                      f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+
+        def grid_side(side):
+            if side == "clamor":
+                return run_clamor(qb), None, None
+            return run_scatter(qb)
+
+        rows, answers = cold_rounds(args.reps, ranges, grid_side)
         a, b = answers["clamor"], answers["scatter"]
         if not (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])):
             bad = np.flatnonzero((a[0] != b[0]).any(axis=1) | (a[1] != b[1]).any(axis=1))
@@ -488,57 +512,27 @@ def main(argv=None):
 
         # ---- part 1b: the paper's version: a KDTree over every place, and the records -----------------
         # (before the updates, which move places in pts: the tree holds their places as they were)
-        krows = {"clamor": [], "scatter": []}
-        kanswers = {}
+        krows, kanswers = {"clamor": [], "scatter": []}, {}
         if args.kdtree_reps:
             print(f"part 1b: the same {args.queries} queries on a KDTree of all {args.points} places + records "
                   f"(top-rated of the {args.k} nearest), {args.kdtree_reps} cold round(s) each side: clamor.dask.ref "
                   f"against scattering an ordinary copy (broadcast=True)", flush=True)
-            kd_kw = {"k": args.k}
-            for r in range(args.kdtree_reps):
-                for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
-                    client.run(drop_global, all_pages)
-                    l0 = links.read()
+
+            def kdtree_side(side):
+                if side == "clamor":
+                    # one ref to the region's (tree, records): the walk is counted in the round.  (Not
+                    # records as a region array beside a ref: see the README.)
                     t0 = time.perf_counter()
-                    if side == "clamor":
-                        # one ref to the region's (tree, records): the walk is counted in the round.  (Not
-                        # records as a region array beside a ref: see the README.)
-                        gref = clamor.dask.ref(geo)
-                        ref_s = time.perf_counter() - t0
-                        futs = client.map(kdtree_task, qb, geo=gref, pure=False, **kd_kw)
-                        res = client.gather(futs)
-                        del futs, gref
-                        sc, held = None, None
-                    else:
-                        ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
-                        sc = time.perf_counter() - t0
-                        futs = client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, **kd_kw)
-                        res = client.gather(futs)
-                        del futs, ft, fr
-                    dt = time.perf_counter() - t0
-                    l1 = links.read()
-                    row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
-                    if side == "clamor":
-                        row.update(clamor_bytes())
-                        row["ref_s"] = ref_s
-                    else:
-                        row["scatter_s"] = sc
-                        release(list(held))
-                        held = None
-                    got = [np.empty((args.queries, args.k), np.int64), np.empty((args.queries, args.k)),
-                           np.empty(args.queries, np.int64), np.empty(args.queries)]
-                    for g, part in zip(got, zip(*res)):
-                        g[qorder] = np.concatenate(part)
-                    if side in kanswers and not all(np.array_equal(x, y) for x, y in zip(kanswers[side], got)):
-                        raise SystemExit(f"dask_globals: KDTree {side}'s answers differ between rounds")
-                    kanswers[side] = got
-                    krows[side].append(row)
-                    extra = (f"scatter {sc:.2f} s, " if sc is not None else
-                             f"ref {ref_s:.2f} s, fetched {row['bytes_fetched'] / MIB:.1f} MiB "
-                             f"({row['bytes_from_peers'] / MIB:.1f} from peers, {row['readahead_pages']} pages read "
-                             f"ahead), ")
-                    print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
-                          f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+                    gref = clamor.dask.ref(geo)
+                    ref_s = time.perf_counter() - t0
+                    res = client.gather(client.map(kdtree_task, qb, geo=gref, pure=False, k=args.k))
+                    return res, ref_s, None
+                t0 = time.perf_counter()
+                ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
+                sc = time.perf_counter() - t0
+                return client.gather(client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, k=args.k)), sc, held
+
+            krows, kanswers = cold_rounds(args.kdtree_reps, all_pages, kdtree_side, "KDTree ")
             a, b = kanswers["clamor"], kanswers["scatter"]
             if not all(np.array_equal(x, y) for x, y in zip(a, b)):
                 bad = np.flatnonzero((a[0] != b[0]).any(axis=1) | (a[1] != b[1]).any(axis=1) | (a[2] != b[2]))
@@ -598,7 +592,7 @@ def main(argv=None):
             res_s, sc, (base_fp, _, _) = run_scatter(ub, (None, base_fi, base_fo), only_pts=True)
             dt_s = time.perf_counter() - t0
             l3 = links.read()
-            got_c, got_s = assemble(res_c, uorder, len(uq), args.k), assemble(res_s, uorder, len(uq), args.k)
+            got_c, got_s = assemble(res_c, uorder), assemble(res_s, uorder)
             if not (np.array_equal(got_c[0], got_s[0]) and np.array_equal(got_c[1], got_s[1])):
                 raise SystemExit(f"dask_globals: update round {r}: clamor and re-scatter disagree")
             moved = set(ids[idx].tolist())
@@ -613,33 +607,15 @@ def main(argv=None):
         clamor.dask.detach(client)
 
     # ---- figures
-    c_s = med([x["s"] for x in rows["clamor"]])
-    s_s = med([x["s"] for x in rows["scatter"]])
-    c_bytes = med([x["bytes_fetched"] for x in rows["clamor"]])
-    s_bytes = gbytes * args.workers
-    c_link = med([x["link_in"] for x in rows["clamor"]])
-    s_link = med([x["link_in"] for x in rows["scatter"]])
+    part1 = side_figures(rows, gbytes * args.workers, netns)
+    c_s, s_s, c_bytes, s_bytes = (part1[k] for k in ("clamor_s", "scatter_s", "clamor_bytes", "scatter_bytes"))
+    c_link, s_link, link_ratio = part1["clamor_link_bytes"], part1["scatter_link_bytes"], part1["bytes_ratio_link"]
+    counted_ratio = part1["bytes_ratio_counters"]
     uc = med([x["s"] for x in urows["clamor"]])
     us = med([x["s"] for x in urows["rescatter"]])
-    counted_ratio = s_bytes / c_bytes if c_bytes else None
-    link_ratio = s_link / c_link if netns and c_link else None
     fig = {
-        "bench": "dask_globals",
-        "speedup_vs_scatter": s_s / c_s,
-        "bytes_ratio_vs_scatter": link_ratio if link_ratio is not None else counted_ratio,
-        "bytes_ratio_source": "link" if link_ratio is not None else "counters",
-        "bytes_ratio_counters": counted_ratio,
-        "bytes_ratio_link": link_ratio,
+        "bench": "dask_globals", **part1,
         "update_speedup_vs_rescatter": us / uc,
-        "clamor_s": c_s, "scatter_s": s_s,
-        "scatter_transfer_s": med([x["scatter_s"] for x in rows["scatter"]]),
-        "clamor_s_all": [round(x["s"], 3) for x in rows["clamor"]],
-        "scatter_s_all": [round(x["s"], 3) for x in rows["scatter"]],
-        "clamor_bytes": c_bytes, "clamor_bytes_from_peers": med([x["bytes_from_peers"] for x in rows["clamor"]]),
-        "clamor_readahead_pages": med([x["readahead_pages"] for x in rows["clamor"]]),
-        "clamor_bytes_per_worker": rows["clamor"][-1]["per_worker_bytes"],
-        "scatter_bytes": s_bytes,
-        "clamor_link_bytes": c_link if netns else None, "scatter_link_bytes": s_link if netns else None,
         "update_clamor_round_s": uc, "update_rescatter_round_s": us,
         "update_rescatter_transfer_s": med([x["scatter_s"] for x in urows["rescatter"]]),
         "update_clamor_round_s_all": [round(x["s"], 4) for x in urows["clamor"]],
@@ -658,42 +634,19 @@ def main(argv=None):
         "elapsed_s": round(time.perf_counter() - t_start, 1),
     }
     # the KDTree part (the paper's version): null when skipped (--kdtree-reps 0)
-    kd = dict.fromkeys(["kdtree_speedup_vs_scatter", "kdtree_bytes_ratio_vs_scatter", "kdtree_bytes_ratio_source",
-                        "kdtree_bytes_ratio_counters", "kdtree_bytes_ratio_link", "kdtree_clamor_s",
-                        "kdtree_scatter_s", "kdtree_scatter_transfer_s", "kdtree_clamor_s_all",
-                        "kdtree_scatter_s_all", "kdtree_ref_s", "kdtree_clamor_bytes",
-                        "kdtree_clamor_bytes_from_peers", "kdtree_clamor_readahead_pages",
-                        "kdtree_clamor_bytes_per_worker", "kdtree_clamor_faults", "kdtree_scatter_bytes",
-                        "kdtree_clamor_link_bytes", "kdtree_scatter_link_bytes", "kdtree_pickled_bytes",
-                        "kdtree_records_bytes", "kdtree_region_bytes", "kdtree_build_s", "kdtree_mean_top_km"])
+    kd = dict.fromkeys([f"kdtree_{k}" for k in part1] + [
+        "kdtree_ref_s", "kdtree_clamor_faults", "kdtree_pickled_bytes", "kdtree_records_bytes",
+        "kdtree_region_bytes", "kdtree_build_s", "kdtree_mean_top_km"])
     kd["kdtree_reps"] = args.kdtree_reps
     if args.kdtree_reps:
-        kc = med([x["s"] for x in krows["clamor"]])
-        ks = med([x["s"] for x in krows["scatter"]])
-        kc_bytes = med([x["bytes_fetched"] for x in krows["clamor"]])
-        ks_bytes = (kd_pickled + plain_records.nbytes) * args.workers
-        kc_link = med([x["link_in"] for x in krows["clamor"]])
-        ks_link = med([x["link_in"] for x in krows["scatter"]])
-        k_counted = ks_bytes / kc_bytes if kc_bytes else None
-        k_link = ks_link / kc_link if netns and kc_link else None
+        part1b = side_figures(krows, (kd_pickled + plain_records.nbytes) * args.workers, netns)
+        kd.update({f"kdtree_{k}": v for k, v in part1b.items()})
+        kc, ks, kc_bytes, ks_bytes = (part1b[k] for k in ("clamor_s", "scatter_s", "clamor_bytes", "scatter_bytes"))
+        kc_link, ks_link, k_link = part1b["clamor_link_bytes"], part1b["scatter_link_bytes"], part1b["bytes_ratio_link"]
+        k_counted = part1b["bytes_ratio_counters"]
         kd.update({
-            "kdtree_speedup_vs_scatter": ks / kc,
-            "kdtree_bytes_ratio_vs_scatter": k_link if k_link is not None else k_counted,
-            "kdtree_bytes_ratio_source": "link" if k_link is not None else "counters",
-            "kdtree_bytes_ratio_counters": k_counted, "kdtree_bytes_ratio_link": k_link,
-            "kdtree_clamor_s": kc, "kdtree_scatter_s": ks,
-            "kdtree_scatter_transfer_s": med([x["scatter_s"] for x in krows["scatter"]]),
-            "kdtree_clamor_s_all": [round(x["s"], 3) for x in krows["clamor"]],
-            "kdtree_scatter_s_all": [round(x["s"], 3) for x in krows["scatter"]],
             "kdtree_ref_s": med([x["ref_s"] for x in krows["clamor"]]),
-            "kdtree_clamor_bytes": kc_bytes,
-            "kdtree_clamor_bytes_from_peers": med([x["bytes_from_peers"] for x in krows["clamor"]]),
-            "kdtree_clamor_readahead_pages": med([x["readahead_pages"] for x in krows["clamor"]]),
-            "kdtree_clamor_bytes_per_worker": krows["clamor"][-1]["per_worker_bytes"],
             "kdtree_clamor_faults": med([x["faults"] for x in krows["clamor"]]),
-            "kdtree_scatter_bytes": ks_bytes,
-            "kdtree_clamor_link_bytes": kc_link if netns else None,
-            "kdtree_scatter_link_bytes": ks_link if netns else None,
             "kdtree_pickled_bytes": kd_pickled, "kdtree_records_bytes": plain_records.nbytes,
             "kdtree_region_bytes": kd_region_bytes, "kdtree_build_s": kd_build_s,
             "kdtree_mean_top_km": float(kanswers["clamor"][3].mean()),

@@ -3,7 +3,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "driver_writes.py".
 """
-import argparse
 import json
 import os
 import statistics
@@ -11,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 
-from _harness import json_line
+from _harness import json_line, parser
 
 CHILD = r"""
 import errno, json, os, pickle, sys, time
@@ -82,10 +81,7 @@ def child(mode, pages, reps, d):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="1024 pages x 3 reps")
-    size.add_argument("--smoke", action="store_true", help="64 pages x 2 reps (the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "1024 pages x 3 reps", "64 pages x 2 reps (the tests run it)")
     ap.add_argument("--pages", type=int, default=None, help="pages written per round (default 4096: 256 MiB)")
     ap.add_argument("--reps", type=int, default=None, help="rounds per mechanism (default 5)")
     args = ap.parse_args()

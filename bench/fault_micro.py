@@ -3,14 +3,13 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "fault_micro.py".
 """
-import argparse
 import glob
 import os
 import subprocess
 import sys
 
 from _common import ROOT, c_compiler
-from _harness import last_json_line
+from _harness import last_json_line, parser
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")
@@ -47,10 +46,7 @@ def build(build_dir):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="300 faults on a 64 MiB buffer")
-    size.add_argument("--smoke", action="store_true", help="50 faults on a 16 MiB buffer")
+    ap = parser(__doc__.split("\n\n")[0], "300 faults on a 64 MiB buffer", "50 faults on a 16 MiB buffer")
     ap.add_argument("-n", type=int, help="number of faults (and of round trips)")
     ap.add_argument("--mib", type=int, help="buffer size in MiB")
     ap.add_argument("--build-dir", default=os.path.join(HERE, "out"), help="where to compile (default bench/out)")

@@ -1,38 +1,13 @@
 #!/usr/bin/env python3
 """Paper-style figures from the benchmarks' JSON results.
 
-Reads every ``*.json`` under ``--results`` (bench/results: one file per
-run, written by ``_harness.json_line`` as {"bench", "date", "commit",
-"argv", "machine", "figures"}) and draws into ``--out`` (bench/figures):
-
-  time_per_system.png  one panel per workload (sparse_lr, geo, streaming,
-                       kmeans, dask_globals, and any other file in the same
-                       shape): each system's time, its own y axis in the
-                       file's ``time_unit``; clamor's bar in its own colour,
-                       the speedup (peer time / clamor time) on each peer's
-  bytes_moved.png      bytes moved over the timed part, per system and
-                       workload, on one log axis
-  time_vs_hosts.png    time against the number of hosts, for a bench with
-                       results at two host counts or more (``hosts`` in each
-                       file; files may be named <bench>-hosts<N>.json)
-  iterations.png       time per iteration or round of every system
-                       (``<s>_times_s``), and bench/recovery.py's iterations
-                       around the worker it kills
-
-A system s of a workload is read from ``<s>_iter_s`` (mean seconds per unit
-of work), ``<s>_times_s`` (the per-iteration list), ``<s>_bytes`` (null when
-unknown) and ``<s>_missing`` (why a peer did not run); the workload's
-``time_unit``, ``hosts``, ``rate`` and ``workers`` say what a bar means and
-where it ran.  The speedup written on a peer's bar is the file's own
-``speedup_vs_<peer>``, else 1 / ``ratio_vs_<peer>`` (a ratio is clamor's
-time over the peer's, as kmeans reports it), else the ratio of the two bars.
-dask_globals.py, written before that convention, is read from its own keys
-(``clamor_s``, ``scatter_s``, ``kdtree_*``).
-
-Of the files of one bench, a full run is preferred to a ``-quick`` one (a
-figure drawn from a quick run says so), then ``<bench>.json`` to
-``<bench>-hosts<N>.json``, then the newest.  A workload without a file is
-skipped with a message; nothing is drawn that is not in a file.
+Reads every ``*.json`` under ``--results`` (bench/results, written by
+``_harness.json_line``) and draws into ``--out`` (bench/figures); which
+figure shows what, read from which keys, and which file of a bench is
+taken: bench/figures/README.md.  A system s of a workload is read from
+``<s>_iter_s``, ``<s>_times_s``, ``<s>_bytes`` and ``<s>_missing``;
+dask_globals.py from its own keys (``clamor_s``, ``scatter_s``,
+``kdtree_*``).  Nothing is drawn that is not in a file.
 
     python bench/figures.py [--results bench/results] [--out bench/figures] [--check]
                             [--machine "2-core VM, 24 GiB"]
@@ -708,24 +683,20 @@ def draw_all(pl, out, args):
 
     timed, moved, series = pl["time_per_system.png"], pl["bytes_moved.png"], pl["time_vs_hosts.png"]
     iters, rec = pl["iterations.png"]
-    if timed:
-        draw_time_per_system(timed, out, machine([p.rec for p in timed], args.machine))
-    else:
-        skip("time_per_system.png", "no workload with per-system times")
-    if any(s.bytes for p in moved for s in p.systems):
-        draw_bytes(moved, out, machine([p.rec for p in moved], args.machine))
-    else:
-        skip("bytes_moved.png", "no workload with bytes moved")
-    if series:
-        recs = [r for g in series.values() for r in g.values()]
-        draw_time_vs_hosts(series, out, machine(recs, args.machine))
-    else:
-        skip("time_vs_hosts.png", "no bench has results at two host counts or more")
-    if iters or rec:
-        draw_iterations(iters, rec, out, machine([p.rec for p in iters] + ([rec] if rec else []), args.machine))
-    else:
-        skip("iterations.png", "no per-iteration times")
-
+    # (figure, whether it can be drawn, how, from which files, why not)
+    for png, ok, draw, recs, why in (
+            ("time_per_system.png", timed, lambda m: draw_time_per_system(timed, out, m), [p.rec for p in timed],
+             "no workload with per-system times"),
+            ("bytes_moved.png", any(s.bytes for p in moved for s in p.systems), lambda m: draw_bytes(moved, out, m),
+             [p.rec for p in moved], "no workload with bytes moved"),
+            ("time_vs_hosts.png", series, lambda m: draw_time_vs_hosts(series, out, m),
+             [r for g in series.values() for r in g.values()], "no bench has results at two host counts or more"),
+            ("iterations.png", iters or rec, lambda m: draw_iterations(iters, rec, out, m),
+             [p.rec for p in iters] + ([rec] if rec else []), "no per-iteration times")):
+        if ok:
+            draw(machine(recs, args.machine))
+        else:
+            skip(png, why)
 
 if __name__ == "__main__":
     sys.exit(main())

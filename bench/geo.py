@@ -4,7 +4,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "geo.py".
 """
-import argparse
 import functools
 import json
 import os
@@ -21,7 +20,7 @@ import numpy as np
 
 import _harness
 from _common import Spawned, bounds, die_with_parent, parse_size
-from _harness import json_line, smoke_systems
+from _harness import json_line, parser, smoke_systems
 from clamor.demo import geo
 
 PEERS = ("spark", "dask", "ray")
@@ -295,49 +294,32 @@ def split(queries, p):
     return [queries[b[i]:b[i + 1]] for i in range(p)]
 
 
-# ---- the jobs: (answers per partition, broadcast s, total s) --------------------------------
+# ---- the job: (answers per partition, broadcast s, total s) --------------------------------
 
-def spark_job(sc, tree, records, parts):
+def answer_pair(data, q):
+    return geo.answer(data[0], data[1], q)
+
+
+def job(system, h, tree, records, parts):
+    """(tree, records) broadcast the system's way (``_harness.shared``), then
+    one task a partition.  Dask scatters the pair as two futures (its
+    ``scatter`` splits a list or tuple) and cancels the tasks' too."""
     t0 = time.perf_counter()
-    bc = sc.broadcast((tree, records))
+    if system == "dask":
+        tf, rf = h.scatter([tree, records], broadcast=True)
+        t1 = time.perf_counter()
+        futs = [h.submit(geo.answer, tf, rf, q, pure=False) for q in parts]
+        out = h.gather(futs)
+        t2 = time.perf_counter()
+        h.cancel(futs + [tf, rf])
+        return out, t1 - t0, t2 - t0
+    publish, tasks, retire = _harness.shared(system, h)
+    g = publish((tree, records))
     t1 = time.perf_counter()
-
-    def answer(it):
-        tr, rec = bc.value
-        return [geo.answer(tr, rec, q) for q in it]
-
-    out = sc.parallelize(parts, len(parts)).mapPartitions(answer).collect()
+    out = tasks(answer_pair, g, parts)
     t2 = time.perf_counter()
-    bc.destroy()
+    retire(g)
     return out, t1 - t0, t2 - t0
-
-
-def dask_job(client, tree, records, parts):
-    t0 = time.perf_counter()
-    tf, rf = client.scatter([tree, records], broadcast=True)
-    t1 = time.perf_counter()
-    futs = [client.submit(geo.answer, tf, rf, q, pure=False) for q in parts]
-    out = client.gather(futs)
-    t2 = time.perf_counter()
-    client.cancel(futs + [tf, rf])
-    return out, t1 - t0, t2 - t0
-
-
-def ray_job(ray, tree, records, parts):
-    def answer(data, q):
-        return geo.answer(data[0], data[1], q)
-
-    task = ray.remote(answer)
-    t0 = time.perf_counter()
-    ref = ray.put((tree, records))
-    t1 = time.perf_counter()
-    out = ray.get([task.remote(ref, q) for q in parts])
-    t2 = time.perf_counter()
-    del ref
-    return out, t1 - t0, t2 - t0
-
-
-JOBS = {"spark": spark_job, "dask": dask_job, "ray": ray_job}
 
 
 def describe(system, h, ray_pids):
@@ -361,12 +343,12 @@ def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else None
     small = np.ascontiguousarray(records[:WARM_RECORDS])
     t0 = time.perf_counter()
-    JOBS[system](h, geo.build_tree(small), small, [q[:WARM_QUERIES] for q in parts])
+    job(system, h, geo.build_tree(small), small, [q[:WARM_QUERIES] for q in parts])
     warm_s = time.perf_counter() - t0
     line, figures = describe(system, h, pids)
     print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
     links = _harness.LinkWindow(hosts)
-    out, bcast_s, total_s = JOBS[system](h, tree, records, parts)
+    out, bcast_s, total_s = job(system, h, tree, records, parts)
     figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
     return geo.concat(out), figures
 
@@ -519,12 +501,9 @@ def local_systems(args, systems, d, clamor):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="cities5000, 200,000 queries, 4,000 to Redis")
-    size.add_argument("--smoke", action="store_true", help="cities15000, 5,000 queries, 500 to Redis, 2 workers; "
-                      "Spark and Ray left out unless named, Redis when redis-server is missing (seconds; the "
-                      "tests run it)")
+    ap = parser(__doc__.split("\n")[0], "cities5000, 200,000 queries, 4,000 to Redis", "cities15000, 5,000 queries, "
+                "500 to Redis, 2 workers; Spark and Ray left out unless named, Redis when redis-server is missing "
+                "(seconds; the tests run it)")
     ap.add_argument("--workers", type=int, default=None, help="worker processes (or clients) of every system (4)")
     ap.add_argument("--scale", type=int, default=2, help="copies of every place (jittered)")
     ap.add_argument("--dataset", type=int, default=500, choices=geo.DATASETS)

@@ -16,9 +16,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-from _common import (GIB, MIB, bounds, compile_hotpages, cpu_delta, hot_lookup, human, load_hotpages, parse_size,
-                     thread_cpu, zipf_ranks)
-from _harness import HOST_ENV, json_line, med, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
+from _common import (GIB, MIB, compile_hotpages, cpu_delta, hot_lookup, hot_round, human, load_hotpages, parse_size,
+                     thread_cpu)
+from _harness import HOST_ENV, json_line, med, parser, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
@@ -407,21 +407,6 @@ class Driver:
               + "; driver " + ", ".join(f"{k} {v:.2f}" for k, v in row["driver_threads"].items()), flush=True)
         return row
 
-    def draw_round(self, rng, nkeys):
-        np = self.np
-        ranks = zipf_ranks(rng, 1.1, nkeys, self.tasks * self.lookups)
-        keys = np.ascontiguousarray(ranks.astype(np.uint64))
-        self.hp.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
-        expect = []
-        b = bounds(len(keys), self.tasks)
-        for i in range(self.tasks):
-            part = keys[b[i]:b[i + 1]]
-            s, found = hot_lookup(self.hp, self.table, part)
-            if s != self.hp.hp_expect(part.ctypes.data, part.size) or found != part.size:
-                raise SystemExit("hosts: the driver's own lookups do not match the values of the keys")
-            expect.append((s, found))
-        return keys, expect
-
     def hot(self, tmp):
         from clamor._native import ffi
         from clamor._native import lib as clib
@@ -443,13 +428,13 @@ class Driver:
               f"{time.perf_counter() - t:.1f} s; {args.worker_hosts} remote workers, {self.tasks} tasks x {self.lookups} "
               f"Zipf(1.1) lookups on 8 threads; a fresh cluster per policy; {args.hot_reps} round(s)", flush=True)
         rng = self.np.random.default_rng(args.seed)
-        keys, expect = self.draw_round(rng, nkeys)
+        keys, expect = hot_round(self.hp, rng, 1.1, nkeys, self.table, self.tasks, self.lookups, "hosts")
         print(" warm-up (untimed):", flush=True)
         warm = self.hot_policy("off", keys, expect)
         modes = ("curve", "plain") if args.hot_plain else ("curve",)
         rows = {m: {p: [] for p in POLICIES} for m in modes}
         for r in range(args.hot_reps):
-            keys, expect = self.draw_round(rng, nkeys)
+            keys, expect = hot_round(self.hp, rng, 1.1, nkeys, self.table, self.tasks, self.lookups, "hosts")
             print(f" round {r}:", flush=True)
             k = r % len(POLICIES)
             for p in POLICIES[k:] + POLICIES[:k]:
@@ -593,10 +578,8 @@ class Driver:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (under 2 minutes)")
-    size.add_argument("--smoke", action="store_true", help="2 worker hosts, tiny sizes, one round (for the tests)")
+    ap = parser(__doc__.splitlines()[0], "smaller sizes, fewer rounds (under 2 minutes)", "2 worker hosts, tiny "
+                "sizes, one round (for the tests)")
     ap.add_argument("--rate", default="1gbit", help="every host's link, both ways (tc notation; default 1gbit)")
     ap.add_argument("--size", type=parse_size, default=None, help="scanned array bytes (256M; quick 64M)")
     ap.add_argument("--scans", type=int, default=None, help="cold scans per cluster (3; quick 2)")

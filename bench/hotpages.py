@@ -3,7 +3,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "hotpages.py".
 """
-import argparse
 import os
 import resource
 import sys
@@ -12,8 +11,8 @@ import time
 
 import numpy as np
 
-from _common import bounds, compile_hotpages, hot_lookup, load_hotpages, zipf_ranks
-from _harness import json_line, med, ratio
+from _common import compile_hotpages, hot_lookup, hot_round, load_hotpages
+from _harness import json_line, med, parser, ratio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("off", "random", "two-choices")
@@ -23,13 +22,6 @@ RATE_ENV = "CLAMOR_SERVE_RATE"
 SAME_HOST = "fetch"
 SAME_HOST_WHY = ("workers fetch every page from the driver or a peer, as on separate hosts; mapping the "
                  "driver's pages (clamor's default on one host) would leave no driver bytes to compare")
-
-
-def zipf_keys(lib, rng, a, nkeys, size):
-    """``size`` keys whose ranks are Zipf(a) over [0, nkeys)."""
-    keys = np.ascontiguousarray(zipf_ranks(rng, a, nkeys, size).astype(np.uint64))
-    lib.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
-    return keys
 
 
 def make_task(so_path, addr, threads):
@@ -122,25 +114,9 @@ def rotated(seq, r):
     return tuple(seq[k:]) + tuple(seq[:k])
 
 
-def draw_round(lib, rng, args, nkeys, addr, tasks, lookups):
-    """Keys for one stage, and the driver's own answers per task."""
-    keys = zipf_keys(lib, rng, args.zipf, nkeys, tasks * lookups)
-    expect = []
-    b = bounds(len(keys), tasks)     # as parallelize() cuts it
-    for part in (keys[b[i]:b[i + 1]] for i in range(tasks)):
-        s, found = hot_lookup(lib, addr, part)
-        if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
-            raise SystemExit("hotpages: the driver's own lookups do not match the values of the keys")
-        expect.append((s, found))
-    return keys, expect
-
-
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="128 MiB table, 8x fewer lookups")
-    size.add_argument("--smoke", action="store_true", help="4 MiB table, 2 workers, 500 lookups a task, one "
-                      "round, the rate-limited part at 200 MB/s (seconds; the tests run it)")
+    ap = parser(__doc__.split("\n\n")[0], "128 MiB table, 8x fewer lookups", "4 MiB table, 2 workers, 500 lookups a "
+                "task, one round, the rate-limited part at 200 MB/s (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the slot count, 16 bytes a slot (26; quick 23)")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of slots holding a key")
     ap.add_argument("--workers", type=int, default=4)
@@ -198,13 +174,13 @@ def main(argv=None):
 
         warmup = None
         if not args.no_warmup:
-            keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, lookups)
+            keys, expect = hot_round(hp, rng, args.zipf, nkeys, addr, tasks, lookups, "hotpages")
             print("warm-up (untimed, not in the figures):", flush=True)
             warmup = run_policy(clamor, "off", args, task, keys, tasks, expect, table_bytes)
             show("off", warmup)
         rows = {p: [] for p in POLICIES}
         for r in range(reps):
-            keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, lookups)
+            keys, expect = hot_round(hp, rng, args.zipf, nkeys, addr, tasks, lookups, "hotpages")
             print(f"round {r}:", flush=True)
             for p in rotated(POLICIES, r):
                 rows[p].append(run_policy(clamor, p, args, task, keys, tasks, expect, table_bytes))
@@ -242,7 +218,7 @@ def main(argv=None):
                       f"off against {best}, {rate_lookups} lookups a task", flush=True)
                 rrows = {p: [] for p in ("off", best)}
                 for r in range(reps):
-                    keys, expect = draw_round(hp, rng, args, nkeys, addr, tasks, rate_lookups)
+                    keys, expect = hot_round(hp, rng, args.zipf, nkeys, addr, tasks, rate_lookups, "hotpages")
                     print(f"round {r}:", flush=True)
                     for p in rotated(("off", best), r):
                         rrows[p].append(run_policy(clamor, p, args, task, keys, tasks, expect, table_bytes))

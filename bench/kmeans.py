@@ -4,7 +4,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "kmeans.py".
 """
-import argparse
 import json
 import multiprocessing
 import os
@@ -17,7 +16,7 @@ import time
 import _harness
 from _common import (MIB, add, bounds, die_with_parent, ensure_built, make_points, one_blas_thread, parse_size,
                      partial_sums, update)
-from _harness import json_line, med, smoke_systems
+from _harness import json_line, med, parser, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -332,11 +331,8 @@ def run_peers(systems, x, init, meta, timeout):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="1M points instead of 8M")
-    size.add_argument("--smoke", action="store_true", help="64K points, 3 iterations, a peer that cannot run "
-                      "skipped with its reason (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "1M points instead of 8M", "64K points, 3 iterations, a peer that cannot "
+                "run skipped with its reason (seconds; the tests run it)")
     ap.add_argument("--points", type=int, default=None, help="number of points (default 8M, quick 1M)")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--d", type=int, default=10)

@@ -3,7 +3,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "malloc_overhead.py".
 """
-import argparse
 import ctypes
 import os
 import statistics
@@ -12,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from _harness import json_line
+from _harness import json_line, parser
 
 SRC = r"""
 #include <stdlib.h>
@@ -33,10 +32,8 @@ uint64_t churn(uint64_t n, uint64_t size) {
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="200,000 pairs x 5 runs")
-    size.add_argument("--smoke", action="store_true", help="20,000 pairs x 3 runs (the tests run it)")
+    ap = parser(__doc__.splitlines()[0] if __doc__ else None, "200,000 pairs x 5 runs", "20,000 pairs x 3 runs (the "
+                "tests run it)")
     args = ap.parse_args()
     n = 20_000 if args.smoke else 200_000 if args.quick else 2_000_000
     reps = 3 if args.smoke else 5 if args.quick else 9

@@ -5,7 +5,6 @@ one-entry change, against one pickle of the same object.
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "objects.py".
 """
-import argparse
 import os
 import pickle
 import sys
@@ -17,7 +16,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":     # str keys hash alike on spawned
 # spawned workers import the classes by name, as a user's workers import their module
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
 
-from _harness import json_line  # noqa: E402
+from _harness import json_line, parser  # noqa: E402
 from _records import Plain, Rec  # noqa: E402
 
 SHAPES = ("dict_int", "dict_str", "list_plain", "list_dc")
@@ -104,10 +103,7 @@ def run_mode(clamor, mode, objs, args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="dicts of 10^6 entries, lists of 10^5")
-    size.add_argument("--smoke", action="store_true", help="dicts of 10^4 entries, lists of 10^3")
+    ap = parser(__doc__.split("\n")[0], "dicts of 10^6 entries, lists of 10^5", "dicts of 10^4 entries, lists of 10^3")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--modes", default="fork,spawn", help="kinds of worker, of fork and spawn")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="of " + ", ".join(SHAPES))

@@ -13,7 +13,7 @@ import sys
 import time
 
 from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, parse_size
-from _harness import json_line, last_json_line
+from _harness import json_line, last_json_line, parser
 
 SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 2 * MIB, 4 * MIB]
 TIE = 0.10
@@ -139,13 +139,9 @@ def measure(page, array, scan, noahead, accesses, seed):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    scale = ap.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true",
-                       help="512 MiB array, 256 MiB scan, 32 MiB without read-ahead, 500 accesses, 1 round")
-    scale.add_argument("--smoke", action="store_true",
-                       help="sizes 64K and 1M only, 32 MiB array, 16 MiB scan, 8 MiB without read-ahead, "
-                       "50 accesses, 1 round (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "512 MiB array, 256 MiB scan, 32 MiB without read-ahead, 500 accesses, 1 "
+                "round", "sizes 64K and 1M only, 32 MiB array, 16 MiB scan, 8 MiB without read-ahead, 50 accesses, 1 "
+                "round (seconds; the tests run it)")
     ap.add_argument("--sizes", default=None, help="comma-separated page sizes (default 4K..4M)")
     ap.add_argument("--array", type=parse_size, default=None, help="array bytes (default 2G, quick 512M)")
     ap.add_argument("--scan", type=parse_size, default=None, help="bytes scanned (default 1G, quick 256M)")

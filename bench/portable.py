@@ -4,13 +4,12 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "portable.py".
 """
-import argparse
 import statistics
 import sys
 import time
 
 from _common import human, parse_size
-from _harness import json_line, med
+from _harness import json_line, med, parser
 from clamor.demo import geo
 
 MODES = ("fork", "spawn")
@@ -67,11 +66,8 @@ def run_mode(clamor, mode, args, tree, meta, queries, ref):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="cities15000, 5,000 queries")
-    size.add_argument("--smoke", action="store_true", help="cities15000, 1,000 queries, 2 warm stages "
-                      "(seconds; the tests run it)")
+    ap = parser(__doc__.split("\n")[0], "cities15000, 5,000 queries", "cities15000, 1,000 queries, 2 warm stages "
+                "(seconds; the tests run it)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dataset", type=int, default=500, choices=geo.DATASETS)
     ap.add_argument("--scale", type=int, default=1, help="copies of every place (jittered)")

@@ -4,7 +4,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "recovery.py".
 """
-import argparse
 import os
 import signal
 import statistics
@@ -13,7 +12,7 @@ import threading
 import time
 
 from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, partial_sums, update
-from _harness import json_line
+from _harness import json_line, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -35,10 +34,8 @@ def serial_trajectory(x, init, parts, iters):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="2M points instead of 8M")
-    size.add_argument("--smoke", action="store_true", help="256K points, 6 iterations (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "2M points instead of 8M", "256K points, 6 iterations (seconds; the tests "
+                "run it)")
     ap.add_argument("--points", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None, help="iterations (10; smoke 6)")
     ap.add_argument("--fail-at", type=int, default=4, help="iteration (from 1) in which a worker is killed")

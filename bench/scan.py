@@ -14,7 +14,7 @@ import sys
 import time
 
 from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, parse_size, thread_cpu
-from _harness import json_line
+from _harness import json_line, parser
 
 
 # ---- loopback TCP baseline ------------------------------------------------------
@@ -205,10 +205,8 @@ def map_rounds(clamor, ref, want, size, reps, mode):
 # ---- driver -------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="256 MiB instead of 1 GiB, 2 rounds")
-    size.add_argument("--smoke", action="store_true", help="16 MiB, 1 round (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "256 MiB instead of 1 GiB, 2 rounds", "16 MiB, 1 round (seconds; the tests "
+                "run it)")
     ap.add_argument("--size", type=parse_size, default=None, help="array bytes (default 1G, quick 256M)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="read-ahead bytes on the worker, 0 disables (default: clamor's setting)")

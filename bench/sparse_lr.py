@@ -4,7 +4,6 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "sparse_lr.py".
 """
-import argparse
 import json
 import os
 import shutil
@@ -14,7 +13,7 @@ import time
 
 import _harness
 from _common import die_with_parent, one_blas_thread
-from _harness import json_line, smoke_systems
+from _harness import json_line, parser, smoke_systems
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -287,95 +286,55 @@ def run_clamor(d, meta, hosts):
     return times, losses, w[comb0.U].copy(), extra
 
 
-def run_spark(d, meta, hosts):
-
+def run_peer(system, d, meta, hosts):
+    """The weights re-sent every iteration the peer's users' way
+    (``_harness.shared``), the partitions loaded on the workers first."""
     P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
     us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
     comb = Combiner(us)
     w = initial_weights(meta)
-    with started("spark", meta, hosts) as sc:
-        rdd = sc.parallelize(range(P), P).map(lambda i: load_part(d, i)).cache()
-        bc = sc.broadcast(np.zeros(8))
-        rdd.map(lambda p: warm_part(*p, bc.value)).collect()   # untimed: loads and caches the partitions
-        bc.destroy()
-        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
-        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
+    with started(system, meta, hosts) as h:
+        publish, tasks, retire = _harness.shared(system, h)
+        if system == "spark":
+            rdd = h.parallelize(range(P), P).map(lambda i: load_part(d, i)).cache()
+            bc = h.broadcast(np.zeros(8))
+            rdd.map(lambda p: warm_part(*p, bc.value)).collect()   # untimed: loads and caches the partitions
+            bc.destroy()
+            execs = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+            print(f"  spark: {h.version}, master {h.master}, {execs} executors", flush=True)
+            extra = {"version": h.version, "master": h.master, "executor_processes": execs}
+        elif system == "dask":
+            import dask
+            import distributed
+
+            parts = h.map(load_part, [d] * P, range(P), pure=False)
+            probe = h.scatter(np.zeros(8), broadcast=True)
+            h.gather([h.submit(lambda p, q: warm_part(*p, q), f, probe, pure=False) for f in parts])
+            del probe
+            holders = {tuple(v) for v in h.who_has(parts).values()}
+            print(f"  dask: {dask.__version__}, {len(h.scheduler_info()['workers'])} workers, "
+                  f"partitions on {len(holders)} of them", flush=True)
+            extra = {"version": distributed.__version__, "partition_holders": len(holders)}
+        else:
+            warm_task = h.remote(lambda p, q: warm_part(*p, q))
+            parts = [h.put(load_part(d, i)) for i in range(P)]
+            pids = _harness.ray_wait_workers(h, W)
+            probe = h.put(np.zeros(1 << 17))   # 1 MiB: in the object store, not inlined
+            h.get([warm_task.remote(r, probe) for r in parts])
+            del probe
+            print(f"  ray: {h.__version__}, {len(pids)} worker processes", flush=True)
+            extra = {"version": h.__version__, "worker_processes": len(pids)}
+
+        def grads(wh):   # Spark's partitions: the cached RDD's
+            if system == "spark":
+                return rdd.mapPartitions(lambda it: [part_grad(wh.value, *p) for p in it]).collect()
+            return tasks(grad_of, wh, parts)
+
         links = _harness.LinkWindow(hosts)
-
-        def grads(bc):
-            return rdd.mapPartitions(lambda it: [part_grad(bc.value, *p) for p in it]).collect()
-
-        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], sc.broadcast, grads,
-                              lambda bc: bc.destroy(), _log("spark"))
-        extra = {"version": sc.version, "master": sc.master, "executor_processes": execs,
-                 "link_bytes": links.bytes()}
+        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], publish, grads, retire, _log(system))
+        extra["link_bytes"] = links.bytes()
     extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
     return times, losses, w[comb.U].copy(), extra
-
-
-def run_dask(d, meta, hosts):
-
-    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
-    us = [np.load(os.path.join(d, f"u{i}.npy")) for i in range(P)]
-    comb = Combiner(us)
-    w = initial_weights(meta)
-    with started("dask", meta, hosts) as client:
-        import dask
-        import distributed
-
-        parts = client.map(load_part, [d] * P, range(P), pure=False)
-        probe = client.scatter(np.zeros(8), broadcast=True)
-        client.gather([client.submit(lambda p, q: warm_part(*p, q), f, probe, pure=False) for f in parts])
-        del probe
-        where = client.who_has(parts)
-        holders = {tuple(v) for v in where.values()}
-        print(f"  dask: {dask.__version__}, {len(client.scheduler_info()['workers'])} workers, "
-              f"partitions on {len(holders)} of them", flush=True)
-        links = _harness.LinkWindow(hosts)
-
-        def publish(w):
-            return client.scatter(w, broadcast=True)
-
-        def grads(wf):
-            return client.gather([client.submit(grad_of, wf, f, pure=False) for f in parts])
-
-        def retire(wf):
-            wf.release()
-
-        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], publish, grads, retire, _log("dask"))
-        extra = {"version": distributed.__version__, "partition_holders": len(holders), "link_bytes": links.bytes()}
-    extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
-    return times, losses, w[comb.U].copy(), extra
-
-
-def run_ray(d, meta, hosts):
-    P, W, iters = meta["partitions"], meta["workers"], meta["iters"]
-    parts = [load_part(d, i) for i in range(P)]
-    comb = Combiner([p[0] for p in parts])
-    w = initial_weights(meta)
-    with started("ray", meta, hosts) as ray:
-        grad_task = ray.remote(grad_of)
-        warm_task = ray.remote(lambda p, q: warm_part(*p, q))
-        refs = [ray.put(p) for p in parts]
-        del parts
-        pids = _harness.ray_wait_workers(ray, W)
-        probe = ray.put(np.zeros(1 << 17))   # 1 MiB: in the object store, not inlined
-        ray.get([warm_task.remote(r, probe) for r in refs])
-        del probe
-        print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
-        links = _harness.LinkWindow(hosts)
-
-        def grads(ref):
-            return ray.get([grad_task.remote(ref, r) for r in refs])
-
-        times, losses = train(w, comb, iters, meta["lr"] / meta["points"], ray.put, grads, lambda ref: None,
-                              _log("ray"))
-        extra = {"version": ray.__version__, "worker_processes": len(pids), "link_bytes": links.bytes()}
-    extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
-    return times, losses, w[comb.U].copy(), extra
-
-
-RUNNERS = {"clamor": run_clamor, "spark": run_spark, "dask": run_dask, "ray": run_ray}
 
 
 def child(system, d, out):
@@ -386,7 +345,8 @@ def child(system, d, out):
 
     def run():
         with _harness.hosts_for(meta["workers"], meta["rate"]) as hosts:
-            times, losses, wU, extra = RUNNERS[system](d, meta, hosts)
+            times, losses, wU, extra = run_clamor(d, meta, hosts) if system == "clamor" else \
+                run_peer(system, d, meta, hosts)
         np.save(out + ".w.npy", wU)
         return {"times": times, "losses": losses, "extra": extra, "phases": PHASES[-len(times):]}
 
@@ -402,11 +362,8 @@ def rel_err(a, b):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="2^24 weights, 200k points")
-    size.add_argument("--smoke", action="store_true", help="2^18 weights, 5k points, 3 iterations, 2 workers, one "
-                      "host; Spark and Ray left out unless named (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "2^24 weights, 200k points", "2^18 weights, 5k points, 3 iterations, 2 "
+                "workers, one host; Spark and Ray left out unless named (seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the weight count (default 27; quick 24)")
     ap.add_argument("--points", type=int, help="points (default 1M; quick 200k)")
     ap.add_argument("--workers", type=int, default=None, help="worker processes of every system (default 4)")
@@ -513,28 +470,23 @@ def main(argv=None):
     c = results["clamor"]
     c_iter = float(np.mean(c["times"]))
     out = {"bench": "sparse_lr"}
-    for s in SYSTEMS[1:]:
-        r = results.get(s)
-        ok = r is not None and "times" in r
-        out[f"speedup_vs_{s}"] = round(float(np.mean(r["times"])) / c_iter, 2) if ok else None
     for s in SYSTEMS:
         r = results.get(s)
         ok = r is not None and "times" in r
+        if s != "clamor":
+            out[f"speedup_vs_{s}"] = round(float(np.mean(r["times"])) / c_iter, 2) if ok else None
         out[f"{s}_iter_s"] = round(float(np.mean(r["times"])), 4) if ok else None
         out[f"{s}_iter_median_s"] = round(float(np.median(r["times"])), 4) if ok else None
         out[f"{s}_bytes"] = int(r["extra"]["bytes"]) if ok else None
-        if r is not None and not ok:
-            out[f"{s}_missing"] = r.get("missing") or r.get("error") or "not run"
-        elif r is None:
-            out[f"{s}_missing"] = smoke_left_out.get(s, "not requested (--systems)")
-    ce = c["extra"]
-    for s in SYSTEMS:
-        r = results.get(s)
-        if r is not None and "times" in r:
+        if ok:
             out[f"{s}_times_s"] = [round(t, 4) for t in r["times"]]
             ph = np.mean(np.asarray(r["phases"]), axis=0)
             out[f"{s}_phases_s"] = {"publish": round(float(ph[0]), 4), "tasks": round(float(ph[1]), 4),
                                     "update": round(float(ph[2]), 4)}
+        else:
+            out[f"{s}_missing"] = smoke_left_out.get(s, "not requested (--systems)") if r is None else \
+                r.get("missing") or r.get("error") or "not run"
+    ce = c["extra"]
     out.update({
         "systems_run": [s for s in SYSTEMS if s in results and "times" in results[s]],
         "smoke": sm,

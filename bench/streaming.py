@@ -5,7 +5,6 @@ clamor's same-host mapping against shared memory and Ray.
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "streaming.py".
 """
-import argparse
 import os
 import pickle
 import shutil
@@ -19,7 +18,7 @@ import numpy as np
 
 import _harness
 from _common import Spawned, die_with_parent, zipf_ranks
-from _harness import json_line, med, smoke_systems
+from _harness import json_line, med, parser, smoke_systems
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -334,81 +333,44 @@ def warm_check(name, got, want):
     return len({pid for _, pid in got})
 
 
-def run_spark(wl, task, warm, conf, hosts=None):
-
+def run_peer(system, wl, task, warm, conf, hosts=None):
+    """``system``'s rounds over ``wl``, the table re-sent every round its
+    users' way (``_harness.shared``), after a warm-up task on every worker."""
     W = wl.workers
     tiny, tkeys, tbits, tans = warm
-    with start("spark", W, hosts, **conf) as sc:
-        end = time.monotonic() + 120
-        while len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
-            time.sleep(0.2)   # executors register after the context is up
-        bc = sc.broadcast(tiny)
-        warm_check("spark", sc.parallelize([tkeys] * W, W).map(lambda q: task(bc.value, q, tbits, 0.3)).collect(),
-                   [tans] * W)
-        bc.destroy()
-        execs = len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
-        print(f"  spark: {sc.version}, master {sc.master}, {execs} executors", flush=True)
+    with start(system, W, hosts, **conf) as h:
+        publish, tasks, retire = _harness.shared(system, h)
+        if system == "spark":
+            end = time.monotonic() + 120
+            while len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
+                time.sleep(0.2)   # executors register after the context is up
+        pids = _harness.ray_wait_workers(h, W) if system == "ray" else None
+        t = publish(tiny)   # Ray: 1 MiB, in the object store, not inlined
+        used = warm_check(system, tasks(task, t, [tkeys] * W, tbits, 0.3), [tans] * W)
+        retire(t)
+        del t
+        if system == "spark":
+            execs = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+            print(f"  spark: {h.version}, master {h.master}, {execs} executors", flush=True)
+            facts = {"version": h.version, "master": h.master, "executor_processes": execs}
+        elif system == "dask":
+            import distributed
+
+            print(f"  dask: {distributed.__version__}, {len(h.scheduler_info()['workers'])} workers, "
+                  f"{used} ran the warm-up", flush=True)
+            facts = {"version": distributed.__version__}
+        else:
+            print(f"  ray: {h.__version__}, {len(pids)} worker processes", flush=True)
+            facts = {"version": h.__version__, "worker_processes": len(pids)}
         bits = wl.bits
         links = _harness.LinkWindow(hosts)
-
-        def lookups(bc, shares):
-            return sc.parallelize(shares, len(shares)).map(lambda q: task(bc.value, q, bits)).collect()
-
-        out = run_rounds(wl, "spark", sc.broadcast, lookups, lambda bc: bc.destroy())
-        out.update(version=sc.version, master=sc.master, executor_processes=execs, link_bytes=links.bytes())
-    # one host: the pickled table to each executor, a lower bound; namespace hosts: what crossed the links
-    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
+        out = run_rounds(wl, system, publish, lambda t, shares: tasks(task, t, shares, bits), retire)
+        out.update(facts, link_bytes=links.bytes())
+    # one host: the pickled table to each Spark executor or Dask worker, a lower bound, and one
+    # copy into Ray's object store, read in place by its workers; namespace hosts: what crossed the links
+    copies = 1 if system == "ray" else W
+    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * copies * wl.rounds
     return out
-
-
-def run_dask(wl, task, warm, conf, hosts=None):
-    W = wl.workers
-    tiny, tkeys, tbits, tans = warm
-    with start("dask", W, hosts) as client:
-        import distributed
-
-        f = client.scatter(tiny, broadcast=True)
-        used = warm_check("dask", client.gather([client.submit(task, f, tkeys, tbits, 0.3, pure=False)
-                                                 for _ in range(W)]), [tans] * W)
-        f.release()
-        print(f"  dask: {distributed.__version__}, {len(client.scheduler_info()['workers'])} workers, "
-              f"{used} ran the warm-up", flush=True)
-        bits = wl.bits
-        links = _harness.LinkWindow(hosts)
-
-        def lookups(f, shares):
-            return client.gather([client.submit(task, f, q, bits, pure=False) for q in shares])
-
-        out = run_rounds(wl, "dask", lambda t: client.scatter(t, broadcast=True), lookups, lambda f: f.release())
-        out.update(version=distributed.__version__, link_bytes=links.bytes())
-    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * W * wl.rounds
-    return out
-
-
-def run_ray(wl, task, warm, conf, hosts=None):
-    W = wl.workers
-    tiny, tkeys, tbits, tans = warm
-    with start("ray", W, hosts) as ray:
-        look = ray.remote(task)
-        pids = _harness.ray_wait_workers(ray, W)
-        ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
-        warm_check("ray", ray.get([look.remote(ref, tkeys, tbits, 0.3) for _ in range(W)]), [tans] * W)
-        del ref
-        print(f"  ray: {ray.__version__}, {len(pids)} worker processes", flush=True)
-        bits = wl.bits
-        links = _harness.LinkWindow(hosts)
-
-        def lookups(ref, shares):
-            return ray.get([look.remote(ref, q, bits) for q in shares])
-
-        out = run_rounds(wl, "ray", ray.put, lookups, lambda ref: None)
-        out.update(version=ray.__version__, worker_processes=len(pids), link_bytes=links.bytes())
-    # one host: one copy into its object store, read in place by the workers
-    out["bytes"] = out["link_bytes"] if hosts is not None else wl.table.nbytes * wl.rounds
-    return out
-
-
-RUNNERS = {"spark": run_spark, "dask": run_dask, "ray": run_ray}
 
 
 # ---- one process per peer ------------------------------------------------------------------
@@ -422,7 +384,7 @@ def peer_child(system, wl, task, warm, conf, out, rate=None):
     answer) for the warm-up task."""
     def run():
         with _harness.hosts_for(wl.workers, rate) as hosts:
-            return RUNNERS[system](wl, task, warm, conf, hosts)
+            return run_peer(system, wl, task, warm, conf, hosts)
 
     return _harness.child_result(system, out, run, {WrongAnswer: "wrong"})
 
@@ -580,6 +542,26 @@ def fetch_ratio(fetched, pids, pages, psize):
     return fetched / touched if touched else None, touched
 
 
+def system_figures(figures, common, peers, left_out=None):
+    """Every system's figures in bench/figures.py's shape into ``figures``:
+    ``common`` {system: (seconds per round, bytes moved)} and each peer that
+    ran, with clamor's speedup over it; a peer that did not: null, and why."""
+    ran = {who: p for who, p in peers.items() if "times" in p}
+    cl_med = statistics.median(common["clamor"][0][1:])
+    for who, (times, nbytes) in {**common, **{who: (p["times"], p["bytes"]) for who, p in ran.items()}}.items():
+        figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
+                        f"{who}_bytes": int(nbytes)})
+    for who in PEERS:
+        p = peers.get(who)
+        figures[f"speedup_vs_{who}"] = figures[f"{who}_iter_s"] / cl_med if who in ran else None
+        if who not in ran:
+            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
+                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
+                            (left_out or {}).get(who, "not requested (--systems)")})
+    figures.update(peer_versions={who: p.get("version") for who, p in ran.items()},
+                   peer_wall_s={who: p["wall_s"] for who, p in peers.items()})
+
+
 def on_hosts(args, wl, peers, spark_conf):
     """``--netns``: clamor's rounds with one remote worker per namespace
     host (they fetch: no worker shares the driver's host), against the
@@ -639,25 +621,12 @@ def on_hosts(args, wl, peers, spark_conf):
         link = links.bytes()
     cl_med = statistics.median(times[1:])
     figures = {"bench": "streaming", "clamor_round_s": cl_med}
-    for who in PEERS:
-        p = peers.get(who)
-        figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
-    common = {"clamor": (times, link)}
-    common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
-    for who, (ts, nbytes) in common.items():
-        figures.update({f"{who}_iter_s": statistics.median(ts[1:]), f"{who}_times_s": ts, f"{who}_bytes": nbytes})
-    for who in PEERS:
-        if who not in ran:
-            p = peers.get(who)
-            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else "not requested (--systems)"})
+    system_figures(figures, {"clamor": (times, link)}, peers)
     print(f"round 0: clamor fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
           f"({mib(touched0).strip()})", flush=True)
     figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
                     "round0_fetch_ratio": ratio0, "round0_touched_bytes": touched0,
                     "clamor_bytes_per_round": moved, "clamor_wire_bytes_per_round": wire,
-                    "peer_versions": {who: p.get("version") for who, p in ran.items()},
-                    "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
                     "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"],
                     "table_bytes": int(table.nbytes), "keys": wl.n, "rounds": rounds, "workers": W,
                     "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "verified": True})
@@ -669,11 +638,9 @@ def on_hosts(args, wl, peers, spark_conf):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="2^23 slots (128 MiB), 6 rounds, 3 cold first rounds")
-    size.add_argument("--smoke", action="store_true", help="2^16 slots (1 MiB), 3 rounds, 1 pass, 1 cold first "
-                      "round, 2,000 lookups; Spark and Ray left out unless named (seconds; the tests run it)")
+    ap = parser(__doc__.split("\n\n")[0], "2^23 slots (128 MiB), 6 rounds, 3 cold first rounds", "2^16 slots (1 "
+                "MiB), 3 rounds, 1 pass, 1 cold first round, 2,000 lookups; Spark and Ray left out unless named "
+                "(seconds; the tests run it)")
     ap.add_argument("--bits", type=int, help="log2 of the slot count (16 bytes a slot; default 25)")
     ap.add_argument("--rounds", type=int, help="rounds (default 10, --quick 6)")
     ap.add_argument("--first-reps", type=int, help="cold first rounds on each system (default 5, --quick 3)")
@@ -992,34 +959,19 @@ def main(argv=None):
         "speedup_late_vs_zero_copy": zc_late / cl_late,
         "first_round_vs_shm": fm["map"] / fm["shm"],
     }
-    for who in PEERS:
-        p = peers.get(who)
-        figures[f"speedup_vs_{who}"] = statistics.median(p["times"][1:]) / cl_med if who in ran else None
-    # every system's figures in the common shape: s per round after the first, per round, bytes moved
-    common = {"clamor": (col("clamor_s"), sum(col("clamor_bytes"))),
-              "broadcast": (col("pickle_s"), sum(col("pickle_bytes"))),
-              "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))}
-    common.update({who: (p["times"], p["bytes"]) for who, p in ran.items()})
-    for who, (times, nbytes) in common.items():
-        figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
-                        f"{who}_bytes": int(nbytes)})
-    for who in PEERS:
-        p = peers.get(who)
-        if who in ran:
-            ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
-            figures.update({f"{who}_round_s": statistics.median(p["times"][1:]),
-                            f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
-                            f"{who}_workers_per_round": p["workers_used"],
-                            f"{who}_worker_processes_seen": p["worker_processes_seen"]})
-        else:
-            figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
-                            smoke_left_out.get(who, "not requested (--systems)")})
+    system_figures(figures, {"clamor": (col("clamor_s"), sum(col("clamor_bytes"))),
+                             "broadcast": (col("pickle_s"), sum(col("pickle_bytes"))),
+                             "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))},
+                   peers, smoke_left_out)
+    for who, p in ran.items():
+        ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
+        figures.update({f"{who}_round_s": statistics.median(p["times"][1:]),
+                        f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
+                        f"{who}_workers_per_round": p["workers_used"],
+                        f"{who}_worker_processes_seen": p["worker_processes_seen"]})
     figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
                     "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran) + (["ray"] if "ray" in fm and "ray" not in ran else []),
                     "smoke": sm,
-                    "peer_versions": {who: p.get("version") for who, p in ran.items()},
-                    "peer_wall_s": {who: p["wall_s"] for who, p in peers.items()},
                     "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"]})
     if "ray" in fm:
         figures["first_round_vs_ray"] = fm["map"] / fm["ray"]

@@ -4,14 +4,13 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "tasks.py".
 """
-import argparse
 import multiprocessing
 import statistics
 import sys
 import time
 
 from _common import ensure_built
-from _harness import json_line
+from _harness import json_line, parser
 
 
 def noop(x):
@@ -90,11 +89,8 @@ def profile_stage(cl, n, top=25):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="fewer repetitions (same sizes)")
-    size.add_argument("--smoke", action="store_true", help="200 tasks, 10 small stages, 5 latency stages, "
-                      "1 round (seconds; the tests run it)")
+    ap = parser(__doc__.splitlines()[0], "fewer repetitions (same sizes)", "200 tasks, 10 small stages, 5 latency "
+                "stages, 1 round (seconds; the tests run it)")
     ap.add_argument("--tasks", type=int, default=None, help="tasks in the throughput stage (default 2000)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stages", type=int, default=None, help="small stages (default 200, quick 100)")
