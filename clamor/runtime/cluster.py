@@ -274,7 +274,7 @@ class Cluster:
             region.stop_serving()
         if not served or (self._host != "127.0.0.1" or self._pages_port != "*"):
             served = f"tcp://{self._host}:{self._pages_port}"   # where remote workers reach it
-        self.page_endpoint = region.serve(served)
+        self._page_endpoint = region.serve(served)
         region.set_fork_ports(*(self._worker_ports or (0, 0)))   # forked workers' page servers
         set_replication(self.replication)
         samehost.share(self.same_host == "map")   # forked workers map the driver's pages, or fetch them
@@ -296,7 +296,7 @@ class Cluster:
             nworkers=self.nworkers, remote=self.remote, start_method=self.start_method, same_host=self.same_host,
             worker_ports=self._worker_ports, ports=self._ports, heartbeat_timeout=self.heartbeat_timeout,
             start_timeout=self.start_timeout, max_attempts=self.max_attempts, replace_workers=self.replace_workers),
-            self.page_endpoint, self._totals)
+            self._page_endpoint, self._totals)
         self._shipping = Shipping(self._pool, forked=self.start_method == "fork" and self.nworkers > 0,
                                   others=self.start_method != "fork" or self.remote > 0)
         self._lineage = Lineage()
@@ -334,6 +334,19 @@ class Cluster:
     _expected = property(lambda self: self._pool.expected)
     _pid_of = property(lambda self: self._pool.pid_of)
     _pids = property(lambda self: self._pool.pids)
+
+    @property
+    def page_endpoint(self):
+        """The page server workers are sent to (in WELCOME): the driver's,
+        once the cluster is open; None before."""
+        pool = self.__dict__.get("_pool")
+        return pool.page_endpoint if pool is not None else self.__dict__.get("_page_endpoint")
+
+    @page_endpoint.setter
+    def page_endpoint(self, endpoint):
+        self._page_endpoint = endpoint
+        if self.__dict__.get("_pool") is not None:
+            self._pool.page_endpoint = endpoint
 
     @property
     def secret(self):
