@@ -230,6 +230,7 @@ size_t clamor_py_array_cache_offset(void);
 size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uintptr_t *thi, const uint32_t *tid,
                        size_t nt, const uintptr_t *priv, size_t npriv, uintptr_t *at, uint32_t *id, size_t max,
                        size_t *done);
+int clamor_py_sort_words(const uint64_t *addrs, size_t n, uint32_t *order);
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
                         uintptr_t at_out, uintptr_t id_out, uintptr_t which_out);

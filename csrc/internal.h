@@ -643,6 +643,9 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
  * (uint32); a word into private memory is reported (CLAMOR_NO_TARGET) only
  * from an extent marked strict[i]; which_out (0, or a bytearray): the
  * index of each word's extent (uint32).  0, or ENOMEM. */
+/* The permutation (order[n]) that sorts n 8-aligned addresses, stably
+ * (a radix sort: portable.py's relocation words).  0, or ENOMEM. */
+int clamor_py_sort_words(const uint64_t *addrs, size_t n, uint32_t *order);
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
                         uintptr_t at_out, uintptr_t id_out, uintptr_t which_out);

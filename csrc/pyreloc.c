@@ -159,4 +159,35 @@ int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, co
     free(which);
     return rc;
 }
+/* A stable sort of n words' addresses (LSD radix, 11 bits a pass, as many
+ * passes as the largest offset from the smallest needs): order[] gets the
+ * permutation that sorts them, equal addresses in their first order.
+ * 0, or ENOMEM. */
+int clamor_py_sort_words(const uint64_t *addrs, size_t n, uint32_t *order) {
+    if (!n) return 0;
+    uint64_t lo = addrs[0], hi = addrs[0];
+    for (size_t i = 1; i < n; i++) {
+        if (addrs[i] < lo) lo = addrs[i];
+        if (addrs[i] > hi) hi = addrs[i];
+    }
+    uint32_t *tmp = malloc(n * sizeof *tmp);
+    size_t *count = malloc(2049 * sizeof *count);
+    if (!tmp || !count) {
+        free(tmp);
+        free(count);
+        return ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
+    uint64_t span = (hi - lo) >> 3; /* (words are 8-aligned) */
+    for (int shift = 0; shift == 0 || (shift < 64 && (span >> shift)); shift += 11) {
+        memset(count, 0, 2049 * sizeof *count);
+        for (size_t i = 0; i < n; i++) count[(((addrs[order[i]] - lo) >> 3 >> shift) & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
+        for (size_t i = 0; i < n; i++) tmp[count[((addrs[order[i]] - lo) >> 3 >> shift) & 2047]++] = order[i];
+        memcpy(order, tmp, n * sizeof *order);
+    }
+    free(tmp);
+    free(count);
+    return 0;
+}
 #endif /* CLAMOR_WITH_PYTHON */

@@ -394,7 +394,7 @@ def test_a_walk_longer_than_the_heartbeat_timeout_loses_no_worker():
 import json, time
 import clamor
 from clamor.memory import walk
-N = 100_000
+N = 200_000
 with clamor.heap():
     d = {i: (i, "s" + str(i)) for i in range(N)}
 walk.plain_in_c[0] = False

@@ -587,12 +587,27 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
         bad = bad[~np.isin(bad, nulls)]
     addrs = np.concatenate([nulls, at[~none]])
     tids = np.concatenate([np.zeros(len(nulls), np.uint32), ids[~none]])
-    addrs, first = np.unique(addrs, return_index=True)     # (a null word first, then the first extent's)
+    addrs, first = _unique_first(addrs)     # (a null word first, then the first extent's)
     word_tags = None
     if tags is not None:
         at_tags = np.asarray(tags, dtype=np.int32)[np.frombuffer(which, dtype=np.uint32)]
         word_tags = np.concatenate([np.asarray(null_tags, dtype=np.int32), at_tags[~none]])[first]
     return (addrs, tids[first], word_tags), bad
+
+
+def _unique_first(addrs):
+    """np.unique(addrs, return_index=True) of word addresses, by a radix
+    sort (clamor_py_sort_words): the sorted unique addresses, and where
+    each first occurs in ``addrs``."""
+    addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
+    order = np.empty(len(addrs), dtype=np.uint32)
+    if lib.clamor_py_sort_words(ffi.cast("const uint64_t *", addrs.ctypes.data), len(addrs),
+                                ffi.cast("uint32_t *", order.ctypes.data)):
+        raise MemoryError("no memory to sort the relocation words")
+    s = addrs[order]
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    return s[first], order[first].astype(np.int64)
 
 
 def _entries(mode, t, amap=None):
@@ -630,7 +645,10 @@ def _by_page(addrs, tids, only=None):
         named = np.asarray(only, dtype=np.uint64)
         lo = np.searchsorted(pages, named, side="left")
         hi = np.searchsorted(pages, named, side="right")
-    idx = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, np.int64)])
+    if only is None:
+        idx = np.arange(len(addrs))
+    else:
+        idx = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, np.int64)])
     off = addrs[idx] - np.uint64(region.base())
     rec = np.empty(len(idx), dtype=_ENTRY)
     rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
