@@ -41,6 +41,14 @@ Worker-side page versions: a worker keeps pages across stages; before each
 task it drops the pages changed between the version its copies reflect and
 the task's version, in either direction, so a re-run of an old version sees
 old bytes and the next new task sees new ones again.
+
+One file, over the house's 600 lines: its one class, StageRunner, keeps the
+running attempt's state (``_current``, ``_trouble``, ``_jobs``, the
+affinities), which the event loop, the message handlers and the handling of
+lost workers all read and write.  Split across files it would be one object
+spread over two again, which issue 36 undid; its parts with state of their
+own (the pool, the lineage store, the scheduler, the version keeper, the
+in-place checks, the accounts) are already modules of their own.
 """
 import collections
 import itertools
