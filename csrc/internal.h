@@ -472,23 +472,43 @@ int clamor_py_numpy_dims_flush(int inside);
 /* How many times region memory was freed outside a heap block on the
  * driver (region objects dying in ordinary code). */
 unsigned long clamor_py_region_dropped(void);
-/* Give the dicts and lists in `objs` (a list, such as gc.get_objects())
- * that lie outside the region but grew a table in it a table outside;
- * outside every block.  How many moved, or -1. */
-long clamor_py_rehome(uintptr_t objs);
-long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
-long clamor_py_table_in(uintptr_t obj);
-long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
-int clamor_py_hides(uintptr_t obj);
-int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
-                                 size_t n);
-long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
-                              long *kept);
 /* The capsule of clamor's numpy data handler, made on the first call (0 if
  * it could not be). */
 uintptr_t clamor_py_numpy_handler(void);
 /* numpy's C API is loaded: 0, or -1. */
 int cl_py_numpy_ready(void);
+
+/* ---- pyrehome.c: tables that grew across the region's edge -------------- */
+
+/* Give the dicts and lists in `objs` (a list, such as gc.get_objects())
+ * that lie outside the region but grew a table in it a table outside;
+ * outside every block.  How many moved, or -1. */
+long clamor_py_rehome(uintptr_t objs);
+/* Inside a block: the table of the region object at obj made again in the
+ * region (1), none to move (0), or -1; a region copy of the weak reference
+ * at ref appended to the list at out (0, or -1). */
+long clamor_py_table_in(uintptr_t obj);
+long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
+
+/* ---- pyhide.c: the words of region objects a version hides -------------- */
+
+/* The HIDE_* bits of the words of the region object at obj a version would
+ * hide now; clamor_version_begin() with those words of objs[0..n) shown
+ * zero (state[i]: 1 if kept, 0 if the caller forgets it). */
+int clamor_py_hides(uintptr_t obj);
+int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
+                                 size_t n);
+
+/* ---- pyheld.c: region objects this process's own objects hold ----------- */
+
+/* Driver, before a fork: the region objects held from outside the region
+ * (objs: gc.get_objects()) appended to the list at out; how many, or -1.
+ * Worker, before pages change: region objects, and this process's objects
+ * holding one on a page being dropped (kept), out of the collector's lists;
+ * how many, or -1. */
+long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
+long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
+                              long *kept);
 
 /* ---- pyfreelist.c: CPython's free lists (the Python extension only) ----- */
 
@@ -580,10 +600,10 @@ bool cl_py_plain_class(PyTypeObject *t);
 /* The dict of an instance of such a class, once made (NULL while its
  * attributes lie in a values table, or it has none). */
 struct _object *cl_py_instance_dict(struct _object *o);
-/* The head of object o's list of weak references (pyheap.c): NULL when
+/* The head of object o's list of weak references (pyhide.c): NULL when
  * it has none or its type has no list. */
 void *cl_py_weaklist_head(struct _object *o);
-/* The HIDE_* bits of region object o's words a version would hide (pyheap.c),
+/* The HIDE_* bits of region object o's words a version would hide (pyhide.c),
  * with the words' addresses. */
 int cl_py_to_hide(struct _object *o, void ***weak, void ***info);   /* (struct _object: PyObject) */
 #endif
