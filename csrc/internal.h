@@ -660,6 +660,30 @@ int cl_py_owns_keys(struct _object *d);
  * it).  0, or -ENOMEM. */
 int cl_py_walk_needing_keys(struct _object *root, long limit, struct cl_py_stack *todo);
 
+/* ---- pyextents.c: what a reader of an object follows pointers from ----- */
+
+/* The ranges a walk read, as (start, length) pairs in v, each within one
+ * region page, with the tag of the object each belongs to (`cur` when it
+ * was added) and its strictness byte (`strict_now` then: bit 0, every word
+ * a pointer or null, pointer_extents' strict; pywalk.c's TYPE_WORD, an
+ * atom's type word).  Zeroed is empty; its owner frees v, tag and strict. */
+struct cl_py_extents {
+    uint64_t *v;
+    int32_t *tag;
+    uint8_t *strict;
+    int32_t cur;
+    uint8_t strict_now;
+    size_t n, cap;
+};
+/* Add [lo, lo+len) (e NULL: nothing): 0, or -1 (no memory). */
+int cl_py_extent(struct cl_py_extents *e, uintptr_t lo, size_t len);
+/* The extents of the region object o, as pointer_extents() gives them: of
+ * a plain type, of an instance of a plain class.  0, or -1 (no memory). */
+int cl_py_extents_of(struct _object *o, struct cl_py_extents *e);
+int cl_py_instance_extents(struct _object *o, struct cl_py_extents *e);
+/* Has o extents of its own (a region container or instance)? */
+int cl_py_has_extents(struct _object *o);
+
 /* ---- pyownkeys.c: instances given dicts with keys of their own ---------- */
 
 /* walk._own_keys for every region instance of a plain class reachable from

@@ -36,18 +36,13 @@
  * tests/test_walk_plain.py checks that on random graphs.  An instance
  * whose dict is not its own yet answers 2: clamor_py_own_keys()
  * (pyownkeys.c) gives every such instance reachable one, as walk._own_keys
- * would, in one heap block, and the caller walks again.  What a recheck of
- * the walk reads (where a root's entries lie, the digests of its pages) is
- * pyrecheck.c's.
+ * would, in one heap block, and the caller walks again.  The ranges each
+ * object's reader follows pointers from are pyextents.c's; what a recheck
+ * of the walk reads (where a root's entries lie, the digests of its pages)
+ * is pyrecheck.c's.
  *
  * The GIL is held throughout (the objects are borrowed): about 0.2 s per
  * million objects on this machine.
- *
- * One file, over the house's 600 lines: the walk's loop runs once per
- * object, and its small static helpers (the set of objects seen, the stack,
- * the checks of one object, the extents) are inlined into it only within
- * one translation unit (the build has no link-time optimisation).  Split,
- * they would be calls across files on the hot path of every share().
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -137,86 +132,6 @@ static int push(struct cl_py_stack *st, PyObject *o) {
 }
 
 int cl_py_stack_push(struct cl_py_stack *st, PyObject *o) { return push(st, o); }
-
-/* ---- what a reader follows pointers from (walk.pointer_extents) ---------------- */
-
-struct extents {
-    uint64_t *v; /* (start, length) pairs, each within one region page */
-    int32_t *tag; /* the tag of the object each belongs to */
-    uint8_t *strict; /* a portable walk's: every word a pointer or null (pointer_extents' strict) */
-    int32_t cur;
-    uint8_t strict_now;
-    size_t n, cap;
-};
-
-static int extent(struct extents *e, uintptr_t lo, size_t len) {
-    if (!e) return 0;
-    while (len) { /* split at page boundaries: the digests are per page */
-        uintptr_t page_end = ((lo - cl_region.base) | (((uintptr_t)1 << cl_region.page_shift) - 1)) + 1 + cl_region.base;
-        size_t n = page_end - lo < len ? page_end - lo : len;
-        if (e->n == e->cap) {
-            size_t cap = e->cap ? 2 * e->cap : 4096;
-            uint64_t *t = realloc(e->v, 2 * cap * sizeof *t);
-            if (!t) return -1;
-            e->v = t;
-            int32_t *g = realloc(e->tag, cap * sizeof *g);
-            if (!g) return -1;
-            e->tag = g;
-            uint8_t *f = realloc(e->strict, cap);
-            if (!f) return -1;
-            e->strict = f;
-            e->cap = cap;
-        }
-        e->tag[e->n] = e->cur;
-        e->strict[e->n] = e->strict_now;
-        e->v[2 * e->n] = lo;
-        e->v[2 * e->n + 1] = n;
-        e->n++;
-        lo += n;
-        len -= n;
-    }
-    return 0;
-}
-
-static void block_extent(struct extents *e, const void *p, int *fail) {
-    uintptr_t start;
-    size_t size;
-    if (clamor_block_of(p, &start, &size) != 0) {
-        start = (uintptr_t)p;
-        size = 8;
-    }
-    if (extent(e, start, size) < 0) *fail = 1;
-}
-
-/* The extents of region object o of a plain type, as pointer_extents()
- * gives them: the body past the reference count of a container (atoms are
- * data past their type), a list's items, a dict's keys table and a set's
- * table (the allocator's blocks). */
-static int extents_of(PyObject *o, struct extents *e) {
-    if (!e) return 0;
-    int fail = 0;
-    PyTypeObject *t = Py_TYPE(o);
-    e->strict_now = 1; /* (a body and an item array: pointers; a keys or set table also holds hashes) */
-    if (t == &PyTuple_Type || t == &PyList_Type || t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type) {
-        size_t body = clamor_py_body_size((uintptr_t)o);
-        if (body > 8 && extent(e, (uintptr_t)o + 8, body - 8) < 0) return -1;
-    }
-    if (t == &PyList_Type) {
-        PyObject **items = ((PyListObject *)o)->ob_item;
-        if (items && inside((uintptr_t)items, 1) && PyList_GET_SIZE(o) &&
-            extent(e, (uintptr_t)items, 8 * (size_t)PyList_GET_SIZE(o)) < 0)
-            return -1;
-    } else if (t == &PyDict_Type) {
-        void *k = ((PyDictObject *)o)->ma_keys;
-        e->strict_now = 0;
-        if (k && inside((uintptr_t)k, 1)) block_extent(e, k, &fail);
-    } else if (t == &PySet_Type || t == &PyFrozenSet_Type) {
-        PySetObject *s = (PySetObject *)o;
-        e->strict_now = 0;
-        if (s->table != s->smalltable && inside((uintptr_t)s->table, 1)) block_extent(e, s->table, &fail);
-    }
-    return fail ? -1 : 0;
-}
 
 /* ---- one object ---------------------------------------------------------------- */
 
@@ -380,7 +295,7 @@ static int seeded_keys(PyObject *o) {
 struct walk {
     struct seen seen;
     struct cl_py_stack st;
-    struct extents ext, *e;        /* e: &ext when the caller wants the extents */
+    struct cl_py_extents ext, *e;        /* e: &ext when the caller wants the extents */
     PyObject *outside;             /* a list for the outside candidates, or NULL */
     const uintptr_t *images;
     size_t nimages;
@@ -420,7 +335,7 @@ static int portable_words(struct walk *w, PyObject *o) {
     if (t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
         t == &PyBytes_Type) {
         w->ext.strict_now = 1 | TYPE_WORD;
-        return extent(&w->ext, a + 8, 8) < 0 ? NOMEM : OK;
+        return cl_py_extent(&w->ext, a + 8, 8) < 0 ? NOMEM : OK;
     }
     return OK;
 }
@@ -450,17 +365,6 @@ int cl_py_owns_keys(PyObject *d) { return owns_keys(d); }
 
 static int visit_push(PyObject *r, void *arg) { return r && push(arg, r) < 0 ? -1 : 0; }
 
-/* An instance's extents as pointer_extents() gives them: its body past the
- * reference count, and the dict's words before its header. */
-static int instance_extents(PyObject *o, struct extents *e) {
-    if (!e) return 0;
-    uintptr_t a = (uintptr_t)o;
-    size_t body = clamor_py_body_size(a), pre = 2 * sizeof(void *) + (PyObject_IS_GC(o) ? 2 * sizeof(void *) : 0);
-    e->strict_now = 1;
-    if (body > 8 && extent(e, a + 8, body - 8) < 0) return -1;
-    return extent(e, a - pre, 2 * sizeof(void *));
-}
-
 /* One region instance of a plain class. */
 static int instance(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
@@ -480,7 +384,7 @@ static int instance(struct walk *w, PyObject *o) {
     if (Py_TYPE(o)->tp_traverse(o, visit_push, &w->st) != 0) return NOMEM;
     if (w->converting) return OK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
-    return instance_extents(o, w->e) < 0 ? NOMEM : OK;
+    return cl_py_instance_extents(o, w->e) < 0 ? NOMEM : OK;
 }
 
 static int visit(struct walk *w, PyObject *o) {
@@ -504,22 +408,13 @@ static int visit(struct walk *w, PyObject *o) {
         if (children(o, &w->st) < 0) return NOMEM;
         if (w->converting) return OK;
         if (w->portable && portable_words(w, o) != OK) return NOMEM;
-        return extents_of(o, w->e) < 0 ? NOMEM : OK;
+        return cl_py_extents_of(o, w->e) < 0 ? NOMEM : OK;
     }
     if (plain_instance(w, o)) return instance(w, o);
     return w->converting ? OK : FALLBACK;
 }
 
 #define ROOT_TAG (-1)
-
-/* An object with extents of its own (a region container or instance): one
- * reached through two entries of the root makes a walk of one entry not
- * enough to vouch for it. */
-static int has_extents(PyObject *o) {
-    PyTypeObject *t = Py_TYPE(o);
-    return inside((uintptr_t)o, 1) && t != &PyLong_Type && t != &PyFloat_Type && t != &PyComplex_Type &&
-           t != &PyUnicode_Type && t != &PyBytes_Type && t != &PyBool_Type;
-}
 
 /* Entry i of the root, (k, v) (k NULL for a list's item), pushed tagged i. */
 static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
@@ -538,7 +433,7 @@ static int visit_root(struct walk *w, PyObject *o) {
         cl_py_to_hide(o, &weak, &info))
         return FALLBACK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
-    if (extents_of(o, w->e) < 0) return NOMEM;
+    if (cl_py_extents_of(o, w->e) < 0) return NOMEM;
     int rc = OK;
     if (w->recheck) {
         for (size_t j = 0; rc == OK && j < w->ndirty; j++) {
@@ -572,7 +467,7 @@ static int walk_from(struct walk *w, PyObject *root) {
         int fresh = seen_add(&w->seen, (uintptr_t)o, tag, &first);
         if (fresh < 0) return NOMEM;
         if (!fresh) {
-            if (w->tagging && first != tag && has_extents(o)) w->shared = 1;
+            if (w->tagging && first != tag && cl_py_has_extents(o)) w->shared = 1;
             continue;
         }
         if (++w->n > w->limit) return w->converting ? OK : FALLBACK;
