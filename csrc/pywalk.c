@@ -352,7 +352,7 @@ static int plain_instance(struct walk *w, PyObject *o) {
 /* walk._owns_keys: a dict in the region, combined, its keys table there
  * too.  (The Python test is [d, d + sys.getsizeof(d)) in the region; the
  * body, the collector's links and the keys' whole block bound that.) */
-static int owns_keys(PyObject *d) {
+int cl_py_owns_keys(PyObject *d) {
     if (!d || !PyDict_CheckExact(d)) return 0;
     PyDictObject *m = (PyDictObject *)d;
     uintptr_t k = (uintptr_t)m->ma_keys, start;
@@ -361,15 +361,13 @@ static int owns_keys(PyObject *d) {
     return inside((uintptr_t)d, (size_t)Py_TYPE(d)->tp_basicsize + 2 * sizeof(void *) + size);
 }
 
-int cl_py_owns_keys(PyObject *d) { return owns_keys(d); }
-
 static int visit_push(PyObject *r, void *arg) { return r && push(arg, r) < 0 ? -1 : 0; }
 
 /* One region instance of a plain class. */
 static int instance(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     if (!inside(a, clamor_py_body_size(a))) return w->converting ? OK : FALLBACK;
-    if (!owns_keys(cl_py_instance_dict(o))) {
+    if (!cl_py_owns_keys(cl_py_instance_dict(o))) {
         if (!w->converting) return NEEDS_KEYS;
         Py_INCREF(o);
         if (push(&w->todo, o) < 0) {
@@ -384,7 +382,7 @@ static int instance(struct walk *w, PyObject *o) {
     if (Py_TYPE(o)->tp_traverse(o, visit_push, &w->st) != 0) return NOMEM;
     if (w->converting) return OK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
-    return cl_py_instance_extents(o, w->e) < 0 ? NOMEM : OK;
+    return w->e && cl_py_instance_extents(o, w->e) < 0 ? NOMEM : OK;   /* (no call when none are wanted) */
 }
 
 static int visit(struct walk *w, PyObject *o) {
@@ -408,7 +406,7 @@ static int visit(struct walk *w, PyObject *o) {
         if (children(o, &w->st) < 0) return NOMEM;
         if (w->converting) return OK;
         if (w->portable && portable_words(w, o) != OK) return NOMEM;
-        return cl_py_extents_of(o, w->e) < 0 ? NOMEM : OK;
+        return w->e && cl_py_extents_of(o, w->e) < 0 ? NOMEM : OK;
     }
     if (plain_instance(w, o)) return instance(w, o);
     return w->converting ? OK : FALLBACK;
@@ -433,7 +431,7 @@ static int visit_root(struct walk *w, PyObject *o) {
         cl_py_to_hide(o, &weak, &info))
         return FALLBACK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
-    if (cl_py_extents_of(o, w->e) < 0) return NOMEM;
+    if (w->e && cl_py_extents_of(o, w->e) < 0) return NOMEM;
     int rc = OK;
     if (w->recheck) {
         for (size_t j = 0; rc == OK && j < w->ndirty; j++) {
