@@ -137,6 +137,12 @@ extern struct cl_region cl_region;
 static inline bool cl_in_region(uintptr_t a) {
     return cl_region.role != CLAMOR_ROLE_NONE && a - cl_region.base < cl_region.size;
 }
+/* Does [a, a+n) lie inside the region (n 0 read as 1)?  region.contains in
+ * Python; unlike cl_in_region, whatever the role (the py*.c walks). */
+static inline bool cl_in_region_span(uintptr_t a, size_t n) {
+    if (!n) n = 1;
+    return a >= cl_region.base && a - cl_region.base <= cl_region.size && n <= cl_region.size - (a - cl_region.base);
+}
 static inline uint64_t cl_page_of(uintptr_t a) {
     return (uint64_t)(a - cl_region.base) >> cl_region.page_shift;
 }
@@ -466,23 +472,43 @@ int clamor_py_numpy_dims_flush(int inside);
 /* How many times region memory was freed outside a heap block on the
  * driver (region objects dying in ordinary code). */
 unsigned long clamor_py_region_dropped(void);
-/* Give the dicts and lists in `objs` (a list, such as gc.get_objects())
- * that lie outside the region but grew a table in it a table outside;
- * outside every block.  How many moved, or -1. */
-long clamor_py_rehome(uintptr_t objs);
-long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
-long clamor_py_table_in(uintptr_t obj);
-long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
-int clamor_py_hides(uintptr_t obj);
-int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
-                                 size_t n);
-long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
-                              long *kept);
 /* The capsule of clamor's numpy data handler, made on the first call (0 if
  * it could not be). */
 uintptr_t clamor_py_numpy_handler(void);
 /* numpy's C API is loaded: 0, or -1. */
 int cl_py_numpy_ready(void);
+
+/* ---- pyrehome.c: tables that grew across the region's edge -------------- */
+
+/* Give the dicts and lists in `objs` (a list, such as gc.get_objects())
+ * that lie outside the region but grew a table in it a table outside;
+ * outside every block.  How many moved, or -1. */
+long clamor_py_rehome(uintptr_t objs);
+/* Inside a block: the table of the region object at obj made again in the
+ * region (1), none to move (0), or -1; a region copy of the weak reference
+ * at ref appended to the list at out (0, or -1). */
+long clamor_py_table_in(uintptr_t obj);
+long clamor_py_weakref_copy(uintptr_t ref, uintptr_t out);
+
+/* ---- pyhide.c: the words of region objects a version hides -------------- */
+
+/* The HIDE_* bits of the words of the region object at obj a version would
+ * hide now; clamor_version_begin() with those words of objs[0..n) shown
+ * zero (state[i]: 1 if kept, 0 if the caller forgets it). */
+int clamor_py_hides(uintptr_t obj);
+int clamor_py_version_begin_hiding(uint32_t version, const uint64_t *objs, const uint64_t *types, int8_t *state,
+                                 size_t n);
+
+/* ---- pyheld.c: region objects this process's own objects hold ----------- */
+
+/* Driver, before a fork: the region objects held from outside the region
+ * (objs: gc.get_objects()) appended to the list at out; how many, or -1.
+ * Worker, before pages change: region objects, and this process's objects
+ * holding one on a page being dropped (kept), out of the collector's lists;
+ * how many, or -1. */
+long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
+long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npages, uint64_t first, uint64_t count,
+                              long *kept);
 
 /* ---- pyfreelist.c: CPython's free lists (the Python extension only) ----- */
 
@@ -574,27 +600,35 @@ bool cl_py_plain_class(PyTypeObject *t);
 /* The dict of an instance of such a class, once made (NULL while its
  * attributes lie in a values table, or it has none). */
 struct _object *cl_py_instance_dict(struct _object *o);
-/* The head of object o's list of weak references (pyheap.c): NULL when
+/* The head of object o's list of weak references (pyhide.c): NULL when
  * it has none or its type has no list. */
 void *cl_py_weaklist_head(struct _object *o);
-/* The HIDE_* bits of region object o's words a version would hide (pyheap.c),
+/* The HIDE_* bits of region object o's words a version would hide (pyhide.c),
  * with the words' addresses. */
 int cl_py_to_hide(struct _object *o, void ***weak, void ***info);   /* (struct _object: PyObject) */
 #endif
 /* Bytes of the object's own body (basic size and items). */
 size_t clamor_py_body_size(uintptr_t obj);
-/* share()'s walk of plain data and plain instances (pywalk.c): 1 when
- * every object reachable from root is plain data or an instance of a plain
- * class, in the region (or a singleton) with its tables there, and each
- * object outside the region appended to the list at outside_out (atoms,
- * classes) passes the caller's rule; 0 when the Python walk must decide; 2
- * when an instance's dict needs keys of its own first (clamor_py_own_keys);
- * -1 out of memory.  extents_out: 0, or a bytearray for the extents. */
+/* Conservative scan of the aligned words of [lo, lo + len), driver only:
+ * words into the region but outside [lo, lo + len) go to inner[] (a repeat
+ * of the previous one dropped), words inside one of the npriv sorted,
+ * disjoint ranges [priv[2i], priv[2i+1]) go to outer[] as (offset, word)
+ * pairs.  Stops when either array is full; returns the bytes scanned (len
+ * once done). */
+size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
+                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
+
+/* ---- pywalk.c: share()'s walk of plain data and plain instances --------- */
+
+/* 1 when every object reachable from root is plain data or an instance of
+ * a plain class, in the region (or a singleton) with its tables there, and
+ * each object outside the region appended to the list at outside_out
+ * (atoms, classes) passes the caller's rule; 0 when the Python walk must
+ * decide; 2 when an instance's dict needs keys of its own first
+ * (clamor_py_own_keys); -1 out of memory.  extents_out: 0, or a bytearray
+ * for the extents. */
 int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                          uintptr_t extents_out, uintptr_t outside_out);
-/* walk._own_keys for every region instance of a plain class reachable from
- * root, in one heap block: the conversions made, or a negative errno. */
-long clamor_py_own_keys(uintptr_t root, long limit);
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
                           size_t ndirty, int recheck, int *shared);
@@ -606,17 +640,65 @@ int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images,
                             const int32_t *dirty, size_t ndirty, int recheck, int *shared);
 /* Copy n bytes at src into the bytearray at ba, resized: 0, or -1.  GIL held. */
 int cl_py_to_bytearray(uintptr_t ba, const void *src, size_t n);
+/* A stack of objects, each pushed with the tag `cur` of the moment (the
+ * walk's: the root's entry it was reached through), grown by doubling.
+ * Zeroed is empty; its owner frees item and tag. */
+struct _object;
+struct cl_py_stack {
+    struct _object **item;
+    int32_t *tag;
+    int32_t cur;
+    size_t n, cap;
+};
+/* Push o (no reference taken): 0, or -1 (no memory). */
+int cl_py_stack_push(struct cl_py_stack *st, struct _object *o);
+/* walk._owns_keys: d is a region dict, combined, its keys table there too. */
+int cl_py_owns_keys(struct _object *d);
+/* The walk of clamor_py_own_keys, the GIL held: the region instances of
+ * plain classes reachable from root (up to `limit` objects) whose dicts are
+ * not their own yet, each held, into *todo (the caller drops them and frees
+ * it).  0, or -ENOMEM. */
+int cl_py_walk_needing_keys(struct _object *root, long limit, struct cl_py_stack *todo);
+
+/* ---- pyextents.c: what a reader of an object follows pointers from ----- */
+
+/* The ranges a walk read, as (start, length) pairs in v, each within one
+ * region page, with the tag of the object each belongs to (`cur` when it
+ * was added) and its strictness byte (`strict_now` then: bit 0, every word
+ * a pointer or null, pointer_extents' strict; pywalk.c's TYPE_WORD, an
+ * atom's type word).  Zeroed is empty; its owner frees v, tag and strict. */
+struct cl_py_extents {
+    uint64_t *v;
+    int32_t *tag;
+    uint8_t *strict;
+    int32_t cur;
+    uint8_t strict_now;
+    size_t n, cap;
+};
+/* Add [lo, lo+len) (e NULL: nothing): 0, or -1 (no memory). */
+int cl_py_extent(struct cl_py_extents *e, uintptr_t lo, size_t len);
+/* The extents of the region object o, as pointer_extents() gives them: of
+ * a plain type, of an instance of a plain class.  0, or -1 (no memory). */
+int cl_py_extents_of(struct _object *o, struct cl_py_extents *e);
+int cl_py_instance_extents(struct _object *o, struct cl_py_extents *e);
+/* Has o extents of its own (a region container or instance)? */
+int cl_py_has_extents(struct _object *o);
+
+/* ---- pyownkeys.c: instances given dicts with keys of their own ---------- */
+
+/* walk._own_keys for every region instance of a plain class reachable from
+ * root, in one heap block: the conversions made, or a negative errno. */
+long clamor_py_own_keys(uintptr_t root, long limit);
+
+/* ---- pyrecheck.c: what a recheck of the walk reads ---------------------- */
+
+/* Where the entries of the dict or list at root lie: entry i at
+ * [*first + i * *stride, + *stride) for i < *count.  0, or -1 (not known). */
 int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count);
+/* For each k < n, the 128-bit digest of run which[k] of ranges (pairs
+ * ranges[starts[which[k]] .. starts[which[k] + 1])) into out[2k], out[2k+1]. */
 void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
                            uint64_t *out);
-/* Conservative scan of the aligned words of [lo, lo + len), driver only:
- * words into the region but outside [lo, lo + len) go to inner[] (a repeat
- * of the previous one dropped), words inside one of the npriv sorted,
- * disjoint ranges [priv[2i], priv[2i+1]) go to outer[] as (offset, word)
- * pairs.  Stops when either array is full; returns the bytes scanned (len
- * once done). */
-size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t npriv, uintptr_t *inner,
-                      size_t *ninner, size_t maxinner, uintptr_t *outer, size_t *nouter, size_t maxouter);
 
 /* ---- pyreloc.c: for clamor/memory/portable.py ------------------------------ */
 

@@ -19,7 +19,7 @@
  *     the interpreter's static empty one, in a loaded image), a set's
  *     table, a str's data and cached copies;
  *   - no dict is split (a values table: an instance's), and no object has
- *     words a version would hide (a set's weak-reference list, pyheap.c);
+ *     words a version would hide (a set's weak-reference list, pyhide.c);
  *   - an instance is of a class laid out as object with a dict
  *     (cl_py_plain_class: no __slots__, no C base), has no weak reference,
  *     and has a dict of its own (walk._owns_keys); its collector referents
@@ -34,9 +34,12 @@
  * object in, or accepts it for reasons this file does not know (an object
  * the workers inherited).  So C only ever says yes where Python says yes;
  * tests/test_walk_plain.py checks that on random graphs.  An instance
- * whose dict is not its own yet answers 2: clamor_py_own_keys() gives
- * every such instance reachable one, as walk._own_keys would, in one heap
- * block, and the caller walks again.
+ * whose dict is not its own yet answers 2: clamor_py_own_keys()
+ * (pyownkeys.c) gives every such instance reachable one, as walk._own_keys
+ * would, in one heap block, and the caller walks again.  The ranges each
+ * object's reader follows pointers from are pyextents.c's; what a recheck
+ * of the walk reads (where a root's entries lie, the digests of its pages)
+ * is pyrecheck.c's.
  *
  * The GIL is held throughout (the objects are borrowed): about 0.2 s per
  * million objects on this machine.
@@ -50,11 +53,9 @@
 
 #include "internal.h"
 
-/* [a, a+n) inside the region: region.contains(addr, n) */
-static inline int inside(uintptr_t a, size_t n) {
-    if (!n) n = 1;
-    return a >= cl_region.base && a - cl_region.base <= cl_region.size && n <= cl_region.size - (a - cl_region.base);
-}
+/* [a, a+n) inside the region: region.contains(addr, n); short for the
+ * many checks below */
+static inline int inside(uintptr_t a, size_t n) { return cl_in_region_span(a, n); }
 
 /* ---- the set of objects seen: open addressing on addresses ------------------ */
 
@@ -111,16 +112,10 @@ static int seen_add(struct seen *s, uintptr_t a, int32_t tag, int32_t *first) {
 
 /* ---- the stack of objects to visit ------------------------------------------- */
 
-/* Each object pushed carries the tag `cur` of the moment: the entry of
- * the root it was reached through (clamor_py_walk_tagged), or ROOT. */
-struct stack {
-    PyObject **item;
-    int32_t *tag;
-    int32_t cur;
-    size_t n, cap;
-};
-
-static int push(struct stack *st, PyObject *o) {
+/* struct cl_py_stack (internal.h): each object pushed carries the tag
+ * `cur` of the moment, the entry of the root it was reached through
+ * (clamor_py_walk_tagged), or ROOT. */
+static int push(struct cl_py_stack *st, PyObject *o) {
     if (st->n == st->cap) {
         size_t cap = st->cap ? 2 * st->cap : 4096;
         PyObject **t = realloc(st->item, cap * sizeof *t);
@@ -136,85 +131,7 @@ static int push(struct stack *st, PyObject *o) {
     return 0;
 }
 
-/* ---- what a reader follows pointers from (walk.pointer_extents) ---------------- */
-
-struct extents {
-    uint64_t *v; /* (start, length) pairs, each within one region page */
-    int32_t *tag; /* the tag of the object each belongs to */
-    uint8_t *strict; /* a portable walk's: every word a pointer or null (pointer_extents' strict) */
-    int32_t cur;
-    uint8_t strict_now;
-    size_t n, cap;
-};
-
-static int extent(struct extents *e, uintptr_t lo, size_t len) {
-    if (!e) return 0;
-    while (len) { /* split at page boundaries: the digests are per page */
-        uintptr_t page_end = ((lo - cl_region.base) | (((uintptr_t)1 << cl_region.page_shift) - 1)) + 1 + cl_region.base;
-        size_t n = page_end - lo < len ? page_end - lo : len;
-        if (e->n == e->cap) {
-            size_t cap = e->cap ? 2 * e->cap : 4096;
-            uint64_t *t = realloc(e->v, 2 * cap * sizeof *t);
-            if (!t) return -1;
-            e->v = t;
-            int32_t *g = realloc(e->tag, cap * sizeof *g);
-            if (!g) return -1;
-            e->tag = g;
-            uint8_t *f = realloc(e->strict, cap);
-            if (!f) return -1;
-            e->strict = f;
-            e->cap = cap;
-        }
-        e->tag[e->n] = e->cur;
-        e->strict[e->n] = e->strict_now;
-        e->v[2 * e->n] = lo;
-        e->v[2 * e->n + 1] = n;
-        e->n++;
-        lo += n;
-        len -= n;
-    }
-    return 0;
-}
-
-static void block_extent(struct extents *e, const void *p, int *fail) {
-    uintptr_t start;
-    size_t size;
-    if (clamor_block_of(p, &start, &size) != 0) {
-        start = (uintptr_t)p;
-        size = 8;
-    }
-    if (extent(e, start, size) < 0) *fail = 1;
-}
-
-/* The extents of region object o of a plain type, as pointer_extents()
- * gives them: the body past the reference count of a container (atoms are
- * data past their type), a list's items, a dict's keys table and a set's
- * table (the allocator's blocks). */
-static int extents_of(PyObject *o, struct extents *e) {
-    if (!e) return 0;
-    int fail = 0;
-    PyTypeObject *t = Py_TYPE(o);
-    e->strict_now = 1; /* (a body and an item array: pointers; a keys or set table also holds hashes) */
-    if (t == &PyTuple_Type || t == &PyList_Type || t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type) {
-        size_t body = clamor_py_body_size((uintptr_t)o);
-        if (body > 8 && extent(e, (uintptr_t)o + 8, body - 8) < 0) return -1;
-    }
-    if (t == &PyList_Type) {
-        PyObject **items = ((PyListObject *)o)->ob_item;
-        if (items && inside((uintptr_t)items, 1) && PyList_GET_SIZE(o) &&
-            extent(e, (uintptr_t)items, 8 * (size_t)PyList_GET_SIZE(o)) < 0)
-            return -1;
-    } else if (t == &PyDict_Type) {
-        void *k = ((PyDictObject *)o)->ma_keys;
-        e->strict_now = 0;
-        if (k && inside((uintptr_t)k, 1)) block_extent(e, k, &fail);
-    } else if (t == &PySet_Type || t == &PyFrozenSet_Type) {
-        PySetObject *s = (PySetObject *)o;
-        e->strict_now = 0;
-        if (s->table != s->smalltable && inside((uintptr_t)s->table, 1)) block_extent(e, s->table, &fail);
-    }
-    return fail ? -1 : 0;
-}
+int cl_py_stack_push(struct cl_py_stack *st, PyObject *o) { return push(st, o); }
 
 /* ---- one object ---------------------------------------------------------------- */
 
@@ -288,7 +205,7 @@ static int fields_inside(PyObject *o, const uintptr_t *images, size_t nimages) {
     return 1;
 }
 
-static int children(PyObject *o, struct stack *st) {
+static int children(PyObject *o, struct cl_py_stack *st) {
     if (PyTuple_CheckExact(o)) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
             if (push(st, PyTuple_GET_ITEM(o, i)) < 0) return -1;
@@ -377,16 +294,16 @@ static int seeded_keys(PyObject *o) {
 
 struct walk {
     struct seen seen;
-    struct stack st;
-    struct extents ext, *e;        /* e: &ext when the caller wants the extents */
+    struct cl_py_stack st;
+    struct cl_py_extents ext, *e;        /* e: &ext when the caller wants the extents */
     PyObject *outside;             /* a list for the outside candidates, or NULL */
     const uintptr_t *images;
     size_t nimages;
     long limit, n;
     PyTypeObject *classes[8];      /* plain classes met (cl_py_plain_class is a scan of the MRO) */
     int nclasses;
-    int converting;                /* the pass of clamor_py_own_keys: collect, never refuse */
-    struct stack todo;             /* there: the instances whose dicts need keys of their own (held) */
+    int converting;                /* the pass of clamor_py_own_keys (cl_py_walk_needing_keys): collect, never refuse */
+    struct cl_py_stack todo;       /* there: the instances whose dicts need keys of their own (held) */
     /* clamor_py_walk_tagged: the root's entries tag what is reached through them */
     int tagging, shared;           /* shared: an object with extents reached through two entries */
     int recheck;                   /* walk only the entries listed in dirty (sorted) */
@@ -418,7 +335,7 @@ static int portable_words(struct walk *w, PyObject *o) {
     if (t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
         t == &PyBytes_Type) {
         w->ext.strict_now = 1 | TYPE_WORD;
-        return extent(&w->ext, a + 8, 8) < 0 ? NOMEM : OK;
+        return cl_py_extent(&w->ext, a + 8, 8) < 0 ? NOMEM : OK;
     }
     return OK;
 }
@@ -435,7 +352,7 @@ static int plain_instance(struct walk *w, PyObject *o) {
 /* walk._owns_keys: a dict in the region, combined, its keys table there
  * too.  (The Python test is [d, d + sys.getsizeof(d)) in the region; the
  * body, the collector's links and the keys' whole block bound that.) */
-static int owns_keys(PyObject *d) {
+int cl_py_owns_keys(PyObject *d) {
     if (!d || !PyDict_CheckExact(d)) return 0;
     PyDictObject *m = (PyDictObject *)d;
     uintptr_t k = (uintptr_t)m->ma_keys, start;
@@ -446,22 +363,11 @@ static int owns_keys(PyObject *d) {
 
 static int visit_push(PyObject *r, void *arg) { return r && push(arg, r) < 0 ? -1 : 0; }
 
-/* An instance's extents as pointer_extents() gives them: its body past the
- * reference count, and the dict's words before its header. */
-static int instance_extents(PyObject *o, struct extents *e) {
-    if (!e) return 0;
-    uintptr_t a = (uintptr_t)o;
-    size_t body = clamor_py_body_size(a), pre = 2 * sizeof(void *) + (PyObject_IS_GC(o) ? 2 * sizeof(void *) : 0);
-    e->strict_now = 1;
-    if (body > 8 && extent(e, a + 8, body - 8) < 0) return -1;
-    return extent(e, a - pre, 2 * sizeof(void *));
-}
-
 /* One region instance of a plain class. */
 static int instance(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     if (!inside(a, clamor_py_body_size(a))) return w->converting ? OK : FALLBACK;
-    if (!owns_keys(cl_py_instance_dict(o))) {
+    if (!cl_py_owns_keys(cl_py_instance_dict(o))) {
         if (!w->converting) return NEEDS_KEYS;
         Py_INCREF(o);
         if (push(&w->todo, o) < 0) {
@@ -476,7 +382,7 @@ static int instance(struct walk *w, PyObject *o) {
     if (Py_TYPE(o)->tp_traverse(o, visit_push, &w->st) != 0) return NOMEM;
     if (w->converting) return OK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
-    return instance_extents(o, w->e) < 0 ? NOMEM : OK;
+    return w->e && cl_py_instance_extents(o, w->e) < 0 ? NOMEM : OK;   /* (no call when none are wanted) */
 }
 
 static int visit(struct walk *w, PyObject *o) {
@@ -500,22 +406,13 @@ static int visit(struct walk *w, PyObject *o) {
         if (children(o, &w->st) < 0) return NOMEM;
         if (w->converting) return OK;
         if (w->portable && portable_words(w, o) != OK) return NOMEM;
-        return extents_of(o, w->e) < 0 ? NOMEM : OK;
+        return w->e && cl_py_extents_of(o, w->e) < 0 ? NOMEM : OK;
     }
     if (plain_instance(w, o)) return instance(w, o);
     return w->converting ? OK : FALLBACK;
 }
 
 #define ROOT_TAG (-1)
-
-/* An object with extents of its own (a region container or instance): one
- * reached through two entries of the root makes a walk of one entry not
- * enough to vouch for it. */
-static int has_extents(PyObject *o) {
-    PyTypeObject *t = Py_TYPE(o);
-    return inside((uintptr_t)o, 1) && t != &PyLong_Type && t != &PyFloat_Type && t != &PyComplex_Type &&
-           t != &PyUnicode_Type && t != &PyBytes_Type && t != &PyBool_Type;
-}
 
 /* Entry i of the root, (k, v) (k NULL for a list's item), pushed tagged i. */
 static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
@@ -534,7 +431,7 @@ static int visit_root(struct walk *w, PyObject *o) {
         cl_py_to_hide(o, &weak, &info))
         return FALLBACK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
-    if (extents_of(o, w->e) < 0) return NOMEM;
+    if (w->e && cl_py_extents_of(o, w->e) < 0) return NOMEM;
     int rc = OK;
     if (w->recheck) {
         for (size_t j = 0; rc == OK && j < w->ndirty; j++) {
@@ -568,7 +465,7 @@ static int walk_from(struct walk *w, PyObject *root) {
         int fresh = seen_add(&w->seen, (uintptr_t)o, tag, &first);
         if (fresh < 0) return NOMEM;
         if (!fresh) {
-            if (w->tagging && first != tag && has_extents(o)) w->shared = 1;
+            if (w->tagging && first != tag && cl_py_has_extents(o)) w->shared = 1;
             continue;
         }
         if (++w->n > w->limit) return w->converting ? OK : FALLBACK;
@@ -591,6 +488,17 @@ static void walk_free(struct walk *w) {
     free(w->seen.tag);
     free(w->st.item);
     free(w->st.tag);
+}
+
+/* The walk of clamor_py_own_keys (pyownkeys.c): it collects, never refuses.
+ * The instances found go to *todo, held; the caller drops them. */
+int cl_py_walk_needing_keys(PyObject *root, long limit, struct cl_py_stack *todo) {
+    struct walk w = {.limit = limit, .converting = 1};
+    int rc = walk_from(&w, root) == NOMEM ? -ENOMEM : 0;
+    *todo = w.todo;
+    w.todo = (struct cl_py_stack){0};
+    walk_free(&w);
+    return rc;
 }
 
 /* Copy n bytes at src into the bytearray ba (resized): 0, or -1. */
@@ -693,205 +601,5 @@ int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images,
     return rc;
 }
 
-/* ---- where a root's entries lie ------------------------------------------------ */
-
-/* The head of a dict's keys table, CPython 3.11-3.13 (pycore_dict.h; the
- * default build): entry i lies at dk_indices + (1 << dk_log2_index_bytes)
- * + i * the entry's size (a key, a value, and a hash unless the table is
- * of str keys only).  Read only where a few entries check out. */
-struct cl_dict_keys {
-    Py_ssize_t dk_refcnt;
-    uint8_t dk_log2_size;
-    uint8_t dk_log2_index_bytes;
-    uint8_t dk_kind;
-    uint32_t dk_version;
-    Py_ssize_t dk_usable;
-    Py_ssize_t dk_nentries;
-    char dk_indices[];
-};
-
-/* Entry i of the dict or list `root` occupies [*first + i * *stride, + *stride)
- * for i < *count.  0, or -1: not known here (another layout, a split or
- * foreign table); the caller walks the root whole. */
-int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count) {
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *o = (PyObject *)root;
-    int rc = -1;
-    if (PyList_CheckExact(o)) {
-        *first = (uint64_t)(uintptr_t)((PyListObject *)o)->ob_item;
-        *stride = sizeof(PyObject *);
-        *count = PyList_GET_SIZE(o);
-        rc = 0;
-    } else if (PyDict_CheckExact(o) && !((PyDictObject *)o)->ma_values && inside((uintptr_t)((PyDictObject *)o)->ma_keys, 1)) {
-        struct cl_dict_keys *k = (struct cl_dict_keys *)((PyDictObject *)o)->ma_keys;
-        size_t size = k->dk_kind == 0 ? 3 * sizeof(void *) : 2 * sizeof(void *), key_at = k->dk_kind == 0 ? 8 : 0;
-        uintptr_t e0 = (uintptr_t)k->dk_indices + ((size_t)1 << k->dk_log2_index_bytes);
-        uintptr_t start;
-        size_t block;
-        int ok = k->dk_kind <= 1 && k->dk_log2_index_bytes < 40 && clamor_block_of(k, &start, &block) == 0 &&
-                 k->dk_nentries >= 0 && e0 + (size_t)k->dk_nentries * size <= start + block;
-        Py_ssize_t pos = 0;
-        PyObject *key, *val;
-        for (int checked = 0; ok && checked < 4 && PyDict_Next(o, &pos, &key, &val); checked++) {
-            PyObject **slot = (PyObject **)(e0 + (size_t)(pos - 1) * size + key_at);
-            ok = slot[0] == key && slot[1] == val;
-        }
-        if (ok) {
-            *first = e0;
-            *stride = size;
-            *count = k->dk_nentries;
-            rc = 0;
-        }
-    }
-    PyGILState_Release(g);
-    return rc;
-}
-
-/* ---- instances given dicts with keys of their own (walk._own_keys) ----------- */
-
-#define DICT_FREE_LIST_MAX 80 /* CPython's PyDict_MAXFREELIST */
-
-static int str_keys(PyObject *d) {
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(d, &pos, &k, &v))
-        if (!PyUnicode_CheckExact(k)) return 0;
-    return 1;
-}
-
-/* One non-str key set and deleted makes a split dict combined, with a keys
- * table of its own (a general one, which never comes from a free list). */
-static int combine(PyObject *d, PyObject *key) {
-    if (PyDict_SetItem(d, key, Py_None) < 0 || PyDict_DelItem(d, key) < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    return 0;
-}
-
-/* Instance o (held) gets a region dict with keys of its own, inside a heap
- * block; returns the conversions made, as walk._own_keys counts them.  Its
- * dict may come off CPython's free list, outside the region: then copies
- * are made until one is the allocator's, and those the free list gave are
- * kept in `spare` until the end.  A dict with a key other than an exact
- * str is left to the Python walk: no key's __eq__ runs here. */
-static long own_keys(PyObject *o, PyObject *key, struct stack *spare) {
-    PyObject *d = PyObject_GenericGetDict(o, NULL);
-    long count = 0;
-    if (!d) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (!PyDict_CheckExact(d) || !str_keys(d) || owns_keys(d)) goto out;
-    count = 1;
-    if (combine(d, key) < 0 || owns_keys(d)) goto out;
-    count = 2;
-    for (int i = 0; i <= DICT_FREE_LIST_MAX; i++) {
-        PyObject *c = PyDict_Copy(d);
-        if (!c) {
-            PyErr_Clear();
-            break;
-        }
-        if (!inside((uintptr_t)c, (size_t)Py_TYPE(c)->tp_basicsize)) {
-            if (push(spare, c) < 0) Py_DECREF(c);
-            continue;
-        }
-        if (PyObject_GenericSetDict(o, c, NULL) < 0) {
-            PyErr_Clear();
-        } else {
-            combine(c, key);
-            if (push(spare, d) == 0) Py_INCREF(d); /* (kept off the free list: the next instance's is not it) */
-        }
-        Py_DECREF(c);
-        count++;
-        break;
-    }
-out:
-    Py_DECREF(d);
-    return count;
-}
-
-/* walk._own_keys for every region instance of a plain class reachable from
- * root through region objects of plain types and such instances (up to
- * `limit` objects), in one heap block, the collector off (nothing here runs
- * Python code or frees what the walk found).  Driver, before a stage's
- * version begins; Python's allocators wrapped (hooks.install).  Returns the
- * conversions made (walk.conversions counts them), or a negative errno. */
-long clamor_py_own_keys(uintptr_t root, long limit) {
-    PyGILState_STATE g = PyGILState_Ensure();
-    struct walk w = {.limit = limit, .converting = 1};
-    struct stack spare = {0};
-    long rc = walk_from(&w, (PyObject *)root) == NOMEM ? -ENOMEM : 0;
-    PyObject *key = rc || !w.todo.n ? NULL : PyLong_FromLong(-12345); /* (walk._NONSTR_KEY) */
-    if (!rc && w.todo.n && !key) {
-        PyErr_Clear();
-        rc = -ENOMEM;
-    }
-    if (key) {
-        int collecting = PyGC_Disable();
-        int err = clamor_heap_enter();
-        if (err) {
-            rc = -err;
-        } else {
-            for (size_t i = 0; i < w.todo.n; i++) rc += own_keys(w.todo.item[i], key, &spare);
-            clamor_heap_exit();
-        }
-        for (size_t i = 0; i < spare.n; i++) Py_DECREF(spare.item[i]); /* (back to the free list) */
-        if (collecting) PyGC_Enable();
-        Py_DECREF(key);
-    }
-    free(spare.item);
-    free(spare.tag);
-    walk_free(&w);
-    PyGILState_Release(g);
-    return rc;
-}
-
-/* A 128-bit digest of the bytes of ranges[0..n) ((start, length) pairs),
- * for walk.read_digests: did a walk's bytes change?  Two 64-bit lanes of a
- * multiply-rotate hash over 8-byte words (the tail byte by byte), each range's
- * length mixed in.  Not cryptographic: the driver's own bytes, compared with
- * themselves. */
-static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static void digest(const uint64_t *ranges, size_t n, uint64_t *out) {
-    uint64_t a = 0x9E3779B97F4A7C15ull, b = 0xC2B2AE3D27D4EB4Full;
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char *p = (const unsigned char *)(uintptr_t)ranges[2 * i];
-        uint64_t len = ranges[2 * i + 1];
-        a = rotl(a ^ len, 27) * 0x100000001B3ull;
-        b = rotl(b + len, 31) * 0x9E3779B97F4A7C15ull;
-        size_t k = 0;
-        for (; k + 8 <= len; k += 8) {
-            uint64_t w;
-            memcpy(&w, p + k, 8);
-            a = rotl(a ^ (w * 0x87C37B91114253D5ull), 31) * 0x4CF5AD432745937Full;
-            b = rotl(b + (w ^ (w >> 29)), 27) * 0x9FB21C651E98DF25ull + a;
-        }
-        for (; k < len; k++) {
-            a = (a ^ p[k]) * 0x100000001B3ull;
-            b = rotl(b + p[k], 13) * 0x9E3779B97F4A7C15ull;
-        }
-    }
-    a ^= a >> 33;
-    a *= 0xFF51AFD7ED558CCDull;
-    a ^= a >> 33;
-    b ^= b >> 29;
-    b *= 0xC4CEB9FE1A85EC53ull;
-    b ^= b >> 32;
-    out[0] = a;
-    out[1] = b;
-}
-
-/* The digests of runs of ranges (a read table's pages, walk.ReadTable):
- * for each k < n, run which[k] is ranges[starts[which[k]] .. starts[which[k] + 1]),
- * its digest goes to out[2k], out[2k + 1]. */
-void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
-                           uint64_t *out) {
-    for (size_t k = 0; k < n; k++) {
-        uint64_t i = which[k];
-        digest(ranges + 2 * starts[i], starts[i + 1] - starts[i], out + 2 * k);
-    }
-}
 
 #endif /* CLAMOR_WITH_PYTHON */

@@ -26,7 +26,7 @@ result reported by any attempt counts, once per partition; a map output
 counts only while its worker lives.  A worker lost while running tasks has
 them re-queued by the scheduler (``recover``); a task lost with its worker
 ``max_attempts`` times, or a job needing more than ``max_attempts``
-attempts, fails with WorkerLost.
+attempts, fails with WorkerLost.  (A job's record: clamor/runtime/job.py.)
 
 A collection unpersisted after stages read its cached partitions leaves a
 snapshot record (clamor/runtime/lineage.py): a re-run of such a stage restores the
@@ -58,37 +58,13 @@ from .collection import Shuffled
 from ..memory.heap import outside, release_dropped
 from ..memory import walk
 from .interrupt import Deferred
+from .job import _InputsLost, _Job, _cached_ids
 from .progress import StageProgress
 from .shipping import sources as shipped_sources
 from .scheduler import (Cancel, Run, StageAborted, StageCancelledEvent, StageFinished, StageSubmittedEvent, TaskDoneEvent,
                         TaskFailedEvent, TaskSkippedEvent, TickEvent, TaskSpec, WorkerJoinedEvent, WorkerLostEvent)
 
 log = logging.getLogger("clamor")
-
-
-
-class _InputsLost(Exception):
-    """Internal: the running attempt lost an input or an output; retry."""
-
-
-class _Job:
-    __slots__ = ("kind", "node", "parent", "action", "arg", "parts", "version", "results", "losses", "stat",
-                 "bar", "reads", "rerun", "attempts", "asids", "only")
-
-    def __init__(self, kind, node, parent, action, arg, parts, version, rerun, only=None):
-        self.kind, self.node, self.parent, self.action, self.arg = kind, node, parent, action, arg
-        self.parts, self.version, self.rerun = list(parts), version, rerun
-        self.results = {}                       # partition -> value (map jobs: worker id)
-        self.losses = collections.Counter()     # partition -> times lost with a worker
-        self.reads = (set(), set())             # (shuffle ids, cache keys) the tasks fetch
-        self.attempts = 0
-        self.asids = []                         # its attempts' scheduler stage ids
-        self.only = only or {}                  # partition -> the workers it may run on (Cluster.run)
-
-    @property
-    def computes(self):
-        """The collection whose partitions the tasks compute."""
-        return self.node.deps[self.parent] if self.kind == "map" else self.node
 
 
 class StageRunner:
@@ -623,13 +599,3 @@ class StageRunner:
         keys = self._lineage.drop_restored()
         if keys and not self.closed:
             self._pool.send_all(b"DROP", pickle.dumps(keys))
-
-
-def _cached_ids(node):
-    out, stack = set(), [node]
-    while stack:
-        c = stack.pop()
-        if c.cached:
-            out.add(c.id)
-        stack.extend(c.deps)
-    return out

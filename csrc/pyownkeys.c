@@ -1,0 +1,119 @@
+/* pyownkeys.c -- instances given dicts with keys of their own
+ * (walk._own_keys), in C.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).  A walk in C
+ * (pywalk.c) answers 2 at an instance of a plain class whose dict is not
+ * its own yet (walk._owns_keys: a region dict, combined, its keys table in
+ * the region too).  clamor_py_own_keys() then has the same walk
+ * collect every such instance reachable (cl_py_walk_needing_keys) and gives
+ * each, in one heap block, a region dict with a keys table of its own, as
+ * walk._own_keys would; the caller walks again.  The GIL is held throughout.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define DICT_FREE_LIST_MAX 80 /* CPython's PyDict_MAXFREELIST */
+
+static int str_keys(PyObject *d) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v))
+        if (!PyUnicode_CheckExact(k)) return 0;
+    return 1;
+}
+
+/* One non-str key set and deleted makes a split dict combined, with a keys
+ * table of its own (a general one, which never comes from a free list). */
+static int combine(PyObject *d, PyObject *key) {
+    if (PyDict_SetItem(d, key, Py_None) < 0 || PyDict_DelItem(d, key) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* Instance o (held) gets a region dict with keys of its own, inside a heap
+ * block; returns the conversions made, as walk._own_keys counts them.  Its
+ * dict may come off CPython's free list, outside the region: then copies
+ * are made until one is the allocator's, and those the free list gave are
+ * kept in `spare` until the end.  A dict with a key other than an exact
+ * str is left to the Python walk: no key's __eq__ runs here. */
+static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare) {
+    PyObject *d = PyObject_GenericGetDict(o, NULL);
+    long count = 0;
+    if (!d) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!PyDict_CheckExact(d) || !str_keys(d) || cl_py_owns_keys(d)) goto out;
+    count = 1;
+    if (combine(d, key) < 0 || cl_py_owns_keys(d)) goto out;
+    count = 2;
+    for (int i = 0; i <= DICT_FREE_LIST_MAX; i++) {
+        PyObject *c = PyDict_Copy(d);
+        if (!c) {
+            PyErr_Clear();
+            break;
+        }
+        if (!cl_in_region_span((uintptr_t)c, (size_t)Py_TYPE(c)->tp_basicsize)) {
+            if (cl_py_stack_push(spare, c) < 0) Py_DECREF(c);
+            continue;
+        }
+        if (PyObject_GenericSetDict(o, c, NULL) < 0) {
+            PyErr_Clear();
+        } else {
+            combine(c, key);
+            if (cl_py_stack_push(spare, d) == 0) Py_INCREF(d); /* (kept off the free list: the next instance's is not it) */
+        }
+        Py_DECREF(c);
+        count++;
+        break;
+    }
+out:
+    Py_DECREF(d);
+    return count;
+}
+
+/* walk._own_keys for every region instance of a plain class reachable from
+ * root through region objects of plain types and such instances (up to
+ * `limit` objects), in one heap block, the collector off (nothing here runs
+ * Python code or frees what the walk found).  Driver, before a stage's
+ * version begins; Python's allocators wrapped (hooks.install).  Returns the
+ * conversions made (walk.conversions counts them), or a negative errno. */
+long clamor_py_own_keys(uintptr_t root, long limit) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct cl_py_stack todo = {0}, spare = {0};
+    long rc = cl_py_walk_needing_keys((PyObject *)root, limit, &todo);
+    PyObject *key = rc || !todo.n ? NULL : PyLong_FromLong(-12345); /* (walk._NONSTR_KEY) */
+    if (!rc && todo.n && !key) {
+        PyErr_Clear();
+        rc = -ENOMEM;
+    }
+    if (key) {
+        int collecting = PyGC_Disable();
+        int err = clamor_heap_enter();
+        if (err) {
+            rc = -err;
+        } else {
+            for (size_t i = 0; i < todo.n; i++) rc += own_keys(todo.item[i], key, &spare);
+            clamor_heap_exit();
+        }
+        for (size_t i = 0; i < spare.n; i++) Py_DECREF(spare.item[i]); /* (back to the free list) */
+        if (collecting) PyGC_Enable();
+        Py_DECREF(key);
+    }
+    free(spare.item);
+    free(spare.tag);
+    for (size_t i = 0; i < todo.n; i++) Py_DECREF(todo.item[i]);
+    free(todo.item);
+    free(todo.tag);
+    PyGILState_Release(g);
+    return rc;
+}
+
+#endif /* CLAMOR_WITH_PYTHON */
