@@ -24,7 +24,7 @@ ps = region.page_size()
 a = clamor.zeros(pages * ps // 8)
 a[:] = 1.0
 stage = 1
-region.stage_begin(stage)
+region.version_begin(stage)
 first, begin, same = [], [], []
 for r in range(reps + 1):
     t = time.perf_counter()
@@ -32,7 +32,7 @@ for r in range(reps + 1):
     first.append((time.perf_counter() - t) / pages * 1e6)
     stage += 1
     t = time.perf_counter()
-    region.stage_begin(stage)               # the written pages are protected again
+    region.version_begin(stage)               # the written pages are protected again
     begin.append((time.perf_counter() - t) / pages * 1e6)
     region.versions_keep([stage])           # no task reads older stages: their locations are reused
     if r == 0:                              # the first round copies into fresh memory (twins): a warm-up
@@ -41,12 +41,12 @@ for r in range(reps):
     a[:: ps // 8] += 0.0                    # written, same bytes
     stage += 1
     t = time.perf_counter()
-    region.stage_begin(stage)               # found unchanged
+    region.version_begin(stage)               # found unchanged
     same.append((time.perf_counter() - t) / pages * 1e6)
     region.versions_keep([stage])
 buf = clamor.zeros(1 << 17)                 # 1 MiB, made before the stage below
 stage += 1
-region.stage_begin(stage)
+region.version_begin(stage)
 with open(os.path.join(d, "raw"), "rb", buffering=0) as f:
     try:
         f.readinto(buf)
@@ -56,7 +56,7 @@ with open(os.path.join(d, "raw"), "rb", buffering=0) as f:
 loads = []
 for r in range(reps):
     stage += 1
-    region.stage_begin(stage)
+    region.version_begin(stage)
     t = time.perf_counter()
     with clamor.heap():
         x = np.load(os.path.join(d, "a.npy"))

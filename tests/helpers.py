@@ -101,7 +101,7 @@ def userfaultfd_missing():
     if _uffd_missing is None:
         p = run_py("""
             from clamor import region
-            region.ensure(); region.stage_begin(1)
+            region.ensure(); region.version_begin(1)
             wp = region.write_protection()
             print("" if wp["mechanism"] == "userfaultfd" else wp["reason"] or "none")
         """, env={"CLAMOR_WRITE_PROTECT": "auto"}, check=True)

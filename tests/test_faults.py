@@ -171,7 +171,7 @@ with clamor.Cluster(workers=1, start_method="spawn", progress=False, speculation
         x = r.get(); return float(x[0]), region.server_endpoint()   # page holding x[0] now held
     v, ep = cl.run(touch, clamor.ref(a))[0]
     assert v == 0.0
-    stage = region.stage_current()              # the stage the worker is in, as a peer's request says
+    stage = region.version_current()              # the stage the worker is in, as a peer's request says
     from clamor.runtime.security import Security
     ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); Security(cl.secret).client(s); s.connect(ep)   # a member
     first = (a.ctypes.data - region.base()) // ps

@@ -467,7 +467,7 @@ def test_a_clean_exit_with_faulthandler_on_and_region_objects_still_referenced()
         assert region.contains(id(name))
         getattr(int, name, None)          # the type cache keeps the name
         del name
-        region.stage_begin(region.stage_current() + 1)     # pages write-protected: writes are versioned
+        region.version_begin(region.version_current() + 1)     # pages write-protected: writes are versioned
         print(json.dumps({"ok": True}))
         """, env={"PYTHONFAULTHANDLER": "1"})
     assert out == {"ok": True}
@@ -489,11 +489,11 @@ def test_dirty_pages_lists_the_pages_first_written_since_the_stage_began():
         per = region.page_size() // 8
         before = region.dirty_pages().tolist()
         a[:] = 1
-        region.stage_begin(region.stage_current() + 1)
+        region.version_begin(region.version_current() + 1)
         empty = region.dirty_pages().tolist()
         a[5 * per] = 2; a[2 * per + 3] = 1; a[5 * per + 1] = 7
         written = (region.dirty_pages() - first).tolist()
-        changed = (region.stage_begin(region.stage_current() + 1) - first).tolist()
+        changed = (region.version_begin(region.version_current() + 1) - first).tolist()
         after = region.dirty_pages().tolist()
         print(json.dumps({"before": before, "empty": empty, "written": written, "changed": changed,
                           "after": after}))

@@ -136,7 +136,7 @@ ps = region.page_size()
 page = (a.ctypes.data - region.base()) // ps
 with clamor.Cluster(workers=1, progress=False, replication="random") as cl:
     def hold(i):
-        region.set_stage(777)                                  # as if it ran stage 777
+        region.set_version(777)                                  # as if it ran stage 777
         return float(a[0]), region.server_endpoint()
     (v, ep), = cl.range(1, partitions=1).map(hold).collect()
     from clamor.runtime.security import Security

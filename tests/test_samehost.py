@@ -234,7 +234,7 @@ pid = os.fork()
 if pid == 0:
     os.close(r)
     ok = samehost.attach(offer)
-    region.set_stage(1)
+    region.set_version(1)
     res = {{"ok": ok, "status": samehost.status(), "sum": float(a.sum()), "st": clamor.stats()}}
     os.write(w, json.dumps(res).encode())
     os._exit(0)
@@ -310,17 +310,17 @@ ps = region.page_size()
 per = ps // 8
 a = clamor.array(np.full(4 * per, 1.0))
 first = (a.ctypes.data - region.base()) // ps
-region.stage_begin(1)
+region.version_begin(1)
 a[0] = 2.0; a[per] = 2.0            # the pages move to their twins
-region.stage_begin(2); region.versions_keep([2])
-region.stage_begin(3)               # and back home
+region.version_begin(2); region.versions_keep([2])
+region.version_begin(3)               # and back home
 region.versions_keep([2, 3])
 compacted = region.stats()["pages_compacted"]
 r1, w1 = os.pipe(); r2, w2 = os.pipe()
 pid = os.fork()
 if pid == 0:                        # a worker still running a task of stage 2
     clamor.configure(max_mappings=0)
-    region.set_stage(2)
+    region.set_version(2)
     before = float(a[0])
     os.write(w1, b"x")
     os.read(r2, 1)
@@ -331,7 +331,7 @@ if pid == 0:                        # a worker still running a task of stage 2
     os._exit(0)
 os.read(r1, 1)
 a[0] = 5.0
-region.stage_begin(4)
+region.version_begin(4)
 region.versions_keep([2, 4])        # stage 2 is kept: the task still runs
 a[0] = 7.0                          # a location freed now would be reused here
 os.write(w2, b"x")

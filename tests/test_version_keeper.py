@@ -49,7 +49,7 @@ from clamor.memory.share import note_fork
 from clamor.dask._driver import Driver
 warnings.simplefilter("ignore")
 region.init()
-region.stage_begin(region.stage_current() + 1)
+region.version_begin(region.version_current() + 1)
 with clamor.heap():
     d = {"a": float(len("abc")) * 0.5, "b": "x" * 3}
 note_fork()                              # as a Cluster does when it forks

@@ -197,7 +197,7 @@ class Driver:
         with self._lock:
             if region.dirty_count():
                 self._begin()
-            nxt = region.stage_current() + 1
+            nxt = region.version_current() + 1
             try:
                 relocated = portable.driver().prepare([obj], nxt, seeds_agree=self._seeds_agree(), bring_in=True)
             except errors.NotShareable as err:
@@ -244,7 +244,7 @@ class Driver:
             recent = time.monotonic() - STAMP_HOLD
             self._stamps = {v: t for v, t in self._stamps.items() if t >= recent}
             versions = {self.version} | set(live) | set(self._stamps)
-            self._versions.keep(versions | {region.stage_current()})
+            self._versions.keep(versions | {region.version_current()})
             self.versions_kept = len(versions)
         finally:
             self._lock.release()

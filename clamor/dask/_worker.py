@@ -185,7 +185,7 @@ class RegionPlugin(WorkerPlugin):
         except BaseException:
             self.link.close()
             raise
-        region.set_stage(welcome["version"])
+        region.set_version(welcome["version"])
         # Region objects are used in place only at the driver's address, with
         # its hash seed and its builds of the images they point into.
         self.refuse = None

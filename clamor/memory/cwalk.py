@@ -75,7 +75,7 @@ def walk_plain(obj, limit, reads, convert, judge):
     (the Cluster's check, a ``walk.Reads``) gets the extents the verdict
     rests on, as the Python walk's ``Reads.inside`` would.  ``convert``: instances whose
     dicts need keys of their own get them first, as ``_own_keys`` gives
-    them (csrc/pywalk.c, clamor_py_own_keys), where the Python walk would
+    them (csrc/pyownkeys.c, clamor_py_own_keys), where the Python walk would
     have.  ``judge(objects, limit, reads)``: does the Python walk accept
     the objects the C walk met outside the region, as they are?"""
     if not in_c(obj):

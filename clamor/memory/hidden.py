@@ -8,7 +8,7 @@ description once the driver exported its buffer (a Cython memoryview).  A
 forked worker would follow the driver's pointer into its own memory, and
 write through it (``weakref.ref``; pandas' ``take``).  The walks (share()
 and the check before a stage) note such objects here; each page version
-then shows those words zero (``csrc/pyheap.c``,
+then shows those words zero (``csrc/pyhide.c``,
 clamor_py_version_begin_hiding), which is always right for a worker: it
 never frees a region object, and makes its own references and
 descriptions.  Workers not forked relocate the same words to zero

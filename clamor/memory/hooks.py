@@ -189,7 +189,7 @@ def prepare_fork():
 
 def _held_from_outside():
     """The region objects this process's own memory refers to: a module's
-    global or a library's cache that a block set (csrc/pyheap.c,
+    global or a library's cache that a block set (csrc/pyheld.c,
     ``clamor_py_held_from_outside``).  A forked worker inherits those
     references as they are; if the driver dropped such an object later and
     reused its memory, the worker would read the new object in its place.

@@ -402,7 +402,7 @@ class Relocations:
         its version begins takes it, if the bytes it read still read so,
         instead of walking again (the check before a stage and the listing
         of its relocations walk the same object)."""
-        self.offers[id(obj)] = (obj, region.stage_current(), entries, read, seeded, state)
+        self.offers[id(obj)] = (obj, region.version_current(), entries, read, seeded, state)
 
     def _keep(self, k, r, entries, read, state):
         self.per_root[k] = (entries, read)
@@ -539,7 +539,7 @@ def _offered(o, r, seeds_agree):
     """The offered walk ``o`` of root ``r``, if it is current: made in this
     version, on bytes that read as they did then (the pages written since
     the version began are compared), and no seed to report."""
-    if o is None or o[0] is not r or o[1] != region.stage_current() or (o[4] and not seeds_agree):
+    if o is None or o[0] is not r or o[1] != region.version_current() or (o[4] and not seeds_agree):
         return None
     read = o[3].read
     if read.changed(np.intersect1d(pages_array(region.dirty_pages()), read.pages, assume_unique=True)):

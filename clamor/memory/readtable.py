@@ -17,7 +17,7 @@ class ReadTable:
     no new walk.  ``ranges``: an (n, 2) uint64 array of (start, length),
     ordered by page (in the walk's order within one); ``pages``: the pages,
     ascending; page ``pages[i]`` holds ``ranges[starts[i]:starts[i + 1]]``;
-    ``digests``: an (m, 2) uint64 array, one per page (csrc/pywalk.c).
+    ``digests``: an (m, 2) uint64 array, one per page (csrc/pyrecheck.c).
     ``tags`` (a walk of a dict's or list's entries, or None): an int32 per
     range, the entry it was reached through (-1: the root's own).  About
     16 bytes a range (20 tagged) and 32 a page."""
@@ -141,7 +141,7 @@ def _split(extents):
 def read_digests(extents, plain=None, tags=None):
     """The ``ReadTable`` of a walk: ``extents``, (start, length, ...)
     tuples, and ``plain``, more of them as an (n, 2) uint64 array already
-    split at page boundaries (the C walk's, csrc/pywalk.c), tagged by
+    split at page boundaries (the C walk's, csrc/pyextents.c), tagged by
     ``tags`` when there are no others."""
     parts = [_split(extents)]
     if plain is not None and len(plain):

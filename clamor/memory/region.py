@@ -386,7 +386,7 @@ def untrack_region_objects(pages=None, first=0, count=0):
     driver's once they are fetched again; this process's objects that hold
     a region object on one of ``pages`` or [first, first+count) (the pages
     about to be dropped) are
-    kept for good, out of the lists (csrc/pyheap.c says why).  Returns how
+    kept for good, out of the lists (csrc/pyheld.c says why).  Returns how
     many were kept."""
     import numpy as np
 
@@ -435,8 +435,8 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None, diff_keep=N
     }
 
 
-def stage_begin(stage):
-    """Driver: page version ``stage`` begins (clamor_version_begin): the
+def version_begin(version):
+    """Driver: page version ``version`` begins (clamor_version_begin): the
     tasks submitted next read the region as it is now.  Returns the indices
     of the pages whose bytes changed since the previous version (a uint64
     ndarray): workers must drop their copies before running its tasks."""
@@ -444,7 +444,7 @@ def stage_begin(stage):
 
     from . import hidden
 
-    check(hidden.version_begin(int(stage)), f"beginning version {stage}",
+    check(hidden.version_begin(int(version)), f"beginning version {version}",
           {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
     n = int(lib.clamor_changed_count())
     out = np.empty(n, dtype=np.uint64)
@@ -480,7 +480,7 @@ def dirty_count():
 def dirty_pages():
     """Driver: the indices of the pages first written since the last stage
     began (a sorted uint64 ndarray; empty before the first stage).  Their
-    bytes may read as they did: the next ``stage_begin`` tells."""
+    bytes may read as they did: the next ``version_begin`` tells."""
     import numpy as np
 
     n = int(lib.clamor_dirty_count())
@@ -492,7 +492,7 @@ def dirty_pages():
         n = total
 
 
-def stage_current():
+def version_current():
     """Driver: the last page version begun (0 before the first)."""
     return int(lib.clamor_version_current())
 
@@ -513,10 +513,10 @@ def versions_keep(stages):
     check(lib.clamor_versions_keep(arr, len(stages)))
 
 
-def set_stage(stage):
+def set_version(version):
     """Worker: the page version the task about to run reads (page requests
     carry it)."""
-    lib.clamor_set_version(int(stage))
+    lib.clamor_set_version(int(version))
 
 
 def invalidate(pages):

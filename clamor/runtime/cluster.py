@@ -235,7 +235,7 @@ class Cluster:
             # before its first task (the interpreter's after-fork work, the
             # arguments it was forked with), and a driver write made after
             # that must reach the changed list of the first stage.
-            region.stage_begin(region.stage_current() + 1)
+            region.version_begin(region.version_current() + 1)
             for _ in range(self.nworkers):
                 self._pool.spawn()
             self._started = self._pool.started = True

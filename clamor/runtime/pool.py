@@ -124,7 +124,7 @@ class WorkerPool:
                 self.held.setdefault(id(obj), obj)
             code.note_fork()
             pid = liveness.fork(worker_main, self.endpoint, wid, self.security, self.host, o.ports)
-            self.born[wid] = region.stage_current()   # the version its copies reflect until its first task
+            self.born[wid] = region.version_current()   # the version its copies reflect until its first task
         else:
             args = ["--driver", self.endpoint, "--advertise", self.host] + \
                 ([] if self.security.encrypt else ["--no-encrypt"])
@@ -230,7 +230,7 @@ class WorkerPool:
         # A forked worker's copies reflect the version it was forked at, which a
         # version begun before its HELLO may have changed; one that joined has
         # fetched nothing yet.
-        seen = self.born.pop(wid, region.stage_current())
+        seen = self.born.pop(wid, region.version_current())
         mode = info.get("same_host") if isinstance(info.get("same_host"), dict) else {}
         same_host = {"mode": "map" if mode.get("mode") == "map" else "fetch", "reason": str(mode.get("reason", ""))[:500]}
         if self.opts.same_host == "map" and same_host["mode"] == "fetch":

@@ -76,7 +76,7 @@ class Shipping:
         rel = portable.driver()
         rel.note_changed(region.dirty_pages())
         try:
-            changed = rel.prepare(roots, region.stage_current() + 1, bring_in=True,
+            changed = rel.prepare(roots, region.version_current() + 1, bring_in=True,
                                   seeds_agree=all(w.hash_ok for w in spawned))
         except errors.NotShareable:
             return
@@ -115,7 +115,7 @@ class Shipping:
                 f"driver's address. Keep such data in region arrays, which every worker reads")
         unseeded = [w.decode() for w in others if not workers[w].hash_ok]
         try:
-            changed = portable.driver().prepare(roots, region.stage_current(), seeds_agree=not unseeded)
+            changed = portable.driver().prepare(roots, region.version_current(), seeds_agree=not unseeded)
         except errors.NotShareable as err:
             if unseeded and "PYTHONHASHSEED" in str(err):
                 raise errors.NotShareable(f"{err} (worker(s) {', '.join(unseeded)} hash differently)") from None

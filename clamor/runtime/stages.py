@@ -591,7 +591,7 @@ class StageRunner:
         versions they were made at for re-runs of the stages so far."""
         if self.closed:
             return
-        self._lineage.unpersist(cid, until=region.stage_current() + 1)
+        self._lineage.unpersist(cid, until=region.version_current() + 1)
         self._pool.send_all(b"DROP", pickle.dumps([("cache", cid)]))
 
     def _drop_restored(self):

@@ -47,8 +47,8 @@ class VersionKeeper:
         """Begin a version and return its number.  ``relocated``: pages
         whose relocation lists changed at it (workers drop them as if
         changed).  Its list is kept if pages changed, or ``always``."""
-        sid = region.stage_current() + 1
-        changed = region.stage_begin(sid)
+        sid = region.version_current() + 1
+        changed = region.version_begin(sid)
         if changed.size:
             portable.driver().note_changed(changed)   # (a root whose bytes changed is walked again)
             serialize.note_changed(changed)           # share()'s verdicts that rest on what changed
@@ -113,7 +113,7 @@ def change_version(version, pages, release=None):
         release()
     if len(pages):
         region.invalidate(pages)
-    region.set_stage(version)
+    region.set_version(version)
 
 
 class VersionGate:
