@@ -561,3 +561,21 @@ def test_a_cluster_started_and_closed_inside_a_heap_block():
         print(json.dumps({"inside": inside, "got": got, "want": int(a.sum()), "lost": lost}))
         """, timeout=60)
     assert out["inside"] and out["got"] == out["want"] and out["lost"] == 0, out
+
+
+def test_a_heartbeat_timeout_under_a_second_loses_no_busy_worker():
+    """Workers beat at a quarter of the Cluster's heartbeat_timeout (at most
+    once a second): with a time-out of 0.4 s, tasks of 1.5 s run on forked
+    and spawned workers and none is lost.  (They beat once a second, and
+    every worker was lost while its task ran.)"""
+    out, _ = run_script(PRELUDE + """
+out = {}
+for how in ("fork", "spawn"):
+    with clamor.Cluster(workers=2, start_method=how, progress=None, heartbeat_timeout=0.4) as cl:
+        cl.run(lambda: None)
+        got = cl.parallelize(range(4), 2).map(lambda x: (time.sleep(1.5), x * 2)[1]).collect()
+        out[how] = {"lost": cl.stats()["recovery"]["workers_lost"], "right": got == [0, 2, 4, 6]}
+print(json.dumps(out))
+""", timeout=120)
+    for how in ("fork", "spawn"):
+        assert out[how] == {"lost": 0, "right": True}, out

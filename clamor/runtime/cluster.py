@@ -144,7 +144,8 @@ class Cluster:
 
     ``workers`` defaults to ``os.cpu_count()`` (to 0 with ``remote``).  ``replication``:
     "two-choices" (default), "random" or "off" (peers serving hot pages).
-    ``heartbeat_timeout``: seconds of silence after which a worker is lost.
+    ``heartbeat_timeout``: seconds of silence after which a worker is lost
+    (workers beat at a quarter of it, at most once a second).
     ``start_timeout``: seconds to wait for workers to start.  Bad settings
     raise ConfigError.  One Cluster may be open in a process at a time.
     """

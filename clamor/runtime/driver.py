@@ -62,16 +62,25 @@ def read_join(frame):
     return {"pid": int(body["pid"]), "pidns": body.get("pidns"), "hash": body.get("hash"), "base": body.get("base")}
 
 
-def welcome(pages, wid=None, version=None, same_host=None):
+def heartbeat_interval(timeout):
+    """Seconds between a worker's heartbeats for a driver that loses a
+    worker silent ``timeout`` seconds: a quarter of it, at most 1 s (a
+    driver with a time-out under 1 s lost idle workers that beat once a
+    second)."""
+    return min(1.0, max(0.01, float(timeout) / 4))
+
+
+def welcome(pages, wid=None, version=None, same_host=None, heartbeat=None):
     """The WELCOME that answers a JOIN, as bytes: where this driver serves
     its pages (``pages``), who it is (pid, PID namespace, str hash digest,
     images, region base), the worker's id ``wid`` (None where the
     connection names it), the ``version`` its first tasks read at (None:
     each task names its own) and ``same_host`` (what a worker on this host
-    needs to map the driver's pages, or None)."""
+    needs to map the driver's pages, or None) and ``heartbeat``, the seconds
+    between the worker's heartbeats (None: 1 s)."""
     return json.dumps({"wid": wid, "pages": pages, "pid": os.getpid(), "pidns": pid_namespace(),
                        "hash": portable.hash_digest(), "images": images.loaded(), "base": region.base(),
-                       "map": same_host, "version": version}).encode()
+                       "map": same_host, "version": version, "heartbeat": heartbeat}).encode()
 
 
 def read_leave(frame):

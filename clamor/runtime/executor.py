@@ -91,8 +91,9 @@ class FetchFailed(Exception):
 class Service(threading.Thread):
     """Serves blocks to peers and sends heartbeats."""
 
-    def __init__(self, ctx, store, driver, wid, security, guard, bind):
+    def __init__(self, ctx, store, driver, wid, security, guard, bind, heartbeat=1.0):
         super().__init__(name="clamor-blocks", daemon=True)
+        self.every = heartbeat      # seconds between heartbeats (the driver's WELCOME says)
         self.store = store
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
@@ -111,13 +112,13 @@ class Service(threading.Thread):
         last = 0.0
         while not self.stopped.is_set():
             now = time.monotonic()
-            if now - last >= 1.0:
+            if now - last >= self.every:
                 try:
                     self.hb.send_multipart([b"HB", self.wid], flags=zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
                 last = now
-            if not self.sock.poll(250):
+            if not self.sock.poll(max(1, min(250, int(self.every * 1000)))):
                 continue
             frames = self.sock.recv_multipart()
             if len(frames) != 3 or frames[1] != b"GET":
@@ -205,7 +206,8 @@ class Runtime:
     check the driver's process by PID; the connection must be made within
     that many seconds."""
 
-    def __init__(self, driver, wid, security, link_grace=None, blocks="tcp://127.0.0.1:*", slots=None):
+    def __init__(self, driver, wid, security, link_grace=None, blocks="tcp://127.0.0.1:*", slots=None,
+                 heartbeat=1.0):
         self.driver = driver
         self.wid = wid
         self.security = security
@@ -221,7 +223,7 @@ class Runtime:
         self.dead = set()                  # block endpoints of peers the driver declared lost
         self.stopping = False              # a STOP came: queued tasks are not run
         self.slots = slots
-        self.service = Service(self.ctx, self.store, driver, wid, security, self.guard, blocks)
+        self.service = Service(self.ctx, self.store, driver, wid, security, self.guard, blocks, heartbeat)
         self.guard.start()
         self.endpoint = self.service.endpoint
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -477,7 +479,7 @@ def counters():
             "diff_wire": st["diff_wire_bytes"], "diff_pages": st["diff_pages"]}
 
 
-def worker_main(driver, wid, security, host, ports="*"):
+def worker_main(driver, wid, security, host, ports="*", heartbeat=1.0):
     """What a forked worker runs (clamor.runtime.liveness.fork does the rest)."""
     # Every object inherited at fork goes to the collector's permanent
     # generation: region objects among them have their list links in region
@@ -485,4 +487,4 @@ def worker_main(driver, wid, security, host, ports="*"):
     # never walk or relink them.
     gc.freeze()
     code.note_forked()
-    Runtime(driver, wid, security, blocks=f"tcp://{host}:{ports}").loop()
+    Runtime(driver, wid, security, blocks=f"tcp://{host}:{ports}", heartbeat=heartbeat).loop()

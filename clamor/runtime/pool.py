@@ -28,7 +28,7 @@ from .. import errors
 from ..memory import portable, region, samehost
 from ..memory.hooks import prepare_fork
 from . import code, liveness
-from .driver import read_join, read_leave, welcome
+from .driver import heartbeat_interval, read_join, read_leave, welcome
 from .executor import worker_main
 from .liveness import pid_alive, shares_pids
 
@@ -123,7 +123,8 @@ class WorkerPool:
             for obj in prepare_fork():
                 self.held.setdefault(id(obj), obj)
             code.note_fork()
-            pid = liveness.fork(worker_main, self.endpoint, wid, self.security, self.host, o.ports)
+            pid = liveness.fork(worker_main, self.endpoint, wid, self.security, self.host, o.ports,
+                                heartbeat_interval(o.heartbeat_timeout))
             self.born[wid] = region.version_current()   # the version its copies reflect until its first task
         else:
             args = ["--driver", self.endpoint, "--advertise", self.host] + \
@@ -199,7 +200,8 @@ class WorkerPool:
         self.join_info[wid] = {"hash_ok": body["hash"] == portable.hash_digest(),
                                "same_base": base is None or base == region.base()}
         self.sock.send_multipart([ident, b"WELCOME", welcome(self.page_endpoint, wid=wid.decode(),
-                                  same_host=samehost.info() if self.opts.same_host == "map" else None)])
+                                  same_host=samehost.info() if self.opts.same_host == "map" else None,
+                                  heartbeat=heartbeat_interval(self.opts.heartbeat_timeout))])
 
     def left(self, frame):
         """A welcomed worker that will not join after all (its images differ

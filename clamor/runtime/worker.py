@@ -268,10 +268,13 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
         gc.freeze()
         blocks = f"tcp://{host}:{block_port or ports or '*'}"
         alive = driver_check(welcome)
+        every = welcome.get("heartbeat")
+        every = float(every) if isinstance(every, (int, float)) and 0.01 <= every <= 60 else 1.0
         if alive is not None:
-            rt = Runtime(driver, welcome["wid"].encode(), sec, blocks=blocks, slots=slots)
+            rt = Runtime(driver, welcome["wid"].encode(), sec, blocks=blocks, slots=slots, heartbeat=every)
         else:   # the connection tells (clamor/runtime/liveness.py)
-            rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout, blocks=blocks, slots=slots)
+            rt = Runtime(driver, welcome["wid"].encode(), sec, link_grace=timeout, blocks=blocks, slots=slots,
+                         heartbeat=every)
             alive = rt.link
         rt.loop(alive)
     finally:
