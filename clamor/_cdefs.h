@@ -182,6 +182,7 @@ long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
 int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                          uintptr_t extents_out, uintptr_t outside_out);
 long clamor_py_own_keys(uintptr_t root, long limit);
+long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys);
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
                           size_t ndirty, int recheck, int *shared);

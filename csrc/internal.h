@@ -659,6 +659,11 @@ int cl_py_owns_keys(struct _object *d);
  * not their own yet, each held, into *todo (the caller drops them and frees
  * it).  0, or -ENOMEM. */
 int cl_py_walk_needing_keys(struct _object *root, long limit, struct cl_py_stack *todo);
+/* The walk of clamor_py_rekey, the GIL held: the exact region dicts
+ * reachable from root as above that hold one of keys[0..nkeys) (addresses,
+ * ascending) as a key, each held, into *todo.  0, or -ENOMEM. */
+int cl_py_walk_holding_keys(struct _object *root, long limit, const uintptr_t *keys, size_t nkeys,
+                            struct cl_py_stack *todo);
 
 /* ---- pyextents.c: what a reader of an object follows pointers from ----- */
 
@@ -689,6 +694,11 @@ int cl_py_has_extents(struct _object *o);
 /* walk._own_keys for every region instance of a plain class reachable from
  * root, in one heap block: the conversions made, or a negative errno. */
 long clamor_py_own_keys(uintptr_t root, long limit);
+/* promote.rekey for the exact region dicts reachable from root that hold
+ * one of the strs at keys[0..nkeys) as a key: each gets, in one heap block,
+ * one region copy of each such key in its place, its order kept.  The
+ * (dict, key) pairs replaced, or a negative errno. */
+long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys);
 
 /* ---- pyrecheck.c: what a recheck of the walk reads ---------------------- */
 

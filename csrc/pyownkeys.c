@@ -7,13 +7,20 @@
  * the region too).  clamor_py_own_keys() then has the same walk
  * collect every such instance reachable (cl_py_walk_needing_keys) and gives
  * each, in one heap block, a region dict with a keys table of its own, as
- * walk._own_keys would; the caller walks again.  The GIL is held throughout.
+ * walk._own_keys would; the caller walks again.
+ *
+ * A dict whose keys are strs outside the region that no worker inherits (an
+ * attribute name compiled into a class made before any Cluster, held by
+ * every instance's dict) gets region copies of them from clamor_py_rekey(),
+ * as promote.rekey gives them, one copy of each key for all dicts.  The GIL
+ * is held throughout.
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -114,6 +121,97 @@ long clamor_py_own_keys(uintptr_t root, long limit) {
     free(todo.tag);
     PyGILState_Release(g);
     return rc;
+}
+
+/* A new str equal to the str k, or NULL (no memory). */
+static PyObject *copy_str(PyObject *k) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(k);
+    PyObject *c = PyUnicode_New(n, PyUnicode_MAX_CHAR_VALUE(k));
+    if (!c) {
+        PyErr_Clear();
+        return NULL;
+    }
+    memcpy(PyUnicode_DATA(c), PyUnicode_DATA(k), (size_t)n * PyUnicode_KIND(k));
+    return c;
+}
+
+/* Refill the dict d in place, in order, each key found in keys[0..n)
+ * (sorted) replaced by its copy; items: room for 2 * len(d) objects.  The
+ * keys replaced, or -1: no memory for an item, and d holds those before it. */
+static long refill(PyObject *d, const uint64_t *keys, PyObject *const *copies, size_t n, PyObject **items) {
+    Py_ssize_t pos = 0, m = 0;
+    PyObject *k, *v;
+    long replaced = 0;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (keys[mid] < (uint64_t)(uintptr_t)k) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < n && keys[lo] == (uint64_t)(uintptr_t)k) {
+            k = copies[lo];
+            replaced++;
+        }
+        Py_INCREF(k);
+        Py_INCREF(v);
+        items[2 * m] = k;
+        items[2 * m + 1] = v;
+        m++;
+    }
+    PyDict_Clear(d);
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (!failed && PyDict_SetItem(d, items[2 * i], items[2 * i + 1]) < 0) failed = 1;
+        Py_DECREF(items[2 * i]);
+        Py_DECREF(items[2 * i + 1]);
+    }
+    if (failed) PyErr_Clear();
+    return failed ? -1 : replaced;
+}
+
+/* keys: the addresses of exact strs of more than one character, ascending,
+ * each held by the caller.  Driver, before a stage's version begins (the
+ * dicts are written); Python's allocators wrapped (hooks.install).  A copy
+ * made outside the region (it cannot be, but for a failed block) stops it
+ * with -EFAULT before any dict is touched. */
+long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct cl_py_stack todo = {0};
+    long total = 0;
+    PyObject **copies = calloc(nkeys ? nkeys : 1, sizeof *copies), **items = NULL;
+    long rc = copies ? cl_py_walk_holding_keys((PyObject *)root, limit, (const uintptr_t *)keys, nkeys, &todo)
+                     : -ENOMEM;
+    Py_ssize_t most = 0;
+    for (size_t i = 0; i < todo.n; i++)
+        if (PyDict_GET_SIZE(todo.item[i]) > most) most = PyDict_GET_SIZE(todo.item[i]);
+    if (!rc && todo.n && !(items = malloc(2 * (size_t)most * sizeof *items + 1))) rc = -ENOMEM;
+    if (!rc && todo.n) {
+        int collecting = PyGC_Disable();
+        int err = clamor_heap_enter();
+        if (err) rc = -err;
+        for (size_t i = 0; !rc && i < nkeys; i++) {
+            PyObject *k = (PyObject *)(uintptr_t)keys[i];
+            if (!PyUnicode_CheckExact(k) || PyUnicode_GET_LENGTH(k) < 2) rc = -EINVAL;
+            else if (!(copies[i] = copy_str(k))) rc = -ENOMEM;
+            else if (!cl_in_region_span((uintptr_t)copies[i], (size_t)Py_TYPE(copies[i])->tp_basicsize)) rc = -EFAULT;
+        }
+        for (size_t i = 0; !rc && i < todo.n; i++) {
+            long r = refill(todo.item[i], keys, copies, nkeys, items);
+            rc = r < 0 ? -ENOMEM : 0;
+            total += r;
+        }
+        if (!err) clamor_heap_exit();
+        if (collecting) PyGC_Enable();
+    }
+    for (size_t i = 0; i < nkeys && copies; i++) Py_XDECREF(copies[i]);
+    for (size_t i = 0; i < todo.n; i++) Py_DECREF(todo.item[i]);
+    free(todo.item);
+    free(todo.tag);
+    free(items);
+    free(copies);
+    PyGILState_Release(g);
+    return rc ? rc : total;
 }
 
 #endif /* CLAMOR_WITH_PYTHON */

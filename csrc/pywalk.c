@@ -304,6 +304,8 @@ struct walk {
     int nclasses;
     int converting;                /* the pass of clamor_py_own_keys (cl_py_walk_needing_keys): collect, never refuse */
     struct cl_py_stack todo;       /* there: the instances whose dicts need keys of their own (held) */
+    const uintptr_t *keys;         /* or of clamor_py_rekey (cl_py_walk_holding_keys): these keys, sorted; */
+    size_t nkeys;                  /* todo then has the exact dicts holding any of them (held) */
     /* clamor_py_walk_tagged: the root's entries tag what is reached through them */
     int tagging, shared;           /* shared: an object with extents reached through two entries */
     int recheck;                   /* walk only the entries listed in dirty (sorted) */
@@ -369,6 +371,7 @@ static int instance(struct walk *w, PyObject *o) {
     if (!inside(a, clamor_py_body_size(a))) return w->converting ? OK : FALLBACK;
     if (!cl_py_owns_keys(cl_py_instance_dict(o))) {
         if (!w->converting) return NEEDS_KEYS;
+        if (w->nkeys) goto referents;
         Py_INCREF(o);
         if (push(&w->todo, o) < 0) {
             Py_DECREF(o);
@@ -377,12 +380,37 @@ static int instance(struct walk *w, PyObject *o) {
     } else if (!w->converting && cl_py_weaklist_head(o)) {
         return FALLBACK; /* (hidden.note's, when it leads out of the region) */
     }
+referents:
     /* the collector's referents, as gc.get_referents gives the Python walk:
      * the class, and the dict or the values table */
     if (Py_TYPE(o)->tp_traverse(o, visit_push, &w->st) != 0) return NOMEM;
     if (w->converting) return OK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
     return w->e && cl_py_instance_extents(o, w->e) < 0 ? NOMEM : OK;   /* (no call when none are wanted) */
+}
+
+/* Does the exact dict o hold one of w->keys (by identity) as a key? */
+static int holds_key(const struct walk *w, PyObject *o) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(o, &pos, &k, &v)) {
+        size_t lo = 0, hi = w->nkeys;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (w->keys[mid] < (uintptr_t)k) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < w->nkeys && w->keys[lo] == (uintptr_t)k) return 1;
+    }
+    return 0;
+}
+
+/* Push o onto st, held: OK, or NOMEM. */
+static int hold(struct cl_py_stack *st, PyObject *o) {
+    Py_INCREF(o);
+    if (push(st, o) == 0) return OK;
+    Py_DECREF(o);
+    return NOMEM;
 }
 
 static int visit(struct walk *w, PyObject *o) {
@@ -404,7 +432,7 @@ static int visit(struct walk *w, PyObject *o) {
                                cl_py_to_hide(o, &weak, &info)))
             return FALLBACK;
         if (children(o, &w->st) < 0) return NOMEM;
-        if (w->converting) return OK;
+        if (w->converting) return w->nkeys && PyDict_CheckExact(o) && holds_key(w, o) ? hold(&w->todo, o) : OK;
         if (w->portable && portable_words(w, o) != OK) return NOMEM;
         return w->e && cl_py_extents_of(o, w->e) < 0 ? NOMEM : OK;
     }
@@ -494,6 +522,19 @@ static void walk_free(struct walk *w) {
  * The instances found go to *todo, held; the caller drops them. */
 int cl_py_walk_needing_keys(PyObject *root, long limit, struct cl_py_stack *todo) {
     struct walk w = {.limit = limit, .converting = 1};
+    int rc = walk_from(&w, root) == NOMEM ? -ENOMEM : 0;
+    *todo = w.todo;
+    w.todo = (struct cl_py_stack){0};
+    walk_free(&w);
+    return rc;
+}
+
+/* The walk of clamor_py_rekey (pyownkeys.c): it collects, never refuses.
+ * The exact region dicts found holding any of keys[0..nkeys) (sorted) go
+ * to *todo, held; the caller drops them. */
+int cl_py_walk_holding_keys(PyObject *root, long limit, const uintptr_t *keys, size_t nkeys,
+                            struct cl_py_stack *todo) {
+    struct walk w = {.limit = limit, .converting = 1, .keys = keys, .nkeys = nkeys};
     int rc = walk_from(&w, root) == NOMEM ? -ENOMEM : 0;
     *todo = w.todo;
     w.todo = (struct cl_py_stack){0};

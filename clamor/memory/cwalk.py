@@ -65,6 +65,24 @@ def c_pass(run, obj, limit, convert=True):
     return rc
 
 
+def rekey(obj, limit, keys):
+    """promote.rekey in C for the exact region dicts reachable from ``obj``
+    that hold one of the strs ``keys`` (outside the region, more than one
+    character) as a key: one region copy of each key, in place of it in
+    each such dict (csrc/pyownkeys.c, clamor_py_rekey).  The (dict, key)
+    pairs replaced, counted as the Python walk counts its moves."""
+    from . import hooks
+    if not hooks._installed:
+        hooks.install()     # (the block needs Python's allocators wrapped)
+    addrs = np.array(sorted({id(k) for k in keys}), dtype=np.uint64)
+    n = lib.clamor_py_rekey(id(obj), limit, ffi.from_buffer("uint64_t[]", addrs), len(addrs))
+    if n < 0:
+        raise MemoryError(f"the keys of the dicts could not be copied into the region (errno {-n})")
+    conversions[0] += n
+    brought[0] += n
+    return n
+
+
 def walk_plain(obj, limit, reads, convert, judge):
     """share()'s walk of plain data and of instances of plain classes in C
     (csrc/pywalk.c): True when every object reachable is plain data or such

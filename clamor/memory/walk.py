@@ -647,7 +647,26 @@ def _walk(obj, limit, mode, reads=None, bring_in=True):
 
 def _walk_plain(obj, limit, reads=None, convert=True):
     """share()'s walk in C (cwalk.walk_plain), the objects it met outside
-    the region judged by the Python walk's rules (``_c_outside_ok``)."""
+    the region judged by the Python walk's rules (``_c_outside_ok``).
+    ``convert``: where it meets strs outside the region that the workers
+    would not have (the attribute names of a class made before any Cluster,
+    a key in every instance's dict), the dicts holding them as keys get
+    region copies (cwalk.rekey, the Python walk's ``promote.Rekey`` in C),
+    and it walks again."""
+    met = []
+
+    def judge(objs, limit, reads):
+        met[:] = objs
+        return _c_outside_ok(objs, limit, reads)
+
+    if cwalk.walk_plain(obj, limit, reads, convert, judge):
+        return True
+    if not convert:
+        return False
+    amap = _Walk().amap
+    strays = [o for o in met if type(o) is str and len(o) > 1 and not (_ok_outside(o) or amap.in_image(id(o)))]
+    if not strays or not cwalk.rekey(obj, limit, strays):
+        return False
     return cwalk.walk_plain(obj, limit, reads, convert, _c_outside_ok)
 
 
