@@ -1,31 +1,28 @@
 #!/usr/bin/env python3
 """The benchmarks' harness: the systems, the child protocol and the report.
 
-SYSTEMS.  ``start(system, workers, hosts=None, **options)`` is the one
-place clamor, Spark, Dask and Ray are started: a context manager that
-yields the system's handle (a Cluster, a SparkContext, a Dask Client, the
-ray module) and stops every process it started, also on an error.
-Without ``hosts``, W single-core workers on this host; with ``hosts``
-(``hosts_for(n, rate)``), one worker per namespace host and the driver in
-the root namespace.  What each runs: bench/README.md, "The peers".  A
-system that cannot run here raises ``PeerMissing`` saying why.
+SYSTEMS.  ``start(system, workers, hosts=None, **options)`` starts clamor,
+Spark, Dask or Ray and yields its handle (a Cluster, a SparkContext, a Dask
+Client, the ray module); leaving it stops every process it started.  Without
+``hosts``, W single-core workers on this host; with ``hosts``
+(``hosts_for(n, rate)``), one worker per namespace host, the driver in the
+root namespace (bench/README.md, "The peers").  A system that cannot run
+here raises ``PeerMissing`` saying why.
 
 CHILD PROTOCOL.  Each system runs in a subprocess of its own (``--run
-SYSTEM --out FILE``), one after another: ``run_systems`` in the parent,
-``child_result`` in the child, which writes a JSON dict of figures (or
-``missing``, ``error`` or the workload's own reason).  The parent is the
-children's subreaper: what a child leaves running is killed and named in
-``left_behind``.  Run a peer in a process that is not a clamor driver: a
-process forked from a region's driver attaches to the region.
+SYSTEM --out FILE``): ``run_systems`` in the parent, ``child_result`` in the
+child, which writes a JSON dict of figures or why there are none.  The
+parent is the children's subreaper: what a child leaves running is killed
+and named in ``left_behind``.  A process forked from a region's driver
+attaches to the region: run a peer in a process that is not a driver.
 
-REPORT.  ``parser``, ``med``, ``ratio``, ``smoke_systems`` and
+REPORT.  ``parser``, ``med``, ``ratio``, ``pick_systems``, ``missing`` and
 ``json_line`` (every script's last line; also bench/results/NAME.json).
 
     python bench/_harness.py --selftest [--hosts 2] [--rate 1gbit] [--mib 64] [--systems clamor,spark,dask,ray]
 
-checks each system on fresh namespace hosts (needs root).  This file is
-longer than the house's 600 lines: it is the one home of the four
-systems, on one host and on namespace hosts, and of their stop.
+checks each system on fresh namespace hosts (needs root).  Longer than the
+house's 600 lines: the one home of the four systems and of their stop.
 """
 import argparse
 import contextlib
@@ -80,13 +77,16 @@ def _script():
     return os.path.splitext(os.path.basename(sys.argv[0]))[0]
 
 
-def parser(description, quick, smoke):
+def parser(description, quick, smoke, build=False):
     """A script's ArgumentParser with its two sizes, ``--quick`` and
-    ``--smoke`` (one or neither), ``quick`` and ``smoke`` their help."""
+    ``--smoke`` (one or neither), ``quick`` and ``smoke`` their help; with
+    ``build``, ``--no-build`` (for ``_common.ensure_built``)."""
     ap = argparse.ArgumentParser(description=description)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=quick)
     size.add_argument("--smoke", action="store_true", help=smoke)
+    if build:
+        ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     return ap
 
 
@@ -100,14 +100,33 @@ SMOKE_LEAVES_OUT = {
 
 
 def smoke_systems(systems, named):
-    """(the systems a --smoke run keeps, {system: why left out}).  ``named``:
-    --systems was given on the command line, and then every system stays."""
+    """(the systems a --smoke run keeps, {system: why left out}); every
+    system stays when ``named`` (--systems was given)."""
     if named:
         return list(systems), {}
     out = {s: why for s, why in SMOKE_LEAVES_OUT.items() if s in systems}
     for s, why in out.items():
         print(f"smoke: {s} {why}", flush=True)
     return [s for s in systems if s not in out], out
+
+
+def pick_systems(ap, args, known, default):
+    """The systems ``--systems`` asks for (``default`` without it), each
+    one of ``known``, less what --smoke leaves out: (systems, {system: why
+    left out})."""
+    named = args.systems is not None
+    asked = [s for s in (args.systems if named else ",".join(default)).split(",") if s]
+    if set(asked) - set(known):
+        ap.error(f"--systems: unknown {sorted(set(asked) - set(known))}; choose among {','.join(known)}")
+    return smoke_systems(asked, named) if args.smoke else (asked, {})
+
+
+def missing(system, res, left_out=None):
+    """Why ``system`` has no figures: ``res`` (its child's result) is None
+    when it was not run, left out by --smoke (``left_out``) or not asked for."""
+    if res is None:
+        return (left_out or {}).get(system, "not requested (--systems)")
+    return why_not(res) or "not run"
 
 
 def _commit():
@@ -205,12 +224,16 @@ def why_not(res):
     return res.get("missing") or res.get("wrong") or res.get("error")
 
 
-def child_args(ap, systems, sized_for=None, timeout=3600):
-    """A script's flags for its systems: ``--timeout`` (seconds a child may
+def child_args(ap, systems, sized_for=None, timeout=3600, default=None, note=""):
+    """A script's flags for its systems: ``--systems`` (``default``, a
+    list; ``note`` ends its help), ``--timeout`` (seconds a child may
     take); with ``sized_for`` (what Spark's memory must hold, in words)
     ``--spark-executor-mb`` and ``--spark-driver-memory`` (``spark_memory``
     gives their defaults); and the child protocol's own, hidden: ``--run
     SYSTEM`` (one of ``systems``), ``--data DIR``, ``--out FILE``."""
+    if default is not None:
+        ap.add_argument("--systems", default=None,
+                        help=f"which to run, comma-separated (default {','.join(default)}{note})")
     if sized_for:
         ap.add_argument("--spark-executor-mb", type=int, default=None,
                         help=f"heap of each executor JVM, MiB (default: 2 x {sized_for} + 1024)")
@@ -294,10 +317,13 @@ def run_systems(systems, argv, d, timeout, load=None, check=None, preexec=True, 
     dict}.  ``load(system, res, out)`` reads what the child left beside
     ``out`` (when it ran); ``check(system, res)`` may stop the script.  This
     process is the children's subreaper; what was below it before is not
-    touched."""
+    touched.  ``d`` None: a temporary directory, removed after."""
     results = {}
     if not systems:
         return results
+    if d is None:
+        with tempfile.TemporaryDirectory(prefix="bench-", ignore_cleanup_errors=True) as tmp:
+            return run_systems(systems, argv, tmp, timeout, load, check, preexec, heading)
     subreaper()
     before = {p.pid for p in descendants()}
     for s in systems:
@@ -358,6 +384,10 @@ def _spark_local(workers, executor_mb=2048, driver_memory="4g", app="clamor-benc
     sc = pyspark.SparkContext(conf=c)
     sc.setLogLevel("ERROR")
     try:
+        end = time.monotonic() + START_TIMEOUT
+        while "spark.master" not in (conf or {}) and time.monotonic() < end and \
+                len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < workers:
+            time.sleep(0.2)   # local-cluster's executors register after the context is up
         yield sc
     finally:
         gateway = getattr(sc, "_gateway", None)
@@ -459,6 +489,31 @@ def ray_wait_workers(ray, workers, timeout=120):
     while len(pids) < workers and time.monotonic() < end:
         pids |= set(ray.get([_pid.remote(0.3) for _ in range(workers)]))
     return pids
+
+
+def peer_facts(system, h, ray_pids=()):
+    """What a started peer runs on, after its warm-up: (a line to print,
+    {"version", "processes"}); ``ray_pids``: ``ray_wait_workers``'s."""
+    if system == "spark":
+        n = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+        return f"Spark {h.version}, {h.master}, {n} executors", {"version": h.version, "processes": n}
+    if system == "dask":
+        import distributed
+
+        n = len(h.scheduler_info(n_workers=-1)["workers"])
+        return f"Dask {distributed.__version__}, {n} workers", {"version": distributed.__version__, "processes": n}
+    n = len(ray_pids)
+    return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 # ---- the registry ------------------------------------------------------------------------

@@ -5,7 +5,6 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 "geo.py".
 """
 import functools
-import json
 import os
 import pickle
 import shutil
@@ -20,7 +19,7 @@ import numpy as np
 
 import _harness
 from _common import Spawned, bounds, die_with_parent, parse_size
-from _harness import json_line, parser, smoke_systems
+from _harness import json_line, parser
 from clamor.demo import geo
 
 PEERS = ("spark", "dask", "ray")
@@ -322,30 +321,16 @@ def job(system, h, tree, records, parts):
     return out, t1 - t0, t2 - t0
 
 
-def describe(system, h, ray_pids):
-    """What the peer runs on, after the warm-up: (one line, figures)."""
-    if system == "spark":
-        n = len(_harness.executor_pids(h))
-        return f"Spark {h.version}, {h.master}, {n} executor JVMs", {"version": h.version, "processes": n}
-    if system == "dask":
-        import distributed
-
-        n = len(h.scheduler_info()["workers"])
-        return f"Dask {distributed.__version__}, {n} workers", {"version": distributed.__version__, "processes": n}
-    n = len(ray_pids)
-    return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
-
-
 def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     """Warm-up, then the timed job: (answers, figures)."""
     parts = split(queries, cfg["partitions"])
     # Ray starts its workers lazily: have W of them before the warm-up
-    pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else None
+    pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else ()
     small = np.ascontiguousarray(records[:WARM_RECORDS])
     t0 = time.perf_counter()
     job(system, h, geo.build_tree(small), small, [q[:WARM_QUERIES] for q in parts])
     warm_s = time.perf_counter() - t0
-    line, figures = describe(system, h, pids)
+    line, figures = _harness.peer_facts(system, h, pids)
     print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
     links = _harness.LinkWindow(hosts)
     out, bcast_s, total_s = job(system, h, tree, records, parts)
@@ -360,8 +345,7 @@ def write_data(d, blob, queries, cfg):
     with open(os.path.join(d, "data.pkl"), "wb") as f:
         f.write(blob)
     np.save(os.path.join(d, "queries.npy"), queries)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
+    _harness.write_json(os.path.join(d, "config.json"), cfg)
 
 
 def child(system, d, out):
@@ -370,8 +354,7 @@ def child(system, d, out):
     die_with_parent()
 
     def run():
-        with open(os.path.join(d, "config.json")) as f:
-            cfg = json.load(f)
+        cfg = _harness.read_json(os.path.join(d, "config.json"))
         with hosts_of(cfg) as hosts, start(system, cfg, hosts) as h:   # workers before the data, as in geo.py
             with open(os.path.join(d, "data.pkl"), "rb") as f:
                 tree, records = pickle.load(f)
@@ -519,10 +502,9 @@ def main():
                     help="clamor and the peers with one worker per namespace host (the broadcast and Redis "
                          "baselines stay on one host and are left out unless named in --systems)")
     ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
-    ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default all: "
-                                                    + ",".join(SYSTEMS) + "; with --netns clamor,spark,dask,ray)")
     ap.add_argument("--seed", type=int, default=0)
-    _harness.child_args(ap, PEERS, "the pickled tree and records")
+    _harness.child_args(ap, PEERS, "the pickled tree and records", default=SYSTEMS,
+                        note="; with --netns clamor,spark,dask,ray; clamor always runs")
     args = ap.parse_args()
     if args.run:
         return child(args.run, args.data, args.out)
@@ -536,16 +518,11 @@ def main():
     args.redis_queries = min(args.redis_queries, args.queries)
     if w < 1 or args.scale < 1 or args.redis_queries < 1:
         ap.error("--workers, --scale, --queries and --redis-queries must be positive")
-    named = args.systems is not None
-    if args.systems is None:
-        args.systems = ",".join(s for s in SYSTEMS if not args.netns or s not in ("broadcast", "redis"))
-    systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
-    if set(systems) - set(SYSTEMS):
-        ap.error(f"--systems: choose among {','.join(SYSTEMS)}")
-    args.smoke_left_out = {}
+    systems, args.smoke_left_out = _harness.pick_systems(
+        ap, args, SYSTEMS, [s for s in SYSTEMS if not args.netns or s not in ("broadcast", "redis")])
+    systems = ["clamor"] + [s for s in systems if s != "clamor"]
     if args.smoke:
-        systems, args.smoke_left_out = smoke_systems(systems, named)
-        if "redis" in systems and not named and shutil.which("redis-server") is None:
+        if "redis" in systems and args.systems is None and shutil.which("redis-server") is None:
             args.smoke_left_out["redis"] = "left out under --smoke: redis-server is not installed"
             print("smoke: redis " + args.smoke_left_out["redis"], flush=True)
             systems.remove("redis")
