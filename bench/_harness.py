@@ -1045,24 +1045,22 @@ def _send(system, h, n, arr):
 
 
 def _selftest_run(system, n, rate, mib):
-    """One system on ``n`` fresh hosts; prints lines and a JSON line."""
+    """``--run SYSTEM``: one system on ``n`` fresh hosts; its figures."""
     import zlib
 
     import numpy as np
 
     from clamor.testing import nethosts
 
-    out = {"system": system, "hosts": n, "rate": rate, "mib": mib}
+    out = {"hosts": n, "rate": rate, "mib": mib, "pid": os.getpid()}
     with nethosts.Hosts(n, rate=rate) as hosts:
-        names = [h.name for h in hosts]
         t0 = time.perf_counter()
         with start(system, n, hosts, **({"executor_mb": 1024} if system == "spark" else {})) as h:
             out["start_s"] = round(time.perf_counter() - t0, 2)
             ran = _per_worker(system, h, n, where)
             expect = {(str(x.index), x.addr) for x in hosts}
             got = {(r["host"], r["ip"]) for r in ran}
-            out["tasks"] = sorted(got)
-            out["hosts_ok"] = len(ran) == n and got == expect
+            out.update(tasks=sorted(got), hosts_ok=len(ran) == n and got == expect)
             print(f"{system}: started in {out['start_s']} s; one task per worker ran on {sorted(got)}: "
                   f"{'ok' if out['hosts_ok'] else 'WRONG, expected ' + str(sorted(expect))}", flush=True)
             arr = np.random.default_rng(0).random((mib << 20) // 8)
@@ -1083,72 +1081,50 @@ def _selftest_run(system, n, rate, mib):
                   f"into the hosts (all links); every worker read it whole: {'ok' if out['send_ok'] else 'WRONG'}", flush=True)
             t1 = time.perf_counter()
         out["stop_s"] = round(time.perf_counter() - t1, 2)
-        run_tag = os.environ.get("CLAMOR_PEERHOSTS_RUN")      # set by --selftest for this run
-        left = [f"{p.name()}({p.pid})" for p in _tagged("CLAMOR_PEERHOSTS_RUN", run_tag, exclude={os.getpid()})
-                ] if run_tag else []
-        left += [f"pid {pid} in {x.name}" for x in hosts for pid in x.pids()]
-        out["left_after_stop"] = left
-    gone = not any(name in nethosts._netns_names() for name in names)
-    out["namespaces_gone"] = gone
-    print(f"{system}: stopped in {out['stop_s']} s; processes left: {left or 'none'}; "
-          f"namespaces gone: {gone}", flush=True)
-    print(json.dumps(out), flush=True)
-    return 0 if out["hosts_ok"] and out["send_ok"] and not left and gone else 1
+        out["left_after_stop"] = [f"pid {pid} in {x.name}" for x in hosts for pid in x.pids()]
+    print(f"{system}: stopped in {out['stop_s']} s; left in the hosts: {out['left_after_stop'] or 'none'}", flush=True)
+    return out
 
 
 def _selftest(args):
+    """Each system in a child of its own (the child protocol); a table, and
+    whether every check held: placement, the array read whole, nothing
+    left running, no namespace left."""
     from clamor.testing import nethosts
 
     ok, reason = nethosts.available()
     if not ok:
         print(f"_harness: network namespaces are not available here: {reason}", file=sys.stderr)
         return 2
-    subreaper()
-    rows, rc = [], 0
-    for system in args.systems.split(","):
-        run = uuid.uuid4().hex
-        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--selftest-run", system, "--hosts",
-                              str(args.hosts), "--rate", args.rate, "--mib", str(args.mib)],
-                             env={**os.environ, "CLAMOR_PEERHOSTS_RUN": run}, stdout=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-        text = p.communicate()[0]
-        sys.stdout.write(text)
-        row = next((json.loads(line) for line in reversed(text.splitlines()) if line.startswith("{")), None)
-        left = [f"{q.name()}({q.pid})" for q in _tagged("CLAMOR_PEERHOSTS_RUN", run)] + reap_descendants()
-        stale = [x for x in nethosts._netns_names() if x.startswith(f"{nethosts.NS_PREFIX}{p.pid}-")]
-        print(f"{system}: after its run: processes left on the machine: {left or 'none'}; "
-              f"namespaces left: {stale or 'none'}; exit status {p.returncode}\n", flush=True)
-        rows.append((system, row, p.returncode, left, stale))
-        if p.returncode != 0 or left or stale:
-            rc = 1
+    argv = [sys.executable, os.path.abspath(__file__), "--hosts", str(args.hosts), "--rate", args.rate,
+            "--mib", str(args.mib)]
+    rows, rc = run_systems(args.systems.split(","), argv, None, args.timeout), 0
     print(f"{'system':8} {'start s':>8} {'send s':>7} {'into MiB':>9} {'out MiB':>8} {'Gbit/s':>7} {'stop s':>7}  checks")
-    for system, row, code, left, stale in rows:
-        if row and row.get("missing"):
-            print(f"{system:8} missing: {row['missing']}")
-        elif not row or "start_s" not in row:
-            print(f"{system:8} failed (exit status {code})")
-        else:
-            checks = "ok" if code == 0 and not left and not stale else "FAILED"
-            print(f"{system:8} {row['start_s']:8.1f} {row['send_s']:7.2f} {row['into_hosts'] / 2**20:9.1f} "
-                  f"{row['out_of_hosts'] / 2**20:8.1f} {row['into_rate_gbit']:7.3f} {row['stop_s']:7.1f}  {checks}")
-    return rc
+    for system, row in rows.items():
+        stale = [x for x in nethosts._netns_names() if x.startswith(f"{nethosts.NS_PREFIX}{row.get('pid')}-")]
+        good = row.get("hosts_ok") and row.get("send_ok") and not row.get("left_after_stop") \
+            and not row["left_behind"] and not stale
+        rc |= not good
+        if why_not(row) or "stop_s" not in row:
+            print(f"{system:8} not run: {why_not(row) or 'no figures'}")
+            continue
+        print(f"{system:8} {row['start_s']:8.1f} {row['send_s']:7.2f} {row['into_hosts'] / 2**20:9.1f} "
+              f"{row['out_of_hosts'] / 2**20:8.1f} {row['into_rate_gbit']:7.3f} {row['stop_s']:7.1f}  "
+              f"{'ok' if good else 'FAILED'}" + (f" (namespaces left: {stale})" if stale else ""))
+    return int(rc)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--selftest", action="store_true", help="start each system on namespace hosts and check it")
-    ap.add_argument("--selftest-run", metavar="SYSTEM", help=argparse.SUPPRESS)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--rate", default="1gbit", help="every host's link, both ways (tc notation)")
     ap.add_argument("--mib", type=int, default=64, help="the array sent to every worker, MiB")
+    child_args(ap, SYSTEMS, timeout=1800)
     args = ap.parse_args(argv)
-    if args.selftest_run:
-        try:
-            return _selftest_run(args.selftest_run, args.hosts, args.rate, args.mib)
-        except PeerMissing as e:
-            print(json.dumps({"system": args.selftest_run, "missing": str(e)}), flush=True)
-            return 2
+    if args.run:
+        return child_result(args.run, args.out, lambda: _selftest_run(args.run, args.hosts, args.rate, args.mib))
     if args.selftest:
         return _selftest(args)
     ap.print_help()

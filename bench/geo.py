@@ -530,19 +530,16 @@ def main():
     import clamor
 
     t_all = time.perf_counter()
-    d = tempfile.mkdtemp(prefix="clamor-geo-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="clamor-geo-", ignore_cleanup_errors=True) as d:
         r = local_systems(args, systems, d, clamor)
         # The peers, each in a subprocess of its own, one after another, once
         # clamor's workers and the baselines' processes are gone.
         peers = _harness.run_systems([s for s in PEERS if s in systems],
                                      [sys.executable, os.path.abspath(__file__), "--data", d], d, args.timeout,
                                      load=load_answers, preexec=False)
-        for p in peers.values():
-            if "answers" in p:
-                p["bad"] = geo.check_equal(r["got_clamor"], p["answers"])
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    for p in peers.values():
+        if "answers" in p:
+            p["bad"] = geo.check_equal(r["got_clamor"], p["answers"])
     return report(args, systems, r, peers, time.perf_counter() - t_all)
 
 
