@@ -38,6 +38,7 @@ import tempfile
 import time
 import traceback
 import uuid
+from unittest import mock
 
 from _common import die_with_parent
 
@@ -258,7 +259,9 @@ def child_result(system, out, run, reasons=()):
     to ``out`` as JSON with ``system``; or why not: ``missing``
     (PeerMissing), the key of ``reasons`` ({exception class: key}) that
     matches, else ``error`` with the traceback.  What is still running
-    below the child is killed and named in ``left_behind``.  Returns 0."""
+    below the child is killed and named in ``left_behind``; the child dies
+    with its parent.  Returns 0."""
+    die_with_parent()
     res = {"system": system}
     try:
         res.update(run())
@@ -578,38 +581,29 @@ def shared(system, h):
 
 # ---- namespace hosts: links, where a task ran ------------------------------------------------
 
-class LinkCounter:
+class Links:
     """Bytes on the hosts' links, the root-side veths' counters: everything
     that crossed (payload, the systems' own messages, TCP/IP headers); a
-    byte from host to host counts on both links."""
+    byte from host to host counts on both links.  ``hosts`` None: one host,
+    no links."""
 
     def __init__(self, hosts):
-        self.veths = [h.veth for h in hosts]
+        self.veths = None if hosts is None else [h.veth for h in hosts]
+        self.start = sum(self.read())
 
     def read(self):
         """(bytes into the hosts, bytes out of them) since the links were made."""
         into = out = 0
-        for v in self.veths:
+        for v in self.veths or ():
             with open(f"/sys/class/net/{v}/statistics/tx_bytes") as f:
                 into += int(f.read())
             with open(f"/sys/class/net/{v}/statistics/rx_bytes") as f:
                 out += int(f.read())
         return into, out
 
-    def total(self):
-        return sum(self.read())
-
-
-class LinkWindow:
-    """Bytes both ways on the hosts' links from its making on: ``bytes()``;
-    None when ``hosts`` is None (one host has no links)."""
-
-    def __init__(self, hosts):
-        self.counter = LinkCounter(hosts) if hosts is not None else None
-        self.start = self.counter.total() if self.counter else 0
-
     def bytes(self):
-        return self.counter.total() - self.start if self.counter else None
+        """Bytes both ways since this object was made; None on one host."""
+        return None if self.veths is None else sum(self.read()) - self.start
 
 
 def where():
@@ -826,21 +820,6 @@ def _clamor_hosts(hosts, **cluster_kwargs):
 
 
 @contextlib.contextmanager
-def _setenv(**env):
-    """This process's environment with ``env`` set, put back on leaving."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def _spark_hosts(hosts, executor_mb=2048, driver_memory="4g", conf=None, app="clamor-bench"):
     """A standalone cluster: a master in the root namespace, one ``Worker
     --cores 1 --memory <executor_mb>m`` per host (run in the foreground by
@@ -870,7 +849,7 @@ def _spark_hosts(hosts, executor_mb=2048, driver_memory="4g", conf=None, app="cl
              "spark.executorEnv.PYTHONPATH": procs.env()["PYTHONPATH"], **(conf or {})}
         # the executors' python is the driver's PYSPARK_PYTHON, read when the context is made
         python = os.environ.get("PYSPARK_PYTHON") or sys.executable
-        with _setenv(PYSPARK_PYTHON=python, SPARK_LOCAL_IP=root), \
+        with mock.patch.dict(os.environ, PYSPARK_PYTHON=python, SPARK_LOCAL_IP=root), \
                 _spark_local(len(hosts), executor_mb, driver_memory, app=app, conf=c) as sc:
             tracker = sc._jsc.sc().statusTracker()
             procs.wait_for(lambda: len(tracker.getExecutorInfos()) - 1 >= len(hosts),
@@ -1065,7 +1044,7 @@ def _selftest_run(system, n, rate, mib):
                   f"{'ok' if out['hosts_ok'] else 'WRONG, expected ' + str(sorted(expect))}", flush=True)
             arr = np.random.default_rng(0).random((mib << 20) // 8)
             crc = zlib.crc32(memoryview(arr).cast("B"))
-            links = LinkCounter(hosts)
+            links = Links(hosts)
             b0 = links.read()
             t = time.perf_counter()
             res = _send(system, h, n, arr)

@@ -374,7 +374,7 @@ def main(argv=None):
         if netns:
             os.environ["CLAMOR_SECRET"] = security.new_secret()   # the workers' too: they inherit it
             hosts = stack.enter_context(_harness.hosts_for(args.workers, args.rate))
-            root, links, nhosts = hosts.root_addr, _harness.LinkCounter(hosts), args.workers
+            root, links, nhosts = hosts.root_addr, _harness.Links(hosts), args.workers
             client = stack.enter_context(_harness.start(
                 "dask", args.workers, hosts, dask_config=_harness.DASK_AMM_OFF,
                 dask_options={"nanny": False, "dashboard": False, "death_timeout": 60}))
@@ -385,7 +385,7 @@ def main(argv=None):
             print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
             client = stack.enter_context(_harness.start("dask", args.workers, dask_config=_harness.DASK_AMM_OFF,
                                                         dask_options={"dashboard_address": None}))
-            root, links, nhosts = None, _harness.LinkCounter([]), 1
+            root, links, nhosts = None, _harness.Links(None), 1
         t = time.perf_counter()
         clamor.dask.attach(client, host=root)
         stack.callback(lambda: clamor.dask.attached() and clamor.dask.detach(client))
@@ -589,8 +589,7 @@ def main(argv=None):
     uc = med([x["s"] for x in urows["clamor"]])
     us = med([x["s"] for x in urows["rescatter"]])
     fig = {
-        "bench": "dask_globals", **part1,
-        "update_speedup_vs_rescatter": us / uc,
+        "bench": "dask_globals", **part1, "update_speedup_vs_rescatter": us / uc,
         "update_clamor_round_s": uc, "update_rescatter_round_s": us,
         "update_rescatter_transfer_s": med([x["scatter_s"] for x in urows["rescatter"]]),
         "update_clamor_round_s_all": [round(x["s"], 4) for x in urows["clamor"]],

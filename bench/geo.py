@@ -332,7 +332,7 @@ def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     warm_s = time.perf_counter() - t0
     line, figures = _harness.peer_facts(system, h, pids)
     print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
-    links = _harness.LinkWindow(hosts)
+    links = _harness.Links(hosts)
     out, bcast_s, total_s = job(system, h, tree, records, parts)
     figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
     return geo.concat(out), figures
@@ -351,7 +351,6 @@ def write_data(d, blob, queries, cfg):
 def child(system, d, out):
     """``geo.py --run SYSTEM``: one peer over the data in ``d``; its figures
     to ``out``, its answers beside it."""
-    die_with_parent()
 
     def run():
         cfg = _harness.read_json(os.path.join(d, "config.json"))
@@ -415,7 +414,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
-            links = _harness.LinkWindow(hosts)
+            links = _harness.Links(hosts)
             t0 = time.perf_counter()
             parts = cl.parallelize(queries, partitions=P) \
                 .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
@@ -632,15 +631,11 @@ def report(args, systems, r, peers, total_s):
         "redis_us_per_query": round(1e6 * redis_q, 3) if "redis_s" in r else None,
         "clamor_bytes": r["clamor_bytes"], "broadcast_bytes": r.get("bcast_bytes"), "clamor_faults": st["faults"],
         "redis_server_us_per_query": round(1e6 * server_q, 3) if "redis_s" in r else None,
-        "redis_radius_km": round(r["radius"], 3) if "redis_s" in r else None,
-        "answers_ok": ok,
+        "redis_radius_km": round(r["radius"], 3) if "redis_s" in r else None, "answers_ok": ok,
         "bytes_ratio": round(r["bcast_bytes"] / r["clamor_bytes"], 2) if "bcast_s" in r else None,
-        "speedup_vs_broadcast": speedup("broadcast"),
-        "speedup_vs_redis": speedup("redis", 2),
-        "speedup_vs_spark": speedup("spark", 2),
-        "speedup_vs_dask": speedup("dask", 2),
-        "speedup_vs_ray": speedup("ray", 2),
-        "time_unit": f"s per batch of {nq:,} queries",
+        "speedup_vs_broadcast": speedup("broadcast"), "speedup_vs_redis": speedup("redis", 2),
+        "speedup_vs_spark": speedup("spark", 2), "speedup_vs_dask": speedup("dask", 2),
+        "speedup_vs_ray": speedup("ray", 2), "time_unit": f"s per batch of {nq:,} queries",
         "hosts": hosts, "rate": args.rate if args.netns else None, "systems": systems, "smoke": args.smoke,
         "systems_run": ["clamor"] + [s for s in SYSTEMS if s != "clamor" and batch.get(s) is not None],
         "clamor_link_bytes": r.get("clamor_link_bytes"),

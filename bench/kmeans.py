@@ -6,13 +6,14 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 """
 import multiprocessing
 import os
+from functools import reduce
 import statistics
 import sys
 import tempfile
 import time
 
 import _harness
-from _common import (MIB, add, array_pages, bounds, die_with_parent, ensure_built, make_points, one_blas_thread, parse_size,
+from _common import (MIB, add, array_pages, bounds, ensure_built, make_points, one_blas_thread, parse_size,
                      partial_sums, update)
 from _harness import json_line, med, parser
 
@@ -37,11 +38,7 @@ def _pool_task(arg):
 
 def baseline_step(pool, parts, c):
     """One iteration: per-chunk partials in the pool, combined in chunk order."""
-    partials = pool.map(_pool_task, [(i, c) for i in range(parts)], chunksize=1)
-    acc = partials[0]
-    for p in partials[1:]:
-        acc = add(acc, p)
-    return update(c, *acc)
+    return update(c, *reduce(add, pool.map(_pool_task, [(i, c) for i in range(parts)], chunksize=1)))
 
 
 # ---- clamor ----------------------------------------------------------------------
@@ -171,10 +168,7 @@ def lloyd(step, init, iters, name):
     for it in range(iters):
         t = time.perf_counter()
         res = step(c)
-        acc = res[0][0]
-        for r in res[1:]:
-            acc = add(acc, r[0])
-        c = update(c, *acc)
+        c = update(c, *reduce(add, (r[0] for r in res)))
         times.append(time.perf_counter() - t)
         read, kernel, cpu = (max(r[1][j] for r in res) for j in range(3))
         slow.append((read, kernel, cpu))
@@ -290,7 +284,6 @@ def peer_child(system, d, out):
     """``kmeans.py --run SYSTEM``: run one peer over the blocks in ``d``;
     write its figures to ``out`` (JSON) and its centroids beside it, or the
     reason it could not run."""
-    die_with_parent()
 
     def run():
         c, rounds, extra = RUNNERS[system](d, _harness.read_json(os.path.join(d, "meta.json")), np.load(os.path.join(d, "init.npy")))

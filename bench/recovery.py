@@ -10,6 +10,7 @@ import statistics
 import sys
 import threading
 import time
+from functools import reduce
 
 from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, partial_sums, update
 from _harness import json_line, parser
@@ -24,11 +25,7 @@ def serial_trajectory(x, init, parts, iters):
     b = bounds(len(x), parts)
     c, out = init, []
     for _ in range(iters):
-        acc = None
-        for i in range(parts):
-            p = partial_sums(x[b[i]:b[i + 1]], c)
-            acc = p if acc is None else add(acc, p)
-        c = update(c, *acc)
+        c = update(c, *reduce(add, (partial_sums(x[b[i]:b[i + 1]], c) for i in range(parts))))
         out.append(c)
     return out
 

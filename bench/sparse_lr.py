@@ -10,7 +10,7 @@ import tempfile
 import time
 
 import _harness
-from _common import die_with_parent, one_blas_thread
+from _common import one_blas_thread
 from _harness import json_line, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
@@ -248,7 +248,7 @@ def run_clamor(d, meta, hosts):
         idx = cl.range(P, partitions=P)
         idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
         n_warm = len(cl.stage_stats())
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
 
         def grads(_):
             return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
@@ -310,7 +310,7 @@ def run_peer(system, d, meta, hosts):
                 return rdd.mapPartitions(lambda it: [part_grad(wh.value, *p) for p in it]).collect()
             return tasks(grad_of, wh, parts)
 
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
         times, losses = train(w, comb, iters, meta["lr"] / meta["points"], publish, grads, retire, _log(system))
         extra["link_bytes"] = links.bytes()
     extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
@@ -320,7 +320,6 @@ def run_peer(system, d, meta, hosts):
 def child(system, d, out):
     """``--run SYSTEM``: one system over the data in ``d``; its figures to
     ``out`` (its weights beside, .w.npy) or the reason it could not run."""
-    die_with_parent()
     meta = _harness.read_json(os.path.join(d, "meta.json"))
 
     def run():

@@ -341,7 +341,7 @@ def run_peer(system, wl, conf, hosts=None):
         del t
         line, facts = _harness.peer_facts(system, h, pids)
         print(f"  {line}; {len({pid for _, pid in got})} ran the warm-up", flush=True)
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
         out = run_rounds(wl, system, publish, lambda t, shares: tasks(peer_task, t, shares, wl.bits), retire)
         out.update(facts, link_bytes=links.bytes())
     # one host: the pickled table to each Spark executor or Dask worker, a lower bound, and one
@@ -580,7 +580,7 @@ def on_hosts(args, wl, peers, spark_conf):
         pages0 = [lookup_pages(table, wl.keys[i], wl.slot_of[i], bits, psize) for i in wl.plan[0][2]]
         print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
               f"{wl.n} keys; clamor's workers fetch", flush=True)
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
         times, moved, wire = [], [], []
         ran = {who: p for who, p in peers.items() if "times" in p}
         for r in range(rounds):
@@ -656,7 +656,6 @@ def main(argv=None):
 
     tiny, tiny_keys = tiny_table()
     if args.run:   # one peer, in a process of its own that has no region
-        die_with_parent()
         wl = workload()
         wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
         return peer_child(args.run, wl, spark_conf, args.out, args.rate if args.netns else None)
@@ -930,8 +929,7 @@ def main(argv=None):
         "pass_mapped_per_round": {who: [col("mapped", rs) for rs in v] for who, v in passes.items()},
         "pass_faults_per_round": {who: [col("faults", rs) for rs in v] for who, v in passes.items()},
         "clamor_bytes_total": tot["bytes_from_driver"] + tot["bytes_from_peers"],
-        "clamor_mapped_bytes_total": tot["bytes_mapped"],
-        "verified": True,
+        "clamor_mapped_bytes_total": tot["bytes_mapped"], "verified": True,
     })
     json_line(figures)
     return 0
