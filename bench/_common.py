@@ -200,6 +200,12 @@ def bounds(n, parts):
     return [(n * i) // parts for i in range(parts + 1)]
 
 
+def chunks(x, parts):
+    """``x`` cut into ``parts`` near-equal contiguous chunks, as ``bounds`` cuts it."""
+    b = bounds(len(x), parts)
+    return [x[b[i]:b[i + 1]] for i in range(parts)]
+
+
 def zipf_ranks(rng, a, n, size):
     """``size`` ranks in [0, n), rank r drawn with p ~ (r + 1)^-a (int64)."""
     import numpy as np
@@ -316,8 +322,7 @@ def hot_round(lib, rng, a, nkeys, addr, tasks, lookups, who):
     keys = np.ascontiguousarray(zipf_ranks(rng, a, nkeys, tasks * lookups).astype(np.uint64))
     lib.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
     expect = []
-    b = bounds(len(keys), tasks)
-    for part in (keys[b[i]:b[i + 1]] for i in range(tasks)):
+    for part in chunks(keys, tasks):
         s, found = hot_lookup(lib, addr, part)
         if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
             raise SystemExit(f"{who}: the driver's own lookups do not match the values of the keys")

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import _harness
-from _common import Spawned, bounds, die_with_parent, parse_size
+from _common import Spawned, chunks, die_with_parent, parse_size
 from _harness import json_line, parser
 from clamor.demo import geo
 
@@ -226,11 +226,6 @@ def redis_worker(conn, port):
         return
 
 
-def shares(n, w):
-    b = bounds(n, w)
-    return [slice(b[i], b[i + 1]) for i in range(w)]
-
-
 # ---- comparisons -----------------------------------------------------------------------
 
 def compare_redis(ref, got, meta, queries):
@@ -287,12 +282,6 @@ def start(system, cfg, hosts=None):
                           page_size=cfg.get("page_size"), progress=None)
 
 
-def split(queries, p):
-    """The query partitions, cut as ``Cluster.parallelize`` cuts them."""
-    b = bounds(len(queries), p)
-    return [queries[b[i]:b[i + 1]] for i in range(p)]
-
-
 # ---- the job: (answers per partition, broadcast s, total s) --------------------------------
 
 def answer_pair(data, q):
@@ -323,7 +312,7 @@ def job(system, h, tree, records, parts):
 
 def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     """Warm-up, then the timed job: (answers, figures)."""
-    parts = split(queries, cfg["partitions"])
+    parts = chunks(queries, cfg["partitions"])   # as Cluster.parallelize cuts them
     # Ray starts its workers lazily: have W of them before the warm-up
     pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else ()
     small = np.ascontiguousarray(records[:WARM_RECORDS])
@@ -437,10 +426,10 @@ def local_systems(args, systems, d, clamor):
             r["pickle_s"] = time.perf_counter() - t0
             r["pickled_bytes"] = len(blob)
             if bcast is not None:
-                sl = shares(args.queries, w)
+                sl = chunks(queries, w)
 
                 def ship(i, blob=blob):
-                    bcast.conns[i].send(queries[sl[i]])
+                    bcast.conns[i].send(sl[i])
                     bcast.conns[i].send_bytes(blob)
                     return bcast.conns[i].recv()
                 out = bcast.map(ship)
@@ -462,9 +451,9 @@ def local_systems(args, systems, d, clamor):
                 r["load_s"] = time.perf_counter() - t0
                 rq = queries[:args.redis_queries]
                 radius = r["radius"] = redis_radius(redis.port, rq[:min(len(rq), 500)])
-                rs = shares(len(rq), w)
+                rs = chunks(rq, w)
                 t0 = time.perf_counter()
-                out = rclients.map(lambda i: (rclients.conns[i].send((rq[rs[i]], radius)),
+                out = rclients.map(lambda i: (rclients.conns[i].send((rs[i], radius)),
                                               rclients.conns[i].recv())[1])
                 r["redis_s"] = time.perf_counter() - t0
                 r["got_redis"] = geo.concat(out)

@@ -13,7 +13,7 @@ import tempfile
 import time
 
 import _harness
-from _common import (MIB, add, array_pages, bounds, ensure_built, make_points, one_blas_thread, parse_size,
+from _common import (MIB, add, array_pages, bounds, chunks, ensure_built, make_points, one_blas_thread, parse_size,
                      partial_sums, update)
 from _harness import json_line, med, parser
 
@@ -135,9 +135,8 @@ def peer_figures(s, r, cc, clamor_s, iters, left_out):
 def save_blocks(d, x, init, meta):
     """The points as ``meta["partitions"]`` contiguous blocks, the initial
     centroids and the run's parameters, in directory ``d``."""
-    b = bounds(len(x), meta["partitions"])
-    for i in range(meta["partitions"]):
-        np.save(os.path.join(d, f"block{i}.npy"), x[b[i]:b[i + 1]])
+    for i, block in enumerate(chunks(x, meta["partitions"])):
+        np.save(os.path.join(d, f"block{i}.npy"), block)
     np.save(os.path.join(d, "init.npy"), init)
     _harness.write_json(os.path.join(d, "meta.json"), meta)
 

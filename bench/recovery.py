@@ -12,7 +12,7 @@ import threading
 import time
 from functools import reduce
 
-from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, partial_sums, update
+from _common import MIB, add, chunks, ensure_built, make_points, one_blas_thread, partial_sums, update
 from _harness import json_line, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
@@ -22,10 +22,9 @@ import numpy as np  # noqa: E402
 def serial_trajectory(x, init, parts, iters):
     """The centroids after each iteration, computed in the driver with the
     cluster's chunks and combination order."""
-    b = bounds(len(x), parts)
     c, out = init, []
     for _ in range(iters):
-        c = update(c, *reduce(add, (partial_sums(x[b[i]:b[i + 1]], c) for i in range(parts))))
+        c = update(c, *reduce(add, (partial_sums(part, c) for part in chunks(x, parts))))
         out.append(c)
     return out
 

@@ -10,7 +10,7 @@ import tempfile
 import time
 
 import _harness
-from _common import one_blas_thread
+from _common import chunks, one_blas_thread
 from _harness import json_line, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
@@ -82,12 +82,10 @@ def make_data(n, bits, zipf, vocab, seed, layout="hashed"):
 
 def cut(idx, y, parts):
     """The partitions: [(u, inv, y_p)], contiguous chunks of the points."""
-    n = idx.shape[0]
-    b = [(n * i) // parts for i in range(parts + 1)]
     out = []
-    for i in range(parts):
-        u, inv = np.unique(idx[b[i]:b[i + 1]], return_inverse=True)
-        out.append((u.astype(np.int64), inv.reshape(-1).astype(np.int32), np.ascontiguousarray(y[b[i]:b[i + 1]])))
+    for ix, yp in zip(chunks(idx, parts), chunks(y, parts)):
+        u, inv = np.unique(ix, return_inverse=True)
+        out.append((u.astype(np.int64), inv.reshape(-1).astype(np.int32), np.ascontiguousarray(yp)))
     return out
 
 
