@@ -285,7 +285,8 @@ def peer_child(system, d, out):
     reason it could not run."""
 
     def run():
-        c, rounds, extra = RUNNERS[system](d, _harness.read_json(os.path.join(d, "meta.json")), np.load(os.path.join(d, "init.npy")))
+        meta = _harness.read_json(os.path.join(d, "meta.json"))
+        c, rounds, extra = RUNNERS[system](d, meta, np.load(os.path.join(d, "init.npy")))
         np.save(out + ".c.npy", c)
         return {"rounds": rounds, "extra": extra}
 

@@ -400,7 +400,8 @@ def main(argv=None):
             gen_s = time.perf_counter() - t
             per_part = [p[0].size for p in parts]
             print(f"sparse_lr: {n} points x {FIELDS} fields, 2^{bits} weights ({wbytes / MIB:.0f} MiB float64), "
-                  f"{W} workers, {P} partitions, {args.iters} iterations; {args.layout} layout, Zipf {args.zipf}, vocabularies "
+                  f"{W} workers, {P} partitions, {args.iters} iterations; {args.layout} layout, Zipf {args.zipf}, "
+                  f"vocabularies "
                   f"{vocabs[0]}..{vocabs[-1]}; {distinct.size} distinct weights touched "
                   f"({distinct.size / (1 << bits):.2%} of them; a partition {min(per_part)}..{max(per_part)}), "
                   f"on {pages_touched} of {pages_total} 64 KiB pages ({pages_touched / pages_total:.1%}); "
