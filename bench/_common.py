@@ -1,23 +1,14 @@
 """What the benchmarks share: sizes, the build, helper processes, random
-keys, the k-means kernel, the hot-pages table's C library and CPU time by
-thread.  Starting the systems, the child protocol and the JSON line every
-script ends with are the harness's (_harness.py).
+keys, region arrays and pages, the k-means kernel, the hot-pages table's C
+library and CPU time by thread.  Starting the systems, the child protocol
+and the JSON line are the harness's (_harness.py).
 
-A benchmark imports this module, _harness and clamor, never another benchmark.
-Run as ``python bench/NAME.py``, a script finds this module beside it
-(Python puts the script's folder first on ``sys.path``; processes started
-by ``multiprocessing``'s spawn get the same path).
-
-What a task runs on a *spawned* worker (``Cluster(start_method="spawn")``:
-a fresh ``python -m clamor.worker``, as scan.py and pagesize.py start it)
-stays in its script: cloudpickle sends a script's own functions by value,
-but a function of this module by reference, and a spawned worker cannot
-import it.  Forked workers (the default ``start_method="fork"``) can: they
-inherit the driver's modules.
-
-numpy is imported inside the functions that use it: kmeans.py and
-recovery.py must fix the BLAS thread count before numpy loads (see
-``one_blas_thread``), and scan.py's TCP sender stays a bare process.
+A benchmark imports this module, _harness and clamor, never another
+benchmark.  A script run as ``python bench/NAME.py`` finds this module
+beside it, and so do its workers: forked ones inherit the driver's
+modules, spawned ones its ``sys.path``.  numpy is imported inside the
+functions that use it: kmeans.py and recovery.py fix the BLAS thread count
+before numpy loads (``one_blas_thread``).
 """
 import ctypes
 import multiprocessing as mp
@@ -156,7 +147,7 @@ class Spawned:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *_):
         self.close()
 
 
@@ -168,12 +159,51 @@ def one_blas_thread():
         os.environ.setdefault(v, "1")
 
 
+# ---- region arrays -----------------------------------------------------------------------
+
+def exact_array(clamor, n):
+    """A region float64 array of ``n`` values i % 4096: every partial sum is exact."""
+    import numpy as np
+
+    a = clamor.empty(n, np.float64)
+    step = 1 << 22
+    for i in range(0, n, step):
+        a[i:i + step] = np.arange(i, min(n, i + step), dtype=np.int64) % 4096
+    return a
+
+
+def array_pages(x):
+    """(first page, page count) of the region pages under the array ``x``."""
+    from clamor import region
+
+    ps, base = region.page_size(), region.base()
+    addr = x.__array_interface__["data"][0]
+    first = (addr - base) // ps
+    return int(first), int((addr + x.nbytes - 1 - base) // ps - first + 1)
+
+
+def same_host_modes(cl, want, who, workers=None):
+    """{worker: its same_host mode}; stops unless every one is ``want``
+    (and, given ``workers``, there are that many)."""
+    modes = cl.stats()["same_host"]["workers"]
+    bad = {w: m for w, m in modes.items() if m.get("mode") != want}
+    if bad or (workers is not None and len(modes) != workers):
+        raise SystemExit(f"{who}: {len(modes)} workers, these not in same_host={want!r} mode: {bad}")
+    return {w: m["mode"] for w, m in modes.items()}
+
+
 # ---- partitions and random keys -------------------------------------------------------
 
 def bounds(n, parts):
     """Where ``parts`` near-equal contiguous chunks of ``n`` items start,
     and ``n`` last: how ``Cluster.parallelize`` cuts a sequence."""
     return [(n * i) // parts for i in range(parts + 1)]
+
+
+def chunks(x, parts):
+    """``x`` cut into ``parts`` near-equal contiguous chunks, as ``bounds`` cuts it."""
+    b = bounds(len(x), parts)
+    return [x[b[i]:b[i + 1]] for i in range(parts)]
 
 
 def zipf_ranks(rng, a, n, size):
@@ -292,13 +322,52 @@ def hot_round(lib, rng, a, nkeys, addr, tasks, lookups, who):
     keys = np.ascontiguousarray(zipf_ranks(rng, a, nkeys, tasks * lookups).astype(np.uint64))
     lib.hp_keys(keys.ctypes.data, keys.size, keys.ctypes.data)
     expect = []
-    b = bounds(len(keys), tasks)
-    for part in (keys[b[i]:b[i + 1]] for i in range(tasks)):
+    for part in chunks(keys, tasks):
         s, found = hot_lookup(lib, addr, part)
         if s != lib.hp_expect(part.ctypes.data, part.size) or found != part.size:
             raise SystemExit(f"{who}: the driver's own lookups do not match the values of the keys")
         expect.append((s, found))
     return keys, expect
+
+
+def hot_check(out, expect, who):
+    """Stops unless the tasks' (checksum, found) in ``out`` are the driver's ``expect``."""
+    got = [(s, f) for s, f, *_ in out]
+    if got != expect:
+        bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
+        raise SystemExit(f"{who}: tasks {bad} disagree with the driver's own lookups: "
+                         f"{[got[i] for i in bad]} != {[expect[i] for i in bad]}")
+
+
+def hot_counters(drv0, drv, st, workers, table_bytes):
+    """A hot-pages stage's bytes and requests: the driver's region stats
+    before and after it (``drv0``, ``drv``) and the Cluster's ``st``."""
+    rep = st["replication"]
+    return {"driver_bytes": drv["bytes_served"] - drv0["bytes_served"],
+            "peer_bytes": sum(rep["bytes_served_by_peer"].values()),
+            "bytes_from_driver": st["bytes_from_driver"], "bytes_from_peers": st["bytes_from_peers"],
+            "redirects": drv["redirects"] - drv0["redirects"],
+            # holder hints the driver sent with its replies (not in driver_bytes: pages only)
+            "hint_bytes": drv["hint_bytes"] - drv0["hint_bytes"], "direct_requests": rep["direct_requests"],
+            # share of the table each worker fetched, on average
+            "coverage": (st["bytes_from_driver"] + st["bytes_from_peers"]) / workers / table_bytes}
+
+
+def policy_ratios(med, policies, what="", cpu=True):
+    """Each policy but the first (off) against it: time, driver bytes and
+    (with ``cpu``) driver + workers CPU seconds, from ``med`` {policy: medians}."""
+    from _harness import ratio
+
+    off = med[policies[0]]
+    out = {}
+    for p in policies[1:]:
+        m = med[p]
+        out[p] = {"time_ratio": ratio(m["time_s"], off["time_s"], f"{what}{p} time_ratio"),
+                  "driver_bytes_ratio": ratio(m["driver_bytes"], off["driver_bytes"], f"{what}{p} driver_bytes_ratio")}
+        if cpu:
+            out[p]["cpu_ratio"] = ratio(m["driver_cpu_s"] + m["workers_cpu_s"],
+                                        off["driver_cpu_s"] + off["workers_cpu_s"], f"{what}{p} cpu_ratio")
+    return out
 
 
 # ---- CPU time ------------------------------------------------------------------------

@@ -1,31 +1,28 @@
 #!/usr/bin/env python3
 """The benchmarks' harness: the systems, the child protocol and the report.
 
-SYSTEMS.  ``start(system, workers, hosts=None, **options)`` is the one
-place clamor, Spark, Dask and Ray are started: a context manager that
-yields the system's handle (a Cluster, a SparkContext, a Dask Client, the
-ray module) and stops every process it started, also on an error.
-Without ``hosts``, W single-core workers on this host; with ``hosts``
-(``hosts_for(n, rate)``), one worker per namespace host and the driver in
-the root namespace.  What each runs: bench/README.md, "The peers".  A
-system that cannot run here raises ``PeerMissing`` saying why.
+SYSTEMS.  ``start(system, workers, hosts=None, **options)`` starts clamor,
+Spark, Dask or Ray and yields its handle (a Cluster, a SparkContext, a Dask
+Client, the ray module); leaving it stops every process it started.  Without
+``hosts``, W single-core workers on this host; with ``hosts``
+(``hosts_for(n, rate)``), one worker per namespace host, the driver in the
+root namespace (bench/README.md, "The peers").  A system that cannot run
+here raises ``PeerMissing`` saying why.
 
 CHILD PROTOCOL.  Each system runs in a subprocess of its own (``--run
-SYSTEM --out FILE``), one after another: ``run_systems`` in the parent,
-``child_result`` in the child, which writes a JSON dict of figures (or
-``missing``, ``error`` or the workload's own reason).  The parent is the
-children's subreaper: what a child leaves running is killed and named in
-``left_behind``.  Run a peer in a process that is not a clamor driver: a
-process forked from a region's driver attaches to the region.
+SYSTEM --out FILE``): ``run_systems`` in the parent, ``child_result`` in the
+child, which writes a JSON dict of figures or why there are none.  The
+parent is the children's subreaper: what a child leaves running is killed
+and named in ``left_behind``.  A process forked from a region's driver
+attaches to the region: run a peer in a process that is not a driver.
 
-REPORT.  ``parser``, ``med``, ``ratio``, ``smoke_systems`` and
+REPORT.  ``parser``, ``med``, ``ratio``, ``pick_systems``, ``missing`` and
 ``json_line`` (every script's last line; also bench/results/NAME.json).
 
     python bench/_harness.py --selftest [--hosts 2] [--rate 1gbit] [--mib 64] [--systems clamor,spark,dask,ray]
 
-checks each system on fresh namespace hosts (needs root).  This file is
-longer than the house's 600 lines: it is the one home of the four
-systems, on one host and on namespace hosts, and of their stop.
+checks each system on fresh namespace hosts (needs root).  Longer than the
+house's 600 lines: the one home of the four systems and of their stop.
 """
 import argparse
 import contextlib
@@ -41,6 +38,7 @@ import tempfile
 import time
 import traceback
 import uuid
+from unittest import mock
 
 from _common import die_with_parent
 
@@ -80,13 +78,16 @@ def _script():
     return os.path.splitext(os.path.basename(sys.argv[0]))[0]
 
 
-def parser(description, quick, smoke):
+def parser(description, quick, smoke, build=False):
     """A script's ArgumentParser with its two sizes, ``--quick`` and
-    ``--smoke`` (one or neither), ``quick`` and ``smoke`` their help."""
+    ``--smoke`` (one or neither), ``quick`` and ``smoke`` their help; with
+    ``build``, ``--no-build`` (for ``_common.ensure_built``)."""
     ap = argparse.ArgumentParser(description=description)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=quick)
     size.add_argument("--smoke", action="store_true", help=smoke)
+    if build:
+        ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     return ap
 
 
@@ -100,14 +101,33 @@ SMOKE_LEAVES_OUT = {
 
 
 def smoke_systems(systems, named):
-    """(the systems a --smoke run keeps, {system: why left out}).  ``named``:
-    --systems was given on the command line, and then every system stays."""
+    """(the systems a --smoke run keeps, {system: why left out}); every
+    system stays when ``named`` (--systems was given)."""
     if named:
         return list(systems), {}
     out = {s: why for s, why in SMOKE_LEAVES_OUT.items() if s in systems}
     for s, why in out.items():
         print(f"smoke: {s} {why}", flush=True)
     return [s for s in systems if s not in out], out
+
+
+def pick_systems(ap, args, known, default):
+    """The systems ``--systems`` asks for (``default`` without it), each
+    one of ``known``, less what --smoke leaves out: (systems, {system: why
+    left out})."""
+    named = args.systems is not None
+    asked = [s for s in (args.systems if named else ",".join(default)).split(",") if s]
+    if set(asked) - set(known):
+        ap.error(f"--systems: unknown {sorted(set(asked) - set(known))}; choose among {','.join(known)}")
+    return smoke_systems(asked, named) if args.smoke else (asked, {})
+
+
+def missing(system, res, left_out=None):
+    """Why ``system`` has no figures: ``res`` (its child's result) is None
+    when it was not run, left out by --smoke (``left_out``) or not asked for."""
+    if res is None:
+        return (left_out or {}).get(system, "not requested (--systems)")
+    return why_not(res) or "not run"
 
 
 def _commit():
@@ -205,12 +225,16 @@ def why_not(res):
     return res.get("missing") or res.get("wrong") or res.get("error")
 
 
-def child_args(ap, systems, sized_for=None, timeout=3600):
-    """A script's flags for its systems: ``--timeout`` (seconds a child may
+def child_args(ap, systems, sized_for=None, timeout=3600, default=None, note=""):
+    """A script's flags for its systems: ``--systems`` (``default``, a
+    list; ``note`` ends its help), ``--timeout`` (seconds a child may
     take); with ``sized_for`` (what Spark's memory must hold, in words)
     ``--spark-executor-mb`` and ``--spark-driver-memory`` (``spark_memory``
     gives their defaults); and the child protocol's own, hidden: ``--run
     SYSTEM`` (one of ``systems``), ``--data DIR``, ``--out FILE``."""
+    if default is not None:
+        ap.add_argument("--systems", default=None,
+                        help=f"which to run, comma-separated (default {','.join(default)}{note})")
     if sized_for:
         ap.add_argument("--spark-executor-mb", type=int, default=None,
                         help=f"heap of each executor JVM, MiB (default: 2 x {sized_for} + 1024)")
@@ -235,7 +259,9 @@ def child_result(system, out, run, reasons=()):
     to ``out`` as JSON with ``system``; or why not: ``missing``
     (PeerMissing), the key of ``reasons`` ({exception class: key}) that
     matches, else ``error`` with the traceback.  What is still running
-    below the child is killed and named in ``left_behind``.  Returns 0."""
+    below the child is killed and named in ``left_behind``; the child dies
+    with its parent.  Returns 0."""
+    die_with_parent()
     res = {"system": system}
     try:
         res.update(run())
@@ -294,10 +320,13 @@ def run_systems(systems, argv, d, timeout, load=None, check=None, preexec=True, 
     dict}.  ``load(system, res, out)`` reads what the child left beside
     ``out`` (when it ran); ``check(system, res)`` may stop the script.  This
     process is the children's subreaper; what was below it before is not
-    touched."""
+    touched.  ``d`` None: a temporary directory, removed after."""
     results = {}
     if not systems:
         return results
+    if d is None:
+        with tempfile.TemporaryDirectory(prefix="bench-", ignore_cleanup_errors=True) as tmp:
+            return run_systems(systems, argv, tmp, timeout, load, check, preexec, heading)
     subreaper()
     before = {p.pid for p in descendants()}
     for s in systems:
@@ -358,6 +387,10 @@ def _spark_local(workers, executor_mb=2048, driver_memory="4g", app="clamor-benc
     sc = pyspark.SparkContext(conf=c)
     sc.setLogLevel("ERROR")
     try:
+        end = time.monotonic() + START_TIMEOUT
+        while "spark.master" not in (conf or {}) and time.monotonic() < end and \
+                len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1 < workers:
+            time.sleep(0.2)   # local-cluster's executors register after the context is up
         yield sc
     finally:
         gateway = getattr(sc, "_gateway", None)
@@ -461,6 +494,31 @@ def ray_wait_workers(ray, workers, timeout=120):
     return pids
 
 
+def peer_facts(system, h, ray_pids=()):
+    """What a started peer runs on, after its warm-up: (a line to print,
+    {"version", "processes"}); ``ray_pids``: ``ray_wait_workers``'s."""
+    if system == "spark":
+        n = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
+        return f"Spark {h.version}, {h.master}, {n} executors", {"version": h.version, "processes": n}
+    if system == "dask":
+        import distributed
+
+        n = len(h.scheduler_info(n_workers=-1)["workers"])
+        return f"Dask {distributed.__version__}, {n} workers", {"version": distributed.__version__, "processes": n}
+    n = len(ray_pids)
+    return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 # ---- the registry ------------------------------------------------------------------------
 
 def hosts_for(n, rate):
@@ -523,38 +581,29 @@ def shared(system, h):
 
 # ---- namespace hosts: links, where a task ran ------------------------------------------------
 
-class LinkCounter:
+class Links:
     """Bytes on the hosts' links, the root-side veths' counters: everything
     that crossed (payload, the systems' own messages, TCP/IP headers); a
-    byte from host to host counts on both links."""
+    byte from host to host counts on both links.  ``hosts`` None: one host,
+    no links."""
 
     def __init__(self, hosts):
-        self.veths = [h.veth for h in hosts]
+        self.veths = None if hosts is None else [h.veth for h in hosts]
+        self.start = sum(self.read())
 
     def read(self):
         """(bytes into the hosts, bytes out of them) since the links were made."""
         into = out = 0
-        for v in self.veths:
+        for v in self.veths or ():
             with open(f"/sys/class/net/{v}/statistics/tx_bytes") as f:
                 into += int(f.read())
             with open(f"/sys/class/net/{v}/statistics/rx_bytes") as f:
                 out += int(f.read())
         return into, out
 
-    def total(self):
-        return sum(self.read())
-
-
-class LinkWindow:
-    """Bytes both ways on the hosts' links from its making on: ``bytes()``;
-    None when ``hosts`` is None (one host has no links)."""
-
-    def __init__(self, hosts):
-        self.counter = LinkCounter(hosts) if hosts is not None else None
-        self.start = self.counter.total() if self.counter else 0
-
     def bytes(self):
-        return self.counter.total() - self.start if self.counter else None
+        """Bytes both ways since this object was made; None on one host."""
+        return None if self.veths is None else sum(self.read()) - self.start
 
 
 def where():
@@ -771,21 +820,6 @@ def _clamor_hosts(hosts, **cluster_kwargs):
 
 
 @contextlib.contextmanager
-def _setenv(**env):
-    """This process's environment with ``env`` set, put back on leaving."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def _spark_hosts(hosts, executor_mb=2048, driver_memory="4g", conf=None, app="clamor-bench"):
     """A standalone cluster: a master in the root namespace, one ``Worker
     --cores 1 --memory <executor_mb>m`` per host (run in the foreground by
@@ -815,7 +849,7 @@ def _spark_hosts(hosts, executor_mb=2048, driver_memory="4g", conf=None, app="cl
              "spark.executorEnv.PYTHONPATH": procs.env()["PYTHONPATH"], **(conf or {})}
         # the executors' python is the driver's PYSPARK_PYTHON, read when the context is made
         python = os.environ.get("PYSPARK_PYTHON") or sys.executable
-        with _setenv(PYSPARK_PYTHON=python, SPARK_LOCAL_IP=root), \
+        with mock.patch.dict(os.environ, PYSPARK_PYTHON=python, SPARK_LOCAL_IP=root), \
                 _spark_local(len(hosts), executor_mb, driver_memory, app=app, conf=c) as sc:
             tracker = sc._jsc.sc().statusTracker()
             procs.wait_for(lambda: len(tracker.getExecutorInfos()) - 1 >= len(hosts),
@@ -990,29 +1024,27 @@ def _send(system, h, n, arr):
 
 
 def _selftest_run(system, n, rate, mib):
-    """One system on ``n`` fresh hosts; prints lines and a JSON line."""
+    """``--run SYSTEM``: one system on ``n`` fresh hosts; its figures."""
     import zlib
 
     import numpy as np
 
     from clamor.testing import nethosts
 
-    out = {"system": system, "hosts": n, "rate": rate, "mib": mib}
+    out = {"hosts": n, "rate": rate, "mib": mib, "pid": os.getpid()}
     with nethosts.Hosts(n, rate=rate) as hosts:
-        names = [h.name for h in hosts]
         t0 = time.perf_counter()
         with start(system, n, hosts, **({"executor_mb": 1024} if system == "spark" else {})) as h:
             out["start_s"] = round(time.perf_counter() - t0, 2)
             ran = _per_worker(system, h, n, where)
             expect = {(str(x.index), x.addr) for x in hosts}
             got = {(r["host"], r["ip"]) for r in ran}
-            out["tasks"] = sorted(got)
-            out["hosts_ok"] = len(ran) == n and got == expect
+            out.update(tasks=sorted(got), hosts_ok=len(ran) == n and got == expect)
             print(f"{system}: started in {out['start_s']} s; one task per worker ran on {sorted(got)}: "
                   f"{'ok' if out['hosts_ok'] else 'WRONG, expected ' + str(sorted(expect))}", flush=True)
             arr = np.random.default_rng(0).random((mib << 20) // 8)
             crc = zlib.crc32(memoryview(arr).cast("B"))
-            links = LinkCounter(hosts)
+            links = Links(hosts)
             b0 = links.read()
             t = time.perf_counter()
             res = _send(system, h, n, arr)
@@ -1028,72 +1060,50 @@ def _selftest_run(system, n, rate, mib):
                   f"into the hosts (all links); every worker read it whole: {'ok' if out['send_ok'] else 'WRONG'}", flush=True)
             t1 = time.perf_counter()
         out["stop_s"] = round(time.perf_counter() - t1, 2)
-        run_tag = os.environ.get("CLAMOR_PEERHOSTS_RUN")      # set by --selftest for this run
-        left = [f"{p.name()}({p.pid})" for p in _tagged("CLAMOR_PEERHOSTS_RUN", run_tag, exclude={os.getpid()})
-                ] if run_tag else []
-        left += [f"pid {pid} in {x.name}" for x in hosts for pid in x.pids()]
-        out["left_after_stop"] = left
-    gone = not any(name in nethosts._netns_names() for name in names)
-    out["namespaces_gone"] = gone
-    print(f"{system}: stopped in {out['stop_s']} s; processes left: {left or 'none'}; "
-          f"namespaces gone: {gone}", flush=True)
-    print(json.dumps(out), flush=True)
-    return 0 if out["hosts_ok"] and out["send_ok"] and not left and gone else 1
+        out["left_after_stop"] = [f"pid {pid} in {x.name}" for x in hosts for pid in x.pids()]
+    print(f"{system}: stopped in {out['stop_s']} s; left in the hosts: {out['left_after_stop'] or 'none'}", flush=True)
+    return out
 
 
 def _selftest(args):
+    """Each system in a child of its own (the child protocol); a table, and
+    whether every check held: placement, the array read whole, nothing
+    left running, no namespace left."""
     from clamor.testing import nethosts
 
     ok, reason = nethosts.available()
     if not ok:
         print(f"_harness: network namespaces are not available here: {reason}", file=sys.stderr)
         return 2
-    subreaper()
-    rows, rc = [], 0
-    for system in args.systems.split(","):
-        run = uuid.uuid4().hex
-        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--selftest-run", system, "--hosts",
-                              str(args.hosts), "--rate", args.rate, "--mib", str(args.mib)],
-                             env={**os.environ, "CLAMOR_PEERHOSTS_RUN": run}, stdout=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-        text = p.communicate()[0]
-        sys.stdout.write(text)
-        row = next((json.loads(line) for line in reversed(text.splitlines()) if line.startswith("{")), None)
-        left = [f"{q.name()}({q.pid})" for q in _tagged("CLAMOR_PEERHOSTS_RUN", run)] + reap_descendants()
-        stale = [x for x in nethosts._netns_names() if x.startswith(f"{nethosts.NS_PREFIX}{p.pid}-")]
-        print(f"{system}: after its run: processes left on the machine: {left or 'none'}; "
-              f"namespaces left: {stale or 'none'}; exit status {p.returncode}\n", flush=True)
-        rows.append((system, row, p.returncode, left, stale))
-        if p.returncode != 0 or left or stale:
-            rc = 1
+    argv = [sys.executable, os.path.abspath(__file__), "--hosts", str(args.hosts), "--rate", args.rate,
+            "--mib", str(args.mib)]
+    rows, rc = run_systems(args.systems.split(","), argv, None, args.timeout), 0
     print(f"{'system':8} {'start s':>8} {'send s':>7} {'into MiB':>9} {'out MiB':>8} {'Gbit/s':>7} {'stop s':>7}  checks")
-    for system, row, code, left, stale in rows:
-        if row and row.get("missing"):
-            print(f"{system:8} missing: {row['missing']}")
-        elif not row or "start_s" not in row:
-            print(f"{system:8} failed (exit status {code})")
-        else:
-            checks = "ok" if code == 0 and not left and not stale else "FAILED"
-            print(f"{system:8} {row['start_s']:8.1f} {row['send_s']:7.2f} {row['into_hosts'] / 2**20:9.1f} "
-                  f"{row['out_of_hosts'] / 2**20:8.1f} {row['into_rate_gbit']:7.3f} {row['stop_s']:7.1f}  {checks}")
-    return rc
+    for system, row in rows.items():
+        stale = [x for x in nethosts._netns_names() if x.startswith(f"{nethosts.NS_PREFIX}{row.get('pid')}-")]
+        good = row.get("hosts_ok") and row.get("send_ok") and not row.get("left_after_stop") \
+            and not row["left_behind"] and not stale
+        rc |= not good
+        if why_not(row) or "stop_s" not in row:
+            print(f"{system:8} not run: {why_not(row) or 'no figures'}")
+            continue
+        print(f"{system:8} {row['start_s']:8.1f} {row['send_s']:7.2f} {row['into_hosts'] / 2**20:9.1f} "
+              f"{row['out_of_hosts'] / 2**20:8.1f} {row['into_rate_gbit']:7.3f} {row['stop_s']:7.1f}  "
+              f"{'ok' if good else 'FAILED'}" + (f" (namespaces left: {stale})" if stale else ""))
+    return int(rc)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--selftest", action="store_true", help="start each system on namespace hosts and check it")
-    ap.add_argument("--selftest-run", metavar="SYSTEM", help=argparse.SUPPRESS)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--rate", default="1gbit", help="every host's link, both ways (tc notation)")
     ap.add_argument("--mib", type=int, default=64, help="the array sent to every worker, MiB")
+    child_args(ap, SYSTEMS, timeout=1800)
     args = ap.parse_args(argv)
-    if args.selftest_run:
-        try:
-            return _selftest_run(args.selftest_run, args.hosts, args.rate, args.mib)
-        except PeerMissing as e:
-            print(json.dumps({"system": args.selftest_run, "missing": str(e)}), flush=True)
-            return 2
+    if args.run:
+        return child_result(args.run, args.out, lambda: _selftest_run(args.run, args.hosts, args.rate, args.mib))
     if args.selftest:
         return _selftest(args)
     ap.print_help()

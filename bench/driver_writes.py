@@ -119,16 +119,9 @@ def main():
         reason = runs["mprotect"][-1]["reason"]
         print(f"userfaultfd did not run here: {reason}")
     mp = med["mprotect"]
-    json_line({"bench": "driver_writes", "pages": pages, "reps": reps,
-               "mprotect_first_write_us": mp["first_write_us"],
-               "mprotect_stage_begin_us_per_page": mp["stage_begin_us_per_page"],
-               "mprotect_unchanged_begin_us_per_page": mp["unchanged_begin_us_per_page"],
-               "mprotect_load_ms": mp["load_ms"], "mprotect_readinto": mp["readinto"],
-               "userfaultfd_first_write_us": uffd["first_write_us"] if uffd else None,
-               "userfaultfd_stage_begin_us_per_page": uffd["stage_begin_us_per_page"] if uffd else None,
-               "userfaultfd_unchanged_begin_us_per_page": uffd["unchanged_begin_us_per_page"] if uffd else None,
-               "userfaultfd_load_ms": uffd["load_ms"] if uffd else None,
-               "userfaultfd_readinto": uffd["readinto"] if uffd else None,
+    keys = ("first_write_us", "stage_begin_us_per_page", "unchanged_begin_us_per_page", "load_ms", "readinto")
+    json_line({"bench": "driver_writes", "pages": pages, "reps": reps, **{f"mprotect_{k}": mp[k] for k in keys},
+               **{f"userfaultfd_{k}": uffd[k] if uffd else None for k in keys},
                "first_write_ratio": round(uffd["first_write_us"] / mp["first_write_us"], 3) if uffd else None,
                "userfaultfd_missing": None if uffd else runs["mprotect"][-1]["reason"]})
 

@@ -2,15 +2,9 @@
 """Paper-style figures from the benchmarks' JSON results.
 
 Reads every ``*.json`` under ``--results`` (bench/results, written by
-``_harness.json_line``) and draws into ``--out`` (bench/figures); which
-figure shows what, read from which keys, and which file of a bench is
-taken: bench/figures/README.md.  A system s of a workload is read from
-``<s>_iter_s``, ``<s>_times_s``, ``<s>_bytes`` and ``<s>_missing``;
-dask_globals.py from its own keys (``clamor_s``, ``scatter_s``,
-``kdtree_*``).  Nothing is drawn that is not in a file.
-
-    python bench/figures.py [--results bench/results] [--out bench/figures] [--check]
-                            [--machine "2-core VM, 24 GiB"]
+``_harness.json_line``) and draws into ``--out`` (bench/figures).  Which
+figure shows what, from which keys and which file: bench/figures/README.md.
+Nothing is drawn that is not in a file.
 """
 import argparse
 import glob

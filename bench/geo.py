@@ -5,7 +5,6 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 "geo.py".
 """
 import functools
-import json
 import os
 import pickle
 import shutil
@@ -19,8 +18,8 @@ import time
 import numpy as np
 
 import _harness
-from _common import Spawned, bounds, die_with_parent, parse_size
-from _harness import json_line, parser, smoke_systems
+from _common import Spawned, chunks, die_with_parent, parse_size
+from _harness import json_line, parser
 from clamor.demo import geo
 
 PEERS = ("spark", "dask", "ray")
@@ -227,11 +226,6 @@ def redis_worker(conn, port):
         return
 
 
-def shares(n, w):
-    b = bounds(n, w)
-    return [slice(b[i], b[i + 1]) for i in range(w)]
-
-
 # ---- comparisons -----------------------------------------------------------------------
 
 def compare_redis(ref, got, meta, queries):
@@ -288,12 +282,6 @@ def start(system, cfg, hosts=None):
                           page_size=cfg.get("page_size"), progress=None)
 
 
-def split(queries, p):
-    """The query partitions, cut as ``Cluster.parallelize`` cuts them."""
-    b = bounds(len(queries), p)
-    return [queries[b[i]:b[i + 1]] for i in range(p)]
-
-
 # ---- the job: (answers per partition, broadcast s, total s) --------------------------------
 
 def answer_pair(data, q):
@@ -322,32 +310,18 @@ def job(system, h, tree, records, parts):
     return out, t1 - t0, t2 - t0
 
 
-def describe(system, h, ray_pids):
-    """What the peer runs on, after the warm-up: (one line, figures)."""
-    if system == "spark":
-        n = len(_harness.executor_pids(h))
-        return f"Spark {h.version}, {h.master}, {n} executor JVMs", {"version": h.version, "processes": n}
-    if system == "dask":
-        import distributed
-
-        n = len(h.scheduler_info()["workers"])
-        return f"Dask {distributed.__version__}, {n} workers", {"version": distributed.__version__, "processes": n}
-    n = len(ray_pids)
-    return f"Ray {h.__version__}, {n} worker processes", {"version": h.__version__, "processes": n}
-
-
 def run_peer(system, h, cfg, tree, records, queries, hosts=None):
     """Warm-up, then the timed job: (answers, figures)."""
-    parts = split(queries, cfg["partitions"])
+    parts = chunks(queries, cfg["partitions"])   # as Cluster.parallelize cuts them
     # Ray starts its workers lazily: have W of them before the warm-up
-    pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else None
+    pids = _harness.ray_wait_workers(h, cfg["workers"]) if system == "ray" else ()
     small = np.ascontiguousarray(records[:WARM_RECORDS])
     t0 = time.perf_counter()
     job(system, h, geo.build_tree(small), small, [q[:WARM_QUERIES] for q in parts])
     warm_s = time.perf_counter() - t0
-    line, figures = describe(system, h, pids)
+    line, figures = _harness.peer_facts(system, h, pids)
     print(f"  {system}: {line}; warm-up {warm_s:.2f} s", flush=True)
-    links = _harness.LinkWindow(hosts)
+    links = _harness.Links(hosts)
     out, bcast_s, total_s = job(system, h, tree, records, parts)
     figures.update(s=total_s, broadcast_s=bcast_s, warm_s=warm_s, link_bytes=links.bytes())
     return geo.concat(out), figures
@@ -360,18 +334,15 @@ def write_data(d, blob, queries, cfg):
     with open(os.path.join(d, "data.pkl"), "wb") as f:
         f.write(blob)
     np.save(os.path.join(d, "queries.npy"), queries)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
+    _harness.write_json(os.path.join(d, "config.json"), cfg)
 
 
 def child(system, d, out):
     """``geo.py --run SYSTEM``: one peer over the data in ``d``; its figures
     to ``out``, its answers beside it."""
-    die_with_parent()
 
     def run():
-        with open(os.path.join(d, "config.json")) as f:
-            cfg = json.load(f)
+        cfg = _harness.read_json(os.path.join(d, "config.json"))
         with hosts_of(cfg) as hosts, start(system, cfg, hosts) as h:   # workers before the data, as in geo.py
             with open(os.path.join(d, "data.pkl"), "rb") as f:
                 tree, records = pickle.load(f)
@@ -432,7 +403,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
-            links = _harness.LinkWindow(hosts)
+            links = _harness.Links(hosts)
             t0 = time.perf_counter()
             parts = cl.parallelize(queries, partitions=P) \
                 .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
@@ -455,10 +426,10 @@ def local_systems(args, systems, d, clamor):
             r["pickle_s"] = time.perf_counter() - t0
             r["pickled_bytes"] = len(blob)
             if bcast is not None:
-                sl = shares(args.queries, w)
+                sl = chunks(queries, w)
 
                 def ship(i, blob=blob):
-                    bcast.conns[i].send(queries[sl[i]])
+                    bcast.conns[i].send(sl[i])
                     bcast.conns[i].send_bytes(blob)
                     return bcast.conns[i].recv()
                 out = bcast.map(ship)
@@ -480,9 +451,9 @@ def local_systems(args, systems, d, clamor):
                 r["load_s"] = time.perf_counter() - t0
                 rq = queries[:args.redis_queries]
                 radius = r["radius"] = redis_radius(redis.port, rq[:min(len(rq), 500)])
-                rs = shares(len(rq), w)
+                rs = chunks(rq, w)
                 t0 = time.perf_counter()
-                out = rclients.map(lambda i: (rclients.conns[i].send((rq[rs[i]], radius)),
+                out = rclients.map(lambda i: (rclients.conns[i].send((rs[i], radius)),
                                               rclients.conns[i].recv())[1])
                 r["redis_s"] = time.perf_counter() - t0
                 r["got_redis"] = geo.concat(out)
@@ -519,10 +490,9 @@ def main():
                     help="clamor and the peers with one worker per namespace host (the broadcast and Redis "
                          "baselines stay on one host and are left out unless named in --systems)")
     ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
-    ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default all: "
-                                                    + ",".join(SYSTEMS) + "; with --netns clamor,spark,dask,ray)")
     ap.add_argument("--seed", type=int, default=0)
-    _harness.child_args(ap, PEERS, "the pickled tree and records")
+    _harness.child_args(ap, PEERS, "the pickled tree and records", default=SYSTEMS,
+                        note="; with --netns clamor,spark,dask,ray; clamor always runs")
     args = ap.parse_args()
     if args.run:
         return child(args.run, args.data, args.out)
@@ -536,16 +506,11 @@ def main():
     args.redis_queries = min(args.redis_queries, args.queries)
     if w < 1 or args.scale < 1 or args.redis_queries < 1:
         ap.error("--workers, --scale, --queries and --redis-queries must be positive")
-    named = args.systems is not None
-    if args.systems is None:
-        args.systems = ",".join(s for s in SYSTEMS if not args.netns or s not in ("broadcast", "redis"))
-    systems = ["clamor"] + [s for s in args.systems.split(",") if s and s != "clamor"]
-    if set(systems) - set(SYSTEMS):
-        ap.error(f"--systems: choose among {','.join(SYSTEMS)}")
-    args.smoke_left_out = {}
+    systems, args.smoke_left_out = _harness.pick_systems(
+        ap, args, SYSTEMS, [s for s in SYSTEMS if not args.netns or s not in ("broadcast", "redis")])
+    systems = ["clamor"] + [s for s in systems if s != "clamor"]
     if args.smoke:
-        systems, args.smoke_left_out = smoke_systems(systems, named)
-        if "redis" in systems and not named and shutil.which("redis-server") is None:
+        if "redis" in systems and args.systems is None and shutil.which("redis-server") is None:
             args.smoke_left_out["redis"] = "left out under --smoke: redis-server is not installed"
             print("smoke: redis " + args.smoke_left_out["redis"], flush=True)
             systems.remove("redis")
@@ -553,19 +518,16 @@ def main():
     import clamor
 
     t_all = time.perf_counter()
-    d = tempfile.mkdtemp(prefix="clamor-geo-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="clamor-geo-", ignore_cleanup_errors=True) as d:
         r = local_systems(args, systems, d, clamor)
         # The peers, each in a subprocess of its own, one after another, once
         # clamor's workers and the baselines' processes are gone.
         peers = _harness.run_systems([s for s in PEERS if s in systems],
                                      [sys.executable, os.path.abspath(__file__), "--data", d], d, args.timeout,
                                      load=load_answers, preexec=False)
-        for p in peers.values():
-            if "answers" in p:
-                p["bad"] = geo.check_equal(r["got_clamor"], p["answers"])
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    for p in peers.values():
+        if "answers" in p:
+            p["bad"] = geo.check_equal(r["got_clamor"], p["answers"])
     return report(args, systems, r, peers, time.perf_counter() - t_all)
 
 
@@ -658,15 +620,11 @@ def report(args, systems, r, peers, total_s):
         "redis_us_per_query": round(1e6 * redis_q, 3) if "redis_s" in r else None,
         "clamor_bytes": r["clamor_bytes"], "broadcast_bytes": r.get("bcast_bytes"), "clamor_faults": st["faults"],
         "redis_server_us_per_query": round(1e6 * server_q, 3) if "redis_s" in r else None,
-        "redis_radius_km": round(r["radius"], 3) if "redis_s" in r else None,
-        "answers_ok": ok,
+        "redis_radius_km": round(r["radius"], 3) if "redis_s" in r else None, "answers_ok": ok,
         "bytes_ratio": round(r["bcast_bytes"] / r["clamor_bytes"], 2) if "bcast_s" in r else None,
-        "speedup_vs_broadcast": speedup("broadcast"),
-        "speedup_vs_redis": speedup("redis", 2),
-        "speedup_vs_spark": speedup("spark", 2),
-        "speedup_vs_dask": speedup("dask", 2),
-        "speedup_vs_ray": speedup("ray", 2),
-        "time_unit": f"s per batch of {nq:,} queries",
+        "speedup_vs_broadcast": speedup("broadcast"), "speedup_vs_redis": speedup("redis", 2),
+        "speedup_vs_spark": speedup("spark", 2), "speedup_vs_dask": speedup("dask", 2),
+        "speedup_vs_ray": speedup("ray", 2), "time_unit": f"s per batch of {nq:,} queries",
         "hosts": hosts, "rate": args.rate if args.netns else None, "systems": systems, "smoke": args.smoke,
         "systems_run": ["clamor"] + [s for s in SYSTEMS if s != "clamor" and batch.get(s) is not None],
         "clamor_link_bytes": r.get("clamor_link_bytes"),

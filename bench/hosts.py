@@ -16,7 +16,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-from _common import (GIB, MIB, compile_hotpages, cpu_delta, hot_lookup, hot_round, human, load_hotpages, parse_size,
+from _common import (GIB, MIB, array_pages, compile_hotpages, cpu_delta, exact_array, hot_check, hot_counters,
+                     hot_lookup, hot_round, human, load_hotpages, parse_size, policy_ratios, same_host_modes,
                      thread_cpu)
 from _harness import HOST_ENV, json_line, med, parser, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
 
@@ -167,21 +168,13 @@ def machine_cpu(t0, t1):
 
 # ---- tasks (run on the workers; cloudpickle sends this script's functions by value) ---------
 
-def array_pages(x, region):
-    ps = region.page_size()
-    addr = x.__array_interface__["data"][0]
-    first = (addr - region.base()) // ps
-    last = (addr + x.nbytes - 1 - region.base()) // ps
-    return first, last - first + 1
-
-
 def scan_task(ref):
     """Drop the array's pages and sum it from cold, timed; CPU of the sum."""
     import clamor
     from clamor import region
 
     x = ref.get()
-    region.drop_pages(*array_pages(x, region))
+    region.drop_pages(*array_pages(x))
     clamor.reset_stats()
     th0, c0 = thread_cpu(), self_cpu()
     t = time.perf_counter()
@@ -204,12 +197,12 @@ def fault_task(ref, pages):
 
     x = ref.get()
     ps = region.page_size()
-    first, _ = array_pages(x, region)
+    first, _ = array_pages(x)
     addr = x.__array_interface__["data"][0]
     old = region.configure()["readahead"]
     region.configure(readahead=0)
     try:
-        region.drop_pages(*array_pages(x, region))
+        region.drop_pages(*array_pages(x))
         clamor.reset_stats()
         idx, us, vals = [], [], []
         clock = time.perf_counter_ns
@@ -246,15 +239,6 @@ def make_hot_task(so_path, addr, threads):
 
 # ---- the driver (host 0) ----------------------------------------------------------------------
 
-def check_fetching(cl, label):
-    """Every worker of ``cl`` in ``SAME_HOST`` mode, else stop; the modes."""
-    modes = cl.stats()["same_host"]["workers"]
-    bad = {w: m for w, m in modes.items() if m.get("mode") != SAME_HOST}
-    if bad:
-        raise SystemExit(f"hosts: {label}: workers not in same_host={SAME_HOST!r} mode: {bad}")
-    return sorted(m.get("mode") for m in modes.values())
-
-
 class Driver:
     def __init__(self, args, cfg):
         import numpy as np
@@ -276,7 +260,7 @@ class Driver:
         self.orch.ask(op="start", hosts=list(range(1, n + 1)), endpoint=cl.endpoint, secret=cl.secret,
                       encrypt=encrypt)
         cl.start()
-        check_fetching(cl, f"{n} remote worker(s)")
+        same_host_modes(cl, SAME_HOST, f"hosts: {n} remote worker(s)")
         return cl
 
     def close_remote(self, cl):
@@ -361,11 +345,7 @@ class Driver:
             drv = self.clamor.region.stats()
         finally:
             self.close_remote(cl)
-        got = [(s, f) for s, f, *_ in out]
-        if got != expect:
-            bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
-            raise SystemExit(f"hosts: hot pages {policy}: tasks {bad} disagree with the driver's own lookups")
-        rep = st["replication"]
+        hot_check(out, expect, f"hosts: hot pages {policy}")
         # the workers' CPU by thread name, summed; what threads that ended
         # (the C lookup threads of the tasks) spent is the rest of the total
         threads = {}
@@ -375,26 +355,15 @@ class Driver:
         threads["ended threads"] = round(sum(cpu1[h][0] - cpu0[h][0] for h in cpu1) - sum(threads.values()), 2)
         hosts_used = sorted({o[2] for o in out})
         row = {
-            "time_s": dt,
-            "driver_bytes": drv["bytes_served"] - drv0["bytes_served"],
-            "peer_bytes": sum(rep["bytes_served_by_peer"].values()),
-            "bytes_from_driver": st["bytes_from_driver"],
-            "bytes_from_peers": st["bytes_from_peers"],
-            "redirects": drv["redirects"] - drv0["redirects"],
-            "direct_requests": rep["direct_requests"],
-            "hint_bytes": drv["hint_bytes"] - drv0["hint_bytes"],
+            "time_s": dt, **hot_counters(drv0, drv, st, self.args.worker_hosts, self.table_bytes),
             "peer_fallbacks": sum(o[4] for o in {o[2]: o for o in out}.values()),
-            "driver_cpu_s": c1 - c0,
-            "workers_cpu_s": sum(cpu1[h][0] - cpu0[h][0] for h in cpu1),
-            "workers_threads": threads,
-            "driver_threads": cpu_delta(th0, th1),
-            "machine_busy": busy_share(m0, m1),
-            "machine_cpu": machine_cpu(m0, m1),
+            "driver_cpu_s": c1 - c0, "workers_cpu_s": sum(cpu1[h][0] - cpu0[h][0] for h in cpu1),
+            "workers_threads": threads, "driver_threads": cpu_delta(th0, th1),
+            "machine_busy": busy_share(m0, m1), "machine_cpu": machine_cpu(m0, m1),
             "task_s_max": max(o[3] for o in out),
             # each task's lookups: (host, start, end) in seconds from the stage's start
             "task_spans": sorted((o[2], round(o[5] - wall, 2), round(o[5] - wall + o[3], 2)) for o in out),
             "hosts_used": len(hosts_used),
-            "coverage": (st["bytes_from_driver"] + st["bytes_from_peers"]) / self.args.worker_hosts / self.table_bytes,
         }
         print(f"  {policy:>12}{'' if encrypt else ' PLAIN'} {dt:6.2f} s  driver {row['driver_bytes'] / MIB:7.1f} MiB  peers "
               f"{row['peer_bytes'] / MIB:7.1f} MiB  redirects {row['redirects']:5d}  direct "
@@ -450,11 +419,7 @@ class Driver:
     def run(self):
         np, clamor, args = self.np, self.clamor, self.args
         clamor.region.init()
-        n = args.size // 8
-        a = clamor.empty(n, np.float64)
-        step = 1 << 22
-        for i in range(0, n, step):   # values < 4096: every partial sum is exact
-            a[i:i + step] = np.arange(i, min(n, i + step), dtype=np.int64) % 4096
+        a = exact_array(clamor, args.size // 8)
         self.a, self.ref, self.want = a, clamor.ref(a), float(a.sum())
         self.npages = a.nbytes // clamor.region.page_size() - 1     # whole pages inside the array
         self.scans, self.nfaults = args.scans, args.faults
@@ -481,7 +446,7 @@ class Driver:
             cl = clamor.Cluster(workers=1, start_method="spawn", encrypt=e, progress=False,
                                 speculation=False, same_host=SAME_HOST).start()
             try:
-                check_fetching(cl, "loopback")
+                same_host_modes(cl, SAME_HOST, "hosts: loopback")
             except SystemExit:
                 cl.close()
                 raise
@@ -514,32 +479,18 @@ class Driver:
         best = min(POLICIES[1:], key=lambda p: hot[p]["time_s"])
         off = hot["off"]
         fig = {
-            "bench": "hosts",
-            "link_bytes_per_s": link,
-            "link_bytes_per_s_all": links,
-            "link_back_bytes_per_s": back,
-            "scan_gbps": rs["curve"]["scan_gbps"],
+            "bench": "hosts", "link_bytes_per_s": link, "link_bytes_per_s_all": links,
+            "link_back_bytes_per_s": back, "scan_gbps": rs["curve"]["scan_gbps"],
             "scan_link_ratio": ratio(rs["curve"]["scan_gbps"], link and link / 1e9, "scan_link_ratio"),
             "scan_plain_link_ratio": ratio(rs["plain"]["scan_gbps"], link and link / 1e9, "scan_plain_link_ratio"),
             "hot_best_policy": best,
             "hot_time_ratio": ratio(hot[best]["time_s"], off["time_s"], "hot_time_ratio"),
             "hot_driver_bytes_ratio": ratio(hot[best]["driver_bytes"], off["driver_bytes"], "hot_driver_bytes_ratio"),
-            "hot_ratios": {p: {"time_ratio": ratio(hot[p]["time_s"], off["time_s"], f"{p} time_ratio"),
-                               "driver_bytes_ratio": ratio(hot[p]["driver_bytes"], off["driver_bytes"],
-                                                           f"{p} driver_bytes_ratio"),
-                               "cpu_ratio": ratio(hot[p]["driver_cpu_s"] + hot[p]["workers_cpu_s"],
-                                                  off["driver_cpu_s"] + off["workers_cpu_s"], f"{p} cpu_ratio")}
-                           for p in POLICIES[1:]},
-            "hot": hot,
+            "hot_ratios": policy_ratios(hot, POLICIES), "hot": hot,
             "hot_plain": hot_all.get("plain"),
-            "hot_plain_ratios": None if "plain" not in hot_all else {
-                p: {"time_ratio": ratio(hot_all["plain"][p]["time_s"], hot_all["plain"]["off"]["time_s"],
-                                        f"PLAIN {p} time_ratio"),
-                    "driver_bytes_ratio": ratio(hot_all["plain"][p]["driver_bytes"],
-                                                hot_all["plain"]["off"]["driver_bytes"], f"PLAIN {p} driver_bytes_ratio")}
-                for p in POLICIES[1:]},
-            "curve_fault_ratio": rs["fault_ratio"],
-            "curve_scan_ratio": rs["scan_ratio"],
+            "hot_plain_ratios": policy_ratios(hot_all["plain"], POLICIES, "PLAIN ", cpu=False)
+            if "plain" in hot_all else None,
+            "curve_fault_ratio": rs["fault_ratio"], "curve_scan_ratio": rs["scan_ratio"],
             "remote": rs,
             "loopback_curve": {"fault_us_curve": ls["curve"]["fault_us"], "fault_us_plain": ls["plain"]["fault_us"],
                                "fault_ratio": ls["fault_ratio"], "scan_gbps_curve": ls["curve"]["scan_gbps"],

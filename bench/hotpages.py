@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from _common import compile_hotpages, hot_lookup, hot_round, load_hotpages
+from _common import (compile_hotpages, hot_check, hot_counters, hot_lookup, hot_round, load_hotpages, policy_ratios,
+                     same_host_modes)
 from _harness import json_line, med, parser, ratio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,10 +41,7 @@ def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
     drv0 = clamor.region.stats()
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with clamor.Cluster(workers=args.workers, replication=policy, progress=False, same_host=SAME_HOST) as cl:
-        modes = cl.stats()["same_host"]["workers"]
-        bad = {w: m for w, m in modes.items() if m.get("mode") != SAME_HOST}
-        if bad:
-            raise SystemExit(f"hotpages: {policy}: workers not in same_host={SAME_HOST!r} mode: {bad}")
+        same_host_modes(cl, SAME_HOST, f"hotpages: {policy}")
         me0 = resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         out = cl.parallelize(keys, partitions=tasks).map_partitions(task).collect()
@@ -52,36 +50,17 @@ def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
         st = cl.stats()
         drv = clamor.region.stats()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # the workers, reaped by close()
-    got = [(s, f) for s, f, *_ in out]
-    if got != expect:
-        bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
-        raise SystemExit(f"hotpages: {policy}: tasks {bad} disagree with the driver's own lookups: "
-                         f"{[got[i] for i in bad]} != {[expect[i] for i in bad]}")
+    hot_check(out, expect, f"hotpages: {policy}")
     rep = st["replication"]
-    stage = st["stages_detail"][-1]
-    return {
-        "time_s": dt,
-        "driver_bytes": drv["bytes_served"] - drv0["bytes_served"],
-        "peer_bytes": sum(rep["bytes_served_by_peer"].values()),
-        "bytes_from_peers": st["bytes_from_peers"],
-        "bytes_from_driver": st["bytes_from_driver"],
-        "peer_bytes_by_worker": sorted(rep["bytes_served_by_peer"].values(), reverse=True),
-        "redirects": drv["redirects"] - drv0["redirects"],
-        # holder hints the driver sent with its replies (not in driver_bytes: pages only)
-        "hint_bytes": drv["hint_bytes"] - drv0["hint_bytes"],
-        "direct_requests": rep["direct_requests"],
-        "redirect_hit_rate": rep["redirect_hit_rate"],
-        "peer_fallbacks": sum(o[5] for o in {o[2]: o for o in out}.values()),
-        "evictions": sum(o[4] for o in {o[2]: o for o in out}.values()),
-        "task_s_max": stage["task_s"]["max"],
-        # CPU seconds, user + system: the driver during the stage, the
-        # workers over their whole life (start-up is the same for every policy)
-        "driver_cpu_s": cpu(me) - cpu(me0),
-        "workers_cpu_s": cpu(kids) - cpu(kids0),
-        "workers_used": len({o[2] for o in out}),
-        # share of the table each worker fetched, on average
-        "coverage": (st["bytes_from_driver"] + st["bytes_from_peers"]) / args.workers / table_bytes,
-    }
+    last = {o[2]: o for o in out}.values()   # each worker's last task: its counters
+    return {"time_s": dt, **hot_counters(drv0, drv, st, args.workers, table_bytes),
+            "peer_bytes_by_worker": sorted(rep["bytes_served_by_peer"].values(), reverse=True),
+            "redirect_hit_rate": rep["redirect_hit_rate"], "peer_fallbacks": sum(o[5] for o in last),
+            "evictions": sum(o[4] for o in last), "task_s_max": st["stages_detail"][-1]["task_s"]["max"],
+            # CPU seconds, user + system: the driver during the stage, the
+            # workers over their whole life (start-up is the same for every policy)
+            "driver_cpu_s": cpu(me) - cpu(me0), "workers_cpu_s": cpu(kids) - cpu(kids0),
+            "workers_used": len({o[2] for o in out})}
 
 
 def cpu(ru):
@@ -191,12 +170,7 @@ def main(argv=None):
         out = {"bench": "hotpages", "best_policy": best,
                "driver_bytes_ratio": ratio(med[best]["driver_bytes"], off["driver_bytes"], "driver_bytes_ratio"),
                "time_ratio": ratio(med[best]["time_s"], off["time_s"], "time_ratio"),
-               "ratios": {p: {"driver_bytes_ratio": ratio(med[p]["driver_bytes"], off["driver_bytes"],
-                                                          f"{p} driver_bytes_ratio"),
-                              "time_ratio": ratio(med[p]["time_s"], off["time_s"], f"{p} time_ratio"),
-                              "cpu_ratio": ratio(med[p]["driver_cpu_s"] + med[p]["workers_cpu_s"],
-                                                 off["driver_cpu_s"] + off["workers_cpu_s"], f"{p} cpu_ratio")}
-                          for p in POLICIES[1:]}}
+               "ratios": policy_ratios(med, POLICIES)}
         print("medians: " + "; ".join(f"{p} {med[p]['time_s']:.2f}s, driver {mib(med[p]['driver_bytes']):.0f} MiB, "
                                        f"peers {mib(med[p]['peer_bytes']):.0f} MiB" for p in POLICIES), flush=True)
         for p in POLICIES[1:]:

@@ -4,19 +4,18 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "kmeans.py".
 """
-import json
 import multiprocessing
 import os
-import shutil
+from functools import reduce
 import statistics
 import sys
 import tempfile
 import time
 
 import _harness
-from _common import (MIB, add, bounds, die_with_parent, ensure_built, make_points, one_blas_thread, parse_size,
+from _common import (MIB, add, array_pages, bounds, chunks, ensure_built, make_points, one_blas_thread, parse_size,
                      partial_sums, update)
-from _harness import json_line, med, parser, smoke_systems
+from _harness import json_line, med, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -39,11 +38,7 @@ def _pool_task(arg):
 
 def baseline_step(pool, parts, c):
     """One iteration: per-chunk partials in the pool, combined in chunk order."""
-    partials = pool.map(_pool_task, [(i, c) for i in range(parts)], chunksize=1)
-    acc = partials[0]
-    for p in partials[1:]:
-        acc = add(acc, p)
-    return update(c, *acc)
+    return update(c, *reduce(add, pool.map(_pool_task, [(i, c) for i in range(parts)], chunksize=1)))
 
 
 # ---- clamor ----------------------------------------------------------------------
@@ -58,14 +53,8 @@ def _drop_task(first, count):
 
 def drop_worker_pages(cl, pts, workers):
     """Make the next round cold: every worker drops its copy of the points
-    (``cl.run``: one call pinned to each worker, a stage of its own).  The
-    pids returned show whether every worker did."""
-    from clamor import region
-    ps, base = region.page_size(), region.base()
-    addr = pts.__array_interface__["data"][0]
-    first = (addr - base) // ps
-    count = (addr + pts.nbytes - 1 - base) // ps - first + 1
-    pids = cl.run(_drop_task, first, count)
+    (``cl.run``: one call pinned to each worker).  Whether every worker did."""
+    pids = cl.run(_drop_task, *array_pages(pts))
     return len(pids) == workers and sorted(pids) == sorted(cl.worker_pids)
 
 
@@ -107,14 +96,14 @@ def summary(times):
     return {"total_s": sum(times), "first_s": times[0], "later_median_s": statistics.median(later)}
 
 
-def peer_figures(s, r, cc, clamor_s, iters):
+def peer_figures(s, r, cc, clamor_s, iters, left_out):
     """A peer's keys for the JSON line from its result ``r`` (None: not
     requested); exits when its centroids differ from clamor's ``cc``."""
     keys = ("s", "iter_s", "times_s", "first_s", "later_median_s", "bytes", "task_max_s", "task_cpu_max_s")
     out = {f"{s}_{key}": None for key in keys}
     out[f"ratio_vs_{s}"] = None
     if r is None or "rounds" not in r:
-        out[f"{s}_missing"] = "not requested (--systems)" if r is None else r.get("missing") or r.get("error")
+        out[f"{s}_missing"] = _harness.missing(s, r, left_out)
         return out
     if not np.allclose(r["centroids"], cc, rtol=1e-9, atol=1e-9):
         raise SystemExit(f"kmeans: {s}'s centroids differ from clamor's: the comparison is void\n"
@@ -143,27 +132,18 @@ def peer_figures(s, r, cc, clamor_s, iters):
 
 # ---- the peers: Spark and Dask, each in a subprocess (--run SYSTEM) ----------------------
 
-# ---- the data directory -------------------------------------------------------------------
-
 def save_blocks(d, x, init, meta):
     """The points as ``meta["partitions"]`` contiguous blocks, the initial
     centroids and the run's parameters, in directory ``d``."""
-    b = bounds(len(x), meta["partitions"])
-    for i in range(meta["partitions"]):
-        np.save(os.path.join(d, f"block{i}.npy"), x[b[i]:b[i + 1]])
+    for i, block in enumerate(chunks(x, meta["partitions"])):
+        np.save(os.path.join(d, f"block{i}.npy"), block)
     np.save(os.path.join(d, "init.npy"), init)
-    with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump(meta, f)
+    _harness.write_json(os.path.join(d, "meta.json"), meta)
 
 
 def load_block(d, i):
     """Block i of the points (what the peers' workers run to load them)."""
     return np.load(os.path.join(d, f"block{i}.npy"))
-
-
-def _meta(d):
-    with open(os.path.join(d, "meta.json")) as f:
-        return json.load(f)
 
 
 # ---- the iterations ------------------------------------------------------------------------
@@ -187,10 +167,7 @@ def lloyd(step, init, iters, name):
     for it in range(iters):
         t = time.perf_counter()
         res = step(c)
-        acc = res[0][0]
-        for r in res[1:]:
-            acc = add(acc, r[0])
-        c = update(c, *acc)
+        c = update(c, *reduce(add, (r[0] for r in res)))
         times.append(time.perf_counter() - t)
         read, kernel, cpu = (max(r[1][j] for r in res) for j in range(3))
         slow.append((read, kernel, cpu))
@@ -306,10 +283,10 @@ def peer_child(system, d, out):
     """``kmeans.py --run SYSTEM``: run one peer over the blocks in ``d``;
     write its figures to ``out`` (JSON) and its centroids beside it, or the
     reason it could not run."""
-    die_with_parent()
 
     def run():
-        c, rounds, extra = RUNNERS[system](d, _meta(d), np.load(os.path.join(d, "init.npy")))
+        meta = _harness.read_json(os.path.join(d, "meta.json"))
+        c, rounds, extra = RUNNERS[system](d, meta, np.load(os.path.join(d, "init.npy")))
         np.save(out + ".c.npy", c)
         return {"rounds": rounds, "extra": extra}
 
@@ -320,19 +297,15 @@ def run_peers(systems, x, init, meta, timeout):
     """Each of ``systems`` over the points ``x`` from ``init``, in a
     subprocess of its own (``--run SYSTEM``); {system: result dict}, with
     ``rounds``, ``extra`` and ``centroids`` when the peer ran."""
-    d = tempfile.mkdtemp(prefix="kmeans-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="kmeans-", ignore_cleanup_errors=True) as d:
         save_blocks(d, x, init, meta)
         return _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d, timeout,
                                     load=lambda s, r, out: r.update(centroids=np.load(out + ".c.npy")))
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
 
 
 def main(argv=None):
     ap = parser(__doc__.splitlines()[0], "1M points instead of 8M", "64K points, 3 iterations, a peer that cannot "
-                "run skipped with its reason (seconds; the tests run it)")
+                "run skipped with its reason (seconds; the tests run it)", build=True)
     ap.add_argument("--points", type=int, default=None, help="number of points (default 8M, quick 1M)")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--d", type=int, default=10)
@@ -344,25 +317,17 @@ def main(argv=None):
     ap.add_argument("--page-size", type=int, default=None, help="region page size in bytes (default: clamor's)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="workers' read-ahead bytes, e.g. 2M; 0 disables (default: clamor's setting)")
-    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
-    ap.add_argument("--systems", default=None,
-                    help="which to run, comma-separated (clamor and the baseline always run; default "
-                    "clamor,baseline,spark,dask; --smoke leaves Spark out unless named)")
     ap.add_argument("--spark-executor-mb", type=int, default=None,
                     help="heap of each Spark executor JVM, MiB (default: 3 x a block + 1024, at least 2048)")
-    _harness.child_args(ap, PEERS, timeout=1800)
+    _harness.child_args(ap, PEERS, timeout=1800, default=("clamor", "baseline") + PEERS,
+                        note="; clamor and the baseline always run; --smoke leaves Spark out unless named")
     args = ap.parse_args(argv)
     if args.run:   # a peer's subprocess: no clamor here
         return peer_child(args.run, args.data, args.out)
 
-    named = args.systems is not None
-    asked = {s for s in (args.systems or "clamor,baseline,spark,dask").split(",") if s}
-    if asked - {"clamor", "baseline", *PEERS}:
-        raise SystemExit(f"kmeans: --systems: unknown {sorted(asked - {'clamor', 'baseline', *PEERS})}")
+    asked, smoke_left_out = _harness.pick_systems(ap, args, ("clamor", "baseline") + PEERS,
+                                                  ("clamor", "baseline") + PEERS)
     peers = [s for s in PEERS if s in asked]
-    smoke_left_out = {}
-    if args.smoke:
-        peers, smoke_left_out = smoke_systems(peers, named)
 
     global _POINTS, _BOUNDS
     n = args.points or ((1 << 16) if args.smoke else (1 << 20) if args.quick else (8 << 20))
@@ -447,9 +412,7 @@ def main(argv=None):
     fetched = sum(st["bytes_from_driver"] for st in rounds[0]["stages"])
     peer_out = {}
     for s in PEERS:
-        peer_out.update(peer_figures(s, peer_res.get(s), cc, clamor_s, iters))
-        if s in smoke_left_out:
-            peer_out[f"{s}_missing"] = smoke_left_out[s]
+        peer_out.update(peer_figures(s, peer_res.get(s), cc, clamor_s, iters, smoke_left_out))
     print(f"median over {len(rounds)} round(s): clamor {clamor_s:.3f} s vs multiprocessing {baseline_s:.3f} s -> "
           f"ratio {clamor_s / baseline_s:.2f} (target <= 1.5); first iteration {med(cs, 'first_s'):.3f} s vs "
           f"{med(bs, 'first_s'):.3f} s, later (median) {med(cs, 'later_median_s'):.3f} s vs "
@@ -462,30 +425,17 @@ def main(argv=None):
     out = {
         "bench": "kmeans",
         "systems_run": ["clamor", "baseline"] + [s for s in PEERS if peer_out.get(f"{s}_s") is not None],
-        "smoke": args.smoke,
-        "clamor_s": round(clamor_s, 4),
-        "baseline_s": round(baseline_s, 4),
-        "ratio": round(clamor_s / baseline_s, 3),
-        "ratio_vs_spark": peer_out.pop("ratio_vs_spark"),
-        "ratio_vs_dask": peer_out.pop("ratio_vs_dask"),
-        "time_unit": "s per iteration",
-        "hosts": 1,
-        "rate": None,
-        "points": n,
-        "k": k,
-        "d": d,
-        "iters": iters,
-        "workers": w,
-        "partitions": parts,
-        "reps": len(rounds),
-        "clamor_iter_s": round(clamor_s / iters, 4),
+        "smoke": args.smoke, "clamor_s": round(clamor_s, 4), "baseline_s": round(baseline_s, 4),
+        "ratio": round(clamor_s / baseline_s, 3), "ratio_vs_spark": peer_out.pop("ratio_vs_spark"),
+        "ratio_vs_dask": peer_out.pop("ratio_vs_dask"), "time_unit": "s per iteration", "hosts": 1,
+        "rate": None, "points": n, "k": k, "d": d, "iters": iters, "workers": w,
+        "partitions": parts, "reps": len(rounds), "clamor_iter_s": round(clamor_s / iters, 4),
         "baseline_iter_s": round(baseline_s / iters, 4),
         "clamor_times_s": [round(v, 4) for v in last["clamor"]],
         "baseline_times_s": [round(v, 4) for v in last["baseline"]],
         "clamor_bytes": sum(st["bytes_from_driver"] + st["bytes_from_peers"] for st in last["stages"]),
         "clamor_bytes_mapped": sum(st.get("bytes_mapped", 0) for st in last["stages"]),
-        "baseline_bytes": 0,
-        "clamor_first_s": round(med(cs, "first_s"), 4),
+        "baseline_bytes": 0, "clamor_first_s": round(med(cs, "first_s"), 4),
         "clamor_later_median_s": round(med(cs, "later_median_s"), 4),
         "baseline_first_s": round(med(bs, "first_s"), 4),
         "baseline_later_median_s": round(med(bs, "later_median_s"), 4),
@@ -494,16 +444,11 @@ def main(argv=None):
         "clamor_task_max_s": [round(st["task_s"]["max"], 4) for st in last["stages"]],
         "clamor_faults": [st["faults"] for st in last["stages"]],
         "clamor_overhead_ms": [round((t - st["busy_s"]) * 1e3, 2) for t, st in zip(last["clamor"], last["stages"])],
-        "bytes_fetched": fetched,
-        "cold_rounds": all(r["cold"] for r in rounds),
-        "serial_iter_s": round(serial_s, 4),
-        "gen_s": round(gen_s, 3),
-        "region_copy_s": round(copy_s, 3),
-        "cluster_start_s": round(start_s, 4),
-        "page_size": region.page_size(),
-        "readahead": readahead,
-        "total_faults": cluster_stats["faults"],
-        "verified": True,
+        "bytes_fetched": fetched, "cold_rounds": all(r["cold"] for r in rounds),
+        "serial_iter_s": round(serial_s, 4), "gen_s": round(gen_s, 3),
+        "region_copy_s": round(copy_s, 3), "cluster_start_s": round(start_s, 4),
+        "page_size": region.page_size(), "readahead": readahead,
+        "total_faults": cluster_stats["faults"], "verified": True,
         "same_bits": all(r["same_bits"] for r in rounds),
         "spark_executor_mb": meta["spark_executor_mb"],
     }

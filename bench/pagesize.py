@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, KIB, MIB, die_with_parent, ensure_built, human, parse_size
+from _common import GIB, KIB, MIB, array_pages, die_with_parent, ensure_built, exact_array, human, parse_size
 from _harness import json_line, last_json_line, parser
 
 SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 2 * MIB, 4 * MIB]
@@ -25,11 +25,7 @@ W_RANDOM, W_SCAN, W_NOAHEAD = 0.5, 0.25, 0.25
 def _drop_all(x):
     from clamor import region
 
-    addr = x.__array_interface__["data"][0]
-    ps = region.page_size()
-    first = (addr - region.base()) // ps
-    last = (addr + x.nbytes - 1 - region.base()) // ps
-    region.drop_pages(first, last - first + 1)
+    region.drop_pages(*array_pages(x))
 
 
 def random_task(ref, idx):
@@ -77,10 +73,7 @@ def run_one(page_size, array_bytes, scan_bytes, noahead_bytes, accesses, seed):
 
     region.init(page_size=page_size)
     n = array_bytes // 8
-    a = clamor.empty(n, np.float64)
-    step = 1 << 22
-    for i in range(0, n, step):  # values < 4096: every sum is exact
-        a[i:i + step] = np.arange(i, min(n, i + step), dtype=np.int64) % 4096
+    a = exact_array(clamor, n)
     idx = np.random.default_rng(seed).integers(0, n, accesses).tolist()
     want_random = 0.0
     for i in idx:
@@ -97,18 +90,12 @@ def run_one(page_size, array_bytes, scan_bytes, noahead_bytes, accesses, seed):
                          f"scan {s['sum']} vs {want_scan}, no read-ahead {z['sum']} vs {want_noahead}")
     rs, ss = r["stats"], s["stats"]
     return {
-        "page_size": page_size,
-        "random_us": r["s"] / accesses * 1e6,
-        "random_bytes": rs["bytes_fetched"],
-        "amplification": rs["bytes_fetched"] / (accesses * 8),
-        "random_faults": rs["faults"],
-        "random_fetch_p50_us": rs["fetch_p50_us"],
-        "scan_gbps": scan_bytes / s["s"] / 1e9,
-        "scan_fetched": ss["bytes_fetched"],
-        "scan_faults": ss["faults"],
-        "scan_requests": ss["fetch_requests"],
-        "scan_errors": ss["fetch_errors"],
-        "noahead_gbps": noahead_bytes / z["s"] / 1e9,
+        "page_size": page_size, "random_us": r["s"] / accesses * 1e6,
+        "random_bytes": rs["bytes_fetched"], "amplification": rs["bytes_fetched"] / (accesses * 8),
+        "random_faults": rs["faults"], "random_fetch_p50_us": rs["fetch_p50_us"],
+        "scan_gbps": scan_bytes / s["s"] / 1e9, "scan_fetched": ss["bytes_fetched"],
+        "scan_faults": ss["faults"], "scan_requests": ss["fetch_requests"],
+        "scan_errors": ss["fetch_errors"], "noahead_gbps": noahead_bytes / z["s"] / 1e9,
         "noahead_faults": z["stats"]["faults"],
     }
 
@@ -141,7 +128,7 @@ def measure(page, array, scan, noahead, accesses, seed):
 def main(argv=None):
     ap = parser(__doc__.splitlines()[0], "512 MiB array, 256 MiB scan, 32 MiB without read-ahead, 500 accesses, 1 "
                 "round", "sizes 64K and 1M only, 32 MiB array, 16 MiB scan, 8 MiB without read-ahead, 50 accesses, 1 "
-                "round (seconds; the tests run it)")
+                "round (seconds; the tests run it)", build=True)
     ap.add_argument("--sizes", default=None, help="comma-separated page sizes (default 4K..4M)")
     ap.add_argument("--array", type=parse_size, default=None, help="array bytes (default 2G, quick 512M)")
     ap.add_argument("--scan", type=parse_size, default=None, help="bytes scanned (default 1G, quick 256M)")
@@ -150,7 +137,6 @@ def main(argv=None):
     ap.add_argument("--accesses", type=int, default=None, help="random reads K (default 2000, quick 500)")
     ap.add_argument("--reps", type=int, default=None, help="rounds over all sizes (default 2, quick 1)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     ap.add_argument("--_one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--page", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -183,18 +169,11 @@ def main(argv=None):
     rows = []
     for p in sizes:
         rs = runs[p]
-        rows.append({
-            "page_size": p,
-            "random_us": statistics.median(x["random_us"] for x in rs),
-            "amplification": statistics.median(x["amplification"] for x in rs),
-            "random_mb": statistics.median(x["random_bytes"] for x in rs) / 1e6,
-            "random_fetch_p50_us": statistics.median(x["random_fetch_p50_us"] for x in rs),
-            "scan_gbps": statistics.median(x["scan_gbps"] for x in rs),
-            "noahead_gbps": statistics.median(x["noahead_gbps"] for x in rs),
-            "scan_mb": statistics.median(x["scan_fetched"] for x in rs) / 1e6,
-            "scan_faults": rs[-1]["scan_faults"],
-            "scan_requests": rs[-1]["scan_requests"],
-        })
+        m = {k: statistics.median(x[k] for x in rs) for k in ("random_us", "amplification", "random_fetch_p50_us",
+                                                              "scan_gbps", "noahead_gbps")}
+        rows.append({"page_size": p, **m, "random_mb": statistics.median(x["random_bytes"] for x in rs) / 1e6,
+                     "scan_mb": statistics.median(x["scan_fetched"] for x in rs) / 1e6,
+                     "scan_faults": rs[-1]["scan_faults"], "scan_requests": rs[-1]["scan_requests"]})
     best_r = min(rows, key=lambda x: x["random_us"])
     best_s = max(rows, key=lambda x: x["scan_gbps"])
     best_z = max(rows, key=lambda x: x["noahead_gbps"])
@@ -217,17 +196,10 @@ def main(argv=None):
           f"recommended: {human(rec['page_size'])}; within {TIE:.0%} of its score: "
           f"{', '.join(human(p) for p in close)} ({time.monotonic() - t0:.0f} s)")
     out = {
-        "bench": "pagesize",
-        "best_random_page": best_r["page_size"],
-        "best_scan_page": best_s["page_size"],
-        "best_noahead_page": best_z["page_size"],
-        "recommended_page_size": rec["page_size"],
-        "close": close,
-        "array_bytes": array,
-        "scan_bytes": scan,
-        "noahead_bytes": noahead,
-        "accesses": accesses,
-        "reps": reps,
+        "bench": "pagesize", "best_random_page": best_r["page_size"],
+        "best_scan_page": best_s["page_size"], "best_noahead_page": best_z["page_size"],
+        "recommended_page_size": rec["page_size"], "close": close, "array_bytes": array,
+        "scan_bytes": scan, "noahead_bytes": noahead, "accesses": accesses, "reps": reps,
         "rule": "lowest (random slowdown)^0.5 * (scan slowdown)^0.25 * (no-read-ahead scan slowdown)^0.25; "
                 "close: within 10% of it",
         "sizes": {str(x["page_size"]): {"random_us": round(x["random_us"], 1),

@@ -10,8 +10,9 @@ import statistics
 import sys
 import threading
 import time
+from functools import reduce
 
-from _common import MIB, add, bounds, ensure_built, make_points, one_blas_thread, partial_sums, update
+from _common import MIB, add, chunks, ensure_built, make_points, one_blas_thread, partial_sums, update
 from _harness import json_line, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
@@ -21,21 +22,16 @@ import numpy as np  # noqa: E402
 def serial_trajectory(x, init, parts, iters):
     """The centroids after each iteration, computed in the driver with the
     cluster's chunks and combination order."""
-    b = bounds(len(x), parts)
     c, out = init, []
     for _ in range(iters):
-        acc = None
-        for i in range(parts):
-            p = partial_sums(x[b[i]:b[i + 1]], c)
-            acc = p if acc is None else add(acc, p)
-        c = update(c, *acc)
+        c = update(c, *reduce(add, (partial_sums(part, c) for part in chunks(x, parts))))
         out.append(c)
     return out
 
 
 def main(argv=None):
     ap = parser(__doc__.splitlines()[0], "2M points instead of 8M", "256K points, 6 iterations (seconds; the tests "
-                "run it)")
+                "run it)", build=True)
     ap.add_argument("--points", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None, help="iterations (10; smoke 6)")
     ap.add_argument("--fail-at", type=int, default=4, help="iteration (from 1) in which a worker is killed")
@@ -45,7 +41,6 @@ def main(argv=None):
     ap.add_argument("--partitions", type=int, default=None, help="tasks per iteration (default: workers)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-verify", action="store_true", help="skip the serial check of the centroids")
-    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     args = ap.parse_args(argv)
     args.iters = args.iters or (6 if args.smoke else 10)
     if not 2 < args.fail_at < args.iters:
@@ -120,24 +115,14 @@ def main(argv=None):
           f"(target <= 1.3); workers lost {recovery['workers_lost']}, replaced {recovery['workers_replaced']}, "
           f"tasks re-run {recovery['tasks_rerun']}")
     out = {
-        "bench": "recovery",
-        "normal_iter_s": round(normal, 4),
-        "failure_iter_s": round(times[f], 4),
-        "after_iter_s": round(after, 4),
-        "after_ratio": round(after / normal, 3),
-        "failure_ratio": round(times[f] / normal, 3),
-        "iter_s": [round(v, 4) for v in times],
-        "workers_live": [r["workers"] for r in rows],
+        "bench": "recovery", "normal_iter_s": round(normal, 4),
+        "failure_iter_s": round(times[f], 4), "after_iter_s": round(after, 4),
+        "after_ratio": round(after / normal, 3), "failure_ratio": round(times[f] / normal, 3),
+        "iter_s": [round(v, 4) for v in times], "workers_live": [r["workers"] for r in rows],
         "faults": [r["faults"] for r in rows],
         "driver_mib": [round(r["driver_mib"], 1) for r in rows],
-        "peer_mib": [round(r["peer_mib"], 1) for r in rows],
-        "killed": len(killed),
-        "points": n,
-        "workers": w,
-        "partitions": parts,
-        "fail_at": args.fail_at,
-        "hosts": 1,
-        "rate": None,
+        "peer_mib": [round(r["peer_mib"], 1) for r in rows], "killed": len(killed), "points": n,
+        "workers": w, "partitions": parts, "fail_at": args.fail_at, "hosts": 1, "rate": None,
         **{k: recovery[k] for k in ("workers_lost", "workers_replaced", "tasks_rerun", "recovery_jobs",
                                     "speculative_copies")},
         "verified": verified,

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 
-from _common import GIB, MIB, cpu_delta, die_with_parent, ensure_built, human, parse_size, thread_cpu
+from _common import (GIB, MIB, array_pages, cpu_delta, die_with_parent, ensure_built, exact_array, human,
+                     parse_size, same_host_modes, thread_cpu)
 from _harness import json_line, parser
 
 
@@ -111,8 +112,6 @@ def tcp_rate(total, msg, mode):
             child.wait()
 
 
-# ---- CPU time by thread ---------------------------------------------------------------
-
 # ---- the scan, run on the worker ----------------------------------------------------
 
 def scan_task(ref, readahead, warm):
@@ -125,11 +124,7 @@ def scan_task(ref, readahead, warm):
     if readahead is not None:
         region.configure(readahead=readahead)
     x = ref.get()
-    addr = x.__array_interface__["data"][0]
-    ps = region.page_size()
-    first = (addr - region.base()) // ps
-    last = (addr + x.nbytes - 1 - region.base()) // ps
-    region.drop_pages(first, last - first + 1)  # cold: nothing present
+    region.drop_pages(*array_pages(x))  # cold: nothing present
     clamor.reset_stats()
     cpu0 = thread_cpu()
     t = time.perf_counter()
@@ -138,7 +133,7 @@ def scan_task(ref, readahead, warm):
     cpu = cpu_delta(cpu0, thread_cpu())
     st = clamor.stats()
     out = {"sum": s, "cold_s": cold, "stats": st, "readahead": region.configure()["readahead"],
-           "page_size": ps, "cpu": cpu}
+           "page_size": region.page_size(), "cpu": cpu}
     if warm:
         t = time.perf_counter()
         s2 = float(x.sum())
@@ -168,9 +163,7 @@ def map_rounds(clamor, ref, want, size, reps, mode):
     out = []
     try:
         cl.start()
-        (w,) = cl.stats()["same_host"]["workers"].values()
-        if w["mode"] != "map":
-            raise SystemExit(f"scan: the worker does not map the driver's pages: {w['reason']}")
+        same_host_modes(cl, "map", "scan")
         print(f"{'round':>5} {'local sum':>9} {'cold mmap':>9} {'map scan':>8} {'ratio':>6} {'faults':>7} "
               f"{'mapped':>7}   (GB/s)")
         for r in range(reps):
@@ -206,7 +199,7 @@ def map_rounds(clamor, ref, want, size, reps, mode):
 
 def main(argv=None):
     ap = parser(__doc__.splitlines()[0], "256 MiB instead of 1 GiB, 2 rounds", "16 MiB, 1 round (seconds; the tests "
-                "run it)")
+                "run it)", build=True)
     ap.add_argument("--size", type=parse_size, default=None, help="array bytes (default 1G, quick 256M)")
     ap.add_argument("--readahead", type=parse_size, default=None,
                     help="read-ahead bytes on the worker, 0 disables (default: clamor's setting)")
@@ -215,7 +208,6 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=None, help="rounds of (TCP, scan) (default 3, quick 2)")
     ap.add_argument("--tcp-msg", type=parse_size, default=MIB, help="TCP message size (default 1M)")
     ap.add_argument("--tcp-total", type=parse_size, default=None, help="TCP bytes per round (default: --size)")
-    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     ap.add_argument("--_tcp-sender", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._tcp_sender:
@@ -227,18 +219,12 @@ def main(argv=None):
     reps = args.reps or (1 if args.smoke else 2 if args.quick else 3)
     tcp_total = args.tcp_total or size
     clamor = ensure_built(not args.no_build)
-    import numpy as np
-
     from clamor import region
 
     region.init(page_size=args.page_size)
     page_size = region.page_size()
-    n = size // 8
     t = time.perf_counter()
-    a = clamor.empty(n, np.float64)
-    step = 1 << 22
-    for i in range(0, n, step):  # values < 4096: every partial sum is exact
-        a[i:i + step] = np.arange(i, min(n, i + step), dtype=np.int64) % 4096
+    a = exact_array(clamor, size // 8)
     fill_s = time.perf_counter() - t
     t = time.perf_counter()
     want = float(a.sum())
@@ -292,43 +278,24 @@ def main(argv=None):
           f"{scan_gbps / tcp_gbps:.2f} (target >= 0.5); vs TCP into fresh memfd pages {fresh_gbps:.2f} GB/s -> "
           f"{scan_gbps / fresh_gbps:.2f}; read-ahead {human(last['readahead'])}, page {human(page_size)}")
     out = {
-        "bench": "scan",
-        "scan_gbps": round(scan_gbps, 3),
-        "tcp_gbps": round(tcp_gbps, 3),
-        "ratio": round(scan_gbps / tcp_gbps, 3),
-        "tcp_mode": "stream",
-        "tcp_msg": args.tcp_msg,
-        "tcp_reqrep_gbps": round(med("reqrep"), 3),
-        "tcp_fresh_gbps": round(fresh_gbps, 3),
-        "ratio_fresh": round(scan_gbps / fresh_gbps, 3),
-        "warm_gbps": round(med("warm"), 3),
-        "driver_sum_gbps": round(size / local_s / 1e9, 3),
-        "page_size": page_size,
-        "readahead": last["readahead"],
-        "bytes": size,
-        "faults": st["faults"],
-        "pages_fetched": st["pages_fetched"],
-        "bytes_fetched": st["bytes_fetched"],
-        "readahead_pages": st["readahead_pages"],
-        "fetch_requests": st["fetch_requests"],
-        "fetch_errors": st["fetch_errors"],
-        "fetch_p50_us": st["fetch_p50_us"],
-        "fetch_p99_us": st["fetch_p99_us"],
-        "mode": args.mode,
-        "reps": reps,
-        "scan_gbps_all": [round(x["cold"], 3) for x in rounds],
-        "tcp_gbps_all": [round(x["tcp"], 3) for x in rounds],
-        "worker_cpu_s_per_gib": wcpu,
+        "bench": "scan", "scan_gbps": round(scan_gbps, 3), "tcp_gbps": round(tcp_gbps, 3),
+        "ratio": round(scan_gbps / tcp_gbps, 3), "tcp_mode": "stream", "tcp_msg": args.tcp_msg,
+        "tcp_reqrep_gbps": round(med("reqrep"), 3), "tcp_fresh_gbps": round(fresh_gbps, 3),
+        "ratio_fresh": round(scan_gbps / fresh_gbps, 3), "warm_gbps": round(med("warm"), 3),
+        "driver_sum_gbps": round(size / local_s / 1e9, 3), "page_size": page_size,
+        "readahead": last["readahead"], "bytes": size,
+        **{k: st[k] for k in ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "fetch_requests",
+                              "fetch_errors", "fetch_p50_us", "fetch_p99_us")},
+        "mode": args.mode, "reps": reps, "scan_gbps_all": [round(x["cold"], 3) for x in rounds],
+        "tcp_gbps_all": [round(x["tcp"], 3) for x in rounds], "worker_cpu_s_per_gib": wcpu,
         "driver_cpu_s_per_gib": dcpu,
         "map_scan_gbps": round(statistics.median(m["map"] for m in maps), 3),
         "map_local_gbps": round(statistics.median(m["local"] for m in maps), 3),
         "map_ratio": round(statistics.median(m["map"] / m["local"] for m in maps), 3),
         "cold_mmap_gbps": round(statistics.median(m["cold"] for m in maps), 3),
         "cold_mmap_ratio": round(statistics.median(m["cold"] / m["local"] for m in maps), 3),
-        "map_scan_gbps_all": [round(m["map"], 3) for m in maps],
-        "map_faults": maps[-1]["faults"],
-        "map_pages_mapped": maps[-1]["pages_mapped"],
-        "verified": True,
+        "map_scan_gbps_all": [round(m["map"], 3) for m in maps], "map_faults": maps[-1]["faults"],
+        "map_pages_mapped": maps[-1]["pages_mapped"], "verified": True,
     }
     json_line(out)
     return 0

@@ -4,16 +4,14 @@
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "sparse_lr.py".
 """
-import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 
 import _harness
-from _common import die_with_parent, one_blas_thread
-from _harness import json_line, parser, smoke_systems
+from _common import chunks, one_blas_thread
+from _harness import json_line, parser
 
 one_blas_thread()  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
@@ -84,33 +82,23 @@ def make_data(n, bits, zipf, vocab, seed, layout="hashed"):
 
 def cut(idx, y, parts):
     """The partitions: [(u, inv, y_p)], contiguous chunks of the points."""
-    n = idx.shape[0]
-    b = [(n * i) // parts for i in range(parts + 1)]
     out = []
-    for i in range(parts):
-        u, inv = np.unique(idx[b[i]:b[i + 1]], return_inverse=True)
-        out.append((u.astype(np.int64), inv.reshape(-1).astype(np.int32), np.ascontiguousarray(y[b[i]:b[i + 1]])))
+    for ix, yp in zip(chunks(idx, parts), chunks(y, parts)):
+        u, inv = np.unique(ix, return_inverse=True)
+        out.append((u.astype(np.int64), inv.reshape(-1).astype(np.int32), np.ascontiguousarray(yp)))
     return out
 
 
 def save_parts(d, parts, meta):
-    for i, (u, inv, y) in enumerate(parts):
-        np.save(os.path.join(d, f"u{i}.npy"), u)
-        np.save(os.path.join(d, f"inv{i}.npy"), inv)
-        np.save(os.path.join(d, f"y{i}.npy"), y)
-    with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump(meta, f)
+    for i, part in enumerate(parts):
+        for name, a in zip("uiy", part):
+            np.save(os.path.join(d, f"{name}{i}.npy"), a)
+    _harness.write_json(os.path.join(d, "meta.json"), meta)
 
 
 def load_part(d, i):
     """Partition i from the data directory (what every system's loader runs)."""
-    return (np.load(os.path.join(d, f"u{i}.npy")), np.load(os.path.join(d, f"inv{i}.npy")),
-            np.load(os.path.join(d, f"y{i}.npy")))
-
-
-def load_meta(d):
-    with open(os.path.join(d, "meta.json")) as f:
-        return json.load(f)
+    return tuple(np.load(os.path.join(d, f"{name}{i}.npy")) for name in "uiy")
 
 
 # ---- the kernel (every system runs this) -------------------------------------------------------
@@ -258,7 +246,7 @@ def run_clamor(d, meta, hosts):
         idx = cl.range(P, partitions=P)
         idx.map(lambda p: warm_part(*rparts[p], probe)).collect()   # untimed: every worker, its partition
         n_warm = len(cl.stage_stats())
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
 
         def grads(_):
             return idx.map(lambda p: part_grad(w, *rparts[p])).collect()
@@ -268,12 +256,9 @@ def run_clamor(d, meta, hosts):
         stages = cl.stage_stats()[n_warm:]
         st = cl.stats()
         extra["link_bytes"] = links.bytes()
-        for k in ("bytes_from_driver", "bytes_from_peers", "bytes_mapped", "faults", "wire_bytes"):
-            extra[k] = int(sum(s.get(k, 0) or 0 for s in stages))
-        extra["per_iter_bytes_from_driver"] = [int(s.get("bytes_from_driver", 0) or 0) for s in stages]
-        extra["per_iter_bytes_mapped"] = [int(s.get("bytes_mapped", 0) or 0) for s in stages]
-        extra["per_iter_wire_bytes"] = [int(s.get("wire_bytes", 0) or 0) for s in stages]
-        extra["per_iter_wire_bytes_diff"] = [int(s.get("wire_bytes_diff", 0) or 0) for s in stages]
+        for k in ("bytes_from_driver", "bytes_from_peers", "bytes_mapped", "faults", "wire_bytes", "wire_bytes_diff"):
+            extra[f"per_iter_{k}"] = [int(s.get(k, 0) or 0) for s in stages]
+            extra[k] = sum(extra[f"per_iter_{k}"])
         extra["per_iter_changed_bytes"] = changed_bytes(w0U, Gs, meta["lr"] / meta["points"])
         extra["task_max_s"] = [round(s["task_s"]["max"], 4) for s in stages if "task_s" in s]
         extra["same_host"] = st.get("same_host", {}).get("mode") if isinstance(st.get("same_host"), dict) else None
@@ -300,21 +285,11 @@ def run_peer(system, d, meta, hosts):
             bc = h.broadcast(np.zeros(8))
             rdd.map(lambda p: warm_part(*p, bc.value)).collect()   # untimed: loads and caches the partitions
             bc.destroy()
-            execs = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
-            print(f"  spark: {h.version}, master {h.master}, {execs} executors", flush=True)
-            extra = {"version": h.version, "master": h.master, "executor_processes": execs}
         elif system == "dask":
-            import dask
-            import distributed
-
             parts = h.map(load_part, [d] * P, range(P), pure=False)
             probe = h.scatter(np.zeros(8), broadcast=True)
             h.gather([h.submit(lambda p, q: warm_part(*p, q), f, probe, pure=False) for f in parts])
             del probe
-            holders = {tuple(v) for v in h.who_has(parts).values()}
-            print(f"  dask: {dask.__version__}, {len(h.scheduler_info()['workers'])} workers, "
-                  f"partitions on {len(holders)} of them", flush=True)
-            extra = {"version": distributed.__version__, "partition_holders": len(holders)}
         else:
             warm_task = h.remote(lambda p, q: warm_part(*p, q))
             parts = [h.put(load_part(d, i)) for i in range(P)]
@@ -322,15 +297,18 @@ def run_peer(system, d, meta, hosts):
             probe = h.put(np.zeros(1 << 17))   # 1 MiB: in the object store, not inlined
             h.get([warm_task.remote(r, probe) for r in parts])
             del probe
-            print(f"  ray: {h.__version__}, {len(pids)} worker processes", flush=True)
-            extra = {"version": h.__version__, "worker_processes": len(pids)}
+        line, extra = _harness.peer_facts(system, h, pids if system == "ray" else ())
+        if system == "dask":
+            extra["partition_holders"] = len({tuple(v) for v in h.who_has(parts).values()})
+            line += f", partitions on {extra['partition_holders']} of them"
+        print(f"  {line}", flush=True)
 
         def grads(wh):   # Spark's partitions: the cached RDD's
             if system == "spark":
                 return rdd.mapPartitions(lambda it: [part_grad(wh.value, *p) for p in it]).collect()
             return tasks(grad_of, wh, parts)
 
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
         times, losses = train(w, comb, iters, meta["lr"] / meta["points"], publish, grads, retire, _log(system))
         extra["link_bytes"] = links.bytes()
     extra["bytes"] = extra["link_bytes"] if hosts is not None else w.nbytes * W * iters
@@ -340,8 +318,7 @@ def run_peer(system, d, meta, hosts):
 def child(system, d, out):
     """``--run SYSTEM``: one system over the data in ``d``; its figures to
     ``out`` (its weights beside, .w.npy) or the reason it could not run."""
-    die_with_parent()
-    meta = load_meta(d)
+    meta = _harness.read_json(os.path.join(d, "meta.json"))
 
     def run():
         with _harness.hosts_for(meta["workers"], meta["rate"]) as hosts:
@@ -381,10 +358,8 @@ def main(argv=None):
     ap.add_argument("--netns", action="store_true", help="namespace hosts even with --quick")
     ap.add_argument("--local", action="store_true", help="one host even for the full run")
     ap.add_argument("--rate", default="1gbit", help="every namespace host's link, both ways (tc notation)")
-    ap.add_argument("--systems", default=None, help="which to run (clamor always runs; default "
-                    + ",".join(SYSTEMS) + ")")
     ap.add_argument("--seed", type=int, default=1)
-    _harness.child_args(ap, SYSTEMS, "the weights")
+    _harness.child_args(ap, SYSTEMS, "the weights", default=SYSTEMS, note="; clamor always runs")
     args = ap.parse_args(argv)
     if args.run:
         return child(args.run, args.data, args.out)
@@ -396,11 +371,8 @@ def main(argv=None):
     args.iters = args.iters or (3 if sm else 10)
     args.workers = W = args.workers or (2 if sm else 4)
     P = args.partitions or W
-    named = args.systems is not None
-    systems = ["clamor"] + [s for s in (args.systems or ",".join(SYSTEMS)).split(",") if s and s != "clamor"]
-    smoke_left_out = {}
-    if sm:
-        systems, smoke_left_out = smoke_systems(systems, named)
+    systems, smoke_left_out = _harness.pick_systems(ap, args, SYSTEMS, SYSTEMS)
+    systems = ["clamor"] + [s for s in systems if s != "clamor"]
     wbytes = 8 << bits
     netns = (args.netns or not (args.quick or sm)) and not args.local
     if netns:
@@ -408,61 +380,61 @@ def main(argv=None):
         ok, why = nethosts.available()
         if not ok:
             raise SystemExit(f"sparse_lr: namespace hosts cannot be made here ({why}); --local runs on one host")
-    meta = {"netns": netns, "rate": args.rate if netns else None,"bits": bits, "points": n, "workers": W, "partitions": P, "iters": args.iters, "lr": args.lr,
-            "layout": args.layout,
-        "zipf": args.zipf, "vocab": args.vocab, "seed": args.seed, "init": args.init,
-            "spark_executor_mb": _harness.spark_memory(args, wbytes)[0],
-            "spark_driver_memory": _harness.spark_memory(args, wbytes)[1]}
+    mb, dm = _harness.spark_memory(args, wbytes)
+    meta = {"netns": netns, "rate": args.rate if netns else None, "bits": bits, "points": n, "workers": W,
+            "partitions": P, "iters": args.iters, "lr": args.lr, "layout": args.layout, "zipf": args.zipf,
+            "vocab": args.vocab, "seed": args.seed, "init": args.init, "spark_executor_mb": mb,
+            "spark_driver_memory": dm}
     t_all = time.perf_counter()
-    d = tempfile.mkdtemp(prefix="sparse_lr-")
     try:
-        t = time.perf_counter()
-        idx, y, vocabs = make_data(n, bits, args.zipf, args.vocab, args.seed, args.layout)
-        parts = cut(idx, y, P)
-        distinct = np.unique(idx)
-        page = 64 << 10
-        pages_total = max(1, wbytes // page)
-        pages_touched = np.unique(distinct * 8 // page).size
-        del idx
-        save_parts(d, parts, meta)
-        gen_s = time.perf_counter() - t
-        per_part = [p[0].size for p in parts]
-        print(f"sparse_lr: {n} points x {FIELDS} fields, 2^{bits} weights ({wbytes / MIB:.0f} MiB float64), "
-              f"{W} workers, {P} partitions, {args.iters} iterations; {args.layout} layout, Zipf {args.zipf}, vocabularies "
-              f"{vocabs[0]}..{vocabs[-1]}; {distinct.size} distinct weights touched "
-              f"({distinct.size / (1 << bits):.2%} of them; a partition {min(per_part)}..{max(per_part)}), "
-              f"on {pages_touched} of {pages_total} 64 KiB pages ({pages_touched / pages_total:.1%}); "
-              f"positive labels {y.mean():.1%}; generated in {gen_s:.1f} s", flush=True)
+        with tempfile.TemporaryDirectory(prefix="sparse_lr-", ignore_cleanup_errors=True) as d:
+            t = time.perf_counter()
+            idx, y, vocabs = make_data(n, bits, args.zipf, args.vocab, args.seed, args.layout)
+            parts = cut(idx, y, P)
+            distinct = np.unique(idx)
+            page = 64 << 10
+            pages_total = max(1, wbytes // page)
+            pages_touched = np.unique(distinct * 8 // page).size
+            del idx
+            save_parts(d, parts, meta)
+            gen_s = time.perf_counter() - t
+            per_part = [p[0].size for p in parts]
+            print(f"sparse_lr: {n} points x {FIELDS} fields, 2^{bits} weights ({wbytes / MIB:.0f} MiB float64), "
+                  f"{W} workers, {P} partitions, {args.iters} iterations; {args.layout} layout, Zipf {args.zipf}, "
+                  f"vocabularies "
+                  f"{vocabs[0]}..{vocabs[-1]}; {distinct.size} distinct weights touched "
+                  f"({distinct.size / (1 << bits):.2%} of them; a partition {min(per_part)}..{max(per_part)}), "
+                  f"on {pages_touched} of {pages_total} 64 KiB pages ({pages_touched / pages_total:.1%}); "
+                  f"positive labels {y.mean():.1%}; generated in {gen_s:.1f} s", flush=True)
 
-        t = time.perf_counter()
-        ref_times, ref_losses, ref_w = reference(parts, meta)
-        ref_s = time.perf_counter() - t
-        del parts
-        print(f"single-process numpy: {np.mean(ref_times):.3f} s an iteration; losses "
-              f"{ref_losses[0]:.6g} -> {ref_losses[-1]:.10g}", flush=True)
-        if not ref_losses[-1] < ref_losses[0]:
-            raise SystemExit("sparse_lr: the loss did not go down; choose another --lr")
+            t = time.perf_counter()
+            ref_times, ref_losses, ref_w = reference(parts, meta)
+            ref_s = time.perf_counter() - t
+            del parts
+            print(f"single-process numpy: {np.mean(ref_times):.3f} s an iteration; losses "
+                  f"{ref_losses[0]:.6g} -> {ref_losses[-1]:.10g}", flush=True)
+            if not ref_losses[-1] < ref_losses[0]:
+                raise SystemExit("sparse_lr: the loss did not go down; choose another --lr")
 
-        def check(s, r):
-            if "times" not in r:
-                if s == "clamor":
-                    raise SystemExit(f"sparse_lr: clamor failed: {_harness.why_not(r)}\n{r.get('traceback', '')}")
-                return
-            le = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref_losses))
-            we = rel_err(r["w"], ref_w)
-            r["loss_rel_err"], r["w_rel_err"] = le, we
-            print(f"  {s}: {np.mean(r['times']):.3f} s an iteration (median {np.median(r['times']):.3f}); "
-                  f"loss {r['losses'][-1]:.10g}, relative error {le:.2g} (losses), {we:.2g} (weights); "
-                  f"{r['wall_s']:.0f} s with start-up and loading", flush=True)
-            if len(r["losses"]) != len(ref_losses) or le > 1e-9 or we > 1e-9:
-                raise SystemExit(f"sparse_lr: {s}'s answer differs from the single-process run "
-                                 f"(losses {le:.3g}, weights {we:.3g} relative): the comparison is void")
+            def check(s, r):
+                if "times" not in r:
+                    if s == "clamor":
+                        raise SystemExit(f"sparse_lr: clamor failed: {_harness.why_not(r)}\n{r.get('traceback', '')}")
+                    return
+                le = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref_losses))
+                we = rel_err(r["w"], ref_w)
+                r["loss_rel_err"], r["w_rel_err"] = le, we
+                print(f"  {s}: {np.mean(r['times']):.3f} s an iteration (median {np.median(r['times']):.3f}); "
+                      f"loss {r['losses'][-1]:.10g}, relative error {le:.2g} (losses), {we:.2g} (weights); "
+                      f"{r['wall_s']:.0f} s with start-up and loading", flush=True)
+                if len(r["losses"]) != len(ref_losses) or le > 1e-9 or we > 1e-9:
+                    raise SystemExit(f"sparse_lr: {s}'s answer differs from the single-process run "
+                                     f"(losses {le:.3g}, weights {we:.3g} relative): the comparison is void")
 
-        results = _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d,
-                                       args.timeout, load=lambda s, r, out: r.update(w=np.load(out + ".w.npy")),
-                                       check=check)
+            results = _harness.run_systems(systems, [sys.executable, os.path.abspath(__file__), "--data", d], d,
+                                           args.timeout, load=lambda s, r, out: r.update(w=np.load(out + ".w.npy")),
+                                           check=check)
     finally:
-        shutil.rmtree(d, ignore_errors=True)
         left = _harness.reap_descendants()
         if left:
             print(f"killed processes left behind: {left}", flush=True)
@@ -484,35 +456,22 @@ def main(argv=None):
             out[f"{s}_phases_s"] = {"publish": round(float(ph[0]), 4), "tasks": round(float(ph[1]), 4),
                                     "update": round(float(ph[2]), 4)}
         else:
-            out[f"{s}_missing"] = smoke_left_out.get(s, "not requested (--systems)") if r is None else \
-                r.get("missing") or r.get("error") or "not run"
+            out[f"{s}_missing"] = _harness.missing(s, r, smoke_left_out)
     ce = c["extra"]
     out.update({
-        "systems_run": [s for s in SYSTEMS if s in results and "times" in results[s]],
-        "smoke": sm,
+        "systems_run": [s for s in SYSTEMS if s in results and "times" in results[s]], "smoke": sm,
         "clamor_bytes_mapped": ce.get("bytes_mapped"),
-        "clamor_bytes_from_peers": ce.get("bytes_from_peers"),
-        "clamor_faults": ce.get("faults"),
-        "clamor_task_max_s": ce.get("task_max_s"),
-        "clamor_same_host": ce.get("same_host"),
-        "single_iter_s": round(float(np.mean(ref_times)), 4),
-        "loss": ref_losses[-1],
+        "clamor_bytes_from_peers": ce.get("bytes_from_peers"), "clamor_faults": ce.get("faults"),
+        "clamor_task_max_s": ce.get("task_max_s"), "clamor_same_host": ce.get("same_host"),
+        "single_iter_s": round(float(np.mean(ref_times)), 4), "loss": ref_losses[-1],
         "first_loss": ref_losses[0],
         "max_loss_rel_err": max(r["loss_rel_err"] for r in results.values() if "times" in r),
         "max_w_rel_err": max(r["w_rel_err"] for r in results.values() if "times" in r),
-        "weights": 1 << bits,
-        "weights_bytes": wbytes,
-        "points": n,
-        "fields": FIELDS,
+        "weights": 1 << bits, "weights_bytes": wbytes, "points": n, "fields": FIELDS,
         "distinct_weights": int(distinct.size),
-        "pages_touched_frac": round(pages_touched / pages_total, 4),
-        "workers": W,
-        "partitions": P,
-        "iters": args.iters,
-        "hosts": W if netns else 1,
-        "rate": args.rate if netns else None,
-        "time_unit": "s per iteration",
-        "clamor_wire_bytes": ce.get("wire_bytes"),
+        "pages_touched_frac": round(pages_touched / pages_total, 4), "workers": W, "partitions": P,
+        "iters": args.iters, "hosts": W if netns else 1, "rate": args.rate if netns else None,
+        "time_unit": "s per iteration", "clamor_wire_bytes": ce.get("wire_bytes"),
         # an iteration's fetches carry the previous iteration's update: wire bytes of iterations 1.. against
         # the bytes of the weights updates 0.. changed, per worker (each worker fetches every page it reads)
         "clamor_wire_bytes_per_iter": ce.get("per_iter_wire_bytes"),
@@ -523,17 +482,13 @@ def main(argv=None):
             if ce.get("per_iter_wire_bytes") and len(ce["per_iter_wire_bytes"]) > 1 else None),
         "init": args.init,
         "link_bytes": {s: r["extra"].get("link_bytes") for s, r in results.items() if "times" in r} if netns else None,
-        "layout": args.layout,
-        "zipf": args.zipf,
-        "vocab": int(args.vocab),
+        "layout": args.layout, "zipf": args.zipf, "vocab": int(args.vocab),
         "spark_executor_mb": meta["spark_executor_mb"],
         "spark_driver_memory": meta["spark_driver_memory"],
         "versions": {s: results[s]["extra"].get("version") for s in results if "times" in results[s]},
-        "gen_s": round(gen_s, 1),
-        "reference_s": round(ref_s, 1),
+        "gen_s": round(gen_s, 1), "reference_s": round(ref_s, 1),
         "wall_s": {s: round(r["wall_s"], 1) for s, r in results.items()},
-        "total_s": round(time.perf_counter() - t_all, 1),
-        "verified": True,
+        "total_s": round(time.perf_counter() - t_all, 1), "verified": True,
     })
     json_line(out)
     return 0

@@ -7,18 +7,16 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 """
 import os
 import pickle
-import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 import _harness
-from _common import Spawned, die_with_parent, zipf_ranks
-from _harness import json_line, med, parser, smoke_systems
+from _common import Spawned, die_with_parent, same_host_modes, zipf_ranks
+from _harness import json_line, med, parser
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing
 EMPTY = 0                            # keys are >= 1
@@ -327,44 +325,24 @@ def run_rounds(wl, name, publish, lookups, retire):
     return out
 
 
-def warm_check(name, got, want):
-    if [tuple(a) for a, _ in got] != want:
-        raise WrongAnswer(f"{name}: the warm-up answers are wrong")
-    return len({pid for _, pid in got})
-
-
-def run_peer(system, wl, task, warm, conf, hosts=None):
+def run_peer(system, wl, conf, hosts=None):
     """``system``'s rounds over ``wl``, the table re-sent every round its
     users' way (``_harness.shared``), after a warm-up task on every worker."""
     W = wl.workers
-    tiny, tkeys, tbits, tans = warm
+    tiny, tkeys = tiny_table()
     with start(system, W, hosts, **conf) as h:
         publish, tasks, retire = _harness.shared(system, h)
-        if system == "spark":
-            end = time.monotonic() + 120
-            while len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1 < W and time.monotonic() < end:
-                time.sleep(0.2)   # executors register after the context is up
-        pids = _harness.ray_wait_workers(h, W) if system == "ray" else None
+        pids = _harness.ray_wait_workers(h, W) if system == "ray" else ()
         t = publish(tiny)   # Ray: 1 MiB, in the object store, not inlined
-        used = warm_check(system, tasks(task, t, [tkeys] * W, tbits, 0.3), [tans] * W)
+        got = tasks(peer_task, t, [tkeys] * W, TINY_BITS, 0.3)
+        if [tuple(a) for a, _ in got] != [answer(tiny, tkeys, TINY_BITS)] * W:
+            raise WrongAnswer(f"{system}: the warm-up answers are wrong")
         retire(t)
         del t
-        if system == "spark":
-            execs = len(h._jsc.sc().statusTracker().getExecutorInfos()) - 1   # less the driver's
-            print(f"  spark: {h.version}, master {h.master}, {execs} executors", flush=True)
-            facts = {"version": h.version, "master": h.master, "executor_processes": execs}
-        elif system == "dask":
-            import distributed
-
-            print(f"  dask: {distributed.__version__}, {len(h.scheduler_info()['workers'])} workers, "
-                  f"{used} ran the warm-up", flush=True)
-            facts = {"version": distributed.__version__}
-        else:
-            print(f"  ray: {h.__version__}, {len(pids)} worker processes", flush=True)
-            facts = {"version": h.__version__, "worker_processes": len(pids)}
-        bits = wl.bits
-        links = _harness.LinkWindow(hosts)
-        out = run_rounds(wl, system, publish, lambda t, shares: tasks(task, t, shares, bits), retire)
+        line, facts = _harness.peer_facts(system, h, pids)
+        print(f"  {line}; {len({pid for _, pid in got})} ran the warm-up", flush=True)
+        links = _harness.Links(hosts)
+        out = run_rounds(wl, system, publish, lambda t, shares: tasks(peer_task, t, shares, wl.bits), retire)
         out.update(facts, link_bytes=links.bytes())
     # one host: the pickled table to each Spark executor or Dask worker, a lower bound, and one
     # copy into Ray's object store, read in place by its workers; namespace hosts: what crossed the links
@@ -373,18 +351,13 @@ def run_peer(system, wl, task, warm, conf, hosts=None):
     return out
 
 
-# ---- one process per peer ------------------------------------------------------------------
-
-def peer_child(system, wl, task, warm, conf, out, rate=None):
-    """``--run SYSTEM``: run ``system`` over the workload ``wl`` (its table
-    built, in plain memory); write its figures to ``out`` (JSON), or why it
-    could not run ("missing"), failed ("error") or answered wrong
-    ("wrong").  ``task(table, q, bits, pause=0)`` -> (answer, pid) is what
-    every worker runs; ``warm`` = (a small table, its keys, its bits, the
-    answer) for the warm-up task."""
+def peer_child(system, wl, conf, out, rate=None):
+    """``--run SYSTEM``: ``system`` over ``wl`` (its table built, in plain
+    memory); its figures to ``out``, or why it has none ("wrong": answers
+    that differ from the driver's)."""
     def run():
         with _harness.hosts_for(wl.workers, rate) as hosts:
-            return run_peer(system, wl, task, warm, conf, hosts)
+            return run_peer(system, wl, conf, hosts)
 
     return _harness.child_result(system, out, run, {WrongAnswer: "wrong"})
 
@@ -403,37 +376,29 @@ def run_peers(systems, cmd, timeout):
             print(f"  {s}: {sum(rest) / len(rest):.4f} s a round after the first (first {r['times'][0]:.4f} s); "
                   f"{r['wall_s']:.0f} s with start-up", flush=True)
 
-    d = tempfile.mkdtemp(prefix="streaming-")
-    try:
-        return _harness.run_systems(systems, cmd, d, timeout, load=loaded, check=checked,
-                                    heading=": the table re-sent every round")
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
+    return _harness.run_systems(systems, cmd, None, timeout, load=loaded, check=checked,
+                                heading=": the table re-sent every round")
 
 
 # ---- the Ray baseline ------------------------------------------------------------------
 
 def ray_helper(conn, workers):
     """Ray's driver, a plain spawned process (Ray's threads and processes
-    stay out of the region's driver).  Says first whether ``import ray``
-    works (its version, or None), then runs ray_command for each message
-    and replies ("ok", result) or ("error", text)."""
+    stay out of the region's driver): says whether ``import ray`` works
+    (its version, or None), then replies ("ok", RayRounds's answer) or
+    ("error", text) to each (method, *args)."""
     die_with_parent()
     _harness.subreaper()
     try:
         import ray
     except ImportError:
         ray = None
-    state = {}
+    rounds = RayRounds(ray, workers)
     try:
         conn.send(ray.__version__ if ray else None)
-        while True:
-            msg = conn.recv()
-            if msg is None:
-                return
+        while (msg := conn.recv()) is not None:
             try:
-                conn.send(("ok", ray_command(ray, msg, workers, state)))
+                conn.send(("ok", getattr(rounds, msg[0])(*msg[1:])))
             except Exception as err:   # Ray is there but failed: the driver stops and says why
                 import traceback
 
@@ -441,56 +406,55 @@ def ray_helper(conn, workers):
     except (EOFError, OSError, KeyboardInterrupt):   # the driver is gone
         return
     finally:
-        session = state.pop("session", None)
-        state.clear()
-        if session is not None:
-            session.close()   # ray.shutdown()
+        rounds.stop()
         _harness.reap_descendants()
 
 
-def ray_command(ray, msg, workers, state):
-    """"start": Ray (``start``), a warm-up task on each
-    worker through the object store, and a private copy of the table from
-    the SharedMemory block (none of it timed; returns its seconds).
-    "round": ray.put of the table and one task per share; returns
-    (answers, the put's seconds, the round's seconds, how many worker
-    processes ran the tasks).  "stop": ray.shutdown."""
-    if msg[0] == "start":
+class RayRounds:
+    """The cold first rounds on Ray, in ray_helper's process."""
+
+    def __init__(self, ray, workers):
+        self.ray, self.workers, self.session = ray, workers, None
+
+    def start(self, name, shape, shares, bits):
+        """Ray (``start``), a warm-up task on each worker through the object
+        store, and a private copy of the table from the SharedMemory block
+        ``name``; none of it timed: returns its seconds."""
         import contextlib
         from multiprocessing import shared_memory
 
-        _, name, shape, state["shares"], state["bits"] = msg
-        t = time.perf_counter()
-        state["session"] = contextlib.ExitStack()
-        state["session"].enter_context(start("ray", workers))
+        ray, t = self.ray, time.perf_counter()
+        self.shares, self.bits = shares, bits
+        self.session = contextlib.ExitStack()
+        self.session.enter_context(start("ray", self.workers))
         # this script is __mp_main__ here, which Ray's workers cannot import: send its functions by value
         ray.cloudpickle.register_pickle_by_value(sys.modules[peer_task.__module__])
-        state["look"] = look = ray.remote(peer_task)
+        self.look = ray.remote(peer_task)
         tiny, tkeys = tiny_table()
         ref = ray.put(tiny)   # 1 MiB: in the object store, not inlined
-        ray.get([look.remote(ref, tkeys, TINY_BITS, 0.3) for _ in range(workers)])
+        ray.get([self.look.remote(ref, tkeys, TINY_BITS, 0.3) for _ in range(self.workers)])
         del ref
         shm = shared_memory.SharedMemory(name=name)
-        view = np.ndarray(shape, dtype=np.int64, buffer=shm.buf)
-        state["table"] = view.copy()
-        del view
+        self.table = np.ndarray(shape, dtype=np.int64, buffer=shm.buf).copy()
         shm.close()
         return time.perf_counter() - t
-    if msg[0] == "round":
-        look, bits = state["look"], state["bits"]
+
+    def round(self):
+        """ray.put of the table and one task per share: (answers, the put's
+        seconds, the round's seconds, worker processes that ran the tasks)."""
         t = time.perf_counter()
-        ref = ray.put(state["table"])
+        ref = self.ray.put(self.table)
         put_s = time.perf_counter() - t
-        out = ray.get([look.remote(ref, q, bits) for q in state["shares"]])
+        out = self.ray.get([self.look.remote(ref, q, self.bits) for q in self.shares])
         took = time.perf_counter() - t
         del ref
         return [a for a, _ in out], put_s, took, len({pid for _, pid in out})
-    if msg[0] == "stop":
-        session = state.pop("session")
-        state.clear()
-        session.close()
+
+    def stop(self):
+        if self.session is not None:
+            self.session.close()   # ray.shutdown()
+            self.session = None
         return True
-    raise ValueError(f"unknown command {msg[0]!r}")
 
 
 class RayHelper(Spawned):
@@ -542,6 +506,44 @@ def fetch_ratio(fetched, pids, pages, psize):
     return fetched / touched if touched else None, touched
 
 
+def check(where, table, bits, answers, expect, shares):
+    """Every system's answers ({who: answers}) against the driver's
+    ``expect`` and against the same lookups run here, single-process."""
+    for who, ans in {"single process": [answer(table, q, bits) for q in shares], **answers}.items():
+        if [tuple(a) for a in ans] != [tuple(a) for a in expect]:
+            raise SystemExit(f"streaming: {where}: {who} disagrees with the driver\n  driver {expect}\n  {who} {ans}")
+
+
+def clamor_round(cl, table, bits, shares):
+    """One stage of lookups, a task a share: (seconds, answers, pids,
+    invalidation counters, its stage stats)."""
+    def task(part):
+        import clamor
+
+        st = clamor.stats()
+        return [(answer(table, part, bits), os.getpid(), st["pages_invalidated"])]
+
+    t = time.perf_counter()
+    out = cl.parallelize(np.concatenate(shares), partitions=len(shares)).map_partitions(task).collect()
+    took = time.perf_counter() - t
+    return took, [a for a, _, _ in out], [p for _, p, _ in out], [v for _, _, v in out], cl.stage_stats()[-1]
+
+
+def tiny_stage(cl, workers, tiny, tkeys, pause=0.0):
+    """After ``pause`` s, a task a worker over the tiny table in plain
+    memory, reading no region page: the warm-up, or (after a pause) what
+    lets read-ahead still on the wire land and be counted.  Its bytes
+    from the driver and peers; stops on a wrong answer."""
+    time.sleep(pause)
+    want = answer(tiny, tkeys, TINY_BITS)
+    got = cl.parallelize(list(range(workers)), partitions=workers).map_partitions(
+        lambda part: [answer(tiny, tkeys, TINY_BITS)]).collect()
+    if got != [want] * workers:
+        raise SystemExit("streaming: the warm-up answer is wrong")
+    st = cl.stage_stats()[-1]
+    return st["bytes_from_driver"] + st["bytes_from_peers"]
+
+
 def system_figures(figures, common, peers, left_out=None):
     """Every system's figures in bench/figures.py's shape into ``figures``:
     ``common`` {system: (seconds per round, bytes moved)} and each peer that
@@ -552,12 +554,10 @@ def system_figures(figures, common, peers, left_out=None):
         figures.update({f"{who}_iter_s": statistics.median(times[1:]), f"{who}_times_s": times,
                         f"{who}_bytes": int(nbytes)})
     for who in PEERS:
-        p = peers.get(who)
         figures[f"speedup_vs_{who}"] = figures[f"{who}_iter_s"] / cl_med if who in ran else None
         if who not in ran:
             figures.update({f"{who}_iter_s": None, f"{who}_bytes": None,
-                            f"{who}_missing": (_harness.why_not(p) or "not run") if p else
-                            (left_out or {}).get(who, "not requested (--systems)")})
+                            f"{who}_missing": _harness.missing(who, peers.get(who), left_out)})
     figures.update(peer_versions={who: p.get("version") for who, p in ran.items()},
                    peer_wall_s={who: p["wall_s"] for who, p in peers.items()})
 
@@ -575,47 +575,25 @@ def on_hosts(args, wl, peers, spark_conf):
             start("clamor", W, hosts, page_size=args.page_size) as cl:
         table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
         bits = wl.bits
-
-        def task(part):
-            return [(answer(table, part, bits), os.getpid())]
-
-        def warm(part):   # a first task that does not read the region
-            return [answer(tiny, tiny_keys, TINY_BITS)]
-
-        def settle():
-            """A stage that reads nothing, after a pause: read-ahead still on
-            the wire after a round lands and is reported; its bytes."""
-            time.sleep(0.3)
-            cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect()
-            st = cl.stage_stats()[-1]
-            return st["bytes_from_driver"] + st["bytes_from_peers"]
-
-        if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
-                [answer(tiny, tiny_keys, TINY_BITS)] * W:
-            raise SystemExit("streaming: the warm-up answer is wrong")
+        tiny_stage(cl, W, tiny, tiny_keys)
         psize = clamor.region.page_size()
         pages0 = [lookup_pages(table, wl.keys[i], wl.slot_of[i], bits, psize) for i in wl.plan[0][2]]
         print(f"streaming on {W} namespace hosts, links {args.rate}: {mib(table.nbytes).strip()} table, "
               f"{wl.n} keys; clamor's workers fetch", flush=True)
-        links = _harness.LinkWindow(hosts)
+        links = _harness.Links(hosts)
         times, moved, wire = [], [], []
         ran = {who: p for who, p in peers.items() if "times" in p}
         for r in range(rounds):
             shares, expect = wl.begin(r)
-            t = time.perf_counter()
-            out = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
-            times.append(time.perf_counter() - t)
-            got = [a for a, _ in out]
-            st = cl.stage_stats()[-1]
+            took, got, pids, _, st = clamor_round(cl, table, bits, shares)
+            times.append(took)
             moved.append(st["bytes_from_driver"] + st["bytes_from_peers"])
             wire.append(st["wire_bytes"])
             if r == 0:   # untimed: round 0's late read-ahead, then its bytes against the pages it touched
-                ratio0, touched0 = fetch_ratio(moved[-1] + settle(), [p for _, p in out], pages0, psize)
-            single = [answer(table, q, bits) for q in shares]
-            for who, ans in [("clamor", got), ("single process", single)] + [(w, p["answers"][r]) for w, p in ran.items()]:
-                if [tuple(a) for a in ans] != [tuple(a) for a in expect]:
-                    raise SystemExit(f"streaming: round {r}: {who} disagrees with the driver\n  driver {expect}\n"
-                                     f"  {who} {ans}")
+                ratio0, touched0 = fetch_ratio(moved[-1] + tiny_stage(cl, W, tiny, tiny_keys, 0.3), pids, pages0,
+                                               psize)
+            check(f"round {r}", table, bits, {"clamor": got, **{w: p["answers"][r] for w, p in ran.items()}},
+                  expect, shares)
             print(f"{r:>5} | clamor {times[-1]:.4f}s {mib(moved[-1])} | "
                   + " ".join(f"{who} {p['times'][r]:.4f}s" for who, p in ran.items()), flush=True)
         link = links.bytes()
@@ -655,11 +633,9 @@ def main(argv=None):
                     help="the peers and clamor with one worker per namespace host (only the rounds: no "
                          "broadcast baseline, no same-host parts)")
     ap.add_argument("--rate", default="1gbit", help="with --netns: every host's link, both ways (tc notation)")
-    ap.add_argument("--systems", default=None,
-                    help="peers to run (default spark,dask,ray; clamor always runs; '' for none)")
     ap.add_argument("--no-ray", action="store_true", help="leave Ray out (the peer and the cold first rounds)")
     ap.add_argument("--seed", type=int, default=1)
-    _harness.child_args(ap, PEERS, "the table")
+    _harness.child_args(ap, PEERS, "the table", default=PEERS, note="; clamor always runs; '' for none")
     args = ap.parse_args(argv)
     sm = args.smoke
     bits = args.bits or (16 if sm else 23 if args.quick else 25)
@@ -667,17 +643,11 @@ def main(argv=None):
     first_reps = args.first_reps or (1 if sm else 3 if args.quick else 5)
     args.passes = args.passes or (1 if sm else 2)
     args.lookups = args.lookups or (2000 if sm else 20000)
-    named = args.systems is not None
-    args.systems = ",".join(PEERS) if args.systems is None else args.systems
     W = args.workers
     if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
         ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
-    systems = [x for x in args.systems.split(",") if x and x != "clamor" and not (args.no_ray and x == "ray")]
-    if set(systems) - set(PEERS):
-        ap.error(f"--systems: unknown {sorted(set(systems) - set(PEERS))}")
-    smoke_left_out = {}
-    if sm and not args.run:
-        systems, smoke_left_out = smoke_systems(systems, named)
+    systems, smoke_left_out = _harness.pick_systems(ap, args, ("clamor",) + PEERS, PEERS)
+    systems = [x for x in systems if x != "clamor" and not (args.no_ray and x == "ray")]
     tbytes = 16 << bits
     spark_conf = dict(zip(("executor_mb", "driver_memory"), _harness.spark_memory(args, tbytes)))
 
@@ -686,12 +656,9 @@ def main(argv=None):
 
     tiny, tiny_keys = tiny_table()
     if args.run:   # one peer, in a process of its own that has no region
-        die_with_parent()
         wl = workload()
         wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
-        return peer_child(args.run, wl, peer_task, (tiny, tiny_keys, TINY_BITS,
-                                                              answer(tiny, tiny_keys, TINY_BITS)), spark_conf, args.out,
-                                   args.rate if args.netns else None)
+        return peer_child(args.run, wl, spark_conf, args.out, args.rate if args.netns else None)
 
     # The peers first, each in a subprocess of its own, while this process
     # has neither a region nor other children.
@@ -724,40 +691,8 @@ def main(argv=None):
               f"{build_s:.1f}s; {W} workers x {args.lookups} lookups Zipf({args.zipf}) a round, "
               f"one hot key updated between rounds; {ray_note}", flush=True)
 
-        def check(where, answers, expect, shares):
-            """Every system's answers against the driver's and against the
-            same lookups run here, single-process."""
-            single = [answer(table, q, bits) for q in shares]
-            if single != expect:
-                raise SystemExit(f"streaming: {where}: the single-process lookups disagree with the driver's "
-                                 f"values\n  driver {expect}\n  single {single}")
-            for who, ans in answers.items():
-                if ans != expect:
-                    raise SystemExit(f"streaming: {where}: {who} disagrees with the driver\n"
-                                     f"  driver {expect}\n  {who} {ans}")
-
-        def task(part):
-            st = clamor.stats()
-            return [(answer(table, part, bits), os.getpid(), st["pages_invalidated"])]
-
-        def warm(part):   # a first task that does not read the region
-            return [answer(tiny, tiny_keys, TINY_BITS)]
-
-        def clamor_round(cl, shares):
-            """One stage of lookups: (seconds, answers, pids, invalidation counters, its stage stats)."""
-            t = time.perf_counter()
-            out = cl.parallelize(np.concatenate(shares), partitions=W).map_partitions(task).collect()
-            took = time.perf_counter() - t
-            return took, [a for a, _, _ in out], [p for _, p, _ in out], [v for _, _, v in out], cl.stage_stats()[-1]
-
         def same_host(cl, want):
-            """Each worker's same_host mode; stops unless every one is ``want``."""
-            modes = cl.stats()["same_host"]["workers"]
-            bad = {w: m for w, m in modes.items() if m.get("mode") != want}
-            if bad or len(modes) != W:
-                raise SystemExit(f"streaming: a Cluster(same_host={want!r}) has {len(modes)} workers, these not in "
-                                 f"{want} mode: {bad}")
-            return {w: m["mode"] for w, m in modes.items()}
+            return same_host_modes(cl, want, "streaming", W)
 
         # ---- part 1: clamor (map mode) against the broadcast, round by round ----
         modes = Broadcast.MODES
@@ -776,7 +711,7 @@ def main(argv=None):
             for r in range(rounds):
                 logged = cl.stats()["driver"]
                 shares, expect = begin_round(r)
-                took, got, pids, invs, st = clamor_round(cl, shares)
+                took, got, pids, invs, st = clamor_round(cl, table, bits, shares)
                 row = {"clamor_s": took}
                 after = cl.stats()["driver"]
                 inval = 0
@@ -791,7 +726,7 @@ def main(argv=None):
                     answers[mode], sent = bc.round(mode, table, shares, bits)
                     row[mode + "_s"] = time.perf_counter() - t
                     row[mode + "_bytes"] = sent
-                check(f"round {r}", answers, expect, shares)
+                check(f"round {r}", table, bits, answers, expect, shares)
                 row.update(clamor_bytes=st["bytes_from_driver"] + st["bytes_from_peers"], mapped=st["bytes_mapped"],
                            faults=st["faults"],
                            changed=(after["pages_logged"] - logged["pages_logged"])
@@ -824,8 +759,8 @@ def main(argv=None):
                     seen[who] = same_host(cl, who)
                     for r in range(rounds):
                         shares, expect = begin_round(r)
-                        took, got, _, _, st = clamor_round(cl, shares)
-                        check(f"{who}-mode pass {k} round {r}", {f"clamor ({who})": got}, expect, shares)
+                        took, got, _, _, st = clamor_round(cl, table, bits, shares)
+                        check(f"{who}-mode pass {k} round {r}", table, bits, {f"clamor ({who})": got}, expect, shares)
                         rs.append({"s": took, "bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
                                    "mapped": st["bytes_mapped"], "faults": st["faults"],
                                    "task_s": st["task_s"]["max"]})
@@ -874,16 +809,10 @@ def main(argv=None):
                     if who in ("map", "fetch"):
                         with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
                             same_host(cl, who)
-                            if cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect() != \
-                                    [answer(tiny, tiny_keys, TINY_BITS)] * W:
-                                raise SystemExit(f"streaming: the {who}-mode warm-up answer is wrong")
-                            took, got, pids, _, st = clamor_round(cl, shares0)
-                            # untimed: a pause and a stage that reads nothing, so that read-ahead
-                            # still on the wire lands and is reported
-                            time.sleep(0.3)
-                            cl.parallelize(list(range(W)), partitions=W).map_partitions(warm).collect()
-                            late = cl.stage_stats()[-1]
-                        moved0 = sum(s["bytes_from_driver"] + s["bytes_from_peers"] for s in (st, late))
+                            tiny_stage(cl, W, tiny, tiny_keys)
+                            took, got, pids, _, st = clamor_round(cl, table, bits, shares0)
+                            late = tiny_stage(cl, W, tiny, tiny_keys, 0.3)   # untimed: the late read-ahead
+                        moved0 = st["bytes_from_driver"] + st["bytes_from_peers"] + late
                         ratio, touched0 = fetch_ratio(moved0, pids, touched, psize)
                         first_detail[who].append({"bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
                                                   "late_bytes": moved0 - st["bytes_from_driver"]
@@ -899,7 +828,7 @@ def main(argv=None):
                         got, put_s, took, used = rh.call("round")
                         first_detail["ray_put_s"].append(put_s)
                         first_detail["ray_workers_used"].append(used)
-                    check(f"cold first round {k}, {who}", {who: got}, expect0, shares0)
+                    check(f"cold first round {k}, {who}", table, bits, {who: got}, expect0, shares0)
                     first[who].append(took)
                     line.append(f"{who} {took:.4f}s" + (f" (put {put_s:.4f}s)" if who == "ray" else ""))
                 print(f"  rep {k}: " + ", ".join(line), flush=True)
@@ -1000,8 +929,7 @@ def main(argv=None):
         "pass_mapped_per_round": {who: [col("mapped", rs) for rs in v] for who, v in passes.items()},
         "pass_faults_per_round": {who: [col("faults", rs) for rs in v] for who, v in passes.items()},
         "clamor_bytes_total": tot["bytes_from_driver"] + tot["bytes_from_peers"],
-        "clamor_mapped_bytes_total": tot["bytes_mapped"],
-        "verified": True,
+        "clamor_mapped_bytes_total": tot["bytes_mapped"], "verified": True,
     })
     json_line(figures)
     return 0

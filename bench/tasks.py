@@ -21,54 +21,27 @@ def empty(part):
     return []
 
 
-# ---- clamor ------------------------------------------------------------------------
-
-def cl_throughput(cl, n):
-    t = time.perf_counter()
-    got = cl.range(n, partitions=n).map_partitions(empty).count()
-    dt = time.perf_counter() - t
-    assert got == 0
-    return dt
+def cl_stage(cl, n):
+    """One stage of ``n`` empty tasks on the Cluster."""
+    assert cl.range(n, partitions=n).map_partitions(empty).count() == 0
 
 
-def cl_small_stages(cl, stages, per):
-    t = time.perf_counter()
-    for _ in range(stages):
-        cl.range(per, partitions=per).map_partitions(empty).count()
-    return time.perf_counter() - t
-
-
-def cl_latencies(cl, parts, reps):
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        cl.range(parts, partitions=parts).map_partitions(empty).count()
-        out.append(time.perf_counter() - t)
-    return out
-
-
-# ---- multiprocessing Pool ------------------------------------------------------------
-
-def pool_throughput(pool, n):
-    t = time.perf_counter()
+def pool_stage(pool, n):
+    """The Pool's stage: ``n`` empty tasks, one a chunk."""
     pool.map(noop, range(n), chunksize=1)
-    return time.perf_counter() - t
 
 
-def pool_small_stages(pool, stages, per):
+def timed(stage, h, n, stages=1):
+    """Seconds of ``stages`` stages of ``n`` tasks each."""
     t = time.perf_counter()
     for _ in range(stages):
-        pool.map(noop, range(per), chunksize=1)
+        stage(h, n)
     return time.perf_counter() - t
 
 
-def pool_latencies(pool, parts, reps):
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        pool.map(noop, range(parts), chunksize=1)
-        out.append(time.perf_counter() - t)
-    return out
+def latency(stage, h, n, reps):
+    """The median of ``reps`` one-stage times."""
+    return statistics.median(timed(stage, h, n) for _ in range(reps))
 
 
 # ---- driver ------------------------------------------------------------------------
@@ -80,7 +53,7 @@ def profile_stage(cl, n, top=25):
 
     pr = cProfile.Profile()
     pr.enable()
-    cl_throughput(cl, n)
+    cl_stage(cl, n)
     pr.disable()
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
@@ -90,7 +63,7 @@ def profile_stage(cl, n, top=25):
 
 def main(argv=None):
     ap = parser(__doc__.splitlines()[0], "fewer repetitions (same sizes)", "200 tasks, 10 small stages, 5 latency "
-                "stages, 1 round (seconds; the tests run it)")
+                "stages, 1 round (seconds; the tests run it)", build=True)
     ap.add_argument("--tasks", type=int, default=None, help="tasks in the throughput stage (default 2000)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stages", type=int, default=None, help="small stages (default 200, quick 100)")
@@ -98,7 +71,6 @@ def main(argv=None):
     ap.add_argument("--lat-reps", type=int, default=None, help="stages per latency median (default 50)")
     ap.add_argument("--reps", type=int, default=None, help="rounds of everything (default 5, quick 3)")
     ap.add_argument("--profile", action="store_true", help="cProfile the driver during one N-task stage")
-    ap.add_argument("--no-build", action="store_true", help="do not rebuild the C core even if it is stale")
     args = ap.parse_args(argv)
 
     sm = args.smoke
@@ -110,9 +82,7 @@ def main(argv=None):
     reps = args.reps or (1 if sm else 3 if args.quick else 5)
     clamor = ensure_built(not args.no_build)
 
-    # Fork the Pool before the cluster maps its region (a process forked from
-    # a region's driver attaches to the region as a worker: the C core's
-    # fork hook).
+    # the Pool forks before the region exists: a process forked from a driver attaches to its region
     pool = multiprocessing.get_context("fork").Pool(w)
     pool.map(noop, range(w), chunksize=1)
     t = time.perf_counter()
@@ -126,19 +96,19 @@ def main(argv=None):
     task_med = []
     try:
         for _ in range(3):  # warm both: first stages pay imports, first sends, page-ins
-            cl_latencies(cl, w, 1)
-            pool_latencies(pool, w, 1)
-        cl_throughput(cl, min(n, 200))
+            timed(cl_stage, cl, w)
+            timed(pool_stage, pool, w)
+        timed(cl_stage, cl, min(n, 200))
         for i in range(reps):
-            r["cl_n"].append(cl_throughput(cl, n))
+            r["cl_n"].append(timed(cl_stage, cl, n))
             task_med.append(cl.stage_stats()[-1]["task_s"]["median"])
-            r["pool_n"].append(pool_throughput(pool, n))
-            r["cl_small"].append(cl_small_stages(cl, stages, per))
-            r["pool_small"].append(pool_small_stages(pool, stages, per))
-            r["cl_lat1"].append(statistics.median(cl_latencies(cl, 1, args.lat_reps)))
-            r["pool_lat1"].append(statistics.median(pool_latencies(pool, 1, args.lat_reps)))
-            r["cl_latw"].append(statistics.median(cl_latencies(cl, w, args.lat_reps)))
-            r["pool_latw"].append(statistics.median(pool_latencies(pool, w, args.lat_reps)))
+            r["pool_n"].append(timed(pool_stage, pool, n))
+            r["cl_small"].append(timed(cl_stage, cl, per, stages))
+            r["pool_small"].append(timed(pool_stage, pool, per, stages))
+            r["cl_lat1"].append(latency(cl_stage, cl, 1, args.lat_reps))
+            r["pool_lat1"].append(latency(pool_stage, pool, 1, args.lat_reps))
+            r["cl_latw"].append(latency(cl_stage, cl, w, args.lat_reps))
+            r["pool_latw"].append(latency(pool_stage, pool, w, args.lat_reps))
             print(f"round {i}: {n} tasks clamor {n / r['cl_n'][-1]:8.0f}/s pool {n / r['pool_n'][-1]:8.0f}/s | "
                   f"small stages clamor {stages * per / r['cl_small'][-1]:7.0f}/s pool "
                   f"{stages * per / r['pool_small'][-1]:7.0f}/s | latency 1 task {r['cl_lat1'][-1] * 1e3:.2f} "
@@ -166,25 +136,18 @@ def main(argv=None):
     print(f"clamor: median task run time on the worker {statistics.median(task_med) * 1e6:.0f} us; "
           f"driver+transport per task {med['cl_n'] / n * 1e6:.0f} us wall")
     out = {
-        "bench": "tasks",
-        "tasks_per_s": round(tps, 1),
+        "bench": "tasks", "tasks_per_s": round(tps, 1),
         "stage_latency_ms": round(med["cl_lat1"] * 1e3, 3),
         "stage_latency_w_ms": round(med["cl_latw"] * 1e3, 3),
-        "pool_tasks_per_s": round(pool_tps, 1),
-        "throughput_ratio": round(tps / pool_tps, 3),
+        "pool_tasks_per_s": round(pool_tps, 1), "throughput_ratio": round(tps / pool_tps, 3),
         "small_stage_tasks_per_s": round(small_tps, 1),
         "pool_small_stage_tasks_per_s": round(pool_small_tps, 1),
         "small_stage_ms": round(med["cl_small"] / stages * 1e3, 3),
         "pool_small_stage_ms": round(med["pool_small"] / stages * 1e3, 3),
         "pool_latency_ms": round(med["pool_lat1"] * 1e3, 3),
         "pool_latency_w_ms": round(med["pool_latw"] * 1e3, 3),
-        "task_run_us": round(statistics.median(task_med) * 1e6, 1),
-        "tasks": n,
-        "workers": w,
-        "small_stages": stages,
-        "small_stage_tasks": per,
-        "lat_reps": args.lat_reps,
-        "reps": reps,
+        "task_run_us": round(statistics.median(task_med) * 1e6, 1), "tasks": n, "workers": w,
+        "small_stages": stages, "small_stage_tasks": per, "lat_reps": args.lat_reps, "reps": reps,
         "cluster_start_s": round(start_s, 4),
         "tasks_per_s_all": [round(n / v, 1) for v in r["cl_n"]],
         "pool_tasks_per_s_all": [round(n / v, 1) for v in r["pool_n"]],
