@@ -102,6 +102,20 @@ def run_mode(clamor, mode, objs, args):
     return out
 
 
+def share_before_cluster(clamor, shape, n, pickle_s):
+    """share() of a second object of ``shape``, before any Cluster: nothing
+    outside the region is inherited yet (a class's attribute names are
+    copied in).  The object is dropped afterwards."""
+    with clamor.heap():
+        obj, count = build(shape, n)
+    t0 = time.perf_counter()
+    clamor.share(obj)
+    check_s = time.perf_counter() - t0
+    print(f"  before any Cluster, {shape:10} {n:>10,}: share {check_s:7.3f} s ({count / check_s / 1e6:.2f} M "
+          f"objects/s), {check_s / pickle_s:.2f}x pickle", flush=True)
+    return {"check_s": check_s, "check_vs_pickle": check_s / pickle_s, "objects_per_s": count / check_s}
+
+
 def main():
     ap = parser(__doc__.split("\n")[0], "dicts of 10^6 entries, lists of 10^5", "dicts of 10^4 entries, lists of 10^3")
     ap.add_argument("--workers", type=int, default=2)
@@ -125,11 +139,15 @@ def main():
         objs[shape] = (obj, count, n, time.perf_counter() - t0)
     print(f"objects: {', '.join(f'{s} {v[2]:,}' for s, v in objs.items())}; {args.workers} workers; "
           f"region {clamor.heap_stats()['allocated'] / 2**20:.0f} MiB", flush=True)
+    before = {shape: share_before_cluster(clamor, shape, n, pickle_s) for shape, (_, _, n, pickle_s) in objs.items()}
     runs = {mode: run_mode(clamor, mode, objs, args) for mode in modes}
 
     bad = [f"{m} {s}" for m, r in runs.items() for s, x in r.items()
            if not (x.get("first_equal", True) and x.get("changed_equal", True))]
-    figures = {"bench": "objects", "workers": args.workers, "runs": runs, "answers_equal": not bad}
+    figures = {"bench": "objects", "workers": args.workers, "runs": runs, "answers_equal": not bad,
+               "before_cluster": before}
+    worst = max((x["check_vs_pickle"], s) for s, x in before.items())
+    figures["check_before_cluster_vs_pickle"], figures["check_before_cluster_vs_pickle_worst"] = worst
     for key in ("check_vs_pickle", "first_stage_vs_pickle", "changed_stage_vs_pickle"):
         vals = [(x[key], f"{m} {s}") for m, r in runs.items() for s, x in r.items() if key in x]
         if vals:
