@@ -122,12 +122,14 @@ def c_functions(text):
             i = j + 1
             continue
         name = re.findall(r"([A-Za-z_]\w*)\s*\(", header.split("{")[0])     # the first call-like word
-        k = j + 1
-        while k < n and not lines[k].startswith("}"):
-            k += 1
-        if k < n and lines[k].startswith("};"):     # an initialiser, not a body
-            i = k + 1
-            continue
+        k = j
+        if lines[j].count("{") > lines[j].count("}"):    # else the body closes on its opening line
+            k = j + 1
+            while k < n and not lines[k].startswith("}"):
+                k += 1
+            if k == n or lines[k].startswith("};"):     # an initialiser, not a body
+                i = k + 1
+                continue
         start = i
         if start > 0 and _C_TYPE_LINE.match(lines[start - 1]):     # "static int" on a line of its own
             start -= 1
@@ -190,6 +192,8 @@ small(int a)
     return a;
 }
 
+int one(void) { return 1; }
+
 /* Size: a long one, on purpose. */
 int big(void) {
 """ + "    x++;\n" * 90 + "}\n"
@@ -197,7 +201,7 @@ int big(void) {
 
 def test_c_scanner_finds_definitions_with_their_lengths_and_reasons():
     found = {name: (size, reason) for name, _, size, reason in c_functions(C_SAMPLE)}
-    assert found == {"small": (5, False), "big": (92, True)}
+    assert found == {"small": (5, False), "one": (1, False), "big": (92, True)}
     assert c_file_reason(C_SAMPLE)
     assert not c_file_reason("/* no reason here */\nint x;\n")
 
