@@ -32,6 +32,12 @@
  * block never holds a pointer (numpy data, clamor.empty).  They come from
  * slabs and spans of their own, so that clamor_block_atomic() answers for
  * a whole slab, and the conservative scan of share() never reads them.
+ *
+ * Size: one heap under one mutex.  The size classes, the large spans, the
+ * page map and the public entry points read and write the same state
+ * under the same lock, and every malloc of a heap() block runs through
+ * them (interpose.c): kept static to one file, so that the entry points
+ * inline what they call and no other file can touch the heap's state.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -7,6 +7,11 @@
  * binding of libzmq (zmqdl.h).  Prefixes: cl_<file>_ for what one file
  * exports to the others, clamor_py_ for the hooks only the Python extension
  * has (pyheap.c, pyshare.c: cffi declares them in clamor/_cdefs.h).
+ *
+ * Size: one section per file of the core, each a few declarations with
+ * their contracts, so the header grows with the number of files rather than
+ * with any one of them; a file's exports are found under its name, and
+ * every file includes this one header.
  */
 #ifndef CLAMOR_INTERNAL_H
 #define CLAMOR_INTERNAL_H

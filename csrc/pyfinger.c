@@ -128,6 +128,66 @@ static int refers_to_nothing(PyObject *o) {
     return c.n == 0;
 }
 
+/* An ndarray: its data, shape, strides, dtype and base pointers, its
+ * flags, and its elements. */
+static inline uint64_t of_array(uint64_t h, PyArrayObject *a) {
+    int nd = PyArray_NDIM(a);
+    h = mix(mix(mix(h, (uintptr_t)PyArray_DATA(a)), (uint64_t)nd), (uint64_t)PyArray_FLAGS(a));
+    h = mix(mix(h, (uintptr_t)PyArray_DESCR(a)), (uintptr_t)PyArray_BASE(a));
+    h = mix_bytes(h, PyArray_DIMS(a), sizeof(npy_intp) * (size_t)nd);
+    h = mix_bytes(h, PyArray_STRIDES(a), sizeof(npy_intp) * (size_t)nd);
+    return elements(h, a) | 1;
+}
+
+/* A dtype: its fields, not its body: the body caches the dtype's hash once
+ * something asks for it. */
+static inline uint64_t of_descr(uint64_t h, PyArray_Descr *d) {
+    h = mix(mix(mix(h, (uint64_t)d->type_num), (uint64_t)d->kind), (uint64_t)d->byteorder);
+    h = mix(mix(h, (uint64_t)PyDataType_ELSIZE(d)), (uint64_t)PyDataType_ALIGNMENT(d));
+    h = mix(mix(h, (uintptr_t)PyDataType_NAMES(d)), (uintptr_t)PyDataType_FIELDS(d));
+    if (PyDataType_ISLEGACY(d))
+        h = mix(mix(h, (uintptr_t)PyDataType_SUBARRAY(d)), (uintptr_t)PyDataType_METADATA(d));
+    return mix(h, (uintptr_t)d->typeobj) | 1;
+}
+
+/* Anything else: its body's words after the header, but its weak-reference
+ * list, and what the collector sees it refer to. */
+static inline uint64_t of_body(uint64_t h, PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+#if PY_VERSION_HEX < 0x030D0000
+    /* an instance's dict and values pointers lie before its header (and
+     * before the collector's links): a new instance at the address has
+     * others (its attributes changed in place are not seen).  3.11: values
+     * at -4 words, dict at -3; 3.12: its weak-reference list at -4 (never
+     * read: a weak reference made after the fork changes nothing a reader
+     * sees), dict or values at -3.  3.13 keeps the values inline, after the
+     * body, and the traversal below sees them. */
+    if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+        const uint64_t *pre = (const uint64_t *)o - 4;
+#if PY_VERSION_HEX < 0x030C0000
+        h = mix(h, pre[0]);
+#endif
+        h = mix(h, pre[1]);
+    }
+#endif
+    /* a C type's object may cache its hash in its body once asked (a
+     * datetime, a Decimal): ask first, so that the body reads the same
+     * whenever it is read.  No Python code runs in the hash of an object
+     * that holds no references, of a type that no class statement made
+     * (static, or an extension's heap type: Decimal is one since 3.13,
+     * collected only to visit its type). */
+    if (!cl_py_is_class(t) && refers_to_nothing(o) && t->tp_hash && t->tp_hash != PyObject_HashNotImplemented &&
+        t->tp_hash(o) == -1)
+        PyErr_Clear();
+    Py_ssize_t weak = t->tp_weaklistoffset;
+    for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); at + 8 <= t->tp_basicsize; at += 8)
+        if (at != weak) h = mix(h, *(const uint64_t *)((const char *)o + at));
+    /* what the collector sees it refer to: an instance's attribute values
+     * too, where they lie outside its body (CPython 3.11's inline values) */
+    if (PyObject_IS_GC(o) && t->tp_traverse) t->tp_traverse(o, visit, &h);
+    return h | 1;
+}
+
 static uint64_t fingerprint(PyObject *o) {
     uint64_t h = mix(0x636c616d6f72ULL, (uintptr_t)Py_TYPE(o));
     /* A code object's names and place, a function's code and name: what a
@@ -195,59 +255,9 @@ static uint64_t fingerprint(PyObject *o) {
         for (Py_ssize_t i = 0; i <= s->mask; i++) h = mix(h, (uintptr_t)s->table[i].key);
         return h | 1;
     }
-    if (cl_py_numpy_ready() == 0 && PyArray_Check(o)) {
-        PyArrayObject *a = (PyArrayObject *)o;
-        int nd = PyArray_NDIM(a);
-        h = mix(mix(mix(h, (uintptr_t)PyArray_DATA(a)), (uint64_t)nd), (uint64_t)PyArray_FLAGS(a));
-        h = mix(mix(h, (uintptr_t)PyArray_DESCR(a)), (uintptr_t)PyArray_BASE(a));
-        h = mix_bytes(h, PyArray_DIMS(a), sizeof(npy_intp) * (size_t)nd);
-        h = mix_bytes(h, PyArray_STRIDES(a), sizeof(npy_intp) * (size_t)nd);
-        return elements(h, a) | 1;
-    }
-    if (cl_py_numpy_ready() == 0 && PyArray_DescrCheck(o)) {
-        /* its fields, not its body: the body caches the dtype's hash once
-         * something asks for it */
-        PyArray_Descr *d = (PyArray_Descr *)o;
-        h = mix(mix(mix(h, (uint64_t)d->type_num), (uint64_t)d->kind), (uint64_t)d->byteorder);
-        h = mix(mix(h, (uint64_t)PyDataType_ELSIZE(d)), (uint64_t)PyDataType_ALIGNMENT(d));
-        h = mix(mix(h, (uintptr_t)PyDataType_NAMES(d)), (uintptr_t)PyDataType_FIELDS(d));
-        if (PyDataType_ISLEGACY(d))
-            h = mix(mix(h, (uintptr_t)PyDataType_SUBARRAY(d)), (uintptr_t)PyDataType_METADATA(d));
-        return mix(h, (uintptr_t)d->typeobj) | 1;
-    }
-    PyTypeObject *t = Py_TYPE(o);
-#if PY_VERSION_HEX < 0x030D0000
-    /* an instance's dict and values pointers lie before its header (and
-     * before the collector's links): a new instance at the address has
-     * others (its attributes changed in place are not seen).  3.11: values
-     * at -4 words, dict at -3; 3.12: its weak-reference list at -4 (never
-     * read: a weak reference made after the fork changes nothing a reader
-     * sees), dict or values at -3.  3.13 keeps the values inline, after the
-     * body, and the traversal below sees them. */
-    if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-        const uint64_t *pre = (const uint64_t *)o - 4;
-#if PY_VERSION_HEX < 0x030C0000
-        h = mix(h, pre[0]);
-#endif
-        h = mix(h, pre[1]);
-    }
-#endif
-    /* a C type's object may cache its hash in its body once asked (a
-     * datetime, a Decimal): ask first, so that the body reads the same
-     * whenever it is read.  No Python code runs in the hash of an object
-     * that holds no references, of a type that no class statement made
-     * (static, or an extension's heap type: Decimal is one since 3.13,
-     * collected only to visit its type). */
-    if (!cl_py_is_class(t) && refers_to_nothing(o) && t->tp_hash && t->tp_hash != PyObject_HashNotImplemented &&
-        t->tp_hash(o) == -1)
-        PyErr_Clear();
-    Py_ssize_t weak = t->tp_weaklistoffset;
-    for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); at + 8 <= t->tp_basicsize; at += 8)
-        if (at != weak) h = mix(h, *(const uint64_t *)((const char *)o + at));
-    /* what the collector sees it refer to: an instance's attribute values
-     * too, where they lie outside its body (CPython 3.11's inline values) */
-    if (PyObject_IS_GC(o) && t->tp_traverse) t->tp_traverse(o, visit, &h);
-    return h | 1;
+    if (cl_py_numpy_ready() == 0 && PyArray_Check(o)) return of_array(h, (PyArrayObject *)o);
+    if (cl_py_numpy_ready() == 0 && PyArray_DescrCheck(o)) return of_descr(h, (PyArray_Descr *)o);
+    return of_body(h, o);
 }
 
 struct ids {

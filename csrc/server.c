@@ -195,150 +195,143 @@ static bool diffen(cl_zmq_msg *body, size_t len, const struct cl_wire_hdr *rq, c
     return true;
 }
 
-static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32_t *bases) {
-    if (rq->index >= cl_region.npages || rq->count > cl_region.npages - rq->index) {
-        reply_err(id, rq->tag, rq, ERANGE, "pages outside the region");
-        return;
+/* Driver: send the requester to a worker that holds the pages, if one does
+ * (not a request that may not be redirected, nor one with copies to diff
+ * against).  True if it did.  *self gets the requester's peer number. */
+static bool redirect(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32_t *bases, int *self) {
+    *self = cl_dir_peer_of(cl_zmq.msg_data(id), cl_zmq.msg_size(id));
+    if (rq->flags & CL_WIRE_PEERMISS) cl_dir_miss(rq->index, rq->count, (int)rq->status - 1);
+    const char *ep;
+    /* (a requester with copies gets a diff here rather than the pages from a peer) */
+    int peer = (rq->flags & CL_WIRE_NOREDIRECT) || bases ? -1
+                                                         : cl_dir_choose(rq->index, rq->count, rq->version, *self, &ep);
+    if (peer < 0) return false;
+    /* a worker holds it: send the requester there */
+    size_t hl = hints_for(*self, rq);
+    struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .flags = hl ? CL_WIRE_HINTS : 0,
+                            .status = (uint32_t)peer, .index = rq->index, .count = rq->count,
+                            .version = rq->version, .tag = rq->tag};
+    uint8_t buf[CL_WIRE_HDR];
+    cl_wire_encode(&h, buf);
+    cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
+    cl_zmq.send(S.t.sock, ep, strlen(ep), hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT);
+    if (hl) {
+        rate_take(hl);
+        cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT);
+        CL_COUNT(hint_bytes, hl);
     }
-    int self = -1;
+    CL_COUNT(redirects, 1);
+    return true;
+}
+
+/* Driver: *body gets the len bytes of pages at off, each as the requester's
+ * version sees it (the driver may be writing the current page: version.c
+ * logs it first).  False once it has replied with why not instead. */
+static bool driver_copy(cl_zmq_msg *id, const struct cl_wire_hdr *rq, size_t off, size_t len, cl_zmq_msg *body) {
+    if (!cl_alloc_range_used(off, len)) {
+        reply_err(id, rq->tag, rq, ENOENT, "page never allocated");
+        return false;
+    }
+    if (cl_zmq.msg_init_size(body, len) != 0) {
+        reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
+        return false;
+    }
+    for (uint32_t k = 0; k < rq->count; k++) {
+        int rc = cl_version_read(rq->index + k, rq->version,
+                                 (char *)cl_zmq.msg_data(body) + ((size_t)k << cl_region.page_shift));
+        if (rc) {
+            cl_zmq.msg_close(body);
+            reply_err(id, rq->tag, rq, rc, "that version was collected");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Worker: *body gets a copy of the len bytes of pages at off that it holds,
+ * with the driver's words, or for a request with CL_WIRE_RELOC its own
+ * words and their relocation lists (*rbuf, *rlen; *rerr if there are none).
+ * False once it has replied with why not instead (EAGAIN: the requester
+ * asks the driver). */
+static bool worker_copy(cl_zmq_msg *id, const struct cl_wire_hdr *rq, size_t off, size_t len, cl_zmq_msg *body,
+                        void **rbuf, size_t *rlen, int *rerr) {
     uint64_t view = 0;
-    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-        self = cl_dir_peer_of(cl_zmq.msg_data(id), cl_zmq.msg_size(id));
-        if (rq->flags & CL_WIRE_PEERMISS) cl_dir_miss(rq->index, rq->count, (int)rq->status - 1);
-        const char *ep;
-        /* (a requester with copies gets a diff here rather than the pages from a peer) */
-        int peer = (rq->flags & CL_WIRE_NOREDIRECT) || bases ? -1
-                                                             : cl_dir_choose(rq->index, rq->count, rq->version, self, &ep);
-        if (peer >= 0) { /* a worker holds it: send the requester there */
-            size_t hl = hints_for(self, rq);
-            struct cl_wire_hdr h = {.type = CL_WIRE_REDIRECT, .flags = hl ? CL_WIRE_HINTS : 0,
-                                    .status = (uint32_t)peer, .index = rq->index, .count = rq->count,
-                                    .version = rq->version, .tag = rq->tag};
-            uint8_t buf[CL_WIRE_HDR];
-            cl_wire_encode(&h, buf);
-            cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-            cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
-            cl_zmq.send(S.t.sock, ep, strlen(ep), hl ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT);
-            if (hl) {
-                rate_take(hl);
-                cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT);
-                CL_COUNT(hint_bytes, hl);
-            }
-            CL_COUNT(redirects, 1);
-            return;
+    if (!pages_held(rq->index, rq->count)) {
+        reply_err(id, rq->tag, rq, EAGAIN, "page not held by this peer");
+        return false;
+    }
+    if (rewound_for(rq->version, &view)) {
+        reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older version");
+        return false;
+    }
+    if ((rq->flags & CL_WIRE_RELOC) && (!cl_option_get(CL_OPT_RELOC) || !cl_reloc_held(rq->index, rq->count))) {
+        reply_err(id, rq->tag, rq, EAGAIN, "peer holds the page without its relocations");
+        return false;
+    }
+    const char *src = cl_region.fill + off;
+    /* A worker's page may be dropped (and its memory punched) while a
+     * send is in flight: copy, then check it was held throughout. */
+    if (cl_zmq.msg_init_size(body, len) != 0) {
+        reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
+        return false;
+    }
+    uint64_t drops = atomic_load(&cl_pt_drops);
+    if ((drops & 1) || !pages_held(rq->index, rq->count)) { /* odd: a drop is under way */
+        cl_zmq.msg_close(body);
+        reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
+        return false;
+    }
+    memcpy(cl_zmq.msg_data(body), src, len);
+    /* A page a task wrote here (an attribute set, a count of references
+     * still held) holds this worker's own words: not for a peer, which
+     * gets the driver's instead. */
+    size_t ps = (size_t)1 << cl_region.page_shift;
+    for (uint32_t k = 0; k < rq->count; k++) {
+        uint64_t want = cl_region.sums ? atomic_load_explicit(&cl_region.sums[rq->index + k], memory_order_acquire) : 0;
+        if (!want || cl_page_sum((char *)cl_zmq.msg_data(body) + k * ps, ps) != want) {
+            cl_zmq.msg_close(body);
+            CL_COUNT(peer_written, 1);
+            reply_err(id, rq->tag, rq, EAGAIN, "page written on this worker");
+            return false;
         }
     }
-    /* A hinted request skipped the driver, so the driver's check of versions
-     * (changed_at) did not happen: serve only in the version it names. */
-    if (cl_region.role != CLAMOR_ROLE_DRIVER && (rq->flags & CL_WIRE_DIRECT) &&
-        rq->version != atomic_load(&cl_worker_version)) {
-        reply_err(id, rq->tag, rq, ESTALE, "direct request for a version this peer is not in");
-        return;
+    /* This worker's copy is relocated for its own address space: the
+     * driver's words go back for a peer that does not relocate, and a
+     * peer that does gets the lists (read before the check below, which
+     * voids the copy if the pages were fetched again meanwhile). */
+    if (rq->flags & CL_WIRE_RELOC) {
+        *rlen = cl_reloc_frame(rq->index, rq->count, rq->version, cl_zmq.msg_data(body), rbuf, rerr);
+    } else if (cl_option_get(CL_OPT_RELOC)) {
+        cl_reloc_restore(rq->index, rq->count, cl_zmq.msg_data(body));
     }
-    size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
-    const char *src;
-    void *rbuf = NULL; /* the relocations frame, for a request with CL_WIRE_RELOC */
-    size_t rlen = 0;
-    int rerr = 0;
-    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-        if (!cl_alloc_range_used(off, len)) {
-            reply_err(id, rq->tag, rq, ENOENT, "page never allocated");
-            return;
-        }
-        src = (const char *)cl_region.base + off;
-    } else {
-        if (!pages_held(rq->index, rq->count)) {
-            reply_err(id, rq->tag, rq, EAGAIN, "page not held by this peer");
-            return;
-        }
-        if (rewound_for(rq->version, &view)) {
-            reply_err(id, rq->tag, rq, EAGAIN, "peer is re-running an older version");
-            return;
-        }
-        if ((rq->flags & CL_WIRE_RELOC) && (!cl_option_get(CL_OPT_RELOC) || !cl_reloc_held(rq->index, rq->count))) {
-            reply_err(id, rq->tag, rq, EAGAIN, "peer holds the page without its relocations");
-            return;
-        }
-        src = cl_region.fill + off;
+    atomic_thread_fence(memory_order_acquire);
+    /* A change of version during the copy may have swapped in an older
+     * version (a lineage re-run), and a drop may have punched a page
+     * (zeros) that was fetched again before the check: refuse rather
+     * than risk mixing. */
+    if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view ||
+        atomic_load(&cl_pt_drops) != drops) {
+        free(*rbuf);
+        *rbuf = NULL;
+        cl_zmq.msg_close(body);
+        reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
+        return false;
     }
-    cl_zmq_msg body;
-    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
-        /* Copy each page as the requester's version sees it: the driver may
-         * be writing the current page (version.c logs it first). */
-        if (cl_zmq.msg_init_size(&body, len) != 0) {
-            reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
-            return;
-        }
-        for (uint32_t k = 0; k < rq->count; k++) {
-            int rc = cl_version_read(rq->index + k, rq->version,
-                                     (char *)cl_zmq.msg_data(&body) + ((size_t)k << cl_region.page_shift));
-            if (rc) {
-                cl_zmq.msg_close(&body);
-                reply_err(id, rq->tag, rq, rc, "that version was collected");
-                return;
-            }
-        }
-    } else {
-        /* A worker's page may be dropped (and its memory punched) while a
-         * send is in flight: copy, then check it was held throughout. */
-        if (cl_zmq.msg_init_size(&body, len) != 0) {
-            reply_err(id, rq->tag, rq, ENOMEM, "out of memory");
-            return;
-        }
-        uint64_t drops = atomic_load(&cl_pt_drops);
-        if ((drops & 1) || !pages_held(rq->index, rq->count)) { /* odd: a drop is under way */
-            cl_zmq.msg_close(&body);
-            reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
-            return;
-        }
-        memcpy(cl_zmq.msg_data(&body), src, len);
-        /* A page a task wrote here (an attribute set, a count of references
-         * still held) holds this worker's own words: not for a peer, which
-         * gets the driver's instead. */
-        size_t ps = (size_t)1 << cl_region.page_shift;
-        for (uint32_t k = 0; k < rq->count; k++) {
-            uint64_t want = cl_region.sums ? atomic_load_explicit(&cl_region.sums[rq->index + k], memory_order_acquire) : 0;
-            if (!want || cl_page_sum((char *)cl_zmq.msg_data(&body) + k * ps, ps) != want) {
-                cl_zmq.msg_close(&body);
-                CL_COUNT(peer_written, 1);
-                reply_err(id, rq->tag, rq, EAGAIN, "page written on this worker");
-                return;
-            }
-        }
-        /* This worker's copy is relocated for its own address space: the
-         * driver's words go back for a peer that does not relocate, and a
-         * peer that does gets the lists (read before the check below, which
-         * voids the copy if the pages were fetched again meanwhile). */
-        if (rq->flags & CL_WIRE_RELOC) {
-            rlen = cl_reloc_frame(rq->index, rq->count, rq->version, cl_zmq.msg_data(&body), &rbuf, &rerr);
-        } else if (cl_option_get(CL_OPT_RELOC)) {
-            cl_reloc_restore(rq->index, rq->count, cl_zmq.msg_data(&body));
-        }
-        atomic_thread_fence(memory_order_acquire);
-        /* A change of version during the copy may have swapped in an older
-         * version (a lineage re-run), and a drop may have punched a page
-         * (zeros) that was fetched again before the check: refuse rather
-         * than risk mixing. */
-        if (!pages_held(rq->index, rq->count) || atomic_load(&cl_worker_view) != view ||
-            atomic_load(&cl_pt_drops) != drops) {
-            free(rbuf);
-            cl_zmq.msg_close(&body);
-            reply_err(id, rq->tag, rq, EAGAIN, "page dropped while serving it");
-            return;
-        }
-    }
-    if ((rq->flags & CL_WIRE_RELOC) && cl_region.role == CLAMOR_ROLE_DRIVER)
-        rlen = cl_reloc_frame(rq->index, rq->count, rq->version, cl_zmq.msg_data(&body), &rbuf, &rerr);
-    if ((rq->flags & CL_WIRE_RELOC) && !rbuf) {
-        cl_zmq.msg_close(&body);
-        reply_err(id, rq->tag, rq, rerr ? rerr : ENOMEM, "cannot list the pages' relocations");
-        return;
-    }
+    return true;
+}
+
+/* The PAGES reply: *body (len bytes of pages, sent as a diff or sparse when
+ * that is shorter), the relocation lists rbuf (rlen bytes; freed here) if
+ * any, and the hints for peer `self`; counted as served unless the send
+ * fails. */
+static void reply_pages(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32_t *bases, int self,
+                        cl_zmq_msg *body, size_t len, void *rbuf, size_t rlen) {
     /* Mostly-zero pages travel as their nonzero words, when that halves
-     * them (the relocation lists above were checked against these bytes). */
+     * them (the relocation lists were checked against these bytes). */
     size_t sent = len;
-    bool diff = bases && cl_region.role == CLAMOR_ROLE_DRIVER && diffen(&body, len, rq, bases, &sent);
-    bool sparse = !diff && (rq->flags & CL_WIRE_SPARSE) && sparsen(&body, len, &sent);
+    bool diff = bases && cl_region.role == CLAMOR_ROLE_DRIVER && diffen(body, len, rq, bases, &sent);
+    bool sparse = !diff && (rq->flags & CL_WIRE_SPARSE) && sparsen(body, len, &sent);
     size_t hl = hints_for(self, rq);
     rate_take(sent + rlen + hl); /* relocations and hints travel on the same link */
     struct cl_wire_hdr h = {.type = CL_WIRE_PAGES,
@@ -358,9 +351,9 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
     cl_zmq.send(S.t.sock, cl_zmq.msg_data(id), cl_zmq.msg_size(id), CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     cl_zmq.send(S.t.sock, buf, sizeof buf, CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT);
     int more = (hl || rbuf) ? CL_ZMQ_SNDMORE | CL_ZMQ_DONTWAIT : CL_ZMQ_DONTWAIT;
-    if (cl_zmq.msg_send(&body, S.t.sock, more) < 0) {
+    if (cl_zmq.msg_send(body, S.t.sock, more) < 0) {
         free(rbuf);
-        cl_zmq.msg_close(&body); /* dropped (the peer went away): not served after all */
+        cl_zmq.msg_close(body); /* dropped (the peer went away): not served after all */
         CL_COUNT(requests_served, -(uint64_t)1);
         CL_COUNT(pages_served, -(uint64_t)rq->count);
         CL_COUNT(bytes_served, -(uint64_t)len);
@@ -374,6 +367,78 @@ static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32
     }
     if (hl && cl_zmq.send(S.t.sock, hint_buf, hl, CL_ZMQ_DONTWAIT) >= 0) CL_COUNT(hint_bytes, hl);
     if (cl_region.role == CLAMOR_ROLE_DRIVER) cl_dir_served(rq->index, rq->count, rq->version, self);
+}
+
+static void serve_get(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint32_t *bases) {
+    if (rq->index >= cl_region.npages || rq->count > cl_region.npages - rq->index) {
+        reply_err(id, rq->tag, rq, ERANGE, "pages outside the region");
+        return;
+    }
+    int self = -1;
+    if (cl_region.role == CLAMOR_ROLE_DRIVER && redirect(id, rq, bases, &self)) return;
+    /* A hinted request skipped the driver, so the driver's check of versions
+     * (changed_at) did not happen: serve only in the version it names. */
+    if (cl_region.role != CLAMOR_ROLE_DRIVER && (rq->flags & CL_WIRE_DIRECT) &&
+        rq->version != atomic_load(&cl_worker_version)) {
+        reply_err(id, rq->tag, rq, ESTALE, "direct request for a version this peer is not in");
+        return;
+    }
+    size_t off = (size_t)rq->index << cl_region.page_shift, len = (size_t)rq->count << cl_region.page_shift;
+    cl_zmq_msg body;
+    void *rbuf = NULL; /* the relocations frame, for a request with CL_WIRE_RELOC */
+    size_t rlen = 0;
+    int rerr = 0;
+    if (cl_region.role == CLAMOR_ROLE_DRIVER) {
+        if (!driver_copy(id, rq, off, len, &body)) return;
+        if (rq->flags & CL_WIRE_RELOC)
+            rlen = cl_reloc_frame(rq->index, rq->count, rq->version, cl_zmq.msg_data(&body), &rbuf, &rerr);
+    } else if (!worker_copy(id, rq, off, len, &body, &rbuf, &rlen, &rerr)) {
+        return;
+    }
+    if ((rq->flags & CL_WIRE_RELOC) && !rbuf) {
+        cl_zmq.msg_close(&body);
+        reply_err(id, rq->tag, rq, rerr ? rerr : ENOMEM, "cannot list the pages' relocations");
+        return;
+    }
+    reply_pages(id, rq, bases, self, &body, len, rbuf, rlen);
+}
+
+/* [hdr][endpoint] from a worker: its page server's endpoint, for the
+ * directory (no reply). */
+static void serve_register(cl_zmq_msg *id) {
+    cl_zmq_msg ep;
+    cl_zmq.msg_init(&ep);
+    if (cl_zmq.msg_recv(&ep, S.t.sock, 0) >= 0) {
+        bool more = cl_zmq.msg_more(&ep);
+        if (more) cl_zmq_drain(S.t.sock);
+        if (more || cl_region.role != CLAMOR_ROLE_DRIVER ||
+            cl_dir_register(cl_zmq.msg_data(id), cl_zmq.msg_size(id), cl_zmq.msg_data(&ep), cl_zmq.msg_size(&ep)) != 0)
+            CL_COUNT(bad_requests, 1);
+    }
+    cl_zmq.msg_close(&ep);
+}
+
+/* A GET with DIFF: [hdr][bases], count u32 versions, none 0.  Reads the
+ * bases frame into bases: 0, EBADMSG if it is malformed, or -1 if no frame
+ * could be read.  *extra says whether more frames follow it. */
+static int read_bases(const struct cl_wire_hdr *h, uint32_t *bases, bool *extra) {
+    cl_zmq_msg b;
+    cl_zmq.msg_init(&b);
+    if (cl_zmq.msg_recv(&b, S.t.sock, 0) < 0) {
+        cl_zmq.msg_close(&b);
+        return -1;
+    }
+    *extra = cl_zmq.msg_more(&b);
+    const uint8_t *p = cl_zmq.msg_data(&b);
+    int bad = 0;
+    if (cl_zmq.msg_size(&b) != (size_t)h->count * 4) bad = EBADMSG;
+    for (uint32_t k = 0; !bad && k < h->count; k++) {
+        bases[k] = (uint32_t)p[4 * k] | (uint32_t)p[4 * k + 1] << 8 | (uint32_t)p[4 * k + 2] << 16 |
+                   (uint32_t)p[4 * k + 3] << 24;
+        if (!bases[k]) bad = EBADMSG;
+    }
+    cl_zmq.msg_close(&b);
+    return bad;
 }
 
 static void serve_one(void) {
@@ -397,22 +462,11 @@ static void serve_one(void) {
     struct cl_wire_hdr h;
     int bad = cl_wire_decode(cl_zmq.msg_data(&m), cl_zmq.msg_size(&m), &h);
     cl_zmq.msg_close(&m);
-    if (!bad && h.type == CL_WIRE_REGISTER && extra) { /* [hdr][endpoint]: no reply */
-        cl_zmq_msg ep;
-        cl_zmq.msg_init(&ep);
-        if (cl_zmq.msg_recv(&ep, S.t.sock, 0) >= 0) {
-            bool more = cl_zmq.msg_more(&ep);
-            if (more) cl_zmq_drain(S.t.sock);
-            if (more || cl_region.role != CLAMOR_ROLE_DRIVER ||
-                cl_dir_register(cl_zmq.msg_data(&id), cl_zmq.msg_size(&id), cl_zmq.msg_data(&ep),
-                                cl_zmq.msg_size(&ep)) != 0)
-                CL_COUNT(bad_requests, 1);
-        }
-        cl_zmq.msg_close(&ep);
+    if (!bad && h.type == CL_WIRE_REGISTER && extra) {
+        serve_register(&id);
         cl_zmq.msg_close(&id);
         return;
     }
-    /* A GET with DIFF: [hdr][bases], count u32 versions, none 0 */
     uint32_t bases[CL_WIRE_MAX_COUNT];
     const char *why = extra ? "unexpected extra frames" : "malformed header";
     bool diff = !bad && h.type == CL_WIRE_GET && (h.flags & CL_WIRE_DIFF);
@@ -420,22 +474,11 @@ static void serve_one(void) {
         bad = EBADMSG;
         why = "a diff request without its bases";
     } else if (diff) {
-        cl_zmq_msg b;
-        cl_zmq.msg_init(&b);
-        if (cl_zmq.msg_recv(&b, S.t.sock, 0) < 0) {
-            cl_zmq.msg_close(&b);
+        bad = read_bases(&h, bases, &extra);
+        if (bad < 0) {
             cl_zmq.msg_close(&id);
             return;
         }
-        extra = cl_zmq.msg_more(&b);
-        const uint8_t *p = cl_zmq.msg_data(&b);
-        if (cl_zmq.msg_size(&b) != (size_t)h.count * 4) bad = EBADMSG;
-        for (uint32_t k = 0; !bad && k < h.count; k++) {
-            bases[k] = (uint32_t)p[4 * k] | (uint32_t)p[4 * k + 1] << 8 | (uint32_t)p[4 * k + 2] << 16 |
-                       (uint32_t)p[4 * k + 3] << 24;
-            if (!bases[k]) bad = EBADMSG;
-        }
-        cl_zmq.msg_close(&b);
         why = extra ? "unexpected extra frames" : "malformed bases frame";
     }
     if (extra) {
@@ -532,46 +575,4 @@ int cl_server_stop_after_fork(void) {
     S.endpoint[0] = '\0';
     buffers_free(); /* the parent's thread's buffers, copied into this process */
     return 0;
-}
-
-int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size, uint64_t *page_size, int timeout_ms) {
-    int rc = cl_zmq_require();
-    if (rc) return rc;
-    void *ctx = cl_zmq.ctx_new(), *s = ctx ? cl_zmq_socket(ctx, CL_ZMQ_DEALER) : NULL;
-    if (!s) {
-        rc = cl_err(EMFILE, "cannot create a socket for hello");
-        goto out;
-    }
-    if (cl_zmq.connect(s, endpoint) != 0) {
-        rc = cl_err(EINVAL, "cannot connect to %s: %s", endpoint, cl_zmq.strerror(cl_zmq.errno_()));
-        goto out;
-    }
-    struct cl_wire_hdr h = {.type = CL_WIRE_HELLO, .tag = 7};
-    uint8_t buf[CL_WIRE_HDR], geo[64];
-    cl_wire_encode(&h, buf);
-    cl_zmq.send(s, buf, sizeof buf, 0);
-    cl_zmq_pollitem it = {s, 0, CL_ZMQ_POLLIN, 0};
-    if (cl_zmq.poll(&it, 1, timeout_ms) <= 0) {
-        rc = cl_err(ETIMEDOUT, "no answer from the page server at %s within %d ms", endpoint, timeout_ms);
-        goto out;
-    }
-    int n = cl_zmq.recv(s, buf, sizeof buf, 0);
-    struct cl_wire_hdr r;
-    if (n != CL_WIRE_HDR || cl_wire_decode(buf, (size_t)n, &r) || r.type != CL_WIRE_HELLO_REPLY) {
-        rc = cl_err(EPROTO, "the server at %s did not answer hello", endpoint);
-        goto out;
-    }
-    n = cl_zmq.recv(s, geo, sizeof geo, 0);
-    struct cl_wire_geo g;
-    if (n != 32 || cl_wire_geo_decode(geo, 32, &g)) {
-        rc = cl_err(EPROTO, "malformed hello reply from %s", endpoint);
-        goto out;
-    }
-    *base = g.base;
-    *size = g.size;
-    *page_size = g.page_size;
-out:
-    if (s) cl_zmq.close(s);
-    if (ctx) cl_zmq.ctx_term(ctx);
-    return rc;
 }

@@ -123,7 +123,7 @@ print(json.dumps(seen))
 
 LOOPER = """
 import logging, sys
-from clamor.memory import hooks
+from clamor.memory import gate
 
 class Settles(logging.Handler):
     # the warning of a block that went on without a resident that did not park
@@ -169,7 +169,7 @@ def test_a_thread_running_a_plain_loop_is_parked_by_its_knock_and_keeps_its_prof
     the profile function it had is put back and still called."""
     out = scenario(LOOPER + """
 plain, profiled = Looper(), Looper(profiler=True)
-rs = [hooks.keep_out(plain.t.ident, None, "plain"), hooks.keep_out(profiled.t.ident, None, "profiled")]
+rs = [gate.keep_out(plain.t.ident, None, "plain"), gate.keep_out(profiled.t.ident, None, "profiled")]
 frozen, outside = [], 0
 for b in range(20):
     with clamor.heap():
@@ -182,7 +182,7 @@ before = (plain.turns, profiled.turns, profiled.events)
 time.sleep(0.1)
 after = (plain.turns, profiled.turns, profiled.events)
 for r in rs:
-    hooks.let_in(r)
+    gate.let_in(r)
 plain.stop = profiled.stop = True
 plain.t.join(5); profiled.t.join(5)
 print(json.dumps({"frozen": frozen, "outside": outside, "timeouts": settles.timeouts,
@@ -200,12 +200,12 @@ def test_a_knocked_thread_that_ended_is_let_in_without_a_wait():
     out = scenario(LOOPER + """
 from clamor._native import lib
 lo = Looper()
-r = hooks.keep_out(lo.t.ident, None, "gone")
+r = gate.keep_out(lo.t.ident, None, "gone")
 lo.stop = True
 lo.t.join(5)
 with clamor.heap():
     x = [1, 2]
-print(json.dumps({"timeouts": settles.timeouts, "listed": id(r) in hooks._residents, "esrch": lib.clamor_py_knock(lo.t.ident, r._abort, 0)}))
+print(json.dumps({"timeouts": settles.timeouts, "listed": id(r) in gate._residents, "esrch": lib.clamor_py_knock(lo.t.ident, r._abort, 0)}))
 """)
     assert out["timeouts"] == 0, out     # the block did not wait 10 s for it
     assert out["listed"] is False, out

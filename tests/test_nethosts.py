@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clamor.testing import nethosts
+from clamor.testing import _netns
 from clamor.testing.nethosts import Hosts, available, measure_tcp, require_hosts
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -244,14 +244,14 @@ def test_two_hosts_objects_coexist():
 DRIVER = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from clamor.testing import nethosts
+from clamor.testing import _netns, nethosts
 h = nethosts.Hosts(2)
 p = h[0].popen(["sleep", "600"])
 child = os.fork()
 if child == 0:
     sys.exit(0)
 os.waitpid(child, 0)
-alive = all(x.name in nethosts._netns_names() for x in h)
+alive = all(x.name in _netns._netns_names() for x in h)
 print(json.dumps({"names": [x.name for x in h], "links": [x.veth for x in h] + [h.bridge],
                   "pid": p.pid, "after_fork": alive}), flush=True)
 if sys.argv[2] == "wait":
@@ -274,7 +274,7 @@ def test_teardown_when_the_driver_ends(end):
         elif end == "sigkill":
             # left behind, until the next start cleans up after the dead owner
             # (the lock keeps a test run beside this one from cleaning first)
-            with nethosts._machine_lock():
+            with _netns._machine_lock():
                 d.send_signal(signal.SIGKILL)
                 d.wait(30)
                 assert all(n in netns_list() for n in info["names"]) and not gone(info["pid"])

@@ -15,7 +15,7 @@ by clamor/runtime/driver.py), CHANGES, TARGETS, PING and LEAVE: see
 docs/wire.md#clamordasks-control-endpoint.
 
 The driver's Python threads keep out of heap() blocks, as a Cluster's do
-(clamor.memory.hooks): the control endpoint and the keeper wait in C and
+(clamor.memory.gate): the control endpoint and the keeper wait in C and
 run Python only while no block is open, and the Dask client's event loop
 (a LocalCluster's scheduler and nannies run on it too), the thread it
 offloads work to and Dask's profiler threads are asked to park while one
@@ -41,7 +41,7 @@ import numpy as np
 import zmq
 
 from .. import errors
-from ..memory import hooks, portable, region, samehost
+from ..memory import gate, portable, region, samehost
 from ..runtime import security
 from ..runtime.versions import VersionKeeper
 from ..runtime.driver import read_join, read_leave, set_replication, welcome
@@ -155,8 +155,8 @@ class Driver:
         self._stamps = {}                 # version -> when it was last stamped
         self._gone = threading.Event()    # detached: requests are answered BYE
         self._stop = threading.Event()
-        self._serving = hooks.Gated()     # the control endpoint's thread, and the keeper's
-        self._keeping = hooks.Gated()
+        self._serving = gate.Gated()     # the control endpoint's thread, and the keeper's
+        self._keeping = gate.Gated()
         self._residents = []              # Dask's threads here, parked during heap() blocks
         self.versions_kept = 1
 
@@ -281,13 +281,13 @@ class Driver:
         self._server.start()
         self._keeper = threading.Thread(target=self._keep_loop, name="clamor-dask-keeper", daemon=True)
         self._keeper.start()
-        self._residents = [hooks.keep_out(ident, knock, name) for ident, knock, name in _threads(self.client)]
+        self._residents = [gate.keep_out(ident, knock, name) for ident, knock, name in _threads(self.client)]
 
     def unpark(self):
         """Dask's threads run freely again, even inside a heap() block
         (detach needs the client's loop there)."""
         for r in self._residents:
-            hooks.let_in(r)
+            gate.let_in(r)
 
     def stop(self, grace=0.0):
         """Stop stamping and serving pages.  The control endpoint answers

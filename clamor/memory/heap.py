@@ -31,9 +31,9 @@ import errno
 from .. import errors
 from .._native import check, lib
 from . import region
+from .gate import close_gate, open_gate
 from .hooks import (HANDLER, _flush_dims, _held_slices, _rehome, active, callbacks_off,  # noqa: F401
-                    close_gate, collect, install, open_gate, outside, prepare_fork, release_dropped, settle,
-                    suspended)
+                    collect, install, outside, prepare_fork, release_dropped, settle, suspended)
 
 
 @contextlib.contextmanager
@@ -60,7 +60,7 @@ def heap():
     # The driver's other Python threads (clamor's: the control endpoint's
     # handshakes; a Dask client's event loop) stop running Python code
     # before the collection below and until the block ends: what they free
-    # would go to the same free lists (hooks.close_gate, csrc/pygate.c).
+    # would go to the same free lists (gate.close_gate, csrc/pygate.c).
     outer = not active()
     if outer:
         close_gate()

@@ -42,7 +42,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
 from .._native import lib
-from ..memory.hooks import Gated
+from ..memory.gate import Gated
 from ..memory import region
 
 log = logging.getLogger("clamor.security")

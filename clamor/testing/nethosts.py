@@ -45,232 +45,40 @@ pytest test when it cannot, or fails it when ``CLAMOR_REQUIRE_NETNS=1`` (as
 CI sets).  ``measure_tcp(hosts, src, dst)`` measures one TCP connection's
 throughput between two hosts, with a Python sender and receiver.
 
+The pieces under the hosts sit beside this module, and their public names
+are importable from here too: ``_netns.py`` runs ``ip`` and ``tc`` and
+handles namespaces and links by name (owners, the machine-wide lock,
+``cleanup_stale``, ``available``, ``require_hosts``), ``_rate.py`` reads
+rates, makes the tbf qdisc's parameters and measures throughput
+(``parse_rate``, ``tbf_args``, ``measure_tcp``).
+
 This module does not import pytest at module level: benchmarks import it
 too.
 """
 import atexit
 import contextlib
-import fcntl
 import ipaddress
 import itertools
 import json
 import os
-import re
-import select
-import shutil
 import signal
 import subprocess
-import sys
 import threading
-import time
 
 from clamor.testing import leftovers
+from clamor.testing._netns import (ALIAS_PREFIX, IP, LINK_PREFIX, NS_PREFIX, _del_link, _del_netns, _ip, _kill_netns,
+                                   _link_exists, _machine_lock, _netns_names, _netns_pids, _owner, _tc, cleanup_stale)
+# (the names this module's users import from it)
+from clamor.testing._netns import TC, available, require_hosts  # noqa: F401
+from clamor.testing._rate import parse_rate, tbf_args
+from clamor.testing._rate import BURST_SECONDS, MIN_BURST, TBF_LATENCY, measure_tcp  # noqa: F401
 
-NS_PREFIX = "clamor-nh-"          # namespaces: clamor-nh-PID-START-K-hI
-LINK_PREFIX = "cnh"               # root-side links: cnhXbr (bridge), cnhXvI (veths), cnhPIDp* (probe)
-ALIAS_PREFIX = "clamor-nethosts owner="
 DEFAULT_NET = "10.77"             # default subnets: 10.77.X.0/24, X in 1..253
 MAX_HOSTS = 253                   # host i is .i+1, the root .254
 
-# tbf: a bucket of 4 ms at the rate (at least 32 KiB: veth passes GSO
-# packets up to 64 KiB, which tbf splits when they exceed the bucket) and
-# up to 20 ms of queue.  At 1gbit a smaller bucket (64 KiB) holds one TCP
-# connection to ~88% of the rate; with 4 ms it gets ~96% of the bits on the
-# wire as payload, which is all there is once the headers are counted.
-BURST_SECONDS = 0.004
-MIN_BURST = 32 * 1024
-TBF_LATENCY = "20ms"
-
-_NS_RE = re.compile(re.escape(NS_PREFIX) + r"(\d+)-(\d+)-")
-_LINK_RE = re.compile(re.escape(LINK_PREFIX) + r"\d+(br|v\d+|p|pb)$")
 _COUNTER = itertools.count()
 _LIVE = set()                     # Hosts not yet torn down, in this process
 _LIVE_LOCK = threading.RLock()
-
-
-def _tool(name):
-    for path in (shutil.which(name), f"/usr/sbin/{name}", f"/sbin/{name}", f"/usr/bin/{name}"):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-IP = _tool("ip")
-TC = _tool("tc")
-
-
-def _cmd(argv, check=True):
-    """Run one ip/tc command; returns the CompletedProcess (text).  With
-    ``check``, a failure raises RuntimeError carrying the command's stderr."""
-    p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {p.returncode}: {p.stderr.strip()}")
-    return p
-
-
-def _ip(*args, check=True):
-    return _cmd([IP, *args], check=check)
-
-
-def _tc(*args, check=True):
-    return _cmd([TC, *args], check=check)
-
-
-# --- owners: a pid and its start time, so a reused pid is not taken for the owner
-
-def _start_time(pid):
-    """The process's start time in clock ticks since boot, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _owner_alive(pid, start):
-    return _start_time(pid) == start
-
-
-_OWNER = None
-
-
-def _owner():
-    """'PID-START' of this process (looked up again after a fork)."""
-    global _OWNER
-    if _OWNER is None or _OWNER[0] != os.getpid():
-        pid = os.getpid()
-        _OWNER = (pid, f"{pid}-{_start_time(pid)}")
-    return _OWNER[1]
-
-
-@contextlib.contextmanager
-def _machine_lock():
-    """Serialise cleanup, subnet choice and creation between processes."""
-    for d in ("/run", "/tmp"):
-        try:
-            fd = os.open(os.path.join(d, "clamor-nethosts.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-            break
-        except OSError:
-            continue
-    else:
-        raise RuntimeError("no place for the lock file (/run, /tmp)")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _netns_names():
-    p = _ip("netns", "list", check=False)
-    if p.returncode != 0:
-        return []
-    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
-
-
-def _netns_pids(name):
-    p = _ip("netns", "pids", name, check=False)
-    return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
-
-
-def _kill_netns(name, timeout=10.0):
-    """SIGKILL everything in namespace ``name`` until nothing is left there;
-    then remove the names in /dev/shm that only those processes held
-    (clamor/testing/leftovers.py: the resource trackers that would have are killed
-    too)."""
-    deadline = time.monotonic() + timeout
-    held = set()
-    while True:
-        pids = [p for p in _netns_pids(name) if p != os.getpid()]
-        if not pids:
-            leftovers.unlink_unheld(held)
-            return
-        held |= leftovers.held_shm(pids)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {pids} in namespace {name} do not die")
-        time.sleep(0.02)
-
-
-def _links():
-    p = _ip("-j", "link", "show", check=False)
-    if p.returncode != 0 or not p.stdout.strip():
-        return []
-    return json.loads(p.stdout)
-
-
-def _link_exists(name):
-    return _ip("link", "show", "dev", name, check=False).returncode == 0
-
-
-def _del_link(name):
-    p = _ip("link", "del", "dev", name, check=False)
-    if p.returncode != 0 and _link_exists(name):
-        raise RuntimeError(f"ip link del {name}: {p.stderr.strip()}")
-
-
-def _del_netns(name):
-    _kill_netns(name)
-    p = _ip("netns", "del", name, check=False)
-    if p.returncode != 0 and name in _netns_names():
-        raise RuntimeError(f"ip netns del {name}: {p.stderr.strip()}")
-
-
-def cleanup_stale():
-    """Remove the namespaces, bridges and veths of this helper whose owner
-    process is gone (a run killed outright).  Returns what it removed."""
-    removed = []
-    with _machine_lock():
-        for name in _netns_names():
-            m = _NS_RE.match(name)
-            if m and not _owner_alive(int(m[1]), int(m[2])):
-                _del_netns(name)
-                removed.append(name)
-        for link in _links():
-            name = link.get("ifname", "")
-            if not _LINK_RE.match(name):
-                continue
-            alias = link.get("ifalias", "")
-            m = re.fullmatch(re.escape(ALIAS_PREFIX) + r"(\d+)-(\d+)", alias)
-            # links are named and given their alias under the lock: one
-            # without an alias was left half made
-            if not m or not _owner_alive(int(m[1]), int(m[2])):
-                _del_link(name)
-                removed.append(name)
-    return removed
-
-
-# --- rates
-
-_RATE_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-               "kibit": 2**10, "mibit": 2**20, "gibit": 2**30, "tibit": 2**40,
-               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
-               "kibps": 8 * 2**10, "mibps": 8 * 2**20, "gibps": 8 * 2**30, "tibps": 8 * 2**40}
-
-
-def parse_rate(rate):
-    """A rate in tc's notation ("1gbit", "100mbit", "12.5mbps"; a bare
-    number is bits per second) as bits per second (int)."""
-    if isinstance(rate, (int, float)):
-        bits = float(rate)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", str(rate).lower())
-        if not m or m[2] not in _RATE_UNITS:
-            raise ValueError(f"not a rate: {rate!r}")
-        bits = float(m[1]) * _RATE_UNITS[m[2]]
-    if bits < 8000:
-        raise ValueError(f"rate {rate!r} below 8 kbit/s")
-    return int(bits)
-
-
-def tbf_args(rate):
-    """The tbf parameters this helper uses for ``rate``."""
-    bits = parse_rate(rate)
-    burst = max(int(bits / 8 * BURST_SECONDS), MIN_BURST)
-    return ["tbf", "rate", f"{bits}bit", "burst", str(burst), "latency", TBF_LATENCY]
 
 
 # --- hosts
@@ -655,133 +463,3 @@ def _install_sigterm():
     _PREV_SIGTERM = current if callable(current) else None
     signal.signal(signal.SIGTERM, _on_sigterm)
 
-
-# --- availability
-
-_AVAILABLE = None
-
-
-def available():
-    """(True, "") when this process can make hosts: root, a working
-    ``ip netns``, and the kernel lets it make a namespace, a veth pair into
-    it and a bridge; otherwise (False, the reason).  Cached."""
-    global _AVAILABLE
-    if _AVAILABLE is not None and _AVAILABLE[0] == os.getpid():
-        return _AVAILABLE[1]
-    result = _probe()
-    _AVAILABLE = (os.getpid(), result)
-    return result
-
-
-def _probe():
-    if sys.platform != "linux":
-        return False, f"network namespaces need Linux, not {sys.platform}"
-    if os.geteuid() != 0:
-        return False, "network namespaces need root"
-    if IP is None:
-        return False, "no ip command (iproute2)"
-    p = _ip("netns", "list", check=False)
-    if p.returncode != 0:
-        return False, f"ip netns list fails: {p.stderr.strip()}"
-    ns = f"{NS_PREFIX}{_owner()}-probe"
-    veth = f"{LINK_PREFIX}{os.getpid()}p"
-    bridge = f"{LINK_PREFIX}{os.getpid()}pb"
-    try:
-        with _machine_lock():
-            try:
-                _ip("netns", "add", ns)
-                _ip("link", "add", "name", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _ip("link", "set", "dev", veth, "alias", ALIAS_PREFIX + _owner())
-                _ip("link", "add", "name", bridge, "type", "bridge")
-                _ip("link", "set", "dev", bridge, "alias", ALIAS_PREFIX + _owner())
-            finally:
-                for name in (veth, bridge):
-                    with contextlib.suppress(Exception):
-                        _del_link(name)
-                with contextlib.suppress(Exception):
-                    _del_netns(ns)
-    except Exception as e:  # noqa: BLE001
-        return False, f"cannot make a namespace, veth and bridge: {e}"
-    return True, ""
-
-
-def require_hosts():
-    """For a pytest test: skip it when hosts cannot be made here, or fail it
-    when CLAMOR_REQUIRE_NETNS=1 (CI), so that it never passes unnoticed
-    without running."""
-    ok, reason = available()
-    if ok:
-        return
-    import pytest
-    if os.environ.get("CLAMOR_REQUIRE_NETNS") == "1":
-        pytest.fail(f"CLAMOR_REQUIRE_NETNS=1 but network namespaces are not available: {reason}",
-                    pytrace=False)
-    pytest.skip(f"network namespaces not available: {reason}")
-
-
-# --- throughput
-
-_RECEIVER = r"""
-import json, socket, sys, time
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 0))
-s.listen(1)
-print(s.getsockname()[1], flush=True)
-c, _ = s.accept()
-buf = bytearray(1 << 20)
-total = first = 0
-t0 = None
-while True:
-    k = c.recv_into(buf)
-    if not k:
-        break
-    if t0 is None:
-        t0, first = time.monotonic(), k
-    total += k
-t1 = time.monotonic()
-print(json.dumps({"bytes": total, "timed_bytes": total - first, "seconds": (t1 - t0) if t0 else 0.0}), flush=True)
-"""
-
-_SENDER = r"""
-import socket, sys, time
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
-data = b"\0" * (4 << 20)
-end = time.monotonic() + float(sys.argv[3])
-while time.monotonic() < end:
-    c.sendall(data)
-c.shutdown(socket.SHUT_WR)
-c.recv(1)
-"""
-
-
-def measure_tcp(hosts, src, dst, seconds=1.0, timeout=60.0):
-    """Throughput in bytes/s of one TCP connection from host ``src`` to host
-    ``dst`` (an index, "root" or a Host), sending for ``seconds``.  Measured
-    at the receiver, from its first byte to the end of the stream; TCP
-    payload only, so a link limited to R bit/s gives about 0.96 R/8."""
-    s, d = hosts.host(src), hosts.host(dst)
-    if s is d:
-        raise ValueError("src and dst are the same host")
-    py = [sys.executable, "-I", "-S", "-c"]
-    recv = d.popen(py + [_RECEIVER, d.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                   stdin=subprocess.DEVNULL, text=True)
-    try:
-        ready, _, _ = select.select([recv.stdout], [], [], timeout)
-        line = recv.stdout.readline() if ready else ""
-        if not line.strip().isdigit():
-            raise RuntimeError(f"receiver on {d!r} did not start: {line!r} {recv.stderr.read() if recv.poll() is not None else ''}")
-        s.run(py + [_SENDER, d.addr, line.strip(), str(seconds)], check=True, timeout=seconds + timeout,
-              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        out, err = recv.communicate(timeout=timeout)
-        if recv.returncode != 0:
-            raise RuntimeError(f"receiver on {d!r} failed: {err}")
-        res = json.loads(out.strip().splitlines()[-1])
-    finally:
-        Host._kill(recv)
-        recv.wait()
-        for f in (recv.stdout, recv.stderr):
-            f.close()
-    if res["seconds"] <= 0:
-        raise RuntimeError(f"nothing measured: {res}")
-    return res["timed_bytes"] / res["seconds"]
