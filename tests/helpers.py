@@ -58,13 +58,21 @@ def run_json(code, env=None, timeout=60):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+# PRELUDE's first part, the standard library alone: the one variant, for a
+# script that must not load clamor or numpy (a program run with -I -S on a
+# namespace host; one that sets up what clamor must find in place when it
+# loads, such as a fault handler of its own).
+STDLIB = """
+import json, os, signal, socket, subprocess, sys, threading, time
+"""
+
 # What every driver script starts with (scenario prepends it; a test that
 # runs a script another way puts it first itself): the modules scripts use,
 # clamor and its region, and attempt(f) -> ["ok", value] or [exception
 # class, message, is a ClamorError].  A file's own imports or sys.path
-# entries follow it in the script.
-PRELUDE = """
-import json, os, signal, socket, subprocess, sys, threading, time
+# entries (``sys.path.insert(0, "tests")``: scripts run from the
+# repository's root) follow it in the script.
+PRELUDE = STDLIB + """
 import numpy as np
 import clamor
 from clamor import region

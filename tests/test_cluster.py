@@ -320,8 +320,7 @@ def test_close_leaves_no_child_process():
 
 
 def test_cluster_left_open_is_closed_at_exit():
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        import json, clamor
+    p = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent("""
         cl = clamor.Cluster(workers=2, progress=False).start()
         assert cl.range(4).count() == 4
         print(json.dumps(cl.worker_pids), flush=True)
@@ -419,8 +418,7 @@ def test_workers_exit_when_the_driver_is_killed(mode):
 
 # ---- progress bar ---------------------------------------------------------------------
 
-SLOW = """
-import sys, time, clamor
+SLOW = PRELUDE + """
 with clamor.Cluster(workers=2{arg}) as cl:
     assert cl.range(10).sum() == 45                   # a short stage: never a bar
     sys.stderr.write("LONG STAGE NEXT\\n")

@@ -16,16 +16,15 @@ workers in a stage, whose answers are compared with the same computation in
 one process.
 """
 import pytest
-from helpers import run_json
+from helpers import PRELUDE, run_json
 
 # Each test runs under both mechanisms (conftest.write_protect).
 pytestmark = pytest.mark.usefixtures("write_protect")
 
 
 # The files, and what a single process computes from them (no region).
-FILES = """
-import json, os, pickle, socket, sys, threading, time
-import numpy as np
+FILES = PRELUDE + """
+import pickle
 import pandas as pd
 D = {d!r}
 RAW = 1 << 20
@@ -116,8 +115,6 @@ def load_all():
 def test_every_loader_works_under_heap_in_a_forked_cluster_before_and_after_a_stage(tmp_path, write_protect):
     out = run_json(FILES.format(d=str(tmp_path)) + LOAD + """
 import errno
-import clamor
-from clamor import region
 
 res = {}
 with clamor.Cluster(workers=2, progress=False) as cl:
@@ -174,11 +171,7 @@ print(json.dumps(res))
 
 
 def test_the_first_import_of_a_module_under_heap_in_a_cluster_reads_its_files(tmp_path, write_protect):
-    out = run_json("""
-import json, sys
-import numpy as np
-import clamor
-from clamor import region
+    out = run_json(PRELUDE + """
 assert "scipy.spatial" not in sys.modules
 pts = np.random.default_rng(8).random((20_000, 2))
 np.save(%r, pts)
@@ -209,11 +202,7 @@ print(json.dumps(res))
 
 @pytest.mark.usefixtures("same_host")
 def test_a_stage_running_while_the_driver_loads_a_file_into_its_buffer_reads_the_old_bytes(tmp_path, write_protect):
-    out = run_json(f"""
-import json, os, threading, time
-import numpy as np
-import clamor
-from clamor import region
+    out = run_json(PRELUDE + f"""
 D = {str(tmp_path)!r}
 N = 1 << 18                                       # 2 MiB: 32 pages
 new = np.random.default_rng(2).random(N)
@@ -263,9 +252,7 @@ print(json.dumps({{"mechanism": mech, "during_old": during == old,
 DASK = """
 import dask
 from distributed import Client, LocalCluster
-import clamor
 import clamor.dask
-from clamor import region
 
 region.ensure()
 cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",

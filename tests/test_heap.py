@@ -1,11 +1,10 @@
 """clamor.heap(): allocations inside the block land in the region."""
 import json
 
-from helpers import shared_library
+from helpers import PRELUDE, shared_library
 
-PRE = """
-import gc, json, os, sys, numpy as np, clamor
-from clamor import region
+PRE = PRELUDE + """
+import gc
 region.init(size=8 << 30)
 inr = lambda o: region.contains(id(o))
 """

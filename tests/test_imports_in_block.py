@@ -1,14 +1,11 @@
 """A module imported inside ``heap()`` runs its code outside the region
 (``hooks._imports_outside``): its state is the interpreter's, which a forked
 worker inherits, and the driver changes it later outside any block."""
-from helpers import run_driver
+from helpers import PRELUDE, run_driver
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
-IMPORTS = """
-import json, sys, threading
-import clamor
-from clamor import region
+IMPORTS = PRELUDE + """
 inside = lambda o: region.contains(id(o), 1)
 assert "multiprocessing.dummy" not in sys.modules and "colorsys" not in sys.modules
 with clamor.heap():
@@ -41,10 +38,7 @@ def test_a_module_imported_in_a_block_keeps_its_state_outside_the_region():
     assert out["usable"] == [1, 2], out
 
 
-FOREST = """
-import json, os
-import numpy as np
-import clamor
+FOREST = PRELUDE + """
 from sklearn.ensemble import RandomForestClassifier
 with clamor.heap():
     # joblib's thread pool imports multiprocessing.dummy here, on first use
@@ -82,10 +76,7 @@ def test_a_forest_fitted_with_threads_in_a_block_predicts_on_forked_workers_as_o
 def test_an_import_outside_any_block_is_left_to_the_interpreter():
     """The wrapper passes imports outside blocks straight through (the
     module is outside the region, as without clamor)."""
-    out = run_driver("""
-import json, sys
-import clamor
-from clamor import region
+    out = run_driver(PRELUDE + """
 with clamor.heap():
     pass
 import colorsys

@@ -3,13 +3,12 @@ Where that memory holds a region object (a module's global a block set),
 the driver keeps the object alive while such workers may live
 (``hooks._held_from_outside``), so that the worker never reads another
 object the driver later put in its memory."""
-from helpers import run_driver
+from helpers import PRELUDE, run_driver
 
-MODULE_GLOBALS = """
-import gc, json, os, sys, weakref
+MODULE_GLOBALS = PRELUDE + """
+import gc, weakref
 sys.path.insert(0, {path!r})
-import clamor, heldmod
-from clamor import region
+import heldmod
 
 class Box:
     pass

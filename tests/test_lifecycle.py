@@ -214,8 +214,7 @@ def _unshare():
 UNSHARE = _unshare()
 needs_pidns = pytest.mark.skipif(UNSHARE is None, reason="PID namespaces are not available here")
 
-NS_WORKER = """
-import json, os, subprocess, sys
+NS_WORKER = PRELUDE + """
 UNSHARE = json.loads(sys.argv[1])
 def ns_worker(cl):
     # a worker in its own PID namespace, as in a container: not tied to this
@@ -390,8 +389,7 @@ HOW = ["fork", "spawn", "remote"]
 # A cluster of ``n`` workers forked, spawned, or started by hand (``remote``:
 # started by this script, then awaited by start()); the hand-started ones'
 # Popen objects too.
-CLUSTER_OF = """
-import os, subprocess, sys, clamor
+CLUSTER_OF = PRELUDE + """
 def cluster_of(how, n, **kw):
     if how != "remote":
         return clamor.Cluster(workers=n, start_method=how, progress=False, **kw), []

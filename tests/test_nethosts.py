@@ -15,13 +15,12 @@ import pytest
 
 from clamor.testing import _netns
 from clamor.testing.nethosts import Hosts, available, measure_tcp, require_hosts
+from helpers import PRELUDE, ROOT, STDLIB
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # An echo server: binds argv[1], prints its port, echoes each connection
 # to its end, forever.
-ECHO = r"""
-import socket, sys
+ECHO = STDLIB + r"""
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], 0))
@@ -39,8 +38,7 @@ while True:
 
 # A client: sends argv[3] to argv[1]:argv[2], prints what comes back;
 # argv[4], if given, is the timeout in seconds.
-CLIENT = r"""
-import socket, sys
+CLIENT = STDLIB + r"""
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float((sys.argv[4:] or [5])[0]))
 c.sendall(sys.argv[3].encode())
 c.shutdown(socket.SHUT_WR)
@@ -241,9 +239,7 @@ def test_two_hosts_objects_coexist():
 # reports, then ends as told: by returning (atexit), or waiting for a signal.
 # Before that a forked child exits normally: its atexit must not tear its
 # parent's hosts down.
-DRIVER = r"""
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
+DRIVER = PRELUDE + r"""
 from clamor.testing import _netns, nethosts
 h = nethosts.Hosts(2)
 p = h[0].popen(["sleep", "600"])
@@ -254,7 +250,7 @@ os.waitpid(child, 0)
 alive = all(x.name in _netns._netns_names() for x in h)
 print(json.dumps({"names": [x.name for x in h], "links": [x.veth for x in h] + [h.bridge],
                   "pid": p.pid, "after_fork": alive}), flush=True)
-if sys.argv[2] == "wait":
+if sys.argv[1] == "wait":
     time.sleep(600)
 """
 
@@ -262,9 +258,8 @@ if sys.argv[2] == "wait":
 @pytest.mark.parametrize("end", ["exit", "sigterm", "sigkill"])
 def test_teardown_when_the_driver_ends(end):
     require_hosts()
-    d = subprocess.Popen([sys.executable, "-c", DRIVER, os.path.dirname(TESTS), "exit" if end == "exit" else "wait"],
-                         stdout=subprocess.PIPE,
-                         text=True)
+    d = subprocess.Popen([sys.executable, "-c", DRIVER, "exit" if end == "exit" else "wait"], stdout=subprocess.PIPE,
+                         text=True, cwd=ROOT)
     try:
         info = json.loads(d.stdout.readline())
         assert info["after_fork"]
@@ -294,9 +289,7 @@ def test_teardown_when_the_driver_ends(end):
 def test_require_hosts_skips_or_fails_without_namespaces():
     require_hosts()
     assert available() == (True, "")
-    code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {TESTS!r})
+    code = PRELUDE + textwrap.dedent("""
         import pytest
         from clamor.testing import nethosts
         print(nethosts.available())
@@ -313,7 +306,7 @@ def test_require_hosts_skips_or_fails_without_namespaces():
         # a new user namespace, in which this process is not root and cannot make network namespaces
         # (a fresh process, by unshare(1): not a fork of this one)
         r = subprocess.run(["unshare", "--user", sys.executable, "-c", code], capture_output=True, text=True,
-                           env=env, timeout=60)
+                           env=env, timeout=60, cwd=ROOT)
         assert r.returncode == 0, (r.returncode, r.stderr)
         outs[flag] = r.stdout
     assert outs[""].split()[-1] == "skip" and outs["1"].split()[-1] == "fail"

@@ -16,9 +16,10 @@ import json
 
 import pytest
 
-SCENARIO = """
-import hashlib, json, numpy as np, clamor
-from clamor import region
+from helpers import PRELUDE
+
+SCENARIO = PRELUDE + """
+import hashlib
 
 rng = np.random.default_rng({seed})
 cl = clamor.Cluster(workers=2, start_method={method!r}, same_host="fetch", progress=False, speculation=False).start()

@@ -12,10 +12,11 @@ import json
 
 import pytest
 
-SCENARIO = """
-import json, struct, threading
-import numpy as np, zmq, clamor
-from clamor import region
+from helpers import PRELUDE
+
+SCENARIO = PRELUDE + """
+import struct
+import zmq
 from clamor.runtime.security import Guard, Security
 MODE = {mode!r}
 M64 = (1 << 64) - 1

@@ -19,7 +19,7 @@ limit too small.
 """
 import textwrap
 
-from helpers import UNION, run_driver
+from helpers import PRELUDE, UNION, run_driver
 
 MODULE = textwrap.dedent("""
     import dataclasses
@@ -33,11 +33,11 @@ MODULE = textwrap.dedent("""
         b: object = None
 """)
 
-DIFFERENTIAL = UNION + """
-import json, random, sys, weakref
-import numpy as np
+DIFFERENTIAL = PRELUDE + UNION + """
+import random, weakref
 sys.path.insert(0, {moddir!r})
-import clamor
+sys.path.insert(0, "tests")
+import graphgen
 import pwclasses
 from clamor.memory import portable, walk
 from clamor.memory.walk import _walk
@@ -65,42 +65,6 @@ def python_side(g, limit):
         return str(e)
     finally:
         walk.plain_in_c[0] = True
-
-def leaf(r, outside):
-    if outside:
-        return r.choice(OUTSIDE)
-    k = r.randrange(9)
-    if k == 0:
-        return r.choice([None, True, False, Ellipsis, 0, 7, -3, 256, "", "a", "\\xe9", (), b""])
-    return [lambda: r.randrange(10**3, 10**12), lambda: r.random() * 1e6, lambda: "s" + str(r.random()),
-            lambda: ("é" + str(r.randrange(10**6))), lambda: str(r.randrange(10**6)).encode() * 3,
-            lambda: complex(r.random(), 1.5), lambda: r.randrange(300, 10**6), lambda: "k" * r.randrange(2, 40)][k - 1]()
-
-def build(r, depth, odd):
-    k = r.randrange(7) if depth < 3 else 7
-    if k == 7:
-        return leaf(r, odd and r.random() < 0.15)
-    n = r.randrange(0, 7)
-    items = [build(r, depth + 1, odd) for _ in range(n)]
-    if k == 0:
-        return items
-    if k == 1:
-        return tuple(items)
-    if k in (2, 3):
-        return {{(i if r.random() < 0.5 else ("key" + str(i) if r.random() < 0.7 else (i, "t"))): x
-                for i, x in enumerate(items)}}
-    if k == 4:
-        o = (pwclasses.Inst() if r.random() < 0.5 else pwclasses.Rec(None))
-        o.a, o.b = (items + [None, None])[:2]
-        return o
-    def hashable(x):
-        try:
-            hash(x)
-            return True
-        except TypeError:
-            return False
-    hashable = [x for x in items if hashable(x)]
-    return set(hashable) if k == 5 else frozenset(hashable)
 
 def perturb(r, g, keep):
     k = r.randrange(12)
@@ -151,12 +115,14 @@ r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 11)
 OUTSIDE = [r.randrange(10**3, 10**12) for _ in range(40)] + [sys.intern("o" + str(r.random())) for _ in range(40)] + \\
           [r.random() * 1e6 for _ in range(40)] + ["p" + str(r.random()) for _ in range(20)]
 CONSTS = [(OUTSIDE[i], OUTSIDE[i + 40]) for i in range(10)]
+graphs = graphgen.Graphs(OUTSIDE, singles=graphgen.SINGLES + ((), b""), outside=0.15, width=7, tuple_keys=True,
+                         instance=lambda r: pwclasses.Inst() if r.random() < 0.5 else pwclasses.Rec(None))
 keep = []
 counts = {{"c_yes": 0, "c_no": 0, "bad": [], "kinds_yes": {{}}, "kinds_no": {{}}, "entries": 0, "nulls": 0,
           "seeded": 0, "small_limit": 0, "refused": 0}}
 for case in range(int({cases!r})):
     with clamor.heap():
-        g = [build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
+        g = [graphs.build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
     kind = perturb(r, g, keep)
     limit = 10**6 if case % 13 else r.randrange(1, 30)
     counts["small_limit"] += limit < 10**6
@@ -205,97 +171,13 @@ def test_the_c_portable_walk_lists_the_relocations_the_python_walk_lists(tmp_pat
     assert out["small_limit"] >= 10 and out["refused"] >= 40, out
 
 
-RECHECK = UNION + """
-import json, random, sys
-import numpy as np
+RECHECK = PRELUDE + UNION + """
+import random
 sys.path.insert(0, {moddir!r})
-import clamor
+sys.path.insert(0, "tests")
+import graphgen
 import pwclasses
 from clamor.memory import portable
-
-def record(r, depth=0):
-    k = r.randrange(6 if depth < 2 else 3)
-    if k == 0:
-        return r.randrange(10**6, 10**9)
-    if k == 1:
-        return "s" + str(r.random())
-    if k == 2:
-        return (r.random(), "t" + str(r.randrange(10**6)))
-    if k == 3:
-        return [record(r, depth + 1) for _ in range(r.randrange(0, 4))]
-    if k == 4:
-        return {{"f" + str(i): record(r, depth + 1) for i in range(r.randrange(0, 4))}}
-    o = pwclasses.Inst()
-    o.a, o.b = record(r, depth + 1), record(r, depth + 1)
-    return o
-
-def parts(x, out, depth=0):
-    if isinstance(x, (list, dict, pwclasses.Inst)):
-        out.append(x)
-    if depth < 3:
-        for y in (x if isinstance(x, list) else x.values() if isinstance(x, dict) else
-                  (getattr(x, "a", None), getattr(x, "b", None)) if isinstance(x, pwclasses.Inst) else ()):
-            parts(y, out, depth + 1)
-    return out
-
-def change(r, root):
-    keys = list(root.keys()) if isinstance(root, dict) else list(range(len(root)))
-    k = r.randrange(9) if keys else 1
-    if k == 0:
-        with clamor.heap():
-            root[r.choice(keys)] = record(r)
-        return "entry replaced"
-    if k == 1:
-        with clamor.heap():
-            if isinstance(root, dict):
-                root["new" + str(r.random())] = record(r)
-            else:
-                root.append(record(r))
-        return "entry added"
-    if k == 2:
-        with clamor.heap():
-            if isinstance(root, dict):
-                del root[r.choice(keys)]
-            else:
-                root.pop(r.randrange(len(root)))
-        return "entry deleted"
-    cs = [c for key in r.sample(keys, min(len(keys), 8)) for c in parts(root[key], [])]
-    if not cs:
-        return "none"
-    c = r.choice(cs)
-    if k in (3, 4, 5):
-        with clamor.heap():
-            v = record(r)
-            if isinstance(c, list):
-                c.append(v) if not c or r.random() < 0.5 else c.__setitem__(r.randrange(len(c)), v)
-            elif isinstance(c, dict):
-                c["g" + str(r.randrange(5))] = v
-            else:
-                setattr(c, r.choice("ab"), v)
-        return "record changed in place"
-    if k == 6:
-        with clamor.heap.suspended():
-            v = ["outside" + str(r.random())]            # a mutable object outside: no target
-        if isinstance(c, list):
-            c.append(v)
-        elif isinstance(c, dict):
-            c["out"] = v
-        else:
-            c.a = v
-        return "object outside put in"
-    if k == 7 and len(keys) > 1:
-        a, b = r.sample(keys, 2)
-        with clamor.heap():
-            root[a] = root[b] if isinstance(root[b], (list, dict, pwclasses.Inst)) else [root[b]]
-            if root[a] is not root[b]:
-                root[b] = root[a]
-        return "record shared by two entries"
-    with clamor.heap():
-        if isinstance(c, (list, dict)):
-            c.clear()
-        else:
-            c.a = None
-    return "record emptied"
 
 rel = portable.Relocations()
 t = rel.targets
@@ -323,14 +205,15 @@ counts = {{"stood": 0, "deferred": 0, "bad": [], "kinds": {{}}, "words": 0}}
 for trial in range(int({trials!r})):
     with clamor.heap():
         n = r.randrange(1, 40)
-        root = {{"k" + str(i): record(r) for i in range(n)}} if trial % 2 else [record(r) for _ in range(n)]
+        root = {{"k" + str(i): graphgen.record(r, pwclasses.Inst) for i in range(n)}} if trial % 2 else \\
+            [graphgen.record(r, pwclasses.Inst) for _ in range(n)]
     got = whole(root)
     if got is None or got[2] is None:
         continue
     k = id(root)
     rel._keep(k, root, *got)
     for step in range(10):
-        kinds = [change(r, root) for _ in range(1 if r.random() < 0.7 else r.randrange(2, 4))]
+        kinds = [graphgen.change(r, root, pwclasses.Inst, kinds=9) for _ in range(1 if r.random() < 0.7 else r.randrange(2, 4))]
         again = rel._recheck(k, root, rel.per_root[k][1].pages, 10**6)
         full = whole(root)
         for kind in kinds:
@@ -390,9 +273,7 @@ def test_a_walk_longer_than_the_heartbeat_timeout_loses_no_worker():
     meanwhile wait on the socket and count once it is read.  A stage whose
     walks take more than twice ``heartbeat_timeout`` (the walk in Python,
     the slow one) loses no spawned worker, and reads right."""
-    out = run_driver("""
-import json, time
-import clamor
+    out = run_driver(PRELUDE + """
 from clamor.memory import walk
 N = 200_000
 with clamor.heap():

@@ -3,13 +3,10 @@ read, split at page boundaries and kept per page, and each page's digest.
 ``changed(pages)`` must say yes exactly when a byte inside a range on one of
 those pages changed: checked against the bytes themselves, on random
 ranges over a region buffer and random writes."""
-from helpers import run_json
+from helpers import PRELUDE, run_json
 
-CODE = """
-import json, random
-import numpy as np
-import clamor
-from clamor import region
+CODE = PRELUDE + """
+import random
 from clamor.memory import readtable
 
 NPAGES = 12

@@ -9,16 +9,14 @@ plain Python, at the version each stage must read).
 """
 import pytest
 
-from helpers import gone, run_script
+from helpers import PRELUDE, gone, run_script
 
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host); those about serving peers, fetch only.
 pytestmark = pytest.mark.usefixtures("same_host")
 
-SEEDED = """
-import json, os, random, signal, sys, threading, time
-import numpy as np
-import clamor
+SEEDED = PRELUDE + """
+import random
 
 SEEDS = [int(s) for s in sys.argv[1].split(",")]
 N = 1 << 19                                   # 4 MiB global: 64 pages of 64 KiB
@@ -376,8 +374,7 @@ def test_without_replacements_losing_the_last_worker_raises():
     assert out["took"] < 5
 
 
-STRAGGLER = """
-import json, os, signal, sys, threading, time, clamor
+STRAGGLER = PRELUDE + """
 
 def task(i):
     for _ in range(10):          # 0.2 s in small sleeps: a stopped process cannot go on between them

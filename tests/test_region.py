@@ -14,29 +14,20 @@ from pathlib import Path
 import pytest
 
 import clamor
-from helpers import clean_env, run_json
+from helpers import PRELUDE, clean_env, run_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# Prepended to scripts: try(f) -> ["ok", value] or [ExceptionClass, message, is ClamorError].
-PRELUDE = """
-import json, os, clamor
-from clamor import region
-
-def attempt(f, *a, **k):
-    try:
-        return ["ok", f(*a, **k)]
-    except Exception as e:
-        return [type(e).__name__, str(e), isinstance(e, clamor.ClamorError)]
-
+# What scripts here add to helpers.PRELUDE: geo() -> [role, base, size, page size].
+GEO = """
 def geo():
     return [region.role(), region.base(), region.size(), region.page_size()]
 """
 
 
 def script(body):
-    return PRELUDE + textwrap.dedent(body)
+    return PRELUDE + GEO + textwrap.dedent(body)
 
 
 # A worker pointed at a control endpoint where nobody listens gives up after
@@ -457,10 +448,7 @@ def test_a_clean_exit_with_faulthandler_on_and_region_objects_still_referenced()
     to a str built in the region; it is released after faulthandler's
     finalization, and that write to a protected page used to kill a clean
     run with SIGSEGV."""
-    out = run_json("""
-        import json
-        import clamor
-        from clamor import region
+    out = run_json(script("""
         region.init()
         with clamor.heap():
             name = "".join(["no_such", "_attribute_", str(12345)])    # a new str, in the region
@@ -469,7 +457,7 @@ def test_a_clean_exit_with_faulthandler_on_and_region_objects_still_referenced()
         del name
         region.version_begin(region.version_current() + 1)     # pages write-protected: writes are versioned
         print(json.dumps({"ok": True}))
-        """, env={"PYTHONFAULTHANDLER": "1"})
+        """), env={"PYTHONFAULTHANDLER": "1"})
     assert out == {"ok": True}
 
 
@@ -478,11 +466,7 @@ def test_dirty_pages_lists_the_pages_first_written_since_the_stage_began():
     since the last stage began (each once, sorted), none again after the
     next begin; a page written back to the same bytes is listed too (the
     begin is what compares)."""
-    out = run_json("""
-        import json
-        import numpy as np
-        import clamor
-        from clamor import region
+    out = run_json(script("""
         region.init()
         a = clamor.zeros(8 * region.page_size() // 8, dtype=np.int64)      # 8 pages
         first = (a.__array_interface__["data"][0] - region.base()) // region.page_size()
@@ -497,7 +481,7 @@ def test_dirty_pages_lists_the_pages_first_written_since_the_stage_began():
         after = region.dirty_pages().tolist()
         print(json.dumps({"before": before, "empty": empty, "written": written, "changed": changed,
                           "after": after}))
-        """)
+        """))
     assert out == {"before": [], "empty": [], "written": [2, 5], "changed": [5], "after": []}, out
 
 

@@ -4,14 +4,13 @@ import json
 
 import pytest
 
+from helpers import PRELUDE
+
 # Workers that map the driver's pages (same host) hold none of their own to
 # serve: these run with workers that fetch (conftest.same_host, fetch_path).
 pytestmark = [pytest.mark.usefixtures("same_host"), pytest.mark.fetch_path]
 
-PRE = """
-import json, os, signal, time, numpy as np, clamor
-from clamor import region
-"""
+PRE = PRELUDE
 
 
 def test_policies_move_load_off_the_driver_with_equal_results(py):

@@ -14,9 +14,10 @@ import json
 
 import pytest
 
-SCENARIO = """
-import hashlib, json, os, numpy as np, clamor
-from clamor import region
+from helpers import PRELUDE
+
+SCENARIO = PRELUDE + """
+import hashlib
 
 SEED = {seed}
 rng = np.random.default_rng(SEED)

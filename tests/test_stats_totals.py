@@ -9,10 +9,9 @@ import json
 
 import pytest
 
-PRE = """
-import json, os, time, numpy as np, clamor
-from clamor import region
+from helpers import PRELUDE
 
+PRE = PRELUDE + """
 def counters():
     st = region.stats()
     return {"faults": st["faults"], "bytes": st["bytes_fetched"]}

@@ -22,7 +22,7 @@ instances, one shared with the C walk on, one with the Python walk only:
 the same verdict, every instance's dict its own afterwards, and neither
 walk finds anything left to write in the other's graph.
 """
-from helpers import UNION, run_driver
+from helpers import PRELUDE, UNION, run_driver
 
 # the classes of both scripts' instances: a plain class and a dataclass
 CLASSES = """
@@ -37,10 +37,10 @@ class Rec:
     b: object = None
 """
 
-DIFFERENTIAL = CLASSES + UNION + """
-import json, random, sys, warnings, weakref
-import numpy as np
-import clamor
+DIFFERENTIAL = PRELUDE + CLASSES + UNION + """
+import random, warnings, weakref
+sys.path.insert(0, "tests")
+import graphgen
 from clamor.memory import walk, _pyshare
 from clamor._native import ffi, lib
 
@@ -81,36 +81,6 @@ def same_reads(o, limit):
     ours = [tuple(x) for x in mine.plain] + [(lo, n) for lo, n, *_ in mine.extents]
     return union(ours) == union((lo, n) for lo, n, *_ in theirs.extents) and \
         sorted(map(id, mine.inherited)) == sorted(map(id, theirs.inherited))
-
-def leaf(r, outside):
-    k = r.randrange(9)
-    if k == 0:
-        return r.choice([None, True, False, Ellipsis, 0, 7, -3, 256, "", "a", "\\xe9"])
-    v = [lambda: r.randrange(10**3, 10**12), lambda: r.random() * 1e6, lambda: "s" + str(r.random()),
-         lambda: ("é" + str(r.randrange(10**6))), lambda: str(r.randrange(10**6)).encode() * 3,
-         lambda: complex(r.random(), 1.5), lambda: r.randrange(300, 10**6), lambda: "k" * r.randrange(2, 40)][k - 1]
-    return r.choice(OUTSIDE) if outside else v()
-
-def build(r, depth, odd):
-    k = r.randrange(6) if depth < 3 else 6
-    if k == 6:
-        return leaf(r, odd and r.random() < 0.1)
-    n = r.randrange(0, 8)
-    items = [build(r, depth + 1, odd) for _ in range(n)]
-    if k == 0:
-        return items
-    if k == 1:
-        return tuple(items)
-    if k == 2 or k == 3:
-        return {(i if r.random() < 0.5 else "key" + str(i)): x for i, x in enumerate(items)}
-    def hashable(x):
-        try:
-            hash(x)
-            return True
-        except TypeError:
-            return False
-    hashable = [x for x in items if hashable(x)]
-    return set(hashable) if k == 4 else frozenset(hashable)
 
 def perturb(r, g, shared):
     # a change of the kinds that make the Python walk refuse, bring in or warn
@@ -167,7 +137,7 @@ def perturb(r, g, shared):
         with clamor.heap():
             objs = [Inst() if r.random() < 0.5 else Rec(None) for _ in range(r.randrange(1, 5))]
             for o in objs:
-                o.a, o.b = build(r, 2, False), build(r, 2, False)
+                o.a, o.b = graphs.build(r, 2, False), graphs.build(r, 2, False)
         if k == 10:
             lib.clamor_py_own_keys(id(objs), 10**6)               # the conversion in C
         else:
@@ -177,7 +147,7 @@ def perturb(r, g, shared):
         return g, "instances converted in C" if k == 10 else "instances converted in Python"
     if k == 12:
         with clamor.heap():
-            o = Rec(build(r, 2, False), "x" + str(r.random()))  # attributes in a values table
+            o = Rec(graphs.build(r, 2, False), "x" + str(r.random()))  # attributes in a values table
         box.append(o)
         return g, "unconverted instance"
     if k == 13:
@@ -228,12 +198,13 @@ OUTSIDE = [r.randrange(10**3, 10**12) for _ in range(50)] + ["o" + str(r.random(
           [r.random() * 1e6 for _ in range(50)]      # made outside any block
 INHERITED = [tuple(OUTSIDE[i:i + 3]) for i in range(0, 30, 3)] + [frozenset(OUTSIDE[i:i + 2]) for i in range(60, 70, 2)] + \
             [[OUTSIDE[i], (OUTSIDE[i + 1],)] for i in range(100, 110, 2)] + [{"i" + str(i): OUTSIDE[i]} for i in range(5)]
+graphs = graphgen.Graphs(OUTSIDE)
 walk.note_fork()     # as a Cluster's fork would: OUTSIDE, INHERITED, the classes and their attribute names are inherited
 shared = []
 counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0, "reads_compared": 0}
 for case in range(int({cases!r})):
     with clamor.heap():
-        g = [build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
+        g = [graphs.build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
     g, kind = perturb(r, g, shared)
     limit = 10**6 if case % 17 else max(1, r.randrange(1, 30))
     counts["limit_checked"] += limit < 10**6
@@ -282,9 +253,7 @@ def test_share_of_plain_data_goes_through_the_c_walk_and_is_read_right():
     """A big dict of plain data: share() takes the C walk (it approves
     without the Python walk's per-object cost), and forked workers read it
     as the driver does."""
-    out = run_driver("""
-import json, time
-import clamor
+    out = run_driver(PRELUDE + """
 from clamor.memory import walk
 n = 200_000
 with clamor.heap():
@@ -306,9 +275,8 @@ print(json.dumps({"python_walks": python_walks, "got": got}))
                           [[8, "s8"], [199_999, "s199999"], ["v123", 61.5], 200_000]], out
 
 
-CONVERSION = CLASSES + """
-import json, random
-import clamor
+CONVERSION = PRELUDE + CLASSES + """
+import random
 from clamor.memory import walk
 
 def graph(seed):
@@ -388,9 +356,7 @@ def test_the_cluster_reports_what_its_checks_keep_per_object():
     """cl.stats()["checks"]: the verdicts remembered, the objects their
     walks visited and the bytes kept to know when to walk again; at most
     16 bytes an object for a big dict of records (issue's bound)."""
-    out = run_driver("""
-import json
-import clamor
+    out = run_driver(PRELUDE + """
 n = 100_000
 with clamor.heap():
     d = {i: (i, "s" + str(i)) for i in range(n)}

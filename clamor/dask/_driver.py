@@ -45,6 +45,7 @@ from ..memory import gate, portable, region, samehost
 from ..runtime import security
 from ..runtime.versions import VersionKeeper
 from ..runtime.driver import read_join, read_leave, set_replication, welcome
+from ..runtime.liveness import Heard
 from . import _pickling, _values
 
 log = logging.getLogger("clamor.dask")
@@ -52,6 +53,7 @@ log = logging.getLogger("clamor.dask")
 KEEP_PERIOD = 0.5   # seconds between the keeper's questions to the scheduler
 STAMP_HOLD = 30.0   # seconds a version stamped into a graph is kept, whatever the scheduler says
 PEER_GRACE = 5.0    # seconds without a ping before a worker's page server is forgotten
+PING_PERIOD = 0.5   # seconds between a worker's pings (its heartbeats), as the WELCOME says
 
 
 def _threads(client):
@@ -145,7 +147,7 @@ class Driver:
     def __init__(self, client, secret, encrypt, host, replication="two-choices"):
         self.client = client
         self.replication = replication
-        self._peers = {}                  # a worker's page server -> when it last pinged
+        self._peers = Heard()             # a worker's page server -> when it last pinged
         self._hashes = {}                 # a worker's identity -> its str hash digest (JOIN)
         self._sent = {}                   # a worker's identity -> the relocation targets it was sent
         self.security = security.Security(secret, encrypt)
@@ -336,14 +338,12 @@ class Driver:
         self._forget_silent()
 
     def _forget_silent(self):
-        now = time.monotonic()
-        for ep, last in list(self._peers.items()):
-            if now - last > PEER_GRACE:
-                log.info("the worker serving pages at %s has not pinged for %g s: forgotten", ep, now - last)
-                self._forget(ep)
+        for ep, silent in self._peers.silent(PEER_GRACE):
+            log.info("the worker serving pages at %s has not pinged for %g s: forgotten", ep, silent)
+            self._forget(ep)
 
     def _forget(self, ep):
-        if self._peers.pop(ep, None) is not None:
+        if self._peers.forget(ep):
             region.forget_peer(ep)
 
     def _serve(self):
@@ -383,7 +383,8 @@ class Driver:
             self._sock.send_multipart([who, b"BYE", b""])
         elif kind == b"JOIN":
             self._hashes[who] = str(read_join(frames[2])["hash"])
-            self._sock.send_multipart([who, b"WELCOME", welcome(self.pages, version=self.version)])
+            self._sock.send_multipart([who, b"WELCOME", welcome(self.pages, version=self.version,
+                                                                heartbeat=PING_PERIOD)])
         elif kind == b"CHANGES":
             lo, hi = json.loads(frames[2])
             self._sock.send_multipart([who, b"CHANGES",
@@ -399,7 +400,7 @@ class Driver:
             self._sock.send_multipart([who, b"TARGETS", pickle.dumps(specs)])
         elif kind == b"PING":
             if frames[2]:
-                self._peers[frames[2].decode()] = time.monotonic()
+                self._peers.heard(frames[2].decode())
             self._sock.send_multipart([who, b"PONG", b""])
         elif kind == b"LEAVE":
             pages = read_leave(frames[2])["pages"]

@@ -22,7 +22,6 @@ import logging
 import os
 import pickle
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,7 +31,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .. import errors
 from ..memory import images, portable, region
 from ..runtime import security, serialize
-from ..runtime.liveness import pid_namespace
+from ..runtime.liveness import BYE, Beat, beat_interval, pid_namespace
 from ..runtime.versions import VersionGate
 from ..runtime.worker import advertised_address, attach, driver_check, join_body, leave_body
 from . import _pickling
@@ -42,8 +41,7 @@ log = logging.getLogger("clamor.dask")
 
 NAME = "clamor"
 SLOTS = 1 << 20        # the worker's amount of the clamor resource: never what limits it
-PING_PERIOD = 0.5      # seconds between a worker's pings of the driver
-DRIVER_GRACE = 10.0    # seconds without an answer before a worker detaches itself
+DRIVER_GRACE = 10.0    # seconds without an answer before a worker detaches itself (across PID namespaces)
 
 
 class Link:
@@ -213,7 +211,12 @@ class RegionPlugin(WorkerPlugin):
         _pickling.install(self.gate.stamp)
         _pickling.resolve(True)
         self._stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, args=(worker, driver_check(welcome)),
+        # A driver this worker can see alive is only busy (a long check before a
+        # submission, a heap() block that pauses its threads, Ctrl-Z): its
+        # workers wait, as a Cluster's do.  Across PID namespaces, silence tells.
+        alive = driver_check(welcome)
+        beat = Beat(self._ping, beat_interval(welcome), alive=alive, grace=DRIVER_GRACE if alive is None else None)
+        self._watcher = threading.Thread(target=beat.run, args=(self._stop, self._driver_gone),
                                          name="clamor-dask-watch", daemon=True)
         self._watcher.start()
         log.info("attached to the clamor driver at %s (pages %s, version %d)", self.control, welcome["pages"],
@@ -255,31 +258,17 @@ class RegionPlugin(WorkerPlugin):
         self.gate.resolved = True
         return serialize.object_at(ref.offset)
 
-    def _watch(self, worker, driver_alive):
-        """Detach this worker once the driver says BYE, its process is gone,
-        or, across PID namespaces (where its process cannot be seen), it
-        has not answered for DRIVER_GRACE seconds.  A driver this worker
-        can see alive is only busy (a long check before a submission, a
-        heap() block that pauses its threads, Ctrl-Z): its workers wait,
-        as a Cluster's do."""
-        last = time.monotonic()
-        while not self._stop.wait(PING_PERIOD):
-            why = None
-            if driver_alive is not None and not driver_alive():
-                why = "the driver's process is gone"
-            else:
-                try:
-                    kind, _ = self.link.ask(b"PING", self.serving, timeout=2.0)
-                    last = time.monotonic()
-                    if kind == b"BYE":
-                        why = "the driver detached"
-                except errors.ClamorError:
-                    if driver_alive is None and time.monotonic() - last > DRIVER_GRACE:
-                        why = f"the driver has not answered for {DRIVER_GRACE:g} s"
-            if why:
-                log.warning("clamor detaches this worker: %s", why)
-                self._shutdown(why)
-                return
+    def _ping(self):
+        """One heartbeat (liveness.Beat): PING, naming this worker's page
+        server, which the driver keeps while the pings come."""
+        kind, _ = self.link.ask(b"PING", self.serving, timeout=2.0)
+        return BYE if kind == b"BYE" else True
+
+    def _driver_gone(self, why):
+        """Detach this worker: the driver said BYE, its process is gone, or,
+        across PID namespaces, it has not answered for DRIVER_GRACE s."""
+        log.warning("clamor detaches this worker: %s", why)
+        self._shutdown(why)
 
     def teardown(self, worker):
         # (the worker keeps the clamor resource: a task that reads globals and

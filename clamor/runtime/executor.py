@@ -69,7 +69,7 @@ import zmq
 from .. import errors
 from ..memory import portable, region, samehost
 from . import code, serialize
-from .liveness import LinkWatch, heartbeats
+from .liveness import Beat, LinkWatch, heartbeats
 from .collection import partition_result
 from .security import Guard
 from .versions import change_version
@@ -89,11 +89,11 @@ class FetchFailed(Exception):
 
 
 class Service(threading.Thread):
-    """Serves blocks to peers and sends heartbeats."""
+    """Serves blocks to peers and sends heartbeats (a liveness.Beat every
+    ``heartbeat`` seconds, as the driver's WELCOME or fork said)."""
 
     def __init__(self, ctx, store, driver, wid, security, guard, bind, heartbeat=1.0):
         super().__init__(name="clamor-blocks", daemon=True)
-        self.every = heartbeat      # seconds between heartbeats (the driver's WELCOME says)
         self.store = store
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
@@ -106,19 +106,16 @@ class Service(threading.Thread):
         security.client(self.hb)
         self.hb.connect(driver)
         self.wid = wid
+        self.beat = Beat(self._send_hb, heartbeat)   # (the driver's loss is the main thread's to see)
         self.stopped = threading.Event()
 
+    def _send_hb(self):
+        self.hb.send_multipart([b"HB", self.wid], flags=zmq.NOBLOCK)   # (no answer comes)
+
     def run(self):
-        last = 0.0
         while not self.stopped.is_set():
-            now = time.monotonic()
-            if now - last >= self.every:
-                try:
-                    self.hb.send_multipart([b"HB", self.wid], flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
-                last = now
-            if not self.sock.poll(max(1, min(250, int(self.every * 1000)))):
+            self.beat.tick()
+            if not self.sock.poll(max(1, min(250, int(self.beat.due() * 1000)))):
                 continue
             frames = self.sock.recv_multipart()
             if len(frames) != 3 or frames[1] != b"GET":

@@ -28,6 +28,16 @@ Only across namespaces: a worker that shares the driver's must survive a
 driver stopped for a while (Ctrl-Z), and a dropped connection would come
 back under an identity the driver does not know.
 
+Heartbeats are one mechanism for every driver and worker, a Cluster's and
+clamor.dask's alike.  The driver's WELCOME names the interval
+(``beat_interval``); a worker's ``Beat`` sends at it, from a thread that
+runs no task, and tells when the driver is gone (its process, where it can
+be seen; a BYE; or, across PID namespaces, silence).  The driver keeps
+when it last heard each worker in a ``Heard`` and loses, or forgets, the
+ones silent too long.  What a beat is on the wire differs by endpoint
+(docs/wire.md): a Cluster's worker sends HB on a socket of its own and
+expects no answer; a Dask worker asks PING and is answered PONG or BYE.
+
 This is not clamor.worker: that module is also run as ``python -m``, and
 the package must not import it first.
 """
@@ -47,6 +57,8 @@ import traceback
 import psutil
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from .. import errors
 
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 10000
@@ -296,3 +308,96 @@ class LinkWatch:
     def close(self):
         self.sock.disable_monitor()
         self.mon.close()
+
+
+# -- heartbeats: the one mechanism of every driver and worker --------------------------
+def beat_interval(welcome):
+    """Seconds between a worker's heartbeats, as the driver's WELCOME asks
+    (its ``heartbeat``); 1 s where it names none, or none in 0.01-60 s."""
+    every = welcome.get("heartbeat")
+    return float(every) if isinstance(every, (int, float)) and 0.01 <= every <= 60 else 1.0
+
+
+class Heard:
+    """Driver: when each worker was last heard from, by any key (a
+    Cluster's worker ids, clamor.dask's page servers), and which have been
+    silent too long.  Not locked: one thread keeps it."""
+
+    def __init__(self):
+        self.last = {}
+
+    def heard(self, key, now=None):
+        """``key`` spoke now (a heartbeat, or any message)."""
+        self.last[key] = time.monotonic() if now is None else now
+
+    def forget(self, key):
+        """Stop watching ``key``; True if it was watched."""
+        return self.last.pop(key, None) is not None
+
+    def silent(self, timeout, now=None):
+        """[(key, seconds)] of those unheard for more than ``timeout`` s."""
+        now = time.monotonic() if now is None else now
+        return [(k, now - t) for k, t in list(self.last.items()) if now - t > timeout]
+
+    def pause(self, seconds):
+        """Nobody listened for ``seconds``: that time is nobody's silence."""
+        for k in self.last:
+            self.last[k] += seconds
+
+    def __contains__(self, key):
+        return key in self.last
+
+
+BYE = "bye"   # what a heartbeat's ``send`` returns when the driver says it detached
+
+
+class Beat:
+    """Worker: the heartbeat, and whether the driver is gone.
+
+    Every ``every`` seconds (the WELCOME's, ``beat_interval``) ``tick``
+    calls ``send()``: it sends one heartbeat and returns True (the driver
+    answered), None (no answer is expected: a Cluster's HB), or BYE (the
+    driver detached); a ClamorError or ZMQError from it is a beat not
+    answered.  The driver is gone once ``alive()`` says its process is
+    (None: this worker cannot see it, in another PID namespace), it said
+    BYE, or, with ``grace``, no beat was answered for ``grace`` seconds.
+    Checked before each beat: a gone driver is not sent one."""
+
+    def __init__(self, send, every, alive=None, grace=None):
+        self.send, self.every, self.alive, self.grace = send, every, alive, grace
+        self.sent = float("-inf")
+        self.answered = time.monotonic()
+
+    def due(self):
+        """Seconds until the next beat (0: now)."""
+        return max(0.0, self.sent + self.every - time.monotonic())
+
+    def tick(self):
+        """Beat if one is due; returns why the driver is gone, or None."""
+        now = time.monotonic()
+        if now < self.sent + self.every:
+            return None
+        self.sent = now
+        if self.alive is not None and not self.alive():
+            return "the driver's process is gone"
+        try:
+            answer = self.send()
+        except (errors.ClamorError, zmq.ZMQError):
+            answer = False
+        if answer == BYE:
+            return "the driver detached"
+        now = time.monotonic()   # (an answer may take a while)
+        if answer:
+            self.answered = now
+        elif self.grace is not None and now - self.answered > self.grace:
+            return f"the driver has not answered for {self.grace:g} s"
+        return None
+
+    def run(self, stop, gone):
+        """The loop of a thread of its own: beat until ``stop`` (an Event)
+        is set, or the driver is gone: then ``gone(why)``, and return."""
+        while not stop.wait(self.due()):
+            why = self.tick()
+            if why:
+                gone(why)
+                return

@@ -44,7 +44,6 @@ class WorkerRecord:
     slots: int = None            # tasks it holds at once (None: the cluster's)
     same_host: dict = None       # {"mode": "map" or "fetch", "reason"}
     counters: dict = None        # its counters at its last report (its HELLO's at first)
-    last_hb: float = 0.0         # when it was last heard from
     seen: int = 0                # the page version its copies reflect
     far: bool = False            # its pid cannot be checked from here (another PID namespace)
     spawned: bool = False        # not forked from the driver: it joined with JOIN
@@ -111,6 +110,7 @@ class WorkerPool:
         self.remote_open = opts.remote   # hand-started workers still welcome
         self.start_failures = 0  # replacements in a row that died before joining
         self.gone = {}          # lost worker -> its last reported counters (stats())
+        self.heard = liveness.Heard()   # live wid -> when it was last heard from (a heartbeat or any report)
         self._wids = itertools.count()
 
     # -- starting ---------------------------------------------------------------------------
@@ -239,9 +239,10 @@ class WorkerPool:
             log.log(logging.INFO if wid in self.far else logging.WARNING, "worker %s fetches the driver's pages "
                     "instead of mapping them: %s", wid.decode(), same_host["reason"])
         rec = WorkerRecord(pid=info["pid"], blocks=info["blocks"], pages=info.get("pages"), slots=info.get("slots"),
-                           same_host=same_host, counters=info.get("counters"), last_hb=time.monotonic(), seen=seen,
+                           same_host=same_host, counters=info.get("counters"), seen=seen,
                            far=wid in self.far, spawned=wid in self.joined_ids, **self.join_info.pop(wid, {}))
         self.workers[wid] = rec
+        self.heard.heard(wid)
         for other in self.workers:   # its endpoint may be a lost worker's, reused: no longer dead
             if other != wid:
                 self.sock.send_multipart([other, b"LIVE", pickle.dumps([rec.blocks])])
@@ -257,6 +258,7 @@ class WorkerPool:
         before they join and none is left, else None."""
         trouble = None
         now = time.monotonic()
+        silent = dict(self.heard.silent(self.opts.heartbeat_timeout, now))
         for wid, rec in list(self.workers.items()):
             reason = None
             try:
@@ -266,8 +268,8 @@ class WorkerPool:
                 reason = "process gone"
             if reason is None and rec.far and not self.connected(wid):
                 reason = "its connection closed"
-            if reason is None and now - rec.last_hb > self.opts.heartbeat_timeout:
-                reason = f"no heartbeat for {now - rec.last_hb:.1f}s"
+            if reason is None and wid in silent:
+                reason = f"no heartbeat for {silent[wid]:.1f}s"
             if reason:
                 lose(wid, reason)
         for wid in list(self.expected):   # a replacement that died before its HELLO
@@ -322,6 +324,7 @@ class WorkerPool:
         answering may still run, and must not come back; once reaped,
         close() must never wait for, or kill, its reused pid."""
         rec = self.workers.pop(wid)
+        self.heard.forget(wid)
         self.gone[wid] = rec.served_counts()
         log.warning("worker %s (pid %d) lost: %s", wid.decode(), rec.pid, reason)
         self.totals["workers_lost"] += 1

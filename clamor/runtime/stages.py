@@ -119,8 +119,7 @@ class StageRunner:
         now = time.monotonic()
         idle = self._idle_since
         if idle is not None:
-            for info in self._pool.workers.values():
-                info.last_hb += now - idle
+            self._pool.heard.pause(now - idle)
             self._idle_since = None
         with Deferred() as interrupt:
             for _ in range(100000):
@@ -456,9 +455,8 @@ class StageRunner:
             return []
         ident, kind = frames[0], frames[1]
         if kind == b"HB":
-            w = self._pool.workers.get(frames[2])
-            if w is not None:
-                w.last_hb = time.monotonic()
+            if frames[2] in self._pool.workers:
+                self._pool.heard.heard(frames[2])
             return []
         if kind == b"JOIN":
             self._pool.join(ident, frames[2])
@@ -471,7 +469,7 @@ class StageRunner:
         w = self._pool.workers.get(ident)
         if w is None:       # a worker already declared lost: nothing it says counts
             return []
-        w.last_hb = time.monotonic()
+        self._pool.heard.heard(ident)
         if kind not in (b"DONE", b"SKIP", b"FAIL"):
             return []
         key = pickle.loads(frames[2])

@@ -45,7 +45,7 @@ from .. import errors
 from ..memory import region
 from ..memory import images, portable, samehost
 from . import security, serialize
-from .liveness import adopt_driver_path, pid_alive, pid_namespace, shares_pids, watch_lifeline
+from .liveness import adopt_driver_path, beat_interval, pid_alive, pid_namespace, shares_pids, watch_lifeline
 
 log = logging.getLogger("clamor.worker")
 
@@ -268,8 +268,7 @@ def join(driver, base=None, connect_timeout=None, secret=None, encrypt=True, adv
         gc.freeze()
         blocks = f"tcp://{host}:{block_port or ports or '*'}"
         alive = driver_check(welcome)
-        every = welcome.get("heartbeat")
-        every = float(every) if isinstance(every, (int, float)) and 0.01 <= every <= 60 else 1.0
+        every = beat_interval(welcome)
         if alive is not None:
             rt = Runtime(driver, welcome["wid"].encode(), sec, blocks=blocks, slots=slots, heartbeat=every)
         else:   # the connection tells (clamor/runtime/liveness.py)
