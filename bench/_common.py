@@ -1,6 +1,6 @@
 """What the benchmarks share: sizes, the build, helper processes, random
-keys, region arrays and pages, the k-means kernel, the hot-pages table's C
-library and CPU time by thread.  Starting the systems, the child protocol
+keys, region arrays and pages, the cold scan, the k-means kernel, the
+hot-pages table (its C library, build and task) and CPU time.  Starting the systems, the child protocol
 and the JSON line are the harness's (_harness.py).
 
 A benchmark imports this module, _harness and clamor, never another
