@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from _common import (GIB, MIB, cold_scan, cpu_delta, die_with_parent, ensure_built, exact_array, human, parse_size,
-                     same_host_modes, thread_cpu)
+from _common import (GIB, MIB, cold_scan, cpu_delta, die_with_parent, ensure_built, exact_array, human,
+                     parse_size, same_host_modes, thread_cpu)
 from _harness import json_line, parser
 
 
