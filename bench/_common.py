@@ -1,6 +1,6 @@
 """What the benchmarks share: sizes, the build, helper processes, random
-keys, region arrays and pages, the k-means kernel, the hot-pages table's C
-library and CPU time by thread.  Starting the systems, the child protocol
+keys, region arrays and pages, the cold scan, the k-means kernel, the
+hot-pages table (its C library, build and task) and CPU time.  Starting the systems, the child protocol
 and the JSON line are the harness's (_harness.py).
 
 A benchmark imports this module, _harness and clamor, never another
@@ -13,14 +13,17 @@ before numpy loads (``one_blas_thread``).
 import ctypes
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+HOST_ENV = "CLAMOR_BENCH_HOST"        # a worker process's host index (on namespace hosts every pid is 1)
 
 
 # ---- sizes -------------------------------------------------------------------------
@@ -192,6 +195,32 @@ def same_host_modes(cl, want, who, workers=None):
     return {w: m["mode"] for w, m in modes.items()}
 
 
+def cold_scan(ref, readahead=None, warm=False):
+    """The scan (scan.py, hosts.py; run on a worker): drop the array's pages,
+    sum it cold, timed, optionally sum it warm.  CPU seconds of the cold sum:
+    ``cpu_s`` the process's, ``cpu`` by thread."""
+    import clamor
+    from clamor import region
+
+    if readahead is not None:
+        region.configure(readahead=readahead)
+    x = ref.get()
+    region.drop_pages(*array_pages(x))  # cold: nothing present
+    clamor.reset_stats()
+    th0, c0 = thread_cpu(), cpu_s()
+    t = time.perf_counter()
+    s = float(x.sum())
+    cold = time.perf_counter() - t
+    c1, th1 = cpu_s(), thread_cpu()
+    out = {"sum": s, "cold_s": cold, "stats": clamor.stats(), "readahead": region.configure()["readahead"],
+           "page_size": region.page_size(), "cpu_s": c1 - c0, "cpu": cpu_delta(th0, th1)}
+    if warm:
+        t = time.perf_counter()
+        s2 = float(x.sum())
+        out.update(warm_s=time.perf_counter() - t, warm_sum=s2)
+    return out
+
+
 # ---- partitions and random keys -------------------------------------------------------
 
 def bounds(n, parts):
@@ -313,6 +342,49 @@ def hot_lookup(lib, addr, keys, threads=1):
     return int(s), int(found.value)
 
 
+def hot_table(clamor, tmp, bits, nkeys, who):
+    """hotpages.c compiled into ``tmp`` and a table of 2^bits slots holding
+    ``nkeys`` keys built by C in the region through clamor_malloc: (.so path,
+    the library, the table's address, its bytes, seconds to build it)."""
+    from clamor._native import ffi
+    from clamor._native import lib as clib
+
+    so_path = compile_hotpages(tmp, who)
+    lib = load_hotpages(so_path)
+    alloc = int(ffi.cast("uintptr_t", ffi.addressof(clib, "clamor_malloc")))
+    t = time.perf_counter()
+    addr = lib.hp_build(alloc, bits, nkeys)
+    build_s = time.perf_counter() - t
+    if not addr:
+        raise SystemExit(f"{who}: building the table failed: {ffi.string(clib.clamor_last_error()).decode()}")
+    if not clamor.region.contains(addr, 16 << bits):
+        raise SystemExit(f"{who}: the table is not in the region")
+    return so_path, lib, addr, 64 + (16 << bits), build_s
+
+
+def hot_task(so_path, addr, threads):
+    """The task of a stage over the table at ``addr``: its keys looked up on
+    ``threads`` C threads; [(checksum, found, pid, seconds, evictions, peer
+    fallbacks, host index (HOST_ENV), wall-clock start)]."""
+    def task(keys):
+        from clamor import region
+
+        lib = load_hotpages(so_path)     # dlopen again in the worker: the loader's handle, cheap
+        t, t0 = time.perf_counter(), time.time()     # one wall clock for every namespace host: one kernel
+        s, found = hot_lookup(lib, addr, keys, threads)
+        dt = time.perf_counter() - t
+        st = region.stats()
+        return [(s, found, os.getpid(), dt, st["evictions"], st["peer_fallbacks"],
+                 int(os.environ.get(HOST_ENV, "-1")), t0)]
+    return task
+
+
+def rotated(seq, r):
+    """seq starting at its (r mod len)-th item: round r's order."""
+    k = r % len(seq)
+    return tuple(seq[k:]) + tuple(seq[:k])
+
+
 def hot_round(lib, rng, a, nkeys, addr, tasks, lookups, who):
     """One stage's keys, ``tasks * lookups`` whose ranks are Zipf(a) over
     [0, nkeys), and the driver's own (checksum, found) of each task's part
@@ -388,6 +460,12 @@ def thread_cpu():
         fields = s[s.rindex(")") + 2:].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
     return out
+
+
+def cpu_s(who=resource.RUSAGE_SELF):
+    """CPU seconds, user + system, of this process (or its reaped children) so far."""
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
 
 
 def cpu_delta(before, after):

@@ -40,13 +40,12 @@ import traceback
 import uuid
 from unittest import mock
 
-from _common import die_with_parent
+from _common import HOST_ENV, die_with_parent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 SYSTEMS = ("clamor", "spark", "dask", "ray")
 JAVA_HINT = "install Java 17 (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
-HOST_ENV = "CLAMOR_BENCH_HOST"        # a worker process's host index
 TAG_ENV = "CLAMOR_PEERHOSTS_TAG"      # marks every process a hosts context started, and their descendants
 RAY_OBJECT_STORE_MB = 2048            # per node on namespace hosts: 5 x 30% of RAM would not fit /dev/shm
 START_TIMEOUT, STOP_GRACE = 120.0, 10.0

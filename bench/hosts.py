@@ -7,7 +7,6 @@ How to run it, what it compares and what its JSON line holds: bench/README.md,
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -16,10 +15,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-from _common import (GIB, MIB, array_pages, compile_hotpages, cpu_delta, exact_array, hot_check, hot_counters,
-                     hot_lookup, hot_round, human, load_hotpages, parse_size, policy_ratios, same_host_modes,
-                     thread_cpu)
-from _harness import HOST_ENV, json_line, med, parser, ratio   # (HOST_ENV: a worker's host index; every pid is 1)
+from _common import (GIB, HOST_ENV, MIB, array_pages, cold_scan, cpu_delta, cpu_s, exact_array, hot_check,
+                     hot_counters, hot_round, hot_table, hot_task, human, parse_size, policy_ratios, rotated,
+                     same_host_modes, thread_cpu)
+from _harness import json_line, med, parser, ratio
 
 POLICIES = ("off", "random", "two-choices")
 WORKER_HOSTS = 4                    # hosts 1-4 (2 with --smoke: args.worker_hosts)
@@ -137,11 +136,6 @@ class Orchestrator:
 
 # ---- CPU ----------------------------------------------------------------------------------
 
-def self_cpu():
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
 def machine_ticks():
     """(busy, softirq, steal, total) jiffies over all CPUs, from /proc/stat:
     busy is user + nice + system + irq + softirq (every process on the
@@ -167,25 +161,6 @@ def machine_cpu(t0, t1):
 
 
 # ---- tasks (run on the workers; cloudpickle sends this script's functions by value) ---------
-
-def scan_task(ref):
-    """Drop the array's pages and sum it from cold, timed; CPU of the sum."""
-    import clamor
-    from clamor import region
-
-    x = ref.get()
-    region.drop_pages(*array_pages(x))
-    clamor.reset_stats()
-    th0, c0 = thread_cpu(), self_cpu()
-    t = time.perf_counter()
-    s = float(x.sum())
-    dt = time.perf_counter() - t
-    c1, th1 = self_cpu(), thread_cpu()
-    st = clamor.stats()
-    return {"sum": s, "s": dt, "cpu_s": c1 - c0, "threads": cpu_delta(th0, th1),
-            "readahead": region.configure()["readahead"], "pages_fetched": st["pages_fetched"],
-            "fetch_p50_us": st["fetch_p50_us"]}
-
 
 def fault_task(ref, pages):
     """Read-ahead off, every page of the array dropped; read one element of
@@ -222,19 +197,7 @@ def fault_task(ref, pages):
 
 def cpu_task():
     """This worker's host index, CPU seconds so far, and by thread."""
-    return int(os.environ.get(HOST_ENV, "-1")), (self_cpu(), thread_cpu())
-
-
-def make_hot_task(so_path, addr, threads):
-    def task(keys):
-        from clamor import region
-
-        lib = load_hotpages(so_path)
-        t, t0 = time.perf_counter(), time.time()     # one clock for every host: they share the kernel
-        s, found = hot_lookup(lib, addr, keys, threads)
-        return [(s, found, int(os.environ.get(HOST_ENV, "-1")), time.perf_counter() - t,
-                 region.stats()["peer_fallbacks"], t0)]
-    return task
+    return int(os.environ.get(HOST_ENV, "-1")), (cpu_s(), thread_cpu())
 
 
 # ---- the driver (host 0) ----------------------------------------------------------------------
@@ -278,19 +241,19 @@ class Driver:
         np, a = self.np, self.a
         rows = []
         for _ in range(self.scans):
-            m0, c0, th0 = machine_ticks(), self_cpu(), thread_cpu()
-            res = cl.run(scan_task, self.ref)[0]
-            c1, th1, m1 = self_cpu(), thread_cpu(), machine_ticks()
+            m0, c0, th0 = machine_ticks(), cpu_s(), thread_cpu()
+            res = cl.run(cold_scan, self.ref)[0]
+            c1, th1, m1 = cpu_s(), thread_cpu(), machine_ticks()
             if res["sum"] != self.want:
                 raise SystemExit(f"hosts: {label}: the worker's sum {res['sum']!r} is not the driver's {self.want!r}")
-            gbps = a.nbytes / res["s"] / 1e9
-            row = {"gbps": gbps, "s": res["s"], "worker_cpu_s": res["cpu_s"], "worker_threads": res["threads"],
+            gbps = a.nbytes / res["cold_s"] / 1e9
+            row = {"gbps": gbps, "s": res["cold_s"], "worker_cpu_s": res["cpu_s"], "worker_threads": res["cpu"],
                    "driver_cpu_s": c1 - c0, "driver_threads": cpu_delta(th0, th1), "machine_busy": busy_share(m0, m1),
                    "machine_cpu": machine_cpu(m0, m1),
-                   "pages_fetched": res["pages_fetched"], "readahead": res["readahead"]}
+                   "pages_fetched": res["stats"]["pages_fetched"], "readahead": res["readahead"]}
             rows.append(row)
-            print(f"  {label:<22} scan  {gbps:6.3f} GB/s ({human(a.nbytes)} in {res['s']:.2f} s, "
-                  f"{res['pages_fetched']} pages)  CPU s: worker {res['cpu_s']:.2f}, driver {c1 - c0:.2f}, machine "
+            print(f"  {label:<22} scan  {gbps:6.3f} GB/s ({human(a.nbytes)} in {row['s']:.2f} s, "
+                  f"{row['pages_fetched']} pages)  CPU s: worker {res['cpu_s']:.2f}, driver {c1 - c0:.2f}, machine "
                   f"{row['machine_cpu']['busy_s']:.2f} (softirq {row['machine_cpu']['softirq_s']:.2f}, busy "
                   f"{row['machine_busy']:.0%})", flush=True)
         pages = rng.choice(self.npages, size=min(self.nfaults, self.npages), replace=False).tolist()
@@ -335,11 +298,11 @@ class Driver:
         cl = self.remote_cluster(self.args.worker_hosts, encrypt=encrypt, replication=policy, speculation=False)
         try:
             cpu0 = dict(cl.run(cpu_task))
-            m0, c0, th0 = machine_ticks(), self_cpu(), thread_cpu()
+            m0, c0, th0 = machine_ticks(), cpu_s(), thread_cpu()
             t, wall = time.perf_counter(), time.time()
             out = cl.parallelize(keys, partitions=self.tasks).map_partitions(self.hot_task).collect()
             dt = time.perf_counter() - t
-            c1, th1, m1 = self_cpu(), thread_cpu(), machine_ticks()
+            c1, th1, m1 = cpu_s(), thread_cpu(), machine_ticks()
             cpu1 = dict(cl.run(cpu_task))
             st = cl.stats()
             drv = self.clamor.region.stats()
@@ -353,16 +316,16 @@ class Driver:
             for k, v in cpu_delta(cpu0[h][1], cpu1[h][1]).items():
                 threads[k] = round(threads.get(k, 0.0) + v, 2)
         threads["ended threads"] = round(sum(cpu1[h][0] - cpu0[h][0] for h in cpu1) - sum(threads.values()), 2)
-        hosts_used = sorted({o[2] for o in out})
+        hosts_used = sorted({o[6] for o in out})
         row = {
             "time_s": dt, **hot_counters(drv0, drv, st, self.args.worker_hosts, self.table_bytes),
-            "peer_fallbacks": sum(o[4] for o in {o[2]: o for o in out}.values()),
+            "peer_fallbacks": sum(o[5] for o in {o[6]: o for o in out}.values()),
             "driver_cpu_s": c1 - c0, "workers_cpu_s": sum(cpu1[h][0] - cpu0[h][0] for h in cpu1),
             "workers_threads": threads, "driver_threads": cpu_delta(th0, th1),
             "machine_busy": busy_share(m0, m1), "machine_cpu": machine_cpu(m0, m1),
             "task_s_max": max(o[3] for o in out),
             # each task's lookups: (host, start, end) in seconds from the stage's start
-            "task_spans": sorted((o[2], round(o[5] - wall, 2), round(o[5] - wall + o[3], 2)) for o in out),
+            "task_spans": sorted((o[6], round(o[7] - wall, 2), round(o[7] - wall + o[3], 2)) for o in out),
             "hosts_used": len(hosts_used),
         }
         print(f"  {policy:>12}{'' if encrypt else ' PLAIN'} {dt:6.2f} s  driver {row['driver_bytes'] / MIB:7.1f} MiB  peers "
@@ -377,24 +340,14 @@ class Driver:
         return row
 
     def hot(self, tmp):
-        from clamor._native import ffi
-        from clamor._native import lib as clib
-
         args = self.args
-        so = compile_hotpages(tmp, "hosts")
-        self.hp = load_hotpages(so)
         bits = args.bits
         nkeys = int((1 << bits) * 0.5)
-        alloc = int(ffi.cast("uintptr_t", ffi.addressof(clib, "clamor_malloc")))
-        t = time.perf_counter()
-        self.table = self.hp.hp_build(alloc, bits, nkeys)
-        if not self.table or not self.clamor.region.contains(self.table, 16 << bits):
-            raise SystemExit("hosts: building the hash table in the region failed")
-        self.table_bytes = 64 + (16 << bits)
+        so, self.hp, self.table, self.table_bytes, build_s = hot_table(self.clamor, tmp, bits, nkeys, "hosts")
         self.tasks, self.lookups = 2 * args.worker_hosts, args.lookups
-        self.hot_task = make_hot_task(so, self.table, 8)
+        self.hot_task = hot_task(so, self.table, 8)
         print(f"hot pages: hash table of {1 << bits} slots ({self.table_bytes / MIB:.0f} MiB, {nkeys} keys) built in "
-              f"{time.perf_counter() - t:.1f} s; {args.worker_hosts} remote workers, {self.tasks} tasks x {self.lookups} "
+              f"{build_s:.1f} s; {args.worker_hosts} remote workers, {self.tasks} tasks x {self.lookups} "
               f"Zipf(1.1) lookups on 8 threads; a fresh cluster per policy; {args.hot_reps} round(s)", flush=True)
         rng = self.np.random.default_rng(args.seed)
         keys, expect = hot_round(self.hp, rng, 1.1, nkeys, self.table, self.tasks, self.lookups, "hosts")
@@ -405,8 +358,7 @@ class Driver:
         for r in range(args.hot_reps):
             keys, expect = hot_round(self.hp, rng, 1.1, nkeys, self.table, self.tasks, self.lookups, "hosts")
             print(f" round {r}:", flush=True)
-            k = r % len(POLICIES)
-            for p in POLICIES[k:] + POLICIES[:k]:
+            for p in rotated(POLICIES, r):
                 for m in (modes if r % 2 == 0 else modes[::-1]):
                     rows[m][p].append(self.hot_policy(p, keys, expect, encrypt=m == "curve"))
         skip = ("machine_cpu", "workers_threads", "driver_threads", "task_spans")

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from _common import (compile_hotpages, hot_check, hot_counters, hot_lookup, hot_round, load_hotpages, policy_ratios,
+from _common import (cpu_s, hot_check, hot_counters, hot_round, hot_table, hot_task, policy_ratios, rotated,
                      same_host_modes)
 from _harness import json_line, med, parser, ratio
 
@@ -25,31 +25,20 @@ SAME_HOST_WHY = ("workers fetch every page from the driver or a peer, as on sepa
                  "driver's pages (clamor's default on one host) would leave no driver bytes to compare")
 
 
-def make_task(so_path, addr, threads):
-    def task(keys):
-        import clamor
-        lib = load_hotpages(so_path)     # dlopen again in the worker: the loader's handle, cheap
-        t = time.perf_counter()
-        s, found = hot_lookup(lib, addr, keys, threads)
-        st = clamor.region.stats()
-        return [(s, found, os.getpid(), time.perf_counter() - t, st["evictions"], st["peer_fallbacks"])]
-    return task
-
-
 def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
     """One stage of ``tasks`` tasks on a fresh cluster; returns a row."""
     drv0 = clamor.region.stats()
-    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    kids0 = cpu_s(resource.RUSAGE_CHILDREN)
     with clamor.Cluster(workers=args.workers, replication=policy, progress=False, same_host=SAME_HOST) as cl:
         same_host_modes(cl, SAME_HOST, f"hotpages: {policy}")
-        me0 = resource.getrusage(resource.RUSAGE_SELF)
+        me0 = cpu_s()
         t = time.perf_counter()
         out = cl.parallelize(keys, partitions=tasks).map_partitions(task).collect()
         dt = time.perf_counter() - t
-        me = resource.getrusage(resource.RUSAGE_SELF)
+        me = cpu_s()
         st = cl.stats()
         drv = clamor.region.stats()
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # the workers, reaped by close()
+    kids = cpu_s(resource.RUSAGE_CHILDREN)   # the workers, reaped by close()
     hot_check(out, expect, f"hotpages: {policy}")
     rep = st["replication"]
     last = {o[2]: o for o in out}.values()   # each worker's last task: its counters
@@ -59,12 +48,8 @@ def run_policy(clamor, policy, args, task, keys, tasks, expect, table_bytes):
             "evictions": sum(o[4] for o in last), "task_s_max": st["stages_detail"][-1]["task_s"]["max"],
             # CPU seconds, user + system: the driver during the stage, the
             # workers over their whole life (start-up is the same for every policy)
-            "driver_cpu_s": cpu(me) - cpu(me0), "workers_cpu_s": cpu(kids) - cpu(kids0),
+            "driver_cpu_s": me - me0, "workers_cpu_s": kids - kids0,
             "workers_used": len({o[2] for o in out})}
-
-
-def cpu(ru):
-    return ru.ru_utime + ru.ru_stime
 
 
 def mib(n):
@@ -85,12 +70,6 @@ def medians(rows):
             "redirect_hit_rate", "peer_fallbacks", "evictions", "task_s_max", "coverage", "driver_cpu_s",
             "workers_cpu_s")
     return {k: med(rows, k) for k in keys} | {"runs": len(rows)}
-
-
-def rotated(seq, r):
-    """seq starting at its (r mod len)-th item: round r's order."""
-    k = r % len(seq)
-    return tuple(seq[k:]) + tuple(seq[:k])
 
 
 def main(argv=None):
@@ -125,30 +104,19 @@ def main(argv=None):
         ap.error(f"{RATE_ENV} is set in the environment; the script sets it itself for the rate-limited part")
 
     import clamor
-    from clamor._native import ffi, lib as clib
 
     with tempfile.TemporaryDirectory(prefix="hotpages-") as tmp:
-        so_path = compile_hotpages(tmp)
-        hp = load_hotpages(so_path)
         clamor.region.init(page_size=args.page_size)
         psize = clamor.region.page_size()
         nkeys = int((1 << bits) * args.load)
-        alloc = int(ffi.cast("uintptr_t", ffi.addressof(clib, "clamor_malloc")))
-        t = time.perf_counter()
-        addr = hp.hp_build(alloc, bits, nkeys)
-        build_s = time.perf_counter() - t
-        if not addr:
-            raise SystemExit(f"hotpages: building the table failed: {ffi.string(clib.clamor_last_error()).decode()}")
-        if not clamor.region.contains(addr, 16 << bits):
-            raise SystemExit("hotpages: the table is not in the region")
-        table_bytes = 64 + (16 << bits)
+        so_path, hp, addr, table_bytes, build_s = hot_table(clamor, tmp, bits, nkeys, "hotpages")
         print(f"hotpages: hash table of {1 << bits} slots ({mib(table_bytes):.0f} MiB, {nkeys} keys, "
               f"{table_bytes // psize} pages of {psize // 1024} KiB) built by C through clamor_malloc in "
               f"{build_s:.1f}s at {addr:#x}", flush=True)
         print(f"{W} workers, {tasks} tasks a stage x {lookups} Zipf({args.zipf}) lookups; a fresh cluster per "
               f"policy (workers start with no pages); {reps} round(s), policies interleaved", flush=True)
         print(f"same_host={SAME_HOST!r}: {SAME_HOST_WHY}", flush=True)
-        task = make_task(so_path, addr, args.threads)
+        task = hot_task(so_path, addr, args.threads)
         rng = np.random.default_rng(args.seed)
 
         warmup = None

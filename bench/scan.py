@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from _common import (GIB, MIB, array_pages, cpu_delta, die_with_parent, ensure_built, exact_array, human,
+from _common import (GIB, MIB, cold_scan, cpu_delta, die_with_parent, ensure_built, exact_array, human,
                      parse_size, same_host_modes, thread_cpu)
 from _harness import json_line, parser
 
@@ -112,36 +112,6 @@ def tcp_rate(total, msg, mode):
             child.wait()
 
 
-# ---- the scan, run on the worker ----------------------------------------------------
-
-def scan_task(ref, readahead, warm):
-    """Drop the array's pages, sum it cold (timed), optionally sum it warm."""
-    import time
-
-    import clamor
-    from clamor import region
-
-    if readahead is not None:
-        region.configure(readahead=readahead)
-    x = ref.get()
-    region.drop_pages(*array_pages(x))  # cold: nothing present
-    clamor.reset_stats()
-    cpu0 = thread_cpu()
-    t = time.perf_counter()
-    s = float(x.sum())
-    cold = time.perf_counter() - t
-    cpu = cpu_delta(cpu0, thread_cpu())
-    st = clamor.stats()
-    out = {"sum": s, "cold_s": cold, "stats": st, "readahead": region.configure()["readahead"],
-           "page_size": region.page_size(), "cpu": cpu}
-    if warm:
-        t = time.perf_counter()
-        s2 = float(x.sum())
-        out["warm_s"] = time.perf_counter() - t
-        out["warm_sum"] = s2
-    return out
-
-
 # ---- map mode: the worker maps the driver's pages (same host) ---------------------------
 
 def map_rounds(clamor, ref, want, size, reps, mode):
@@ -176,7 +146,7 @@ def map_rounds(clamor, ref, want, size, reps, mode):
                 cold = float(arr.sum())
                 cold_gbps = size / (time.perf_counter() - t) / 1e9
                 del arr
-            res = cl.run(scan_task, ref, None, False)[0]
+            res = cl.run(cold_scan, ref)[0]
             if res["sum"] != want or local != want or cold != want:
                 raise SystemExit(f"scan: wrong sum in map mode: worker {res['sum']!r}, driver {local!r}, want {want!r}")
             st = res["stats"]
@@ -247,7 +217,7 @@ def main(argv=None):
             rr = tcp_rate(tcp_total, args.tcp_msg, "reqrep")
             fresh = tcp_rate(tcp_total, args.tcp_msg, "fresh")
             dcpu0 = thread_cpu()
-            res = cl.run(scan_task, ref, args.readahead, True)[0]
+            res = cl.run(cold_scan, ref, args.readahead, True)[0]
             dcpu = cpu_delta(dcpu0, thread_cpu())  # includes the worker's warm sum: the driver idles then
             ok = res["sum"] == want and res["warm_sum"] == want
             if not ok:
