@@ -39,7 +39,7 @@
  * would, in one heap block, and the caller walks again.  The ranges each
  * object's reader follows pointers from are pyextents.c's; what a recheck
  * of the walk reads (where a root's entries lie, the digests of its pages)
- * is pyrecheck.c's.
+ * is pyrecheck.c's; the set of objects seen and the stack, pyseen.h's.
  *
  * The GIL is held throughout (the objects are borrowed): about 0.2 s per
  * million objects on this machine.
@@ -52,94 +52,11 @@
 #include <string.h>
 
 #include "internal.h"
+#include "pyseen.h"
 
 /* [a, a+n) inside the region: region.contains(addr, n); short for the
  * many checks below */
 static inline int inside(uintptr_t a, size_t n) { return cl_in_region_span(a, n); }
-
-/* ---- the set of objects seen: open addressing on addresses ------------------ */
-
-/* The slot of address a: the objects of one 4 KiB page go to one aligned
- * run of 256 slots (one per 16 bytes of the page), the runs of pages spread
- * by a multiplicative hash.  A walk meets objects about in the order they
- * were made, neighbours in memory, so consecutive lookups share the table's
- * cache lines and pages; a hash of the whole address made nearly every
- * lookup of a big graph a cache miss (most of a walk's time). */
-static inline size_t seen_slot(uintptr_t a, size_t mask) {
-    return (((a >> 12) * 0x9E3779B97F4A7C15ull) ^ ((a >> 4) & 0xff)) & mask;
-}
-
-struct seen {
-    uintptr_t *slot;
-    int32_t *tag; /* the tag each object was first seen with */
-    size_t mask, n;
-};
-
-static int seen_grow(struct seen *s) {
-    size_t cap = s->slot ? 2 * (s->mask + 1) : 1024;
-    uintptr_t *t = calloc(cap, sizeof *t);
-    int32_t *g = calloc(cap, sizeof *g);
-    if (!t || !g) {
-        free(t);
-        free(g);
-        return -1;
-    }
-    for (size_t i = 0; s->slot && i <= s->mask; i++) {
-        uintptr_t a = s->slot[i];
-        if (!a) continue;
-        size_t j = seen_slot(a, cap - 1);
-        while (t[j]) j = (j + 1) & (cap - 1);
-        t[j] = a;
-        g[j] = s->tag[i];
-    }
-    free(s->slot);
-    free(s->tag);
-    s->slot = t;
-    s->tag = g;
-    s->mask = cap - 1;
-    return 0;
-}
-
-/* 1 if added (with `tag`), 0 if seen before (*first: its tag then), -1
- * out of memory */
-static int seen_add(struct seen *s, uintptr_t a, int32_t tag, int32_t *first) {
-    if (!s->slot || 2 * (s->n + 1) > s->mask + 1) {
-        if (seen_grow(s) < 0) return -1;
-    }
-    size_t j = seen_slot(a, s->mask);
-    while (s->slot[j]) {
-        if (s->slot[j] == a) {
-            *first = s->tag[j];
-            return 0;
-        }
-        j = (j + 1) & s->mask;
-    }
-    s->slot[j] = a;
-    s->tag[j] = tag;
-    s->n++;
-    return 1;
-}
-
-/* ---- the stack of objects to visit ------------------------------------------- */
-
-/* struct cl_py_stack (internal.h): each object pushed carries the tag
- * `cur` of the moment, the entry of the root it was reached through
- * (clamor_py_walk_tagged), or ROOT. */
-static int push(struct cl_py_stack *st, PyObject *o) {
-    if (st->n == st->cap) {
-        size_t cap = st->cap ? 2 * st->cap : 4096;
-        PyObject **t = realloc(st->item, cap * sizeof *t);
-        if (!t) return -1;
-        st->item = t;
-        int32_t *g = realloc(st->tag, cap * sizeof *g);
-        if (!g) return -1;
-        st->tag = g;
-        st->cap = cap;
-    }
-    st->tag[st->n] = st->cur;
-    st->item[st->n++] = o;
-    return 0;
-}
 
 int cl_py_stack_push(struct cl_py_stack *st, PyObject *o) { return push(st, o); }
 
