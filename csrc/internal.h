@@ -249,9 +249,6 @@ enum {
  * their memory out.  Both take the page table's lock. */
 int cl_pt_init(void);
 void cl_pt_free(void);
-uint64_t cl_page_sum(const void *p, size_t len);
-/* out = a XOR b (len bytes); returns cl_page_sum(a, len), in one pass. */
-uint64_t cl_page_xor_sum(const void *a, const void *b, void *out, size_t len);
 void cl_pt_after_fork(void);
 int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);
@@ -286,6 +283,13 @@ void cl_map_populate(uint64_t first, uint64_t count);
  * server copying a page checks it was even and did not move during the
  * copy. */
 extern _Atomic uint64_t cl_pt_drops;
+
+/* ---- pagesum.c: the sum of a page's bytes -------------------------------- */
+
+/* A sum of a page's bytes as a worker installed them (never 0). */
+uint64_t cl_page_sum(const void *p, size_t len);
+/* out = a XOR b (len bytes); returns cl_page_sum(a, len), in one pass. */
+uint64_t cl_page_xor_sum(const void *a, const void *b, void *out, size_t len);
 
 /* ---- fault.c: the SIGSEGV handler --------------------------------------- */
 
