@@ -254,9 +254,6 @@ enum {
  * their memory out.  Both take the page table's lock. */
 int cl_pt_init(void);
 void cl_pt_free(void);
-uint64_t cl_page_sum(const void *p, size_t len);
-/* out = a XOR b (len bytes); returns cl_page_sum(a, len), in one pass. */
-uint64_t cl_page_xor_sum(const void *a, const void *b, void *out, size_t len);
 void cl_pt_after_fork(void);
 int cl_pt_install(uint64_t first, uint64_t count);
 int cl_pt_drop(uint64_t first, uint64_t count);
@@ -292,6 +289,13 @@ void cl_map_populate(uint64_t first, uint64_t count);
  * copy. */
 extern _Atomic uint64_t cl_pt_drops;
 
+/* ---- pagesum.c: the sum of a page's bytes -------------------------------- */
+
+/* A sum of a page's bytes as a worker installed them (never 0). */
+uint64_t cl_page_sum(const void *p, size_t len);
+/* out = a XOR b (len bytes); returns cl_page_sum(a, len), in one pass. */
+uint64_t cl_page_xor_sum(const void *a, const void *b, void *out, size_t len);
+
 /* ---- fault.c: the SIGSEGV handler --------------------------------------- */
 
 /* Wake fd the handler writes a page index to (-1: no pager). */
@@ -314,6 +318,38 @@ void cl_fault_fatal(uintptr_t addr, int err) __attribute__((noreturn));
 #define CL_REQ_MAXRUN 0x3fffffull
 
 int cl_pager_stop_after_fork(void);
+/* Queue the run [first, first+count) as read-ahead (readahead.c), page
+ * `marker` (or -1) left HELD on arrival.  Pager thread only. */
+void cl_pager_pend_ahead(uint64_t first, uint32_t count, int64_t marker);
+
+/* ---- pagein.c: a reply's pages into the memfd (pager thread only) ------- */
+
+/* Allocate the memfd pages of [first, first+count) ahead of their reply. */
+void cl_pagein_prepare(uint64_t first, uint32_t count);
+/* Take the page bytes of a reply (the next frame on sock: exactly len
+ * bytes, sparse, or a diff of the kept copies), relocate them by the
+ * frame after it (`relocs`) and write them into the memfd at the pages'
+ * offset.  0, ENOMEM, EBADMSG (no such frame, the wrong size, a malformed
+ * sparse frame or diff), EILSEQ (a page rebuilt from a diff does not sum
+ * as the driver's), cl_reloc_apply's error, or pwrite's errno. */
+int cl_pagein_write(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs, bool sparse, bool diff);
+/* The bytes of [first, first+count) are here: wake their waiters now;
+ * they spin until the pages open (fault.c). */
+void cl_pagein_announce(uint64_t first, uint32_t count);
+/* Free the buffer sparse replies and diffs are expanded in. */
+void cl_pagein_free(void);
+
+/* ---- readahead.c: streams and their windows (pager thread only) --------- */
+
+/* Forget the stream: a pager starts. */
+void cl_readahead_reset(void);
+/* A demand fault on page idx, queued: start or follow a stream. */
+void cl_readahead_demand(uint64_t idx);
+/* The marker page idx was touched, and is open: read further. */
+void cl_readahead_marker(uint64_t idx);
+/* A run whose marker someone already waits on arrived, up to page end:
+ * read further. */
+void cl_readahead_marker_waited(uint64_t end);
 
 /* ---- prefetch.c --------------------------------------------------------- */
 

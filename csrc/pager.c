@@ -7,23 +7,12 @@
  * the pipe; they then sleep on the page's state word.  The pager turns the
  * indices into GET requests, keeps up to MAX_INFLIGHT of them in flight
  * (libzmq adds ~150 us per round trip here, so pipelining matters more than
- * a fast handler), writes each reply into the memfd with pwrite(2) (the
- * public view is still closed), opens the public view (pagetable.c) and wakes
+ * a fast handler), writes each reply into the memfd with pwrite(2) (pagein.c;
+ * the public view is still closed), opens the public view (pagetable.c) and wakes
  * the sleepers.  It never takes the GIL.
  *
- * Read-ahead follows the access pattern, as Linux's does (mm/readahead.c):
- * a stream starts small and grows only while it is used.  Three demand
- * faults on consecutive pages (among the last four faults, since a copy
- * routine may touch pages out of order) start a stream with a window of W =
- * RA_START_BYTES: the pager requests the next 2W pages and leaves the first
- * page of the second half closed when it arrives (HELD).  The first touch
- * of that marker page doubles W, up to B = readahead bytes / 2, and asks
- * for W more, the first of them the next marker.  A sequential scan thus
- * reaches B..2B pages in flight after a few markers and rarely waits; a
- * random lookup never starts a stream, and pages that happen to be
- * touched in threes (a record straddling pages) cost one small window whose
- * marker nobody touches.  readahead_streams counts the streams started,
- * readahead_pages the pages they fetched.
+ * Read-ahead (readahead.c) asks for more than the faults did: it queues
+ * runs of pages, one of them a marker left HELD on arrival.
  *
  * Replication: the driver may answer with REDIRECT to a peer, and its
  * replies carry hints that send later fetches straight to a peer (peers.c).
@@ -32,7 +21,7 @@
  * Diffs: a run of pages whose old copies the worker kept (pagetable.c) is
  * asked of the driver with DIFF and the version of each copy, alone in its
  * request (runs are cut where kept copies begin or end) and never of a
- * peer.  A diff reply is applied to the copies read back from the memfd,
+ * peer.  A diff reply is applied (pagein.c) to the copies read back from the memfd,
  * and each page rebuilt must sum as the driver's (the copy may hold this
  * worker's own writes, or not be the version it names): else the pages
  * are asked for again whole.  A worker that relocates puts the driver's
@@ -95,37 +84,12 @@ static struct pager {
     unsigned ninflight;
     struct run pending[PENDING_CAP];
     unsigned phead, plen;
-    uint64_t recent[4], ra_next; /* last demand faults, to spot streams */
-    uint64_t ra_win;             /* the stream's window W, in pages */
-    unsigned nrecent;
-    void *scratch; /* sparse replies are expanded here (write_pages) */
-    size_t scratch_len;
     bool no_diffs; /* the driver refused a diff request (a server of before diffs) */
 } P = {.t = CL_THREAD_INIT};
 
 static uint32_t chunk_pages(void) {
     uint32_t c = (uint32_t)((1u << 20) >> cl_region.page_shift);
     return c ? (c > CL_WIRE_MAX_COUNT ? CL_WIRE_MAX_COUNT : c) : 1;
-}
-
-static uint64_t half_window(void) {
-    return (uint64_t)(cl_option_get(CL_OPT_READAHEAD) / 2) >> cl_region.page_shift;
-}
-
-/* A new stream's window: small, so a stream nobody follows costs little. */
-#define RA_START_BYTES (256u << 10)
-
-static uint64_t start_window(uint64_t b) {
-    uint64_t w = (uint64_t)RA_START_BYTES >> cl_region.page_shift;
-    return w < 1 ? 1 : w > b ? b : w;
-}
-
-/* The stream's marker was touched: it is being followed, so its window
- * doubles (up to b).  Returns the new window. */
-static uint64_t grow_window(uint64_t b) {
-    P.ra_win = P.ra_win < 1 ? start_window(b) : 2 * P.ra_win;
-    if (P.ra_win > b) P.ra_win = b;
-    return P.ra_win;
 }
 
 static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker);
@@ -170,14 +134,7 @@ static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker) {
     P.plen++;
 }
 
-/* Give the destination its memory while the request is on the wire:
- * fallocate(2) allocates the memfd pages without zeroing or mapping them,
- * so the pwrite of the reply only copies (write_pages).  Failure only loses
- * the head start. */
-static void prepare_fill(uint64_t first, uint32_t count) {
-    off_t off = (off_t)((size_t)first << cl_region.page_shift), len = (off_t)((size_t)count << cl_region.page_shift);
-    fallocate(cl_region.memfd, FALLOC_FL_KEEP_SIZE, off, len);
-}
+void cl_pager_pend_ahead(uint64_t first, uint32_t count, int64_t marker) { pend(first, count, K_AHEAD, marker); }
 
 static bool diffs_now(void) { return !P.no_diffs && cl_pt_diffs_on(); }
 
@@ -231,7 +188,7 @@ static int send_one(struct run *r) {
         fail_run(r->first, r->count, EIO, r->kind != K_AHEAD);
         return -1;
     }
-    if (r->kind != K_DEMAND) prepare_fill(r->first, r->count); /* the faulting thread does its own */
+    if (r->kind != K_DEMAND) cl_pagein_prepare(r->first, r->count); /* the faulting thread does its own */
     q->kind = r->kind;
     q->marker = r->marker;
     q->first_ns = q->sent_ns;
@@ -266,57 +223,16 @@ static void flush_pending(void) {
     }
 }
 
-/* Claim the ABSENT pages from ra_next up to `end` and queue them, chunked;
- * page `marker` (if among them) is left HELD on arrival. */
-static void read_ahead(uint64_t end, uint64_t marker) {
-    if (end > cl_region.npages) end = cl_region.npages;
-    while (P.ra_next < end) {
-        uint64_t s = P.ra_next;
-        while (P.ra_next < end) {
-            uint32_t exp = CL_PG_ABSENT;
-            if (!atomic_compare_exchange_strong(&cl_region.pages[P.ra_next], &exp, CL_PG_WANTED)) break;
-            P.ra_next++;
-        }
-        if (P.ra_next > s) {
-            int64_t m = (marker >= s && marker < P.ra_next) ? (int64_t)marker : -1;
-            pend(s, (uint32_t)(P.ra_next - s), K_AHEAD, m);
-        } else {
-            P.ra_next++; /* present or in flight already: skip it */
-        }
-    }
-}
-
 static void on_demand(uint64_t idx) {
     if (atomic_load(&cl_region.map_on) && cl_map_run(idx, true, false) == 0) return;
     pend(idx, 1, K_DEMAND, -1);
-    uint64_t b = half_window();
-    bool one = false, two = false; /* idx-1 and idx-2 among the recent faults */
-    for (unsigned k = 0; k < 4; k++) {
-        one |= idx == P.recent[k] + 1;
-        two |= idx == P.recent[k] + 2;
-    }
-    if (b && one && two) { /* sequential */
-        if (P.ra_next <= idx || P.ra_next > idx + 1 + 2 * b) { /* a new stream */
-            P.ra_next = idx + 1;
-            P.ra_win = start_window(b);
-            CL_COUNT(readahead_streams, 1);
-        }
-        /* else the faults caught up with the stream: it keeps its window */
-        uint64_t w = P.ra_win < 1 ? start_window(b) : P.ra_win > b ? b : P.ra_win;
-        read_ahead(idx + 1 + 2 * w, idx + 1 + w);
-    }
-    /* a few positions, since a copy routine may touch pages out of order */
-    P.recent[P.nrecent++ % 4] = idx;
+    cl_readahead_demand(idx);
 }
 
 static void on_marker(uint64_t idx) {
     /* Data is in the fill view already; open it, then read further. */
     cl_pt_install(idx, 1);
-    uint64_t b = half_window();
-    P.recent[P.nrecent++ % 4] = idx;
-    if (!b) return;
-    if (P.ra_next <= idx) P.ra_next = idx + 1;
-    read_ahead(P.ra_next + grow_window(b), P.ra_next);
+    cl_readahead_marker(idx);
 }
 
 static void on_range(uint64_t first, uint32_t count) {
@@ -348,10 +264,7 @@ static void install_run(struct req *q) {
         }
         /* someone already waits on the marker: open it and read further */
         cl_pt_install(first, q->count);
-        uint64_t b = half_window();
-        if (!b) return;
-        if (P.ra_next < end) P.ra_next = end;
-        read_ahead(P.ra_next + grow_window(b), P.ra_next);
+        cl_readahead_marker_waited(end);
         return;
     }
     cl_pt_install(first, q->count);
@@ -401,137 +314,61 @@ static void follow_redirect(struct req *q, unsigned slot, const struct cl_wire_h
     send_get(s, q, slot, 0, 0);
 }
 
-/* Take the page bytes of a reply (the next frame: exactly len bytes) and
- * write them into the memfd at the pages' offset.  pwrite(2), not a copy
- * through the fill view: a write through a mapping takes a page fault and
- * a page-table update per 4 KiB page, and on this VM those cost more than
- * the copy (a 64 KiB page: ~14 us by pwrite into allocated pages, ~45 us
- * by memcpy through the fill view).  The public view stays closed until
- * install_run opens it, so no thread sees a half-written page.
- * A diff (wire.h) is applied to the kept copies, read back from the memfd.
- * 0, EBADMSG (no such frame, the wrong size, a malformed sparse frame or
- * diff), EILSEQ (a page rebuilt from a diff does not sum as the driver's),
- * or pwrite's errno. */
-static int write_pages(void *sock, uint64_t first, uint32_t count, size_t len, bool relocs, bool sparse, bool diff) {
-    cl_zmq_msg m;
-    cl_zmq.msg_init(&m);
-    int rc = EBADMSG;
-    size_t head = (size_t)count * 8, ps = (size_t)1 << cl_region.page_shift;
-    uint64_t sums[CL_WIRE_MAX_COUNT];
-    if (cl_zmq.msg_recv(&m, sock, 0) >= 0 &&
-        (diff     ? cl_zmq.msg_size(&m) >= head && cl_zmq.msg_size(&m) < len
-         : sparse ? cl_zmq.msg_size(&m) <= len / 2
-                  : cl_zmq.msg_size(&m) == len)) {
-        char *p = cl_zmq.msg_data(&m);
-        size_t got = cl_zmq.msg_size(&m);
-        CL_COUNT(wire_bytes_fetched, got);
-        if ((sparse || diff) && P.scratch_len < len) {
-            void *b = realloc(P.scratch, len);
-            if (!b) {
-                cl_zmq.msg_close(&m);
-                return ENOMEM;
-            }
-            P.scratch = b;
-            P.scratch_len = len;
-        }
-        if (diff) { /* the kept copies, then the words that changed */
-            off_t off = (off_t)((size_t)first << cl_region.page_shift);
-            for (size_t done = 0; done < len;) {
-                ssize_t r = pread(cl_region.memfd, (char *)P.scratch + done, len - done, off + (off_t)done);
-                if (r < 0 && errno == EINTR) continue;
-                if (r <= 0) { /* (past the memfd's end cannot be: read as zeros, the sums decide) */
-                    memset((char *)P.scratch + done, 0, len - done);
-                    break;
-                }
-                done += (size_t)r;
-            }
-            if (relocs) cl_reloc_restore(first, count, P.scratch); /* the driver's words, as the diff has them */
-            if (cl_wire_diff_apply(p + head, got - head, P.scratch, len) != 0) {
-                cl_zmq.msg_close(&m);
-                return EBADMSG;
-            }
-            for (uint32_t k = 0; k < count; k++) {
-                uint64_t want = 0;
-                for (int i = 0; i < 8; i++) want |= (uint64_t)(uint8_t)p[k * 8 + i] << (8 * i);
-                sums[k] = cl_page_sum((char *)P.scratch + k * ps, ps);
-                if (sums[k] != want) {
-                    cl_zmq.msg_close(&m);
-                    return EILSEQ;
-                }
-            }
-            CL_COUNT(diff_pages, count);
-            CL_COUNT(diff_wire_bytes, got);
-            p = P.scratch;
-        } else if (sparse) { /* expanded into the pager's buffer, then as if it came whole */
-            if (cl_wire_sparse_decode(p, cl_zmq.msg_size(&m), P.scratch, len) != 0) {
-                cl_zmq.msg_close(&m);
-                return EBADMSG;
-            }
-            p = P.scratch;
-        }
-        if (relocs) { /* the relocations frame: the words are rewritten before anyone sees the page */
-            int more = 0;
-            size_t sz = sizeof more;
-            cl_zmq_msg r;
-            cl_zmq.msg_init(&r);
-            if (cl_zmq.getsockopt(sock, CL_ZMQ_RCVMORE, &more, &sz) != 0 || !more ||
-                cl_zmq.msg_recv(&r, sock, 0) < 0) {
-                cl_zmq.msg_close(&r);
-                cl_zmq.msg_close(&m);
-                return EBADMSG;
-            }
-            size_t rl = cl_zmq.msg_size(&r);
-            rc = cl_reloc_apply(first, count, p, len, cl_zmq.msg_data(&r), rl);
-            cl_zmq.msg_close(&r);
-            if (rc) {
-                cl_zmq.msg_close(&m);
-                return rc;
-            }
-            CL_COUNT(reloc_bytes, rl);
-            CL_COUNT(reloc_words, (rl - 4) / sizeof(struct clamor_reloc));
-            if (rl > 4) CL_COUNT(reloc_pages, count);
-        }
-        off_t off = (off_t)((size_t)first << cl_region.page_shift);
-        size_t done = 0;
-        rc = 0;
-        while (done < len) {
-            ssize_t w = pwrite(cl_region.memfd, p + done, len - done, off + (off_t)done);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                rc = w < 0 ? errno : EIO;
-                break;
-            }
-            done += (size_t)w;
-        }
-        if (!rc && cl_region.sums) {   /* what a peer may be served of them: these bytes (server.c) */
-            for (uint32_t k = 0; k < count; k++)
-                atomic_store_explicit(&cl_region.sums[first + k],
-                                      diff && !relocs ? sums[k] : cl_page_sum(p + k * ps, ps),
-                                      memory_order_release);
-        }
-        if (!rc) cl_pt_unkeep(first, count, false); /* the copies are the pages now */
+/* A reply with no pages to write (a redirect, an error, a peer's refusal,
+ * anything malformed): the request is sent again, elsewhere or without a
+ * diff, or its pages fail.  false if the reply brings q's pages. */
+static bool no_pages(void *sock, struct req *q, unsigned slot, const struct cl_wire_hdr *h, int bad, bool from_peer) {
+    bool demanded = q->kind != K_AHEAD;
+    if (!bad && !from_peer && h->type == CL_WIRE_REDIRECT) {
+        follow_redirect(q, slot, h);
+        return true;
     }
-    cl_zmq.msg_close(&m);
-    return rc;
+    if (from_peer && (bad || h->type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other version */
+        cl_zmq_drain(sock);
+        back_to_driver(q, slot, bad || h->type != CL_WIRE_ERROR || h->status != ESTALE);
+        return true;
+    }
+    if (bad || (h->type != CL_WIRE_PAGES && h->type != CL_WIRE_ERROR)) {
+        cl_zmq_drain(sock);
+        fail_run(q->first, q->count, EPROTO, demanded);
+        finish(q);
+        return true;
+    }
+    if (h->type == CL_WIRE_ERROR && q->diff_sent && (h->status == EPROTO || h->status == EBADMSG)) {
+        /* a driver of before diffs: the same request without, and no more */
+        cl_zmq_drain(sock);
+        P.no_diffs = true;
+        q->diff = false;
+        send_get(P.t.sock, q, slot, q->flags, q->status);
+        return true;
+    }
+    if (h->type == CL_WIRE_ERROR) {
+        cl_zmq_drain(sock);
+        fail_run(q->first, q->count, h->status ? (int)h->status : EIO, demanded);
+        finish(q);
+        return true;
+    }
+    return false;
 }
 
-/* The bytes of [first, first+count) are here: wake their waiters now, so
- * that their wake-up (9-14 us here) overlaps the pwrite and the mprotect
- * instead of following them; they spin until the pages open (fault.c).
- * Measured in one process, alternating pages: ~8 us less per fault. */
-static void announce(uint64_t first, uint32_t count) {
-    for (uint64_t i = first; i < first + count; i++) {
-        _Atomic uint32_t *w = &cl_region.pages[i];
-        uint32_t s = atomic_load(w);
-        for (;;) {
-            if (CL_PG_STATE(s) != CL_PG_WANTED || !(s & CL_PG_WAITERS) || (s & (CL_PG_ARRIVING | CL_PG_STALE)))
-                break;
-            if (atomic_compare_exchange_weak(w, &s, s | CL_PG_ARRIVING)) {
-                cl_futex_wake(w);
-                break;
-            }
-        }
+/* q's pages came but could not be written (rc, from cl_pagein_write): a
+ * diff on a wrong base is asked for again whole, a peer's bad frame of the
+ * driver; else the pages fail. */
+static void not_written(struct req *q, unsigned slot, int rc, bool from_peer) {
+    if (rc == EILSEQ) { /* a kept copy was not the version it named: the pages whole */
+        CL_COUNT(diff_retries, 1);
+        cl_pt_unkeep(q->first, q->count, false);
+        q->diff = false;
+        send_get(P.t.sock, q, slot, q->flags, q->status);
+        return;
     }
+    if (from_peer && rc == EBADMSG) {
+        back_to_driver(q, slot, true);
+        return;
+    }
+    if (q->diff_sent) cl_pt_unkeep(q->first, q->count, true); /* never a base again */
+    fail_run(q->first, q->count, rc, q->kind != K_AHEAD);
+    finish(q);
 }
 
 static void on_reply(void *sock) {
@@ -552,36 +389,7 @@ static void on_reply(void *sock) {
         cl_zmq_drain(sock);
         return;
     }
-    bool demanded = q->kind != K_AHEAD;
-    if (!bad && !from_peer && h.type == CL_WIRE_REDIRECT) {
-        follow_redirect(q, slot, &h);
-        return;
-    }
-    if (from_peer && (bad || h.type != CL_WIRE_PAGES)) { /* invalidated, evicted, confused, other version */
-        cl_zmq_drain(sock);
-        back_to_driver(q, slot, bad || h.type != CL_WIRE_ERROR || h.status != ESTALE);
-        return;
-    }
-    if (bad || (h.type != CL_WIRE_PAGES && h.type != CL_WIRE_ERROR)) {
-        cl_zmq_drain(sock);
-        fail_run(q->first, q->count, EPROTO, demanded);
-        finish(q);
-        return;
-    }
-    if (h.type == CL_WIRE_ERROR && q->diff_sent && (h.status == EPROTO || h.status == EBADMSG)) {
-        /* a driver of before diffs: the same request without, and no more */
-        cl_zmq_drain(sock);
-        P.no_diffs = true;
-        q->diff = false;
-        send_get(P.t.sock, q, slot, q->flags, q->status);
-        return;
-    }
-    if (h.type == CL_WIRE_ERROR) {
-        cl_zmq_drain(sock);
-        fail_run(q->first, q->count, h.status ? (int)h.status : EIO, demanded);
-        finish(q);
-        return;
-    }
+    if (no_pages(sock, q, slot, &h, bad, from_peer)) return;
     size_t len = (size_t)q->count << cl_region.page_shift;
     int rc = EBADMSG, more = 0;
     size_t sz = sizeof more;
@@ -592,26 +400,13 @@ static void on_reply(void *sock) {
     bool diff = h.flags & CL_WIRE_DIFF;
     if (h.index == q->first && h.count == q->count && more && relocs == !!(h.flags & CL_WIRE_RELOC) &&
         (!diff || (q->diff_sent && !from_peer && !(h.flags & CL_WIRE_SPARSE)))) {
-        announce(q->first, q->count);
-        rc = write_pages(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE, diff);
+        cl_pagein_announce(q->first, q->count);
+        rc = cl_pagein_write(sock, q->first, q->count, len, relocs, h.flags & CL_WIRE_SPARSE, diff);
     }
     if (rc == 0 && !from_peer && (h.flags & CL_WIRE_HINTS)) cl_hints_take(sock, h.version);
     cl_zmq_drain(sock);
-    if (rc == EILSEQ) { /* a kept copy was not the version it named: the pages whole */
-        CL_COUNT(diff_retries, 1);
-        cl_pt_unkeep(q->first, q->count, false);
-        q->diff = false;
-        send_get(P.t.sock, q, slot, q->flags, q->status);
-        return;
-    }
     if (rc) {
-        if (from_peer && rc == EBADMSG) {
-            back_to_driver(q, slot, true);
-            return;
-        }
-        if (q->diff_sent) cl_pt_unkeep(q->first, q->count, true); /* never a base again */
-        fail_run(q->first, q->count, rc, demanded);
-        finish(q);
+        not_written(q, slot, rc, from_peer);
         return;
     }
     uint64_t ns = cl_now_ns() - q->first_ns;
@@ -686,9 +481,7 @@ static void *pager_main(void *arg) {
         flush_pending();
         check_timeouts();
     }
-    free(P.scratch);
-    P.scratch = NULL;
-    P.scratch_len = 0;
+    cl_pagein_free();
     return NULL;
 }
 
@@ -703,10 +496,7 @@ int clamor_pager_start(const char *endpoint) {
     cl_option_env(CL_OPT_FETCH_TIMEOUT_MS);
     memset(P.inflight, 0, sizeof P.inflight);
     P.ninflight = P.phead = P.plen = 0;
-    P.ra_next = UINT64_MAX - 1;
-    P.ra_win = 0;
-    for (unsigned k = 0; k < 4; k++) P.recent[k] = UINT64_MAX - 1;
-    P.nrecent = 0;
+    cl_readahead_reset();
     snprintf(P.endpoint, sizeof P.endpoint, "%s", endpoint);
     if ((rc = cl_thread_open(&P.t, CL_ZMQ_DEALER))) return rc;
     fcntl(P.t.pipe_w, F_SETPIPE_SZ, 1 << 20);
@@ -745,9 +535,7 @@ int clamor_pager_stop(void) {
         fail_run(r->first, r->count, ESHUTDOWN, true);
     }
     P.plen = P.ninflight = 0;
-    free(P.scratch); /* the parent's thread's buffer, copied into this process */
-    P.scratch = NULL;
-    P.scratch_len = 0;
+    cl_pagein_free(); /* the parent's thread's buffer, copied into this process */
     return 0;
 }
 
@@ -758,8 +546,6 @@ int cl_pager_stop_after_fork(void) {
     cl_thread_abandon(&P.t);
     cl_peer_close_all(true); /* abandoned with the parent's libzmq state */
     P.plen = P.ninflight = 0;
-    free(P.scratch); /* the parent's thread's buffer, copied into this process */
-    P.scratch = NULL;
-    P.scratch_len = 0;
+    cl_pagein_free(); /* the parent's thread's buffer, copied into this process */
     return 0;
 }

@@ -40,6 +40,12 @@
  * read at, and the version each worker last ran at, whose pages it may
  * still map).  The lock here (vlock) is taken by the version calls and the
  * page server, never by the fault handler.
+ *
+ * Size: one unit.  Every part here (the write fault, version begin, the
+ * keeping and freeing of copies, serving a version) reads and changes
+ * the one table of locations and kept copies (V), under vlock or the
+ * exclusion of writers and version begin; split, each file would reach
+ * into the others' state.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -459,6 +465,90 @@ static void compact(uint32_t prev, uint32_t version) {
     }
 }
 
+/* The first version: everything written so far is the content of version
+ * 1, and copy-on-write starts.  Under vlock and begin_exclusive. */
+static int first_version(uint32_t version) {
+    int rc;
+    if ((rc = clamor_fault_install()) > 0) return rc;
+    atomic_store(&V.epoch, version);
+    V.on = true; /* before the protection: a write from now on is logged */
+    if ((rc = cl_wprot_start())) {
+        V.on = false;
+        return rc;
+    }
+    cl_dir_forget_all(); /* copies fetched before versions may be stale */
+    return 0;
+}
+
+/* The dirty list of the epoch that ends, sorted, each page once: how many. */
+static uint64_t take_dirty(void) {
+    uint64_t nd = atomic_exchange(&V.ndirty, 0);
+    qsort(V.dirty, nd, sizeof *V.dirty, cmp_u64);
+    uint64_t u = 0; /* a page logged and discarded is listed twice */
+    for (uint64_t i = 0; i < nd; i++)
+        if (!u || V.dirty[i] != V.dirty[u - 1]) V.dirty[u++] = V.dirty[i];
+    return u;
+}
+
+/* Write-protect the nd dirty pages again, run by run. */
+static int protect_dirty(uint64_t nd) {
+    int rc;
+    for (uint64_t i = 0; i < nd;) {
+        uint64_t s = i;
+        while (i + 1 < nd && V.dirty[i + 1] == V.dirty[i] + 1) i++;
+        i++;
+        if ((rc = cl_wprot_close(V.dirty[s], V.dirty[i - 1] - V.dirty[s] + 1)))
+            return cl_err(rc, "write-protecting changed pages: %s", strerror(rc));
+    }
+    return 0;
+}
+
+/* Dirty page p of epoch prev, as `version` begins: on the changed list,
+ * or, its bytes the same as the copy it logged, unchanged (see below). */
+static void settle(uint64_t p, uint32_t prev, uint32_t version) {
+    uint32_t s = head_of(p);
+    bool discarded = atomic_exchange(&V.discarded[p], 0);
+    if (s == NONE || V.meta[s].last_version != prev) {
+        if (discarded) V.changed[V.nchanged++] = p;
+        return;
+    }
+    bool grouped = atomic_exchange(&V.grouped[p], 0);
+    if (!discarded && memcmp(loc_bytes(s), cl_page_addr(p), cl_region.page_size) == 0) {
+        /* No change after all.  A page logged with its group stays with
+         * it, at the copy, so that the group stays one mapping: readers
+         * that map the page must drop it (the moved list), and the old
+         * location stays a version until none can read it.  So does
+         * every page where userfaultfd protects: moving a closed view
+         * makes a new mapping, writable or read-only until it is
+         * protected, and a system call writing there meanwhile would
+         * go unlogged or get EFAULT.  Any other page goes back to the
+         * old location, and the copy is freed. */
+        if (grouped || cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
+            V.meta[s].alias = true;
+            atomic_store(&cl_region.loctab[p], cl_loc_make(p, version, cur_of(p)));
+            V.moved[V.nmoved++] = p;
+            CL_COUNT(pages_unchanged, 1);
+            return;
+        }
+        uint32_t copy = cur_of(p);
+        if (view_at(p, s, PROT_READ, 0) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
+            atomic_store(&cl_region.loctab[p], V.meta[s].entry);
+            V.meta[s].alias = false;
+            if (copy == p) atomic_fetch_add(&V.off_home, 1);
+            else if (s == p) atomic_fetch_sub(&V.off_home, 1);
+            atomic_store(&V.meta[s].page1, 0);
+            atomic_fetch_sub(&V.nversions, 1);
+            loc_free(copy);
+            CL_COUNT(pages_unchanged, 1);
+            return;
+        }
+        view_at(p, copy, PROT_READ, 0);
+        V.changed[V.nchanged++] = p; /* logged again meanwhile: treat as changed */
+    } else {
+        V.changed[V.nchanged++] = p;
+    }
+}
+
 int clamor_version_begin(uint32_t version) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver begins versions");
     if (version == 0 || version <= atomic_load(&V.epoch))
@@ -470,78 +560,14 @@ int clamor_version_begin(uint32_t version) {
     V.nchanged = 0;
     V.nmoved = 0;
     if (!V.on) {
-        /* first version: everything written so far is the content of version 1 */
-        if ((rc = clamor_fault_install()) > 0) goto out;
-        atomic_store(&V.epoch, version);
-        V.on = true; /* before the protection: a write from now on is logged */
-        if ((rc = cl_wprot_start())) {
-            V.on = false;
-            goto out;
-        }
-        cl_dir_forget_all(); /* copies fetched before versions may be stale */
+        rc = first_version(version);
         goto out;
     }
     uint32_t prev = atomic_load(&V.epoch);
     atomic_store(&V.epoch, version); /* writes from now on log as `version` */
-    uint64_t nd = atomic_exchange(&V.ndirty, 0);
-    qsort(V.dirty, nd, sizeof *V.dirty, cmp_u64);
-    uint64_t u = 0; /* a page logged and discarded is listed twice */
-    for (uint64_t i = 0; i < nd; i++)
-        if (!u || V.dirty[i] != V.dirty[u - 1]) V.dirty[u++] = V.dirty[i];
-    nd = u;
-    for (uint64_t i = 0; i < nd;) {
-        uint64_t s = i;
-        while (i + 1 < nd && V.dirty[i + 1] == V.dirty[i] + 1) i++;
-        i++;
-        if ((rc = cl_wprot_close(V.dirty[s], V.dirty[i - 1] - V.dirty[s] + 1))) {
-            rc = cl_err(rc, "write-protecting changed pages: %s", strerror(rc));
-            goto out;
-        }
-    }
-    for (uint64_t i = 0; i < nd; i++) {
-        uint64_t p = V.dirty[i];
-        uint32_t s = head_of(p);
-        bool discarded = atomic_exchange(&V.discarded[p], 0);
-        if (s == NONE || V.meta[s].last_version != prev) {
-            if (discarded) V.changed[V.nchanged++] = p;
-            continue;
-        }
-        bool grouped = atomic_exchange(&V.grouped[p], 0);
-        if (!discarded && memcmp(loc_bytes(s), cl_page_addr(p), cl_region.page_size) == 0) {
-            /* No change after all.  A page logged with its group stays with
-             * it, at the copy, so that the group stays one mapping: readers
-             * that map the page must drop it (the moved list), and the old
-             * location stays a version until none can read it.  So does
-             * every page where userfaultfd protects: moving a closed view
-             * makes a new mapping, writable or read-only until it is
-             * protected, and a system call writing there meanwhile would
-             * go unlogged or get EFAULT.  Any other page goes back to the
-             * old location, and the copy is freed. */
-            if (grouped || cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
-                V.meta[s].alias = true;
-                atomic_store(&cl_region.loctab[p], cl_loc_make(p, version, cur_of(p)));
-                V.moved[V.nmoved++] = p;
-                CL_COUNT(pages_unchanged, 1);
-                continue;
-            }
-            uint32_t copy = cur_of(p);
-            if (view_at(p, s, PROT_READ, 0) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
-                atomic_store(&cl_region.loctab[p], V.meta[s].entry);
-                V.meta[s].alias = false;
-                if (copy == p) atomic_fetch_add(&V.off_home, 1);
-                else if (s == p) atomic_fetch_sub(&V.off_home, 1);
-                atomic_store(&V.meta[s].page1, 0);
-                atomic_fetch_sub(&V.nversions, 1);
-                loc_free(copy);
-                CL_COUNT(pages_unchanged, 1);
-                continue;
-            }
-            view_at(p, copy, PROT_READ, 0);
-            V.changed[V.nchanged++] = p; /* logged again meanwhile: treat as changed */
-        } else {
-            V.changed[V.nchanged++] = p;
-        }
-    }
+    uint64_t nd = take_dirty();
+    if ((rc = protect_dirty(nd))) goto out;
+    for (uint64_t i = 0; i < nd; i++) settle(V.dirty[i], prev, version);
     for (uint64_t i = 0; i < V.nchanged; i++) {
         atomic_store(&V.changed_in[V.changed[i]], version);
         cl_dir_changed(V.changed[i], version);

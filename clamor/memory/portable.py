@@ -41,15 +41,9 @@ A dict or set with str or bytes keys stores their hashes, which CPython
 seeds per process; a worker reads it correctly only with the driver's
 seed (``PYTHONHASHSEED``, passed to the workers a Cluster spawns).
 """
-import ctypes
-import datetime
 import functools
-import hashlib
-import os
 import sys
 import time
-import types
-import weakref
 
 import numpy as np
 
@@ -57,208 +51,16 @@ from .. import errors
 from .._native import ffi, lib
 from . import _pyshare, region
 from .targets import Targets, bind, enable, loaded_images, unbind_all  # noqa: F401  (the runtime's)
-from .readtable import pages_array, read_digests
+from .readtable import pages_array
 from . import cwalk
-from .walk import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, _walk, data_only, pointer_extents
+from .walk import _walk
+# The parts of portable objects, each in a module of its own: the names
+# the runtime and the tests use of them are here too.
+from ._portmode import _Mode
+from ._relocentries import _ENTRY, _TYPE_WORD, _by_page, _entries, _pages_of, _union  # noqa: F401
+from ._seeds import hash_digest, seed_message, seed_passes_on  # noqa: F401
 
 NotShareable = errors.NotShareable
-
-_HASHED_BY_SEED = (str, bytes, datetime.date, datetime.time)   # (a date's hash is its bytes')
-_ARRAY_CACHE = lib.clamor_py_array_cache_offset()
-
-
-def hash_digest():
-    """A digest of this interpreter's str/bytes hash secret (equal in two
-    processes iff their str hashes agree)."""
-    secret = (ctypes.c_char * 24).in_dll(ctypes.pythonapi, "_Py_HashSecret")
-    return hashlib.blake2b(bytes(secret), digest_size=16).hexdigest()
-
-
-def seed_passes_on():
-    """Whether workers started from this process's environment get its
-    hash secret: PYTHONHASHSEED is set to a number."""
-    return os.environ.get("PYTHONHASHSEED", "random").isdigit()
-
-
-def _seeded(k, depth=0):
-    if isinstance(k, _HASHED_BY_SEED):
-        return True
-    if isinstance(k, (tuple, frozenset)) and depth < 8:
-        return any(_seeded(x, depth + 1) for x in k)
-    return False
-
-
-class _Mode:
-    """The portable side of one share() walk: classifies what lies outside
-    the region and collects the extents to read for relocations."""
-
-    def __init__(self, targets, seeds_agree=True, amap=None):
-        self.t = targets
-        self.extents = []       # (lo, length, strict, path, what)
-        self.null_words = []    # addresses of words a worker reads as null
-        self.seeded = None      # path of a dict or set whose keys hash by the seed
-        self.root = None        # what the walk started from, for messages
-        self.blocks_seen = set()
-        self.objects = 0        # objects visited
-        self.seeds_agree = seeds_agree
-        self.amap = amap
-        # the walk in C (c_walk): its extents as arrays, and the words found
-        self.c_extents = None   # (n, 2) uint64 (start, length), each within one page
-        self.c_strict = None    # uint8 a range: bit 0 strict, _TYPE_WORD an atom's type word
-        self.tags = None        # int32 a range, a tagged walk's
-        self.found = None       # (addresses, targets, tags or None), sorted by address
-        self.shared = False
-
-    def restart(self):
-        """Forget what a walk collected: it is made again (objects were
-        brought into the region)."""
-        self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
-        self.objects = 0
-        self.c_extents = self.found = self.tags = None
-        self.shared = False
-
-    def c_walk(self, obj, limit, dirty=None):
-        """The walk of plain data and plain instances in C
-        (clamor_py_walk_portable), the relocations matched there too: True
-        if it decided (approved, the words found), False if the Python walk
-        must (an object it does not take, one outside the region that is no
-        target, a pointer into private memory, a seed to report).  Nothing is
-        brought into the region here.  A dict or list is walked tagged: each
-        range read and word found carries the root's entry it was reached
-        through (``tags``, ``found[2]``), for a walk of some entries again
-        (``dirty``: those, ascending int32; ``shared``: an object reached
-        through two, which makes that walk not enough)."""
-        if not cwalk.in_c(obj):
-            return False
-        tagged = type(obj) in (dict, list)
-        if dirty is not None and not tagged:
-            return False
-        images = self.t.image_pairs()
-        visited, seeded, shared = ffi.new("long *"), ffi.new("int *"), ffi.new("int *")
-        want = dirty if dirty is not None else np.zeros(0, np.int32)
-        out = {}
-
-        def run():
-            out.update(ext=bytearray(), strict=bytearray(), nulls=bytearray(), outside=[], tags=bytearray(),
-                       null_tags=bytearray())
-            return lib.clamor_py_walk_portable(id(obj), limit, *images, visited, id(out["ext"]), id(out["strict"]),
-                                               id(out["nulls"]), id(out["outside"]), seeded, tagged,
-                                               id(out["tags"]), id(out["null_tags"]),
-                                               ffi.cast("const int32_t *", want.ctypes.data), len(want),
-                                               dirty is not None, shared)
-
-        if cwalk.c_pass(run, obj, limit, convert=dirty is None) != 1:
-            return False
-        numbered = set()
-        for o in out["outside"]:
-            if id(o) not in numbered:
-                if self.t.classify(o) is not None:
-                    return False
-                numbered.add(id(o))
-        if seeded[0] and not self.seeds_agree:
-            return False        # (the Python walk names the dict)
-        ext = np.frombuffer(out["ext"], dtype=np.uint64).reshape(-1, 2)
-        strict = np.frombuffer(out["strict"], dtype=np.uint8)
-        nulls = np.frombuffer(out["nulls"], dtype=np.uint64)
-        tags = np.frombuffer(out["tags"], dtype=np.int32) if tagged else None
-        null_tags = np.frombuffer(out["null_tags"], dtype=np.int32) if tagged else None
-        found, bad = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
-        if len(bad):
-            return False        # (the Python walk names the path)
-        self.c_extents, self.c_strict, self.tags, self.found, self.shared = ext, strict, tags, found, bool(shared[0])
-        self.objects += int(visited[0])
-        if seeded[0] and self.seeded is None:
-            self.seeded = f"a dict or set reached from {self.root or 'the object'}"
-        return True
-
-    def read_table(self):
-        """The ReadTable of what this walk read pointers from, but for the
-        type words of atoms and other data-only objects: they cannot change
-        while the object lives, and what holds it is read (a dead one's
-        holder changed)."""
-        if self.c_extents is not None:
-            read = (self.c_strict & _TYPE_WORD) == 0
-            return read_digests([], plain=self.c_extents[read], tags=self.tags[read] if self.tags is not None else None)
-        return read_digests([e for e in self.extents if e[4] != "type"])
-
-    def why_not(self, o):
-        """None if ``o`` (outside the region) is a relocation target, else
-        why it is not portable."""
-        return self.t.classify(o)
-
-    def refusal(self, path, o, why):
-        return NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) is not portable to workers not forked "
-                            f"from the driver: {why}")
-
-    def outside(self, path, o):
-        why = self.t.classify(o)
-        if why is not None:
-            raise self.refusal(path, o, why)
-
-    def outside_ok(self, o):
-        return self.t.classify(o) is None
-
-    def vtable(self, cls, addr):
-        """A word holding the C method table of the Cython class ``cls``: a
-        worker finds its own in the class it imports."""
-        if addr in self.t.by_addr or self.t.in_image(addr):
-            return True
-        if self.t.classify(cls) is not None:
-            return False
-        self.t._new(("vtable", cls.__module__, cls.__qualname__, addr), addr, cls)
-        return True
-
-    def inside(self, path, o):
-        if isinstance(o, (type, types.FunctionType, types.CodeType, types.ModuleType)):
-            raise NotShareable(f"{path} ({type(o).__name__} at {id(o):#x}) was made inside clamor.heap(): a class, "
-                               f"function or module in the region is not portable; define it in a module")
-        t = type(o)
-        a = id(o)
-        flags = t.__flags__
-        # The type word: a type that is no gc referent (a numpy DType class,
-        # made at run time) is still one to relocate.
-        why = self.t.classify(t) if not region.contains(id(t), 1) else "it lies in the region"
-        if why is not None:
-            raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): its type is not portable to "
-                               f"workers not forked from the driver: {why}")
-        # Words a worker must see null: the collector's links (the object
-        # is not in the worker's lists), the weak-reference list (the
-        # driver's weak references), an array's cached buffer description.
-        if flags & _HAVE_GC:
-            self.null_words += (a - 16, a - 8)
-        if t.__weakrefoffset__:     # (negative since 3.12 for a class: the list lies before the header)
-            self.null_words.append(a + t.__weakrefoffset__)
-        if isinstance(o, np.ndarray):
-            self.null_words.append(a + _ARRAY_CACHE)
-        if isinstance(o, weakref.ReferenceType):
-            # its links in its referent's list (wr_prev, wr_next), which may
-            # be the driver's weak references: a worker sees that list empty
-            self.null_words += (a + _WEAK_LINKS, a + _WEAK_LINKS + 8)
-        if data_only(o) and t is not np.void:
-            if flags & _HEAPTYPE:
-                raise NotShareable(f"{path} ({t.__module__}.{t.__qualname__} at {a:#x}): an instance of a class "
-                                   f"derived from {_solid_name(t)} is not portable to workers not forked from the "
-                                   f"driver (its data would be read as pointers): use the built-in type")
-            self.extents.append((a + 8, 8, True, path, "type"))
-        # (a set's body and a dtype's hold a few hashes: one that looks like
-        # a private address refuses it, rather than pass a pointer)
-        self.extents += pointer_extents(o, path, body=not data_only(o) or t is np.void)
-        if self.seeded is None and isinstance(o, (dict, set, frozenset)):
-            if any(_seeded(k) for k in (o.keys() if isinstance(o, dict) else o)):
-                self.seeded = f"{path} (in {self.root})" if self.root else str(path)
-
-    def opaque(self, path, o, blocks):
-        for lo, n in blocks:
-            if lo not in self.blocks_seen:
-                self.blocks_seen.add(lo)
-                self.extents.append((lo, n, False, path, "C memory"))
-
-
-def _solid_name(t):
-    for b in t.__mro__:
-        if not b.__flags__ & _HEAPTYPE:
-            return b.__name__
-    return "object"
 
 
 class Relocations:
@@ -338,6 +140,37 @@ class Relocations:
                 orphaned = np.union1d(orphaned, self._install(pages, stage)).astype(np.uint64)
             return orphaned
         t0 = time.perf_counter()
+        walked, seeded, dropped = self._walk_roots(roots, todo, changed, limit, seeds_agree, bring_in)
+        if seeded is not None and not seeds_agree:
+            raise NotShareable(seed_message(seeded))
+        pages = set(dropped) | self.pending
+        self.pending = set()
+        for k, (entries, cov, touched, state) in walked.items():
+            old = self.per_root.get(k)
+            if touched is not None:
+                pages.update(touched.tolist())       # (a recheck: the other pages' lists stand)
+            else:
+                pages.update(entries)
+                if old is not None:
+                    pages.update(old[0])
+            self._keep(k, todo[k], entries, cov, state)
+        self.changed = []
+        out = self._install(pages, stage)
+        if orphaned.size:
+            out = np.union1d(out, orphaned).astype(np.uint64)
+        self.cost["walks"] += 1
+        self.cost["walked_pages"] += sum(len(read) for _, read, *_ in walked.values())
+        self.cost["covered"] = len(pages_array(np.concatenate([read.pages for _, read in self.per_root.values()]
+                                                              or [np.zeros(0, np.uint64)])))
+        self.cost["seconds"] += time.perf_counter() - t0
+        return out
+
+    def _walk_roots(self, roots, todo, changed, limit, seeds_agree, bring_in):
+        """``prepare``'s walks of the roots ``todo`` {id: root}: a walk
+        ``check`` offered, a recheck of some entries, or a walk again.
+        ({id: (entries, read table, pages whose lists changed or None,
+        tagged state)}, the path of a dict keyed by seeded hashes or None,
+        the pages of earlier roots refused and dropped)."""
         t = self.targets
         t.refresh_images()
         amap = _pyshare.AddressMap()
@@ -373,29 +206,7 @@ class Relocations:
                 dropped.update(self.per_root.pop(k, ({}, None))[0])
                 continue
             seeded = seeded or mode.seeded
-        if seeded is not None and not seeds_agree:
-            raise NotShareable(seed_message(seeded))
-        pages = set(dropped) | self.pending
-        self.pending = set()
-        for k, (entries, cov, touched, state) in walked.items():
-            old = self.per_root.get(k)
-            if touched is not None:
-                pages.update(touched.tolist())       # (a recheck: the other pages' lists stand)
-            else:
-                pages.update(entries)
-                if old is not None:
-                    pages.update(old[0])
-            self._keep(k, todo[k], entries, cov, state)
-        self.changed = []
-        out = self._install(pages, stage)
-        if orphaned.size:
-            out = np.union1d(out, orphaned).astype(np.uint64)
-        self.cost["walks"] += 1
-        self.cost["walked_pages"] += sum(len(read) for _, read, *_ in walked.values())
-        self.cost["covered"] = len(pages_array(np.concatenate([read.pages for _, read in self.per_root.values()]
-                                                              or [np.zeros(0, np.uint64)])))
-        self.cost["seconds"] += time.perf_counter() - t0
-        return out
+        return walked, seeded, dropped
 
     def offer(self, obj, entries, read, seeded, state):
         """A walk of ``obj`` that ``check`` made: a stage that ships it before
@@ -547,126 +358,6 @@ def _offered(o, r, seeds_agree):
     return o
 
 
-_TYPE_WORD = 2      # (an extent's strictness byte: csrc/pywalk.c)
-_ENTRY = np.dtype([("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
-
-
-def _union(a, b):
-    """Two pages' entries (bytes) as one list, sorted by word."""
-    if not a or not b:
-        return a or b
-    e = np.concatenate([np.frombuffer(a, _ENTRY), np.frombuffer(b, _ENTRY)])
-    _, first = np.unique(e["w"], return_index=True)
-    return e[first].tobytes()
-
-
-def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
-    """The words of the extents ``ext`` ((n, 2) start, length) that point at
-    a target, and the ``nulls`` (read as null by a worker): ((addresses,
-    targets, tags) sorted by address, the first number found for a word
-    kept, each word tagged as its extent or null word is, if ``tags``), and
-    the words of strict extents that point into private memory and are no
-    null word (``bad``, in the extents' order)."""
-    tlo, thi, tid, nt = t.ranges()
-    if amap is None:
-        amap = _pyshare.AddressMap()
-    ext = np.ascontiguousarray(ext, dtype=np.uint64)
-    strict = np.ascontiguousarray(strict, dtype=np.uint8)
-    at, ids, which = bytearray(), bytearray(), bytearray()
-    rc = lib.clamor_py_match_all(ffi.cast("const uint64_t *", ext.ctypes.data),
-                                 ffi.cast("const uint8_t *", strict.ctypes.data), len(ext), tlo, thi, tid, nt,
-                                 amap.private, amap.nprivate, id(at), id(ids), id(which) if tags is not None else 0)
-    if rc:
-        raise MemoryError("no memory to list the relocations")
-    at = np.frombuffer(at, dtype=np.uint64)
-    ids = np.frombuffer(ids, dtype=np.uint32)
-    nulls = np.asarray(nulls, dtype=np.uint64)
-    none = ids == lib.CLAMOR_NO_TARGET
-    bad = at[none]
-    if len(bad):
-        bad = bad[~np.isin(bad, nulls)]
-    addrs = np.concatenate([nulls, at[~none]])
-    tids = np.concatenate([np.zeros(len(nulls), np.uint32), ids[~none]])
-    addrs, first = _unique_first(addrs)     # (a null word first, then the first extent's)
-    word_tags = None
-    if tags is not None:
-        at_tags = np.asarray(tags, dtype=np.int32)[np.frombuffer(which, dtype=np.uint32)]
-        word_tags = np.concatenate([np.asarray(null_tags, dtype=np.int32), at_tags[~none]])[first]
-    return (addrs, tids[first], word_tags), bad
-
-
-def _unique_first(addrs):
-    """np.unique(addrs, return_index=True) of word addresses, by a radix
-    sort (clamor_py_sort_words): the sorted unique addresses, and where
-    each first occurs in ``addrs``."""
-    addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
-    order = np.empty(len(addrs), dtype=np.uint32)
-    if lib.clamor_py_sort_words(ffi.cast("const uint64_t *", addrs.ctypes.data), len(addrs),
-                                ffi.cast("uint32_t *", order.ctypes.data)):
-        raise MemoryError("no memory to sort the relocation words")
-    s = addrs[order]
-    first = np.ones(len(s), dtype=bool)
-    first[1:] = s[1:] != s[:-1]
-    return s[first], order[first].astype(np.int64)
-
-
-def _entries(mode, t, amap=None):
-    """{page: entries as bytes, sorted by word} from the walk's extents."""
-    if mode.found is None:
-        ext = np.array([(lo, n) for lo, n, *_ in mode.extents], dtype=np.uint64).reshape(-1, 2)
-        strict = np.array([s for _, _, s, *_ in mode.extents], dtype=np.uint8)
-        mode.found, bad = _match(ext, strict, mode.null_words, t, amap or mode.amap)
-        if len(bad):
-            a = int(bad[0])
-            lo, n, _, path, what = next(e for e in mode.extents if e[2] and e[0] <= a < e[0] + e[1])
-            word = int(ffi.cast("uintptr_t *", a)[0])
-            raise NotShareable(f"{path}: its {what} holds at byte {a - lo} a pointer ({word:#x}) into "
-                               f"this process's private memory outside the region, which a worker not "
-                               f"forked from the driver cannot follow (a weak reference, a cached "
-                               f"buffer, memory a library allocated outside clamor.heap())")
-    return _by_page(*mode.found[:2])
-
-
-def _pages_of(addrs):
-    return (addrs - np.uint64(region.base())) >> np.uint64((region.page_size() - 1).bit_length())
-
-
-def _by_page(addrs, tids, only=None):
-    """{page: entries as bytes} of the words ``addrs`` (ascending) naming
-    targets ``tids``, the words' values read now; of the pages ``only``
-    (ascending; b"" for one with none) if given."""
-    pages = _pages_of(addrs)
-    if only is None:
-        cuts = np.flatnonzero(np.diff(pages)) + 1
-        lo = np.concatenate([[0], cuts]).astype(np.int64) if len(addrs) else np.zeros(0, np.int64)
-        hi = np.append(lo[1:], len(addrs)).astype(np.int64)
-        named = pages[lo]
-    else:
-        named = np.asarray(only, dtype=np.uint64)
-        lo = np.searchsorted(pages, named, side="left")
-        hi = np.searchsorted(pages, named, side="right")
-    if only is None:
-        idx = np.arange(len(addrs))
-    else:
-        idx = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, np.int64)])
-    off = addrs[idx] - np.uint64(region.base())
-    rec = np.empty(len(idx), dtype=_ENTRY)
-    rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
-    rec["t"] = tids[idx]
-    rec["v"] = _words(off)
-    out, at = {}, 0
-    for page, a, b in zip(named.tolist(), lo.tolist(), hi.tolist()):
-        out[int(page)] = rec[at:at + b - a].tobytes()
-        at += b - a
-    return out
-
-
-def _words(off):
-    """The region's words at the byte offsets ``off`` (8-aligned), as they are now."""
-    view = np.frombuffer(ffi.buffer(ffi.cast("char *", region.base()), region.size()), dtype=np.uint64)
-    return view[off >> np.uint64(3)]
-
-
 def check(obj, limit=cwalk.LIMIT, seed=True):
     """share(obj, portable=True): NotShareable unless workers not forked
     from the driver can use ``obj`` in place (``seed``: also unless its str
@@ -710,13 +401,6 @@ class _Read:
 
     def still_inherited(self):
         return True
-
-
-def seed_message(path):
-    return (f"{path} is a dict or set keyed by str or bytes, whose hashes CPython seeds per process: a worker not "
-            f"forked from the driver reads it right only with the driver's seed.  Start the driver with "
-            f"PYTHONHASHSEED set (for example PYTHONHASHSEED=0 python job.py): a Cluster passes it to the workers "
-            f"it spawns; give hand-started workers the same")
 
 
 _DRIVER = [None]

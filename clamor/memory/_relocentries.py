@@ -1,0 +1,132 @@
+"""The relocation entries of region pages: the words of a walk's extents
+that point at a target (``_match``), and those words as each page's list
+of entries, sorted by word (``_entries``, ``_by_page``; see
+``clamor.memory.portable``).
+"""
+import numpy as np
+
+from . import _pyshare, region
+from .. import errors
+from .._native import ffi, lib
+
+NotShareable = errors.NotShareable
+
+
+_TYPE_WORD = 2      # (an extent's strictness byte: csrc/pywalk.c)
+_ENTRY = np.dtype([("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
+
+
+def _union(a, b):
+    """Two pages' entries (bytes) as one list, sorted by word."""
+    if not a or not b:
+        return a or b
+    e = np.concatenate([np.frombuffer(a, _ENTRY), np.frombuffer(b, _ENTRY)])
+    _, first = np.unique(e["w"], return_index=True)
+    return e[first].tobytes()
+
+
+def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
+    """The words of the extents ``ext`` ((n, 2) start, length) that point at
+    a target, and the ``nulls`` (read as null by a worker): ((addresses,
+    targets, tags) sorted by address, the first number found for a word
+    kept, each word tagged as its extent or null word is, if ``tags``), and
+    the words of strict extents that point into private memory and are no
+    null word (``bad``, in the extents' order)."""
+    tlo, thi, tid, nt = t.ranges()
+    if amap is None:
+        amap = _pyshare.AddressMap()
+    ext = np.ascontiguousarray(ext, dtype=np.uint64)
+    strict = np.ascontiguousarray(strict, dtype=np.uint8)
+    at, ids, which = bytearray(), bytearray(), bytearray()
+    rc = lib.clamor_py_match_all(ffi.cast("const uint64_t *", ext.ctypes.data),
+                                 ffi.cast("const uint8_t *", strict.ctypes.data), len(ext), tlo, thi, tid, nt,
+                                 amap.private, amap.nprivate, id(at), id(ids), id(which) if tags is not None else 0)
+    if rc:
+        raise MemoryError("no memory to list the relocations")
+    at = np.frombuffer(at, dtype=np.uint64)
+    ids = np.frombuffer(ids, dtype=np.uint32)
+    nulls = np.asarray(nulls, dtype=np.uint64)
+    none = ids == lib.CLAMOR_NO_TARGET
+    bad = at[none]
+    if len(bad):
+        bad = bad[~np.isin(bad, nulls)]
+    addrs = np.concatenate([nulls, at[~none]])
+    tids = np.concatenate([np.zeros(len(nulls), np.uint32), ids[~none]])
+    addrs, first = _unique_first(addrs)     # (a null word first, then the first extent's)
+    word_tags = None
+    if tags is not None:
+        at_tags = np.asarray(tags, dtype=np.int32)[np.frombuffer(which, dtype=np.uint32)]
+        word_tags = np.concatenate([np.asarray(null_tags, dtype=np.int32), at_tags[~none]])[first]
+    return (addrs, tids[first], word_tags), bad
+
+
+def _unique_first(addrs):
+    """np.unique(addrs, return_index=True) of word addresses, by a radix
+    sort (clamor_py_sort_words): the sorted unique addresses, and where
+    each first occurs in ``addrs``."""
+    addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
+    order = np.empty(len(addrs), dtype=np.uint32)
+    if lib.clamor_py_sort_words(ffi.cast("const uint64_t *", addrs.ctypes.data), len(addrs),
+                                ffi.cast("uint32_t *", order.ctypes.data)):
+        raise MemoryError("no memory to sort the relocation words")
+    s = addrs[order]
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    return s[first], order[first].astype(np.int64)
+
+
+def _entries(mode, t, amap=None):
+    """{page: entries as bytes, sorted by word} from the walk's extents."""
+    if mode.found is None:
+        ext = np.array([(lo, n) for lo, n, *_ in mode.extents], dtype=np.uint64).reshape(-1, 2)
+        strict = np.array([s for _, _, s, *_ in mode.extents], dtype=np.uint8)
+        mode.found, bad = _match(ext, strict, mode.null_words, t, amap or mode.amap)
+        if len(bad):
+            a = int(bad[0])
+            lo, n, _, path, what = next(e for e in mode.extents if e[2] and e[0] <= a < e[0] + e[1])
+            word = int(ffi.cast("uintptr_t *", a)[0])
+            raise NotShareable(f"{path}: its {what} holds at byte {a - lo} a pointer ({word:#x}) into "
+                               f"this process's private memory outside the region, which a worker not "
+                               f"forked from the driver cannot follow (a weak reference, a cached "
+                               f"buffer, memory a library allocated outside clamor.heap())")
+    return _by_page(*mode.found[:2])
+
+
+def _pages_of(addrs):
+    return (addrs - np.uint64(region.base())) >> np.uint64((region.page_size() - 1).bit_length())
+
+
+def _by_page(addrs, tids, only=None):
+    """{page: entries as bytes} of the words ``addrs`` (ascending) naming
+    targets ``tids``, the words' values read now; of the pages ``only``
+    (ascending; b"" for one with none) if given."""
+    pages = _pages_of(addrs)
+    if only is None:
+        cuts = np.flatnonzero(np.diff(pages)) + 1
+        lo = np.concatenate([[0], cuts]).astype(np.int64) if len(addrs) else np.zeros(0, np.int64)
+        hi = np.append(lo[1:], len(addrs)).astype(np.int64)
+        named = pages[lo]
+    else:
+        named = np.asarray(only, dtype=np.uint64)
+        lo = np.searchsorted(pages, named, side="left")
+        hi = np.searchsorted(pages, named, side="right")
+    if only is None:
+        idx = np.arange(len(addrs))
+    else:
+        idx = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, np.int64)])
+    off = addrs[idx] - np.uint64(region.base())
+    rec = np.empty(len(idx), dtype=_ENTRY)
+    rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
+    rec["t"] = tids[idx]
+    rec["v"] = _words(off)
+    out, at = {}, 0
+    for page, a, b in zip(named.tolist(), lo.tolist(), hi.tolist()):
+        out[int(page)] = rec[at:at + b - a].tobytes()
+        at += b - a
+    return out
+
+
+def _words(off):
+    """The region's words at the byte offsets ``off`` (8-aligned), as they are now."""
+    view = np.frombuffer(ffi.buffer(ffi.cast("char *", region.base()), region.size()), dtype=np.uint64)
+    return view[off >> np.uint64(3)]
