@@ -7,27 +7,11 @@ import ast
 import os
 import re
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILE = 600
 MAX_FUNCTION = 80
 MARKER = "Size:"
 
-# being split on other branches: (path, None) for a file, (path, function)
-# for a function.  Empty it as those land.
-PENDING = {
-    ("csrc/pager.c", None),
-    ("csrc/pager.c", "write_pages"),
-    ("csrc/pager.c", "on_reply"),
-    ("csrc/version.c", None),
-    ("csrc/version.c", "clamor_version_begin"),
-    ("csrc/pagetable.c", None),
-    ("clamor/memory/walk.py", None),
-    ("clamor/memory/walk.py", "_walk_once"),
-    ("clamor/memory/portable.py", None),
-    ("clamor/memory/portable.py", "prepare"),
-}
 
 
 def sources():
@@ -165,7 +149,7 @@ def offenders():
 
 
 def test_no_file_or_function_over_its_size_without_a_reason():
-    over = [o for o in offenders() if (o[0], o[1]) not in PENDING]
+    over = offenders()
     shown = "\n".join(f"  {p}{'' if f is None else ':' + f + '()'}: {k} lines" for p, f, k in over)
     assert not over, (f"over {MAX_FILE} lines a file or {MAX_FUNCTION} a function, with no "
                       f"'{MARKER}' reason in its docstring or opening comment:\n{shown}")
@@ -210,11 +194,3 @@ def test_py_scanner_reads_docstrings_and_the_comment_above():
             + "def c():\n    '''Size: said here.'''\n" + body)
     found = {name: (size, reason) for name, _, size, reason in py_functions(text)}
     assert found == {"a": (86, False), "b": (86, True), "c": (87, True)}
-
-
-@pytest.mark.parametrize("path, function", sorted(PENDING, key=lambda p: (p[0], p[1] or "")))
-def test_pending_entries_name_a_real_file(path, function):
-    text = open(os.path.join(ROOT, path), encoding="utf-8").read()
-    if function is not None:
-        names = [f[0] for f in (py_functions(text) if path.endswith(".py") else c_functions(text))]
-        assert function in names
