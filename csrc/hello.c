@@ -14,7 +14,7 @@
 int clamor_hello(const char *endpoint, uint64_t *base, uint64_t *size, uint64_t *page_size, int timeout_ms) {
     int rc = cl_zmq_require();
     if (rc) return rc;
-    void *ctx = cl_zmq.ctx_new(), *s = ctx ? cl_zmq_socket(ctx, CL_ZMQ_DEALER) : NULL;
+    void *ctx = cl_zmq.ctx_new(), *s = ctx ? cl_security_socket(ctx, CL_ZMQ_DEALER) : NULL;
     if (!s) {
         rc = cl_err(EMFILE, "cannot create a socket for hello");
         goto out;

@@ -320,7 +320,6 @@ void cl_fault_fatal(uintptr_t addr, int err) __attribute__((noreturn));
 int cl_pager_stop_after_fork(void);
 /* Queue the run [first, first+count) as read-ahead (readahead.c), page
  * `marker` (or -1) left HELD on arrival.  Pager thread only. */
-void cl_pager_pend_ahead(uint64_t first, uint32_t count, int64_t marker);
 
 /* ---- pagein.c: a reply's pages into the memfd (pager thread only) ------- */
 
@@ -341,15 +340,18 @@ void cl_pagein_free(void);
 
 /* ---- readahead.c: streams and their windows (pager thread only) --------- */
 
+/* Where the pages claimed for a stream go: `count` pages from `first`,
+ * page `marker` (or -1) to be left HELD on arrival (pager.c's queue). */
+typedef void (*cl_readahead_queue)(uint64_t first, uint32_t count, int64_t marker);
 /* Forget the stream: a pager starts. */
 void cl_readahead_reset(void);
 /* A demand fault on page idx, queued: start or follow a stream. */
-void cl_readahead_demand(uint64_t idx);
+void cl_readahead_demand(uint64_t idx, cl_readahead_queue queue);
 /* The marker page idx was touched, and is open: read further. */
-void cl_readahead_marker(uint64_t idx);
+void cl_readahead_marker(uint64_t idx, cl_readahead_queue queue);
 /* A run whose marker someone already waits on arrived, up to page end:
  * read further. */
-void cl_readahead_marker_waited(uint64_t end);
+void cl_readahead_marker_waited(uint64_t end, cl_readahead_queue queue);
 
 /* ---- prefetch.c --------------------------------------------------------- */
 
@@ -378,6 +380,9 @@ int cl_hints_peer(uint64_t first, uint32_t count, uint32_t version);
 /* Apply the process's security to socket `s` of `type` (ROUTER: server,
  * DEALER: client); 0 or EPROTO + cl_err. */
 int cl_security_apply(void *s, int type);
+/* Open a socket with linger 0 and the given type, with the process's
+ * security applied; NULL + cl_err on failure. */
+void *cl_security_socket(void *ctx, int type);
 /* Server: a ZAP handler socket bound in `ctx` (NULL when security is off,
  * or + cl_err on failure); cl_zap_serve() answers what waits on it. */
 void *cl_zap_open(void *ctx);

@@ -134,7 +134,7 @@ static void pend(uint64_t first, uint32_t count, uint8_t kind, int64_t marker) {
     P.plen++;
 }
 
-void cl_pager_pend_ahead(uint64_t first, uint32_t count, int64_t marker) { pend(first, count, K_AHEAD, marker); }
+static void pend_ahead(uint64_t first, uint32_t count, int64_t marker) { pend(first, count, K_AHEAD, marker); }
 
 static bool diffs_now(void) { return !P.no_diffs && cl_pt_diffs_on(); }
 
@@ -226,13 +226,13 @@ static void flush_pending(void) {
 static void on_demand(uint64_t idx) {
     if (atomic_load(&cl_region.map_on) && cl_map_run(idx, true, false) == 0) return;
     pend(idx, 1, K_DEMAND, -1);
-    cl_readahead_demand(idx);
+    cl_readahead_demand(idx, pend_ahead);
 }
 
 static void on_marker(uint64_t idx) {
     /* Data is in the fill view already; open it, then read further. */
     cl_pt_install(idx, 1);
-    cl_readahead_marker(idx);
+    cl_readahead_marker(idx, pend_ahead);
 }
 
 static void on_range(uint64_t first, uint32_t count) {
@@ -264,7 +264,7 @@ static void install_run(struct req *q) {
         }
         /* someone already waits on the marker: open it and read further */
         cl_pt_install(first, q->count);
-        cl_readahead_marker_waited(end);
+        cl_readahead_marker_waited(end, pend_ahead);
         return;
     }
     cl_pt_install(first, q->count);

@@ -99,7 +99,7 @@ void *cl_peer_connect(void *ctx, int k, const char *endpoint) {
     if (H.sock[k] && strcmp(H.ep[k], endpoint) == 0) return H.sock[k];
     if (H.sock[k]) cl_zmq.close(H.sock[k]);
     forget_gone(endpoint); /* a new peer at a lost one's endpoint */
-    void *s = cl_zmq_socket(ctx, CL_ZMQ_DEALER);
+    void *s = cl_security_socket(ctx, CL_ZMQ_DEALER);
     if (s && cl_zmq.connect(s, endpoint) != 0) {
         cl_zmq.close(s);
         s = NULL;

@@ -1,6 +1,7 @@
 /* readahead.c -- the pager's read-ahead (pager thread only): streams
  * spotted among the demand faults, their windows, and the pages claimed
- * for them, queued through pager.c.
+ * for them, handed to the caller's queue (pager.c's): a leaf, it calls
+ * nothing of the pager.
  *
  * Read-ahead follows the access pattern, as Linux's does (mm/readahead.c):
  * a stream starts small and grows only while it is used.  Three demand
@@ -53,7 +54,7 @@ static uint64_t grow_window(uint64_t b) {
 
 /* Claim the ABSENT pages from ra_next up to `end` and queue them, chunked;
  * page `marker` (if among them) is left HELD on arrival. */
-static void read_ahead(uint64_t end, uint64_t marker) {
+static void read_ahead(uint64_t end, uint64_t marker, cl_readahead_queue queue) {
     if (end > cl_region.npages) end = cl_region.npages;
     while (R.ra_next < end) {
         uint64_t s = R.ra_next;
@@ -64,14 +65,14 @@ static void read_ahead(uint64_t end, uint64_t marker) {
         }
         if (R.ra_next > s) {
             int64_t m = (marker >= s && marker < R.ra_next) ? (int64_t)marker : -1;
-            cl_pager_pend_ahead(s, (uint32_t)(R.ra_next - s), m);
+            queue(s, (uint32_t)(R.ra_next - s), m);
         } else {
             R.ra_next++; /* present or in flight already: skip it */
         }
     }
 }
 
-void cl_readahead_demand(uint64_t idx) {
+void cl_readahead_demand(uint64_t idx, cl_readahead_queue queue) {
     uint64_t b = half_window();
     bool one = false, two = false; /* idx-1 and idx-2 among the recent faults */
     for (unsigned k = 0; k < 4; k++) {
@@ -86,23 +87,23 @@ void cl_readahead_demand(uint64_t idx) {
         }
         /* else the faults caught up with the stream: it keeps its window */
         uint64_t w = R.ra_win < 1 ? start_window(b) : R.ra_win > b ? b : R.ra_win;
-        read_ahead(idx + 1 + 2 * w, idx + 1 + w);
+        read_ahead(idx + 1 + 2 * w, idx + 1 + w, queue);
     }
     /* a few positions, since a copy routine may touch pages out of order */
     R.recent[R.nrecent++ % 4] = idx;
 }
 
-void cl_readahead_marker(uint64_t idx) {
+void cl_readahead_marker(uint64_t idx, cl_readahead_queue queue) {
     uint64_t b = half_window();
     R.recent[R.nrecent++ % 4] = idx;
     if (!b) return;
     if (R.ra_next <= idx) R.ra_next = idx + 1;
-    read_ahead(R.ra_next + grow_window(b), R.ra_next);
+    read_ahead(R.ra_next + grow_window(b), R.ra_next, queue);
 }
 
-void cl_readahead_marker_waited(uint64_t end) {
+void cl_readahead_marker_waited(uint64_t end, cl_readahead_queue queue) {
     uint64_t b = half_window();
     if (!b) return;
     if (R.ra_next < end) R.ra_next = end;
-    read_ahead(R.ra_next + grow_window(b), R.ra_next);
+    read_ahead(R.ra_next + grow_window(b), R.ra_next, queue);
 }

@@ -1,7 +1,7 @@
 /* security.c -- every socket the core makes authenticates its peer.
  *
  * DESIGN.  The process's security is set once, before the page server and
- * the pager start (clamor_security()), and cl_zmq_socket() applies it to
+ * the pager start (clamor_security()), and cl_security_socket() applies it to
  * each socket it opens, before the socket binds or connects:
  *
  *   CURVE   a ROUTER is a CURVE server with the cluster's server key; a
@@ -114,6 +114,23 @@ int cl_security_apply(void *s, int type) {
                opt(s, CL_ZMQ_CURVE_SECRETKEY, SEC.client_secret, Z85_KEY + 1) ? EPROTO : 0;
     return opt(s, CL_ZMQ_PLAIN_USERNAME, "clamor", 6) || opt(s, CL_ZMQ_PLAIN_PASSWORD, SEC.token, strlen(SEC.token))
                ? EPROTO : 0;
+}
+
+/* A socket of `type` on ctx with no linger and the process's security
+ * applied (cl_security_apply), or NULL with the detail left. */
+void *cl_security_socket(void *ctx, int type) {
+    void *s = cl_zmq.socket(ctx, type);
+    if (!s) {
+        cl_err(cl_zmq.errno_(), "zmq_socket: %s", cl_zmq.strerror(cl_zmq.errno_()));
+        return NULL;
+    }
+    int zero = 0;
+    cl_zmq.setsockopt(s, CL_ZMQ_LINGER, &zero, sizeof zero);
+    if (cl_security_apply(s, type) != 0) {
+        cl_zmq.close(s);
+        return NULL;
+    }
+    return s;
 }
 
 void *cl_zap_open(void *ctx) {

@@ -32,8 +32,8 @@ int cl_thread_open(struct cl_thread *t, int socktype) {
         rc = cl_err(EMFILE, "zmq_ctx_new failed");
         goto err;
     }
-    if (!(t->sock = cl_zmq_socket(t->ctx, socktype))) {
-        rc = EIO; // cl_zmq_socket left the detail
+    if (!(t->sock = cl_security_socket(t->ctx, socktype))) {
+        rc = EIO; // cl_security_socket left the detail
         goto err;
     }
     return 0;

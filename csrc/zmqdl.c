@@ -78,21 +78,6 @@ int cl_zmq_require(void) {
     return rc;
 }
 
-void *cl_zmq_socket(void *ctx, int type) {
-    void *s = cl_zmq.socket(ctx, type);
-    if (!s) {
-        cl_err(cl_zmq.errno_(), "zmq_socket: %s", cl_zmq.strerror(cl_zmq.errno_()));
-        return NULL;
-    }
-    int zero = 0;
-    cl_zmq.setsockopt(s, CL_ZMQ_LINGER, &zero, sizeof zero);
-    if (cl_security_apply(s, type) != 0) {
-        cl_zmq.close(s);
-        return NULL;
-    }
-    return s;
-}
-
 void cl_zmq_drain(void *sock) {
     int more = 1;
     size_t sz = sizeof more;

@@ -77,9 +77,6 @@ extern int cl_zmq_loaded;
  * before), else its ENOENT or ENOSYS with the detail. */
 int cl_zmq_require(void);
 
-/* Open a socket with linger 0 and the given type, with the process's
- * security applied (security.c); NULL + cl_err on failure. */
-void *cl_zmq_socket(void *ctx, int type);
 
 /* Drain and drop the remaining frames of a multipart message. */
 void cl_zmq_drain(void *sock);
