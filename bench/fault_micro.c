@@ -223,7 +223,7 @@ struct rtt_arg {
 static void rtt_client(int wfd, void *argp) {
     struct rtt_arg *a = argp;
     alarm(CHILD_TIMEOUT_MS / 1000);
-    void *ctx = cl_zmq.ctx_new(), *s = ctx ? cl_zmq_socket(ctx, CL_ZMQ_DEALER) : NULL;
+    void *ctx = cl_zmq.ctx_new(), *s = ctx ? cl_security_socket(ctx, CL_ZMQ_DEALER) : NULL;
     if (!s || cl_zmq.connect(s, a->endpoint) != 0) child_fail(wfd, "rtt: cannot connect");
     char *buf = malloc(PAGE);
     double *v = malloc(sizeof(double) * (size_t)a->n);
@@ -247,7 +247,7 @@ static void rtt_client(int wfd, void *argp) {
 }
 
 static void measure_rtt(long n, struct summary *s) {
-    void *ctx = cl_zmq.ctx_new(), *r = ctx ? cl_zmq_socket(ctx, CL_ZMQ_ROUTER) : NULL;
+    void *ctx = cl_zmq.ctx_new(), *r = ctx ? cl_security_socket(ctx, CL_ZMQ_ROUTER) : NULL;
     if (!r || cl_zmq.bind(r, "tcp://127.0.0.1:*") != 0) die("rtt: cannot bind a ROUTER");
     char ep[256];
     size_t sz = sizeof ep;
