@@ -57,6 +57,7 @@
 
 #include "clamor.h"
 #include "binding.h" /* what only the runtime calls: versions, same-host mapping, a forked worker, libzmq */
+#include "internal.h" /* cl_security_socket: a socket as the core makes them */
 #include "wire.h"
 #include "zmqdl.h"
 

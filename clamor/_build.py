@@ -35,7 +35,7 @@ ffibuilder.set_source(
     libraries=["dl", "pthread", "m"],
     include_dirs=[_rel(CSRC), numpy.get_include()],
     define_macros=[("CLAMOR_WITH_PYTHON", "1")],
-    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror=implicit-function-declaration",
                         "-fvisibility=hidden"],
     depends=[_rel(p) for p in sorted(glob.glob(os.path.join(CSRC, "*.h")))],
     # Not the stable ABI: the py*.c files read CPython's internal layouts,
