@@ -514,6 +514,11 @@ def check(where, table, bits, answers, expect, shares):
             raise SystemExit(f"streaming: {where}: {who} disagrees with the driver\n  driver {expect}\n  {who} {ans}")
 
 
+def fetched_bytes(st):
+    """The table bytes a stage's workers fetched, from the driver and from peers."""
+    return st["bytes_from_driver"] + st["bytes_from_peers"]
+
+
 def clamor_round(cl, table, bits, shares):
     """One stage of lookups, a task a share: (seconds, answers, pids,
     invalidation counters, its stage stats)."""
@@ -540,8 +545,7 @@ def tiny_stage(cl, workers, tiny, tkeys, pause=0.0):
         lambda part: [answer(tiny, tkeys, TINY_BITS)]).collect()
     if got != [want] * workers:
         raise SystemExit("streaming: the warm-up answer is wrong")
-    st = cl.stage_stats()[-1]
-    return st["bytes_from_driver"] + st["bytes_from_peers"]
+    return fetched_bytes(cl.stage_stats()[-1])
 
 
 def system_figures(figures, common, peers, left_out=None):
@@ -587,7 +591,7 @@ def on_hosts(args, wl, peers, spark_conf):
             shares, expect = wl.begin(r)
             took, got, pids, _, st = clamor_round(cl, table, bits, shares)
             times.append(took)
-            moved.append(st["bytes_from_driver"] + st["bytes_from_peers"])
+            moved.append(fetched_bytes(st))
             wire.append(st["wire_bytes"])
             if r == 0:   # untimed: round 0's late read-ahead, then its bytes against the pages it touched
                 ratio0, touched0 = fetch_ratio(moved[-1] + tiny_stage(cl, W, tiny, tiny_keys, 0.3), pids, pages0,
@@ -613,11 +617,6 @@ def on_hosts(args, wl, peers, spark_conf):
               f"{figures['speedup_vs_' + who]:.1f}x clamor's ({cl_med:.4f}s)", flush=True)
     json_line(figures, "streaming-netns" + ("-quick" if args.quick else ""))
     return 0
-
-
-def moved(st):
-    """The table bytes a stage's workers fetched, from the driver and from peers."""
-    return st["bytes_from_driver"] + st["bytes_from_peers"]
 
 
 def versus_broadcast(args, wl, table, peers, bc):
@@ -656,7 +655,7 @@ def versus_broadcast(args, wl, table, peers, bc):
                 row[mode + "_s"] = time.perf_counter() - t
                 row[mode + "_bytes"] = sent
             check(f"round {r}", table, bits, answers, expect, shares)
-            row.update(clamor_bytes=moved(st), mapped=st["bytes_mapped"], faults=st["faults"],
+            row.update(clamor_bytes=fetched_bytes(st), mapped=st["bytes_mapped"], faults=st["faults"],
                        changed=(after["pages_logged"] - logged["pages_logged"])
                        - (after["pages_unchanged"] - logged["pages_unchanged"]),
                        invalidated=inval, task_s=st["task_s"]["max"])
@@ -693,9 +692,10 @@ def mode_passes(args, wl, table, map_modes):
                 for r in range(wl.rounds):
                     shares, expect = wl.begin(r)
                     took, got, _, _, st = clamor_round(cl, table, wl.bits, shares)
-                    check(f"{who}-mode pass {k} round {r}", table, wl.bits, {f"clamor ({who})": got}, expect, shares)
-                    rs.append({"s": took, "bytes": moved(st), "mapped": st["bytes_mapped"], "faults": st["faults"],
-                               "task_s": st["task_s"]["max"]})
+                    check(f"{who}-mode pass {k} round {r}", table, wl.bits, {f"clamor ({who})": got}, expect,
+                          shares)
+                    rs.append({"s": took, "bytes": fetched_bytes(st), "mapped": st["bytes_mapped"],
+                               "faults": st["faults"], "task_s": st["task_s"]["max"]})
             passes[who].append(rs)
             fetched, mapped = (mib(sum(x[c] for x in rs)).strip() for c in ("bytes", "mapped"))
             print(f"  {who:<5} pass {k}: " + " ".join(f"{x['s']:.4f}" for x in rs) + f"  | {fetched} / {mapped}",
@@ -729,8 +729,8 @@ def cold_clamor(args, wl, table, who, shares0, touched, psize, tiny):
         tiny_stage(cl, W, tiny, tiny_keys)
         took, got, pids, _, st = clamor_round(cl, table, wl.bits, shares0)
         late = tiny_stage(cl, W, tiny, tiny_keys, 0.3)   # untimed: the late read-ahead
-    ratio, touched0 = fetch_ratio(moved(st) + late, pids, touched, psize)
-    return took, got, {"bytes": moved(st), "late_bytes": late, "touched_bytes": touched0,
+    ratio, touched0 = fetch_ratio(fetched_bytes(st) + late, pids, touched, psize)
+    return took, got, {"bytes": fetched_bytes(st), "late_bytes": late, "touched_bytes": touched0,
                        "fetch_ratio": ratio if who == "fetch" else None, "mapped": st["bytes_mapped"],
                        "faults": st["faults"], "task_s": st["task_s"]["max"], "workers_used": len(set(pids))}
 
@@ -883,7 +883,8 @@ def more_figures(args, wl, table, figures, mode_figures, ran, m):
         "table_bytes": int(table.nbytes), "slots": wl.slots, "keys": wl.n, "rounds": wl.rounds,
         "workers": wl.workers, "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "page_size": m["psize"],
         "build_s": m["build_s"], "clamor_round_s_list": col(rows, "clamor_s"),
-        "broadcast_round_s_list": col(rows, "pickle_s"), "broadcast_zero_copy_round_s_list": col(rows, "zero-copy_s"),
+        "broadcast_round_s_list": col(rows, "pickle_s"),
+        "broadcast_zero_copy_round_s_list": col(rows, "zero-copy_s"),
         "clamor_bytes_per_round": col(rows, "clamor_bytes"), "clamor_mapped_bytes_per_round": col(rows, "mapped"),
         "broadcast_bytes_per_round": col(rows, "pickle_bytes"),
         "clamor_faults_per_round": col(rows, "faults"), "pages_changed_per_round": col(rows, "changed"),
@@ -893,8 +894,8 @@ def more_figures(args, wl, table, figures, mode_figures, ran, m):
     for name, k in (("round_s", "s"), ("bytes_per_round", "bytes"), ("mapped_per_round", "mapped"),
                     ("faults_per_round", "faults")):
         figures[f"pass_{name}"] = {who: [col(rs, k) for rs in v] for who, v in passes.items()}
-    figures.update({"clamor_bytes_total": moved(m["tot"]), "clamor_mapped_bytes_total": m["tot"]["bytes_mapped"],
-                    "verified": True})
+    figures.update({"clamor_bytes_total": fetched_bytes(m["tot"]),
+                    "clamor_mapped_bytes_total": m["tot"]["bytes_mapped"], "verified": True})
     return figures
 
 
