@@ -495,6 +495,11 @@ def redis_part(r, redis, rclients, meta, rq):
     r["redis_cmp"] = compare_redis(ref_r, r["got_redis"], meta, rq)
 
 
+def table_row(label, s, per_query_s, moved, answers=""):
+    """One system's line of the table: seconds end to end and a query, bytes moved, its answers."""
+    print(f"{label:22} {s:10.2f}s {1e6 * per_query_s:8.2f}us {moved:>15}" + (f"   {answers}" if answers else ""))
+
+
 def redis_lines(r, cl_q):
     """Redis's lines of the table, and (its queries, seconds a query end to
     end and at the server alone, wrong answers, top-rated that differ, the
@@ -511,11 +516,11 @@ def redis_lines(r, cl_q):
     # Redis's own time per query, by its INFO commandstats (no client, no
     # network): GEOSEARCH calls (retries too) and 10 HGETs per query
     server_q = 1e-6 * (usec("geosearch") * (rq + retries) + usec("hget") * geo.K * rq) / rq
-    print(f"{'redis GEOSEARCH':22} {r['redis_s']:10.2f}s {1e6 * redis_q:8.2f}us {'-':>15}   {same:,} same, "
-          f"{ties} ties at the 10th place, {wrong} wrong, {topdiff} top-rated differ; "
-          f"distance error <= {1000 * err:.2f} m")
+    table_row("redis GEOSEARCH", r["redis_s"], redis_q, "-", f"{same:,} same, {ties} ties at the 10th place, "
+              f"{wrong} wrong, {topdiff} top-rated differ; distance error <= {1000 * err:.2f} m")
     print(f"redis {r['redis_version']}: {rq:,} queries, radius {r['radius']:.2f} km "
-          f"({retries} retried at 2x); server time GEOSEARCH {usec('geosearch'):.1f}us, HGET {usec('hget'):.2f}us per call; "
+          f"({retries} retried at 2x); server time GEOSEARCH {usec('geosearch'):.1f}us, "
+          f"HGET {usec('hget'):.2f}us per call; "
           f"loaded in {r['load_s']:.1f}s, {mib(r['redis_mem']).strip()}; server time alone "
           f"{1e6 * server_q:.1f}us per query = {server_q / cl_q:.1f}x clamor's")
     return rq, redis_q, server_q, wrong, topdiff, err
@@ -601,14 +606,13 @@ def report(args, systems, r, peers, total_s):
 
     print()
     print(f"{'':22} {'end to end':>11} {'per query':>10} {'bytes moved':>15}   answers")
-    print(f"{'single process':22} {r['single_s']:10.2f}s {1e6 * r['single_s'] / nq:8.2f}us {'-':>15}   (reference)")
-    print(f"{'clamor (cold)':22} {clamor_s:10.2f}s {1e6 * cl_q:8.2f}us {mib(r['clamor_bytes']):>15}   "
-          f"{eq(bad_clamor)}  ({st['faults']:,} faults)")
-    print(f"{'clamor (warm rerun)':22} {r['warm_s']:10.2f}s {1e6 * r['warm_s'] / nq:8.2f}us {mib(r['warm_bytes']):>15}")
+    table_row("single process", r["single_s"], r["single_s"] / nq, "-", "(reference)")
+    table_row("clamor (cold)", clamor_s, cl_q, mib(r["clamor_bytes"]),
+              f"{eq(bad_clamor)}  ({st['faults']:,} faults)")
+    table_row("clamor (warm rerun)", r["warm_s"], r["warm_s"] / nq, mib(r["warm_bytes"]))
     if "bcast_s" in r:
-        print(f"{'broadcast (pickle)':22} {r['bcast_s']:10.2f}s {1e6 * r['bcast_s'] / nq:8.2f}us "
-              f"{mib(r['bcast_bytes']):>15}   {eq(r['bad_bcast'])}  (pickle {r['pickle_s']:.2f}s, unpickle "
-              f"<= {r['unpickle_s']:.2f}s)")
+        table_row("broadcast (pickle)", r["bcast_s"], r["bcast_s"] / nq, mib(r["bcast_bytes"]),
+                  f"{eq(r['bad_bcast'])}  (pickle {r['pickle_s']:.2f}s, unpickle <= {r['unpickle_s']:.2f}s)")
     for s, p in peers.items():
         if "answers" not in p:
             missing[s] = p.get("missing") or p.get("error") or "no result"
@@ -619,9 +623,9 @@ def report(args, systems, r, peers, total_s):
         nbytes[s] = p["link_bytes"] if args.netns else r["pickled_bytes"] * (hosts if s == "ray" else w)
         if p["bad"]:
             missing[s] = f"answers differ from clamor's on {p['bad']} queries: the comparison is void"
-        print(f"{s + ' (broadcast)':22} {p['s']:10.2f}s {1e6 * p['s'] / nq:8.2f}us {mib(nbytes[s]):>15}   "
-              f"{eq(p['bad'])} with clamor  (broadcast call {p['broadcast_s']:.2f}s, warm-up {p['warm_s']:.1f}s, "
-              f"{p['wall_s']:.0f}s with start-up)")
+        table_row(s + " (broadcast)", p["s"], p["s"] / nq, mib(nbytes[s]),
+                  f"{eq(p['bad'])} with clamor  (broadcast call {p['broadcast_s']:.2f}s, "
+                  f"warm-up {p['warm_s']:.1f}s, {p['wall_s']:.0f}s with start-up)")
     redis_q = server_q = rq = None
     wrong, topdiff, err = 0, 0, 0.0
     if "redis_s" in r:
