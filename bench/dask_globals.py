@@ -283,13 +283,208 @@ def side_figures(rows, scatter_bytes, netns):
 
 # ---- the run --------------------------------------------------------------------------------
 
-def main(argv=None):
-    if argv is None and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
-        # the region's KDTree holds str-keyed dicts: they hash with the
-        # process's seed, which must be the workers' (Dask's nanny gives its
-        # workers 6640; the namespace hosts' workers inherit this environment)
-        sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
+class Sides:
+    """Both sides of every part on one Dask client: clamor's tasks read the
+    global (pts, ids, offsets) in place, the baseline's get it scattered;
+    ``links`` counts the bytes into the workers."""
+
+    def __init__(self, client, links, pts, ids, offsets, k):
+        self.client, self.links = client, links
+        self.pts, self.ids, self.offsets = pts, ids, offsets
+        self.grid_kw = {"grid": GRID, "cell": CELL_KM, "k": k}
+
+    def run_clamor(self, qb):
+        futs = self.client.map(knn_task, qb, pts=self.pts, ids=self.ids, offsets=self.offsets, pure=False,
+                               **self.grid_kw)
+        return self.client.gather(futs)
+
+    def run_scatter(self, qb, data=None, only_pts=False):
+        client = self.client
+        t0 = time.perf_counter()
+        if only_pts:
+            fp = client.scatter(self.pts, broadcast=True)
+            fi, fo = data[1], data[2]
+        else:
+            fp, fi, fo = client.scatter([self.pts, self.ids, self.offsets], broadcast=True)
+        sc = time.perf_counter() - t0
+        futs = client.map(knn_task, qb, pts=fp, ids=fi, offsets=fo, pure=False, **self.grid_kw)
+        return client.gather(futs), sc, (fp, fi, fo)
+
+    def clamor_bytes(self):
+        st = self.client.run(worker_stats).values()
+        return {**{k: sum(s[k] for s in st) for k in ("bytes_fetched", "bytes_from_peers", "pages_fetched",
+                                                       "readahead_pages", "pages_invalidated", "faults")},
+                "per_worker_bytes": sorted(s["bytes_fetched"] for s in st)}
+
+    def release(self, futs):
+        keys = [f.key for f in futs]
+        for f in futs:
+            f.release()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(self.client.who_has(keys).get(k) for k in keys):
+            time.sleep(0.05)
+
+    def timed(self, fn):
+        """fn()'s result, its seconds, and the link bytes into and out of the workers meanwhile."""
+        l0 = self.links.read()
+        t0 = time.perf_counter()
+        res = fn()
+        dt = time.perf_counter() - t0
+        l1 = self.links.read()
+        return res, dt, l1[0] - l0[0], l1[1] - l0[1]
+
+    def cold_rounds(self, reps, pages, run, qorder, what=""):
+        """``reps`` cold rounds of each side, order alternating, the
+        global's ``pages`` dropped first: ``run(side)`` -> (the tasks'
+        results, the seconds of its ref or scatter or None, what to
+        release after it); {side: rows}, {side: its answers}."""
+        rows, answers = {"clamor": [], "scatter": []}, {}
+        for r in range(reps):
+            for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
+                self.client.run(drop_global, pages)
+                (res, step_s, held), dt, link_in, link_out = self.timed(lambda: run(side))
+                row = {"s": dt, "link_in": link_in, "link_out": link_out}
+                if side == "clamor":
+                    row.update(self.clamor_bytes(), **({} if step_s is None else {"ref_s": step_s}))
+                    extra = ("" if step_s is None else f"ref {step_s:.2f} s, ") + (
+                        f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
+                        f"peers, {row['readahead_pages']} pages read ahead), ")
+                else:
+                    row["scatter_s"] = step_s
+                    self.release(list(held))
+                    held = None
+                    extra = f"scatter {step_s:.2f} s, "
+                got = assemble(res, qorder)
+                if side in answers and not all(np.array_equal(x, y) for x, y in zip(answers[side], got)):
+                    raise SystemExit(f"dask_globals: {what}{side}'s answers differ between rounds")
+                answers[side] = got
+                rows[side].append(row)
+                print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
+                      f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
+        return rows, answers
+
+
+def grid_part(args, sides, rng, centre, ranges):
+    """Part 1: the k-NN queries, cold, each side; the two sides' answers
+    checked equal, a few by brute force.  Returns (rows, answers, the
+    query batches, their order)."""
+    queries = disc_queries(rng, centre, args.radius_km, args.queries)
+    qb, qorder = batches(queries, args.tasks)
+    print(f"part 1: {args.queries} queries ({args.k} nearest) in {args.tasks} tasks, {args.reps} cold round(s) "
+          f"each side, order alternating", flush=True)
+
+    def grid_side(side):
+        if side == "clamor":
+            return sides.run_clamor(qb), None, None
+        return sides.run_scatter(qb)
+
+    rows, answers = sides.cold_rounds(args.reps, ranges, grid_side, qorder)
+    a = answers["clamor"]
+    same_answers(a, answers["scatter"], "clamor and scatter")
+    for i in rng.choice(args.queries, size=min(args.brute, args.queries), replace=False):
+        bi, bd = brute(sides.pts, sides.ids, queries[i], args.k)
+        if not (np.array_equal(np.sort(bi), np.sort(a[0][i])) and np.allclose(bd, a[1][i], rtol=1e-12, atol=0)):
+            raise SystemExit(f"dask_globals: query {i}: the tasks' answer is not the brute-force one")
+    print(f"  answers: clamor == scatter for all {args.queries} queries; {args.brute} checked by brute force",
+          flush=True)
+    return rows, answers, qb, qorder
+
+
+def kdtree_part(args, sides, kd, qb, qorder, grid_answers):
+    """Part 1b, the paper's version: the same queries on a KDTree over every
+    place, and the records; ``kd`` holds the region's (tree, records), the
+    baseline's copy of each, and the pages to drop.  Before the updates,
+    which move places in pts: the tree holds their places as they were.
+    Returns (rows, answers)."""
+    import clamor.dask
+
+    geo, plain_tree, plain_records, all_pages = kd
+    client = sides.client
+    print(f"part 1b: the same {args.queries} queries on a KDTree of all {args.points} places + records "
+          f"(top-rated of the {args.k} nearest), {args.kdtree_reps} cold round(s) each side: clamor.dask.ref "
+          f"against scattering an ordinary copy (broadcast=True)", flush=True)
+
+    def kdtree_side(side):
+        if side == "clamor":
+            # one ref to the region's (tree, records): the walk is counted in the round.  (Not
+            # records as a region array beside a ref: see the README.)
+            t0 = time.perf_counter()
+            gref = clamor.dask.ref(geo)
+            ref_s = time.perf_counter() - t0
+            res = client.gather(client.map(kdtree_task, qb, geo=gref, pure=False, k=args.k))
+            return res, ref_s, None
+        t0 = time.perf_counter()
+        ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
+        sc = time.perf_counter() - t0
+        return client.gather(client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, k=args.k)), sc, held
+
+    krows, kanswers = sides.cold_rounds(args.kdtree_reps, all_pages, kdtree_side, qorder, "KDTree ")
+    a = kanswers["clamor"]
+    same_answers(a, kanswers["scatter"], "KDTree: clamor and scatter", 4)
+    same_answers(a, grid_answers["clamor"], "KDTree and grid index")   # the k nearest are part 1's
+    pos = np.argsort(plain_records["id"])   # record id -> position
+    rat = plain_records["rating"][pos[a[0]]]
+    best = np.take_along_axis(a[0], np.argmax(rat, axis=1)[:, None], axis=1)[:, 0]
+    if not np.array_equal(best, a[2]):
+        raise SystemExit("dask_globals: KDTree: a top-rated answer is wrong")
+    print(f"  answers: clamor == scatter for all {args.queries} queries ({args.k} nearest and top-rated), == part "
+          f"1's; mean distance to the top-rated place {a[3].mean():.2f} km", flush=True)
+    return krows, kanswers
+
+
+def update_part(args, sides, rng, centre, ranges, qb):
+    """Part 2: streaming updates: the driver moves places near the query
+    disc, then the same queries on each side, clamor's workers holding
+    their pages, the baseline re-scattering pts.  Returns {side: rows}."""
+    client, pts, ids, offsets = sides.client, sides.pts, sides.ids, sides.offsets
+    near = near_disc_range(offsets, centre, args.radius_km)
+    spans = np.array([e - s for s, e in near])
+    print(f"part 2: {args.update_rounds} round(s): the driver moves {args.updates} of the "
+          f"{spans.sum()} places near the query disc within their cells, then {args.update_queries} queries in "
+          f"{2 * args.workers} tasks; against re-scattering pts "
+          f"({human(pts.nbytes) if pts.nbytes % 1024 == 0 else pts.nbytes}) and the same queries", flush=True)
+    # the baseline's ids and offsets stay scattered through the rounds; clamor's workers hold their pages
+    client.run(drop_global, ranges)
+    base_fp, base_fi, base_fo = client.scatter([pts, ids, offsets], broadcast=True)
+    sides.run_clamor(qb)                                   # both sides warm before the first update
+    client.run(drop_global, [])
+    urows = {"clamor": [], "rescatter": []}
+    for r in range(args.update_rounds):
+        pick = rng.choice(spans.sum(), size=args.updates, replace=False)
+        cum = np.concatenate([[0], np.cumsum(spans)])
+        row_of = np.searchsorted(cum, pick, side="right") - 1
+        idx = np.array([near[w][0] + p - cum[w] for w, p in zip(row_of, pick)], np.int64)
+        cells = np.floor(pts[idx] / CELL_KM)
+        new = (cells + rng.uniform(0.0, 1.0, size=(len(idx), 2))) * CELL_KM
+        uq = disc_queries(rng, centre, args.radius_km, args.update_queries)
+        ub, uorder = batches(uq, 2 * args.workers)
+
+        def write_then_look():   # clamor: write, then the lookups
+            pts[idx] = new
+            return sides.run_clamor(ub)
+
+        client.run(drop_global, [])
+        res_c, dt_c, link_c, _ = sides.timed(write_then_look)
+        cb = sides.clamor_bytes()
+        # baseline: re-scatter the updated pts, the same lookups
+        sides.release([base_fp])
+        (res_s, sc, (base_fp, _, _)), dt_s, link_s, _ = sides.timed(
+            lambda: sides.run_scatter(ub, (None, base_fi, base_fo), only_pts=True))
+        got_c, got_s = assemble(res_c, uorder), assemble(res_s, uorder)
+        same_answers(got_c, got_s, f"update round {r}: clamor and re-scatter")
+        seen = set(ids[idx].tolist()) & set(got_c[0].ravel().tolist())
+        urows["clamor"].append({"s": dt_c, "link_in": link_c, **cb})
+        urows["rescatter"].append({"s": dt_s, "scatter_s": sc, "bytes": pts.nbytes * args.workers,
+                                   "link_in": link_s})
+        print(f"  round {r}: clamor {dt_c:6.3f} s (fetched {cb['bytes_fetched'] / MIB:.1f} MiB, "
+              f"{cb['pages_invalidated']} pages invalidated), re-scatter {dt_s:6.2f} s (scatter {sc:.2f} s); "
+              f"{len(seen)} moved places among the answers; answers equal", flush=True)
+    sides.release([base_fp, base_fi, base_fo])
+    return urows
+
+
+def parse(argv):
+    """The arguments, their defaults filled in."""
     ap = parser(__doc__.splitlines()[0], "small sizes, one host (under a minute)", "200k places, 2 workers, one "
                 "round of each part, one host (seconds; the tests run it); without dask.distributed, a note and a "
                 "JSON line")
@@ -327,7 +522,135 @@ def main(argv=None):
     if min(args.workers, args.points, args.queries, args.tasks, args.reps, args.update_queries,
            args.update_rounds, args.k) < 1 or args.points < args.k:
         ap.error("counts must be positive")
-    if sm:
+    return args
+
+
+def connect(args, stack, netns, why_local):
+    """Dask's workers on namespace hosts (``netns``) or on this one, clamor
+    attached to them, every exit on ``stack``: (client, the links, hosts,
+    seconds to attach, read-ahead)."""
+    import clamor.dask
+    from clamor import region
+    from clamor.runtime import security
+
+    t = time.perf_counter()
+    if netns:
+        os.environ["CLAMOR_SECRET"] = security.new_secret()   # the workers' too: they inherit it
+        hosts = stack.enter_context(_harness.hosts_for(args.workers, args.rate))
+        root, links, nhosts = hosts.root_addr, _harness.Links(hosts), args.workers
+        client = stack.enter_context(_harness.start(
+            "dask", args.workers, hosts, dask_config=_harness.DASK_AMM_OFF,
+            dask_options={"nanny": False, "dashboard": False, "death_timeout": 60}))
+        print(f"hosts: {args.workers} namespace hosts on {hosts.prefix}.0/24, links {args.rate} both ways; "
+              f"scheduler and driver in the root namespace ({root}); Dask up in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+    else:
+        print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
+        client = stack.enter_context(_harness.start("dask", args.workers, dask_config=_harness.DASK_AMM_OFF,
+                                                    dask_options={"dashboard_address": None}))
+        root, links, nhosts = None, _harness.Links(None), 1
+    t = time.perf_counter()
+    clamor.dask.attach(client, host=root)
+    stack.callback(lambda: clamor.dask.attached() and clamor.dask.detach(client))
+    attach_s = time.perf_counter() - t
+    if args.readahead is not None:
+        client.run(set_readahead, args.readahead)
+    info = client.run(worker_info)
+    if any(v["role"] != "worker" for v in info.values()) or len(info) != args.workers:
+        raise SystemExit(f"dask_globals: the workers are not all attached: {info}")
+    client.run(warm)
+    readahead = next(iter(info.values()))["readahead"]
+    print(f"attached in {attach_s:.2f} s; {len(info)} workers, page {human(region.page_size())}, read-ahead "
+          f"{human(readahead) if readahead else 0}", flush=True)
+    return client, links, nhosts, attach_s, readahead
+
+
+def build_kd(args, pts, ids):
+    """The KDTree part's data, before the Dask client (see build_kdtree):
+    (the region's (tree, records), the baseline's tree and records, their
+    pickled bytes, the region bytes they took, seconds to build)."""
+    import clamor
+
+    h0 = clamor.heap_stats()["allocated"]
+    t = time.perf_counter()
+    geo, plain_tree, plain_records, kd_pickled = build_kdtree(pts, ids, args.seed)
+    kd_build_s = time.perf_counter() - t
+    kd_region_bytes = clamor.heap_stats()["allocated"] - h0
+    print(f"KDTree over the same places + records ({RECORD.itemsize} B each) built under clamor.heap() in "
+          f"{kd_build_s:.1f} s: {kd_region_bytes / MIB:.0f} MiB more in the region; "
+          f"the baseline's copy pickles to {kd_pickled / MIB:.0f} MiB, + records {plain_records.nbytes / MIB:.0f} "
+          f"MiB", flush=True)
+    return geo, plain_tree, plain_records, kd_pickled, kd_region_bytes, kd_build_s
+
+
+def say(name, p, extra=""):
+    print(f"{name}: clamor {p['clamor_s']:.2f} s{extra}, scatter {p['scatter_s']:.2f} s (transfer "
+          f"{p['scatter_transfer_s']:.2f} s) -> speedup_vs_scatter {p['speedup_vs_scatter']:.2f}; bytes: clamor "
+          f"{p['clamor_bytes'] / MIB:.1f} MiB, scatter {p['scatter_bytes'] / MIB:.0f} MiB -> ratio "
+          f"{p['bytes_ratio_counters']:.1f}" + (f", on the links {p['clamor_link_bytes'] / MIB:.1f} / "
+                                               f"{p['scatter_link_bytes'] / MIB:.0f} MiB -> "
+                                               f"{p['bytes_ratio_link']:.1f}" if p["bytes_ratio_link"] else ""),
+          flush=True)
+
+
+def report(args, m):
+    """The summary lines and the JSON line, from ``m``, what main measured."""
+    netns, urows, kd = m["netns"], m["urows"], m["kd"]
+    part1 = side_figures(m["rows"], m["gbytes"] * args.workers, netns)
+    uc, us = med(urows["clamor"], "s"), med(urows["rescatter"], "s")
+    fig = {
+        "bench": "dask_globals", **part1, "update_speedup_vs_rescatter": us / uc,
+        "update_clamor_round_s": uc, "update_rescatter_round_s": us,
+        "update_rescatter_transfer_s": med(urows["rescatter"], "scatter_s"),
+        "update_clamor_round_s_all": [round(x["s"], 4) for x in urows["clamor"]],
+        "update_rescatter_round_s_all": [round(x["s"], 3) for x in urows["rescatter"]],
+        "update_clamor_bytes": med(urows["clamor"], "bytes_fetched"),
+        "update_pages_invalidated": med(urows["clamor"], "pages_invalidated"),
+        "update_rescatter_bytes": m["pts_bytes"] * args.workers,
+        "update_clamor_link_bytes": med(urows["clamor"], "link_in") if netns else None,
+        "update_rescatter_link_bytes": med(urows["rescatter"], "link_in") if netns else None,
+        "attach_s": m["attach_s"], "build_s": m["build_s"],
+        "global_bytes": m["gbytes"], "pts_bytes": m["pts_bytes"], "places": args.points, "queries": args.queries,
+        "tasks": args.tasks, "k": args.k, "radius_km": args.radius_km, "reps": args.reps,
+        "updates": args.updates, "update_queries": args.update_queries, "update_rounds": args.update_rounds,
+        "workers": args.workers, "hosts": m["nhosts"], "rate": args.rate if netns else None,
+        "page_size": m["ps"], "readahead": m["readahead"], "quick": m["quick"], "smoke": args.smoke,
+        "systems_run": ["clamor", "scatter"], "answers_ok": True,
+    }
+    # the KDTree part (the paper's version): null when skipped (--kdtree-reps 0)
+    kd_names = ("ref_s", "clamor_faults", "pickled_bytes", "records_bytes", "region_bytes", "build_s",
+                "mean_top_km")
+    part1b, kd_figures = dict.fromkeys(part1), dict.fromkeys(kd_names)
+    if args.kdtree_reps:
+        _, _, plain_records, kd_pickled, kd_region_bytes, kd_build_s = kd
+        krows = m["krows"]["clamor"]
+        part1b = side_figures(m["krows"], (kd_pickled + plain_records.nbytes) * args.workers, netns)
+        kd_figures = dict(zip(kd_names, (med(krows, "ref_s"), med(krows, "faults"), kd_pickled,
+                                         plain_records.nbytes, kd_region_bytes, kd_build_s,
+                                         float(m["kanswers"]["clamor"][3].mean()))))
+    fig.update({f"kdtree_{k}": v for k, v in {**part1b, **kd_figures}.items()})
+    fig["kdtree_reps"] = args.kdtree_reps
+    fig["elapsed_s"] = round(time.perf_counter() - m["t_start"], 1)
+    say("k-NN", part1, "")
+    print("  (targets: speedup_vs_scatter > 2, bytes_ratio_vs_scatter >= 10)")
+    print(f"updates: clamor round {uc * 1e3:.0f} ms, re-scatter round {us:.2f} s -> update_speedup_vs_rescatter "
+          f"{fig['update_speedup_vs_rescatter']:.1f} (target >= 20)", flush=True)
+    if args.kdtree_reps:
+        say("KDTree", part1b, f" (ref {fig['kdtree_ref_s']:.2f} s)")
+    json_line(fig)
+    return 0
+
+
+def main(argv=None):
+    if argv is None and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        # the region's KDTree holds str-keyed dicts: they hash with the
+        # process's seed, which must be the workers' (Dask's nanny gives its
+        # workers 6640; the namespace hosts' workers inherit this environment)
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
+    args = parse(argv)
+    q = args.quick or args.smoke        # a smoke run is a small quick run: one host unless --netns
+    if args.smoke:
         try:
             _harness._distributed()
         except _harness.PeerMissing as err:
@@ -341,7 +664,6 @@ def main(argv=None):
     import clamor
     import clamor.dask
     from clamor import region
-    from clamor.runtime import security
 
     netns = not (args.local or (q and not args.netns))
     why_local = "--quick" if q and not args.netns else "--local" if args.local else None
@@ -360,285 +682,22 @@ def main(argv=None):
     print(f"global: {args.points} places, pts {human(pts.nbytes) if pts.nbytes % 1024 == 0 else pts.nbytes} + ids "
           f"+ offsets = {gbytes / MIB:.0f} MiB in the region, built in {build_s:.1f} s; queries within "
           f"{args.radius_km:g} km of ({centre[0]:.0f}, {centre[1]:.0f}) km", flush=True)
-
     ranges = [array_pages(x) for x in (pts, ids, offsets)]
-    geo = plain_tree = plain_records = None
-    kd_build_s = kd_pickled = kd_region_bytes = None
-    if args.kdtree_reps:
-        # before the Dask client (see build_kdtree)
-        h0 = clamor.heap_stats()["allocated"]
-        t = time.perf_counter()
-        geo, plain_tree, plain_records, kd_pickled = build_kdtree(pts, ids, args.seed)
-        kd_build_s = time.perf_counter() - t
-        kd_region_bytes = clamor.heap_stats()["allocated"] - h0
-        print(f"KDTree over the same places + records ({RECORD.itemsize} B each) built under clamor.heap() in "
-              f"{kd_build_s:.1f} s: {kd_region_bytes / MIB:.0f} MiB more in the region; "
-              f"the baseline's copy pickles to {kd_pickled / MIB:.0f} MiB, + records {plain_records.nbytes / MIB:.0f} "
-              f"MiB", flush=True)
+    kd = build_kd(args, pts, ids) if args.kdtree_reps else None   # before the Dask client (see build_kdtree)
     all_pages = [(0, region.size() // ps)]
-
+    krows, kanswers = {"clamor": [], "scatter": []}, {}
     with contextlib.ExitStack() as stack:
-        t = time.perf_counter()
-        if netns:
-            os.environ["CLAMOR_SECRET"] = security.new_secret()   # the workers' too: they inherit it
-            hosts = stack.enter_context(_harness.hosts_for(args.workers, args.rate))
-            root, links, nhosts = hosts.root_addr, _harness.Links(hosts), args.workers
-            client = stack.enter_context(_harness.start(
-                "dask", args.workers, hosts, dask_config=_harness.DASK_AMM_OFF,
-                dask_options={"nanny": False, "dashboard": False, "death_timeout": 60}))
-            print(f"hosts: {args.workers} namespace hosts on {hosts.prefix}.0/24, links {args.rate} both ways; "
-                  f"scheduler and driver in the root namespace ({root}); Dask up in "
-                  f"{time.perf_counter() - t:.1f} s", flush=True)
-        else:
-            print(f"one host ({why_local}): LocalCluster of {args.workers} processes on loopback", flush=True)
-            client = stack.enter_context(_harness.start("dask", args.workers, dask_config=_harness.DASK_AMM_OFF,
-                                                        dask_options={"dashboard_address": None}))
-            root, links, nhosts = None, _harness.Links(None), 1
-        t = time.perf_counter()
-        clamor.dask.attach(client, host=root)
-        stack.callback(lambda: clamor.dask.attached() and clamor.dask.detach(client))
-        attach_s = time.perf_counter() - t
-        if args.readahead is not None:
-            client.run(set_readahead, args.readahead)
-        info = client.run(worker_info)
-        if any(v["role"] != "worker" for v in info.values()) or len(info) != args.workers:
-            raise SystemExit(f"dask_globals: the workers are not all attached: {info}")
-        client.run(warm)
-        readahead = next(iter(info.values()))["readahead"]
-        print(f"attached in {attach_s:.2f} s; {len(info)} workers, page {human(ps)}, read-ahead "
-              f"{human(readahead) if readahead else 0}", flush=True)
-
-        grid_kw = {"grid": GRID, "cell": CELL_KM, "k": args.k}
-
-        def run_clamor(qb):
-            futs = client.map(knn_task, qb, pts=pts, ids=ids, offsets=offsets, pure=False, **grid_kw)
-            return client.gather(futs)
-
-        def run_scatter(qb, data=None, only_pts=False):
-            t0 = time.perf_counter()
-            if only_pts:
-                fp = client.scatter(pts, broadcast=True)
-                fi, fo = data[1], data[2]
-            else:
-                fp, fi, fo = client.scatter([pts, ids, offsets], broadcast=True)
-            sc = time.perf_counter() - t0
-            futs = client.map(knn_task, qb, pts=fp, ids=fi, offsets=fo, pure=False, **grid_kw)
-            return client.gather(futs), sc, (fp, fi, fo)
-
-        def clamor_bytes():
-            st = client.run(worker_stats).values()
-            return {**{k: sum(s[k] for s in st) for k in ("bytes_fetched", "bytes_from_peers", "pages_fetched",
-                                                           "readahead_pages", "pages_invalidated", "faults")},
-                    "per_worker_bytes": sorted(s["bytes_fetched"] for s in st)}
-
-        def release(futs):
-            keys = [f.key for f in futs]
-            for f in futs:
-                f.release()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and any(client.who_has(keys).get(k) for k in keys):
-                time.sleep(0.05)
-
-        def cold_rounds(reps, pages, run, what=""):
-            """``reps`` cold rounds of each side, order alternating, the
-            global's ``pages`` dropped first: ``run(side)`` -> (the tasks'
-            results, the seconds of its ref or scatter or None, what to
-            release after it); {side: rows}, {side: its answers}."""
-            rows, answers = {"clamor": [], "scatter": []}, {}
-            for r in range(reps):
-                for side in (("clamor", "scatter") if r % 2 == 0 else ("scatter", "clamor")):
-                    client.run(drop_global, pages)
-                    l0 = links.read()
-                    t0 = time.perf_counter()
-                    res, step_s, held = run(side)
-                    dt = time.perf_counter() - t0
-                    l1 = links.read()
-                    row = {"s": dt, "link_in": l1[0] - l0[0], "link_out": l1[1] - l0[1]}
-                    if side == "clamor":
-                        row.update(clamor_bytes(), **({} if step_s is None else {"ref_s": step_s}))
-                        extra = ("" if step_s is None else f"ref {step_s:.2f} s, ") + (
-                            f"fetched {row['bytes_fetched'] / MIB:.1f} MiB ({row['bytes_from_peers'] / MIB:.1f} from "
-                            f"peers, {row['readahead_pages']} pages read ahead), ")
-                    else:
-                        row["scatter_s"] = step_s
-                        release(list(held))
-                        held = None
-                        extra = f"scatter {step_s:.2f} s, "
-                    got = assemble(res, qorder)
-                    if side in answers and not all(np.array_equal(x, y) for x, y in zip(answers[side], got)):
-                        raise SystemExit(f"dask_globals: {what}{side}'s answers differ between rounds")
-                    answers[side] = got
-                    rows[side].append(row)
-                    print(f"  round {r} {side:>8}: {dt:7.2f} s  ({extra}link bytes into the workers "
-                          f"{row['link_in'] / MIB:.1f} MiB)", flush=True)
-            return rows, answers
-
-        # ---- part 1: the k-NN queries, cold, each side ------------------------------------------
-        queries = disc_queries(rng, centre, args.radius_km, args.queries)
-        qb, qorder = batches(queries, args.tasks)
-        print(f"part 1: {args.queries} queries ({args.k} nearest) in {args.tasks} tasks, {args.reps} cold round(s) "
-              f"each side, order alternating", flush=True)
-
-        def grid_side(side):
-            if side == "clamor":
-                return run_clamor(qb), None, None
-            return run_scatter(qb)
-
-        rows, answers = cold_rounds(args.reps, ranges, grid_side)
-        a = answers["clamor"]
-        same_answers(a, answers["scatter"], "clamor and scatter")
-        for i in rng.choice(args.queries, size=min(args.brute, args.queries), replace=False):
-            bi, bd = brute(pts, ids, queries[i], args.k)
-            if not (np.array_equal(np.sort(bi), np.sort(a[0][i])) and np.allclose(bd, a[1][i], rtol=1e-12, atol=0)):
-                raise SystemExit(f"dask_globals: query {i}: the tasks' answer is not the brute-force one")
-        print(f"  answers: clamor == scatter for all {args.queries} queries; {args.brute} checked by brute force",
-              flush=True)
-
-        # ---- part 1b: the paper's version: a KDTree over every place, and the records -----------------
-        # (before the updates, which move places in pts: the tree holds their places as they were)
-        krows, kanswers = {"clamor": [], "scatter": []}, {}
+        client, links, nhosts, attach_s, readahead = connect(args, stack, netns, why_local)
+        sides = Sides(client, links, pts, ids, offsets, args.k)
+        rows, answers, qb, qorder = grid_part(args, sides, rng, centre, ranges)
         if args.kdtree_reps:
-            print(f"part 1b: the same {args.queries} queries on a KDTree of all {args.points} places + records "
-                  f"(top-rated of the {args.k} nearest), {args.kdtree_reps} cold round(s) each side: clamor.dask.ref "
-                  f"against scattering an ordinary copy (broadcast=True)", flush=True)
-
-            def kdtree_side(side):
-                if side == "clamor":
-                    # one ref to the region's (tree, records): the walk is counted in the round.  (Not
-                    # records as a region array beside a ref: see the README.)
-                    t0 = time.perf_counter()
-                    gref = clamor.dask.ref(geo)
-                    ref_s = time.perf_counter() - t0
-                    res = client.gather(client.map(kdtree_task, qb, geo=gref, pure=False, k=args.k))
-                    return res, ref_s, None
-                t0 = time.perf_counter()
-                ft, fr = held = client.scatter([plain_tree, plain_records], broadcast=True)
-                sc = time.perf_counter() - t0
-                return client.gather(client.map(kdtree_task, qb, tree=ft, records=fr, pure=False, k=args.k)), sc, held
-
-            krows, kanswers = cold_rounds(args.kdtree_reps, all_pages, kdtree_side, "KDTree ")
-            a = kanswers["clamor"]
-            same_answers(a, kanswers["scatter"], "KDTree: clamor and scatter", 4)
-            same_answers(a, answers["clamor"], "KDTree and grid index")   # the k nearest are part 1's
-            pos = np.argsort(plain_records["id"])   # record id -> position
-            rat = plain_records["rating"][pos[a[0]]]
-            best = np.take_along_axis(a[0], np.argmax(rat, axis=1)[:, None], axis=1)[:, 0]
-            if not np.array_equal(best, a[2]):
-                raise SystemExit("dask_globals: KDTree: a top-rated answer is wrong")
-            del pos, rat
-            print(f"  answers: clamor == scatter for all {args.queries} queries ({args.k} nearest and top-rated), == part "
-                  f"1's; mean distance to the top-rated place {a[3].mean():.2f} km", flush=True)
-
-        # ---- part 2: streaming updates -------------------------------------------------------------
-        near = near_disc_range(offsets, centre, args.radius_km)
-        spans = np.array([e - s for s, e in near])
-        print(f"part 2: {args.update_rounds} round(s): the driver moves {args.updates} of the "
-              f"{spans.sum()} places near the query disc within their cells, then {args.update_queries} queries in "
-              f"{2 * args.workers} tasks; against re-scattering pts ({human(pts.nbytes) if pts.nbytes % 1024 == 0 else pts.nbytes}) "
-              f"and the same queries", flush=True)
-        # the baseline's ids and offsets stay scattered through the rounds; clamor's workers hold their pages
-        client.run(drop_global, ranges)
-        base_fp, base_fi, base_fo = client.scatter([pts, ids, offsets], broadcast=True)
-        run_clamor(qb)                                   # both sides warm before the first update
-        client.run(drop_global, [])
-        urows = {"clamor": [], "rescatter": []}
-        for r in range(args.update_rounds):
-            pick = rng.choice(spans.sum(), size=args.updates, replace=False)
-            cum = np.concatenate([[0], np.cumsum(spans)])
-            row_of = np.searchsorted(cum, pick, side="right") - 1
-            idx = np.array([near[w][0] + p - cum[w] for w, p in zip(row_of, pick)], np.int64)
-            cells = np.floor(pts[idx] / CELL_KM)
-            new = (cells + rng.uniform(0.0, 1.0, size=(len(idx), 2))) * CELL_KM
-            uq = disc_queries(rng, centre, args.radius_km, args.update_queries)
-            ub, uorder = batches(uq, 2 * args.workers)
-            # clamor: write, then the lookups
-            client.run(drop_global, [])
-            l0 = links.read()
-            t0 = time.perf_counter()
-            pts[idx] = new
-            res_c = run_clamor(ub)
-            dt_c = time.perf_counter() - t0
-            l1 = links.read()
-            cb = clamor_bytes()
-            # baseline: re-scatter the updated pts, the same lookups
-            old = base_fp
-            release([old])
-            l2 = links.read()
-            t0 = time.perf_counter()
-            res_s, sc, (base_fp, _, _) = run_scatter(ub, (None, base_fi, base_fo), only_pts=True)
-            dt_s = time.perf_counter() - t0
-            l3 = links.read()
-            got_c, got_s = assemble(res_c, uorder), assemble(res_s, uorder)
-            same_answers(got_c, got_s, f"update round {r}: clamor and re-scatter")
-            moved = set(ids[idx].tolist())
-            seen = moved & set(got_c[0].ravel().tolist())
-            urows["clamor"].append({"s": dt_c, "link_in": l1[0] - l0[0], **cb})
-            urows["rescatter"].append({"s": dt_s, "scatter_s": sc, "bytes": pts.nbytes * args.workers,
-                                       "link_in": l3[0] - l2[0]})
-            print(f"  round {r}: clamor {dt_c:6.3f} s (fetched {cb['bytes_fetched'] / MIB:.1f} MiB, "
-                  f"{cb['pages_invalidated']} pages invalidated), re-scatter {dt_s:6.2f} s (scatter {sc:.2f} s); "
-                  f"{len(seen)} moved places among the answers; answers equal", flush=True)
-        release([base_fp, base_fi, base_fo])
+            krows, kanswers = kdtree_part(args, sides, kd[:3] + (all_pages,), qb, qorder, answers)
+        urows = update_part(args, sides, rng, centre, ranges, qb)
         clamor.dask.detach(client)
-
-    # ---- figures
-    part1 = side_figures(rows, gbytes * args.workers, netns)
-    uc = med([x["s"] for x in urows["clamor"]])
-    us = med([x["s"] for x in urows["rescatter"]])
-    fig = {
-        "bench": "dask_globals", **part1, "update_speedup_vs_rescatter": us / uc,
-        "update_clamor_round_s": uc, "update_rescatter_round_s": us,
-        "update_rescatter_transfer_s": med([x["scatter_s"] for x in urows["rescatter"]]),
-        "update_clamor_round_s_all": [round(x["s"], 4) for x in urows["clamor"]],
-        "update_rescatter_round_s_all": [round(x["s"], 3) for x in urows["rescatter"]],
-        "update_clamor_bytes": med([x["bytes_fetched"] for x in urows["clamor"]]),
-        "update_pages_invalidated": med([x["pages_invalidated"] for x in urows["clamor"]]),
-        "update_rescatter_bytes": pts.nbytes * args.workers,
-        "update_clamor_link_bytes": med([x["link_in"] for x in urows["clamor"]]) if netns else None,
-        "update_rescatter_link_bytes": med([x["link_in"] for x in urows["rescatter"]]) if netns else None,
-        "attach_s": attach_s, "build_s": build_s,
-        "global_bytes": gbytes, "pts_bytes": pts.nbytes, "places": args.points, "queries": args.queries,
-        "tasks": args.tasks, "k": args.k, "radius_km": args.radius_km, "reps": args.reps,
-        "updates": args.updates, "update_queries": args.update_queries, "update_rounds": args.update_rounds,
-        "workers": args.workers, "hosts": nhosts, "rate": args.rate if netns else None,
-        "page_size": ps, "readahead": readahead, "quick": q, "smoke": sm, "systems_run": ["clamor", "scatter"],
-        "answers_ok": True,
-    }
-    # the KDTree part (the paper's version): null when skipped (--kdtree-reps 0)
-    kd = dict.fromkeys([f"kdtree_{k}" for k in part1] + [
-        "kdtree_ref_s", "kdtree_clamor_faults", "kdtree_pickled_bytes", "kdtree_records_bytes",
-        "kdtree_region_bytes", "kdtree_build_s", "kdtree_mean_top_km"])
-    kd["kdtree_reps"] = args.kdtree_reps
-    if args.kdtree_reps:
-        part1b = side_figures(krows, (kd_pickled + plain_records.nbytes) * args.workers, netns)
-        kd.update({f"kdtree_{k}": v for k, v in part1b.items()})
-        kd.update({
-            "kdtree_ref_s": med([x["ref_s"] for x in krows["clamor"]]),
-            "kdtree_clamor_faults": med([x["faults"] for x in krows["clamor"]]),
-            "kdtree_pickled_bytes": kd_pickled, "kdtree_records_bytes": plain_records.nbytes,
-            "kdtree_region_bytes": kd_region_bytes, "kdtree_build_s": kd_build_s,
-            "kdtree_mean_top_km": float(kanswers["clamor"][3].mean()),
-        })
-    fig.update(kd)
-    fig["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-
-    def say(name, p, extra=""):
-        print(f"{name}: clamor {p['clamor_s']:.2f} s{extra}, scatter {p['scatter_s']:.2f} s (transfer "
-              f"{p['scatter_transfer_s']:.2f} s) -> speedup_vs_scatter {p['speedup_vs_scatter']:.2f}; bytes: clamor "
-              f"{p['clamor_bytes'] / MIB:.1f} MiB, scatter {p['scatter_bytes'] / MIB:.0f} MiB -> ratio "
-              f"{p['bytes_ratio_counters']:.1f}" + (f", on the links {p['clamor_link_bytes'] / MIB:.1f} / "
-                                                   f"{p['scatter_link_bytes'] / MIB:.0f} MiB -> "
-                                                   f"{p['bytes_ratio_link']:.1f}" if p["bytes_ratio_link"] else ""),
-              flush=True)
-
-    say("k-NN", part1, "")
-    print("  (targets: speedup_vs_scatter > 2, bytes_ratio_vs_scatter >= 10)")
-    print(f"updates: clamor round {uc * 1e3:.0f} ms, re-scatter round {us:.2f} s -> update_speedup_vs_rescatter "
-          f"{fig['update_speedup_vs_rescatter']:.1f} (target >= 20)", flush=True)
-    if args.kdtree_reps:
-        say("KDTree", part1b, f" (ref {fig['kdtree_ref_s']:.2f} s)")
-    json_line(fig)
-    return 0
+    return report(args, {"netns": netns, "rows": rows, "urows": urows, "krows": krows, "kanswers": kanswers,
+                         "kd": kd, "gbytes": gbytes, "pts_bytes": pts.nbytes, "attach_s": attach_s,
+                         "build_s": build_s, "nhosts": nhosts, "ps": ps, "readahead": readahead, "quick": q,
+                         "t_start": t_start})
 
 
 if __name__ == "__main__":

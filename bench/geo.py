@@ -393,7 +393,8 @@ def local_systems(args, systems, d, clamor):
                   f"built in {build_s:.1f} s; {args.queries:,} queries within {args.radius_km:g} km of "
                   f"{args.region}, {P} partitions; {w} workers each way; clamor page size "
                   f"{clamor.region.page_size() >> 10} KiB", flush=True)
-            r.update(n=n, region_bytes=region_bytes, page_size=clamor.region.page_size(), readahead=clamor.configure()["readahead"])
+            r.update(n=n, region_bytes=region_bytes, page_size=clamor.region.page_size(),
+                     readahead=clamor.configure()["readahead"])
 
             # single process: the reference answers, from a plain scipy tree
             ref_tree = geo.build_tree(meta)
@@ -403,21 +404,7 @@ def local_systems(args, systems, d, clamor):
             del ref_tree
 
             # (a) clamor, cold (no worker holds a page), then warm
-            links = _harness.Links(hosts)
-            t0 = time.perf_counter()
-            parts = cl.parallelize(queries, partitions=P) \
-                .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
-            r["clamor_s"] = time.perf_counter() - t0
-            r["got_clamor"] = geo.concat(parts)
-            st = r["st"] = cl.stage_stats()[-1]
-            r["clamor_bytes"] = st["bytes_from_driver"] + st["bytes_from_peers"] + st["payload_bytes"]
-            r["clamor_link_bytes"] = links.bytes()
-            t0 = time.perf_counter()
-            warm = geo.concat(cl.parallelize(queries, partitions=P)
-                              .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect())
-            r["warm_s"] = time.perf_counter() - t0
-            r["warm_bytes"] = cl.stage_stats()[-1]["bytes_from_driver"] + cl.stage_stats()[-1]["bytes_from_peers"]
-            r["bad_clamor"] = geo.check_equal(r["ref"], r["got_clamor"]) + geo.check_equal(r["ref"], warm)
+            clamor_part(r, cl, hosts, queries, tree, meta, P)
 
             # (b) broadcast: pickle once, send to every worker at once.  The
             # same pickle is what the peers broadcast (they read it from a file).
@@ -426,19 +413,7 @@ def local_systems(args, systems, d, clamor):
             r["pickle_s"] = time.perf_counter() - t0
             r["pickled_bytes"] = len(blob)
             if bcast is not None:
-                sl = chunks(queries, w)
-
-                def ship(i, blob=blob):
-                    bcast.conns[i].send(sl[i])
-                    bcast.conns[i].send_bytes(blob)
-                    return bcast.conns[i].recv()
-                out = bcast.map(ship)
-                r["bcast_s"] = time.perf_counter() - t0
-                r["bcast_bytes"] = len(blob) * w
-                r["got_bcast"] = geo.concat([o[0] for o in out])
-                r["unpickle_s"] = max(o[1] for o in out)
-                r["bad_bcast"] = geo.check_equal(r["ref"], r["got_bcast"])
-                bcast.close()
+                broadcast_part(r, bcast, queries, blob, t0)
                 bcast = None
             if any(s in systems for s in PEERS):
                 write_data(d, blob, queries, config(args, len(blob)))
@@ -446,29 +421,109 @@ def local_systems(args, systems, d, clamor):
 
             # (c) Redis GEO
             if redis is not None:
-                t0 = time.perf_counter()
-                r["redis_mem"] = redis_load(redis.port, meta)
-                r["load_s"] = time.perf_counter() - t0
-                rq = queries[:args.redis_queries]
-                radius = r["radius"] = redis_radius(redis.port, rq[:min(len(rq), 500)])
-                rs = chunks(rq, w)
-                t0 = time.perf_counter()
-                out = rclients.map(lambda i: (rclients.conns[i].send((rs[i], radius)),
-                                              rclients.conns[i].recv())[1])
-                r["redis_s"] = time.perf_counter() - t0
-                r["got_redis"] = geo.concat(out)
-                r["retries"] = sum(o[2] for o in out)
-                c = Resp(redis.port)
-                r["redis_stats"] = c.call("INFO", "commandstats").decode()
-                c.close()
-                r["redis_version"] = redis.version
-                r["ref_r"] = ref_r = (r["ref"][0][:len(rq)], r["ref"][1][:len(rq)])
-                r["redis_cmp"] = compare_redis(ref_r, r["got_redis"], meta, rq)
+                redis_part(r, redis, rclients, meta, queries[:args.redis_queries])
     finally:
         for p in (bcast, rclients, redis):
             if p is not None:
                 p.close()
     return r
+
+
+def clamor_part(r, cl, hosts, queries, tree, meta, partitions):
+    """clamor's queries, cold (no worker holds a page), then warm, on ``cl``;
+    the figures into ``r``."""
+    links = _harness.Links(hosts)
+
+    def answer_parts():
+        return cl.parallelize(queries, partitions=partitions) \
+            .map_partitions(lambda part: geo.answer_part(tree, meta, part)).collect()
+
+    t0 = time.perf_counter()
+    parts = answer_parts()
+    r["clamor_s"] = time.perf_counter() - t0
+    r["got_clamor"] = geo.concat(parts)
+    st = r["st"] = cl.stage_stats()[-1]
+    r["clamor_bytes"] = st["bytes_from_driver"] + st["bytes_from_peers"] + st["payload_bytes"]
+    r["clamor_link_bytes"] = links.bytes()
+    t0 = time.perf_counter()
+    warm = geo.concat(answer_parts())
+    r["warm_s"] = time.perf_counter() - t0
+    st = cl.stage_stats()[-1]
+    r["warm_bytes"] = st["bytes_from_driver"] + st["bytes_from_peers"]
+    r["bad_clamor"] = geo.check_equal(r["ref"], r["got_clamor"]) + geo.check_equal(r["ref"], warm)
+
+
+def broadcast_part(r, bcast, queries, blob, t0):
+    """The broadcast: ``blob``, pickled since ``t0``, sent to every worker
+    at once with its share of the queries; the figures into ``r``, and
+    its workers closed."""
+    w = len(bcast.conns)
+    sl = chunks(queries, w)
+
+    def ship(i):
+        bcast.conns[i].send(sl[i])
+        bcast.conns[i].send_bytes(blob)
+        return bcast.conns[i].recv()
+    out = bcast.map(ship)
+    r["bcast_s"] = time.perf_counter() - t0
+    r["bcast_bytes"] = len(blob) * w
+    r["got_bcast"] = geo.concat([o[0] for o in out])
+    r["unpickle_s"] = max(o[1] for o in out)
+    r["bad_bcast"] = geo.check_equal(r["ref"], r["got_bcast"])
+    bcast.close()
+
+
+def redis_part(r, redis, rclients, meta, rq):
+    """Redis GEO: the places loaded, then ``rq`` queries split among its
+    clients; the figures into ``r``."""
+    w = len(rclients.conns)
+    t0 = time.perf_counter()
+    r["redis_mem"] = redis_load(redis.port, meta)
+    r["load_s"] = time.perf_counter() - t0
+    radius = r["radius"] = redis_radius(redis.port, rq[:min(len(rq), 500)])
+    rs = chunks(rq, w)
+    t0 = time.perf_counter()
+    out = rclients.map(lambda i: (rclients.conns[i].send((rs[i], radius)), rclients.conns[i].recv())[1])
+    r["redis_s"] = time.perf_counter() - t0
+    r["got_redis"] = geo.concat(out)
+    r["retries"] = sum(o[2] for o in out)
+    c = Resp(redis.port)
+    r["redis_stats"] = c.call("INFO", "commandstats").decode()
+    c.close()
+    r["redis_version"] = redis.version
+    r["ref_r"] = ref_r = (r["ref"][0][:len(rq)], r["ref"][1][:len(rq)])
+    r["redis_cmp"] = compare_redis(ref_r, r["got_redis"], meta, rq)
+
+
+def table_row(label, s, per_query_s, moved, answers=""):
+    """One system's line of the table: seconds end to end and a query, bytes moved, its answers."""
+    print(f"{label:22} {s:10.2f}s {1e6 * per_query_s:8.2f}us {moved:>15}" + (f"   {answers}" if answers else ""))
+
+
+def redis_lines(r, cl_q):
+    """Redis's lines of the table, and (its queries, seconds a query end to
+    end and at the server alone, wrong answers, top-rated that differ, the
+    largest distance error)."""
+    rq = len(r["got_redis"][0])
+    redis_q = r["redis_s"] / rq
+    stats, retries = r["redis_stats"], r["retries"]
+    same, ties, wrong, topdiff, err = r["redis_cmp"]
+
+    def usec(cmd):
+        part = stats.split(f"cmdstat_{cmd}:")
+        return float(part[1].split("usec_per_call=")[1].split(",")[0]) if len(part) > 1 else 0.0
+
+    # Redis's own time per query, by its INFO commandstats (no client, no
+    # network): GEOSEARCH calls (retries too) and 10 HGETs per query
+    server_q = 1e-6 * (usec("geosearch") * (rq + retries) + usec("hget") * geo.K * rq) / rq
+    table_row("redis GEOSEARCH", r["redis_s"], redis_q, "-", f"{same:,} same, {ties} ties at the 10th place, "
+              f"{wrong} wrong, {topdiff} top-rated differ; distance error <= {1000 * err:.2f} m")
+    print(f"redis {r['redis_version']}: {rq:,} queries, radius {r['radius']:.2f} km "
+          f"({retries} retried at 2x); server time GEOSEARCH {usec('geosearch'):.1f}us, "
+          f"HGET {usec('hget'):.2f}us per call; "
+          f"loaded in {r['load_s']:.1f}s, {mib(r['redis_mem']).strip()}; server time alone "
+          f"{1e6 * server_q:.1f}us per query = {server_q / cl_q:.1f}x clamor's")
+    return rq, redis_q, server_q, wrong, topdiff, err
 
 
 def main():
@@ -551,14 +606,13 @@ def report(args, systems, r, peers, total_s):
 
     print()
     print(f"{'':22} {'end to end':>11} {'per query':>10} {'bytes moved':>15}   answers")
-    print(f"{'single process':22} {r['single_s']:10.2f}s {1e6 * r['single_s'] / nq:8.2f}us {'-':>15}   (reference)")
-    print(f"{'clamor (cold)':22} {clamor_s:10.2f}s {1e6 * cl_q:8.2f}us {mib(r['clamor_bytes']):>15}   "
-          f"{eq(bad_clamor)}  ({st['faults']:,} faults)")
-    print(f"{'clamor (warm rerun)':22} {r['warm_s']:10.2f}s {1e6 * r['warm_s'] / nq:8.2f}us {mib(r['warm_bytes']):>15}")
+    table_row("single process", r["single_s"], r["single_s"] / nq, "-", "(reference)")
+    table_row("clamor (cold)", clamor_s, cl_q, mib(r["clamor_bytes"]),
+              f"{eq(bad_clamor)}  ({st['faults']:,} faults)")
+    table_row("clamor (warm rerun)", r["warm_s"], r["warm_s"] / nq, mib(r["warm_bytes"]))
     if "bcast_s" in r:
-        print(f"{'broadcast (pickle)':22} {r['bcast_s']:10.2f}s {1e6 * r['bcast_s'] / nq:8.2f}us "
-              f"{mib(r['bcast_bytes']):>15}   {eq(r['bad_bcast'])}  (pickle {r['pickle_s']:.2f}s, unpickle "
-              f"<= {r['unpickle_s']:.2f}s)")
+        table_row("broadcast (pickle)", r["bcast_s"], r["bcast_s"] / nq, mib(r["bcast_bytes"]),
+                  f"{eq(r['bad_bcast'])}  (pickle {r['pickle_s']:.2f}s, unpickle <= {r['unpickle_s']:.2f}s)")
     for s, p in peers.items():
         if "answers" not in p:
             missing[s] = p.get("missing") or p.get("error") or "no result"
@@ -569,32 +623,14 @@ def report(args, systems, r, peers, total_s):
         nbytes[s] = p["link_bytes"] if args.netns else r["pickled_bytes"] * (hosts if s == "ray" else w)
         if p["bad"]:
             missing[s] = f"answers differ from clamor's on {p['bad']} queries: the comparison is void"
-        print(f"{s + ' (broadcast)':22} {p['s']:10.2f}s {1e6 * p['s'] / nq:8.2f}us {mib(nbytes[s]):>15}   "
-              f"{eq(p['bad'])} with clamor  (broadcast call {p['broadcast_s']:.2f}s, warm-up {p['warm_s']:.1f}s, "
-              f"{p['wall_s']:.0f}s with start-up)")
-    wrong = topdiff = 0
-    err = 0.0
+        table_row(s + " (broadcast)", p["s"], p["s"] / nq, mib(nbytes[s]),
+                  f"{eq(p['bad'])} with clamor  (broadcast call {p['broadcast_s']:.2f}s, "
+                  f"warm-up {p['warm_s']:.1f}s, {p['wall_s']:.0f}s with start-up)")
+    redis_q = server_q = rq = None
+    wrong, topdiff, err = 0, 0, 0.0
     if "redis_s" in r:
-        rq = len(r["got_redis"][0])
-        redis_q = r["redis_s"] / rq
+        rq, redis_q, server_q, wrong, topdiff, err = redis_lines(r, cl_q)
         batch["redis"] = redis_q * nq   # its time per query over the whole batch
-        stats, retries = r["redis_stats"], r["retries"]
-        same, ties, wrong, topdiff, err = r["redis_cmp"]
-
-        def usec(cmd):
-            part = stats.split(f"cmdstat_{cmd}:")
-            return float(part[1].split("usec_per_call=")[1].split(",")[0]) if len(part) > 1 else 0.0
-
-        # Redis's own time per query, by its INFO commandstats (no client, no
-        # network): GEOSEARCH calls (retries too) and 10 HGETs per query
-        server_q = 1e-6 * (usec("geosearch") * (rq + retries) + usec("hget") * geo.K * rq) / rq
-        print(f"{'redis GEOSEARCH':22} {r['redis_s']:10.2f}s {1e6 * redis_q:8.2f}us {'-':>15}   {same:,} same, "
-              f"{ties} ties at the 10th place, {wrong} wrong, {topdiff} top-rated differ; "
-              f"distance error <= {1000 * err:.2f} m")
-        print(f"redis {r['redis_version']}: {rq:,} queries, radius {r['radius']:.2f} km ({retries} retried at 2x); "
-              f"server time GEOSEARCH {usec('geosearch'):.1f}us, HGET {usec('hget'):.2f}us per call; "
-              f"loaded in {r['load_s']:.1f}s, {mib(r['redis_mem']).strip()}; server time alone "
-              f"{1e6 * server_q:.1f}us per query = {server_q / cl_q:.1f}x clamor's")
     print(f"average distance to the top-rated place: clamor {got_clamor[1].mean():.4f} km, reference "
           f"{ref[1].mean():.4f} km" + (f"; redis {r['got_redis'][1].mean():.4f} km vs reference "
                                        f"{r['ref_r'][1].mean():.4f} km on its {rq:,} queries" if "redis_s" in r else ""))
@@ -603,6 +639,15 @@ def report(args, systems, r, peers, total_s):
                                                  if t is not None and s != "clamor")
           + f"   [{total_s:.0f} s in all]")
     ok = bool(not any(bad.values()) and not wrong and not topdiff and err <= 0.01)
+    json_line(figures(args, systems, r, peers, batch, nbytes, missing, bad, ok, redis_q, server_q))
+    return 0 if ok else 1
+
+
+def figures(args, systems, r, peers, batch, nbytes, missing, bad, ok, redis_q, server_q):
+    """The JSON line's figures: ``batch`` and ``nbytes`` by system, why a
+    system is ``missing``, answers that were ``bad``; Redis's seconds a
+    query, end to end and its server's alone."""
+    w, nq, clamor_s = args.workers, args.queries, r["clamor_s"]
 
     def speedup(s, nd=3):
         return round(batch[s] / clamor_s, nd) if batch.get(s) is not None and not bad.get(s) else None
@@ -616,16 +661,18 @@ def report(args, systems, r, peers, total_s):
         "broadcast_s": round(r["bcast_s"], 4) if "bcast_s" in r else None,
         "single_s": round(r["single_s"], 4),
         "redis_s": round(r["redis_s"], 4) if "redis_s" in r else None,
-        "clamor_us_per_query": round(1e6 * cl_q, 3),
+        "clamor_us_per_query": round(1e6 * clamor_s / nq, 3),
         "redis_us_per_query": round(1e6 * redis_q, 3) if "redis_s" in r else None,
-        "clamor_bytes": r["clamor_bytes"], "broadcast_bytes": r.get("bcast_bytes"), "clamor_faults": st["faults"],
+        "clamor_bytes": r["clamor_bytes"], "broadcast_bytes": r.get("bcast_bytes"),
+        "clamor_faults": r["st"]["faults"],
         "redis_server_us_per_query": round(1e6 * server_q, 3) if "redis_s" in r else None,
         "redis_radius_km": round(r["radius"], 3) if "redis_s" in r else None, "answers_ok": ok,
         "bytes_ratio": round(r["bcast_bytes"] / r["clamor_bytes"], 2) if "bcast_s" in r else None,
         "speedup_vs_broadcast": speedup("broadcast"), "speedup_vs_redis": speedup("redis", 2),
         "speedup_vs_spark": speedup("spark", 2), "speedup_vs_dask": speedup("dask", 2),
         "speedup_vs_ray": speedup("ray", 2), "time_unit": f"s per batch of {nq:,} queries",
-        "hosts": hosts, "rate": args.rate if args.netns else None, "systems": systems, "smoke": args.smoke,
+        "hosts": w if args.netns else 1, "rate": args.rate if args.netns else None, "systems": systems,
+        "smoke": args.smoke,
         "systems_run": ["clamor"] + [s for s in SYSTEMS if s != "clamor" and batch.get(s) is not None],
         "clamor_link_bytes": r.get("clamor_link_bytes"),
     }
@@ -638,8 +685,7 @@ def report(args, systems, r, peers, total_s):
         out[f"{s}_version"] = p.get("version")
     for s, why in missing.items():
         out[f"{s}_missing"] = why
-    json_line(out)
-    return 0 if ok else 1
+    return out
 
 
 if __name__ == "__main__":

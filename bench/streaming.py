@@ -514,6 +514,11 @@ def check(where, table, bits, answers, expect, shares):
             raise SystemExit(f"streaming: {where}: {who} disagrees with the driver\n  driver {expect}\n  {who} {ans}")
 
 
+def fetched_bytes(st):
+    """The table bytes a stage's workers fetched, from the driver and from peers."""
+    return st["bytes_from_driver"] + st["bytes_from_peers"]
+
+
 def clamor_round(cl, table, bits, shares):
     """One stage of lookups, a task a share: (seconds, answers, pids,
     invalidation counters, its stage stats)."""
@@ -540,8 +545,7 @@ def tiny_stage(cl, workers, tiny, tkeys, pause=0.0):
         lambda part: [answer(tiny, tkeys, TINY_BITS)]).collect()
     if got != [want] * workers:
         raise SystemExit("streaming: the warm-up answer is wrong")
-    st = cl.stage_stats()[-1]
-    return st["bytes_from_driver"] + st["bytes_from_peers"]
+    return fetched_bytes(cl.stage_stats()[-1])
 
 
 def system_figures(figures, common, peers, left_out=None):
@@ -587,7 +591,7 @@ def on_hosts(args, wl, peers, spark_conf):
             shares, expect = wl.begin(r)
             took, got, pids, _, st = clamor_round(cl, table, bits, shares)
             times.append(took)
-            moved.append(st["bytes_from_driver"] + st["bytes_from_peers"])
+            moved.append(fetched_bytes(st))
             wire.append(st["wire_bytes"])
             if r == 0:   # untimed: round 0's late read-ahead, then its bytes against the pages it touched
                 ratio0, touched0 = fetch_ratio(moved[-1] + tiny_stage(cl, W, tiny, tiny_keys, 0.3), pids, pages0,
@@ -615,7 +619,289 @@ def on_hosts(args, wl, peers, spark_conf):
     return 0
 
 
-def main(argv=None):
+def versus_broadcast(args, wl, table, peers, bc):
+    """Part 1: clamor (map mode) against the broadcast, round by round,
+    every answer checked against the peers' too.  Returns (the rows,
+    clamor's stats after them, map mode's workers, the page size)."""
+    import clamor
+
+    bits, W = wl.bits, wl.workers
+    rows = []
+    with start("clamor", W, page_size=args.page_size, same_host="map") as cl:
+        psize = clamor.region.page_size()
+        map_modes = same_host_modes(cl, "map", "streaming", W)
+        print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; clamor workers map the "
+              f"driver's pages (same_host='map'); broadcast over a socketpair per worker: 'pickle' = "
+              f"pickle.dumps/loads of the table, 'zero-copy' = its raw buffer into a kept bytearray", flush=True)
+        print(f"{'round':>5} | {'clamor s':>9} {'bytes':>13} {'mapped':>13} {'faults':>6} {'changed':>7} "
+              f"{'inval':>5} {'task s':>7} | {'pickle s':>9} {'zero-copy s':>11} {'bytes':>13} | {'speedup':>7} "
+              f"{'vs 0-copy':>9}", flush=True)
+        inval_seen = {}     # worker pid -> pages_invalidated so far
+        for r in range(wl.rounds):
+            logged = cl.stats()["driver"]
+            shares, expect = wl.begin(r)
+            took, got, pids, invs, st = clamor_round(cl, table, bits, shares)
+            row = {"clamor_s": took}
+            after = cl.stats()["driver"]
+            inval = 0
+            for pid, n_inv in zip(pids, invs):   # counters are cumulative per worker
+                inval += n_inv - inval_seen.get(pid, n_inv if r == 0 else 0)
+                inval_seen[pid] = n_inv
+            answers = {"clamor": got}
+            answers.update({who: p["answers"][r] for who, p in peers.items() if "times" in p})
+            for mode in Broadcast.MODES:
+                t = time.perf_counter()
+                answers[mode], sent = bc.round(mode, table, shares, bits)
+                row[mode + "_s"] = time.perf_counter() - t
+                row[mode + "_bytes"] = sent
+            check(f"round {r}", table, bits, answers, expect, shares)
+            row.update(clamor_bytes=fetched_bytes(st), mapped=st["bytes_mapped"], faults=st["faults"],
+                       changed=(after["pages_logged"] - logged["pages_logged"])
+                       - (after["pages_unchanged"] - logged["pages_unchanged"]),
+                       invalidated=inval, task_s=st["task_s"]["max"])
+            rows.append(row)
+            print(f"{r:>5} | {row['clamor_s']:>9.4f} {mib(row['clamor_bytes'])} {mib(row['mapped'])} "
+                  f"{row['faults']:>6} {row['changed']:>7} {inval:>5} {row['task_s']:>7.4f} | "
+                  f"{row['pickle_s']:>9.4f} {row['zero-copy_s']:>11.4f} {mib(row['pickle_bytes'])} | "
+                  f"{row['pickle_s'] / row['clamor_s']:>6.1f}x {row['zero-copy_s'] / row['clamor_s']:>8.1f}x",
+                  flush=True)
+        tot = cl.stats()
+    ran = [who for who in PEERS if "times" in peers.get(who, {})]
+    print("seconds per round, side by side (every answer checked equal to clamor's): clamor, the pickled "
+          "broadcast, " + (", ".join(ran) if ran else "no peers"), flush=True)
+    for r, row in enumerate(rows):
+        print(f"{r:>5} | {row['clamor_s']:>9.4f} {row['pickle_s']:>9.4f} | "
+              + " ".join(f"{who} {peers[who]['times'][r]:.4f}" for who in ran), flush=True)
+    return rows, tot, map_modes, psize
+
+
+def mode_passes(args, wl, table, map_modes):
+    """Part 2: the same rounds, map mode against fetch mode, with nothing
+    between rounds.  Returns ({mode: per pass, per round: seconds, bytes
+    moved and mapped, faults}, {mode: its workers, as they reported it})."""
+    passes = {"map": [], "fetch": []}
+    seen = {"map": map_modes}
+    print(f"the same rounds without the broadcast, {args.passes} passes a mode, alternating, the table put back "
+          f"as built before each: seconds per round, table bytes fetched / mapped", flush=True)
+    for k in range(args.passes):
+        for who in ("map", "fetch") if k % 2 == 0 else ("fetch", "map"):
+            wl.restore()
+            rs = []
+            with start("clamor", wl.workers, page_size=args.page_size, same_host=who) as cl:
+                seen[who] = same_host_modes(cl, who, "streaming", wl.workers)
+                for r in range(wl.rounds):
+                    shares, expect = wl.begin(r)
+                    took, got, _, _, st = clamor_round(cl, table, wl.bits, shares)
+                    check(f"{who}-mode pass {k} round {r}", table, wl.bits, {f"clamor ({who})": got}, expect,
+                          shares)
+                    rs.append({"s": took, "bytes": fetched_bytes(st), "mapped": st["bytes_mapped"],
+                               "faults": st["faults"], "task_s": st["task_s"]["max"]})
+            passes[who].append(rs)
+            fetched, mapped = (mib(sum(x[c] for x in rs)).strip() for c in ("bytes", "mapped"))
+            print(f"  {who:<5} pass {k}: " + " ".join(f"{x['s']:.4f}" for x in rs) + f"  | {fetched} / {mapped}",
+                  flush=True)
+    return passes, seen
+
+
+def warm_shm(shw, tiny, tiny_keys, workers):
+    """The shm workers' warm-up: a small table in a block of its own."""
+    from multiprocessing import shared_memory
+
+    tiny_shm = shared_memory.SharedMemory(create=True, size=tiny.nbytes)
+    try:
+        np.ndarray(tiny.shape, dtype=tiny.dtype, buffer=tiny_shm.buf)[:] = tiny
+        if shw.round(tiny_shm.name, tiny.shape, [tiny_keys] * workers, TINY_BITS) != [answer(tiny, tiny_keys,
+                                                                                             TINY_BITS)] * workers:
+            raise SystemExit("streaming: the shm workers' warm-up answer is wrong")
+    finally:
+        tiny_shm.close()
+        tiny_shm.unlink()
+
+
+def cold_clamor(args, wl, table, who, shares0, touched, psize, tiny):
+    """One cold first round of clamor in ``who`` mode, a fresh cluster
+    warmed on the small table ``tiny`` (table, keys): (seconds, answers,
+    its detail)."""
+    W = wl.workers
+    tiny, tiny_keys = tiny
+    with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
+        same_host_modes(cl, who, "streaming", W)
+        tiny_stage(cl, W, tiny, tiny_keys)
+        took, got, pids, _, st = clamor_round(cl, table, wl.bits, shares0)
+        late = tiny_stage(cl, W, tiny, tiny_keys, 0.3)   # untimed: the late read-ahead
+    ratio, touched0 = fetch_ratio(fetched_bytes(st) + late, pids, touched, psize)
+    return took, got, {"bytes": fetched_bytes(st), "late_bytes": late, "touched_bytes": touched0,
+                       "fetch_ratio": ratio if who == "fetch" else None, "mapped": st["bytes_mapped"],
+                       "faults": st["faults"], "task_s": st["task_s"]["max"], "workers_used": len(set(pids))}
+
+
+def cold_first(args, wl, table, psize, shw, rh):
+    """Part 3: cold first rounds of round 0's lookups: map, fetch, shared
+    memory and Ray, in rotating order.  Returns ({system: seconds},
+    details, each worker's page coverage, all workers' coverage)."""
+    from multiprocessing import shared_memory
+
+    bits = wl.bits
+    wl.restore()
+    shares0, expect0 = wl.begin(0)
+    # pages of the table holding the keys each worker looks up in round 0
+    npages = table.nbytes // psize
+    touched = [lookup_pages(table, wl.keys[i], wl.slot_of[i], bits, psize) for i in wl.plan[0][2]]
+    coverage = [len(t) / npages for t in touched]
+    coverage_all = len(np.unique(np.concatenate(touched))) / npages
+    first = {"map": [], "fetch": [], "shm": [], "ray": []}
+    first_detail = {"map": [], "fetch": [], "ray_put_s": [], "ray_workers_used": []}
+    shm = shared_memory.SharedMemory(create=True, size=table.nbytes)
+    try:
+        np.ndarray(table.shape, dtype=table.dtype, buffer=shm.buf)[:] = table
+        tiny = tiny_table()
+        warm_shm(shw, *tiny, wl.workers)
+        systems = ["map", "fetch", "shm"]
+        if rh.version:
+            ray_start_s = rh.call("start", shm.name, table.shape, shares0, bits)
+            systems.append("ray")
+            print(f"Ray {rh.version} started with {wl.workers} CPUs, its workers warm, in {ray_start_s:.1f}s",
+                  flush=True)
+        print(f"cold first rounds (round 0's lookups, {args.first_reps} each, rotating order): they read "
+              f"{100 * statistics.mean(coverage):.0f}% of the table's pages a worker "
+              f"({100 * coverage_all:.0f}% all together)", flush=True)
+        for k in range(args.first_reps):
+            line = []
+            for who in systems[k % len(systems):] + systems[:k % len(systems)]:
+                if who in ("map", "fetch"):
+                    took, got, detail = cold_clamor(args, wl, table, who, shares0, touched, psize, tiny)
+                    first_detail[who].append(detail)
+                elif who == "shm":
+                    t = time.perf_counter()
+                    got = shw.round(shm.name, table.shape, shares0, bits)
+                    took = time.perf_counter() - t
+                else:
+                    got, put_s, took, used = rh.call("round")
+                    first_detail["ray_put_s"].append(put_s)
+                    first_detail["ray_workers_used"].append(used)
+                check(f"cold first round {k}, {who}", table, bits, {who: got}, expect0, shares0)
+                first[who].append(took)
+                line.append(f"{who} {took:.4f}s" + (f" (put {put_s:.4f}s)" if who == "ray" else ""))
+            print(f"  rep {k}: " + ", ".join(line), flush=True)
+        if rh.version:
+            rh.call("stop")
+    finally:
+        shm.close()
+        shm.unlink()
+    wl.restore()
+    return first, first_detail, coverage, coverage_all
+
+
+def report(args, wl, table, peers, smoke_left_out, m):
+    """The summary lines and the JSON line of a one-host run, from ``m``,
+    what main measured."""
+    rows, passes, first, rounds = m["rows"], m["passes"], m["first"], wl.rounds
+    cl_med, bc_med, zc_med = (med(rows[1:], k) for k in ("clamor_s", "pickle_s", "zero-copy_s"))
+    # The Zipf tail keeps reaching pages no worker has read yet for several
+    # rounds; the second half of the rounds is closer to the steady state.
+    half = rounds // 2
+    cl_late, bc_late, zc_late = (med(rows[half:], k) for k in ("clamor_s", "pickle_s", "zero-copy_s"))
+
+    def pmed(who, first):   # median over every pass's rounds first..
+        return statistics.median(x["s"] for rs in passes[who] for x in rs[first:])
+
+    fe_med, fe_late, mp_med, mp_late = pmed("fetch", 1), pmed("fetch", half), pmed("map", 1), pmed("map", half)
+    fm = {who: statistics.median(v) for who, v in first.items() if v}
+    ratio0 = statistics.median(d["fetch_ratio"] for d in m["first_detail"]["fetch"])
+    figures = {
+        "bench": "streaming", "clamor_round_s": cl_med, "broadcast_round_s": bc_med, "speedup": bc_med / cl_med,
+        "broadcast_zero_copy_round_s": zc_med, "speedup_vs_zero_copy": zc_med / cl_med,
+        "late_rounds_from": half, "clamor_late_round_s": cl_late, "broadcast_late_round_s": bc_late,
+        "broadcast_zero_copy_late_round_s": zc_late, "speedup_late": bc_late / cl_late,
+        "speedup_late_vs_zero_copy": zc_late / cl_late,
+        "first_round_vs_shm": fm["map"] / fm["shm"],
+    }
+    system_figures(figures, {"clamor": (col(rows, "clamor_s"), sum(col(rows, "clamor_bytes"))),
+                             "broadcast": (col(rows, "pickle_s"), sum(col(rows, "pickle_bytes"))),
+                             "broadcast_zero_copy": (col(rows, "zero-copy_s"), sum(col(rows, "zero-copy_bytes")))},
+                   peers, smoke_left_out)
+    print(f"median over rounds 1..{rounds - 1}: clamor {cl_med:.4f}s, broadcast {bc_med:.4f}s (pickle), "
+          f"{zc_med:.4f}s (zero-copy); speedup {bc_med / cl_med:.1f}x, {zc_med / cl_med:.1f}x against the "
+          f"zero-copy broadcast", flush=True)
+    print(f"median over rounds {half}..{rounds - 1}: clamor {cl_late:.4f}s, broadcast {bc_late:.4f}s (pickle), "
+          f"{zc_late:.4f}s (zero-copy); speedup {bc_late / cl_late:.1f}x, {zc_late / cl_late:.1f}x", flush=True)
+    print(f"clamor moved {mib(sum(col(rows, 'clamor_bytes'))).strip()} and mapped "
+          f"{mib(sum(col(rows, 'mapped'))).strip()} in {rounds} rounds, the broadcast "
+          f"{mib(sum(col(rows, 'pickle_bytes'))).strip()}", flush=True)
+    print(f"rounds 1..{rounds - 1} of every pass, median: fetch mode {fe_med:.4f}s, map mode {mp_med:.4f}s: "
+          f"fetch/map = {fe_med / mp_med:.2f} ({fe_late / mp_late:.2f} over rounds {half}..)", flush=True)
+    print(f"cold first round in fetch mode: fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
+          f"(median of {args.first_reps}; read-ahead that landed after the round counted)", flush=True)
+    print(f"cold first round, medians of {args.first_reps}: map {fm['map']:.4f}s, fetch {fm['fetch']:.4f}s, "
+          f"shared memory {fm['shm']:.4f}s: map/shm = {fm['map'] / fm['shm']:.2f}; "
+          + (f"Ray {fm['ray']:.4f}s (ray.put {statistics.median(m['first_detail']['ray_put_s']):.4f}s): "
+             f"map/Ray = {fm['map'] / fm['ray']:.2f}" if "ray" in fm else m["ray_note"]), flush=True)
+    ran = {who: p for who, p in peers.items() if "times" in p}
+    for who in ran:
+        print(f"{who}: median over rounds 1..{rounds - 1} {figures[who + '_iter_s']:.4f}s, "
+              f"{figures[who + '_iter_s'] / cl_med:.1f}x clamor's", flush=True)
+    print("every checksum and every updated key agreed with the driver's values and with single-process lookups"
+          + (", and every peer's with clamor's" if ran else ""), flush=True)
+    mode_figures = {"round_speedup_map": fe_med / mp_med, "round_speedup_map_late": fe_late / mp_late,
+                    "map_round_s": mp_med, "fetch_round_s": fe_med, "map_late_round_s": mp_late,
+                    "fetch_late_round_s": fe_late, "first_round_s": fm,
+                    "first_round_s_list": {who: v for who, v in first.items() if v},
+                    "first_round_speedup_map": fm["fetch"] / fm["map"], "round0_fetch_ratio": ratio0}
+    json_line(more_figures(args, wl, table, figures, mode_figures, ran, m))
+    return 0
+
+
+def col(rs, k):
+    return [r[k] for r in rs]
+
+
+def more_figures(args, wl, table, figures, mode_figures, ran, m):
+    """The rest of the one-host run's figures, after ``figures`` and
+    ``mode_figures``: the peers', and every measure as measured."""
+    rows, passes, first_detail, fm = m["rows"], m["passes"], m["first_detail"], mode_figures["first_round_s"]
+    for who, p in ran.items():
+        ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
+        figures.update({f"{who}_round_s": figures[f"{who}_iter_s"],
+                        f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
+                        f"{who}_workers_per_round": p["workers_used"],
+                        f"{who}_worker_processes_seen": p["worker_processes_seen"]})
+    figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
+                    "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran)
+                    + (["ray"] if "ray" in fm and "ray" not in ran else []),
+                    "smoke": args.smoke, "spark_executor_mb": m["spark_conf"]["executor_mb"],
+                    "spark_driver_memory": m["spark_conf"]["driver_memory"]})
+    if "ray" in fm:
+        figures["first_round_vs_ray"] = fm["map"] / fm["ray"]
+    figures.update(mode_figures)
+    figures.update({
+        "first_round_detail": {"map": first_detail["map"], "fetch": first_detail["fetch"]},
+        "ray_put_s_list": first_detail["ray_put_s"], "ray_workers_used": first_detail["ray_workers_used"],
+        "ray_version": m["ray_version"],
+        "first_round_reps": args.first_reps, "first_round_page_coverage": m["coverage"],
+        "first_round_page_coverage_all": m["coverage_all"],
+        "same_host": {who: sorted(modes.values()) for who, modes in m["seen"].items()},
+        "table_bytes": int(table.nbytes), "slots": wl.slots, "keys": wl.n, "rounds": wl.rounds,
+        "workers": wl.workers, "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "page_size": m["psize"],
+        "build_s": m["build_s"], "clamor_round_s_list": col(rows, "clamor_s"),
+        "broadcast_round_s_list": col(rows, "pickle_s"),
+        "broadcast_zero_copy_round_s_list": col(rows, "zero-copy_s"),
+        "clamor_bytes_per_round": col(rows, "clamor_bytes"), "clamor_mapped_bytes_per_round": col(rows, "mapped"),
+        "broadcast_bytes_per_round": col(rows, "pickle_bytes"),
+        "clamor_faults_per_round": col(rows, "faults"), "pages_changed_per_round": col(rows, "changed"),
+        "pages_invalidated_per_round": col(rows, "invalidated"), "clamor_task_s_per_round": col(rows, "task_s"),
+        "passes": args.passes,
+    })
+    for name, k in (("round_s", "s"), ("bytes_per_round", "bytes"), ("mapped_per_round", "mapped"),
+                    ("faults_per_round", "faults")):
+        figures[f"pass_{name}"] = {who: [col(rs, k) for rs in v] for who, v in passes.items()}
+    figures.update({"clamor_bytes_total": fetched_bytes(m["tot"]),
+                    "clamor_mapped_bytes_total": m["tot"]["bytes_mapped"], "verified": True})
+    return figures
+
+
+def parse(argv):
+    """The arguments, their defaults filled in; (args, the peers to run,
+    what a smoke run leaves out)."""
     ap = parser(__doc__.split("\n\n")[0], "2^23 slots (128 MiB), 6 rounds, 3 cold first rounds", "2^16 slots (1 "
                 "MiB), 3 rounds, 1 pass, 1 cold first round, 2,000 lookups; Spark and Ray left out unless named "
                 "(seconds; the tests run it)")
@@ -638,23 +924,25 @@ def main(argv=None):
     _harness.child_args(ap, PEERS, "the table", default=PEERS, note="; clamor always runs; '' for none")
     args = ap.parse_args(argv)
     sm = args.smoke
-    bits = args.bits or (16 if sm else 23 if args.quick else 25)
-    rounds = args.rounds or (3 if sm else 6 if args.quick else 10)
-    first_reps = args.first_reps or (1 if sm else 3 if args.quick else 5)
+    args.bits = args.bits or (16 if sm else 23 if args.quick else 25)
+    args.rounds = args.rounds or (3 if sm else 6 if args.quick else 10)
+    args.first_reps = args.first_reps or (1 if sm else 3 if args.quick else 5)
     args.passes = args.passes or (1 if sm else 2)
     args.lookups = args.lookups or (2000 if sm else 20000)
-    W = args.workers
-    if rounds < 2 or W < 1 or first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
+    if args.rounds < 2 or args.workers < 1 or args.first_reps < 1 or args.passes < 1 or not 0 < args.load < 1:
         ap.error("need --rounds >= 2, --workers >= 1, --first-reps >= 1, --passes >= 1 and 0 < --load < 1")
     systems, smoke_left_out = _harness.pick_systems(ap, args, ("clamor",) + PEERS, PEERS)
-    systems = [x for x in systems if x != "clamor" and not (args.no_ray and x == "ray")]
-    tbytes = 16 << bits
-    spark_conf = dict(zip(("executor_mb", "driver_memory"), _harness.spark_memory(args, tbytes)))
+    return args, [x for x in systems if x != "clamor" and not (args.no_ray and x == "ray")], smoke_left_out
+
+
+def main(argv=None):
+    args, systems, smoke_left_out = parse(argv)
+    W = args.workers
+    spark_conf = dict(zip(("executor_mb", "driver_memory"), _harness.spark_memory(args, 16 << args.bits)))
 
     def workload():
-        return Workload(bits, args.load, rounds, W, args.lookups, args.zipf, args.hot, args.seed)
+        return Workload(args.bits, args.load, args.rounds, W, args.lookups, args.zipf, args.hot, args.seed)
 
-    tiny, tiny_keys = tiny_table()
     if args.run:   # one peer, in a process of its own that has no region
         wl = workload()
         wl.build(np.zeros((wl.slots, 2), dtype=np.int64))
@@ -662,9 +950,9 @@ def main(argv=None):
 
     # The peers first, each in a subprocess of its own, while this process
     # has neither a region nor other children.
-    child_args = [os.path.abspath(__file__), "--bits", str(bits), "--rounds", str(rounds), "--workers", str(W),
-                  "--lookups", str(args.lookups), "--zipf", repr(args.zipf), "--load", repr(args.load),
-                  "--hot", str(args.hot), "--seed", str(args.seed),
+    child_args = [os.path.abspath(__file__), "--bits", str(args.bits), "--rounds", str(args.rounds),
+                  "--workers", str(W), "--lookups", str(args.lookups), "--zipf", repr(args.zipf),
+                  "--load", repr(args.load), "--hot", str(args.hot), "--seed", str(args.seed),
                   "--spark-executor-mb", str(spark_conf["executor_mb"]),
                   "--spark-driver-memory", spark_conf["driver_memory"]]
     if args.netns:
@@ -676,263 +964,24 @@ def main(argv=None):
     # Spawn the plain processes next, before this process has a region.
     with Broadcast(W) as bc, ShmWorkers(W) as shw, RayHelper(W, enabled="ray" in systems) as rh:
         import clamor
-        from multiprocessing import shared_memory
 
         t0 = time.perf_counter()
         wl = workload()
         table = wl.build(clamor.zeros((wl.slots, 2), dtype=np.int64))
         build_s = time.perf_counter() - t0
-        slots, n, keys, slot_of, plan = wl.slots, wl.n, wl.keys, wl.slot_of, wl.plan
-        begin_round, restore = wl.begin, wl.restore
-        assert np.array_equal(lookup(table, keys[:1000], bits), wl.vals[:1000])
+        assert np.array_equal(lookup(table, wl.keys[:1000], args.bits), wl.vals[:1000])
         ray_note = (f"Ray {rh.version}" if rh.version else
                     "Ray left out" if "ray" not in systems else "ray not installed")
-        print(f"streaming: hash table of {slots} slots ({mib(table.nbytes).strip()}, {n} keys) built in "
+        print(f"streaming: hash table of {wl.slots} slots ({mib(table.nbytes).strip()}, {wl.n} keys) built in "
               f"{build_s:.1f}s; {W} workers x {args.lookups} lookups Zipf({args.zipf}) a round, "
               f"one hot key updated between rounds; {ray_note}", flush=True)
-
-        def same_host(cl, want):
-            return same_host_modes(cl, want, "streaming", W)
-
-        # ---- part 1: clamor (map mode) against the broadcast, round by round ----
-        modes = Broadcast.MODES
-        rows = []
-        with start("clamor", W, page_size=args.page_size, same_host="map") as cl:
-            psize = clamor.region.page_size()
-            map_modes = same_host(cl, "map")
-            print(f"clamor page size {psize} bytes; table = {table.nbytes // psize} pages; clamor workers map the "
-                  f"driver's pages (same_host='map'); broadcast over a socketpair per worker: 'pickle' = "
-                  f"pickle.dumps/loads of the table, 'zero-copy' = its raw buffer into a kept bytearray", flush=True)
-            print(f"{'round':>5} | {'clamor s':>9} {'bytes':>13} {'mapped':>13} {'faults':>6} {'changed':>7} "
-                  f"{'inval':>5} {'task s':>7} | {'pickle s':>9} {'zero-copy s':>11} {'bytes':>13} | {'speedup':>7} "
-                  f"{'vs 0-copy':>9}", flush=True)
-
-            inval_seen = {}     # worker pid -> pages_invalidated so far
-            for r in range(rounds):
-                logged = cl.stats()["driver"]
-                shares, expect = begin_round(r)
-                took, got, pids, invs, st = clamor_round(cl, table, bits, shares)
-                row = {"clamor_s": took}
-                after = cl.stats()["driver"]
-                inval = 0
-                for pid, n_inv in zip(pids, invs):   # counters are cumulative per worker
-                    inval += n_inv - inval_seen.get(pid, n_inv if r == 0 else 0)
-                    inval_seen[pid] = n_inv
-
-                answers = {"clamor": got}
-                answers.update({who: p["answers"][r] for who, p in peers.items() if "times" in p})
-                for mode in modes:
-                    t = time.perf_counter()
-                    answers[mode], sent = bc.round(mode, table, shares, bits)
-                    row[mode + "_s"] = time.perf_counter() - t
-                    row[mode + "_bytes"] = sent
-                check(f"round {r}", table, bits, answers, expect, shares)
-                row.update(clamor_bytes=st["bytes_from_driver"] + st["bytes_from_peers"], mapped=st["bytes_mapped"],
-                           faults=st["faults"],
-                           changed=(after["pages_logged"] - logged["pages_logged"])
-                           - (after["pages_unchanged"] - logged["pages_unchanged"]),
-                           invalidated=inval, task_s=st["task_s"]["max"])
-                rows.append(row)
-                print(f"{r:>5} | {row['clamor_s']:>9.4f} {mib(row['clamor_bytes'])} {mib(row['mapped'])} "
-                      f"{row['faults']:>6} {row['changed']:>7} {inval:>5} {row['task_s']:>7.4f} | "
-                      f"{row['pickle_s']:>9.4f} {row['zero-copy_s']:>11.4f} {mib(row['pickle_bytes'])} | "
-                      f"{row['pickle_s'] / row['clamor_s']:>6.1f}x {row['zero-copy_s'] / row['clamor_s']:>8.1f}x",
-                      flush=True)
-            tot = cl.stats()
-        ran = [who for who in PEERS if "times" in peers.get(who, {})]
-        print("seconds per round, side by side (every answer checked equal to clamor's): clamor, the pickled "
-              "broadcast, " + (", ".join(ran) if ran else "no peers"), flush=True)
-        for r, row in enumerate(rows):
-            print(f"{r:>5} | {row['clamor_s']:>9.4f} {row['pickle_s']:>9.4f} | "
-                  + " ".join(f"{who} {peers[who]['times'][r]:.4f}" for who in ran), flush=True)
-
-        # ---- part 2: the same rounds, map mode against fetch mode, with nothing between rounds ----
-        passes = {"map": [], "fetch": []}   # per pass, per round: seconds, bytes moved and mapped, faults
-        seen = {"map": map_modes}           # each mode's workers, as they reported it
-        print(f"the same rounds without the broadcast, {args.passes} passes a mode, alternating, the table put back "
-              f"as built before each: seconds per round, table bytes fetched / mapped", flush=True)
-        for k in range(args.passes):
-            for who in ("map", "fetch") if k % 2 == 0 else ("fetch", "map"):
-                restore()
-                rs = []
-                with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
-                    seen[who] = same_host(cl, who)
-                    for r in range(rounds):
-                        shares, expect = begin_round(r)
-                        took, got, _, _, st = clamor_round(cl, table, bits, shares)
-                        check(f"{who}-mode pass {k} round {r}", table, bits, {f"clamor ({who})": got}, expect, shares)
-                        rs.append({"s": took, "bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
-                                   "mapped": st["bytes_mapped"], "faults": st["faults"],
-                                   "task_s": st["task_s"]["max"]})
-                passes[who].append(rs)
-                moved, mapped = (mib(sum(x[c] for x in rs)).strip() for c in ("bytes", "mapped"))
-                print(f"  {who:<5} pass {k}: " + " ".join(f"{x['s']:.4f}" for x in rs) + f"  | {moved} / {mapped}",
-                      flush=True)
-
-        # ---- part 3: cold first rounds: map, fetch, shared memory, Ray ----
-        restore()
-        shares0, expect0 = begin_round(0)
-        # pages of the table holding the keys each worker looks up in round 0
-        npages = table.nbytes // psize
-        touched = [lookup_pages(table, keys[i], slot_of[i], bits, psize) for i in plan[0][2]]
-        coverage = [len(t) / npages for t in touched]
-        coverage_all = len(np.unique(np.concatenate(touched))) / npages
-        first = {"map": [], "fetch": [], "shm": [], "ray": []}
-        first_detail = {"map": [], "fetch": [], "ray_put_s": [], "ray_workers_used": []}
-        shm = shared_memory.SharedMemory(create=True, size=table.nbytes)
-        try:
-            view = np.ndarray(table.shape, dtype=table.dtype, buffer=shm.buf)
-            view[:] = table
-            del view
-            # the shm workers' warm-up: a small table in a block of its own
-            tiny_shm = shared_memory.SharedMemory(create=True, size=tiny.nbytes)
-            try:
-                np.ndarray(tiny.shape, dtype=tiny.dtype, buffer=tiny_shm.buf)[:] = tiny
-                if shw.round(tiny_shm.name, tiny.shape, [tiny_keys] * W, TINY_BITS) != [answer(tiny, tiny_keys,
-                                                                                               TINY_BITS)] * W:
-                    raise SystemExit("streaming: the shm workers' warm-up answer is wrong")
-            finally:
-                tiny_shm.close()
-                tiny_shm.unlink()
-            systems = ["map", "fetch", "shm"]
-            if rh.version:
-                ray_start_s = rh.call("start", shm.name, table.shape, shares0, bits)
-                systems.append("ray")
-                print(f"Ray {rh.version} started with {W} CPUs, its workers warm, in {ray_start_s:.1f}s", flush=True)
-            print(f"cold first rounds (round 0's lookups, {first_reps} each, rotating order): they read "
-                  f"{100 * statistics.mean(coverage):.0f}% of the table's pages a worker "
-                  f"({100 * coverage_all:.0f}% all together)", flush=True)
-            for k in range(first_reps):
-                order = systems[k % len(systems):] + systems[:k % len(systems)]
-                line = []
-                for who in order:
-                    if who in ("map", "fetch"):
-                        with start("clamor", W, page_size=args.page_size, same_host=who) as cl:
-                            same_host(cl, who)
-                            tiny_stage(cl, W, tiny, tiny_keys)
-                            took, got, pids, _, st = clamor_round(cl, table, bits, shares0)
-                            late = tiny_stage(cl, W, tiny, tiny_keys, 0.3)   # untimed: the late read-ahead
-                        moved0 = st["bytes_from_driver"] + st["bytes_from_peers"] + late
-                        ratio, touched0 = fetch_ratio(moved0, pids, touched, psize)
-                        first_detail[who].append({"bytes": st["bytes_from_driver"] + st["bytes_from_peers"],
-                                                  "late_bytes": moved0 - st["bytes_from_driver"]
-                                                  - st["bytes_from_peers"], "touched_bytes": touched0,
-                                                  "fetch_ratio": ratio if who == "fetch" else None,
-                                                  "mapped": st["bytes_mapped"], "faults": st["faults"],
-                                                  "task_s": st["task_s"]["max"], "workers_used": len(set(pids))})
-                    elif who == "shm":
-                        t = time.perf_counter()
-                        got = shw.round(shm.name, table.shape, shares0, bits)
-                        took = time.perf_counter() - t
-                    else:
-                        got, put_s, took, used = rh.call("round")
-                        first_detail["ray_put_s"].append(put_s)
-                        first_detail["ray_workers_used"].append(used)
-                    check(f"cold first round {k}, {who}", table, bits, {who: got}, expect0, shares0)
-                    first[who].append(took)
-                    line.append(f"{who} {took:.4f}s" + (f" (put {put_s:.4f}s)" if who == "ray" else ""))
-                print(f"  rep {k}: " + ", ".join(line), flush=True)
-            if rh.version:
-                rh.call("stop")
-        finally:
-            shm.close()
-            shm.unlink()
-        restore()
-
-    def med_of(k, first=1, rs=rows):
-        return med(rs[first:], k)
-
-    cl_med, bc_med, zc_med = med_of("clamor_s"), med_of("pickle_s"), med_of("zero-copy_s")
-    # The Zipf tail keeps reaching pages no worker has read yet for several
-    # rounds; the second half of the rounds is closer to the steady state.
-    half = rounds // 2
-    cl_late, bc_late, zc_late = med_of("clamor_s", half), med_of("pickle_s", half), med_of("zero-copy_s", half)
-
-    def pmed(who, first):   # median over every pass's rounds first..
-        return statistics.median(x["s"] for rs in passes[who] for x in rs[first:])
-
-    fe_med, fe_late, mp_med, mp_late = pmed("fetch", 1), pmed("fetch", half), pmed("map", 1), pmed("map", half)
-    fm = {who: statistics.median(v) for who, v in first.items() if v}
-    print(f"median over rounds 1..{rounds - 1}: clamor {cl_med:.4f}s, broadcast {bc_med:.4f}s (pickle), "
-          f"{zc_med:.4f}s (zero-copy); speedup {bc_med / cl_med:.1f}x, {zc_med / cl_med:.1f}x against the "
-          f"zero-copy broadcast", flush=True)
-    print(f"median over rounds {half}..{rounds - 1}: clamor {cl_late:.4f}s, broadcast {bc_late:.4f}s (pickle), "
-          f"{zc_late:.4f}s (zero-copy); speedup {bc_late / cl_late:.1f}x, {zc_late / cl_late:.1f}x", flush=True)
-    print(f"clamor moved {mib(sum(r['clamor_bytes'] for r in rows)).strip()} and mapped "
-          f"{mib(sum(r['mapped'] for r in rows)).strip()} in {rounds} rounds, the broadcast "
-          f"{mib(sum(r['pickle_bytes'] for r in rows)).strip()}", flush=True)
-    print(f"rounds 1..{rounds - 1} of every pass, median: fetch mode {fe_med:.4f}s, map mode {mp_med:.4f}s: "
-          f"fetch/map = {fe_med / mp_med:.2f} ({fe_late / mp_late:.2f} over rounds {half}..)", flush=True)
-    ratio0 = statistics.median(d["fetch_ratio"] for d in first_detail["fetch"])
-    print(f"cold first round in fetch mode: fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
-          f"(median of {first_reps}; read-ahead that landed after the round counted)", flush=True)
-    print(f"cold first round, medians of {first_reps}: map {fm['map']:.4f}s, fetch {fm['fetch']:.4f}s, "
-          f"shared memory {fm['shm']:.4f}s: map/shm = {fm['map'] / fm['shm']:.2f}; "
-          + (f"Ray {fm['ray']:.4f}s (ray.put {statistics.median(first_detail['ray_put_s']):.4f}s): "
-             f"map/Ray = {fm['map'] / fm['ray']:.2f}" if "ray" in fm else ray_note), flush=True)
-    ran = {who: p for who, p in peers.items() if "times" in p}
-    for who, p in ran.items():
-        print(f"{who}: median over rounds 1..{rounds - 1} {statistics.median(p['times'][1:]):.4f}s, "
-              f"{statistics.median(p['times'][1:]) / cl_med:.1f}x clamor's", flush=True)
-    print("every checksum and every updated key agreed with the driver's values and with single-process lookups"
-          + (", and every peer's with clamor's" if ran else ""), flush=True)
-
-    def col(k, rs=rows):
-        return [r[k] for r in rs]
-
-    figures = {
-        "bench": "streaming", "clamor_round_s": cl_med, "broadcast_round_s": bc_med, "speedup": bc_med / cl_med,
-        "broadcast_zero_copy_round_s": zc_med, "speedup_vs_zero_copy": zc_med / cl_med,
-        "late_rounds_from": half, "clamor_late_round_s": cl_late, "broadcast_late_round_s": bc_late,
-        "broadcast_zero_copy_late_round_s": zc_late, "speedup_late": bc_late / cl_late,
-        "speedup_late_vs_zero_copy": zc_late / cl_late,
-        "first_round_vs_shm": fm["map"] / fm["shm"],
-    }
-    system_figures(figures, {"clamor": (col("clamor_s"), sum(col("clamor_bytes"))),
-                             "broadcast": (col("pickle_s"), sum(col("pickle_bytes"))),
-                             "broadcast_zero_copy": (col("zero-copy_s"), sum(col("zero-copy_bytes")))},
-                   peers, smoke_left_out)
-    for who, p in ran.items():
-        ph = [float(x) for x in np.mean(np.asarray(p["phases"][1:]), axis=0)]
-        figures.update({f"{who}_round_s": statistics.median(p["times"][1:]),
-                        f"{who}_phases_s": dict(zip(("publish", "lookups", "release"), ph)),
-                        f"{who}_workers_per_round": p["workers_used"],
-                        f"{who}_worker_processes_seen": p["worker_processes_seen"]})
-    figures.update({"time_unit": "s per round", "hosts": 1, "rate": None,
-                    "systems_run": ["clamor", "broadcast", "shm"] + sorted(ran) + (["ray"] if "ray" in fm and "ray" not in ran else []),
-                    "smoke": sm,
-                    "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"]})
-    if "ray" in fm:
-        figures["first_round_vs_ray"] = fm["map"] / fm["ray"]
-    figures.update({
-        "round_speedup_map": fe_med / mp_med, "round_speedup_map_late": fe_late / mp_late,
-        "map_round_s": mp_med, "fetch_round_s": fe_med, "map_late_round_s": mp_late, "fetch_late_round_s": fe_late,
-        "first_round_s": fm, "first_round_s_list": {who: v for who, v in first.items() if v},
-        "first_round_speedup_map": fm["fetch"] / fm["map"], "round0_fetch_ratio": ratio0,
-        "first_round_detail": {"map": first_detail["map"], "fetch": first_detail["fetch"]},
-        "ray_put_s_list": first_detail["ray_put_s"], "ray_workers_used": first_detail["ray_workers_used"],
-        "ray_version": rh.version,
-        "first_round_reps": first_reps, "first_round_page_coverage": coverage,
-        "first_round_page_coverage_all": coverage_all,
-        "same_host": {who: sorted(m.values()) for who, m in seen.items()},
-        "table_bytes": int(table.nbytes), "slots": slots, "keys": n, "rounds": rounds, "workers": W,
-        "lookups_per_worker": args.lookups, "zipf_a": args.zipf, "page_size": psize, "build_s": build_s,
-        "clamor_round_s_list": col("clamor_s"), "broadcast_round_s_list": col("pickle_s"),
-        "broadcast_zero_copy_round_s_list": col("zero-copy_s"),
-        "clamor_bytes_per_round": col("clamor_bytes"), "clamor_mapped_bytes_per_round": col("mapped"),
-        "broadcast_bytes_per_round": col("pickle_bytes"),
-        "clamor_faults_per_round": col("faults"), "pages_changed_per_round": col("changed"),
-        "pages_invalidated_per_round": col("invalidated"), "clamor_task_s_per_round": col("task_s"),
-        "passes": args.passes,
-        "pass_round_s": {who: [col("s", rs) for rs in v] for who, v in passes.items()},
-        "pass_bytes_per_round": {who: [col("bytes", rs) for rs in v] for who, v in passes.items()},
-        "pass_mapped_per_round": {who: [col("mapped", rs) for rs in v] for who, v in passes.items()},
-        "pass_faults_per_round": {who: [col("faults", rs) for rs in v] for who, v in passes.items()},
-        "clamor_bytes_total": tot["bytes_from_driver"] + tot["bytes_from_peers"],
-        "clamor_mapped_bytes_total": tot["bytes_mapped"], "verified": True,
-    })
-    json_line(figures)
-    return 0
+        rows, tot, map_modes, psize = versus_broadcast(args, wl, table, peers, bc)
+        passes, seen = mode_passes(args, wl, table, map_modes)
+        first, first_detail, coverage, coverage_all = cold_first(args, wl, table, psize, shw, rh)
+    measured = {"rows": rows, "tot": tot, "psize": psize, "passes": passes, "seen": seen, "first": first,
+                "first_detail": first_detail, "coverage": coverage, "coverage_all": coverage_all,
+                "build_s": build_s, "ray_note": ray_note, "ray_version": rh.version, "spark_conf": spark_conf}
+    return report(args, wl, table, peers, smoke_left_out, measured)
 
 
 if __name__ == "__main__":
