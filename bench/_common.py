@@ -91,6 +91,17 @@ def c_compiler(who):
 
 # ---- helper processes ----------------------------------------------------------------
 
+def ratio(num, den, what):
+    """num / den; a zero or missing figure stops the script, naming ``what``."""
+    if not den or num is None:
+        raise SystemExit(f"{_script()}: cannot compute {what}: {num!r} / {den!r} (nothing measured to compare with)")
+    return num / den
+
+
+def _script():
+    return os.path.splitext(os.path.basename(sys.argv[0]))[0]
+
+
 def die_with_parent(sig=signal.SIGTERM):
     """Have the kernel send ``sig`` to this process when its parent dies
     (prctl PR_SET_PDEATHSIG), so a killed benchmark leaves nothing behind.
@@ -428,7 +439,6 @@ def hot_counters(drv0, drv, st, workers, table_bytes):
 def policy_ratios(med, policies, what="", cpu=True):
     """Each policy but the first (off) against it: time, driver bytes and
     (with ``cpu``) driver + workers CPU seconds, from ``med`` {policy: medians}."""
-    from _harness import ratio
 
     off = med[policies[0]]
     out = {}

@@ -40,7 +40,7 @@ import traceback
 import uuid
 from unittest import mock
 
-from _common import HOST_ENV, die_with_parent
+from _common import HOST_ENV, _script, die_with_parent, ratio  # noqa: F401  (ratio: the benchmarks')
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -64,17 +64,6 @@ def med(xs, key=None):
     """The median of ``xs`` (of ``x[key]`` for each x with ``key``); None when empty."""
     xs = [x[key] for x in xs] if key is not None else list(xs)
     return statistics.median(xs) if xs else None
-
-
-def ratio(num, den, what):
-    """num / den; a zero or missing figure stops the script, naming ``what``."""
-    if not den or num is None:
-        raise SystemExit(f"{_script()}: cannot compute {what}: {num!r} / {den!r} (nothing measured to compare with)")
-    return num / den
-
-
-def _script():
-    return os.path.splitext(os.path.basename(sys.argv[0]))[0]
 
 
 def parser(description, quick, smoke, build=False):
