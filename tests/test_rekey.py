@@ -19,12 +19,11 @@ verdicts are not compared there, but whatever either path approves must
 hold every object it reaches in the region, or be a singleton or part of
 a loaded image.
 """
-from helpers import run_driver
+from helpers import PRELUDE, run_driver
 
-SCRIPT = """
-import collections, json, random
-import clamor
-from clamor.memory import cwalk, region, walk
+SCRIPT = PRELUDE + """
+import collections, random
+from clamor.memory import cwalk, walk
 
 class Inst:
     def __init__(self, i):
@@ -161,10 +160,8 @@ def test_a_list_of_instances_built_before_any_cluster_is_shared_in_c():
     before any Cluster, each dict holding the class's attribute names (strs
     outside the region) as keys.  share() approves it without the Python
     walk, one region copy of each name for all dicts."""
-    out = run_driver("""
-import json
-import clamor
-from clamor.memory import cwalk, region, walk
+    out = run_driver(PRELUDE + """
+from clamor.memory import cwalk, walk
 
 class Rec:
     def __init__(self, i):
