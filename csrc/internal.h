@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "binding.h"
 
@@ -151,16 +152,18 @@ static inline bool cl_in_region_span(uintptr_t a, size_t n) {
 static inline uint64_t cl_page_of(uintptr_t a) {
     return (uint64_t)(a - cl_region.base) >> cl_region.page_shift;
 }
-/* Is v among a[0..n), sorted ascending? */
-static inline bool cl_sorted_has(const uint64_t *a, size_t n, uint64_t v) {
+/* Where v is among a[0..n), sorted ascending, or -1. */
+static inline ssize_t cl_sorted_find(const uint64_t *a, size_t n, uint64_t v) {
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if (a[mid] < v) lo = mid + 1;
         else hi = mid;
     }
-    return lo < n && a[lo] == v;
+    return lo < n && a[lo] == v ? (ssize_t)lo : -1;
 }
+/* Is v among a[0..n), sorted ascending? */
+static inline bool cl_sorted_has(const uint64_t *a, size_t n, uint64_t v) { return cl_sorted_find(a, n, v) >= 0; }
 /* Does w lie in one of the nr sorted, disjoint ranges [r[2i], r[2i+1])? */
 static inline bool cl_in_ranges(uintptr_t w, const uintptr_t *r, size_t nr) {
     size_t lo = 0, hi = nr;
@@ -708,7 +711,7 @@ int cl_py_walk_needing_keys(struct _object *root, long limit, struct cl_py_stack
 /* The walk of clamor_py_rekey, the GIL held: the exact region dicts
  * reachable from root as above that hold one of keys[0..nkeys) (addresses,
  * ascending) as a key, each held, into *todo.  0, or -ENOMEM. */
-int cl_py_walk_holding_keys(struct _object *root, long limit, const uintptr_t *keys, size_t nkeys,
+int cl_py_walk_holding_keys(struct _object *root, long limit, const uint64_t *keys, size_t nkeys,
                             struct cl_py_stack *todo);
 
 /* ---- pyextents.c: what a reader of an object follows pointers from ----- */

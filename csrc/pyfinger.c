@@ -326,15 +326,7 @@ long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n) {
     return (long)n;
 }
 
-static ssize_t find(uint64_t x, const uint64_t *ids, size_t n) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (ids[mid] < x) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n && ids[lo] == x ? (ssize_t)lo : -1;
-}
+static ssize_t find(uint64_t x, const uint64_t *ids, size_t n) { return cl_sorted_find(ids, n, x); }
 
 int clamor_py_snapshot_has(uint64_t addr, const uint64_t *ids, size_t n) { return find(addr, ids, n) >= 0; }
 

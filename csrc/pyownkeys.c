@@ -143,14 +143,9 @@ static long refill(PyObject *d, const uint64_t *keys, PyObject *const *copies, s
     PyObject *k, *v;
     long replaced = 0;
     while (PyDict_Next(d, &pos, &k, &v)) {
-        size_t lo = 0, hi = n;
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (keys[mid] < (uint64_t)(uintptr_t)k) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo < n && keys[lo] == (uint64_t)(uintptr_t)k) {
-            k = copies[lo];
+        ssize_t at = cl_sorted_find(keys, n, (uint64_t)(uintptr_t)k);
+        if (at >= 0) {
+            k = copies[at];
             replaced++;
         }
         Py_INCREF(k);
@@ -180,7 +175,7 @@ long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nk
     struct cl_py_stack todo = {0};
     long total = 0;
     PyObject **copies = calloc(nkeys ? nkeys : 1, sizeof *copies), **items = NULL;
-    long rc = copies ? cl_py_walk_holding_keys((PyObject *)root, limit, (const uintptr_t *)keys, nkeys, &todo)
+    long rc = copies ? cl_py_walk_holding_keys((PyObject *)root, limit, keys, nkeys, &todo)
                      : -ENOMEM;
     Py_ssize_t most = 0;
     for (size_t i = 0; i < todo.n; i++)

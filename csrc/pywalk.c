@@ -231,7 +231,7 @@ struct walk {
     int nclasses;
     int converting;                /* the pass of clamor_py_own_keys (cl_py_walk_needing_keys): collect, never refuse */
     struct cl_py_stack todo;       /* there: the instances whose dicts need keys of their own (held) */
-    const uintptr_t *keys;         /* or of clamor_py_rekey (cl_py_walk_holding_keys): these keys, sorted; */
+    const uint64_t *keys;          /* or of clamor_py_rekey (cl_py_walk_holding_keys): these keys, sorted; */
     size_t nkeys;                  /* todo then has the exact dicts holding any of them (held) */
     /* clamor_py_walk_tagged: the root's entries tag what is reached through them */
     int tagging, shared;           /* shared: an object with extents reached through two entries */
@@ -320,15 +320,8 @@ referents:
 static int holds_key(const struct walk *w, PyObject *o) {
     Py_ssize_t pos = 0;
     PyObject *k, *v;
-    while (PyDict_Next(o, &pos, &k, &v)) {
-        size_t lo = 0, hi = w->nkeys;
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (w->keys[mid] < (uintptr_t)k) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo < w->nkeys && w->keys[lo] == (uintptr_t)k) return 1;
-    }
+    while (PyDict_Next(o, &pos, &k, &v))
+        if (cl_sorted_has(w->keys, w->nkeys, (uint64_t)(uintptr_t)k)) return 1;
     return 0;
 }
 
@@ -459,7 +452,7 @@ int cl_py_walk_needing_keys(PyObject *root, long limit, struct cl_py_stack *todo
 /* The walk of clamor_py_rekey (pyownkeys.c): it collects, never refuses.
  * The exact region dicts found holding any of keys[0..nkeys) (sorted) go
  * to *todo, held; the caller drops them. */
-int cl_py_walk_holding_keys(PyObject *root, long limit, const uintptr_t *keys, size_t nkeys,
+int cl_py_walk_holding_keys(PyObject *root, long limit, const uint64_t *keys, size_t nkeys,
                             struct cl_py_stack *todo) {
     struct walk w = {.limit = limit, .converting = 1, .keys = keys, .nkeys = nkeys};
     int rc = walk_from(&w, root) == NOMEM ? -ENOMEM : 0;

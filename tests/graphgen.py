@@ -111,6 +111,17 @@ def parts(x, cls, out, depth=0):
     return out
 
 
+def put(c, key, attr, v):
+    """Add v to the record c: appended to a list, at ``key`` of a dict,
+    as attribute ``attr`` of an instance."""
+    if isinstance(c, list):
+        c.append(v)
+    elif isinstance(c, dict):
+        c[key] = v
+    else:
+        setattr(c, attr, v)
+
+
 def change(r, root, cls, kinds=11):
     """Change dict or list ``root`` of records at random; returns what
     changed.  ``kinds``: 11, every kind; 9, none of "table grown outside"
@@ -154,12 +165,7 @@ def change(r, root, cls, kinds=11):
     if k == 6:
         with clamor.heap.suspended():
             v = ["outside" + str(r.random())]            # made outside any block: no target either
-        if isinstance(c, list):
-            c.append(v)
-        elif isinstance(c, dict):
-            c["out"] = v
-        else:
-            c.a = v
+        put(c, "out", "a", v)
         return "object outside put in"
     if k == 7 and len(keys) > 1:
         a, b = r.sample(keys, 2)
@@ -177,12 +183,7 @@ def change(r, root, cls, kinds=11):
         with clamor.heap():
             o = cls()
             o.z = 1.5
-        if isinstance(c, list):
-            c.append(o)
-        elif isinstance(c, dict):
-            c["inst"] = o
-        else:
-            c.b = o
+        put(c, "inst", "b", o)
         return "instance needing keys"
     with clamor.heap():
         if isinstance(c, (list, dict)):

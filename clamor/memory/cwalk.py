@@ -43,6 +43,13 @@ def in_c(obj):
     return plain_in_c[0] and (type(obj) in _PLAIN or _pyshare.is_class(type(obj)))
 
 
+def _wrap_allocators():
+    """Python's allocators wrapped (hooks.install), as a heap block in C needs."""
+    from . import hooks
+    if not hooks._installed:
+        hooks.install()
+
+
 def c_pass(run, obj, limit, convert=True):
     """Run the C walk ``run()`` from ``obj``; where it answers that an
     instance's dict needs keys of its own (2) and ``convert``, give every
@@ -55,9 +62,7 @@ def c_pass(run, obj, limit, convert=True):
             raise MemoryError("no memory for the walk of plain data")
         if rc != 2 or again or not convert:
             return rc
-        from . import hooks
-        if not hooks._installed:
-            hooks.install()     # (the block needs Python's allocators wrapped)
+        _wrap_allocators()
         n = lib.clamor_py_own_keys(id(obj), limit)
         if n < 0:
             return 0            # (not the driver: the Python walk says why)
@@ -71,9 +76,7 @@ def rekey(obj, limit, keys):
     character) as a key: one region copy of each key, in place of it in
     each such dict (csrc/pyownkeys.c, clamor_py_rekey).  The (dict, key)
     pairs replaced, counted as the Python walk counts its moves."""
-    from . import hooks
-    if not hooks._installed:
-        hooks.install()     # (the block needs Python's allocators wrapped)
+    _wrap_allocators()
     addrs = np.array(sorted({id(k) for k in keys}), dtype=np.uint64)
     n = lib.clamor_py_rekey(id(obj), limit, ffi.from_buffer("uint64_t[]", addrs), len(addrs))
     if n < 0:
