@@ -65,6 +65,7 @@ struct clamor_stats {
     uint64_t pages_invalidated;
     uint64_t pages_logged;
     uint64_t pages_unchanged;
+    uint64_t pages_logged_ahead;
     uint64_t versions;
     uint64_t version_bytes;
     uint64_t pages_from_peers; /* worker: pages fetched from a peer (redirect or hint) */
@@ -158,6 +159,7 @@ void clamor_moved_copy(uint64_t *out, uint64_t n);
 uint32_t clamor_version_current(void);
 int clamor_version_differs(uintptr_t a, size_t len, uint32_t version, int *differs);
 int clamor_versions_keep(const uint32_t *versions, size_t n);
+uint64_t clamor_versions_log_ahead(void);
 void clamor_peer_gone(const char *endpoint);
 void clamor_set_version(uint32_t version);
 int clamor_invalidate(const uint64_t *pages, uint64_t n);

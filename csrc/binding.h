@@ -129,6 +129,13 @@ int clamor_version_differs(uintptr_t a, size_t len, uint32_t version, int *diffe
  * which a request for a changed page gets ESTALE.  0, or EINVAL if not
  * sorted. */
 int clamor_versions_keep(const uint32_t *versions, size_t n);
+/* Driver: log now, as first writes in this version would, the pages that
+ * changed at the last clamor_version_begin() and at one of the few
+ * versions before (pages the driver rewrites at every version), so that
+ * its writes to them take no fault; called after clamor_versions_keep(),
+ * once per version (later calls do nothing).  Returns the pages logged.
+ * CLAMOR_LOG_AHEAD=0 (read at the first version) turns it off. */
+uint64_t clamor_versions_log_ahead(void);
 /* Worker: the driver declared the peer whose page server is `endpoint` lost;
  * hinted requests stop going to it. */
 void clamor_peer_gone(const char *endpoint);

@@ -170,8 +170,12 @@ void cl_dir_served(uint64_t first, uint32_t count, uint32_t version, int peer) {
          * handler clears holders after marking the page, so checking after
          * setting the bit closes the race.  Likewise a version begun
          * meanwhile that found the page changed (cl_dir_changed notes the
-         * version before it clears the holders). */
-        if (cl_version_open_now(p) || (version && version < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)))
+         * version before it clears the holders).  A page the driver logged
+         * ahead as the version began (version.c) keeps its holders: their
+         * copies are of the version the requests name, a peer serves only
+         * requests of its own version (server.c), and the next version
+         * begin clears the holders of the pages that changed. */
+        if (cl_version_written_now(p) || (version && version < __atomic_load_n(&D.changed_at[p], __ATOMIC_SEQ_CST)))
             __atomic_and_fetch(&D.holders[p], ~(1ull << peer), __ATOMIC_SEQ_CST);
     }
 }

@@ -53,6 +53,7 @@ enum cl_option {
     CL_OPT_DIFF_KEEP,        /* bytes of kept copies for diffs (CLAMOR_DIFF_KEEP) */
     CL_OPT_SERVE_RATE,       /* bytes per second the page server sends, 0: no limit (CLAMOR_SERVE_RATE) */
     CL_OPT_RELOC,            /* worker: ask for relocations with every page */
+    CL_OPT_LOG_AHEAD,        /* driver: log pages rewritten at every version at the version's start (CLAMOR_LOG_AHEAD) */
     CL_OPT_COUNT
 };
 /* A relaxed atomic load: async-signal-safe. */
@@ -121,6 +122,7 @@ struct cl_region {
     uint64_t nlocs;
     struct cl_maphdr *maphdr;   /* header of the location table (driver: RW, worker: RO) */
     _Atomic uint64_t *loctab;   /* per page: its current location (cl_loc_*) */
+    _Atomic uint64_t *locprev;  /* per page: the entry loctab held before, for readers of older versions */
     _Atomic uint8_t *locflags;  /* per page: CL_LOC_USED, CL_LOC_RELOC */
     bool map_share;             /* driver: forked children map its pages */
     _Atomic bool map_on;        /* worker: maps the driver's pages (srcfd) */
@@ -432,6 +434,7 @@ void cl_version_reset(void);
  * change at known points, so only then may peers serve them. */
 bool cl_version_active(void);
 bool cl_version_open_now(uint64_t p);
+bool cl_version_written_now(uint64_t p);
 
 /* Inside heap() on a driver whose region is protected by mprotect: open
  * the pages of [a, a+len) for writing now, as a first write would, unless

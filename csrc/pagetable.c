@@ -559,13 +559,23 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
 
 /* Page j can be mapped for a task of `version`: the driver allocated it, a
  * worker that relocates does not need its relocations, and its current
- * location holds what that version reads.  *id gets the location. */
+ * location, or the one before it, holds what that version reads (the
+ * driver moved the page in this version: it logs the pages it rewrites at
+ * every version as the version begins).  *id gets the location.  The
+ * driver stores the previous entry before the current one, so an entry
+ * read after the current one is that one's predecessor or newer: a newer
+ * one's version is above `version`, and the page is not mappable. */
 static bool mappable(uint64_t j, uint32_t version, bool reloc, uint32_t *id) {
     uint8_t f = atomic_load_explicit(&cl_region.locflags[j], memory_order_relaxed);
     if (!(f & CL_LOC_USED) || (reloc && (f & CL_LOC_RELOC))) return false;
     uint64_t e = atomic_load_explicit(&cl_region.loctab[j], memory_order_acquire);
+    if (cl_loc_since(e) > version) {
+        uint64_t before = atomic_load_explicit(&cl_region.locprev[j], memory_order_acquire);
+        if (cl_loc_since(before) > version || cl_loc_since(before) >= cl_loc_since(e)) return false;
+        e = before;
+    }
     *id = cl_loc_id(j, e);
-    return cl_loc_since(e) <= version && *id < cl_region.nlocs;
+    return *id < cl_region.nlocs;
 }
 
 /* Claimed page j goes back: absent, or to the pager if a thread waits. */

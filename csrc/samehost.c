@@ -4,7 +4,8 @@
  * DESIGN.  The driver's memfd holds more than the region: for each page a
  * home (where the region's view of it starts) and a twin, then a pool of
  * spare locations, then a table.  The table says, per page, where its
- * bytes are now and from which version on (internal.h, cl_loc_*).  The
+ * bytes are now and from which version on (internal.h, cl_loc_*), and
+ * where they were before that version, for readers of older versions.  The
  * driver never writes a location a reader may map: the first write to a
  * page in a version moves the driver's view of it to a free location holding
  * a copy (version.c), and the old location becomes the version older
@@ -33,7 +34,7 @@
 
 static size_t table_bytes(void) {
     size_t n = (size_t)cl_region.npages;
-    size_t b = CL_OS_PAGE + n * 8 + n;
+    size_t b = CL_OS_PAGE + n * 16 + n;
     return (b + CL_OS_PAGE - 1) & ~(CL_OS_PAGE - 1);
 }
 
@@ -45,7 +46,8 @@ static int map_table(int fd, int prot) {
     if (t == MAP_FAILED) return cl_err(errno, "mmap of the location table: %s", strerror(errno));
     cl_region.maphdr = t;
     cl_region.loctab = (_Atomic uint64_t *)((char *)t + CL_OS_PAGE);
-    cl_region.locflags = (_Atomic uint8_t *)((char *)t + CL_OS_PAGE + cl_region.npages * 8);
+    cl_region.locprev = (_Atomic uint64_t *)((char *)t + CL_OS_PAGE + cl_region.npages * 8);
+    cl_region.locflags = (_Atomic uint8_t *)((char *)t + CL_OS_PAGE + cl_region.npages * 16);
     return 0;
 }
 
@@ -53,6 +55,7 @@ static void unmap_table(void) {
     if (cl_region.maphdr) munmap(cl_region.maphdr, table_bytes());
     cl_region.maphdr = NULL;
     cl_region.loctab = NULL;
+    cl_region.locprev = NULL;
     cl_region.locflags = NULL;
 }
 

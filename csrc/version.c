@@ -18,7 +18,7 @@
  * that mapped the old location keep reading it until they drop the page at
  * a later version; no driver write ever reaches memory a reader maps.
  * Everything the handler does is async-signal-safe: a location comes from a
- * lock-free stack or a bump pointer, the copy is memcpy, the rest atomics,
+ * bitmap of pool slots, the copy is memcpy, the rest atomics,
  * futex, mmap and mprotect.
  *
  * At the next clamor_version_begin(S+1), each page of epoch S's dirty list
@@ -80,10 +80,9 @@ static struct {
     char *fview;                /* the memfd's locations, mapped read-write */
     struct ver *meta;           /* per location */
     uint64_t pool0;             /* first pool location */
-    uint32_t nslots;            /* pool locations */
-    _Atomic uint32_t bump;      /* next never-used pool slot */
-    _Atomic uint64_t free_top;  /* Treiber stack of free pool slots: tag << 32 | slot */
-    _Atomic uint32_t *free_next;
+    uint32_t nslots;            /* pool locations: one per page, its third, shared when free */
+    _Atomic uint64_t *pool_used; /* a bit per pool slot: taken */
+    _Atomic uint64_t pool_hint; /* the word of the pool where the last search for a free slot ended */
     uint64_t *dirty;            /* pages logged (or discarded) in the current epoch */
     _Atomic uint8_t *discarded; /* per page: punched by the allocator in this epoch */
     _Atomic uint64_t ndirty;
@@ -93,6 +92,10 @@ static struct {
     _Atomic uint8_t *grouped;   /* per page: logged with its aligned group this epoch */
     uint64_t *moved;            /* of the last version_begin: unchanged pages left at a new location */
     uint64_t nmoved;
+    uint64_t *ahead;            /* of the last version_begin: pages to log ahead (clamor_versions_log_ahead) */
+    uint64_t nahead;
+    uint32_t ahead_epoch;       /* the epoch they are for, 0 once logged */
+    _Atomic uint8_t *early;     /* per page: logged ahead in this epoch, not by a write */
     _Atomic uint64_t nversions;
     uint64_t *vpages;           /* pages that have had a version, each once */
     _Atomic uint8_t *vlisted;
@@ -142,15 +145,35 @@ static inline char *loc_bytes(uint32_t id) { return V.fview + ((size_t)id << cl_
 static inline off_t loc_off(uint32_t id) { return (off_t)id << cl_region.page_shift; }
 static inline uint32_t cur_of(uint64_t p) { return cl_loc_id(p, atomic_load(&cl_region.loctab[p])); }
 
-static uint32_t slot_get(void) {
-    uint64_t top = atomic_load(&V.free_top);
-    while ((uint32_t)top != NONE) {
-        uint32_t s = (uint32_t)top;
-        uint64_t next = ((top >> 32) + 1) << 32 | atomic_load(&V.free_next[s]);
-        if (atomic_compare_exchange_weak(&V.free_top, &top, next)) return (uint32_t)(V.pool0 + s);
+/* A free pool slot: page p's third location if it is free, else the
+ * first free one from where the last search ended; NONE if none is.  A
+ * page rewritten at every version cycles through three locations (the
+ * copy the driver writes, the one tasks of this version read, and that of
+ * the version before, which workers that map pages may still read); its
+ * third keeps it, like its home and twin, in a bank where pages written
+ * together are consecutive, so that one copy and one mapping move a run. */
+static uint32_t slot_get(uint64_t p) {
+    uint64_t bit = 1ull << (p & 63);
+    if (p < V.nslots && !(atomic_fetch_or(&V.pool_used[p >> 6], bit) & bit)) return (uint32_t)(V.pool0 + p);
+    uint64_t nw = ((uint64_t)V.nslots + 63) / 64, w0 = atomic_load_explicit(&V.pool_hint, memory_order_relaxed);
+    for (uint64_t i = 0; i < nw; i++) {
+        uint64_t w = (w0 + i) % nw, cur = atomic_load(&V.pool_used[w]);
+        uint64_t valid = w + 1 < nw || V.nslots % 64 == 0 ? ~0ull : (1ull << (V.nslots % 64)) - 1;
+        while (~cur & valid) {
+            int b = __builtin_ctzll(~cur & valid);
+            if (atomic_compare_exchange_weak(&V.pool_used[w], &cur, cur | 1ull << b)) {
+                atomic_store_explicit(&V.pool_hint, w, memory_order_relaxed);
+                return (uint32_t)(V.pool0 + w * 64 + (uint64_t)b);
+            }
+        }
     }
-    uint32_t s = atomic_fetch_add(&V.bump, 1);
-    return s < V.nslots ? (uint32_t)(V.pool0 + s) : NONE;
+    return NONE;
+}
+
+/* Pool slot id back to the pool (async-signal-safe). */
+static void slot_put(uint32_t id) {
+    uint64_t s = id - V.pool0;
+    atomic_fetch_and(&V.pool_used[s >> 6], ~(1ull << (s & 63)));
 }
 
 /* A location no one reads any more: its memory goes back to the kernel, and
@@ -159,23 +182,24 @@ static uint32_t slot_get(void) {
  * of a page the driver wrote in this version or the last keeps its memory:
  * the page's next first write copies there (loc_choose), and a copy into
  * memory just handed back costs the kernel an allocation and a zeroing per
- * 4 KiB, more than the copy.  Such a page holds at most its two locations. */
+ * 4 KiB, more than the copy.  Such a page holds at most its three
+ * locations (home, twin and third). */
 static void loc_free(uint32_t id) {
     uint64_t p1 = atomic_load_explicit(&V.meta[id].page1, memory_order_relaxed);
     uint32_t e = atomic_load(&V.epoch), w = p1 ? atomic_load(&V.logged[p1 - 1]) & ~LOGGING : 0;
-    bool hot = id < V.pool0 && p1 && w && w + 1 >= e;
+    bool own = p1 && (id < V.pool0 || id == V.pool0 + p1 - 1); /* the page's home, twin or third */
+    bool hot = own && w && w + 1 >= e;
     /* punched before it reads free: a write fault may take it at once */
     if (!hot)
         fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
     V.meta[id].alias = false;
     atomic_store_explicit(&V.meta[id].page1, 0, memory_order_release);
-    if (id < V.pool0) return;
-    uint32_t s = (uint32_t)(id - V.pool0);
-    uint64_t top = atomic_load(&V.free_top), next;
-    do {
-        atomic_store(&V.free_next[s], (uint32_t)top);
-        next = ((top >> 32) + 1) << 32 | s;
-    } while (!atomic_compare_exchange_weak(&V.free_top, &top, next));
+    if (id >= V.pool0) slot_put(id);
+}
+
+/* A location loc_choose gave that ends up unused. */
+static void loc_unchoose(uint32_t id) {
+    if (id != NONE && id >= V.pool0) slot_put(id);
 }
 
 /* Where page p's bytes go when the driver first writes it in an epoch: its
@@ -186,7 +210,7 @@ static uint32_t loc_choose(uint64_t p, uint32_t cur) {
     uint32_t h = (uint32_t)p, t = (uint32_t)(cl_region.npages + p);
     if (cur != h && !atomic_load_explicit(&V.meta[h].page1, memory_order_acquire)) return h;
     if (cur != t && !atomic_load_explicit(&V.meta[t].page1, memory_order_acquire)) return t;
-    return slot_get();
+    return slot_get(p);
 }
 
 /* Point the driver's view of page p at location id, read-only (the caller
@@ -196,10 +220,20 @@ static uint32_t loc_choose(uint64_t p, uint32_t cur) {
  * (MAP_POPULATE) fills the page tables at once: the write fault does, for
  * the page the driver is about to write (one call, not a minor fault per
  * 4 KiB of it: half the cost of a 64 KiB page's first write on this VM). */
-static int view_at(uint64_t p, uint32_t id, int prot, int populate) {
-    void *a = mmap(cl_page_addr(p), cl_region.page_size, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE | populate,
-                   cl_region.memfd, loc_off(id));
+static int view_run(uint64_t p, uint64_t n, uint32_t id, int prot, int populate) {
+    void *a = mmap(cl_page_addr(p), n << cl_region.page_shift, prot,
+                   MAP_SHARED | MAP_FIXED | MAP_NORESERVE | populate, cl_region.memfd, loc_off(id));
     return a == MAP_FAILED ? errno : 0;
+}
+
+static int view_at(uint64_t p, uint32_t id, int prot, int populate) { return view_run(p, 1, id, prot, populate); }
+
+/* Page p's table entry becomes `entry`; the one before stays readable for
+ * workers of older versions that map pages (pagetable.c, mappable): it is
+ * stored first. */
+static void loc_set(uint64_t p, uint64_t entry) {
+    atomic_store(&cl_region.locprev[p], atomic_load(&cl_region.loctab[p]));
+    atomic_store(&cl_region.loctab[p], entry);
 }
 
 /* ---- setup --------------------------------------------------------------------- */
@@ -220,7 +254,9 @@ static int versions_init(void) {
     V.changed = reserve(n * 8);
     V.changed_in = reserve(n * 4);
     V.meta = reserve(cl_region.nlocs * sizeof(struct ver));
-    V.free_next = reserve((size_t)V.nslots * 4);
+    V.pool_used = reserve(((size_t)V.nslots + 63) / 64 * 8);
+    V.ahead = reserve(n * 8);
+    V.early = reserve(n);
     V.vpages = reserve(n * 8);
     V.vlisted = reserve(n);
     V.grouped = reserve(n);
@@ -228,10 +264,9 @@ static int versions_init(void) {
     void *f = mmap(NULL, (size_t)cl_region.nlocs << cl_region.page_shift, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_NORESERVE, cl_region.memfd, 0);
     V.fview = f == MAP_FAILED ? NULL : f;
-    if (!V.logged || !V.head || !V.dirty || !V.discarded || !V.changed || !V.changed_in || !V.meta || !V.free_next ||
-        !V.vpages || !V.vlisted || !V.grouped || !V.moved || !V.fview)
+    if (!V.logged || !V.head || !V.dirty || !V.discarded || !V.changed || !V.changed_in || !V.meta || !V.pool_used ||
+        !V.ahead || !V.early || !V.vpages || !V.vlisted || !V.grouped || !V.moved || !V.fview)
         return cl_err(ENOMEM, "cannot reserve address space for page versions");
-    V.free_top = NONE;
     return 0;
 }
 
@@ -246,18 +281,58 @@ static inline bool cas_head(uint64_t p, uint32_t old, uint32_t new_) {
 
 /* ---- the write fault (async-signal-safe) --------------------------------------- */
 
-static int log_page(uint64_t p, uint32_t e) {
+/* Claim page p for logging in epoch e: true if the caller logs it now
+ * (*was: its log word before), false if it is logged in e already, or,
+ * unless `wait`, being logged by another thread. */
+static bool claim(uint64_t p, uint32_t e, bool wait, uint32_t *was) {
     _Atomic uint32_t *w = &V.logged[p];
     uint32_t cur = atomic_load(w);
     for (;;) {
-        if (cur == e) return 0; /* logged and open: retry the write */
+        if (cur == e) return false; /* logged and open: retry the write */
         if (cur == (e | LOGGING)) {
+            if (!wait) return false;
             cl_futex_wait(w, cur, 100);
             cur = atomic_load(w);
             continue;
         }
         if (atomic_compare_exchange_weak(w, &cur, e | LOGGING)) break;
     }
+    *was = cur;
+    return true;
+}
+
+static void unclaim(uint64_t p, uint32_t was) {
+    atomic_store(&V.logged[p], was);
+    cl_futex_wake(&V.logged[p]);
+}
+
+/* Page p, claimed, had table entry `entry` at location `old` and its view
+ * now points at nl, a copy: `old` keeps the bytes versions <= e read, and
+ * from e+1 on the page is at nl. */
+static void commit(uint64_t p, uint32_t e, uint64_t entry, uint32_t old, uint32_t nl) {
+    V.meta[old].page1 = p + 1;
+    V.meta[old].entry = entry;
+    V.meta[old].last_version = e;
+    V.meta[old].alias = false;
+    uint32_t h;
+    do {
+        h = head_of(p);
+        atomic_store(&V.meta[old].next, h);
+    } while (!cas_head(p, h, old));
+    /* readers of versions <= e keep the old location; later ones map this */
+    loc_set(p, cl_loc_make(p, e + 1, nl));
+    if (old == p) atomic_fetch_add(&V.off_home, 1);
+    else if (nl == p) atomic_fetch_sub(&V.off_home, 1);
+    if (!atomic_exchange(&V.vlisted[p], 1)) V.vpages[atomic_fetch_add(&V.nvpages, 1)] = p;
+    atomic_fetch_add(&V.nversions, 1);
+    V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
+    atomic_store(&V.logged[p], e);
+    cl_futex_wake(&V.logged[p]);
+}
+
+static int log_page(uint64_t p, uint32_t e) {
+    uint32_t was;
+    if (!claim(p, e, true, &was)) return 0;
     cl_dir_page_written(p); /* no worker's copy is current any more */
     /* The bytes stay where they are, as the copy of versions <= e: readers
      * may have them mapped.  The driver's view moves to a copy. */
@@ -269,29 +344,11 @@ static int log_page(uint64_t p, uint32_t e) {
         if ((rc = view_at(p, nl, cl_wprot_view_prot(), MAP_POPULATE))) loc_free(nl);
     }
     if (rc) {
-        atomic_store(w, cur);
-        cl_futex_wake(w);
+        unclaim(p, was);
         return rc;
     }
-    V.meta[old].page1 = p + 1;
-    V.meta[old].entry = entry;
-    V.meta[old].last_version = e;
-    V.meta[old].alias = false;
-    uint32_t h;
-    do {
-        h = head_of(p);
-        atomic_store(&V.meta[old].next, h);
-    } while (!cas_head(p, h, old));
-    /* readers of versions <= e keep the old location; later ones map this */
-    atomic_store(&cl_region.loctab[p], cl_loc_make(p, e + 1, nl));
-    if (old == p) atomic_fetch_add(&V.off_home, 1);
-    else if (nl == p) atomic_fetch_sub(&V.off_home, 1);
-    if (!atomic_exchange(&V.vlisted[p], 1)) V.vpages[atomic_fetch_add(&V.nvpages, 1)] = p;
-    atomic_fetch_add(&V.nversions, 1);
-    V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
+    commit(p, e, entry, old, nl);
     CL_COUNT(pages_logged, 1);
-    atomic_store(w, e);
-    cl_futex_wake(w);
     return 0;
 }
 
@@ -354,6 +411,79 @@ void cl_version_discarded(uint64_t first, uint64_t n) {
     writer_exit();
 }
 
+/* ---- logging ahead --------------------------------------------------------------- */
+
+/* A page the driver rewrites at every version (a weight vector updated in
+ * place at each iteration) would take, in every epoch, a write fault, a
+ * copy and a mapping: 40 to 130 us for a 64 KiB page on the 2-core VM,
+ * more than the update itself.  A page that changed at this version begin
+ * and at one of the AHEAD_WINDOW versions before is logged as the version
+ * begins instead (clamor_versions_log_ahead, after clamor_versions_keep
+ * has freed the locations it moves to), in runs: one copy and one mapping
+ * for each run of pages whose copies are consecutive (home, twin or third
+ * banks).  The driver then writes it without a fault.  A page logged ahead
+ * and not written is found unchanged at the next version begin, as a page
+ * written back to its old bytes is. */
+#define AHEAD_WINDOW 4
+#define AHEAD_RUN 256
+
+/* Log the claimed run [first, first+n) into locations nl.. nl+n-1
+ * (`entry`, `was`: each page's table entry and log word before).  On an
+ * error the pages stay as they were, for their write faults to log. */
+static int ahead_run(uint64_t first, uint64_t n, uint32_t nl, const uint64_t *entry, const uint32_t *was, uint32_t e) {
+    memcpy(loc_bytes(nl), cl_page_addr(first), n << cl_region.page_shift);
+    int rc = view_run(first, n, nl, PROT_READ | PROT_WRITE, MAP_POPULATE);
+    for (uint64_t k = 0; k < n; k++) {
+        if (rc) {
+            loc_unchoose(nl + (uint32_t)k);
+            unclaim(first + k, was[k]);
+            continue;
+        }
+        atomic_store(&V.early[first + k], 1);
+        commit(first + k, e, entry[k], cl_loc_id(first + k, entry[k]), nl + (uint32_t)k);
+    }
+    if (!rc) {
+        CL_COUNT(pages_logged, n);
+        CL_COUNT(pages_logged_ahead, n);
+    }
+    return rc;
+}
+
+uint64_t clamor_versions_log_ahead(void) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
+    writer_enter(); /* no version begins meanwhile */
+    uint32_t e = atomic_load(&V.epoch);
+    uint64_t done = 0;
+    if (V.on && V.ahead_epoch == e && cl_option_get(CL_OPT_LOG_AHEAD)) {
+        V.ahead_epoch = 0;
+        uint64_t entry[AHEAD_RUN], first = 0, n = 0;
+        uint32_t was[AHEAD_RUN], nl0 = NONE;
+        int rc = 0;
+        for (uint64_t i = 0; i < V.nahead; i++) {
+            uint64_t p = V.ahead[i], en;
+            uint32_t w, nl;
+            if (!claim(p, e, false, &w)) continue; /* a write logged it already */
+            en = atomic_load(&cl_region.loctab[p]);
+            nl = loc_choose(p, cl_loc_id(p, en));
+            if (n && (p != first + n || nl != nl0 + n || n == AHEAD_RUN)) {
+                rc = ahead_run(first, n, nl0, entry, was, e);
+                done += rc ? 0 : n;
+                n = 0;
+            }
+            if (rc || nl == NONE) { /* (the write faults say why) */
+                loc_unchoose(nl);
+                unclaim(p, w);
+                break;
+            }
+            if (!n) first = p, nl0 = nl;
+            entry[n] = en, was[n] = w, n++;
+        }
+        if (n && !ahead_run(first, n, nl0, entry, was, e)) done += n;
+    }
+    writer_exit();
+    return done;
+}
+
 /* ---- versions -------------------------------------------------------------------- */
 
 static int cmp_u64(const void *a, const void *b) {
@@ -397,7 +527,7 @@ static bool free_home(uint64_t p) {
         loc_free(h);
         return true;
     }
-    uint32_t sl = slot_get();
+    uint32_t sl = slot_get(p);
     if (sl == NONE) return false;
     memcpy(loc_bytes(sl), loc_bytes(h), cl_region.page_size);
     V.meta[sl].entry = V.meta[h].entry;
@@ -458,7 +588,7 @@ static void compact(uint32_t prev, uint32_t version) {
         atomic_fetch_add(&V.nversions, 1);
         /* from the version beginning now: a task of an earlier version keeps its
          * mapping of the old location, or fetches */
-        atomic_store(&cl_region.loctab[p], cl_loc_make(p, version, h));
+        loc_set(p, cl_loc_make(p, version, h));
         atomic_fetch_sub(&V.off_home, 1);
         V.moved[V.nmoved++] = p;
         CL_COUNT(pages_compacted, 1);
@@ -470,6 +600,7 @@ static void compact(uint32_t prev, uint32_t version) {
 static int first_version(uint32_t version) {
     int rc;
     if ((rc = clamor_fault_install()) > 0) return rc;
+    cl_option_env(CL_OPT_LOG_AHEAD);
     atomic_store(&V.epoch, version);
     V.on = true; /* before the protection: a write from now on is logged */
     if ((rc = cl_wprot_start())) {
@@ -506,6 +637,7 @@ static int protect_dirty(uint64_t nd) {
 /* Dirty page p of epoch prev, as `version` begins: on the changed list,
  * or, its bytes the same as the copy it logged, unchanged (see below). */
 static void settle(uint64_t p, uint32_t prev, uint32_t version) {
+    atomic_store(&V.early[p], 0);
     uint32_t s = head_of(p);
     bool discarded = atomic_exchange(&V.discarded[p], 0);
     if (s == NONE || V.meta[s].last_version != prev) {
@@ -525,14 +657,14 @@ static void settle(uint64_t p, uint32_t prev, uint32_t version) {
          * old location, and the copy is freed. */
         if (grouped || cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
             V.meta[s].alias = true;
-            atomic_store(&cl_region.loctab[p], cl_loc_make(p, version, cur_of(p)));
+            loc_set(p, cl_loc_make(p, version, cur_of(p)));
             V.moved[V.nmoved++] = p;
             CL_COUNT(pages_unchanged, 1);
             return;
         }
         uint32_t copy = cur_of(p);
         if (view_at(p, s, PROT_READ, 0) == 0 && cas_head(p, s, atomic_load(&V.meta[s].next))) {
-            atomic_store(&cl_region.loctab[p], V.meta[s].entry);
+            loc_set(p, V.meta[s].entry);
             V.meta[s].alias = false;
             if (copy == p) atomic_fetch_add(&V.off_home, 1);
             else if (s == p) atomic_fetch_sub(&V.off_home, 1);
@@ -568,10 +700,14 @@ int clamor_version_begin(uint32_t version) {
     uint64_t nd = take_dirty();
     if ((rc = protect_dirty(nd))) goto out;
     for (uint64_t i = 0; i < nd; i++) settle(V.dirty[i], prev, version);
+    V.nahead = 0;
     for (uint64_t i = 0; i < V.nchanged; i++) {
-        atomic_store(&V.changed_in[V.changed[i]], version);
-        cl_dir_changed(V.changed[i], version);
+        uint64_t p = V.changed[i];
+        uint32_t before = atomic_exchange(&V.changed_in[p], version);
+        if (before && version - before <= AHEAD_WINDOW) V.ahead[V.nahead++] = p;
+        cl_dir_changed(p, version);
     }
+    V.ahead_epoch = version;
     compact(prev, version);
 out:
     begin_done();
@@ -617,6 +753,10 @@ bool cl_version_active(void) { return V.on; }
 bool cl_version_open_now(uint64_t p) {
     return V.on && (atomic_load(&V.logged[p]) & ~LOGGING) == atomic_load(&V.epoch);
 }
+
+/* 1 if page p is open in this epoch because the driver wrote it (not
+ * logged ahead as the version began). */
+bool cl_version_written_now(uint64_t p) { return cl_version_open_now(p) && !atomic_load(&V.early[p]); }
 
 static bool any_in(const uint32_t *sorted, size_t n, uint32_t lo, uint32_t hi) { /* some x with lo < x <= hi */
     size_t a = 0, b = n;
@@ -774,7 +914,9 @@ void cl_version_reset(void) {
         munmap(V.changed, n * 8);
         munmap((void *)V.changed_in, n * 4);
         munmap(V.meta, cl_region.nlocs * sizeof(struct ver));
-        munmap((void *)V.free_next, (size_t)V.nslots * 4);
+        munmap((void *)V.pool_used, ((size_t)V.nslots + 63) / 64 * 8);
+        munmap(V.ahead, n * 8);
+        munmap((void *)V.early, n);
         munmap(V.vpages, n * 8);
         munmap((void *)V.vlisted, n);
         munmap((void *)V.grouped, n);

@@ -89,6 +89,16 @@ def versions_keep(stages):
     check(lib.clamor_versions_keep(arr, len(stages)))
 
 
+def log_ahead():
+    """Driver: log now the pages that changed at the last ``version_begin``
+    and at one of the few versions before (the ones the driver rewrites at
+    every version), as their first writes would, in runs: its writes to them
+    then take no fault.  Call after ``versions_keep``, which frees the
+    locations they move to.  Returns how many pages it logged (0 with
+    ``CLAMOR_LOG_AHEAD=0``)."""
+    return int(lib.clamor_versions_log_ahead())
+
+
 def set_version(version):
     """Worker: the page version the task about to run reads (page requests
     carry it)."""

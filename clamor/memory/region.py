@@ -18,7 +18,7 @@ from .._native import check, ffi, lib
 from . import hooks
 from .hooks import outside
 # (the driver's page versions, called as region's by the runtime)
-from .pageversions import (differs_since, dirty_count, dirty_pages, set_version, version_begin,  # noqa: F401
+from .pageversions import (differs_since, dirty_count, dirty_pages, log_ahead, set_version, version_begin,  # noqa: F401
                            version_current, versions_keep, write_protection)
 
 DRIVER, WORKER = lib.CLAMOR_ROLE_DRIVER, lib.CLAMOR_ROLE_WORKER
@@ -477,6 +477,7 @@ def mappings():
 _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "readahead_streams",
                 "fetch_requests", "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
+                "pages_logged_ahead",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
                 "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",

@@ -82,6 +82,9 @@ class VersionKeeper:
         keep = sorted(versions)
         samehost.map_floor(keep[0] if floor is None else floor)
         region.versions_keep(keep)
+        # (pages rewritten at every version move to their next copy now, in
+        # runs, into the locations just freed: the driver's writes skip the fault)
+        region.log_ahead()
         portable.driver().prune(keep[0])
         return keep
 
