@@ -65,6 +65,8 @@ struct clamor_stats {
     uint64_t pages_invalidated;
     uint64_t pages_logged;
     uint64_t pages_unchanged;
+    uint64_t pages_parked;
+    uint64_t pages_unparked;
     uint64_t pages_logged_ahead;
     uint64_t versions;
     uint64_t version_bytes;

@@ -249,6 +249,8 @@ int clamor_security_mode(void);
     COUNTER(pages_invalidated) /* worker: copies dropped because the driver changed them */                     \
     COUNTER(pages_logged)      /* driver: pages copied on their first write in a version */                     \
     COUNTER(pages_unchanged)   /* driver: of those, identical at the next version */                            \
+    COUNTER(pages_parked)      /* worker: mapped pages dropped with their page tables kept (park.c) */          \
+    COUNTER(pages_unparked)    /* worker: pages mapped again with page tables kept */                            \
     COUNTER(pages_logged_ahead) /* driver: of those, logged as their version began (rewritten at every version) */ \
     VALUE(uint64_t, versions)  /* driver: page versions held */                                                 \
     VALUE(uint64_t, version_bytes)                                                                              \

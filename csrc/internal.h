@@ -53,6 +53,7 @@ enum cl_option {
     CL_OPT_DIFF_KEEP,        /* bytes of kept copies for diffs (CLAMOR_DIFF_KEEP) */
     CL_OPT_SERVE_RATE,       /* bytes per second the page server sends, 0: no limit (CLAMOR_SERVE_RATE) */
     CL_OPT_RELOC,            /* worker: ask for relocations with every page */
+    CL_OPT_PARK,             /* worker: keep the page tables of dropped mapped pages (park.c; CLAMOR_PARK) */
     CL_OPT_LOG_AHEAD,        /* driver: log pages rewritten at every version at the version's start (CLAMOR_LOG_AHEAD) */
     CL_OPT_COUNT
 };
@@ -435,6 +436,12 @@ void cl_version_reset(void);
 bool cl_version_active(void);
 bool cl_version_open_now(uint64_t p);
 bool cl_version_written_now(uint64_t p);
+
+/* ---- park.c: a mapping worker keeps the page tables of dropped pages (pt_lock held) ---- */
+void cl_park_init(void);
+void cl_park_close(void);
+void cl_park_put(uint64_t first, uint64_t n, uint32_t loc0);
+int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot);
 
 /* Inside heap() on a driver whose region is protected by mprotect: open
  * the pages of [a, a+len) for writing now, as a first write would, unless

@@ -39,6 +39,7 @@ static struct option {
     OPT(CL_OPT_DIFF_KEEP, "CLAMOR_DIFF_KEEP", (uint64_t)1 << 30, 0, ONCE),
     OPT(CL_OPT_SERVE_RATE, "CLAMOR_SERVE_RATE", 0, 0, 0),
     OPT(CL_OPT_RELOC, NULL, 0, 0, 0),
+    OPT(CL_OPT_PARK, "CLAMOR_PARK", 1, 0, 0),
     OPT(CL_OPT_LOG_AHEAD, "CLAMOR_LOG_AHEAD", 1, 0, 0),
 #undef OPT
 };

@@ -290,6 +290,11 @@ static int close_runs(uint64_t first, uint64_t count, bool keep) {
             if (w <= 0) return w < 0 ? errno : EIO;
             done += (size_t)w;
         }
+        for (uint64_t j = s; !keep && j < i;) { /* dropped: their page tables go to the park, run by run */
+            uint64_t r = j++;
+            while (j < i && wloc_of(j) == wloc_of(j - 1) + 1) j++;
+            cl_park_put(r, j - r, wloc_of(r) - 1);
+        }
         int rc = own_closed(s, i - s);
         if (rc) return rc;
     }
@@ -490,6 +495,24 @@ static int drop_open_page(uint64_t i, uint32_t keep) {
     return rc;
 }
 
+/* Drop open pages [s, s+n) of a list of changed pages: in one call where
+ * the mapping budget allows, else page by page.  pt_lock held. */
+static int drop_open_run(uint64_t s, uint64_t n, uint32_t keep) {
+    int d = map_delta(s, n, 0);
+    if (n == 1 || (d > 0 && mappings + (uint32_t)d > clamor_max_mappings())) {
+        int rc = 0;
+        for (uint64_t i = s; i < s + n; i++) {
+            int r = is_open(i) ? drop_open_page(i, keep) : 0;
+            if (r && !rc) rc = r;
+        }
+        return rc;
+    }
+    int rc = drop_locked(s, n, keep);
+    if (!rc && s > 0 && is_open(s - 1)) ring_push(s - 1);
+    if (!rc && s + n < cl_region.npages && is_open(s + n)) ring_push(s + n);
+    return rc;
+}
+
 int clamor_invalidate(const uint64_t *pages, uint64_t n) {
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker invalidates pages");
     for (uint64_t k = 0; k < n; k++)
@@ -506,10 +529,15 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
         _Atomic uint32_t *w = &cl_region.pages[i];
         uint32_t s = atomic_load(w);
         switch (CL_PG_STATE(s)) {
-        case CL_PG_PRESENT: {
-            int r = drop_open_page(i, keep);
+        case CL_PG_PRESENT: { /* with the open pages listed after it, one run */
+            uint64_t m = 1;
+            while (k + m < n && pages[k + m] == i + m &&
+                   CL_PG_STATE(atomic_load(&cl_region.pages[i + m])) == CL_PG_PRESENT)
+                m++;
+            int r = drop_open_run(i, m, keep);
             if (r && !rc) rc = r;
-            CL_COUNT(pages_invalidated, 1);
+            CL_COUNT(pages_invalidated, m);
+            k += m - 1;
             break;
         }
         case CL_PG_HELD: {
@@ -638,10 +666,8 @@ static int map_locked(uint64_t idx, bool claimed, bool from_handler) {
     }
     uint32_t id0 = (uint32_t)(id - (idx - a));
     d = delta_to(a, b - a, true, id0, true);
-    void *m = mmap(cl_page_addr(a), (size_t)(b - a) << cl_region.page_shift, cl_region.install_prot,
-                   MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, cl_region.srcfd, (off_t)id0 << cl_region.page_shift);
-    if (m == MAP_FAILED) {
-        int e = errno;
+    int e = cl_park_map(a, b - a, id0, cl_region.install_prot);
+    if (e) {
         /* the range may have lost its mapping: put the worker's own back */
         mmap(cl_page_addr(a), (size_t)(b - a) << cl_region.page_shift, PROT_NONE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE,
              cl_region.memfd, (off_t)(a << cl_region.page_shift));

@@ -89,6 +89,7 @@ static int worker_side(int fd) {
     }
     cl_region.wloc = w;
     cl_region.srcfd = fd;
+    cl_park_init();
     atomic_store(&cl_region.map_on, true);
     return 0;
 }
@@ -105,6 +106,7 @@ int cl_map_child_init(int driver_fd) {
 
 void cl_map_close(void) {
     atomic_store(&cl_region.map_on, false);
+    cl_park_close();
     unmap_table();
     if (cl_region.wloc) munmap((void *)cl_region.wloc, (size_t)cl_region.npages * 4);
     cl_region.wloc = NULL;

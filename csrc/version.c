@@ -96,6 +96,7 @@ static struct {
     uint64_t nahead;
     uint32_t ahead_epoch;       /* the epoch they are for, 0 once logged */
     _Atomic uint8_t *early;     /* per page: logged ahead in this epoch, not by a write */
+    _Atomic uint8_t *gone;      /* per page: freed by the allocator since it was last logged */
     _Atomic uint64_t nversions;
     uint64_t *vpages;           /* pages that have had a version, each once */
     _Atomic uint8_t *vlisted;
@@ -183,12 +184,13 @@ static void slot_put(uint32_t id) {
  * the page's next first write copies there (loc_choose), and a copy into
  * memory just handed back costs the kernel an allocation and a zeroing per
  * 4 KiB, more than the copy.  Such a page holds at most its three
- * locations (home, twin and third). */
+ * locations (home, twin and third), until the allocator frees it
+ * (cl_version_punch): then every location it leaves is punched. */
 static void loc_free(uint32_t id) {
     uint64_t p1 = atomic_load_explicit(&V.meta[id].page1, memory_order_relaxed);
     uint32_t e = atomic_load(&V.epoch), w = p1 ? atomic_load(&V.logged[p1 - 1]) & ~LOGGING : 0;
     bool own = p1 && (id < V.pool0 || id == V.pool0 + p1 - 1); /* the page's home, twin or third */
-    bool hot = own && w && w + 1 >= e;
+    bool hot = own && w && w + 1 >= e && !atomic_load(&V.gone[p1 - 1]);
     /* punched before it reads free: a write fault may take it at once */
     if (!hot)
         fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
@@ -257,6 +259,7 @@ static int versions_init(void) {
     V.pool_used = reserve(((size_t)V.nslots + 63) / 64 * 8);
     V.ahead = reserve(n * 8);
     V.early = reserve(n);
+    V.gone = reserve(n);
     V.vpages = reserve(n * 8);
     V.vlisted = reserve(n);
     V.grouped = reserve(n);
@@ -265,7 +268,7 @@ static int versions_init(void) {
                    MAP_SHARED | MAP_NORESERVE, cl_region.memfd, 0);
     V.fview = f == MAP_FAILED ? NULL : f;
     if (!V.logged || !V.head || !V.dirty || !V.discarded || !V.changed || !V.changed_in || !V.meta || !V.pool_used ||
-        !V.ahead || !V.early || !V.vpages || !V.vlisted || !V.grouped || !V.moved || !V.fview)
+        !V.ahead || !V.early || !V.gone || !V.vpages || !V.vlisted || !V.grouped || !V.moved || !V.fview)
         return cl_err(ENOMEM, "cannot reserve address space for page versions");
     return 0;
 }
@@ -325,6 +328,7 @@ static void commit(uint64_t p, uint32_t e, uint64_t entry, uint32_t old, uint32_
     else if (nl == p) atomic_fetch_sub(&V.off_home, 1);
     if (!atomic_exchange(&V.vlisted[p], 1)) V.vpages[atomic_fetch_add(&V.nvpages, 1)] = p;
     atomic_fetch_add(&V.nversions, 1);
+    atomic_store(&V.gone[p], 0);
     V.dirty[atomic_fetch_add(&V.ndirty, 1)] = p;
     atomic_store(&V.logged[p], e);
     cl_futex_wake(&V.logged[p]);
@@ -704,7 +708,8 @@ int clamor_version_begin(uint32_t version) {
     for (uint64_t i = 0; i < V.nchanged; i++) {
         uint64_t p = V.changed[i];
         uint32_t before = atomic_exchange(&V.changed_in[p], version);
-        if (before && version - before <= AHEAD_WINDOW) V.ahead[V.nahead++] = p;
+        /* (not a page the allocator freed: its copy would hold zeros in memory) */
+        if (before && version - before <= AHEAD_WINDOW && !atomic_load(&V.gone[p])) V.ahead[V.nahead++] = p;
         cl_dir_changed(p, version);
     }
     V.ahead_epoch = version;
@@ -871,6 +876,22 @@ void cl_version_stats(uint64_t *n, uint64_t *bytes) {
     *bytes = *n << cl_region.page_shift;
 }
 
+/* A whole page the allocator freed: the locations it keeps warm for its
+ * next first write (home, twin, third) that hold nothing go back to the
+ * kernel too, and those holding versions go when the versions do. */
+static void punch_spares(uint64_t p) {
+    atomic_store(&V.gone[p], 1);
+    uint32_t cur = cur_of(p), own[3] = {(uint32_t)p, (uint32_t)(cl_region.npages + p), (uint32_t)(V.pool0 + p)};
+    for (int k = 0; k < 3; k++) {
+        uint32_t id = own[k];
+        uint64_t bit = 1ull << (p & 63);
+        if (id == cur || atomic_load(&V.meta[id].page1)) continue;
+        if (k == 2 && (atomic_fetch_or(&V.pool_used[p >> 6], bit) & bit)) continue; /* another page's now */
+        fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
+        if (k == 2) slot_put(id);
+    }
+}
+
 /* Freed region memory reads zero from now on, at whichever location each
  * page's bytes are (never a version's). */
 int cl_version_punch(uint64_t off, uint64_t len) {
@@ -898,6 +919,7 @@ int cl_version_punch(uint64_t off, uint64_t len) {
                 break;
             }
         }
+        if (!rc && guard && V.on && in == 0 && stop - off == cl_region.page_size) punch_spares(p);
         off = stop;
     }
     if (guard) writer_exit();
@@ -917,6 +939,7 @@ void cl_version_reset(void) {
         munmap((void *)V.pool_used, ((size_t)V.nslots + 63) / 64 * 8);
         munmap(V.ahead, n * 8);
         munmap((void *)V.early, n);
+        munmap((void *)V.gone, n);
         munmap(V.vpages, n * 8);
         munmap((void *)V.vlisted, n);
         munmap((void *)V.grouped, n);

@@ -1,12 +1,14 @@
 """Pages the driver rewrites at every version are logged as the version
 begins (version.c, "logging ahead"): their copy and mapping happen in runs,
-and the driver's writes to them take no fault.
+and the driver's writes to them take no fault.  A worker that maps the
+driver's pages keeps the page tables of those it drops, and maps them
+again with those tables when they come back to a location (park.c).
 
 These tests are differential: a driver applies random update patterns to a
 region array and to a plain numpy copy, and every stage's workers must read
 exactly what the copy holds, with logging ahead on and off, under both
-kinds of write protection, for workers that map the driver's pages and for
-workers that fetch them.  Pages logged ahead and then not written, written
+kinds of write protection, for workers that map the driver's pages (with
+their page tables kept and not) and for workers that fetch them.  Pages logged ahead and then not written, written
 back with their old bytes, or written while a stage runs, are all part of
 the patterns.
 """
@@ -24,10 +26,11 @@ want = np.zeros(n)
 hot = rng.choice(128, 24, replace=False)   # pages rewritten at (almost) every stage
 def digest(x):
     return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+unparked = [0, 0]
 def read(i):
     # a partition's digest, and one entry of every hot page
     part = a[i::2]
-    return digest(part), [float(a[p * per_page + 5]) for p in hot]
+    return digest(part), [float(a[p * per_page + 5]) for p in hot], clamor.stats()["pages_unparked"]
 mismatches = []
 with clamor.Cluster(workers=2, progress=False, speculation=False, same_host=SAME_HOST) as cl:
     ds = cl.range(2, partitions=2)
@@ -48,22 +51,24 @@ with clamor.Cluster(workers=2, progress=False, speculation=False, same_host=SAME
         want[idx] = stage
         got = ds.map(read).collect()
         exp = [(digest(want[i::2]), [float(want[p * per_page + 5]) for p in hot]) for i in range(2)]
-        if [list(g) for g in got] != [list(e) for e in exp]:
+        if [list(g[:2]) for g in got] != [list(e) for e in exp]:
             mismatches.append(stage)
+        unparked = [g[2] for g in got]
     modes = sorted(m["mode"] for m in cl.stats()["same_host"]["workers"].values())
 st = region.stats()
-print(json.dumps({"mismatches": mismatches, "modes": modes, "ahead": st["pages_logged_ahead"],
+print(json.dumps({"mismatches": mismatches, "modes": modes, "ahead": st["pages_logged_ahead"], "unparked": unparked,
                   "logged": st["pages_logged"], "mode": region.write_protection()["mechanism"]}))
 """
 
 
-@pytest.mark.parametrize("ahead", ["1", "0"])
+@pytest.mark.parametrize("ahead", ["1", "0"])   # (logging ahead and parking, both on or both off)
 @pytest.mark.parametrize("protect", ["userfaultfd", "mprotect"])
 @pytest.mark.parametrize("same_host", ["map", "fetch"])
 def test_workers_read_what_one_process_computes_under_random_rewrites(ahead, protect, same_host):
     out = scenario(DIFFERENTIAL.replace("SEED", str(len(ahead + protect + same_host)))
                    .replace("SAME_HOST", repr(same_host)),
-                   env={"CLAMOR_LOG_AHEAD": ahead, "CLAMOR_WRITE_PROTECT": protect}, timeout=300)
+                   env={"CLAMOR_LOG_AHEAD": ahead, "CLAMOR_PARK": ahead, "CLAMOR_WRITE_PROTECT": protect},
+                   timeout=300)
     assert out["mismatches"] == [], out
     assert out["mode"] == protect, out
     assert out["modes"] == [same_host, same_host], out
@@ -74,6 +79,12 @@ def test_workers_read_what_one_process_computes_under_random_rewrites(ahead, pro
         assert out["ahead"] * 2 > out["logged"], out
     else:
         assert out["ahead"] == 0, out
+    # (a worker that maps, parking on, maps hot pages back with their page
+    # tables: each worker reads every page, so each one does)
+    if same_host == "map" and ahead == "1":
+        assert min(out["unparked"]) > 0, out
+    else:
+        assert out["unparked"] == [0, 0], out
 
 
 def test_a_stage_maps_pages_logged_ahead_and_never_sees_the_drivers_writes(tmp_path):
@@ -127,3 +138,42 @@ def test_a_stage_maps_pages_logged_ahead_and_never_sees_the_drivers_writes(tmp_p
     assert out["ahead"] >= 128, out
     assert out["faulted"] == 0, out
     assert out["after"] == [99.0, 99.0 * 2048], out
+
+
+def test_a_mapping_worker_keeps_page_tables_not_memory_and_lets_go_when_the_driver_frees():
+    # A worker that maps the driver's pages keeps, at each version, the page
+    # tables of the pages it drops (csrc/park.c), and maps the next
+    # version's pages with them when they come back to a location it parked.
+    # Those tables point at the driver's memory, never at a copy of the
+    # worker's own: once the driver frees the global (and the versions it
+    # kept of it), the worker's shared memory falls back to nothing.
+    out = scenario("""
+    import gc
+    def shmem(pid):
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) << 10
+    a = clamor.array(np.ones(1 << 23))                 # 64 MiB, 1024 pages
+    seen = []
+    with clamor.Cluster(workers=1, progress=False, speculation=False, same_host="map") as cl:
+        pid = cl.worker_pids[0]
+        for stage in range(6):                         # every page rewritten at every stage
+            a[:] = stage
+            seen.append(cl.run(lambda _: [float(a.sum()), clamor.stats()["pages_parked"],
+                                          clamor.stats()["pages_unparked"]], 0)[0])
+        held = shmem(pid)
+        del a
+        gc.collect()
+        for _ in range(3):                             # the versions kept of it go too
+            cl.run(lambda _: 0, 0)
+        after = shmem(pid)
+    print(json.dumps({"seen": seen, "held": held, "after": after}))
+    """, timeout=180)
+    sums = [s for s, _, _ in out["seen"]]
+    assert sums == [float(stage * (1 << 23)) for stage in range(6)], out
+    parked, unparked = out["seen"][-1][1:]
+    # each stage parks the 1024 pages it drops; from the fourth stage on the
+    # pages come back to locations parked three stages before
+    assert parked >= 1024 * 5 and unparked >= 1024 * 2, out
+    assert out["held"] >= 60 << 20, out
+    assert out["after"] < 4 << 20, out

@@ -289,7 +289,7 @@ def test_configure_validation_and_round_trip():
 STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "readahead_streams",
              "fetch_requests", "fetch_errors",
              "pages_served", "bytes_served", "requests_served", "bad_requests", "evictions", "pages_dropped",
-             "pages_invalidated", "pages_logged", "pages_unchanged", "pages_logged_ahead", "versions", "version_bytes",
+             "pages_invalidated", "pages_logged", "pages_unchanged", "pages_parked", "pages_unparked", "pages_logged_ahead", "versions", "version_bytes",
              "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",
              "peers_admitted", "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
              "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "pages_kept", "diff_pages",

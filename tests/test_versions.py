@@ -138,10 +138,12 @@ assert final == 0, final
     print(p.stdout)
 
 
+@pytest.mark.fetch_path
 @pytest.mark.parametrize("keep", [0, 16 << 20])
 def test_invalidated_pages_give_memory_back_on_the_worker(py, keep):
     # A fetching worker keeps the copies of changed pages it held, for diffs,
-    # up to diff_keep bytes (CLAMOR_DIFF_KEEP): the rest goes back.
+    # up to diff_keep bytes (CLAMOR_DIFF_KEEP): the rest goes back.  (A worker
+    # that maps holds no copies: test_log_ahead.py checks what it keeps.)
     py(f"KEEP = {keep}\n" + PRELUDE + """
 a = clamor.array(np.ones(1 << 23))                 # 64 MiB
 def shmem(pid):

@@ -477,7 +477,7 @@ def mappings():
 _STAT_FIELDS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "readahead_streams",
                 "fetch_requests", "fetch_errors", "pages_served", "bytes_served", "requests_served", "bad_requests",
                 "evictions", "pages_dropped", "pages_invalidated", "pages_logged", "pages_unchanged",
-                "pages_logged_ahead",
+                "pages_parked", "pages_unparked", "pages_logged_ahead",
                 "versions", "version_bytes", "pages_from_peers", "bytes_from_peers", "redirects",
                 "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts", "peers_admitted",
                 "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",

@@ -1,0 +1,160 @@
+/* park.c -- a worker that maps the driver's pages keeps their page-table
+ * entries across versions.
+ *
+ * DESIGN.  A page the driver rewrites at every version moves among three
+ * locations of its memfd (version.c: home, twin, third), and a worker that
+ * maps it drops it at every version and maps the next location.  Mapping is
+ * cheap; filling the page tables of the new mapping is not: one 4 KiB entry
+ * at a time, 64% of a worker's time in sparse logistic regression (2^24
+ * weights, every page rewritten), where a peer that keeps one shared
+ * mapping of its object store fills none.
+ *
+ * So a dropped run's entries are not thrown away: mremap(MREMAP_DONTUNMAP)
+ * moves them, with the mapping, to the run's *locations* in the park, a
+ * reserved stretch of address space as long as the driver's memfd, where
+ * location id lives at park + id * page_size.  When a later version puts a
+ * page at a location whose entries are parked, mremap moves them back
+ * under the region page: no fill.  The entries point at the memfd's pages,
+ * which the driver rewrites in place, so they show its current bytes.  A
+ * location the driver punches loses its entries in every mapping, the park
+ * included, and refills from the file.  What must never be parked is a page
+ * this worker wrote (a reference count): under MAP_PRIVATE its entry points
+ * at the worker's own copy, whose bytes are not the driver's.  A run with
+ * any such 4 KiB page (read from /proc/self/pagemap: present, not a file
+ * page) is dropped as before.
+ *
+ * The park's mappings count against the kernel's limit like any other:
+ * each move may split one, so after `budget / 8` moves the whole park is
+ * mapped over, empty, in one call.  No pagemap, no MREMAP_DONTUNMAP for
+ * file mappings (Linux < 5.13), or CLAMOR_PARK=0: nothing is parked, and
+ * pages map as before.  Every function runs under the page table's lock
+ * (pagetable.c).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
+#define PM_PRESENT (1ull << 63)
+#define PM_SWAPPED (1ull << 62)
+#define PM_FILE (1ull << 61)
+
+static struct {
+    char *base;       /* nlocs pages of address space, or NULL: parking off */
+    uint8_t *parked;  /* per location: its entries are in the park */
+    int pagemap;      /* /proc/self/pagemap */
+    uint64_t moves;   /* since the park was last emptied */
+} K = {.pagemap = -1};
+
+static size_t park_bytes(void) { return (size_t)cl_region.nlocs << cl_region.page_shift; }
+static inline char *slot(uint32_t id) { return K.base + ((size_t)id << cl_region.page_shift); }
+
+void cl_park_close(void) {
+    if (K.base) munmap(K.base, park_bytes());
+    if (K.parked) munmap(K.parked, cl_region.nlocs);
+    if (K.pagemap >= 0) close(K.pagemap);
+    K.base = NULL;
+    K.parked = NULL;
+    K.pagemap = -1;
+    K.moves = 0;
+}
+
+void cl_park_init(void) {
+    cl_park_close();
+    cl_option_env(CL_OPT_PARK);
+    if (!cl_option_get(CL_OPT_PARK)) return;
+    int pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (pm < 0) return;
+    void *b = mmap(NULL, park_bytes(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *f = mmap(NULL, cl_region.nlocs, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (b == MAP_FAILED || f == MAP_FAILED) {
+        if (b != MAP_FAILED) munmap(b, park_bytes());
+        if (f != MAP_FAILED) munmap(f, cl_region.nlocs);
+        close(pm);
+        return;
+    }
+    K.base = b;
+    K.parked = f;
+    K.pagemap = pm;
+}
+
+/* Empty the park: one mapping again, nothing parked. */
+static void empty(void) {
+    if (mmap(K.base, park_bytes(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
+        MAP_FAILED) {
+        cl_park_close(); /* (the old mappings stay: parking is off, nothing reads them) */
+        return;
+    }
+    memset(K.parked, 0, cl_region.nlocs);
+    K.moves = 0;
+}
+
+static void counted_move(void) {
+    if (++K.moves > clamor_max_mappings() / 8) empty();
+}
+
+/* True if every present 4 KiB page of [a, a+len) is the file's (none is
+ * this worker's own copy). */
+static bool only_file_pages(const char *a, size_t len) {
+    uint64_t e[512];
+    size_t n = len / CL_OS_PAGE, first = (uintptr_t)a / CL_OS_PAGE;
+    for (size_t k = 0; k < n;) {
+        size_t m = n - k < 512 ? n - k : 512;
+        ssize_t got = pread(K.pagemap, e, m * 8, (off_t)((first + k) * 8));
+        if (got != (ssize_t)(m * 8)) return false;
+        for (size_t j = 0; j < m; j++)
+            if ((e[j] & PM_SWAPPED) || ((e[j] & PM_PRESENT) && !(e[j] & PM_FILE))) return false;
+        k += m;
+    }
+    return true;
+}
+
+void cl_park_put(uint64_t first, uint64_t n, uint32_t loc0) {
+    if (!K.base || !n) return;
+    size_t len = (size_t)n << cl_region.page_shift;
+    char *a = cl_page_addr(first);
+    if (!only_file_pages(a, len)) return;
+    void *r = mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, slot(loc0));
+    if (r == MAP_FAILED) { /* (the kernel cannot: parking is off from now on) */
+        cl_park_close();
+        return;
+    }
+    memset(K.parked + loc0, 1, n);
+    CL_COUNT(pages_parked, n);
+    counted_move();
+}
+
+/* Map locations loc0.. under region pages [first, first+n), `prot`, with the
+ * parked entries of those that have them.  0 or errno. */
+int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot) {
+    for (uint64_t k = 0; k < n;) {
+        uint64_t s = k;
+        bool parked = K.base && K.parked[loc0 + s];
+        while (k < n && (K.base && K.parked[loc0 + k]) == parked) k++;
+        size_t len = (size_t)(k - s) << cl_region.page_shift;
+        char *at = cl_page_addr(first + s);
+        uint32_t id = loc0 + (uint32_t)s;
+        if (parked) {
+            memset(K.parked + id, 0, k - s);
+            /* (parked open, as mapped: with the protection asked for) */
+            void *r = mremap(slot(id), len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, at);
+            if (r != MAP_FAILED) {
+                CL_COUNT(pages_unparked, k - s);
+                counted_move();
+                continue;
+            }
+        }
+        void *m = mmap(at, len, prot, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, cl_region.srcfd,
+                       (off_t)id << cl_region.page_shift);
+        if (m == MAP_FAILED) return errno;
+    }
+    return 0;
+}
