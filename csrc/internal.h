@@ -442,6 +442,7 @@ void cl_park_init(void);
 void cl_park_close(void);
 void cl_park_put(uint64_t first, uint64_t n, uint32_t loc0);
 int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot);
+bool cl_park_kept(uint64_t p);
 
 /* Inside heap() on a driver whose region is protected by mprotect: open
  * the pages of [a, a+len) for writing now, as a first write would, unless

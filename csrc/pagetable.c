@@ -724,10 +724,10 @@ void cl_map_populate(uint64_t first, uint64_t count) {
             uint32_t s = CL_PG_STATE(atomic_load(&cl_region.pages[i]));
             if (s == CL_PG_ABSENT && cl_map_run(i, false, false) != 0) return; /* not mappable: the stream ends */
         }
-        for (uint64_t i = lo; i < hi;) { /* runs mapped from the driver */
-            while (i < hi && !wloc_of(i)) i++;
+        for (uint64_t i = lo; i < hi;) { /* runs mapped from the driver, their tables not kept */
+            while (i < hi && (!wloc_of(i) || cl_park_kept(i))) i++;
             uint64_t s = i;
-            while (i < hi && wloc_of(i)) i++;
+            while (i < hi && wloc_of(i) && !cl_park_kept(i)) i++;
             if (i > s) madvise(cl_page_addr(s), (size_t)(i - s) << cl_region.page_shift, MADV_POPULATE_READ);
         }
     }

@@ -50,8 +50,10 @@
 static struct {
     char *base;       /* nlocs pages of address space, or NULL: parking off */
     uint8_t *parked;  /* per location: its entries are in the park */
+    uint8_t *kept;    /* per region page: mapped with its parked entries (no fill needed) */
     int pagemap;      /* /proc/self/pagemap */
     uint64_t moves;   /* since the park was last emptied */
+    bool on;          /* parking: off for good after the kernel refused (the arrays stay: the pager reads `kept`) */
 } K = {.pagemap = -1};
 
 static size_t park_bytes(void) { return (size_t)cl_region.nlocs << cl_region.page_shift; }
@@ -60,11 +62,14 @@ static inline char *slot(uint32_t id) { return K.base + ((size_t)id << cl_region
 void cl_park_close(void) {
     if (K.base) munmap(K.base, park_bytes());
     if (K.parked) munmap(K.parked, cl_region.nlocs);
+    if (K.kept) munmap(K.kept, cl_region.npages);
     if (K.pagemap >= 0) close(K.pagemap);
     K.base = NULL;
     K.parked = NULL;
+    K.kept = NULL;
     K.pagemap = -1;
     K.moves = 0;
+    K.on = false;
 }
 
 void cl_park_init(void) {
@@ -75,22 +80,26 @@ void cl_park_init(void) {
     if (pm < 0) return;
     void *b = mmap(NULL, park_bytes(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     void *f = mmap(NULL, cl_region.nlocs, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (b == MAP_FAILED || f == MAP_FAILED) {
+    void *k = mmap(NULL, cl_region.npages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (b == MAP_FAILED || f == MAP_FAILED || k == MAP_FAILED) {
         if (b != MAP_FAILED) munmap(b, park_bytes());
         if (f != MAP_FAILED) munmap(f, cl_region.nlocs);
+        if (k != MAP_FAILED) munmap(k, cl_region.npages);
         close(pm);
         return;
     }
     K.base = b;
     K.parked = f;
+    K.kept = k;
     K.pagemap = pm;
+    K.on = true;
 }
 
 /* Empty the park: one mapping again, nothing parked. */
 static void empty(void) {
     if (mmap(K.base, park_bytes(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
         MAP_FAILED) {
-        cl_park_close(); /* (the old mappings stay: parking is off, nothing reads them) */
+        K.on = false; /* (the old mappings stay: nothing reads them) */
         return;
     }
     memset(K.parked, 0, cl_region.nlocs);
@@ -118,13 +127,13 @@ static bool only_file_pages(const char *a, size_t len) {
 }
 
 void cl_park_put(uint64_t first, uint64_t n, uint32_t loc0) {
-    if (!K.base || !n) return;
+    if (!K.on || !n) return;
     size_t len = (size_t)n << cl_region.page_shift;
     char *a = cl_page_addr(first);
     if (!only_file_pages(a, len)) return;
     void *r = mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, slot(loc0));
     if (r == MAP_FAILED) { /* (the kernel cannot: parking is off from now on) */
-        cl_park_close();
+        K.on = false;
         return;
     }
     memset(K.parked + loc0, 1, n);
@@ -132,13 +141,18 @@ void cl_park_put(uint64_t first, uint64_t n, uint32_t loc0) {
     counted_move();
 }
 
+/* True if region page p was mapped with its parked entries: filling its
+ * page tables ahead of a scan (pagetable.c, cl_map_populate) would walk
+ * entries that are there already. */
+bool cl_park_kept(uint64_t p) { return K.kept && K.kept[p]; }
+
 /* Map locations loc0.. under region pages [first, first+n), `prot`, with the
  * parked entries of those that have them.  0 or errno. */
 int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot) {
     for (uint64_t k = 0; k < n;) {
         uint64_t s = k;
-        bool parked = K.base && K.parked[loc0 + s];
-        while (k < n && (K.base && K.parked[loc0 + k]) == parked) k++;
+        bool parked = K.on && K.parked[loc0 + s];
+        while (k < n && (K.on && K.parked[loc0 + k]) == parked) k++;
         size_t len = (size_t)(k - s) << cl_region.page_shift;
         char *at = cl_page_addr(first + s);
         uint32_t id = loc0 + (uint32_t)s;
@@ -147,6 +161,7 @@ int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot) {
             /* (parked open, as mapped: with the protection asked for) */
             void *r = mremap(slot(id), len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, at);
             if (r != MAP_FAILED) {
+                if (K.kept) memset(K.kept + first + s, 1, k - s);
                 CL_COUNT(pages_unparked, k - s);
                 counted_move();
                 continue;
@@ -155,6 +170,7 @@ int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot) {
         void *m = mmap(at, len, prot, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, cl_region.srcfd,
                        (off_t)id << cl_region.page_shift);
         if (m == MAP_FAILED) return errno;
+        if (K.kept) memset(K.kept + first + s, 0, k - s);
     }
     return 0;
 }

@@ -54,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -230,6 +231,25 @@ static int view_run(uint64_t p, uint64_t n, uint32_t id, int prot, int populate)
 
 static int view_at(uint64_t p, uint32_t id, int prot, int populate) { return view_run(p, 1, id, prot, populate); }
 
+/* Copy n pages of the driver's view, from page p on, into locations id..
+ * (async-signal-safe).  pwrite(2), not a memcpy through fview: a location
+ * never written, or punched, gets its memory from the write itself, which
+ * fills whole pages, so the kernel does not zero them first (half the cost
+ * of a first write to a fresh location on the 2-core VM), and fview takes
+ * no fault per 4 KiB. */
+static int copy_out(uint64_t p, uint64_t n, uint32_t id) {
+    const char *src = cl_page_addr(p);
+    size_t len = (size_t)n << cl_region.page_shift;
+    off_t off = loc_off(id);
+    for (size_t done = 0; done < len;) {
+        ssize_t w = pwrite(cl_region.memfd, src + done, len - done, off + (off_t)done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : EIO;
+        done += (size_t)w;
+    }
+    return 0;
+}
+
 /* Page p's table entry becomes `entry`; the one before stays readable for
  * workers of older versions that map pages (pagetable.c, mappable): it is
  * stored first. */
@@ -344,8 +364,9 @@ static int log_page(uint64_t p, uint32_t e) {
     uint32_t old = cl_loc_id(p, entry), nl = loc_choose(p, old);
     int rc = nl == NONE ? ENOMEM : 0;
     if (!rc) {
-        memcpy(loc_bytes(nl), loc_bytes(old), cl_region.page_size);
-        if ((rc = view_at(p, nl, cl_wprot_view_prot(), MAP_POPULATE))) loc_free(nl);
+        rc = copy_out(p, 1, nl);
+        if (!rc) rc = view_at(p, nl, cl_wprot_view_prot(), MAP_POPULATE);
+        if (rc) loc_free(nl);
     }
     if (rc) {
         unclaim(p, was);
@@ -429,14 +450,14 @@ void cl_version_discarded(uint64_t first, uint64_t n) {
  * and not written is found unchanged at the next version begin, as a page
  * written back to its old bytes is. */
 #define AHEAD_WINDOW 4
-#define AHEAD_RUN 256
+#define LOG_RUN 64 /* pages logged with one copy and one mapping, at most */
 
-/* Log the claimed run [first, first+n) into locations nl.. nl+n-1
+/* Log ahead the claimed run [first, first+n) into locations nl.. nl+n-1
  * (`entry`, `was`: each page's table entry and log word before).  On an
  * error the pages stay as they were, for their write faults to log. */
-static int ahead_run(uint64_t first, uint64_t n, uint32_t nl, const uint64_t *entry, const uint32_t *was, uint32_t e) {
-    memcpy(loc_bytes(nl), cl_page_addr(first), n << cl_region.page_shift);
-    int rc = view_run(first, n, nl, PROT_READ | PROT_WRITE, MAP_POPULATE);
+static int log_run(uint64_t first, uint64_t n, uint32_t nl, const uint64_t *entry, const uint32_t *was, uint32_t e) {
+    int rc = copy_out(first, n, nl);
+    if (!rc) rc = view_run(first, n, nl, PROT_READ | PROT_WRITE, MAP_POPULATE);
     for (uint64_t k = 0; k < n; k++) {
         if (rc) {
             loc_unchoose(nl + (uint32_t)k);
@@ -453,6 +474,37 @@ static int ahead_run(uint64_t first, uint64_t n, uint32_t nl, const uint64_t *en
     return rc;
 }
 
+/* Log ahead in epoch e, in runs (one copy and one mapping for each run of
+ * pages whose copies are consecutive), the pages pages[0..count)
+ * (ascending) but those logged or being logged already.  Returns how many
+ * it logged. */
+static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e) {
+    uint64_t entry[LOG_RUN], first = 0, n = 0, done = 0;
+    uint32_t was[LOG_RUN], nl0 = NONE;
+    int rc = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t p = pages[i], en;
+        uint32_t w, nl;
+        if (!claim(p, e, false, &w)) continue; /* a write logged it already */
+        en = atomic_load(&cl_region.loctab[p]);
+        nl = loc_choose(p, cl_loc_id(p, en));
+        if (n && (p != first + n || nl != nl0 + n || n == LOG_RUN)) {
+            rc = log_run(first, n, nl0, entry, was, e);
+            done += rc ? 0 : n;
+            n = 0;
+        }
+        if (rc || nl == NONE) { /* (the write faults say why) */
+            loc_unchoose(nl);
+            unclaim(p, w);
+            break;
+        }
+        if (!n) first = p, nl0 = nl;
+        entry[n] = en, was[n] = w, n++;
+    }
+    if (n && !log_run(first, n, nl0, entry, was, e)) done += n;
+    return done;
+}
+
 uint64_t clamor_versions_log_ahead(void) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
     writer_enter(); /* no version begins meanwhile */
@@ -460,29 +512,7 @@ uint64_t clamor_versions_log_ahead(void) {
     uint64_t done = 0;
     if (V.on && V.ahead_epoch == e && cl_option_get(CL_OPT_LOG_AHEAD)) {
         V.ahead_epoch = 0;
-        uint64_t entry[AHEAD_RUN], first = 0, n = 0;
-        uint32_t was[AHEAD_RUN], nl0 = NONE;
-        int rc = 0;
-        for (uint64_t i = 0; i < V.nahead; i++) {
-            uint64_t p = V.ahead[i], en;
-            uint32_t w, nl;
-            if (!claim(p, e, false, &w)) continue; /* a write logged it already */
-            en = atomic_load(&cl_region.loctab[p]);
-            nl = loc_choose(p, cl_loc_id(p, en));
-            if (n && (p != first + n || nl != nl0 + n || n == AHEAD_RUN)) {
-                rc = ahead_run(first, n, nl0, entry, was, e);
-                done += rc ? 0 : n;
-                n = 0;
-            }
-            if (rc || nl == NONE) { /* (the write faults say why) */
-                loc_unchoose(nl);
-                unclaim(p, w);
-                break;
-            }
-            if (!n) first = p, nl0 = nl;
-            entry[n] = en, was[n] = w, n++;
-        }
-        if (n && !ahead_run(first, n, nl0, entry, was, e)) done += n;
+        done = log_pages(V.ahead, V.nahead, e);
     }
     writer_exit();
     return done;
