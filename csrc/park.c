@@ -126,19 +126,40 @@ static bool only_file_pages(const char *a, size_t len) {
     return true;
 }
 
+/* Move the mapping and page tables of n pages at `from` to `to`, leaving
+ * an empty mapping behind.  A range that spans mappings (mapped or parked
+ * in separate calls, and not merged by the kernel) moves page by page: no
+ * page is in two.  moved[k]: page k moved.  Returns how many did.  A
+ * kernel that cannot move such a mapping at all turns parking off. */
+static uint64_t move(char *from, char *to, uint64_t n, bool *moved) {
+    size_t ps = cl_region.page_size;
+    if (mremap(from, n * ps, n * ps, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED) {
+        memset(moved, 1, n);
+        return n;
+    }
+    if (errno != EFAULT) { /* (EINVAL: no MREMAP_DONTUNMAP for file mappings here) */
+        K.on = false;
+        memset(moved, 0, n);
+        return 0;
+    }
+    uint64_t done = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        moved[k] = mremap(from + k * ps, ps, ps, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to + k * ps) !=
+                   MAP_FAILED;
+        done += moved[k];
+    }
+    return done;
+}
+
 void cl_park_put(uint64_t first, uint64_t n, uint32_t loc0) {
     if (!K.on || !n) return;
     size_t len = (size_t)n << cl_region.page_shift;
     char *a = cl_page_addr(first);
     if (!only_file_pages(a, len)) return;
-    void *r = mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, slot(loc0));
-    if (r == MAP_FAILED) { /* (the kernel cannot: parking is off from now on) */
-        K.on = false;
-        return;
-    }
-    memset(K.parked + loc0, 1, n);
-    CL_COUNT(pages_parked, n);
-    counted_move();
+    /* (the parked flags are the `moved` array itself) */
+    uint64_t done = move(a, slot(loc0), n, (bool *)(K.parked + loc0));
+    CL_COUNT(pages_parked, done);
+    if (done) counted_move();
 }
 
 /* True if region page p was mapped with its parked entries: filling its
@@ -157,15 +178,18 @@ int cl_park_map(uint64_t first, uint64_t n, uint32_t loc0, int prot) {
         char *at = cl_page_addr(first + s);
         uint32_t id = loc0 + (uint32_t)s;
         if (parked) {
-            memset(K.parked + id, 0, k - s);
             /* (parked open, as mapped: with the protection asked for) */
-            void *r = mremap(slot(id), len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, at);
-            if (r != MAP_FAILED) {
-                if (K.kept) memset(K.kept + first + s, 1, k - s);
-                CL_COUNT(pages_unparked, k - s);
-                counted_move();
-                continue;
-            }
+            bool *back = (bool *)(K.kept + first + s);
+            uint64_t done = move(slot(id), at, k - s, back);
+            memset(K.parked + id, 0, k - s);
+            CL_COUNT(pages_unparked, done);
+            if (done) counted_move();
+            for (uint64_t j = 0; j < k - s; j++) /* what did not move maps afresh */
+                if (!back[j] && mmap(at + (j << cl_region.page_shift), cl_region.page_size, prot,
+                                     MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, cl_region.srcfd,
+                                     (off_t)(id + j) << cl_region.page_shift) == MAP_FAILED)
+                    return errno;
+            continue;
         }
         void *m = mmap(at, len, prot, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, cl_region.srcfd,
                        (off_t)id << cl_region.page_shift);
