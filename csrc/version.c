@@ -51,6 +51,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -505,6 +506,24 @@ static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e) {
     return done;
 }
 
+/* The second half of a long list, on a thread of its own: the copy and
+ * the fill of the page tables run on two CPUs (the workers wait for the
+ * stage meanwhile).  The pages are disjoint, and every step of logging
+ * is atomic per page; the caller's writer_enter covers both. */
+struct half {
+    const uint64_t *pages;
+    uint64_t count, done;
+    uint32_t e;
+};
+
+static void *log_half(void *arg) {
+    struct half *h = arg;
+    h->done = log_pages(h->pages, h->count, h->e);
+    return NULL;
+}
+
+#define AHEAD_SPLIT 256 /* pages: a list this long is logged by two threads */
+
 uint64_t clamor_versions_log_ahead(void) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER || !V.logged) return 0;
     writer_enter(); /* no version begins meanwhile */
@@ -512,7 +531,23 @@ uint64_t clamor_versions_log_ahead(void) {
     uint64_t done = 0;
     if (V.on && V.ahead_epoch == e && cl_option_get(CL_OPT_LOG_AHEAD)) {
         V.ahead_epoch = 0;
-        done = log_pages(V.ahead, V.nahead, e);
+        uint64_t n = V.nahead, mine = n;
+        struct half h = {V.ahead + n / 2, n - n / 2, 0, e};
+        pthread_t th;
+        bool two = n >= AHEAD_SPLIT && sysconf(_SC_NPROCESSORS_ONLN) > 1;
+        if (two) {
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_SETMASK, &all, &old); /* (no signal handler runs on it) */
+            two = pthread_create(&th, NULL, log_half, &h) == 0;
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            if (two) mine = n / 2;
+        }
+        done = log_pages(V.ahead, mine, e);
+        if (two) {
+            pthread_join(th, NULL);
+            done += h.done;
+        }
     }
     writer_exit();
     return done;
