@@ -18,7 +18,7 @@
  * that mapped the old location keep reading it until they drop the page at
  * a later version; no driver write ever reaches memory a reader maps.
  * Everything the handler does is async-signal-safe: a location comes from a
- * bitmap of pool slots, the copy is memcpy, the rest atomics,
+ * bitmap of pool slots, the copy is pwrite, the rest atomics,
  * futex, mmap and mprotect.
  *
  * At the next clamor_version_begin(S+1), each page of epoch S's dirty list
@@ -148,6 +148,12 @@ static inline char *loc_bytes(uint32_t id) { return V.fview + ((size_t)id << cl_
 static inline off_t loc_off(uint32_t id) { return (off_t)id << cl_region.page_shift; }
 static inline uint32_t cur_of(uint64_t p) { return cl_loc_id(p, atomic_load(&cl_region.loctab[p])); }
 
+/* Take pool slot s if it is free: true if the caller has it now. */
+static bool slot_take(uint64_t s) {
+    uint64_t bit = 1ull << (s & 63);
+    return !(atomic_fetch_or(&V.pool_used[s >> 6], bit) & bit);
+}
+
 /* A free pool slot: page p's third location if it is free, else the
  * first free one from where the last search ended; NONE if none is.  A
  * page rewritten at every version cycles through three locations (the
@@ -156,8 +162,7 @@ static inline uint32_t cur_of(uint64_t p) { return cl_loc_id(p, atomic_load(&cl_
  * third keeps it, like its home and twin, in a bank where pages written
  * together are consecutive, so that one copy and one mapping move a run. */
 static uint32_t slot_get(uint64_t p) {
-    uint64_t bit = 1ull << (p & 63);
-    if (p < V.nslots && !(atomic_fetch_or(&V.pool_used[p >> 6], bit) & bit)) return (uint32_t)(V.pool0 + p);
+    if (p < V.nslots && slot_take(p)) return (uint32_t)(V.pool0 + p);
     uint64_t nw = ((uint64_t)V.nslots + 63) / 64, w0 = atomic_load_explicit(&V.pool_hint, memory_order_relaxed);
     for (uint64_t i = 0; i < nw; i++) {
         uint64_t w = (w0 + i) % nw, cur = atomic_load(&V.pool_used[w]);
@@ -949,9 +954,8 @@ static void punch_spares(uint64_t p) {
     uint32_t cur = cur_of(p), own[3] = {(uint32_t)p, (uint32_t)(cl_region.npages + p), (uint32_t)(V.pool0 + p)};
     for (int k = 0; k < 3; k++) {
         uint32_t id = own[k];
-        uint64_t bit = 1ull << (p & 63);
         if (id == cur || atomic_load(&V.meta[id].page1)) continue;
-        if (k == 2 && (atomic_fetch_or(&V.pool_used[p >> 6], bit) & bit)) continue; /* another page's now */
+        if (k == 2 && !slot_take(p)) continue; /* another page's now */
         fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, loc_off(id), (off_t)cl_region.page_size);
         if (k == 2) slot_put(id);
     }

@@ -86,6 +86,23 @@ def attempt(f, *a, **k):
 """
 
 
+def flag_waiter(directory, step=0.005):
+    """Script text (at column 0) for a handshake through files in
+    ``directory``: ``say(name)`` creates the file ``name``, and
+    ``wait_for(name)`` waits up to 60 s for it (a driver thread and a
+    task, or two processes, taking turns)."""
+    return f"""
+flags = {str(directory)!r}
+def wait_for(name):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(flags, name)):
+        assert time.monotonic() < deadline, "no " + name
+        time.sleep({step})
+def say(name):
+    open(os.path.join(flags, name), "w").close()
+"""
+
+
 def scenario(body, timeout=120, env=None):
     """Run a driver script (after PRELUDE, faulthandler on) in its own
     interpreter, with ``env`` added to the environment (a None value takes

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import PRELUDE
+from helpers import PRELUDE, flag_waiter
 
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host); those about the fetch itself, fetch only.
@@ -122,15 +122,7 @@ import time
 a = clamor.array(np.zeros(1 << 20))        # 8 MiB
 a[:] = 1.0
 far = 1 << 19                              # 4 MiB further: a page the worker has not read
-flags = {str(tmp_path)!r}
-def wait_for(name):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(flags, name)):
-        assert time.monotonic() < deadline, "no " + name
-        time.sleep(0.01)
-def say(name):
-    open(os.path.join(flags, name), "w").close()
-def writer():
+""" + flag_waiter(tmp_path, 0.01) + f"""def writer():
     wait_for("read")
     a[0] = 2.0                             # the worker holds page 0 already
     a[far] = 2.0

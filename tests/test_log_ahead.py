@@ -12,9 +12,11 @@ their page tables kept and not) and for workers that fetch them.  Pages logged a
 back with their old bytes, or written while a stage runs, are all part of
 the patterns.
 """
+import textwrap
+
 import pytest
 
-from helpers import scenario
+from helpers import flag_waiter, scenario
 
 DIFFERENTIAL = """
 import hashlib
@@ -93,13 +95,7 @@ def test_a_stage_maps_pages_logged_ahead_and_never_sees_the_drivers_writes(tmp_p
     # version on.  A task of this version still maps (not fetches) the
     # location of its own version, and a driver write made while it runs,
     # which takes no fault, is not seen by it; the next stage sees it.
-    out = scenario(f"""
-    flags = {str(tmp_path)!r}
-    def wait_for(name):
-        deadline = time.monotonic() + 60
-        while not os.path.exists(os.path.join(flags, name)):
-            assert time.monotonic() < deadline, "no " + name
-            time.sleep(0.005)
+    out = scenario(flag_waiter(tmp_path) + textwrap.dedent("""
     a = clamor.array(np.zeros(1 << 20))              # 128 pages
     with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
         for stage in range(1, 5):                    # every page changes at every stage
@@ -111,7 +107,7 @@ def test_a_stage_maps_pages_logged_ahead_and_never_sees_the_drivers_writes(tmp_p
         def task(_):
             st0 = clamor.stats()
             v0 = float(a[0])
-            open(os.path.join(flags, "read"), "w").close()
+            say("read")
             wait_for("written")
             st1 = clamor.stats()
             return [v0, float(a[0]), float(a.sum()), st1["pages_fetched"] - st0["pages_fetched"],
@@ -119,16 +115,16 @@ def test_a_stage_maps_pages_logged_ahead_and_never_sees_the_drivers_writes(tmp_p
         def writer():
             wait_for("read")
             a[::512] = 99.0
-            open(os.path.join(flags, "written"), "w").close()
+            say("written")
         t = threading.Thread(target=writer)
         t.start()
         during = cl.run(task, 0)[0]
         t.join()
         st = region.stats()
         after = cl.run(lambda _: [float(a[0]), float(a.sum())], 0)[0]
-    print(json.dumps({{"during": during, "after": after, "ahead": st["pages_logged_ahead"] - ahead_before,
-                       "faulted": st["pages_logged"] - st["pages_logged_ahead"] - faults_before}}))
-    """, timeout=180)
+    print(json.dumps({"during": during, "after": after, "ahead": st["pages_logged_ahead"] - ahead_before,
+                      "faulted": st["pages_logged"] - st["pages_logged_ahead"] - faults_before}))
+    """), timeout=180)
     v0, again, total, fetched, mapped = out["during"]
     assert v0 == again == 5.0, out
     assert total == 5.0 * 2048, out

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from helpers import PRELUDE
+from helpers import PRELUDE, flag_waiter
 
 
 def test_a_driver_write_while_a_stage_runs_is_not_seen_by_it(py, tmp_path):
@@ -19,13 +19,7 @@ def test_a_driver_write_while_a_stage_runs_is_not_seen_by_it(py, tmp_path):
     # not touched yet while the task waits, and the task reads both again:
     # the old bytes, from the location it mapped and from the version the
     # driver kept.  The next stage sees the writes.  Spawned and forked.
-    p = py(PRELUDE + f"""
-flags = {str(tmp_path)!r}
-def wait_for(name):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(flags, name)):
-        assert time.monotonic() < deadline, "no " + name
-        time.sleep(0.005)
+    p = py(PRELUDE + flag_waiter(tmp_path) + f"""
 out = {{}}
 for method in ("fork", "spawn"):
     for f in os.listdir(flags):
