@@ -589,8 +589,9 @@ long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *f
  * only, for types, functions, code, modules); returns n.  Takes the GIL. */
 long clamor_py_fingerprints(const uint64_t *objs, uint64_t *out, size_t n);
 /* The addresses of the objects of the list at `list` and of what each refers
- * to (its referents, as gc.get_referents() gives them) into out[cap], with
- * repeats; returns how many, or minus how many out would need. */
+ * to (its referents, as gc.get_referents() gives them, and a few levels of
+ * what those hold untracked) into out[cap], each once; returns how many, or
+ * minus how many out would need, or LONG_MIN if out of memory. */
 long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap);
 /* ids: sorted addresses of a snapshot, fps their fingerprints.  has: was
  * there an object at addr?  inherited: 1 if the live object obj reads as

@@ -260,19 +260,75 @@ static uint64_t fingerprint(PyObject *o) {
     return of_body(h, o);
 }
 
+/* The objects reached so far, each with the least depth it was reached
+ * at: an open-addressed table of addresses (0: empty slot). */
 struct ids {
-    uint64_t *at;
+    uint64_t *at;       // out: each object once, in the order first reached
     size_t n, cap;
     int depth;
+    uint64_t *keys;
+    unsigned char *depths;
+    size_t mask, used;
+    int oom;
 };
+
+static inline size_t slot_of(uint64_t k, size_t mask) { return (size_t)((k >> 4) * 0x9E3779B97F4A7C15ull) & mask; }
+
+static int grow(struct ids *b) {
+    size_t cap = (b->mask + 1) * 2;
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    unsigned char *depths = malloc(cap);
+    if (!keys || !depths) {
+        free(keys);
+        free(depths);
+        return -1;
+    }
+    for (size_t i = 0; b->keys && i <= b->mask; i++) {
+        if (!b->keys[i]) continue;
+        size_t j = slot_of(b->keys[i], cap - 1);
+        while (keys[j]) j = (j + 1) & (cap - 1);
+        keys[j] = b->keys[i];
+        depths[j] = b->depths[i];
+    }
+    free(b->keys);
+    free(b->depths);
+    b->keys = keys;
+    b->depths = depths;
+    b->mask = cap - 1;
+    return 0;
+}
+
+/* 1 if ref must be followed from this depth: not reached before, or only
+ * deeper (from there the depth limit cut off more of what it refers to). */
+static int first_at(struct ids *b, uint64_t k) {
+    if (2 * (b->used + 1) > b->mask + 1 && grow(b) < 0) {
+        b->oom = 1;
+        return 0;
+    }
+    size_t j = slot_of(k, b->mask);
+    while (b->keys[j] && b->keys[j] != k) j = (j + 1) & b->mask;
+    if (b->keys[j]) {
+        if (b->depths[j] <= b->depth) return 0;
+        b->depths[j] = (unsigned char)b->depth;
+        return 1;
+    }
+    b->keys[j] = k;
+    b->depths[j] = (unsigned char)b->depth;
+    b->used++;
+    if (b->n < b->cap) b->at[b->n] = k;
+    b->n++;
+    return 1;
+}
 
 /* What the collector's links do not show.  A dict with str keys does not
  * visit its keys (strs make no cycles): attribute and global names.  A
  * container of atomic items is untracked (not in gc.get_objects()), and
  * so is a code object, whose names and constants are the strs a class's
  * methods set as attributes.  So the snapshot follows those too, a few
- * levels deep (an object seen twice is counted twice: the list is made
- * unique after). */
+ * levels deep.  Each object is followed once from the least depth it is
+ * reached at: the same set as following every path, without the repeats
+ * (the constants of one code object are reached from every function,
+ * method and frame that holds it). */
 static int collect(PyObject *ref, void *arg);
 
 static void collect_more(PyObject *o, struct ids *b) {
@@ -299,23 +355,24 @@ static void collect_more(PyObject *o, struct ids *b) {
 
 static int collect(PyObject *ref, void *arg) {
     struct ids *b = arg;
-    if (!ref) return 0;
-    if (b->n < b->cap) b->at[b->n] = (uintptr_t)ref;
-    b->n++;
-    collect_more(ref, b);
+    if (ref && first_at(b, (uintptr_t)ref)) collect_more(ref, b);
     return 0;
 }
 
 long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *l = (PyObject *)list;
-    struct ids b = {out, 0, cap, 0};
-    for (Py_ssize_t i = 0; PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
+    struct ids b = {out, 0, cap, 0, NULL, NULL, 1023, 0, 0};
+    if (grow(&b) < 0) b.oom = 1;
+    for (Py_ssize_t i = 0; !b.oom && PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
         PyObject *o = PyList_GET_ITEM(l, i);
         collect(o, &b);
         if (PyObject_IS_GC(o) && Py_TYPE(o)->tp_traverse) Py_TYPE(o)->tp_traverse(o, collect, &b);
     }
+    free(b.keys);
+    free(b.depths);
     PyGILState_Release(g);
+    if (b.oom) return LONG_MIN;
     return b.n <= cap ? (long)b.n : -(long)b.n;
 }
 

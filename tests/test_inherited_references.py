@@ -87,3 +87,78 @@ print(json.dumps({"tracked": tracked, "direct": id(mod.direct) in ids, "behind":
     assert not out["tracked"], out          # the case the traversal into untracked containers is for
     assert out["direct"] and out["behind"] and out["outer"], out
     assert not out["inner"] and not out["plain"] and out["all_inside"], out
+
+
+SNAPSHOT = """
+import gc, json, random
+from clamor._native import ffi, lib
+import numpy as np
+
+def reference(roots):
+    # every path followed, as the snapshot's rule reads (csrc/pyfinger.c):
+    # each root and its referents; below them dict keys, an untracked
+    # dict's values and an untracked container's items, 8 levels deep
+    out = set()
+    def collect(o, depth):
+        out.add(id(o))
+        if depth >= 8:
+            return
+        if isinstance(o, dict):
+            for k, v in o.items():
+                collect(k, depth + 1)
+                if not gc.is_tracked(o):
+                    collect(v, depth + 1)
+        elif not gc.is_tracked(o):
+            for r in gc.get_referents(o):
+                collect(r, depth + 1)
+    for o in roots:
+        collect(o, 0)
+        for r in gc.get_referents(o):
+            collect(r, 0)
+    return out
+
+r = random.Random(5)
+def chain(n, tag):
+    # untracked tuples (atoms only, after a collection), n levels, a str at each
+    c = (f"leaf-{tag}",)
+    for i in range(n):
+        c = (c, f"{tag}-{i}-" + "x" * r.randrange(5))
+    return c
+
+graphs = []
+for trial in range(30):
+    chains = [chain(r.randrange(3, 14), f"t{trial}c{j}") for j in range(4)]
+    mids = []
+    for c in chains:
+        for _ in range(r.randrange(2, 9)):
+            c = c[0] if len(c) == 2 else c
+        mids.append(c)
+    keyed = {f"key-{trial}-{i}": [chains[i % 4]] for i in range(6)}
+    roots = [{"a": chains[0], "b": (chains[1], mids[0])}, keyed, [mids[1], chains[2]], mids[2], (chains[3],), mids[3]]
+    r.shuffle(roots)
+    graphs.append((roots, chains + mids))
+for _ in range(16):          # the tuples of atoms are untracked from here, a level a collection
+    gc.collect()
+results = []
+raw = np.empty(1 << 16, dtype=np.uint64)
+for roots, tuples in graphs:
+    n = lib.clamor_py_snapshot(id(roots), ffi.cast("uint64_t *", raw.ctypes.data), len(raw))
+    got = raw[:n].tolist()
+    want = reference(roots)
+    results.append([n, len(set(got)), len(want), sorted(set(got) ^ want)[:5], sum(not gc.is_tracked(t) for t in tuples)])
+print(json.dumps(results))
+"""
+
+
+def test_the_fork_snapshot_lists_each_object_once_and_everything_every_path_reaches():
+    """The snapshot of what forked workers inherit follows each object once,
+    from the least depth it is reached at (a container reached first deep
+    in a chain and later directly must still be followed to its depth
+    limit): the same set as following every path, each address once."""
+    from helpers import run_json
+    results = run_json(SNAPSHOT)
+    for n, unique, want, differ, untracked in results:
+        assert untracked == 8, "the chains' tuples must be untracked, for the snapshot to follow them"
+        assert n == unique, f"the snapshot repeats addresses: {n} for {unique} objects"
+        assert not differ and unique == want, (n, unique, want, differ)
+    assert max(w for _, _, w, _, _ in results) > 50

@@ -13,6 +13,8 @@ import numpy as np
 from .._native import ffi, lib
 from ._kinds import _HEAPTYPE, _STATIC, data_only
 
+LONG_MIN = -(1 << 63)   # clamor_py_snapshot: out of memory
+
 _inherited = None  # _Snapshot of the objects alive at the last fork
 
 
@@ -46,12 +48,18 @@ def note_fork():
     global _inherited
     _inherited = None
     objs = gc.get_objects()
-    raw = np.empty(8 * len(objs) + 4096, dtype=np.uint64)
-    n = lib.clamor_py_snapshot(id(objs), ffi.cast("uint64_t *", raw.ctypes.data), len(raw))
-    if n < 0:
-        raw = np.empty(-n, dtype=np.uint64)
+    cap = 4 * len(objs) + 4096
+    while True:
+        raw = np.empty(cap, dtype=np.uint64)
         n = lib.clamor_py_snapshot(id(objs), ffi.cast("uint64_t *", raw.ctypes.data), len(raw))
-    ids = np.unique(raw[:n])     # (no object is made in between that could be missed: objs holds them all)
+        if n == LONG_MIN:
+            raise MemoryError("no memory for the snapshot of the objects the workers inherit")
+        if n >= 0:
+            break
+        cap = -n + 4096    # (objects made since the last try may be reached too)
+    # each address once; sorted for the lookups (no object is made in
+    # between that could be missed: objs holds them all)
+    ids = np.sort(raw[:n])
     del raw
     fps = np.empty_like(ids)
     # every object is alive while ``objs`` holds it or the objects that

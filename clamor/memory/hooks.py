@@ -174,6 +174,18 @@ def prepare_fork():
     return held
 
 
+def prepare_next_fork():
+    """Before each fork after the first of several in a row that one
+    ``prepare_fork`` prepared, the collector off in between (a collection
+    could free region objects onto the free lists): the free lists and
+    numpy's cache are emptied again of what the last fork's own work freed."""
+    if not _installed:
+        return
+    if lib.clamor_py_freelists_flush() < 0:
+        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+    _flush_dims(active())
+
+
 def _held_from_outside():
     """The region objects this process's own memory refers to: a module's
     global or a library's cache that a block set (csrc/pyheld.c,

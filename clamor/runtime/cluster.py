@@ -237,8 +237,7 @@ class Cluster:
             # arguments it was forked with), and a driver write made after
             # that must reach the changed list of the first stage.
             region.version_begin(region.version_current() + 1)
-            for _ in range(self.nworkers):
-                self._pool.spawn()
+            self._pool.spawn(self.nworkers)
             self._started = self._pool.started = True
             self._await_workers()
             self._runner._idle_since = time.monotonic()

@@ -12,6 +12,7 @@ Cluster's: the pool only ends the worker, tells the others, and starts a
 replacement (``replace_workers``) or opens its place again (a remote one).
 """
 import dataclasses
+import gc
 import itertools
 import json
 import logging
@@ -26,7 +27,7 @@ import zmq
 
 from .. import errors
 from ..memory import portable, region, samehost
-from ..memory.hooks import prepare_fork
+from ..memory.hooks import prepare_fork, prepare_next_fork
 from . import code, liveness
 from .driver import heartbeat_interval, read_join, read_leave, welcome
 from .executor import worker_main
@@ -114,15 +115,33 @@ class WorkerPool:
         self._wids = itertools.count()
 
     # -- starting ---------------------------------------------------------------------------
-    def spawn(self):
-        """Start one more local worker; it joins when its HELLO arrives."""
+    def spawn(self, count=1):
+        """Start ``count`` more local workers; each joins when its HELLO arrives."""
+        if self.opts.start_method != "fork":
+            for _ in range(count):
+                self._spawn_one()
+            return
+        # before the arguments are made: none may come from a free list
+        for obj in prepare_fork():
+            self.held.setdefault(id(obj), obj)
+        code.note_fork()
+        # The forks after the first reuse its preparation: nothing between
+        # them touches a region object, and no collection runs.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for i in range(count):
+                if i:
+                    prepare_next_fork()
+                self._spawn_one()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _spawn_one(self):
         o = self.opts
         wid = b"w%d" % next(self._wids)
         if o.start_method == "fork":
-            # before the arguments are made: none may come from a free list
-            for obj in prepare_fork():
-                self.held.setdefault(id(obj), obj)
-            code.note_fork()
             pid = liveness.fork(worker_main, self.endpoint, wid, self.security, self.host, o.ports,
                                 heartbeat_interval(o.heartbeat_timeout))
             self.born[wid] = region.version_current()   # the version its copies reflect until its first task
