@@ -396,15 +396,17 @@ print(json.dumps(out))
 
 
 def test_invalidating_every_other_page_keeps_within_the_mapping_budget(py):
-    """4 KiB pages: a worker holds a 320 MiB array as one run; the driver
-    changes every other page.  Dropping them one by one split the run into
-    more mappings than vm.max_map_count allows (65530), and the worker
-    died."""
+    """4 KiB pages: a worker holds an array as one run; the driver changes
+    every other page.  Dropping them one by one split the run into more
+    mappings than vm.max_map_count allows (65530, for a 320 MiB array), and
+    the worker died.  Here a budget of 16384 mappings and a 128 MiB array
+    (32768 pages, 16384 of them dropped) show the bound."""
     p = py(PRELUDE + """
-region.init(size=2 << 30, page_size=4096)
-NP = 81920
+region.init(size=1 << 30, page_size=4096)
+NP = 32768
 a = clamor.array(np.arange(NP * 512, dtype=np.int64))
 def info(i):
+    clamor.configure(max_mappings=16384)
     return int(a.sum()), clamor.stats()["mappings"], clamor.configure()["max_mappings"]
 with clamor.Cluster(workers=1, progress=False, recover=False) as cl:
     first = cl.range(1, partitions=1).map(info).collect()[0]
@@ -415,4 +417,5 @@ print(json.dumps({"first": first, "second": second, "want": int(a.sum())}))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["second"][0] == out["want"], out
+    assert out["second"][2] == 16384, out
     assert out["second"][1] <= out["second"][2], out
