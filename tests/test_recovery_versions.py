@@ -157,10 +157,10 @@ def run(cl, flag):
 d = os.environ["SCRATCH"]
 with clamor.Cluster(workers=4, slots=1, progress=False) as cl:
     first = run(cl, os.path.join(d, "a"))
-    time.sleep(2.0)
+    time.sleep(1.0)                           # idle: far past the 0.1 s a task may run before a copy
     idle = run(cl, os.path.join(d, "b"))
     # and no copy of a quick task after an idle spell
-    time.sleep(2.0)
+    time.sleep(1.0)
     quick = cl.stats()["recovery"]["speculative_copies"]
     cl.range(8, partitions=8).map(lambda i: (time.sleep(0.2), i)[1]).collect()
     quick = cl.stats()["recovery"]["speculative_copies"] - quick
