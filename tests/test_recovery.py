@@ -94,7 +94,10 @@ for seed in SEEDS:
         got = job(cl)
         stop.set()
         th.join()
-        time.sleep(0.6)                          # a kill just before the end is noticed too
+        deadline = time.monotonic() + 30         # a kill just before the end is noticed too
+        while victims & set(cl.worker_pids) and time.monotonic() < deadline:
+            cl._check_liveness()
+            time.sleep(0.02)
         cl._check_liveness()
         rec = cl.stats()["recovery"]
         pids = cl.worker_pids + [p for p in cl._pids]
