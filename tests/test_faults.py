@@ -211,8 +211,11 @@ with clamor.Cluster(workers=1, progress=False, replace_workers=False) as cl:
 
 
 @pytest.mark.fetch_path
-def test_driver_gone_ends_in_a_fatal_error_not_a_hang(py):
-    p = py(PRELUDE + """
+def test_driver_gone_ends_in_a_fatal_error_not_a_hang(py, tmp_path):
+    """A worker started by hand reads a page, its driver is killed, and it
+    reads the next page: no one serves it, and the fetch timeout ends the
+    worker with a fatal error."""
+    p = py(PRELUDE + flag_waiter(tmp_path) + """
 import subprocess, time
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 r = clamor.ref(a)
@@ -230,11 +233,15 @@ def later(r):
     clamor.configure(readahead=0)
     x = r.get()
     first = float(x[0])
-    # the driver is killed while we sleep; the next page has nobody to serve it
-    time.sleep(3)
+    driver = os.getppid()
+    say("read")
+    # the driver is killed while we wait; the next page has nobody to serve it
+    deadline = time.monotonic() + 30
+    while os.getppid() == driver and time.monotonic() < deadline:
+        time.sleep(0.01)
     return float(x[-1])
 threading.Thread(target=cl.run, args=(later, r), daemon=True).start()
-time.sleep(1.0)
+wait_for("read")
 print("WORKER", pid, flush=True)
 os.kill(os.getpid(), 9)
 """, timeout=60)

@@ -51,7 +51,7 @@ def test_an_object_built_over_a_freed_one_is_checked_again_for_spawned_workers()
             with clamor.heap():
                 t = scipy.spatial.KDTree(np.random.default_rng(seed).random((2000, 2)))
                 t.__dict__
-            with clamor.Cluster(workers=2, start_method="spawn", progress=False) as cl:
+            with clamor.Cluster(workers=1, start_method="spawn", progress=False) as cl:   # (one crashes as two did)
                 got = cl.parallelize(list(range(4)), 4).map(lambda i: t.query(q, k=3)[1].tolist()).collect()
                 lost = cl.stats()["recovery"]["workers_lost"]
             return t, [got == [t.query(q, k=3)[1].tolist()] * 4, lost, id(t)]

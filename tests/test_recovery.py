@@ -11,9 +11,11 @@ import pytest
 
 from helpers import PRELUDE, gone, run_script
 
-# Every test with workers that map the driver's pages and with workers that
-# fetch them (conftest.same_host); those about serving peers, fetch only.
-pytestmark = pytest.mark.usefixtures("same_host")
+# Each test whose workers read region pages or join a running cluster runs
+# with workers that map the driver's pages and with workers that fetch them
+# (conftest.same_host); those about serving peers, fetch only.  The tests
+# whose workers never touch a region page run once.
+both_modes = pytest.mark.usefixtures("same_host")
 
 SEEDED = PRELUDE + """
 import random
@@ -92,7 +94,10 @@ for seed in SEEDS:
         got = job(cl)
         stop.set()
         th.join()
-        time.sleep(0.6)                          # a kill just before the end is noticed too
+        deadline = time.monotonic() + 30         # a kill just before the end is noticed too
+        while victims & set(cl.worker_pids) and time.monotonic() < deadline:
+            cl._check_liveness()
+            time.sleep(0.02)
         cl._check_liveness()
         rec = cl.stats()["recovery"]
         pids = cl.worker_pids + [p for p in cl._pids]
@@ -116,6 +121,7 @@ def test_workers_killed_at_random_moments_give_the_exact_result(same_host):
     assert sum(r["rerun"] + r["jobs"] for r in runs) > 0, runs
 
 
+@both_modes
 def test_lost_cached_partitions_are_recomputed_at_their_own_version():
     """The paper's point: lineage includes the page versions read.  The
     cached partitions were made before the update, so their re-run must read
@@ -165,6 +171,7 @@ def test_lost_cached_partitions_are_recomputed_at_their_own_version():
     assert out["again_at"] > out["made_at"], out
 
 
+@both_modes
 @pytest.mark.fetch_path
 def test_a_worker_killed_while_serving_pages_to_peers():
     """Every worker reads the same hot pages, so with replication the driver
@@ -204,6 +211,7 @@ def test_a_worker_killed_while_serving_pages_to_peers():
     assert out["rerun"] >= 1                             # the victim died holding tasks
 
 
+@both_modes
 def test_replacement_workers_join_and_take_tasks():
     out, _ = run_script("""
         import json, os, signal, time, clamor
@@ -237,6 +245,7 @@ def test_replacement_workers_join_and_take_tasks():
     assert all(gone(p) for p in out["before"] + out["after"])
 
 
+@both_modes
 def test_a_replacement_killed_before_it_joins_is_noticed_and_replaced():
     out, _ = run_script("""
         import json, os, signal, time, clamor
@@ -265,6 +274,7 @@ def test_a_replacement_killed_before_it_joins_is_noticed_and_replaced():
     assert all(gone(p) for p in out["first"] + out["starting"] + out["after"])
 
 
+@both_modes
 def test_a_replacement_gets_its_share_of_an_iterative_job():
     # Partitions keep to the worker that ran them last (its pages are warm),
     # but no worker is preferred for more than its share: after a loss the

@@ -6,9 +6,10 @@ import pytest
 
 from helpers import scenario as _scenario
 
-# Every test with workers that map the driver's pages and with workers that
-# fetch them (conftest.same_host).
-pytestmark = pytest.mark.usefixtures("same_host")
+# Each test whose workers read a global runs with workers that map the
+# driver's pages and with workers that fetch them (conftest.same_host); the
+# tests whose workers never touch a region page run once.
+both_modes = pytest.mark.usefixtures("same_host")
 
 KILL_ALL = """
 def kill_all_after(cl, delay):
@@ -27,6 +28,7 @@ def scenario(body, timeout=120, scratch=None):
     return _scenario(KILL_ALL + body, timeout=timeout, env={"SCRATCH": str(scratch)} if scratch else None)
 
 
+@both_modes
 def test_a_shuffle_that_failed_is_computed_afresh_by_the_retry(tmp_path):
     # A map stage fails (a task error); the driver updates the global and
     # runs the action again.  The shuffle never completed, so the retry
@@ -54,6 +56,7 @@ print(json.dumps({"first": first[0], "got": got}))
     assert out["got"] == want, out
 
 
+@both_modes
 def test_partitions_cached_by_a_failed_action_are_not_read_later():
     # Every task of the first action computes and stores its cached
     # partition, then fails downstream of it.  Nothing was recorded as
@@ -72,6 +75,7 @@ print(json.dumps({"first": first[0], "got": got, "again": again}))
     assert out == {"first": "TaskError", "got": [7] * 8, "again": [7] * 8}, out
 
 
+@both_modes
 def test_a_rerun_at_an_old_version_does_not_fill_a_cache_made_later():
     # A shuffle made at the old global loses a map output; its re-run, at
     # the old version, computes a parent the user cached only after the
@@ -107,8 +111,13 @@ def test_losing_every_worker_at_once_counts_each_task_once():
 W = 4
 with clamor.Cluster(workers=W, slots=3, progress=False, speculation=False) as cl:
     cl.range(W, partitions=W).map(lambda x: x).collect()
+    first = set(cl.worker_pids)
+    def task(x):
+        if os.getpid() in first:        # 2 s on the workers killed at 0.5 s; their replacements at once
+            time.sleep(2.0)
+        return x
     kill_all_after(cl, 0.5)
-    got = attempt(cl.range(W, partitions=W).map(lambda x: (time.sleep(2.0), x)[1]).sum)
+    got = attempt(cl.range(W, partitions=W).map(task).sum)
     rec = cl.stats()["recovery"]
 print(json.dumps({"got": got, "rec": rec}))
 """, timeout=180)
@@ -153,10 +162,10 @@ def run(cl, flag):
 d = os.environ["SCRATCH"]
 with clamor.Cluster(workers=4, slots=1, progress=False) as cl:
     first = run(cl, os.path.join(d, "a"))
-    time.sleep(2.0)
+    time.sleep(1.0)                           # idle: far past the 0.1 s a task may run before a copy
     idle = run(cl, os.path.join(d, "b"))
     # and no copy of a quick task after an idle spell
-    time.sleep(2.0)
+    time.sleep(1.0)
     quick = cl.stats()["recovery"]["speculative_copies"]
     cl.range(8, partitions=8).map(lambda i: (time.sleep(0.2), i)[1]).collect()
     quick = cl.stats()["recovery"]["speculative_copies"] - quick
@@ -168,6 +177,7 @@ print(json.dumps({"first": first, "idle": idle, "quick": quick}))
     assert out["quick"] == 0, out
 
 
+@both_modes
 def test_versions_between_the_needed_ones_are_dropped():
     """A collection cached once (reading a global), then the global updated
     and read at every stage: only the cached partitions' stage and the

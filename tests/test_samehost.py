@@ -111,24 +111,26 @@ assert 0 < mapped <= 514, mapped
 
 
 def test_many_stages_of_sparse_updates_free_old_versions_and_bound_mappings(py):
-    # 400 stages, each writing a few scattered pages of a 64 MiB table that
+    # 200 stages, each writing a few scattered pages of a 32 MiB table that
     # two workers read whole: every stage is exact, the driver holds a
     # bounded number of versions, and the mappings of the driver and of the
     # workers stay bounded (pages move between their home and their twin,
-    # and a group moves together).
+    # and a group moves together).  The 1200 pages written are more
+    # than the bound on mappings (about two per page of the table), and
+    # cover most pages.
     p = py(PRELUDE + """
 def maps(pid="self"):
     with open(f"/proc/{pid}/maps") as f:
         return sum(1 for _ in f)
 rng = np.random.default_rng(7)
-n = 1 << 23                                       # 64 MiB: 1024 pages
+n = 1 << 22                                       # 32 MiB: 512 pages
 a = clamor.array(rng.integers(0, 1000, n))
 want = a.copy()
 worst = {"versions": 0, "version_bytes": 0, "driver_maps": 0, "worker_maps": 0, "worker_mappings": 0}
 with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
     pids = cl.worker_pids
     base_maps = maps()
-    for stage in range(400):
+    for stage in range(200):
         idx = rng.integers(0, n, 6)
         a[idx] += 1
         want[idx] += 1
@@ -150,11 +152,11 @@ print(json.dumps({"worst": worst, "modes": modes, "mapped": mapped}))
     assert out["mapped"] > 0
     # a stage changes at most 6 pages; versions live for about two stages
     assert w["versions"] <= 24, w
-    # after 400 stages the pages written sit at home or twin, scattered:
-    # each costs the driver about two mappings, and at most 1024 pages exist
-    assert w["driver_maps"] <= 2 * 1024 + 64, w
-    assert w["worker_maps"] <= 2 * 1024 + 400, w
-    assert w["worker_mappings"] <= 2 * 1024 + 2, w
+    # after 200 stages the pages written sit at home or twin, scattered:
+    # each costs the driver about two mappings, and at most 512 pages exist
+    assert w["driver_maps"] <= 2 * 512 + 64, w
+    assert w["worker_maps"] <= 2 * 512 + 400, w
+    assert w["worker_mappings"] <= 2 * 512 + 2, w
 
 
 def test_the_mapping_budget_holds_with_pages_at_scattered_locations(py):
@@ -260,7 +262,7 @@ def maps():
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
 rng = np.random.default_rng(11)
-n = 1 << 24                                       # 128 MiB: 2048 pages
+n = 1 << 22                                       # 32 MiB: 512 pages
 a = clamor.array(np.zeros(n, dtype=np.int64))
 want = np.zeros(n, dtype=np.int64)
 clamor.configure(max_mappings=256)
@@ -270,7 +272,7 @@ with clamor.Cluster(workers=2, progress=False, speculation=False) as cl:
         kept = cl.range(4, partitions=2).map(lambda i: i * 2).cache()
         kept.collect()
     base = maps()
-    for stage in range(80):
+    for stage in range(50):
         idx = rng.integers(0, n, 12)
         a[idx] += stage + 1
         want[idx] += stage + 1
@@ -284,8 +286,8 @@ print(json.dumps({{"worst": worst, "compacted": st["pages_compacted"], "modes": 
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["modes"] == ["map", "map"]
     assert out["compacted"] > 0, out
-    # about 900 pages written once or more; at most 64 left away from home
-    # (2 mappings each), and the few a stage writes
+    # about 360 pages written once or more (compaction every few stages); at
+    # most 64 left away from home (2 mappings each), and the few a stage writes
     assert out["worst"] <= 2 * 64 + 2 * 12 + 16, out
 
 

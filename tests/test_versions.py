@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import PRELUDE
+from helpers import PRELUDE, flag_waiter
 
 # Every test with workers that map the driver's pages and with workers that
 # fetch them (conftest.same_host).
@@ -89,16 +89,24 @@ assert st["pages_unchanged"] >= 1 and st["pages_logged"] >= 1
 """, check=True)
 
 
-def test_driver_write_during_a_running_stage_does_not_leak(py):
-    py(PRELUDE + """
+def test_driver_write_during_a_running_stage_does_not_leak(py, tmp_path):
+    """The driver writes the array while the stage's first tasks wait to
+    read it (and before its later tasks start): every task of that stage
+    reads the old bytes, the next stage the new ones."""
+    py(PRELUDE + flag_waiter(tmp_path) + """
 a = clamor.array(np.zeros(1 << 20))               # 8 MiB
 with clamor.Cluster(workers=2, progress=False) as cl:
     def late_read(i):
-        time.sleep(1.5)                            # the driver writes meanwhile
+        say(f"started-{i}")
+        wait_for("written")                        # the driver writes meanwhile
         return float(a[i * 100000:(i + 1) * 100000].sum())
     def writer():
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not any(f.startswith("started-") for f in os.listdir(flags)):
+            assert time.monotonic() < deadline, "no task started"
+            time.sleep(0.005)
         a[:] = 7.0
+        say("written")
     t = threading.Thread(target=writer); t.start()
     got = cl.range(8, partitions=8).map(late_read).collect()
     t.join()
@@ -196,8 +204,9 @@ def test_a_skipped_task_still_drops_the_pages_it_carried(py, tmp_path):
     driver changed.  A losing speculative copy keeps worker Y busy into the
     next stage; Y's task there is copied to another worker, which wins, and
     Y skips it unrun.  Y must still drop the changed pages, or it reads the
-    old values in every later stage."""
-    p = py(PRELUDE + f"""
+    old values in every later stage.  (The original returns once its copy
+    has started; the copy, once the next stage is over.)"""
+    p = py(PRELUDE + flag_waiter(tmp_path) + f"""
 N = 1 << 20
 a = clamor.array(np.zeros(N))
 mark = {str(tmp_path / "mark")!r}
@@ -206,14 +215,19 @@ with clamor.Cluster(workers=3, progress=False) as cl:
     def f(p):
         if p == 0:
             try:
-                os.close(os.open(mark, os.O_CREAT | os.O_EXCL)); time.sleep(1)   # the original
+                os.close(os.open(mark, os.O_CREAT | os.O_EXCL))
+                wait_for("copied")                                      # the original
             except FileExistsError:
-                time.sleep(4)                                                   # the losing copy
+                say("copied")
+                wait_for("summed")                                      # the losing copy
+                say("done")
         return p
     cl.range(12, partitions=12).map(f).collect()
     a[:] = 1.0
     sums = cl.range(12, partitions=12).map(lambda p: float(a.sum())).collect()
-    time.sleep(4)
+    say("summed")
+    wait_for("done")                               # Y is free again
+    time.sleep(0.3)
     for _ in range(3):
         sums += cl.range(12, partitions=12).map(lambda p: float(a.sum())).collect()
     st = cl.stats()["recovery"]
@@ -267,8 +281,9 @@ def test_a_losing_copy_reads_its_own_stage_after_the_next_one_began(py, tmp_path
     begun later stages, it must get its own stage's version: that version
     is kept while the copy runs (it was collected at the next stage start,
     and the worker died on the fault).  An array nobody changed reads fine
-    at any old stage."""
-    p = py(PRELUDE + f"""
+    at any old stage.  The original reads once two later stages have
+    begun, and more begin while it runs."""
+    p = py(PRELUDE + flag_waiter(tmp_path) + f"""
 a = clamor.array(np.arange(1 << 20, dtype=np.float64))
 b = clamor.array(np.arange(1 << 20, dtype=np.float64))
 c = clamor.array(np.arange(1 << 20, dtype=np.float64))
@@ -280,10 +295,11 @@ def task(i):
             os.close(os.open(mark, os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return 0.0
-        time.sleep(2.5)                          # the copy elsewhere wins
+        wait_for("go")                           # the copy elsewhere wins
         s = float(b.sum()) + float(c.sum())      # after later stages began
         with open(seen, "w") as f:
             f.write(repr(s))
+        say("read")
     return float(a[i * 1000])
 with clamor.Cluster(workers=4, progress=False) as cl:
     cl.range(4, partitions=4).map(lambda i: i).collect()
@@ -293,7 +309,9 @@ with clamor.Cluster(workers=4, progress=False) as cl:
     rest = []
     for k in range(6):
         rest.append(cl.range(4, partitions=4).map(lambda i: float(a[i * 1000])).collect())
-        time.sleep(0.5)
+        if k == 1:
+            say("go")
+    wait_for("read")
     st = cl.stats()["recovery"]
 print(json.dumps({{"r1": r1, "rest": rest, "lost": st["workers_lost"], "copies": st["speculative_copies"],
                   "seen": float(open(seen).read())}}))
@@ -378,15 +396,17 @@ print(json.dumps(out))
 
 
 def test_invalidating_every_other_page_keeps_within_the_mapping_budget(py):
-    """4 KiB pages: a worker holds a 320 MiB array as one run; the driver
-    changes every other page.  Dropping them one by one split the run into
-    more mappings than vm.max_map_count allows (65530), and the worker
-    died."""
+    """4 KiB pages: a worker holds an array as one run; the driver changes
+    every other page.  Dropping them one by one split the run into more
+    mappings than vm.max_map_count allows (65530, for a 320 MiB array), and
+    the worker died.  Here a budget of 16384 mappings and a 128 MiB array
+    (32768 pages, 16384 of them dropped) show the bound."""
     p = py(PRELUDE + """
-region.init(size=2 << 30, page_size=4096)
-NP = 81920
+region.init(size=1 << 30, page_size=4096)
+NP = 32768
 a = clamor.array(np.arange(NP * 512, dtype=np.int64))
 def info(i):
+    clamor.configure(max_mappings=16384)
     return int(a.sum()), clamor.stats()["mappings"], clamor.configure()["max_mappings"]
 with clamor.Cluster(workers=1, progress=False, recover=False) as cl:
     first = cl.range(1, partitions=1).map(info).collect()[0]
@@ -397,4 +417,5 @@ print(json.dumps({"first": first, "second": second, "want": int(a.sum())}))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["second"][0] == out["want"], out
+    assert out["second"][2] == 16384, out
     assert out["second"][1] <= out["second"][2], out

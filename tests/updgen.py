@@ -33,6 +33,7 @@ Every line must agree; a failed stage (a worker that crashed: the Cluster
 is made with ``max_attempts=1``) and a lost worker are failures too.  One
 JSON line reports what ran, what share() said, and what differed.
 """
+import contextlib
 import hashlib
 import itertools
 import json
@@ -397,23 +398,37 @@ class Driver:
         self.mutated = set()       # ids of pool objects changed after the fork
         self.at_fork = np.zeros(0, np.uint64)
         self.containers = []
+        self.keys = {}             # tag: (int key, str key), made in a block (newkey)
 
     # -- building
     def build(self, phase, clean_names):
-        for shape in SHAPES:
-            with clamor.heap():
-                c, inner, names = build_container(self.r, shape, self.tags)
-                held = [c]
+        """A container of each shape, in one block, with its held list."""
+        with clamor.heap():
+            built = [build_container(self.r, shape, self.tags) for shape in SHAPES]
+            held = [[c] for c, _, _ in built]
+        for shape, (c, inner, names), h in zip(SHAPES, built, held):
             name = f"{shape}.{phase}"
-            self.containers.append(Container(name, shape, c, inner, names, held, name in clean_names))
+            self.containers.append(Container(name, shape, c, inner, names, h, name in clean_names))
 
     # -- updates
     def newkey(self, t):
         """A new key or attribute name, made in a block: what an update
-        adds is its value, made as its kind says."""
+        adds is its value, made as its kind says.  In the block of a heap
+        kind's update, made there; else taken from keys made in one block
+        for the next 128 tags (a block is two full collections: one per key
+        was a fifth of a run)."""
         tag = next(self.tags)
-        with clamor.heap():
+        if clamor.heap.active():
             return 100000 + tag if t is int else "zqn" + str(tag)
+        if tag not in self.keys:
+            with clamor.heap():
+                self.keys = {k: (100000 + k, "zqn" + str(k)) for k in range(tag, tag + 128)}
+        return self.keys[tag][t is not int]
+
+    def block(self):
+        """A heap() block, or none if one is open: an inner block adds two
+        full collections and nothing else here."""
+        return contextlib.nullcontext() if clamor.heap.active() else clamor.heap()
 
     def free_some(self, vtype):
         """Free a few pool objects of ``vtype`` that nothing else holds."""
@@ -444,7 +459,7 @@ class Driver:
             return rec
         newkey = self.newkey
         if kind in HEAP_KINDS:
-            with clamor.heap():
+            with self.block():
                 op, where, do = plan_op(r, cont, steps, holder, kind, newkey)
                 v = None if op.endswith(("remove", "pop", "delete")) else \
                     make_instance(r, next(self.tags)) if kind == "heap_inst" else \
@@ -593,13 +608,30 @@ class Driver:
         r = self.r
         for cont in self.containers:
             kinds = [k for k in self.kinds if k in HEAP_KINDS] if cont.clean else self.kinds
-            for _ in range(r.randint(1, 3)):
-                if not kinds:
-                    break
-                rec = self.update(cont, rnd, r.choice(kinds))
-                cont.updates.append(rec)
-                op = f"{rec['kind']} {rec['op']}"
-                self.rep["ops"][op] = self.rep["ops"].get(op, 0) + 1
+            # Updates of the heap kinds in a row share one block (each
+            # writes only what the block built); any other kind is made
+            # and written outside.
+            recs, blk = [None] * 3, None
+            try:
+                for i in range(r.randint(1, 3)):
+                    if not kinds:
+                        break
+                    kind = r.choice(kinds)
+                    if kind in HEAP_KINDS and blk is None:
+                        blk = clamor.heap()
+                        blk.__enter__()
+                    elif kind not in HEAP_KINDS and blk is not None:
+                        blk, b = None, blk
+                        b.__exit__(None, None, None)
+                    recs[i] = self.update(cont, rnd, kind)
+            finally:
+                if blk is not None:
+                    blk.__exit__(None, None, None)
+            for rec in recs:
+                if rec is not None:
+                    cont.updates.append(rec)
+                    op = f"{rec['kind']} {rec['op']}"
+                    self.rep["ops"][op] = self.rep["ops"].get(op, 0) + 1
         # share() before the stage for most containers, after it for the
         # others; the region lists of those it approved, in one block (kept
         # until the round ends: no list's address is reused within it).
