@@ -276,7 +276,7 @@ def test_a_lost_worker_is_reaped_at_once():
         res = {"first": c.range(10).sum()}
         stopped = c.worker_pids[0]
         os.kill(stopped, signal.SIGSTOP)   # no heartbeats: declared lost, then killed
-        res["during"] = c.range(48, partitions=8).map(lambda i: (time.sleep(0.3), i)[1]).sum()   # (> 1 s)
+        res["during"] = c.range(16, partitions=8).map(lambda i: (time.sleep(0.3), i)[1]).sum()   # (> 1 s)
         res["next"] = c.range(10).sum()
         res["zombies"] = [p.pid for p in psutil.Process().children()
                           if p.status() == psutil.STATUS_ZOMBIE]
@@ -285,7 +285,7 @@ def test_a_lost_worker_is_reaped_at_once():
         c.close()
         print(json.dumps(res))
         """)
-    assert out["first"] == 45 and out["during"] == 1128 and out["next"] == 45
+    assert out["first"] == 45 and out["during"] == 120 and out["next"] == 45
     assert out["lost"] >= 1
     assert out["zombies"] == [] and out["stopped gone"], out
 

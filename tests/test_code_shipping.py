@@ -158,7 +158,7 @@ def test_a_worker_without_an_installed_package_the_driver_imported_is_refused_na
         sys.path.insert(0, {str(site)!r})
         import clamor, fakedist_pkg
         from clamor.runtime import code
-        cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=20)
+        cl = clamor.Cluster(workers=0, remote=1, progress=False, start_timeout=8)
         cl.join_command()
         env = {{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}}
         env["CLAMOR_SECRET"] = cl.secret

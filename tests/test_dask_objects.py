@@ -5,7 +5,14 @@ Each scenario is a driver in its own interpreter started with
 PYTHONHASHSEED=6640, the seed Dask's nanny gives the workers it starts:
 str-keyed dicts in the region hash the same on both sides.  Every answer
 is compared with the driver's own.
+
+The tests that use one LocalCluster with that seed share one driver (the
+``shared`` fixture): each test's part runs there in file order, as a
+function of its own that fills its own results (or its traceback, which
+fails that test alone), and the test checks them.
 """
+import textwrap
+
 import pytest
 from helpers import scenario
 
@@ -52,8 +59,33 @@ def run(body, seed="6640"):
     return scenario(SETUP + body + TEARDOWN, timeout=240, env={"PYTHONHASHSEED": seed})
 
 
-def test_a_kdtree_and_a_dict_are_used_in_place_in_every_way_dask_passes_data():
-    out = run("""
+# the parts the shared driver runs, in this order (their texts follow)
+PARTS = ["KDTREE_AND_DICT", "CHANGED_BY_THE_DRIVER", "REFUSED_BEFORE_SENT", "RESULT_THROUGH_A_VIEW",
+         "DETACHED_RESULT", "BUILT_AFTER_ATTACH"]
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """One driver, after SETUP, runs every part in PARTS: each as a function
+    whose ``res`` is its own dict, an exception caught as its traceback."""
+    body = ""
+    for name in PARTS:
+        body += (f"def part_{name}(res):\n" + textwrap.indent(globals()[name], "    ") + "\n"
+                 f"res[{name!r}] = {{}}\n"
+                 f"try:\n    part_{name}(res[{name!r}])\n"
+                 f"except Exception:\n    import traceback\n"
+                 f"    res[{name!r}] = {{'error': traceback.format_exc()}}\n")
+    return scenario(SETUP + body + TEARDOWN, timeout=600, env={"PYTHONHASHSEED": "6640"})
+
+
+def part(shared, name):
+    """The results of part ``name`` of the shared driver."""
+    out = shared[name]
+    assert "error" not in out, f"part {name} raised:\n{out.get('error')}"
+    return out
+
+
+KDTREE_AND_DICT = """
 from distributed.protocol.pickle import dumps
 t, n = clamor.dask.ref(tree), clamor.dask.ref(names)
 qs = [rng.random(2) for _ in range(24)]
@@ -73,15 +105,18 @@ back = client.submit(lambda: n.get(), pure=False).result()
 res["copy"] = [back == names, region.contains(id(back))]
 st = client.run(clamor.stats)
 res["relocated"] = sum(s["reloc_pages"] for s in st.values())
-""")
+"""
+
+
+def test_a_kdtree_and_a_dict_are_used_in_place_in_every_way_dask_passes_data(shared):
+    out = part(shared, "KDTREE_AND_DICT")
     assert out["closure_bytes"] < 2000
     assert out["map"] and out["submit"] and out["delayed"] and out["bag"] and out["mixed"]
     assert out["copy"] == [True, False]        # a result is a value, not the worker's view of the region
     assert out["relocated"] > 0
 
 
-def test_an_object_changed_by_the_driver_reads_per_submission():
-    out = run("""
+CHANGED_BY_THE_DRIVER = """
 n = clamor.dask.ref(names)
 name = "go-objects"
 def held(i):
@@ -101,20 +136,27 @@ new = client.submit(lambda: n.get()["k7"][1] + n.get()["k3999"][1], pure=False)
 Event(name, client=client).set()
 res["old"] = client.gather(old)
 res["new"] = new.result()
-""")
+"""
+
+
+def test_an_object_changed_by_the_driver_reads_per_submission(shared):
+    out = part(shared, "CHANGED_BY_THE_DRIVER")
     assert out["old"] == ["v7v3999"] * 2
     assert out["new"] == "seven-4000last-4000"
 
 
-def test_what_cannot_be_used_in_place_is_refused_before_it_is_sent():
-    out = run("""
+REFUSED_BEFORE_SENT = """
 res["leaky"] = attempt(clamor.dask.ref, leaky)
 res["outside"] = attempt(clamor.dask.ref, outside)
 res["array"] = attempt(clamor.dask.ref, clamor.zeros(4))
 t = clamor.dask.ref(tree)
 res["outside_a_task"] = client.run(lambda: attempt(t.get))
 res["still"] = client.submit(lambda: len(t.get().data)).result()
-""")
+"""
+
+
+def test_what_cannot_be_used_in_place_is_refused_before_it_is_sent(shared):
+    out = part(shared, "REFUSED_BEFORE_SENT")
     kind, msg, typed = out["leaky"]
     assert kind == "NotShareable" and typed and "data" in msg and "outside the region" in msg, msg
     kind, msg, typed = out["outside"]
@@ -133,14 +175,7 @@ res["dict"] = attempt(clamor.dask.ref, names)
     assert kind == "NotShareable" and typed and "PYTHONHASHSEED" in msg and "6640" in msg, msg
 
 
-def test_a_result_that_holds_a_region_object_through_a_view_outlives_dropped_pages():
-    # A task's result that is a view of a copy whose dtype was made under
-    # heap(): the result holds the region dtype through .base, which
-    # pickling never visits.  Kept by Dask past a drop of the worker's pages
-    # (which puts the driver's reference counts back), its release used to
-    # free the dtype on the worker through glibc: "free(): invalid pointer"
-    # killed the worker (bench/dask_globals.py's part 1b).
-    out = run("""
+RESULT_THROUGH_A_VIEW = """
 recs["id"] = np.arange(5000)
 recs["rating"] = np.arange(5000) * 0.5
 g = clamor.dask.ref(box)
@@ -149,6 +184,7 @@ def task(i):
     rec = r[np.arange(i, i + 40)]          # a copy, whose dtype is the region's
     return rec["id"], float(rec["rating"].sum())   # a view of that copy
 pids = client.run(os.getpid)
+frees0 = sum(s["region_frees"] for s in client.run(clamor.stats).values())   # (earlier parts')
 def drop_all():
     region.drop_pages(0, region.size() // region.page_size())
 want = [(list(range(i, i + 40)), float(sum(range(i, i + 40))) * 0.5) for i in range(24)]
@@ -166,17 +202,24 @@ for rnd in range(6):
 res["ok"] = ok
 res["same_workers"] = client.run(os.getpid) == pids
 st = client.run(clamor.stats)
-res["region_frees"] = sum(s["region_frees"] for s in st.values())
-""")
+res["region_frees"] = sum(s["region_frees"] for s in st.values()) - frees0
+"""
+
+
+def test_a_result_that_holds_a_region_object_through_a_view_outlives_dropped_pages(shared):
+    # A task's result that is a view of a copy whose dtype was made under
+    # heap(): the result holds the region dtype through .base, which
+    # pickling never visits.  Kept by Dask past a drop of the worker's pages
+    # (which puts the driver's reference counts back), its release used to
+    # free the dtype on the worker through glibc: "free(): invalid pointer"
+    # killed the worker (bench/dask_globals.py's part 1b).
+    out = part(shared, "RESULT_THROUGH_A_VIEW")
     assert all(out["ok"]), out["ok"]
     assert out["same_workers"]
     assert out["region_frees"] == 0
 
 
-def test_a_detached_result_keeps_nothing_of_the_region_alive():
-    # detach_result on the driver's side of the same rule: every array it
-    # returns, and its .base chain, is free of region dtypes and region data
-    out = run("""
+DETACHED_RESULT = """
 from clamor.dask import _pickling
 in_reg = lambda o: region.contains(id(o), 1)
 def chain(a):
@@ -195,7 +238,13 @@ res["after"] = {k: clean(_pickling.detach_result(v)) for k, v in cases.items()}
 res["equal"] = {k: all(np.array_equal(x, y) for x, y in zip(*(([v, _pickling.detach_result(v)])
                 if isinstance(v, np.ndarray) else (v, _pickling.detach_result(v)))))
                 for k, v in cases.items()}
-""")
+"""
+
+
+def test_a_detached_result_keeps_nothing_of_the_region_alive(shared):
+    # detach_result on the driver's side of the same rule: every array it
+    # returns, and its .base chain, is free of region dtypes and region data
+    out = part(shared, "DETACHED_RESULT")
     assert not any(out["before"].values()), out["before"]     # each case holds the region, as made
     assert all(out["after"].values()), out["after"]
     assert all(out["equal"].values()), out["equal"]
@@ -230,12 +279,7 @@ def test_a_graph_in_a_list_at_a_region_address_still_shows_its_versions():
     assert all(v == [7] for v in out["found"]), out["found"]
 
 
-def test_objects_built_under_heap_after_attach_are_used_in_place_while_tasks_run():
-    # heap() after the client: Dask's event loop and its offload thread are
-    # parked while the block runs, and the collection that empties the free
-    # lists runs without gc.callbacks (Dask's GC diagnosis refilled them:
-    # every dict and list of the block was made outside the region).
-    out = run("""
+BUILT_AFTER_ATTACH = """
 from records import Record
 refused, built, busy = [], [], []
 for r in range(4):
@@ -265,6 +309,14 @@ futs = [client.submit(lambda rs: read(*(x.get() for x in rs)), rs, pure=False) f
 res["refused"] = refused
 res["read"] = [f.result() for f in futs] == want
 res["busy_done"] = sum(f.done() for f in busy)
-""")
+"""
+
+
+def test_objects_built_under_heap_after_attach_are_used_in_place_while_tasks_run(shared):
+    # heap() after the client: Dask's event loop and its offload thread are
+    # parked while the block runs, and the collection that empties the free
+    # lists runs without gc.callbacks (Dask's GC diagnosis refilled them:
+    # every dict and list of the block was made outside the region).
+    out = part(shared, "BUILT_AFTER_ATTACH")
     assert out["refused"] == [], out["refused"]
     assert out["read"]

@@ -467,9 +467,9 @@ def test_a_driver_idle_longer_than_the_heartbeat_timeout_keeps_its_remote_worker
         res = {}
         with Hosts(2, rate="1gbit") as hosts:
             where = names(hosts)
-            cl, procs = cluster(hosts, heartbeat_timeout=2)
+            cl, procs = cluster(hosts, heartbeat_timeout=1)
             res["before"] = [sorted(where[h] for h in cl.run(here)), cl.run(lambda: int(a.sum())), int(a.sum())]
-            time.sleep(3.5)                                 # the driver busy with something else
+            time.sleep(1.8)                                 # the driver busy with something else
             res["after"] = cl.range(64, partitions=16).map(lambda p: int(a[p::64].sum())).collect() == want
             res["where_after"] = sorted(where[h] for h in cl.run(here))
             res["rec"] = cl.stats()["recovery"]

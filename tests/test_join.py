@@ -298,11 +298,11 @@ def test_local_workers_listen_on_the_ports_they_are_given():
 def test_a_cluster_idle_longer_than_the_heartbeat_timeout_keeps_its_workers():
     out = scenario("""
         res = {}
-        with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=2) as cl:
+        with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=1) as cl:
             res["pids"] = cl.run(os.getpid)
-            time.sleep(3.5)                     # nobody reads the workers' heartbeats meanwhile
+            time.sleep(1.8)                     # nobody reads the workers' heartbeats meanwhile
             res["after"] = cl.run(os.getpid)
-            time.sleep(3.5)
+            time.sleep(1.8)
             res["sum"] = cl.range(10).sum()
             res["lost"] = cl.stats()["recovery"]["workers_lost"]
         print(json.dumps(res))
@@ -319,11 +319,11 @@ def test_a_check_before_a_stage_longer_than_the_heartbeat_timeout_keeps_its_work
 
         class Slow:
             def __reduce__(self):
-                time.sleep(3.5)                 # longer than the heartbeat time-out
+                time.sleep(1.8)                 # longer than the heartbeat time-out
                 return (int, (7,))
 
         slow = Slow()
-        with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=2) as cl:
+        with clamor.Cluster(workers=2, progress=False, heartbeat_timeout=1) as cl:
             res["pids"] = cl.run(os.getpid)
             res["got"] = cl.parallelize(range(4), 2).map(lambda x: x + slow).collect()
             res["after"] = cl.run(os.getpid)

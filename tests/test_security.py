@@ -26,6 +26,15 @@ OUTSIDERS = """
             s.connect(ep)
             return s
 
+        def answers(socks, ms=1500):
+            # each socket's poll result after one window of ``ms`` that began
+            # once every request was sent: each had ``ms`` to answer
+            deadline = time.monotonic() + ms / 1000
+            out = {name: s.poll(max(0, int((deadline - time.monotonic()) * 1000))) for name, s in socks.items()}
+            for s in socks.values():
+                s.close()
+            return out
+
         GET = __import__("struct").pack("<IBBHIIQII", 0x524d4c43, 1, 1, 0, 0, 0, 0, 1, 7)
         HELLO_PAGES = __import__("struct").pack("<IBBHIIQII", 0x524d4c43, 1, 4, 0, 0, 0, 0, 0, 9)
 """
@@ -40,16 +49,16 @@ def test_an_outsiders_pickle_never_runs_and_the_cluster_goes_on(tmp_path):
         res = {{}}
         with clamor.Cluster(workers=2, progress=False) as cl:
             res["before"] = cl.range(10).sum()
+            socks = {{}}
             for name, ep in endpoints(cl).items():
-                s = dealer(ep)
+                s = socks[name] = dealer(ep)
                 for frames in ([b"HELLO", pickle.dumps(Evil())], [b"JOIN", pickle.dumps(Evil())],
                                [b"GET", pickle.dumps(Evil())], [GET], [HELLO_PAGES]):
                     try:                          # (once its handshake failed it has no peer: never block)
                         s.send_multipart(frames, flags=zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                res[name] = s.poll(1500)          # no answer of any kind
-                s.close()
+            res.update(answers(socks))            # no answer of any kind
             res["after"] = cl.range(100).sum()
             res["workers"] = len(cl.run(os.getpid))
         res["ran"] = os.path.exists("{mark}")
@@ -71,11 +80,11 @@ def test_a_peer_that_knows_the_server_key_but_not_the_secret_is_refused_by_zap()
             sec = Security(cl.secret)
             stranger = zmq.curve_keypair()
             before = region.stats()["peers_refused"]
+            socks = {}
             for name, ep in endpoints(cl).items():
-                s = dealer(ep, sec, member_keys=stranger)
+                s = socks[name] = dealer(ep, sec, member_keys=stranger)
                 s.send_multipart([GET] if "pages" in name else [b"GET", pickle.dumps(("cache", 1, 0, 0))])
-                res[name] = s.poll(1500)
-                s.close()
+            res.update(answers(socks))
             res["driver core refused"] = region.stats()["peers_refused"] - before
             member = dealer(cl.page_endpoint, sec)     # the same request from a member is answered
             member.send(HELLO_PAGES)
