@@ -27,14 +27,14 @@ FILES = PRELUDE + """
 import pickle
 import pandas as pd
 D = {d!r}
-RAW = 1 << 20
+RAW = 1 << 18                  # 256 KiB: four pages
 rng = np.random.default_rng(3)
 ref = {{
-    "npy": rng.random(200_000),
-    "bin": rng.integers(-1 << 40, 1 << 40, 150_000),
-    "pkl": {{"ids": list(range(0, 300_000, 3)), "names": [f"n{{i}}" for i in range(5000)], "w": rng.random(70_000)}},
+    "npy": rng.random(50_000),
+    "bin": rng.integers(-1 << 40, 1 << 40, 40_000),
+    "pkl": {{"ids": list(range(0, 60_000, 3)), "names": [f"n{{i}}" for i in range(1000)], "w": rng.random(20_000)}},
     "raw": rng.integers(0, 256, RAW, dtype=np.uint8).tobytes(),
-    "csv": pd.DataFrame({{"a": np.arange(40_000), "b": rng.random(40_000), "c": rng.integers(0, 9, 40_000)}}),
+    "csv": pd.DataFrame({{"a": np.arange(10_000), "b": rng.random(10_000), "c": rng.integers(0, 9, 10_000)}}),
 }}
 np.save(D + "/a.npy", ref["npy"])
 ref["bin"].tofile(D + "/b.bin")
@@ -173,7 +173,7 @@ print(json.dumps(res))
 def test_the_first_import_of_a_module_under_heap_in_a_cluster_reads_its_files(tmp_path, write_protect):
     out = run_json(PRELUDE + """
 assert "scipy.spatial" not in sys.modules
-pts = np.random.default_rng(8).random((20_000, 2))
+pts = np.random.default_rng(8).random((5_000, 2))
 np.save(%r, pts)
 res = {}
 with clamor.Cluster(workers=2, progress=False) as cl:
