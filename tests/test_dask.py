@@ -306,3 +306,25 @@ def test_random_updates_and_submissions_read_what_one_process_reads(client, seed
         want.append(expect)
     got = [client.gather(job) for job in jobs]
     assert got == want
+
+
+def test_a_worker_whose_attach_failed_tears_down_without_an_error():
+    """Dask calls a plugin's teardown also when its setup raised: a worker
+    that never attached (here: no secret in its environment) has nothing to
+    stop, and its teardown says nothing of attributes never set."""
+    from clamor.dask._worker import RegionPlugin
+    from clamor.errors import ConfigError
+
+    class FakeWorker:       # (what _attach reads of a worker before the refusal)
+        pass
+
+    plugin = RegionPlugin("tcp://127.0.0.1:9", None, True, driver_pid=-1, driver_pidns="elsewhere")
+    env = os.environ.pop("CLAMOR_SECRET", None)
+    try:
+        with pytest.raises(ConfigError, match="no clamor secret"):
+            plugin._attach(FakeWorker())
+    finally:
+        if env is not None:
+            os.environ["CLAMOR_SECRET"] = env
+    plugin.teardown(FakeWorker())
+    assert plugin._stop is None

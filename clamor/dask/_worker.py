@@ -139,6 +139,8 @@ class RegionPlugin(WorkerPlugin):
     """Attaches each Dask worker, present and future, to the driver's
     region (installed by clamor.dask.attach)."""
 
+    _stop = None    # set once this worker is attached: a teardown after a failed setup has nothing to stop
+
     name = NAME
 
     def __init__(self, control, secret, encrypt, driver_pid, driver_pidns, timeout=30.0):
@@ -277,6 +279,8 @@ class RegionPlugin(WorkerPlugin):
         self._shutdown("clamor.dask.detach()")
 
     def _shutdown(self, why):
+        if self._stop is None:
+            return
         with self._lock:
             if self._done:
                 return
