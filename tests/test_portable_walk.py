@@ -66,41 +66,46 @@ def python_side(g, limit):
     finally:
         walk.plain_in_c[0] = True
 
-def perturb(r, g, keep):
+def made_in_block(r):
+    # a perturbation drawn in the cases' block: its kind, and its objects made in the region
     k = r.randrange(12)
+    if k == 1:
+        o = Local()
+        o.a = 1.5
+        return k, [o]
+    if k == 2:
+        return k, [{{1.5, 2.5}}]
+    if k == 3:
+        return k, [np.arange(3.0)]
+    if k == 4:
+        return k, [{{"k" + str(j): j * 0.5 for j in range(3)}}]
+    if k == 5:
+        return k, [{{}}, (), frozenset()]                        # the static empty keys
+    return k, []
+
+def perturb(r, g, k, made, keep):
+    # after the block: what is made outside it, and the graph changed
     if k == 0:
-        with clamor.heap.suspended():
-            g.append([1.5, 2.5])                                 # a mutable list outside the region
+        g.append([1.5, 2.5])                                    # a mutable list outside the region
         return "outside list"
     if k == 1:
-        with clamor.heap():
-            o = Local()
-            o.a = 1.5
-        g.append(o)                                             # its class is not importable
+        g.extend(made)                                          # its class is not importable
         return "local class"
     if k == 2:
-        with clamor.heap():
-            s = {{1.5, 2.5}}
-        keep.append(weakref.ref(s))
-        g.append(s)
+        keep.append(weakref.ref(made[0]))
+        g.extend(made)
         return "weakly referenced set"
     if k == 3:
-        with clamor.heap():
-            g.append(np.arange(3.0))
+        g.extend(made)
         return "array"
     if k == 4:
-        with clamor.heap():
-            d = {{"k" + str(j): j * 0.5 for j in range(3)}}
-        with clamor.heap.suspended():
-            for j in range(30):
-                d["g" + str(j)] = None                           # the keys table grows outside the block
+        d = made[0]
+        for j in range(30):
+            d["g" + str(j)] = None                               # the keys table grows outside the block
         g.append(d)
         return "dict grown outside"
     if k == 5:
-        with clamor.heap():
-            g.append({{}})                                        # the static empty keys
-            g.append(())
-            g.append(frozenset())
+        g.extend(made)
         return "empty containers"
     if k == 6:
         g.append(r.choice(CONSTS))                              # constant tuples made outside
@@ -120,10 +125,13 @@ graphs = graphgen.Graphs(OUTSIDE, singles=graphgen.SINGLES + ((), b""), outside=
 keep = []
 counts = {{"c_yes": 0, "c_no": 0, "bad": [], "kinds_yes": {{}}, "kinds_no": {{}}, "entries": 0, "nulls": 0,
           "seeded": 0, "small_limit": 0, "refused": 0}}
-for case in range(int({cases!r})):
-    with clamor.heap():
-        g = [graphs.build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
-    kind = perturb(r, g, keep)
+# every case's graph and the region parts of its perturbation in one block
+# (a block's edges cost two full collections and a pass over every object)
+with clamor.heap():
+    made = [([graphs.build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))], made_in_block(r))
+            for case in range(int({cases!r}))]
+for case, (g, (k, parts)) in enumerate(made):
+    kind = perturb(r, g, k, parts, keep)
     limit = 10**6 if case % 13 else r.randrange(1, 30)
     counts["small_limit"] += limit < 10**6
     c = c_side(g, limit)
