@@ -210,18 +210,27 @@ def norm(entries):
 
 r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 7)
 counts = {{"stood": 0, "deferred": 0, "bad": [], "kinds": {{}}, "words": 0}}
-for trial in range(int({trials!r})):
-    with clamor.heap():
-        n = r.randrange(1, 40)
-        root = {{"k" + str(i): graphgen.record(r, pwclasses.Inst) for i in range(n)}} if trial % 2 else \\
-            [graphgen.record(r, pwclasses.Inst) for _ in range(n)]
+# every trial's root in one block, and each step's changes of every root in
+# one block (a block's edges cost two full collections and a pass over every
+# object); each root is rechecked after its own changes
+with clamor.heap():
+    roots = [{{"k" + str(i): graphgen.record(r, pwclasses.Inst) for i in range(n)}} if trial % 2 else
+             [graphgen.record(r, pwclasses.Inst) for _ in range(n)]
+             for trial, n in ((trial, r.randrange(1, 40)) for trial in range(int({trials!r})))]
+live = []
+for trial, root in enumerate(roots):
     got = whole(root)
     if got is None or got[2] is None:
         continue
     k = id(root)
     rel._keep(k, root, *got)
-    for step in range(10):
-        kinds = [graphgen.change(r, root, pwclasses.Inst, kinds=9) for _ in range(1 if r.random() < 0.7 else r.randrange(2, 4))]
+    live.append((trial, root, k))
+for step in range(10):
+    with clamor.heap():
+        changed = [[graphgen.change(r, root, pwclasses.Inst, kinds=9)
+                    for _ in range(1 if r.random() < 0.7 else r.randrange(2, 4))] for _, root, _ in live]
+    going = []
+    for (trial, root, k), kinds in zip(live, changed):
         again = rel._recheck(k, root, rel.per_root[k][1].pages, 10**6)
         full = whole(root)
         for kind in kinds:
@@ -230,26 +239,29 @@ for trial in range(int({trials!r})):
         if again is None:
             counts["deferred"] += 1
             if full is None or full[2] is None:
-                break
+                continue
             rel._keep(k, root, *full)
+            going.append((trial, root, k))
             continue
         counts["stood"] += 1
         entries, read, touched, state = again
         if full is None:
             counts["bad"].append([trial, step, kinds, "recheck approved what the whole walk does not"])
-            break
+            continue
         if norm(entries) != norm(full[0]):
             counts["bad"].append([trial, step, kinds, "other relocation entries",
                                   sorted(p for p in set(entries) | set(full[0]) if norm(entries).get(p) != norm(full[0]).get(p))])
-            break
+            continue
         if union(read.ranges.tolist()) != union(full[1].ranges.tolist()):
             counts["bad"].append([trial, step, kinds, "rests on other bytes"])
-            break
+            continue
         if full[2] is not None and not all(np.array_equal(a, b) for a, b in zip(state[:3], full[2][:3])):
             counts["bad"].append([trial, step, kinds, "other words or tags kept"])
-            break
+            continue
         counts["words"] += len(state[0])
         rel._keep(k, root, entries, read, state)
+        going.append((trial, root, k))
+    live = going
 print(json.dumps(counts))
 """
 
