@@ -294,6 +294,7 @@ from clamor.memory import walk
 def graph(seed):
     # instances whose attributes lie in values tables (no dict of their
     # own yet), some nested, in lists, dicts and tuples; and the instances
+    # (called in a block)
     r = random.Random(seed)
     made = []
     def instance(depth):
@@ -304,9 +305,8 @@ def graph(seed):
         if r.random() < 0.2:
             o.c = (instance(depth + 1), r.randrange(10**6))
         return o
-    with clamor.heap():
-        g = [instance(0) if r.random() < 0.7 else {"k" + str(i): instance(1) for i in range(3)}
-             for _ in range(r.randrange(1, 20))]
+    g = [instance(0) if r.random() < 0.7 else {"k" + str(i): instance(1) for i in range(3)}
+         for _ in range(r.randrange(1, 20))]
     return g, made
 
 def python_walks():
@@ -324,9 +324,11 @@ def verdict(g):
 
 walk.note_fork()     # as a Cluster's fork would: the classes and attribute names are inherited
 out = {"cases": 0, "bad": [], "converted_c": 0, "converted_py": 0}
-for case in range(60):
-    ga, made_a = graph(case)     # twins: the same shapes and values
-    gb, made_b = graph(case)
+# the twins of every case in one block (a block's edges cost two full
+# collections and a pass over every object)
+with clamor.heap():
+    twins = [(graph(case), graph(case)) for case in range(60)]     # twins: the same shapes and values
+for case, ((ga, made_a), (gb, made_b)) in enumerate(twins):
     before = walk.conversions[0]
     calls, orig = python_walks()
     try:
