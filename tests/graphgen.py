@@ -17,6 +17,8 @@ region: every str, float, int and container is made at the call, none is
 a constant of this module's code (the singletons in SINGLES are the
 interpreter's own, wherever they are named).
 """
+import contextlib
+
 import clamor
 
 SINGLES = (None, True, False, Ellipsis, 0, 7, -3, 256, "", "a", "\xe9")
@@ -122,27 +124,34 @@ def put(c, key, attr, v):
         setattr(c, attr, v)
 
 
+def _block():
+    """A ``clamor.heap()`` block, unless the caller is in one already (a
+    script that changes several roots in one block: each block's edges cost
+    two full collections)."""
+    return contextlib.nullcontext() if clamor.heap.active() else clamor.heap()
+
+
 def change(r, root, cls, kinds=11):
     """Change dict or list ``root`` of records at random; returns what
     changed.  ``kinds``: 11, every kind; 9, none of "table grown outside"
-    and "instance needing keys"."""
+    and "instance needing keys".  Called in a block or outside one."""
     keys = list(root.keys()) if isinstance(root, dict) else list(range(len(root)))
     k = r.randrange(kinds)
     if not keys:
         k = 1
     if k == 0:
-        with clamor.heap():
+        with _block():
             root[r.choice(keys)] = record(r, cls)
         return "entry replaced"
     if k == 1:
-        with clamor.heap():
+        with _block():
             if isinstance(root, dict):
                 root["new" + str(r.random())] = record(r, cls)
             else:
                 root.append(record(r, cls))
         return "entry added"
     if k == 2:
-        with clamor.heap():
+        with _block():
             if isinstance(root, dict):
                 del root[r.choice(keys)]
             else:
@@ -153,7 +162,7 @@ def change(r, root, cls, kinds=11):
         return "none"
     c = r.choice(cs)
     if k in (3, 4, 5):
-        with clamor.heap():
+        with _block():
             v = record(r, cls)
             if isinstance(c, list):
                 c.append(v) if not c or r.random() < 0.5 else c.__setitem__(r.randrange(len(c)), v)
@@ -165,11 +174,11 @@ def change(r, root, cls, kinds=11):
     if k == 6:
         with clamor.heap.suspended():
             v = ["outside" + str(r.random())]            # made outside any block: no target either
-        put(c, "out", "a", v)
+            put(c, "out", "a", v)
         return "object outside put in"
     if k == 7 and len(keys) > 1:
         a, b = r.sample(keys, 2)
-        with clamor.heap():
+        with _block():
             root[a] = root[b] if isinstance(root[b], (list, dict, cls)) else [root[b]]
             if root[a] is not root[b]:
                 root[b] = root[a]
@@ -180,12 +189,13 @@ def change(r, root, cls, kinds=11):
                 c["grown" + str(j)] = None               # its table grows outside the block
         return "table grown outside"
     if k == 9:
-        with clamor.heap():
+        with _block():
             o = cls()
             o.z = 1.5
-        put(c, "inst", "b", o)
+        with clamor.heap.suspended():
+            put(c, "inst", "b", o)
         return "instance needing keys"
-    with clamor.heap():
+    with _block():
         if isinstance(c, (list, dict)):
             c.clear()
         else:

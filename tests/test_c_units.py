@@ -33,7 +33,7 @@ def test_ctest_suite(tmp_path):
     # CMakeLists.txt finds pyzmq's libzmq through this interpreter
     _run([CMAKE, "-S", ROOT, "-B", str(build), f"-DPython3_EXECUTABLE={sys.executable}"], timeout=300)
     _run([CMAKE, "--build", str(build), "-j2"], timeout=900)
-    out = _run([CTEST, "--test-dir", str(build), "--output-on-failure"], timeout=1200)
+    out = _run([CTEST, "--test-dir", str(build), "--output-on-failure", "-j2"], timeout=1200)
     names = {os.path.basename(p)[:-2] for p in glob.glob(os.path.join(ROOT, "tests", "c", "test_*.c"))}
     for name in ("test_wire", "test_pagetable"):
         assert name in names

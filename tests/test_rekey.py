@@ -29,40 +29,42 @@ class Inst:
     def __init__(self, i):
         self.ident, self.label = i, "n" + str(i)
 
-def graph(seed):
+def names(seed):
     # made outside any block: strs that region dicts hold as keys (and,
     # now and then, as a value or in a defaultdict, which the C walk leaves
     # to the Python walk)
     r = random.Random(seed)
-    names = ["name" + str(seed) + "_" + str(i) for i in range(r.randrange(1, 6))]
+    return r, ["name" + str(seed) + "_" + str(i) for i in range(r.randrange(1, 6))]
+
+def graph(r, names):
+    # called in a block: the graph, in the region but for its names
     kinds = set()
-    with clamor.heap():
-        g = []
-        for _ in range(r.randrange(1, 30)):
-            k = r.randrange(6)
-            if k == 0:
-                o = Inst(r.randrange(10**6))
-                for nm in r.sample(names, r.randrange(len(names) + 1)):
-                    setattr(o, nm, r.random())
-                g.append(o)
-                kinds.add("instance")
-            elif k == 1:
-                g.append({nm: [r.random(), "v" + str(r.randrange(99))] for nm in r.sample(names, len(names))})
-                kinds.add("dict")
-            elif k == 2:
-                g.append({"in" + str(i): {names[0]: i} for i in range(r.randrange(1, 4))})
-                kinds.add("nested")
-            elif k == 3:
-                g.append((r.random(), [Inst(i) for i in range(r.randrange(1, 4))]))
-                kinds.add("tuple of instances")
-            elif k == 4 and r.random() < 0.25:
-                g.append({"as value": names[-1]})
-                kinds.add("value")
-            elif k == 5 and r.random() < 0.25:
-                d = collections.defaultdict(list)
-                d[names[0]].append(r.random())
-                g.append(d)
-                kinds.add("defaultdict")
+    g = []
+    for _ in range(r.randrange(1, 30)):
+        k = r.randrange(6)
+        if k == 0:
+            o = Inst(r.randrange(10**6))
+            for nm in r.sample(names, r.randrange(len(names) + 1)):
+                setattr(o, nm, r.random())
+            g.append(o)
+            kinds.add("instance")
+        elif k == 1:
+            g.append({nm: [r.random(), "v" + str(r.randrange(99))] for nm in r.sample(names, len(names))})
+            kinds.add("dict")
+        elif k == 2:
+            g.append({"in" + str(i): {names[0]: i} for i in range(r.randrange(1, 4))})
+            kinds.add("nested")
+        elif k == 3:
+            g.append((r.random(), [Inst(i) for i in range(r.randrange(1, 4))]))
+            kinds.add("tuple of instances")
+        elif k == 4 and r.random() < 0.25:
+            g.append({"as value": names[-1]})
+            kinds.add("value")
+        elif k == 5 and r.random() < 0.25:
+            d = collections.defaultdict(list)
+            d[names[0]].append(r.random())
+            g.append(d)
+            kinds.add("defaultdict")
     return g, kinds
 
 def describe(o, depth=0):
@@ -108,9 +110,13 @@ def share(g, in_c):
 amap = walk._Walk().amap     # (a str of the interpreter's own image, as 3.12's identifiers, every process has)
 out = {"bad": [], "c_rekeyed": 0, "python_decided": 0, "cases": 0, "kinds": {}}
 keep = []
-for seed in range(int({cases!r})):
-    a, kinds = graph(seed)
-    b, _ = graph(seed)
+# the twins of every seed in one block (a block's edges cost two full
+# collections and a pass over every object); their names made before it
+named = [(names(seed), names(seed)) for seed in range(int({cases!r}))]
+with clamor.heap():
+    twins = [(graph(*na), graph(*nb)) for na, nb in named]
+del named
+for seed, ((a, kinds), (b, _)) in enumerate(twins):
     va, calls_a, moved_a = share(a, True)
     vb, _, moved_b = share(b, False)
     out["cases"] += 1

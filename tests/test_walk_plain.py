@@ -82,114 +82,123 @@ def same_reads(o, limit):
     return union(ours) == union((lo, n) for lo, n, *_ in theirs.extents) and \
         sorted(map(id, mine.inherited)) == sorted(map(id, theirs.inherited))
 
-def perturb(r, g, shared):
-    # a change of the kinds that make the Python walk refuse, bring in or warn
+def made_in_block(r):
+    # a perturbation drawn in the cases' block: its kind, and its objects made in the region
     k = r.randrange(19)
+    made = []
+    if k == 2:
+        made = [{}, ()]                                         # the interpreter's static empty keys and tuple
+    elif k == 3:
+        made = [{1.5, 2.5}]
+    elif k == 4:
+        i = Inst()
+        i.a, i.b = 1.25, "x" + str(r.random())
+        made = [i.__dict__]                                     # a split dict
+    elif k == 5:
+        made = [Inst()]
+    elif k == 6:
+        made = [np.arange(3.0)]
+    elif k == 8:
+        made = [{"k" + str(j): j * 0.5 for j in range(3)}]
+    elif k in (10, 11):
+        made = [Inst() if r.random() < 0.5 else Rec(None) for _ in range(r.randrange(1, 5))]
+        for o in made:
+            o.a, o.b = graphs.build(r, 2, False), graphs.build(r, 2, False)
+    elif k == 12:
+        made = [Rec(graphs.build(r, 2, False), "x" + str(r.random()))]   # attributes in a values table
+    elif k == 13:
+        o = Slotted()
+        o.a, o.b = 1.5, "y" + str(r.random())
+        made = [o]
+    elif k == 14:
+        class Made:
+            pass
+        o = Made()
+        o.a = 2.5
+        walk._own_keys(o, "obj")
+        made = [o]
+    elif k == 15:
+        o = Inst()
+        o.a = 3.5
+        walk._own_keys(o, "obj")
+        made = [o]
+    elif k == 16:
+        o = Inst()
+        o.kids = [Rec(j, {"w": [j * 0.5]}) for j in range(r.randrange(1, 4))]
+        o.kids.append(o)                                         # a cycle through an instance
+        o.other = Rec(o.kids[0])
+        made = [{"top": o}]
+    return k, made
+
+def perturb(r, g, k, made, shared):
+    # after the block: what is made outside it, and a change of the kinds
+    # that make the Python walk refuse, bring in or warn
     box = g if isinstance(g, list) else None
     if box is None:
         return g, "none"
     if k == 0:
-        with clamor.heap.suspended():
-            box.extend([str(r.random()) for _ in range(40)])   # the item array grows outside the block
+        box.extend([str(r.random()) for _ in range(40)])       # the item array grows outside the block
         return g, "list grown outside"
     if k == 1:
-        with clamor.heap.suspended():
-            box.append(10**9 + r.randrange(1000))               # an int made outside the block
+        box.append(10**9 + r.randrange(1000))                   # an int made outside the block
         return g, "int outside"
     if k == 2:
-        with clamor.heap():
-            box.append({})                                      # the interpreter's static empty keys
-            box.append(())                                      # the static empty tuple
+        box.extend(made)
         return g, "empty dict"
     if k == 3:
-        with clamor.heap():
-            s = {1.5, 2.5}
-        shared.append(weakref.ref(s))                            # a weak reference made outside the block
-        box.append(s)
+        shared.append(weakref.ref(made[0]))                      # a weak reference made outside the block
+        box.extend(made)
         return g, "weakly referenced set"
     if k == 4:
-        with clamor.heap():
-            i = Inst()
-            i.a, i.b = 1.25, "x" + str(r.random())
-            box.append(i.__dict__)                              # a split dict
+        box.extend(made)
         return g, "split dict"
     if k == 5:
-        with clamor.heap():
-            box.append(Inst())
+        box.extend(made)
         return g, "instance"
     if k == 6:
-        with clamor.heap():
-            box.append(np.arange(3.0))
+        box.extend(made)
         return g, "array"
     if k == 7 and box:
         box.append(box[0])                                      # the same object twice
         box.append(box)                                         # and a cycle
         return g, "shared and cycle"
     if k == 8:
-        with clamor.heap():
-            d = {"k" + str(j): j * 0.5 for j in range(3)}
-        with clamor.heap.suspended():
-            for j in range(30):
-                d["g" + str(j)] = None                           # the keys table grows outside the block
+        d = made[0]
+        for j in range(30):
+            d["g" + str(j)] = None                               # the keys table grows outside the block
         box.append(d)
         return g, "dict grown outside"
     if k in (10, 11):
-        with clamor.heap():
-            objs = [Inst() if r.random() < 0.5 else Rec(None) for _ in range(r.randrange(1, 5))]
-            for o in objs:
-                o.a, o.b = graphs.build(r, 2, False), graphs.build(r, 2, False)
         if k == 10:
-            lib.clamor_py_own_keys(id(objs), 10**6)               # the conversion in C
+            lib.clamor_py_own_keys(id(made), 10**6)              # the conversion in C
         else:
-            for o in objs:
+            for o in made:
                 walk._own_keys(o, "obj")                         # the Python reference
-        box.extend(objs)
+        box.extend(made)
         return g, "instances converted in C" if k == 10 else "instances converted in Python"
     if k == 12:
-        with clamor.heap():
-            o = Rec(graphs.build(r, 2, False), "x" + str(r.random()))  # attributes in a values table
-        box.append(o)
+        box.extend(made)
         return g, "unconverted instance"
     if k == 13:
-        with clamor.heap():
-            o = Slotted()
-            o.a, o.b = 1.5, "y" + str(r.random())
-        box.append(o)
+        box.extend(made)
         return g, "slotted instance"
     if k == 14:
-        with clamor.heap():
-            class Made:
-                pass
-            o = Made()
-            o.a = 2.5
-            walk._own_keys(o, "obj")
-        box.append(o)
+        box.extend(made)
         return g, "class made in a block"
     if k == 15:
-        with clamor.heap():
-            o = Inst()
-            o.a = 3.5
-            walk._own_keys(o, "obj")
-        shared.append(weakref.ref(o))                            # a weak reference made outside the block
-        box.append(o)
+        shared.append(weakref.ref(made[0]))                      # a weak reference made outside the block
+        box.extend(made)
         return g, "instance with a weak reference"
     if k == 16:
-        with clamor.heap():
-            o = Inst()
-            o.kids = [Rec(j, {"w": [j * 0.5]}) for j in range(r.randrange(1, 4))]
-            o.kids.append(o)                                     # a cycle through an instance
-            o.other = Rec(o.kids[0])
-            top = {"top": o}
-        lib.clamor_py_own_keys(id(top), 10**6)
-        box.append(top)
+        lib.clamor_py_own_keys(id(made[0]), 10**6)
+        box.extend(made)
         return g, "nested instances"
     if k == 17:
         box.append(r.choice(INHERITED))                         # containers made before the fork
         box.append(r.choice(INHERITED))
         return g, "inherited containers"
     if k == 18:
-        with clamor.heap.suspended():
-            box.append((r.randrange(10**3, 10**12), "late" + str(r.random())))   # made after it, outside
+        box.append((r.randrange(10**3, 10**12), "late" + str(r.random())))   # made after it, outside
         return g, "late tuple"
     return g, "none"
 
@@ -202,10 +211,13 @@ graphs = graphgen.Graphs(OUTSIDE)
 walk.note_fork()     # as a Cluster's fork would: OUTSIDE, INHERITED, the classes and their attribute names are inherited
 shared = []
 counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0, "reads_compared": 0}
-for case in range(int({cases!r})):
-    with clamor.heap():
-        g = [graphs.build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))]
-    g, kind = perturb(r, g, shared)
+# every case's graph and the region parts of its perturbation in one block
+# (a block's edges cost two full collections and a pass over every object)
+with clamor.heap():
+    made = [([graphs.build(r, 0, odd=case % 3 == 0) for _ in range(r.randrange(1, 5))], made_in_block(r))
+            for case in range(int({cases!r}))]
+for case, (g, (k, parts)) in enumerate(made):
+    g, kind = perturb(r, g, k, parts, shared)
     limit = 10**6 if case % 17 else max(1, r.randrange(1, 30))
     counts["limit_checked"] += limit < 10**6
     c = c_walk(g, limit)
@@ -282,6 +294,7 @@ from clamor.memory import walk
 def graph(seed):
     # instances whose attributes lie in values tables (no dict of their
     # own yet), some nested, in lists, dicts and tuples; and the instances
+    # (called in a block)
     r = random.Random(seed)
     made = []
     def instance(depth):
@@ -292,9 +305,8 @@ def graph(seed):
         if r.random() < 0.2:
             o.c = (instance(depth + 1), r.randrange(10**6))
         return o
-    with clamor.heap():
-        g = [instance(0) if r.random() < 0.7 else {"k" + str(i): instance(1) for i in range(3)}
-             for _ in range(r.randrange(1, 20))]
+    g = [instance(0) if r.random() < 0.7 else {"k" + str(i): instance(1) for i in range(3)}
+         for _ in range(r.randrange(1, 20))]
     return g, made
 
 def python_walks():
@@ -312,9 +324,11 @@ def verdict(g):
 
 walk.note_fork()     # as a Cluster's fork would: the classes and attribute names are inherited
 out = {"cases": 0, "bad": [], "converted_c": 0, "converted_py": 0}
-for case in range(60):
-    ga, made_a = graph(case)     # twins: the same shapes and values
-    gb, made_b = graph(case)
+# the twins of every case in one block (a block's edges cost two full
+# collections and a pass over every object)
+with clamor.heap():
+    twins = [(graph(case), graph(case)) for case in range(60)]     # twins: the same shapes and values
+for case, ((ga, made_a), (gb, made_b)) in enumerate(twins):
     before = walk.conversions[0]
     calls, orig = python_walks()
     try:
