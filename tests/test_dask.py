@@ -311,20 +311,30 @@ def test_random_updates_and_submissions_read_what_one_process_reads(client, seed
 def test_a_worker_whose_attach_failed_tears_down_without_an_error():
     """Dask calls a plugin's teardown also when its setup raised: a worker
     that never attached (here: no secret in its environment) has nothing to
-    stop, and its teardown says nothing of attributes never set."""
-    from clamor.dask._worker import RegionPlugin
-    from clamor.errors import ConfigError
+    stop, and its teardown says nothing of attributes never set.  (In a
+    fresh interpreter: one with a region already is refused earlier.)"""
+    from helpers import run_json
+    out = run_json("""
+import json, os
+from clamor.dask._worker import RegionPlugin
+from clamor.errors import ConfigError
 
-    class FakeWorker:       # (what _attach reads of a worker before the refusal)
-        pass
+class FakeWorker:       # (what _attach reads of a worker before the refusal)
+    pass
 
-    plugin = RegionPlugin("tcp://127.0.0.1:9", None, True, driver_pid=-1, driver_pidns="elsewhere")
-    env = os.environ.pop("CLAMOR_SECRET", None)
-    try:
-        with pytest.raises(ConfigError, match="no clamor secret"):
-            plugin._attach(FakeWorker())
-    finally:
-        if env is not None:
-            os.environ["CLAMOR_SECRET"] = env
+os.environ.pop("CLAMOR_SECRET", None)
+plugin = RegionPlugin("tcp://127.0.0.1:9", None, True, driver_pid=-1, driver_pidns="elsewhere")
+try:
+    plugin._attach(FakeWorker())
+    refused = None
+except ConfigError as e:
+    refused = str(e)
+try:
     plugin.teardown(FakeWorker())
-    assert plugin._stop is None
+    teardown = "ok"
+except Exception as e:
+    teardown = f"{type(e).__name__}: {e}"
+print(json.dumps({"refused": refused, "teardown": teardown}))
+""")
+    assert out["refused"] and "no clamor secret" in out["refused"], out
+    assert out["teardown"] == "ok", out
