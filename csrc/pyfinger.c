@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "pyseen.h"
 
 static uint64_t mix(uint64_t h, uint64_t w) {
     uint64_t z = h ^ (w + 0x9e3779b97f4a7c15ULL);
@@ -260,64 +261,29 @@ static uint64_t fingerprint(PyObject *o) {
     return of_body(h, o);
 }
 
-/* The objects reached so far, each with the least depth it was reached
- * at: an open-addressed table of addresses (0: empty slot). */
+/* The objects reached so far (each tagged with the least depth it was
+ * reached at) and the list of them, in the order first reached. */
 struct ids {
-    uint64_t *at;       // out: each object once, in the order first reached
+    uint64_t *at;
     size_t n, cap;
     int depth;
-    uint64_t *keys;
-    unsigned char *depths;
-    size_t mask, used;
+    struct seen seen;
     int oom;
 };
-
-static inline size_t slot_of(uint64_t k, size_t mask) { return (size_t)((k >> 4) * 0x9E3779B97F4A7C15ull) & mask; }
-
-static int grow(struct ids *b) {
-    size_t cap = (b->mask + 1) * 2;
-    uint64_t *keys = calloc(cap, sizeof *keys);
-    unsigned char *depths = malloc(cap);
-    if (!keys || !depths) {
-        free(keys);
-        free(depths);
-        return -1;
-    }
-    for (size_t i = 0; b->keys && i <= b->mask; i++) {
-        if (!b->keys[i]) continue;
-        size_t j = slot_of(b->keys[i], cap - 1);
-        while (keys[j]) j = (j + 1) & (cap - 1);
-        keys[j] = b->keys[i];
-        depths[j] = b->depths[i];
-    }
-    free(b->keys);
-    free(b->depths);
-    b->keys = keys;
-    b->depths = depths;
-    b->mask = cap - 1;
-    return 0;
-}
 
 /* 1 if ref must be followed from this depth: not reached before, or only
  * deeper (from there the depth limit cut off more of what it refers to). */
 static int first_at(struct ids *b, uint64_t k) {
-    if (2 * (b->used + 1) > b->mask + 1 && grow(b) < 0) {
+    int r = seen_least(&b->seen, (uintptr_t)k, b->depth);
+    if (r < 0) {
         b->oom = 1;
         return 0;
     }
-    size_t j = slot_of(k, b->mask);
-    while (b->keys[j] && b->keys[j] != k) j = (j + 1) & b->mask;
-    if (b->keys[j]) {
-        if (b->depths[j] <= b->depth) return 0;
-        b->depths[j] = (unsigned char)b->depth;
-        return 1;
+    if (r && b->seen.n > b->n) {   // (added, not lowered)
+        if (b->n < b->cap) b->at[b->n] = k;
+        b->n++;
     }
-    b->keys[j] = k;
-    b->depths[j] = (unsigned char)b->depth;
-    b->used++;
-    if (b->n < b->cap) b->at[b->n] = k;
-    b->n++;
-    return 1;
+    return r;
 }
 
 /* What the collector's links do not show.  A dict with str keys does not
@@ -362,15 +328,14 @@ static int collect(PyObject *ref, void *arg) {
 long clamor_py_snapshot(uintptr_t list, uint64_t *out, size_t cap) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *l = (PyObject *)list;
-    struct ids b = {out, 0, cap, 0, NULL, NULL, 1023, 0, 0};
-    if (grow(&b) < 0) b.oom = 1;
+    struct ids b = {out, 0, cap, 0, {NULL, NULL, 0, 0}, 0};
     for (Py_ssize_t i = 0; !b.oom && PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
         PyObject *o = PyList_GET_ITEM(l, i);
         collect(o, &b);
         if (PyObject_IS_GC(o) && Py_TYPE(o)->tp_traverse) Py_TYPE(o)->tp_traverse(o, collect, &b);
     }
-    free(b.keys);
-    free(b.depths);
+    free(b.seen.slot);
+    free(b.seen.tag);
     PyGILState_Release(g);
     if (b.oom) return LONG_MIN;
     return b.n <= cap ? (long)b.n : -(long)b.n;

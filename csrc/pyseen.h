@@ -1,5 +1,6 @@
 /* pyseen.h -- the walks' working sets (pywalk.c): the set of objects seen
- * and the stack of objects to visit.  Private to pywalk.c, and static
+ * and the stack of objects to visit (pywalk.c; the set also pyfinger.c's
+ * fork snapshot, which tags each object with a depth).  Static
  * inline: both run once or more per object a walk visits, the innermost
  * loop of share() and of the Cluster's check.  The GIL is held; neither
  * touches a Python object's reference count.
@@ -74,6 +75,19 @@ static inline int seen_add(struct seen *s, uintptr_t a, int32_t tag, int32_t *fi
     s->slot[j] = a;
     s->tag[j] = tag;
     s->n++;
+    return 1;
+}
+
+/* As seen_add, tags kept least: 1 if added or its tag was greater (now
+ * `tag`), 0 if seen with a tag no greater, -1 out of memory */
+static inline int seen_least(struct seen *s, uintptr_t a, int32_t tag) {
+    int32_t first;
+    int r = seen_add(s, a, tag, &first);
+    if (r != 0) return r;
+    if (first <= tag) return 0;
+    size_t j = seen_slot(a, s->mask);
+    while (s->slot[j] != a) j = (j + 1) & s->mask;
+    s->tag[j] = tag;
     return 1;
 }
 
