@@ -102,6 +102,12 @@ def _extension_free_lists_out():
         log.debug("%d dead region objects on extension modules' free lists could not be replaced", failed[0])
 
 
+def _free_lists_out():
+    """CPython's free lists hold no region object (csrc/pyfreelist.c)."""
+    if lib.clamor_py_freelists_flush() < 0:
+        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+
+
 def _flush_dims(inside):
     if lib.clamor_py_numpy_dims_flush(1 if inside else 0) != 0:
         raise errors.ClamorError("could not flush numpy's cache of shape buffers")
@@ -166,8 +172,7 @@ def prepare_fork():
         _extension_free_lists_out()
         # (and the one slice CPython caches, which a collection leaves:
         # a region slice there was a worker's next slice)
-        if lib.clamor_py_freelists_flush() < 0:
-            raise errors.ClamorError("could not empty CPython's free lists of region objects")
+        _free_lists_out()
         held = _held_from_outside()
     global _dropped_seen
     _dropped_seen = lib.clamor_py_region_dropped()
@@ -181,8 +186,7 @@ def prepare_next_fork():
     numpy's cache are emptied again of what the last fork's own work freed."""
     if not _installed:
         return
-    if lib.clamor_py_freelists_flush() < 0:
-        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+    _free_lists_out()
     _flush_dims(active())
 
 
@@ -367,8 +371,7 @@ def release_dropped():
     if n != _dropped_seen:
         gc.collect()
         _dropped_seen = lib.clamor_py_region_dropped()
-    if lib.clamor_py_freelists_flush() < 0:
-        raise errors.ClamorError("could not empty CPython's free lists of region objects")
+    _free_lists_out()
     _flush_dims(False)
 
 
