@@ -5,6 +5,7 @@ one-entry change, against one pickle of the same object.
 How to run it, what it compares and what its JSON line holds: bench/README.md,
 "objects.py".
 """
+import contextlib
 import os
 import pickle
 import sys
@@ -16,6 +17,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":     # str keys hash alike on spawned
 # spawned workers import the classes by name, as a user's workers import their module
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
 
+import _harness  # noqa: E402
 from _harness import json_line, parser  # noqa: E402
 from _records import Plain, Rec  # noqa: E402
 
@@ -65,19 +67,37 @@ def stage(cl, workers, shape, obj, keys):
     return time.perf_counter() - t0, got
 
 
+@contextlib.contextmanager
+def cluster(clamor, mode, args):
+    """(the Cluster of ``mode``, its links' counters): forked or spawned
+    workers on this host (no links), or (hosts) one worker per namespace
+    host, started there as docs/hosts.md says (not forked: it relocates),
+    links at ``--rate``."""
+    if mode != "hosts":
+        with clamor.Cluster(workers=args.workers, start_method=mode, progress=None, max_attempts=2) as cl:
+            yield cl, _harness.Links(None)
+        return
+    with _harness.hosts_for(args.workers, args.rate) as hosts, \
+            _harness.start("clamor", args.workers, hosts, progress=None, max_attempts=2) as cl:
+        yield cl, _harness.Links(hosts)
+
+
 def run_mode(clamor, mode, objs, args):
     out = {}
-    with clamor.Cluster(workers=args.workers, start_method=mode, progress=None, max_attempts=2) as cl:
+    with cluster(clamor, mode, args) as (cl, links):
         cl.run(lambda: None)     # the workers exist
         for shape, (obj, count, n, pickle_s) in objs.items():
             rec = out[shape] = {"entries": n, "objects": count, "pickle_s": pickle_s}
             t0 = time.perf_counter()
-            clamor.share(obj, portable=mode == "spawn")
+            clamor.share(obj, portable=mode != "fork")
             rec["check_s"] = time.perf_counter() - t0
             keys = keys_of(shape, n)
             kept0 = cl.stats()["checks"]
             try:
+                wire = links.bytes()
                 rec["first_stage_s"], got = stage(cl, args.workers, shape, obj, keys)
+                if wire is not None:    # (on hosts: what crossed the links for the first stage, all workers)
+                    rec["first_stage_link_bytes"] = links.bytes() - wire
                 kept = cl.stats()["checks"]     # (what the first stage's check added)
                 visited = kept["objects"] - kept0["objects"]
                 rec["bytes_per_object"] = (kept["bytes"] - kept0["bytes"]) / visited if visited > 0 else None
@@ -96,6 +116,7 @@ def run_mode(clamor, mode, objs, args):
                   f"({rec['objects_per_s'] / 1e6:.2f} M objects/s)  first stage "
                   f"{rec.get('first_stage_s', float('nan')):7.3f} s  changed {rec.get('changed_stage_s', float('nan')):7.3f} s"
                   f"  kept {rec.get('bytes_per_object') or float('nan'):.1f} B/object"
+                  + (f"  link {rec['first_stage_link_bytes'] / 2**20:.1f} MiB" if "first_stage_link_bytes" in rec else "")
                   + (f"  FAILED {rec['failed']}" if "failed" in rec else "")
                   + ("" if rec.get("first_equal", True) and rec.get("changed_equal", True) else "  answers DIFFER"),
                   flush=True)
@@ -119,23 +140,25 @@ def share_before_cluster(clamor, shape, n, pickle_s):
 def main():
     ap = parser(__doc__.split("\n")[0], "dicts of 10^6 entries, lists of 10^5", "dicts of 10^4 entries, lists of 10^3")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--modes", default="fork,spawn", help="kinds of worker, of fork and spawn")
+    ap.add_argument("--modes", default="fork,spawn",
+                    help="kinds of worker, of fork, spawn and hosts (one worker per namespace host)")
+    ap.add_argument("--rate", default="1gbit", help="with --modes hosts: each host's link, both ways (tc notation)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="of " + ", ".join(SHAPES))
     args = ap.parse_args()
     modes, shapes = args.modes.split(","), args.shapes.split(",")
-    if set(modes) - {"fork", "spawn"} or set(shapes) - set(SHAPES) or args.workers < 1:
-        ap.error("--modes names fork and spawn, --shapes the shapes above, --workers is positive")
+    if set(modes) - {"fork", "spawn", "hosts"} or set(shapes) - set(SHAPES) or args.workers < 1:
+        ap.error("--modes names fork, spawn and hosts, --shapes the shapes above, --workers is positive")
     dict_n, list_n = (10 ** 4, 10 ** 3) if args.smoke else (10 ** 6, 10 ** 5) if args.quick else (10 ** 7, 10 ** 6)
 
     import clamor
 
-    objs = {}
+    objs, pickled = {}, {}
     for shape in shapes:
         n = dict_n if shape.startswith("dict") else list_n
         with clamor.heap():
             obj, count = build(shape, n)
         t0 = time.perf_counter()
-        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        pickled[shape] = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         objs[shape] = (obj, count, n, time.perf_counter() - t0)
     print(f"objects: {', '.join(f'{s} {v[2]:,}' for s, v in objs.items())}; {args.workers} workers; "
           f"region {clamor.heap_stats()['allocated'] / 2**20:.0f} MiB", flush=True)
@@ -145,7 +168,7 @@ def main():
     bad = [f"{m} {s}" for m, r in runs.items() for s, x in r.items()
            if not (x.get("first_equal", True) and x.get("changed_equal", True))]
     figures = {"bench": "objects", "workers": args.workers, "runs": runs, "answers_equal": not bad,
-               "before_cluster": before}
+               "before_cluster": before, "pickle_bytes": pickled, "rate": args.rate if "hosts" in modes else None}
     worst = max((x["check_vs_pickle"], s) for s, x in before.items())
     figures["check_before_cluster_vs_pickle"], figures["check_before_cluster_vs_pickle_worst"] = worst
     for key in ("check_vs_pickle", "first_stage_vs_pickle", "changed_stage_vs_pickle"):

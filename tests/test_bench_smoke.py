@@ -158,3 +158,23 @@ def test_smoke(script, tmp_path):
             assert fig["drawn_bytes"] and all(n > 0 for n in fig["drawn_bytes"].values())
     if script in ("hotpages", "hosts"):
         assert fig["same_host"] == "fetch"
+
+
+def test_objects_on_namespace_hosts(tmp_path):
+    """objects.py's third kind of worker: one on each namespace host,
+    relocating what it reads; its answers equal the driver's (or it exits
+    1), and the first stage's bytes on the links are counted."""
+    require_hosts()
+    cmd = [sys.executable, os.path.join("bench", "objects.py"), "--smoke", "--modes", "hosts",
+           "--shapes", "dict_int,list_dc"]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    fig = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fig["answers_equal"] and not fig["failed"] and fig["rate"] == "1gbit"
+    assert set(fig["runs"]) == {"hosts"} and set(fig["runs"]["hosts"]) == {"dict_int", "list_dc"}
+    for shape, rec in fig["runs"]["hosts"].items():
+        assert rec["first_equal"] and rec["changed_equal"], shape
+        assert finite_number(rec["first_stage_link_bytes"]) and rec["first_stage_link_bytes"] > 0, shape
+        assert fig["pickle_bytes"][shape] > 0
+    assert not non_finite(fig)
