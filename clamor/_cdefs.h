@@ -179,6 +179,7 @@ int clamor_py_numpy_suspend(void);
 int clamor_py_numpy_dims_flush(int inside);
 unsigned long clamor_py_region_dropped(void);
 long clamor_py_freelists_flush(void);
+long clamor_py_freelists_fill(void);
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *failed);
 long clamor_py_rehome(uintptr_t objs);

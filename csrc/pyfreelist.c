@@ -33,20 +33,30 @@ static inline int regional(PyObject *o) {
     return PyDict_CheckExact(o) && cl_in_region((uintptr_t)((PyDictObject *)o)->ma_keys);
 }
 
-// Let go of held[0..n): outside the region first.
-static void release(PyObject **held, Py_ssize_t n) {
-    for (int pass = 0; pass < 2; pass++)
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (held[i] && regional(held[i]) == pass) Py_CLEAR(held[i]);
+// In the region with its key table (a dict's): what a block may reuse.
+static inline int wholly(PyObject *o) {
+    return cl_in_region((uintptr_t)o) && (!PyDict_CheckExact(o) || cl_in_region((uintptr_t)((PyDictObject *)o)->ma_keys));
 }
 
-static PyObject *make(int kind, Py_ssize_t size) {
+// Is o of the side the lists are to hold: outside (0, a flush) or
+// wholly in the region (1, a fill)?
+static inline int wanted(PyObject *o, int side) { return side ? wholly(o) : !regional(o); }
+
+// Let go of held[0..n): those of `side` first (they fill the lists), the
+// others last (the lists are full: they go back to their allocator).
+static void release(PyObject **held, Py_ssize_t n, int side) {
+    for (int pass = 0; pass < 2; pass++)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (held[i] && wanted(held[i], side) == !pass) Py_CLEAR(held[i]);
+}
+
+static PyObject *make(int kind, Py_ssize_t size, PyObject *key) {
     switch (kind) {
     case 0: return PyFloat_FromDouble(0.5);
     case 1: return PyList_New(0);
     case 2: {
-        PyObject *d = PyDict_New(); // its key table comes with its first item
-        if (d && PyDict_SetItem(d, Py_None, Py_None) < 0) Py_CLEAR(d);
+        PyObject *d = PyDict_New(); // its key table (a str key's kind, the list's) comes with its first item
+        if (d && PyDict_SetItem(d, key, Py_None) < 0) Py_CLEAR(d);
         return d;
     }
     case 3: return PySlice_New(Py_None, Py_None, Py_None);
@@ -62,30 +72,40 @@ static PyObject *make(int kind, Py_ssize_t size) {
     }
 }
 
-static int flush(long *moved) {
-    // Enough objects outside the region to fill a list on their own, plus
-    // every region one the list held (no more than its capacity).
+/* region 0 (flush): enough objects outside the region to fill a list on
+ * their own, plus every region one the list held (no more than its
+ * capacity); the lists are left full of outside ones.  region 1 (fill,
+ * inside a block, where new objects are region ones): the other way. */
+/* side 0 (a flush, outside every block): enough objects outside the region
+ * to fill a list on their own, plus every region one the list held (no
+ * more than its capacity); the lists end full of outside ones.  side 1 (a
+ * fill, inside a block, whose new objects are region ones): the other
+ * way.  *moved: the objects of the other side the lists held. */
+static int flush(long *moved, int side) {
     PyObject **held = PyMem_RawMalloc(sizeof(PyObject *) * 2 * TAKE_TUPLES);
-    if (!held) {
+    PyObject *key = PyUnicode_FromString("clamor-free-list");
+    if (!held || !key) {
+        PyMem_RawFree(held);
+        Py_XDECREF(key);
         PyErr_NoMemory();
         return -1;
     }
     int rc = 0;
     for (int kind = 0; kind < 4 + TUPLE_SIZES && rc == 0; kind++) {
         Py_ssize_t size = kind >= 4 ? kind - 3 : 0, want = kind >= 4 ? TAKE_TUPLES : TAKE_OTHERS;
-        Py_ssize_t n = 0, outside = 0, region = 0;
-        while (outside < want && n < 2 * want) {
-            if (!(held[n] = make(kind, size))) {
+        Py_ssize_t n = 0, mine = 0;
+        while (mine < want && n < 2 * want) {
+            if (!(held[n] = make(kind, size, key))) {
                 rc = -1; // the Python error is set
                 break;
             }
-            if (regional(held[n++])) region++;
-            else outside++;
+            if (wanted(held[n++], side)) mine++;
+            else (*moved)++;
         }
-        *moved += region;
-        release(held, n);
+        release(held, n, side);
     }
     PyMem_RawFree(held);
+    Py_DECREF(key);
     return rc;
 }
 
@@ -97,7 +117,25 @@ long clamor_py_freelists_flush(void) {
     if (cl_heap_depth) {
         PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_flush inside a heap block");
         moved = -1;
-    } else if (flush(&moved) < 0) {
+    } else if (flush(&moved, 0) < 0) {
+        moved = -1;
+    }
+    if (moved < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return moved;
+}
+
+/* Inside a heap block, the thread's allocations in the region: the lists
+ * hold no object outside the region (a block's first tuples and dicts
+ * would be those, outside).  Returns how many outside objects were on
+ * them, or -1 (the error is printed). */
+long clamor_py_freelists_fill(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long moved = 0;
+    if (!cl_heap_depth) {
+        PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_fill outside a heap block");
+        moved = -1;
+    } else if (flush(&moved, 1) < 0) {
         moved = -1;
     }
     if (moved < 0) PyErr_Print();

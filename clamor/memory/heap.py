@@ -32,8 +32,9 @@ from .. import errors
 from .._native import check, lib
 from . import region
 from .gate import close_gate, open_gate
-from .hooks import (HANDLER, _flush_dims, _held_slices, _rehome, active, callbacks_off,  # noqa: F401
-                    collect, install, outside, prepare_fork, release_dropped, settle, suspended)
+from .hooks import (HANDLER, _flush_dims, _free_lists_in, _free_lists_out, _held_slices, _rehome,  # noqa: F401
+                    active, callbacks_off, collect, collect_young, install, outside, prepare_fork,
+                    release_dropped, settle, suspended)
 
 
 @contextlib.contextmanager
@@ -66,22 +67,25 @@ def heap():
         close_gate()
     try:
         with callbacks_off() if outer else contextlib.nullcontext():
-            # A full collection empties CPython's free lists (floats, tuples,
-            # lists, dicts, ...), which would otherwise hand the block objects
-            # allocated earlier outside the region, and, after it, hand region
-            # objects to code outside it.
-            # CPython caches one freed slice, and a collection leaves it: the
-            # block's first slice would be that one, outside the region (a
-            # pandas block's placement).  Held until the block ends, the
-            # block makes its own.  (Taken before the collection: the call
-            # leaves a tuple on the free list, which it empties.)
+            # What died since the last collection is collected first, or it
+            # would be freed inside the block.  CPython's free lists (floats,
+            # tuples, lists, dicts, key tables, ...) would hand the block
+            # objects allocated earlier outside the region: inside it, they
+            # are filled with region ones; and after it, they would hand
+            # region objects to code outside: they are emptied of those.
+            # CPython caches one freed slice: the block's first slice would
+            # be that one, outside the region (a pandas block's placement).
+            # Held until the block ends, the block makes its own.  (Taken
+            # before the collection: the call leaves a tuple on the free
+            # list.)
             cached_slice = slice(None)
-            collect()
+            collect_young()
             rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
             if rc:
                 lib.clamor_py_numpy_exit()
                 check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
             try:
+                _free_lists_in()
                 # numpy's cache of shape buffers, like the free lists, would hand
                 # the block buffers freed outside it (and, after it, hand region
                 # buffers out)
@@ -90,9 +94,12 @@ def heap():
             finally:
                 lib.clamor_heap_exit()
                 lib.clamor_py_numpy_exit()
-                collect()
+                collect_young()
                 _flush_dims(active())   # an inner block's end is still inside the outer one
-                if not active():
+                if active():
+                    _free_lists_in()    # (what the collection freed, as an outer block's)
+                else:
+                    _free_lists_out()
                     _rehome()
                     settle()
                     _held_slices.clear()

@@ -108,6 +108,13 @@ def _free_lists_out():
         raise errors.ClamorError("could not empty CPython's free lists of region objects")
 
 
+def _free_lists_in():
+    """Inside a block: CPython's free lists hold no object outside the
+    region (csrc/pyfreelist.c, clamor_py_freelists_fill)."""
+    if lib.clamor_py_freelists_fill() < 0:
+        raise errors.ClamorError("could not empty CPython's free lists of objects outside the region")
+
+
 def _flush_dims(inside):
     if lib.clamor_py_numpy_dims_flush(1 if inside else 0) != 0:
         raise errors.ClamorError("could not flush numpy's cache of shape buffers")
@@ -118,9 +125,20 @@ _collecting = threading.RLock()
 
 def collect():
     """A full collection, which leaves CPython's free lists empty, as
-    ``heap()`` and ``suspended()`` need at their edges.  Inside a block the
-    collector's callbacks are off (``callbacks_off``)."""
+    ``suspended()`` needs at its edges.  Inside a block the collector's
+    callbacks are off (``callbacks_off``)."""
     gc.collect()
+
+
+def collect_young():
+    """A collection of the young generations, as ``heap()`` makes at its
+    edges: what died since the last one, and no more.  A full collection
+    writes the collector's words of every tracked object, and region
+    objects are most of them once a big global is built: once workers
+    exist, each page holding one would be logged and compared as a write
+    (about 1 s for a million instances).  The free lists are then emptied
+    by hand (``_free_lists_in``, ``_free_lists_out``)."""
+    gc.collect(1)
 
 
 @contextlib.contextmanager
