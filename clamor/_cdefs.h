@@ -183,6 +183,9 @@ long clamor_py_freelists_fill(void);
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 long clamor_py_ext_freelists_flush(const uint64_t *types, size_t ntypes, long *failed);
 long clamor_py_rehome(uintptr_t objs);
+long clamor_py_rehome_tracked(const uint64_t *heads, size_t n);
+int clamor_py_gc_heads(uint64_t *heads);
+long clamor_py_gc_count(const uint64_t *heads, size_t n, const uint64_t *sorted, size_t nsorted);
 long clamor_py_held_from_outside(uintptr_t objs, uintptr_t out);
 int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                          uintptr_t extents_out, uintptr_t outside_out);

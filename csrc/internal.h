@@ -544,6 +544,9 @@ int cl_py_numpy_ready(void);
  * that lie outside the region but grew a table in it a table outside;
  * outside every block.  How many moved, or -1. */
 long clamor_py_rehome(uintptr_t objs);
+long clamor_py_rehome_tracked(const uint64_t *heads, size_t n);
+int clamor_py_gc_heads(uint64_t *heads);
+long clamor_py_gc_count(const uint64_t *heads, size_t n, const uint64_t *sorted, size_t nsorted);
 /* Inside a block: the table of the region object at obj made again in the
  * region (1), none to move (0), or -1; a region copy of the weak reference
  * at ref appended to the list at out (0, or -1). */

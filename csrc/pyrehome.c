@@ -156,7 +156,47 @@ static int lru_in_region(PyObject *o) {
     return hit;
 }
 
-static Py_ssize_t rehome(PyObject *objs) {
+/* What to move, found by a look at one object (tracked; what it refers
+ * to, for an untracked dict it holds). */
+static int scan(PyObject *o, PyObject *found, PyObject *lrus) {
+    if (is_lru(o) && !in_region(o) && lru_in_region(o) && PyList_Append(lrus, o) < 0) return -1;
+    if ((grown(o) && PyList_Append(found, o) < 0) ||
+        (Py_TYPE(o)->tp_traverse && Py_TYPE(o)->tp_traverse(o, visit, found) < 0))
+        return -1;
+    return 0;
+}
+
+/* CPython's PyGC_Head (3.11-3.13, pycore_gc.h): the two words before a
+ * tracked object, its links in its generation's circular list; the low
+ * two bits of prev are flags. */
+struct gc_link {
+    uintptr_t next, prev;
+};
+#define GC_LINK(w) ((struct gc_link *)((w) & ~(uintptr_t)3))
+
+/* Look at every object in the lists heads[0..n) (GC_LINK addresses), by
+ * their links: no reference taken, so no object's words are written (a
+ * region object's page is not logged as a write).  Nothing here tracks or
+ * untracks an object.  -1 on a list whose links do not agree (a node whose
+ * next does not point back to it), with an error. */
+static int scan_lists(const uint64_t *heads, size_t n, PyObject *found, PyObject *lrus) {
+    for (size_t i = 0; i < n; i++) {
+        struct gc_link *h = (struct gc_link *)(uintptr_t)heads[i], *g = GC_LINK(h->next);
+        while (g != h) {
+            struct gc_link *nx = GC_LINK(g->next);
+            if (!nx || GC_LINK(nx->prev) != g) {
+                PyErr_SetString(PyExc_RuntimeError, "the collector's lists do not read as expected");
+                return -1;
+            }
+            if (scan((PyObject *)(g + 1), found, lrus) < 0) return -1;
+            g = nx;
+        }
+    }
+    return 0;
+}
+
+/* objs (a list), or else the lists heads[0..nheads). */
+static Py_ssize_t rehome(PyObject *objs, const uint64_t *heads, size_t nheads) {
     PyObject *found = PyList_New(0);
     if (!found) return -1;
     PyObject *lrus = PyList_New(0);
@@ -164,18 +204,16 @@ static Py_ssize_t rehome(PyObject *objs) {
         Py_DECREF(found);
         return -1;
     }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs); i++) {
-        PyObject *o = PyList_GET_ITEM(objs, i);
-        if (is_lru(o) && !in_region(o) && lru_in_region(o) && PyList_Append(lrus, o) < 0) {
-            Py_DECREF(found);
-            Py_DECREF(lrus);
-            return -1;
-        }
-        if ((grown(o) && PyList_Append(found, o) < 0) ||
-            (Py_TYPE(o)->tp_traverse && Py_TYPE(o)->tp_traverse(o, visit, found) < 0)) {
-            Py_DECREF(found);
-            return -1;
-        }
+    int rc = 0;
+    if (objs) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs) && !rc; i++) rc = scan(PyList_GET_ITEM(objs, i), found, lrus);
+    } else {
+        rc = scan_lists(heads, nheads, found, lrus);
+    }
+    if (rc < 0) {
+        Py_DECREF(found);
+        Py_DECREF(lrus);
+        return -1;
     }
     Py_ssize_t moved = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lrus); i++) {
@@ -212,10 +250,72 @@ long clamor_py_rehome(uintptr_t objs) {
     long n = -1;
     if (cl_heap_depth) PyErr_SetString(PyExc_RuntimeError, "clamor_py_rehome inside a heap block");
     else if (!PyList_Check((PyObject *)objs)) PyErr_SetString(PyExc_TypeError, "clamor_py_rehome needs a list");
-    else n = (long)rehome((PyObject *)objs);
+    else n = (long)rehome((PyObject *)objs, NULL, 0);
     if (n < 0) PyErr_Print();
     PyGILState_Release(g);
     return n;
+}
+
+/* clamor_py_rehome of every object the collector tracks in the lists
+ * heads[0..n) (its generations', from clamor_py_gc_heads), read by their
+ * links rather than gc.get_objects(), whose references would write every
+ * object (see scan_lists).  The collector off meanwhile. */
+long clamor_py_rehome_tracked(const uint64_t *heads, size_t n) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long moved = -1;
+    if (cl_heap_depth) {
+        PyErr_SetString(PyExc_RuntimeError, "clamor_py_rehome_tracked inside a heap block");
+    } else {
+        int collecting = PyGC_Disable();
+        moved = (long)rehome(NULL, heads, n);
+        if (collecting) PyGC_Enable();
+    }
+    if (moved < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return moved;
+}
+
+/* The collector's three generations' list heads, as CPython 3.11-3.13 lays
+ * them out (pycore_gc.h: struct gc_generation, a PyGC_Head, then two ints,
+ * in an array): the youngest is the one a new list's links lead to.  The
+ * caller checks them (every tracked object counted, once) before it relies
+ * on them.  0, or -1 (error printed). */
+int clamor_py_gc_heads(uint64_t *heads) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = -1;
+    PyObject *probe = PyList_New(0); /* tracked: the newest in the youngest generation */
+    if (probe && PyObject_GC_IsTracked(probe)) {
+        uintptr_t h0 = (uintptr_t)GC_LINK(((struct gc_link *)probe - 1)->next);
+        for (int i = 0; i < 3; i++) heads[i] = h0 + (uint64_t)i * (sizeof(struct gc_link) + 2 * sizeof(int));
+        rc = 0;
+    } else if (!probe) {
+        PyErr_Print();
+    }
+    Py_XDECREF(probe);
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* How many objects of sorted[0..nsorted) (addresses, ascending) the lists
+ * heads[0..n) hold, read by their links (the check of clamor_py_gc_heads'
+ * answer against gc.get_objects()); -1 if their links do not agree. */
+long clamor_py_gc_count(const uint64_t *heads, size_t n, const uint64_t *sorted, size_t nsorted) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long count = 0;
+    for (size_t i = 0; i < n && count >= 0; i++) {
+        struct gc_link *h = (struct gc_link *)(uintptr_t)heads[i], *x = GC_LINK(h->next);
+        for (size_t steps = 0; x != h && count >= 0; steps++) {
+            struct gc_link *nx = GC_LINK(x->next);
+            if (!nx || GC_LINK(nx->prev) != x || steps > ((size_t)1 << 40)) {
+                count = -1;
+            } else {
+                count += cl_sorted_has(sorted, nsorted, (uint64_t)(uintptr_t)(x + 1));
+                x = nx;
+            }
+        }
+    }
+    PyGILState_Release(g);
+    return count;
 }
 
 /* The other way, for one region object whose table grew outside the

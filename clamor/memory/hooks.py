@@ -47,13 +47,53 @@ def _rehome():
     """Move the tables that ordinary dicts and lists grew inside the block
     (a module's globals, a library's cache) back outside the region: they
     are the interpreter's, and a worker must not read the driver's later
-    changes to them."""
-    objs = gc.get_objects()
-    try:
-        if lib.clamor_py_rehome(id(objs)) < 0:
-            raise errors.ClamorError("could not move dict and list tables out of the region")
-    finally:
-        del objs
+    changes to them.  Every tracked object is looked at through the
+    collector's own lists (``_gc_heads``), without the reference that
+    ``gc.get_objects()`` takes to each: that reference writes every
+    object, and once workers exist each page holding a region object would
+    be logged as a write at every block's end."""
+    heads = _gc_heads()
+    if heads is not None:
+        moved = lib.clamor_py_rehome_tracked(ffi.cast("const uint64_t *", heads.ctypes.data), len(heads))
+    else:
+        objs = gc.get_objects()
+        try:
+            moved = lib.clamor_py_rehome(id(objs))
+        finally:
+            del objs
+    if moved < 0:
+        raise errors.ClamorError("could not move dict and list tables out of the region")
+
+
+_heads = []     # [the collector's list heads (numpy uint64), or None where they do not check out]
+
+
+def _gc_heads():
+    """The collector's generations' list heads (csrc/pyrehome.c,
+    clamor_py_gc_heads), or None: found once, and used only if their lists
+    hold every object ``gc.get_objects()`` gives."""
+    if not _heads:
+        import numpy as np
+
+        heads = np.zeros(3, dtype=np.uint64)
+        ok = False
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            if lib.clamor_py_gc_heads(ffi.cast("uint64_t *", heads.ctypes.data)) == 0:
+                objs = gc.get_objects()
+                addrs = np.sort(np.fromiter(map(id, objs), dtype=np.uint64, count=len(objs)))
+                del objs
+                found = lib.clamor_py_gc_count(ffi.cast("const uint64_t *", heads.ctypes.data), len(heads),
+                                               ffi.cast("const uint64_t *", addrs.ctypes.data), len(addrs))
+                ok = found == len(addrs)
+        finally:
+            if collecting:
+                gc.enable()
+        if not ok:
+            log.debug("the collector's lists are not laid out as expected: the rehome pass uses gc.get_objects()")
+        _heads.append(heads if ok else None)
+    return _heads[0]
 
 
 def _ufunc_caches_out():
