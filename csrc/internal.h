@@ -578,7 +578,9 @@ long clamor_py_untrack_region(uintptr_t objs, const uint64_t *pages, size_t npag
 /* Empty CPython's free lists of region objects, outside every heap block:
  * how many region objects were on them, or -1 (the error is printed). */
 long clamor_py_freelists_flush(void);
-long clamor_py_freelists_fill(void);
+long clamor_py_freelists_drain(uintptr_t out);
+int clamor_py_freelists_release(uintptr_t list);
+int cl_py_freelists_fill(void);
 /* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 /* pyreloc.c: the hull of an ELF object's PT_LOAD segments (.bss included). */

@@ -125,21 +125,80 @@ long clamor_py_freelists_flush(void) {
     return moved;
 }
 
-/* Inside a heap block, the thread's allocations in the region: the lists
- * hold no object outside the region (a block's first tuples and dicts
- * would be those, outside).  Returns how many outside objects were on
- * them, or -1 (the error is printed). */
-long clamor_py_freelists_fill(void) {
+/* Outside every block: every free list emptied, its objects (and, past
+ * them, new ones outside the region) appended to the list `out`, to be
+ * held while a heap() block runs: the block's objects are then new region
+ * ones, and no region memory is made only to fill the lists.  Returns how
+ * many objects were taken, or -1 (the error is printed). */
+long clamor_py_freelists_drain(uintptr_t out) {
     PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *list = (PyObject *)out, *key = NULL;
+    long taken = -1;
+    if (cl_heap_depth) PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_drain inside a heap block");
+    else if (!PyList_CheckExact(list)) PyErr_SetString(PyExc_TypeError, "clamor_py_freelists_drain needs a list");
+    else if ((key = PyUnicode_FromString("clamor-free-list"))) taken = 0;
+    for (int kind = 0; taken >= 0 && kind < 4 + TUPLE_SIZES; kind++) {
+        Py_ssize_t size = kind >= 4 ? kind - 3 : 0, want = kind >= 4 ? TAKE_TUPLES : TAKE_OTHERS;
+        for (Py_ssize_t i = 0; i < want; i++) {
+            PyObject *o = make(kind, size, key);
+            if (!o || PyList_Append(list, o) < 0) {
+                Py_XDECREF(o);
+                taken = -1;
+                break;
+            }
+            Py_DECREF(o);
+            taken++;
+        }
+    }
+    Py_XDECREF(key);
+    if (taken < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return taken;
+}
+
+/* Outside every block: let go of what clamor_py_freelists_drain took into
+ * `list`, those outside the region first (they fill the lists again), the
+ * region ones last (past the lists' room: back to the region allocator);
+ * the list is left empty.  0, or -1 (the error is printed). */
+int clamor_py_freelists_release(uintptr_t list) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *l = (PyObject *)list;
+    int rc = -1;
+    if (cl_heap_depth) {
+        PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_release inside a heap block");
+    } else if (!PyList_CheckExact(l)) {
+        PyErr_SetString(PyExc_TypeError, "clamor_py_freelists_release needs a list");
+    } else {
+        Py_ssize_t n = PyList_GET_SIZE(l);
+        PyObject **held = PyMem_RawMalloc(sizeof(PyObject *) * (size_t)(n ? n : 1));
+        if (!held) {
+            PyErr_NoMemory();
+        } else {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                held[i] = PyList_GET_ITEM(l, i);
+                Py_INCREF(held[i]);
+            }
+            rc = PyList_SetSlice(l, 0, n, NULL);
+            release(held, n, 0);
+            PyMem_RawFree(held);
+        }
+    }
+    if (rc < 0) PyErr_Print();
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* The GIL held, inside a heap block that C code entered of its own
+ * (pyownkeys.c): the free lists hold no object outside the region (a
+ * copy's dict or key table would be one), filled with region ones.  0, or
+ * -1 with the Python error set. */
+int cl_py_freelists_fill(void) {
     long moved = 0;
     if (!cl_heap_depth) {
-        PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_fill outside a heap block");
-        moved = -1;
-    } else if (flush(&moved, 1) < 0) {
-        moved = -1;
+        PyErr_SetString(PyExc_RuntimeError, "cl_py_freelists_fill outside a heap block");
+        return -1;
     }
-    if (moved < 0) PyErr_Print();
-    PyGILState_Release(g);
-    return moved;
+    return flush(&moved, 1) < 0 ? -1 : 0;
 }
+
 #endif /* CLAMOR_WITH_PYTHON */

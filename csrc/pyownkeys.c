@@ -107,7 +107,13 @@ long clamor_py_own_keys(uintptr_t root, long limit) {
         if (err) {
             rc = -err;
         } else {
-            for (size_t i = 0; i < todo.n; i++) rc += own_keys(todo.item[i], key, &spare);
+            /* (the free lists hold region objects: a copy's key table is not one from outside) */
+            if (cl_py_freelists_fill() < 0) {
+                PyErr_Clear();
+                rc = -ENOMEM;
+            } else {
+                for (size_t i = 0; i < todo.n; i++) rc += own_keys(todo.item[i], key, &spare);
+            }
             clamor_heap_exit();
         }
         for (size_t i = 0; i < spare.n; i++) Py_DECREF(spare.item[i]); /* (back to the free list) */
@@ -185,6 +191,12 @@ long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nk
         int collecting = PyGC_Disable();
         int err = clamor_heap_enter();
         if (err) rc = -err;
+        /* (the free lists hold region objects: a refilled dict's key table,
+         * of the kind that list holds, is not one from outside) */
+        if (!rc && cl_py_freelists_fill() < 0) {
+            PyErr_Clear();
+            rc = -ENOMEM;
+        }
         for (size_t i = 0; !rc && i < nkeys; i++) {
             PyObject *k = (PyObject *)(uintptr_t)keys[i];
             if (!PyUnicode_CheckExact(k) || PyUnicode_GET_LENGTH(k) < 2) rc = -EINVAL;

@@ -281,6 +281,10 @@ long clamor_py_rehome_tracked(const uint64_t *heads, size_t n) {
  * caller checks them (every tracked object counted, once) before it relies
  * on them.  0, or -1 (error printed). */
 int clamor_py_gc_heads(uint64_t *heads) {
+#ifdef Py_GIL_DISABLED
+    (void)heads;
+    return -1; /* (no such lists in a build without the GIL) */
+#endif
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = -1;
     PyObject *probe = PyList_New(0); /* tracked: the newest in the youngest generation */

@@ -266,9 +266,9 @@ def test_a_graph_in_a_list_at_a_region_address_still_shows_its_versions():
         found, hold = [], []
         for _ in range(20):
             d = {"x": ga}
-            hold.append([[] for _ in range(100)])   # CPython's list free list emptied (it keeps 80)
             with clamor.heap():
                 dead = [0, 1, 2]
+            hold.append([[] for _ in range(100)])   # CPython's list free list emptied (it keeps 80)
             del dead                                  # onto the free list, alone
             graph = [ga, d]                           # takes its place
             if region.contains(id(graph), 1):

@@ -32,9 +32,9 @@ from .. import errors
 from .._native import check, lib
 from . import region
 from .gate import close_gate, open_gate
-from .hooks import (HANDLER, _flush_dims, _free_lists_in, _free_lists_out, _held_slices, _rehome,  # noqa: F401
-                    active, callbacks_off, collect, collect_young, install, outside, prepare_fork,
-                    release_dropped, settle, suspended)
+from .hooks import (HANDLER, _flush_dims, _free_lists_out, _held_slices, _rehome, active,  # noqa: F401
+                    callbacks_off, collect, collect_at_entry, collect_young, drain_free_lists, install, outside,
+                    prepare_fork, release_dropped, release_free_lists, settle, suspended)
 
 
 @contextlib.contextmanager
@@ -67,25 +67,34 @@ def heap():
         close_gate()
     try:
         with callbacks_off() if outer else contextlib.nullcontext():
-            # What died since the last collection is collected first, or it
-            # would be freed inside the block.  CPython's free lists (floats,
-            # tuples, lists, dicts, key tables, ...) would hand the block
-            # objects allocated earlier outside the region: inside it, they
-            # are filled with region ones; and after it, they would hand
-            # region objects to code outside: they are emptied of those.
+            # An outer block: what died since the last collection is
+            # collected first, or it would be freed inside the block (all
+            # that died, once the region has grown by a quarter since:
+            # hooks.collect_at_entry).  CPython's free lists (floats, tuples,
+            # lists, dicts, key tables, ...) would hand the block objects
+            # allocated earlier outside the region: they are emptied, their
+            # objects held until the block ends (hooks.drain_free_lists);
+            # after it, they would hand region objects to code outside: they
+            # are emptied of those.  An inner block, inside the outer one,
+            # makes a full collection at its edges, which empties the lists.
             # CPython caches one freed slice: the block's first slice would
             # be that one, outside the region (a pandas block's placement).
             # Held until the block ends, the block makes its own.  (Taken
             # before the collection: the call leaves a tuple on the free
             # list.)
             cached_slice = slice(None)
-            collect_young()
+            if outer:
+                collect_at_entry()
+                held = drain_free_lists()
+            else:
+                collect()
             rc = lib.clamor_heap_enter()   # nothing kept is allocated between this and the yield
             if rc:
                 lib.clamor_py_numpy_exit()
+                if outer:
+                    release_free_lists(held)
                 check(rc, "clamor.heap()", {errno.EPERM: errors.NotDriver})
             try:
-                _free_lists_in()
                 # numpy's cache of shape buffers, like the free lists, would hand
                 # the block buffers freed outside it (and, after it, hand region
                 # buffers out)
@@ -94,12 +103,14 @@ def heap():
             finally:
                 lib.clamor_heap_exit()
                 lib.clamor_py_numpy_exit()
-                collect_young()
-                _flush_dims(active())   # an inner block's end is still inside the outer one
-                if active():
-                    _free_lists_in()    # (what the collection freed, as an outer block's)
-                else:
+                if outer:
+                    collect_young()
+                    release_free_lists(held)
                     _free_lists_out()
+                else:
+                    collect()
+                _flush_dims(active())   # an inner block's end is still inside the outer one
+                if not active():
                     _rehome()
                     settle()
                     _held_slices.clear()

@@ -148,11 +148,22 @@ def _free_lists_out():
         raise errors.ClamorError("could not empty CPython's free lists of region objects")
 
 
-def _free_lists_in():
-    """Inside a block: CPython's free lists hold no object outside the
-    region (csrc/pyfreelist.c, clamor_py_freelists_fill)."""
-    if lib.clamor_py_freelists_fill() < 0:
-        raise errors.ClamorError("could not empty CPython's free lists of objects outside the region")
+def drain_free_lists():
+    """Outside every block: CPython's free lists emptied, their objects
+    (and new ones outside the region, past them) held in the list returned
+    (csrc/pyfreelist.c, clamor_py_freelists_drain), for a block to make
+    new region objects; ``release_free_lists`` lets them go."""
+    held = []
+    if lib.clamor_py_freelists_drain(id(held)) < 0:
+        raise errors.ClamorError("could not empty CPython's free lists")
+    return held
+
+
+def release_free_lists(held):
+    """Let go of what ``drain_free_lists`` held: those outside the region
+    fill the lists again."""
+    if lib.clamor_py_freelists_release(id(held)) < 0:
+        raise errors.ClamorError("could not give CPython's free lists their objects back")
 
 
 def _flush_dims(inside):
@@ -170,6 +181,24 @@ def collect():
     gc.collect()
 
 
+_collected_at = [0]     # the region's bytes allocated after the last full collection at a block's entry
+
+
+def collect_at_entry():
+    """At an outer block's entry: a full collection once the region's
+    allocated bytes have grown by a quarter since the last one made here
+    (CPython collects its old generation by a like rule: the cost of a
+    full collection spread over what was allocated since), so that
+    structures built and dropped again and again (a tree made anew at
+    every round, its cycles garbage) give their memory back; else the
+    young generations only (``collect_young``)."""
+    if lib.clamor_heap_allocated() >= _collected_at[0] + _collected_at[0] // 4:
+        collect()
+        _collected_at[0] = lib.clamor_heap_allocated()
+    else:
+        collect_young()
+
+
 def collect_young():
     """A collection of the young generations, as ``heap()`` makes at its
     edges: what died since the last one, and no more.  A full collection
@@ -177,7 +206,7 @@ def collect_young():
     objects are most of them once a big global is built: once workers
     exist, each page holding one would be logged and compared as a write
     (about 1 s for a million instances).  The free lists are then emptied
-    by hand (``_free_lists_in``, ``_free_lists_out``)."""
+    by hand (``drain_free_lists``, ``_free_lists_out``)."""
     gc.collect(1)
 
 
