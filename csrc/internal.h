@@ -581,6 +581,7 @@ long clamor_py_freelists_flush(void);
 long clamor_py_freelists_drain(uintptr_t out);
 int clamor_py_freelists_release(uintptr_t list);
 int cl_py_freelists_fill(void);
+int cl_py_freelists_out(void);
 /* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 /* pyreloc.c: the hull of an ELF object's PT_LOAD segments (.bss included). */

@@ -192,6 +192,17 @@ int clamor_py_freelists_release(uintptr_t list) {
  * (pyownkeys.c): the free lists hold no object outside the region (a
  * copy's dict or key table would be one), filled with region ones.  0, or
  * -1 with the Python error set. */
+int cl_py_freelists_fill(void);
+
+/* The GIL held: after such a block, outside every block, the free lists
+ * hold no region object again (what the fill left there, what died in the
+ * block).  Inside an outer block of the caller's, nothing to do.  0, or -1
+ * with the Python error set. */
+int cl_py_freelists_out(void) {
+    long moved = 0;
+    return cl_heap_depth ? 0 : flush(&moved, 0) < 0 ? -1 : 0;
+}
+
 int cl_py_freelists_fill(void) {
     long moved = 0;
     if (!cl_heap_depth) {

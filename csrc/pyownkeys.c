@@ -117,8 +117,12 @@ long clamor_py_own_keys(uintptr_t root, long limit) {
             clamor_heap_exit();
         }
         for (size_t i = 0; i < spare.n; i++) Py_DECREF(spare.item[i]); /* (back to the free list) */
-        if (collecting) PyGC_Enable();
         Py_DECREF(key);
+        if (!err && cl_py_freelists_out() < 0) { /* (the fill's region objects and the dicts replaced: off them) */
+            PyErr_Clear();
+            rc = -ENOMEM;
+        }
+        if (collecting) PyGC_Enable();
     }
     free(spare.item);
     free(spare.tag);
@@ -213,6 +217,10 @@ long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nk
     }
     for (size_t i = 0; i < nkeys && copies; i++) Py_XDECREF(copies[i]);
     for (size_t i = 0; i < todo.n; i++) Py_DECREF(todo.item[i]);
+    if (todo.n && cl_py_freelists_out() < 0) { /* (the fill's region objects and the tables replaced: off them) */
+        PyErr_Clear();
+        if (!rc) rc = -ENOMEM;
+    }
     free(todo.item);
     free(todo.tag);
     free(items);

@@ -33,7 +33,7 @@ from .._native import check, lib
 from . import region
 from .gate import close_gate, open_gate
 from .hooks import (HANDLER, _flush_dims, _free_lists_out, _held_slices, _rehome, active,  # noqa: F401
-                    callbacks_off, collect, collect_at_entry, collect_young, drain_free_lists, install, outside,
+                    callbacks_off, collect, collect_at_edge, collect_young, drain_free_lists, install, outside,
                     prepare_fork, release_dropped, release_free_lists, settle, suspended)
 
 
@@ -68,9 +68,9 @@ def heap():
     try:
         with callbacks_off() if outer else contextlib.nullcontext():
             # An outer block: what died since the last collection is
-            # collected first, or it would be freed inside the block (all
-            # that died, once the region has grown by a quarter since:
-            # hooks.collect_at_entry).  CPython's free lists (floats, tuples,
+            # collected first, or it would be freed inside the block, and
+            # again as it ends (all that died, once the region has grown by
+            # a quarter since: hooks.collect_at_edge).  CPython's free lists (floats, tuples,
             # lists, dicts, key tables, ...) would hand the block objects
             # allocated earlier outside the region: they are emptied, their
             # objects held until the block ends (hooks.drain_free_lists);
@@ -84,7 +84,7 @@ def heap():
             # list.)
             cached_slice = slice(None)
             if outer:
-                collect_at_entry()
+                collect_at_edge()
                 held = drain_free_lists()
             else:
                 collect()
@@ -104,7 +104,7 @@ def heap():
                 lib.clamor_heap_exit()
                 lib.clamor_py_numpy_exit()
                 if outer:
-                    collect_young()
+                    collect_at_edge()
                     release_free_lists(held)
                     _free_lists_out()
                 else:

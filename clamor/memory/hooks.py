@@ -181,17 +181,20 @@ def collect():
     gc.collect()
 
 
-_collected_at = [0]     # the region's bytes allocated after the last full collection at a block's entry
+_collected_at = [0]     # the region's bytes allocated after the last full collection at a block's edge
 
 
-def collect_at_entry():
-    """At an outer block's entry: a full collection once the region's
-    allocated bytes have grown by a quarter since the last one made here
-    (CPython collects its old generation by a like rule: the cost of a
-    full collection spread over what was allocated since), so that
-    structures built and dropped again and again (a tree made anew at
-    every round, its cycles garbage) give their memory back; else the
-    young generations only (``collect_young``)."""
+def collect_at_edge():
+    """At an outer block's edges: a full collection once the region's
+    allocated bytes have grown by a quarter since the last one made at an
+    edge (CPython collects its old generation by a like rule: the cost of a
+    full collection spread over what was allocated since), so that a block
+    that built something leaves none of its garbage cycles behind (freed
+    later, their region objects would go on the free lists in ordinary
+    code), and structures built and dropped again and again (a tree made
+    anew at every round) give their memory back; else the young
+    generations only (``collect_young``): a block that changes a big
+    global does not write it whole."""
     if lib.clamor_heap_allocated() >= _collected_at[0] + _collected_at[0] // 4:
         collect()
         _collected_at[0] = lib.clamor_heap_allocated()
