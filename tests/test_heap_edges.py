@@ -142,3 +142,27 @@ print(json.dumps({"heads": heads is not None, "found": found, "objects": len(obj
     assert out["heads"], out                 # CPython 3.11-3.13 lay the lists out as csrc/pyrehome.c reads them
     assert out["found"] == out["objects"], out
     assert out["tables_inside"] == [False, False] and out["kept"] == [4999, 4999], out
+
+
+def test_share_leaves_no_region_object_on_the_free_lists():
+    # share() gives instances' dicts keys of their own and copies attribute
+    # names in, in blocks of its own (csrc/pyownkeys.c): the dicts it
+    # replaced, and what it put on the lists for those blocks, were left
+    # there, and the runtime's next tuples (a stage's closure) were region
+    # ones, sent by value.
+    out = run_driver(KINDS + """
+class Plain:
+    def __init__(self, i):
+        self.i, self.name = i, "n" + str(i)
+with clamor.heap():
+    objs = [Plain(i) for i in range(2000)]
+clamor.share(objs)
+after = made(150)
+print(json.dumps({"after_in_region": sorted({type(o).__name__ for o in after if inr(o)} |
+                                            {"keys" for o in after if type(o) is dict and
+                                             region.contains(keys_of(o), 1)}),
+                  "converted": clamor.memory.walk._owns_keys(vars(objs[0]))}))
+""")
+    assert out["exit"] == 0, out
+    assert out["converted"], out          # (the setup: share() converted the instances' dicts)
+    assert out["after_in_region"] == [], out
