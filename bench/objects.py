@@ -102,7 +102,9 @@ def run_mode(clamor, mode, objs, args):
                 visited = kept["objects"] - kept0["objects"]
                 rec["bytes_per_object"] = (kept["bytes"] - kept0["bytes"]) / visited if visited > 0 else None
                 rec["first_equal"] = got == [read(shape, obj, keys)] * args.workers
+                t0 = time.perf_counter()
                 k = change(clamor, shape, obj, n)
+                rec["change_block_s"] = time.perf_counter() - t0     # (the block itself, apart from the stage)
                 keys = keys + [k]
                 rec["changed_stage_s"], got = stage(cl, args.workers, shape, obj, keys)
                 rec["changed_equal"] = got == [read(shape, obj, keys)] * args.workers
@@ -115,6 +117,7 @@ def run_mode(clamor, mode, objs, args):
             print(f"  {mode:5} {shape:10} {n:>10,}: pickle {pickle_s:7.3f} s  share {rec['check_s']:7.3f} s "
                   f"({rec['objects_per_s'] / 1e6:.2f} M objects/s)  first stage "
                   f"{rec.get('first_stage_s', float('nan')):7.3f} s  changed {rec.get('changed_stage_s', float('nan')):7.3f} s"
+                  f" (its block {rec.get('change_block_s', float('nan')):.3f} s)"
                   f"  kept {rec.get('bytes_per_object') or float('nan'):.1f} B/object"
                   + (f"  link {rec['first_stage_link_bytes'] / 2**20:.1f} MiB" if "first_stage_link_bytes" in rec else "")
                   + (f"  FAILED {rec['failed']}" if "failed" in rec else "")
