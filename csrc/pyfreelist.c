@@ -11,7 +11,10 @@
  * it through the types themselves, in a few: it takes objects of each kind
  * until it has more outside the region than the list holds, then lets
  * those go first (they fill the list) and the region ones last (the list
- * is full: they go back to the region allocator).  The capacities are CPython's
+ * is full: they go back to the region allocator).  The same run the other
+ * way fills the lists with region objects inside a block that C code
+ * entered; and a heap() block drains them before it begins, holding what
+ * they had until it ends (clamor_py_freelists_drain).  The capacities are CPython's
  * (3.11-3.13: 100 floats, 2000 tuples of each size, 80 lists, 80 dicts, 80
  * key tables, and the one slice a slice cache holds: a region slice left
  * there was a forked worker's next slice, whose memory the driver later
@@ -50,6 +53,15 @@ static void release(PyObject **held, Py_ssize_t n, int side) {
             if (held[i] && wanted(held[i], side) == !pass) Py_CLEAR(held[i]);
 }
 
+#define KINDS (4 + TUPLE_SIZES)
+
+/* Kind k (floats, lists, dicts, slices, then tuples of 1..19 items): its
+ * tuples' size, and how many to take to be past its list's room. */
+static void kind_of(int kind, Py_ssize_t *size, Py_ssize_t *want) {
+    *size = kind >= 4 ? kind - 3 : 0;
+    *want = kind >= 4 ? TAKE_TUPLES : TAKE_OTHERS;
+}
+
 static PyObject *make(int kind, Py_ssize_t size, PyObject *key) {
     switch (kind) {
     case 0: return PyFloat_FromDouble(0.5);
@@ -72,10 +84,6 @@ static PyObject *make(int kind, Py_ssize_t size, PyObject *key) {
     }
 }
 
-/* region 0 (flush): enough objects outside the region to fill a list on
- * their own, plus every region one the list held (no more than its
- * capacity); the lists are left full of outside ones.  region 1 (fill,
- * inside a block, where new objects are region ones): the other way. */
 /* side 0 (a flush, outside every block): enough objects outside the region
  * to fill a list on their own, plus every region one the list held (no
  * more than its capacity); the lists end full of outside ones.  side 1 (a
@@ -91,9 +99,9 @@ static int flush(long *moved, int side) {
         return -1;
     }
     int rc = 0;
-    for (int kind = 0; kind < 4 + TUPLE_SIZES && rc == 0; kind++) {
-        Py_ssize_t size = kind >= 4 ? kind - 3 : 0, want = kind >= 4 ? TAKE_TUPLES : TAKE_OTHERS;
-        Py_ssize_t n = 0, mine = 0;
+    for (int kind = 0; kind < KINDS && rc == 0; kind++) {
+        Py_ssize_t size, want, n = 0, mine = 0;
+        kind_of(kind, &size, &want);
         while (mine < want && n < 2 * want) {
             if (!(held[n] = make(kind, size, key))) {
                 rc = -1; // the Python error is set
@@ -137,8 +145,9 @@ long clamor_py_freelists_drain(uintptr_t out) {
     if (cl_heap_depth) PyErr_SetString(PyExc_RuntimeError, "clamor_py_freelists_drain inside a heap block");
     else if (!PyList_CheckExact(list)) PyErr_SetString(PyExc_TypeError, "clamor_py_freelists_drain needs a list");
     else if ((key = PyUnicode_FromString("clamor-free-list"))) taken = 0;
-    for (int kind = 0; taken >= 0 && kind < 4 + TUPLE_SIZES; kind++) {
-        Py_ssize_t size = kind >= 4 ? kind - 3 : 0, want = kind >= 4 ? TAKE_TUPLES : TAKE_OTHERS;
+    for (int kind = 0; taken >= 0 && kind < KINDS; kind++) {
+        Py_ssize_t size, want;
+        kind_of(kind, &size, &want);
         for (Py_ssize_t i = 0; i < want; i++) {
             PyObject *o = make(kind, size, key);
             if (!o || PyList_Append(list, o) < 0) {
@@ -192,7 +201,14 @@ int clamor_py_freelists_release(uintptr_t list) {
  * (pyownkeys.c): the free lists hold no object outside the region (a
  * copy's dict or key table would be one), filled with region ones.  0, or
  * -1 with the Python error set. */
-int cl_py_freelists_fill(void);
+int cl_py_freelists_fill(void) {
+    long moved = 0;
+    if (!cl_heap_depth) {
+        PyErr_SetString(PyExc_RuntimeError, "cl_py_freelists_fill outside a heap block");
+        return -1;
+    }
+    return flush(&moved, 1) < 0 ? -1 : 0;
+}
 
 /* The GIL held: after such a block, outside every block, the free lists
  * hold no region object again (what the fill left there, what died in the
@@ -201,15 +217,6 @@ int cl_py_freelists_fill(void);
 int cl_py_freelists_out(void) {
     long moved = 0;
     return cl_heap_depth ? 0 : flush(&moved, 0) < 0 ? -1 : 0;
-}
-
-int cl_py_freelists_fill(void) {
-    long moved = 0;
-    if (!cl_heap_depth) {
-        PyErr_SetString(PyExc_RuntimeError, "cl_py_freelists_fill outside a heap block");
-        return -1;
-    }
-    return flush(&moved, 1) < 0 ? -1 : 0;
 }
 
 #endif /* CLAMOR_WITH_PYTHON */

@@ -174,12 +174,13 @@ struct gc_link {
 };
 #define GC_LINK(w) ((struct gc_link *)((w) & ~(uintptr_t)3))
 
-/* Look at every object in the lists heads[0..n) (GC_LINK addresses), by
- * their links: no reference taken, so no object's words are written (a
- * region object's page is not logged as a write).  Nothing here tracks or
- * untracks an object.  -1 on a list whose links do not agree (a node whose
- * next does not point back to it), with an error. */
-static int scan_lists(const uint64_t *heads, size_t n, PyObject *found, PyObject *lrus) {
+/* fn(o, arg) for every object in the lists heads[0..n) (GC_LINK
+ * addresses), read by their links: no reference taken, so no object's
+ * words are written (a region object's page is not logged as a write).
+ * fn must not track, untrack or free an object.  -1 on a list whose links
+ * do not agree (a node whose next does not point back to it), with an
+ * error; or fn's -1. */
+static int each_tracked(const uint64_t *heads, size_t n, int (*fn)(PyObject *, void *), void *arg) {
     for (size_t i = 0; i < n; i++) {
         struct gc_link *h = (struct gc_link *)(uintptr_t)heads[i], *g = GC_LINK(h->next);
         while (g != h) {
@@ -188,11 +189,20 @@ static int scan_lists(const uint64_t *heads, size_t n, PyObject *found, PyObject
                 PyErr_SetString(PyExc_RuntimeError, "the collector's lists do not read as expected");
                 return -1;
             }
-            if (scan((PyObject *)(g + 1), found, lrus) < 0) return -1;
+            if (fn((PyObject *)(g + 1), arg) < 0) return -1;
             g = nx;
         }
     }
     return 0;
+}
+
+struct scanning {
+    PyObject *found, *lrus;
+};
+
+static int scan_one(PyObject *o, void *arg) {
+    struct scanning *s = arg;
+    return scan(o, s->found, s->lrus);
 }
 
 /* objs (a list), or else the lists heads[0..nheads). */
@@ -208,7 +218,8 @@ static Py_ssize_t rehome(PyObject *objs, const uint64_t *heads, size_t nheads) {
     if (objs) {
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs) && !rc; i++) rc = scan(PyList_GET_ITEM(objs, i), found, lrus);
     } else {
-        rc = scan_lists(heads, nheads, found, lrus);
+        struct scanning s = {found, lrus};
+        rc = each_tracked(heads, nheads, scan_one, &s);
     }
     if (rc < 0) {
         Py_DECREF(found);
@@ -259,7 +270,7 @@ long clamor_py_rehome(uintptr_t objs) {
 /* clamor_py_rehome of every object the collector tracks in the lists
  * heads[0..n) (its generations', from clamor_py_gc_heads), read by their
  * links rather than gc.get_objects(), whose references would write every
- * object (see scan_lists).  The collector off meanwhile. */
+ * object (see each_tracked).  The collector off meanwhile. */
 long clamor_py_rehome_tracked(const uint64_t *heads, size_t n) {
     PyGILState_STATE g = PyGILState_Ensure();
     long moved = -1;
@@ -284,7 +295,7 @@ int clamor_py_gc_heads(uint64_t *heads) {
 #ifdef Py_GIL_DISABLED
     (void)heads;
     return -1; /* (no such lists in a build without the GIL) */
-#endif
+#else
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = -1;
     PyObject *probe = PyList_New(0); /* tracked: the newest in the youngest generation */
@@ -298,6 +309,19 @@ int clamor_py_gc_heads(uint64_t *heads) {
     Py_XDECREF(probe);
     PyGILState_Release(g);
     return rc;
+#endif
+}
+
+struct counting {
+    const uint64_t *sorted;
+    size_t nsorted;
+    long count;
+};
+
+static int count_one(PyObject *o, void *arg) {
+    struct counting *c = arg;
+    c->count += cl_sorted_has(c->sorted, c->nsorted, (uint64_t)(uintptr_t)o);
+    return 0;
 }
 
 /* How many objects of sorted[0..nsorted) (addresses, ascending) the lists
@@ -305,21 +329,11 @@ int clamor_py_gc_heads(uint64_t *heads) {
  * answer against gc.get_objects()); -1 if their links do not agree. */
 long clamor_py_gc_count(const uint64_t *heads, size_t n, const uint64_t *sorted, size_t nsorted) {
     PyGILState_STATE g = PyGILState_Ensure();
-    long count = 0;
-    for (size_t i = 0; i < n && count >= 0; i++) {
-        struct gc_link *h = (struct gc_link *)(uintptr_t)heads[i], *x = GC_LINK(h->next);
-        for (size_t steps = 0; x != h && count >= 0; steps++) {
-            struct gc_link *nx = GC_LINK(x->next);
-            if (!nx || GC_LINK(nx->prev) != x || steps > ((size_t)1 << 40)) {
-                count = -1;
-            } else {
-                count += cl_sorted_has(sorted, nsorted, (uint64_t)(uintptr_t)(x + 1));
-                x = nx;
-            }
-        }
-    }
+    struct counting c = {sorted, nsorted, 0};
+    long rc = each_tracked(heads, n, count_one, &c) < 0 ? -1 : c.count;
+    if (rc < 0) PyErr_Clear();
     PyGILState_Release(g);
-    return count;
+    return rc;
 }
 
 /* The other way, for one region object whose table grew outside the

@@ -70,13 +70,13 @@ def heap():
             # An outer block: what died since the last collection is
             # collected first, or it would be freed inside the block, and
             # again as it ends (all that died, once the region has grown by
-            # a quarter since: hooks.collect_at_edge).  CPython's free lists (floats, tuples,
-            # lists, dicts, key tables, ...) would hand the block objects
-            # allocated earlier outside the region: they are emptied, their
-            # objects held until the block ends (hooks.drain_free_lists);
-            # after it, they would hand region objects to code outside: they
-            # are emptied of those.  An inner block, inside the outer one,
-            # makes a full collection at its edges, which empties the lists.
+            # a quarter since: hooks.collect_at_edge).  CPython's free lists
+            # (floats, tuples, lists, dicts, key tables, ...) would hand the
+            # block objects allocated earlier outside the region: they are
+            # emptied, their objects held until the block ends
+            # (hooks.drain_free_lists); after it, they would hand region
+            # objects to code outside: they are emptied of those.  An inner
+            # block collects whole at its edges, which empties the lists.
             # CPython caches one freed slice: the block's first slice would
             # be that one, outside the region (a pandas block's placement).
             # Held until the block ends, the block makes its own.  (Taken

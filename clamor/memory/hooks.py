@@ -175,8 +175,8 @@ _collecting = threading.RLock()
 
 
 def collect():
-    """A full collection, which leaves CPython's free lists empty, as
-    ``suspended()`` needs at its edges.  Inside a block the collector's
+    """A full collection, which leaves CPython's free lists empty, as an
+    inner ``heap()`` block's edges and ``suspended()``'s need.  Inside a block the collector's
     callbacks are off (``callbacks_off``)."""
     gc.collect()
 
