@@ -451,15 +451,22 @@ def release_dropped():
     CPython's free lists and numpy's cache of shape buffers may hold region
     objects that died in ordinary code since a block.  They are emptied, so
     that the runtime's own tuples and dicts are not region memory shipped as
-    if the user had shared it.  A full collection as well when region
-    memory was freed outside a block since the last look (a dying container
-    may keep others alive in a cycle).  Outside heap blocks only."""
+    if the user had shared it.  A collection as well when region memory was
+    freed outside a block since the last look (a dying container may keep
+    others alive in a cycle), by the rule of a block's edges
+    (``collect_at_edge``): the young generations, and whole once the
+    region has grown by a quarter.  A full one each time wrote the
+    collector's words of every region object: the stage after a one-entry
+    change copied every page of the global.  (A cycle left for CPython's
+    own collection of its old generation is harmless here: a region object
+    the runtime then takes off a free list travels by value, as a copy,
+    ``serialize``.)  Outside heap blocks only."""
     global _dropped_seen
     if not _installed or active():
         return
     n = lib.clamor_py_region_dropped()
     if n != _dropped_seen:
-        gc.collect()
+        collect_at_edge()
         _dropped_seen = lib.clamor_py_region_dropped()
     _free_lists_out()
     _flush_dims(False)
