@@ -722,11 +722,58 @@ struct cl_py_stack {
 int cl_py_stack_push(struct cl_py_stack *st, struct _object *o);
 /* walk._owns_keys: d is a region dict, combined, its keys table there too. */
 int cl_py_owns_keys(struct _object *d);
+
+/* The head of a dict's keys table, CPython 3.11-3.13 (pycore_dict.h; the
+ * default build): entry i lies at dk_indices + (1 << dk_log2_index_bytes)
+ * + i * the entry's size (a key, a value, and a hash unless the table is
+ * of str keys only).  dk_kind: 0 general, 1 str keys, 2 a class's shared
+ * table (str keys). */
+struct cl_dict_keys {
+    ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind;
+    uint32_t dk_version;
+    ssize_t dk_usable;
+    ssize_t dk_nentries;
+    char dk_indices[];
+};
+
+/* ---- pyclasskeys.c: classes' shared keys tables, frozen at a fork -------- */
+
+/* Freeze the keys table of class `type` (dk_usable 0: CPython appends no
+ * name to it again) and record it as frozen at fork number seq: 1, or 0
+ * (no shared table naming anything), or -1 (no memory).  GIL held. */
+int clamor_py_freeze_keys(uintptr_t type, uint64_t seq);
+/* The Cluster's workers were forked after freeze number seq (0: none). */
+void clamor_py_frozen_accept(uint64_t seq);
+/* The classes recorded. */
+long clamor_py_frozen_count(void);
+/* 1 if instance obj's class's keys table was frozen before the Cluster's
+ * workers were forked and still reads as it did then (every forked worker
+ * finds its names), and obj's dict is a region dict over that table with
+ * its values table in the region; else 0. */
+int clamor_py_frozen_instance(uintptr_t obj);
+/* 1 if keys is the table of a class that clamor_py_frozen_instance accepts. */
+int clamor_py_frozen_keys(uintptr_t keys);
+/* 1 if instance obj's class is as clamor_py_frozen_instance wants it, and
+ * obj has no dict yet or one over its class's keys table, wherever it
+ * lies: a region dict over that table is then what it needs. */
+int clamor_py_frozen_split(uintptr_t obj);
+#ifdef PY_VERSION_HEX
+int cl_py_frozen_class(PyTypeObject *t);
+int cl_py_frozen_instance(struct _object *o);
+/* clamor_py_frozen_instance's test of o itself, its class's known frozen. */
+int cl_py_frozen_layout(struct _object *o);
+int cl_py_frozen_keys(uintptr_t keys);
+/* d is o's dict made from its values, over its class's keys table. */
+int cl_py_split_over_class(struct _object *o, struct _object *d);
+#endif
 /* The walk of clamor_py_own_keys, the GIL held: the region instances of
  * plain classes reachable from root (up to `limit` objects) whose dicts are
  * not their own yet, each held, into *todo (the caller drops them and frees
  * it).  0, or -ENOMEM. */
-int cl_py_walk_needing_keys(struct _object *root, long limit, struct cl_py_stack *todo);
+int cl_py_walk_needing_keys(struct _object *root, long limit, int frozen, struct cl_py_stack *todo);
 /* The walk of clamor_py_rekey, the GIL held: the exact region dicts
  * reachable from root as above that hold one of keys[0..nkeys) (addresses,
  * ascending) as a key, each held, into *todo.  0, or -ENOMEM. */
@@ -761,7 +808,7 @@ int cl_py_has_extents(struct _object *o);
 
 /* walk._own_keys for every region instance of a plain class reachable from
  * root, in one heap block: the conversions made, or a negative errno. */
-long clamor_py_own_keys(uintptr_t root, long limit);
+long clamor_py_own_keys(uintptr_t root, long limit, int frozen);
 /* promote.rekey for the exact region dicts reachable from root that hold
  * one of the strs at keys[0..nkeys) as a key: each gets, in one heap block,
  * one region copy of each such key in its place, its order kept.  The

@@ -78,9 +78,10 @@ int cl_py_extents_of(PyObject *o, struct cl_py_extents *e) {
             cl_py_extent(e, (uintptr_t)items, 8 * (size_t)PyList_GET_SIZE(o)) < 0)
             return -1;
     } else if (t == &PyDict_Type) {
-        void *k = ((PyDictObject *)o)->ma_keys;
+        void *k = ((PyDictObject *)o)->ma_keys, *v = ((PyDictObject *)o)->ma_values;
         e->strict_now = 0;
         if (k && cl_in_region_span((uintptr_t)k, 1)) block_extent(e, k, &fail);
+        if (v && cl_in_region_span((uintptr_t)v, 1)) block_extent(e, v, &fail); /* (an instance's values) */
     } else if (t == &PySet_Type || t == &PyFrozenSet_Type) {
         PySetObject *s = (PySetObject *)o;
         e->strict_now = 0;

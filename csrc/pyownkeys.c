@@ -50,7 +50,7 @@ static int combine(PyObject *d, PyObject *key) {
  * are made until one is the allocator's, and those the free list gave are
  * kept in `spare` until the end.  A dict with a key other than an exact
  * str is left to the Python walk: no key's __eq__ runs here. */
-static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare) {
+static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare, int frozen) {
     PyObject *d = PyObject_GenericGetDict(o, NULL);
     long count = 0;
     if (!d) {
@@ -59,7 +59,13 @@ static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare) {
     }
     if (!PyDict_CheckExact(d) || !str_keys(d) || cl_py_owns_keys(d)) goto out;
     count = 1;
-    if (combine(d, key) < 0 || cl_py_owns_keys(d)) goto out;
+    /* a class's keys frozen at the fork (pyclasskeys.c): the dict over
+     * them, made here from the values (in the region), kept as it is; one
+     * made outside the region (vars() or a pickle outside a block): a
+     * region copy of it */
+    int keep = frozen && cl_py_frozen_class(Py_TYPE(o)) && cl_py_split_over_class(o, d);
+    if (keep && cl_py_frozen_layout(o)) goto out;
+    if (!keep && (combine(d, key) < 0 || cl_py_owns_keys(d))) goto out;
     count = 2;
     for (int i = 0; i <= DICT_FREE_LIST_MAX; i++) {
         PyObject *c = PyDict_Copy(d);
@@ -74,7 +80,7 @@ static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare) {
         if (PyObject_GenericSetDict(o, c, NULL) < 0) {
             PyErr_Clear();
         } else {
-            combine(c, key);
+            if (!keep) combine(c, key);
             if (cl_py_stack_push(spare, d) == 0) Py_INCREF(d); /* (kept off the free list: the next instance's is not it) */
         }
         Py_DECREF(c);
@@ -90,12 +96,14 @@ out:
  * root through region objects of plain types and such instances (up to
  * `limit` objects), in one heap block, the collector off (nothing here runs
  * Python code or frees what the walk found).  Driver, before a stage's
- * version begins; Python's allocators wrapped (hooks.install).  Returns the
+ * version begins; Python's allocators wrapped (hooks.install).  frozen: a
+ * walk for forked workers, which leaves the instances of classes whose
+ * keys were frozen at the fork as they are (pyclasskeys.c).  Returns the
  * conversions made (walk.conversions counts them), or a negative errno. */
-long clamor_py_own_keys(uintptr_t root, long limit) {
+long clamor_py_own_keys(uintptr_t root, long limit, int frozen) {
     PyGILState_STATE g = PyGILState_Ensure();
     struct cl_py_stack todo = {0}, spare = {0};
-    long rc = cl_py_walk_needing_keys((PyObject *)root, limit, &todo);
+    long rc = cl_py_walk_needing_keys((PyObject *)root, limit, frozen, &todo);
     PyObject *key = rc || !todo.n ? NULL : PyLong_FromLong(-12345); /* (walk._NONSTR_KEY) */
     if (!rc && todo.n && !key) {
         PyErr_Clear();
@@ -112,7 +120,7 @@ long clamor_py_own_keys(uintptr_t root, long limit) {
                 PyErr_Clear();
                 rc = -ENOMEM;
             } else {
-                for (size_t i = 0; i < todo.n; i++) rc += own_keys(todo.item[i], key, &spare);
+                for (size_t i = 0; i < todo.n; i++) rc += own_keys(todo.item[i], key, &spare, frozen);
             }
             clamor_heap_exit();
         }

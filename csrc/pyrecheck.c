@@ -21,21 +21,6 @@
 
 /* ---- where a root's entries lie ------------------------------------------------ */
 
-/* The head of a dict's keys table, CPython 3.11-3.13 (pycore_dict.h; the
- * default build): entry i lies at dk_indices + (1 << dk_log2_index_bytes)
- * + i * the entry's size (a key, a value, and a hash unless the table is
- * of str keys only).  Read only where a few entries check out. */
-struct cl_dict_keys {
-    Py_ssize_t dk_refcnt;
-    uint8_t dk_log2_size;
-    uint8_t dk_log2_index_bytes;
-    uint8_t dk_kind;
-    uint32_t dk_version;
-    Py_ssize_t dk_usable;
-    Py_ssize_t dk_nentries;
-    char dk_indices[];
-};
-
 /* Entry i of the dict or list `root` occupies [*first + i * *stride, + *stride)
  * for i < *count.  0, or -1: not known here (another layout, a split or
  * foreign table); the caller walks the root whole. */

@@ -103,14 +103,16 @@ static int plain_type(PyTypeObject *t) {
 
 /* The raw pointer fields of an object of a plain type, in the region (or,
  * a dict's keys, the static empty table of an image); no split dict. */
-static int fields_inside(PyObject *o, const uintptr_t *images, size_t nimages) {
+static int fields_inside(PyObject *o, const uintptr_t *images, size_t nimages, int frozen) {
     if (PyList_CheckExact(o)) {
         PyObject **items = ((PyListObject *)o)->ob_item;
         return !items || inside((uintptr_t)items, 1);
     }
     if (PyDict_CheckExact(o)) {
         PyDictObject *d = (PyDictObject *)o;
-        if (d->ma_values) return 0;
+        if (d->ma_values) /* (an instance's, over its class's keys: frozen at the fork, for forked workers) */
+            return frozen && inside((uintptr_t)d->ma_values, sizeof(void *)) &&
+                   cl_py_frozen_keys((uintptr_t)d->ma_keys);
         uintptr_t k = (uintptr_t)d->ma_keys;
         return !k || inside(k, 1) || cl_in_ranges(k, images, nimages);
     }
@@ -228,7 +230,9 @@ struct walk {
     size_t nimages;
     long limit, n;
     PyTypeObject *classes[8];      /* plain classes met (cl_py_plain_class is a scan of the MRO) */
+    char frozen_of[8];             /* each one's keys frozen at the fork (cl_py_frozen_class): 0 not known yet, 1, 2 not */
     int nclasses;
+    int frozen;                    /* a walk for forked workers: instances of such classes keep dicts over them */
     int converting;                /* the pass of clamor_py_own_keys (cl_py_walk_needing_keys): collect, never refuse */
     struct cl_py_stack todo;       /* there: the instances whose dicts need keys of their own (held) */
     const uint64_t *keys;          /* or of clamor_py_rekey (cl_py_walk_holding_keys): these keys, sorted; */
@@ -278,6 +282,19 @@ static int plain_instance(struct walk *w, PyObject *o) {
     return 1;
 }
 
+/* May instance o keep its dict as it is: a walk for forked workers
+ * (frozen), o's dict a region dict over its class's keys table, frozen at
+ * the fork (pyclasskeys.c)?  (The dict is walked on its own.) */
+static int frozen_ok(struct walk *w, PyObject *o) {
+    if (!w->frozen) return 0;
+    PyTypeObject *t = Py_TYPE(o);
+    int i = 0;
+    while (i < w->nclasses && w->classes[i] != t) i++;
+    if (i == w->nclasses) return cl_py_frozen_instance(o);
+    if (!w->frozen_of[i]) w->frozen_of[i] = cl_py_frozen_class(t) ? 1 : 2;
+    return w->frozen_of[i] == 1 && cl_py_frozen_layout(o);
+}
+
 /* walk._owns_keys: a dict in the region, combined, its keys table there
  * too.  (The Python test is [d, d + sys.getsizeof(d)) in the region; the
  * body, the collector's links and the keys' whole block bound that.) */
@@ -296,7 +313,7 @@ static int visit_push(PyObject *r, void *arg) { return r && push(arg, r) < 0 ? -
 static int instance(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     if (!inside(a, clamor_py_body_size(a))) return w->converting ? OK : FALLBACK;
-    if (!cl_py_owns_keys(cl_py_instance_dict(o))) {
+    if (!cl_py_owns_keys(cl_py_instance_dict(o)) && !frozen_ok(w, o)) {
         if (!w->converting) return NEEDS_KEYS;
         if (w->nkeys) goto referents;
         Py_INCREF(o);
@@ -348,7 +365,7 @@ static int visit(struct walk *w, PyObject *o) {
     }
     if (plain_type(Py_TYPE(o))) {
         void **weak = NULL, **info = NULL;
-        if (!w->converting && (!inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages) ||
+        if (!w->converting && (!inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages, w->frozen) ||
                                cl_py_to_hide(o, &weak, &info)))
             return FALLBACK;
         if (children(o, &w->st) < 0) return NOMEM;
@@ -375,7 +392,7 @@ static int root_entry(struct walk *w, size_t i, PyObject *k, PyObject *v) {
 static int visit_root(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     void **weak = NULL, **info = NULL;
-    if (!inside(a, 1) || !inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages) ||
+    if (!inside(a, 1) || !inside(a, clamor_py_body_size(a)) || !fields_inside(o, w->images, w->nimages, w->frozen) ||
         cl_py_to_hide(o, &weak, &info))
         return FALLBACK;
     if (w->portable && portable_words(w, o) != OK) return NOMEM;
@@ -440,8 +457,8 @@ static void walk_free(struct walk *w) {
 
 /* The walk of clamor_py_own_keys (pyownkeys.c): it collects, never refuses.
  * The instances found go to *todo, held; the caller drops them. */
-int cl_py_walk_needing_keys(PyObject *root, long limit, struct cl_py_stack *todo) {
-    struct walk w = {.limit = limit, .converting = 1};
+int cl_py_walk_needing_keys(PyObject *root, long limit, int frozen, struct cl_py_stack *todo) {
+    struct walk w = {.limit = limit, .converting = 1, .frozen = frozen};
     int rc = walk_from(&w, root) == NOMEM ? -ENOMEM : 0;
     *todo = w.todo;
     w.todo = (struct cl_py_stack){0};
@@ -481,7 +498,7 @@ int cl_py_to_bytearray(uintptr_t ba, const void *src, size_t n) {
 int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                          uintptr_t extents_out, uintptr_t outside_out) {
     PyGILState_STATE g = PyGILState_Ensure();
-    struct walk w = {.images = images, .nimages = nimages, .limit = limit};
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .frozen = 1};
     w.e = extents_out ? &w.ext : NULL;
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     int rc = walk_from(&w, (PyObject *)root);
@@ -506,8 +523,8 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
                           size_t ndirty, int recheck, int *shared) {
     PyGILState_STATE g = PyGILState_Ensure();
-    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .tagging = 1, .recheck = recheck,
-                     .dirty = dirty, .ndirty = ndirty};
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .frozen = 1, .tagging = 1,
+                     .recheck = recheck, .dirty = dirty, .ndirty = ndirty};
     w.e = &w.ext;
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     PyObject *r = (PyObject *)root;

@@ -22,6 +22,8 @@ instances, one shared with the C walk on, one with the Python walk only:
 the same verdict, every instance's dict its own afterwards, and neither
 walk finds anything left to write in the other's graph.
 """
+import pytest
+
 from helpers import PRELUDE, UNION, run_driver
 
 # the classes of both scripts' instances: a plain class and a dataclass
@@ -41,7 +43,7 @@ DIFFERENTIAL = PRELUDE + CLASSES + UNION + """
 import random, warnings, weakref
 sys.path.insert(0, "tests")
 import graphgen
-from clamor.memory import walk, _pyshare
+from clamor.memory import classkeys, hooks, walk, _pyshare
 from clamor._native import ffi, lib
 
 class Slotted:
@@ -84,7 +86,7 @@ def same_reads(o, limit):
 
 def made_in_block(r):
     # a perturbation drawn in the cases' block: its kind, and its objects made in the region
-    k = r.randrange(19)
+    k = r.randrange(20)
     made = []
     if k == 2:
         made = [{}, ()]                                         # the interpreter's static empty keys and tuple
@@ -106,6 +108,10 @@ def made_in_block(r):
             o.a, o.b = graphs.build(r, 2, False), graphs.build(r, 2, False)
     elif k == 12:
         made = [Rec(graphs.build(r, 2, False), "x" + str(r.random()))]   # attributes in a values table
+    elif k == 19:
+        o = Rec(graphs.build(r, 2, False), "z" + str(r.random()))
+        vars(o)                                                 # a region dict over the class's table
+        made = [o]
     elif k == 13:
         o = Slotted()
         o.a, o.b = 1.5, "y" + str(r.random())
@@ -170,7 +176,7 @@ def perturb(r, g, k, made, shared):
         return g, "dict grown outside"
     if k in (10, 11):
         if k == 10:
-            lib.clamor_py_own_keys(id(made), 10**6)              # the conversion in C
+            lib.clamor_py_own_keys(id(made), 10**6, 0)           # the conversion in C
         else:
             for o in made:
                 walk._own_keys(o, "obj")                         # the Python reference
@@ -190,9 +196,12 @@ def perturb(r, g, k, made, shared):
         box.extend(made)
         return g, "instance with a weak reference"
     if k == 16:
-        lib.clamor_py_own_keys(id(made[0]), 10**6)
+        lib.clamor_py_own_keys(id(made[0]), 10**6, 0)
         box.extend(made)
         return g, "nested instances"
+    if k == 19:
+        box.extend(made)
+        return g, "instance over its class's table"
     if k == 17:
         box.append(r.choice(INHERITED))                         # containers made before the fork
         box.append(r.choice(INHERITED))
@@ -209,6 +218,14 @@ INHERITED = [tuple(OUTSIDE[i:i + 3]) for i in range(0, 30, 3)] + [frozenset(OUTS
             [[OUTSIDE[i], (OUTSIDE[i + 1],)] for i in range(100, 110, 2)] + [{"i" + str(i): OUTSIDE[i]} for i in range(5)]
 graphs = graphgen.Graphs(OUTSIDE)
 walk.note_fork()     # as a Cluster's fork would: OUTSIDE, INHERITED, the classes and their attribute names are inherited
+if {freeze!r}:
+    # and the classes' keys tables frozen, as before a fork: dicts made from
+    # instances' values over their class's table, and instances with one,
+    # are then taken as they lie (classkeys)
+    _warm = (Inst(), Rec(None))          # (instances before the freeze: the tables name something)
+    _warm[0].a = _warm[0].b = _warm[0].kids = _warm[0].other = None
+    classkeys.freeze(hooks.all_classes())
+    classkeys.accept()
 shared = []
 counts = {"c_yes": 0, "c_no": 0, "bad": [], "kinds_c_no": {}, "kinds_c_yes": {}, "limit_checked": 0, "reads_compared": 0}
 # every case's graph and the region parts of its perturbation in one block
@@ -242,22 +259,28 @@ print(json.dumps(counts))
 """
 
 
-def test_the_c_walk_approves_only_what_the_python_walk_approves_untouched():
-    out = run_driver(DIFFERENTIAL.replace("{cases!r}", "400"), timeout=300)
+@pytest.mark.parametrize("freeze", [False, True], ids=["tables-live", "tables-frozen"])
+def test_the_c_walk_approves_only_what_the_python_walk_approves_untouched(freeze):
+    out = run_driver(DIFFERENTIAL.replace("{cases!r}", "400").replace("{freeze!r}", repr(freeze)), timeout=300)
     assert out["exit"] == 0, out
     assert not out["bad"], out
     assert out["c_yes"] >= 80 and out["c_no"] >= 80, out      # both answers are exercised
     assert out["reads_compared"] == out["c_yes"], out
+    # a dict made from an instance's values, over its class's table, and an
+    # instance with one: given keys of their own (the Python walk's work)
+    # unless the table was frozen at the fork, when both walks take them as
+    # they lie (an instance without a dict gets one made in either case)
+    as_they_lie = ("split dict", "instance over its class's table")
     # each kind of change that needs the Python walk made the C walk defer
-    for kind in ("list grown outside", "int outside", "weakly referenced set", "split dict", "instance", "array",
-                 "dict grown outside", "unconverted instance", "slotted instance", "class made in a block",
-                 "instance with a weak reference", "late tuple"):
+    for kind in ("list grown outside", "int outside", "weakly referenced set", "array",
+                 "dict grown outside", "slotted instance", "class made in a block",
+                 "instance with a weak reference", "late tuple") + (() if freeze else as_they_lie):
         assert out["kinds_c_no"].get(kind, 0) >= 3, (kind, out)
         assert out["kinds_c_yes"].get(kind, 0) == 0, (kind, out)
     assert out["limit_checked"] >= 10, out
     # accepted: the static empty keys and tuple; instances with dicts of their own
     for kind in ("empty dict", "instances converted in C", "instances converted in Python", "nested instances",
-                 "inherited containers"):
+                 "inherited containers") + (as_they_lie if freeze else ()):
         assert out["kinds_c_yes"].get(kind, 0) >= 3, (kind, out)
 
 

@@ -5,7 +5,7 @@ region instance's dict given keys of its own, in the region
 """
 import sys
 
-from . import _pyshare, promote, region
+from . import _pyshare, classkeys, promote, region
 from .. import errors
 from .._native import lib
 from ..errors import NotShareable
@@ -27,7 +27,7 @@ def _has_dict(o):
     return bool(t.__flags__ & _HEAPTYPE) and bool(t.__flags__ & _MANAGED_DICT or t.__dictoffset__)
 
 
-def _own_keys(o, path):
+def _own_keys(o, path, frozen=False):
     """Give a region instance a dict with its own keys table, in the region.
 
     CPython shares one keys table among the instances of a class (split
@@ -39,19 +39,29 @@ def _own_keys(o, path):
     region, where workers read them.  A dict that has its own keys
     already is left as it is: a walk may run after a stage began, and a
     write then would change pages for nothing (and, for workers not forked,
-    be a page version no relocation list describes)."""
+    be a page version no relocation list describes).
+
+    ``frozen`` (a walk for forked workers): an instance whose class's keys
+    table was frozen at the fork (``classkeys``) gets a region dict over
+    that table instead, which those workers read: made from its values
+    table, or a copy of the one made outside the region (vars(), a pickle
+    outside a block)."""
     from .._native import lib
     from . import hooks
 
     if not hooks._installed:
         hooks.install()   # (the block below needs Python's allocators wrapped; once: it rescans every library)
+    keep = False
 
     def convert(fresh):
+        nonlocal keep
         lib.clamor_heap_enter()
         try:
             d = o.__dict__
+            if not fresh:   # (made now, if it was not: over the class's table, if it has one)
+                keep = frozen and classkeys.frozen_split(o)
             if fresh:
-                d = dict(d)
+                d = d.copy() if keep else dict(d)     # (a copy of a split dict is split, over the same keys)
                 if not region.contains(id(d), sys.getsizeof(d)):
                     spare.append(d)     # off the free list: kept, so the next one is not
                     return False
@@ -65,6 +75,8 @@ def _own_keys(o, path):
                 if owns:
                     return True     # done before: nothing is written
             conversions[0] += 1
+            if keep:    # (a dict made here from the values is kept; one made outside, copied below)
+                return classkeys.frozen(o)
             d[_NONSTR_KEY] = None
             del d[_NONSTR_KEY]
         finally:

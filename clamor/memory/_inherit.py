@@ -47,6 +47,7 @@ def note_fork():
     """Remember what the workers about to be forked will inherit."""
     global _inherited
     _inherited = None
+    lib.clamor_py_frozen_accept(0)      # (until the fork: classkeys.accept)
     objs = gc.get_objects()
     cap = 4 * len(objs) + 4096
     while True:

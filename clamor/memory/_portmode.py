@@ -80,7 +80,7 @@ class _Mode:
                                                ffi.cast("const int32_t *", want.ctypes.data), len(want),
                                                dirty is not None, shared)
 
-        if cwalk.c_pass(run, obj, limit, convert=dirty is None) != 1:
+        if cwalk.c_pass(run, obj, limit, convert=dirty is None, frozen=False) != 1:
             return False
         numbered = set()
         for o in out["outside"]:

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from . import _inherit, _pyshare, region
+from . import _inherit, _pyshare, classkeys, region
 from .._native import lib
 from ..errors import NotShareable
 from ._graph import _weak_links
@@ -80,6 +80,8 @@ class _Walk:
             size = 8 * o.ndim if code in (lib.CLAMOR_FIELD_DIMS, lib.CLAMOR_FIELD_STRIDES) else 1
             if region.contains(addr, size) or (code == lib.CLAMOR_FIELD_KEYS and self.amap.in_image(addr)):
                 continue  # (the interpreter's shared empty keys table is static)
+            if code == lib.CLAMOR_FIELD_KEYS and self.mode is None and classkeys.frozen_keys(addr):
+                continue  # (an instance's dict over its class's keys, frozen at the fork: classkeys)
             name = _pyshare.FIELD_NAMES[code]
             split = code == lib.CLAMOR_FIELD_KEYS and any(c == lib.CLAMOR_FIELD_VALUES for c, _ in _pyshare.fields(o))
             if bring_in and not split and code in (lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_ITEMS,

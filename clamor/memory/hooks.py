@@ -19,6 +19,7 @@ import threading
 
 from .. import errors
 from .._native import ffi, lib
+from . import classkeys
 from .gate import close_gate, open_gate
 
 log = logging.getLogger("clamor.heap")
@@ -252,6 +253,7 @@ def prepare_fork():
     """
     if not _installed:
         return []
+    classkeys.freeze(all_classes())     # (the child has its classes' keys tables as they will stay)
     _forget_interpreter_caches()
     gc.collect()
     _flush_dims(active())

@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from . import _inherit, cwalk, hidden, promote, region
+from . import _inherit, classkeys, cwalk, hidden, promote, region
 from .cwalk import LIMIT, brought, conversions, in_c, plain_in_c  # noqa: F401  (share()'s, the tests')
 from ._pyshare import fields  # noqa: F401  (the raw pointer fields of an object: clamor.dask's)
 from .. import errors
@@ -326,7 +326,8 @@ def _visit_inside(walk, stack, path, o, cache, moves, mode, reads, bring_in):
     if _opaque(o):
         walk.opaque(path, o)
     if _has_dict(o):
-        _own_keys(o, path)
+        if not (mode is None and classkeys.frozen(o)):     # (a dict over its class's keys, frozen at the fork)
+            _own_keys(o, path, frozen=mode is None)
     in_cache = type(o) is dict and path.key in promote.CACHE_NAMES
     for step, child in _children(o):
         entry = (o, step[1]) if in_cache and isinstance(step, tuple) and step[0] == "[{}]" else cache

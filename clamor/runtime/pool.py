@@ -27,6 +27,7 @@ import zmq
 
 from .. import errors
 from ..memory import portable, region, samehost
+from ..memory import classkeys
 from ..memory.hooks import prepare_fork, prepare_next_fork
 from . import code, liveness
 from .driver import heartbeat_interval, read_join, read_leave, welcome
@@ -124,6 +125,8 @@ class WorkerPool:
         # before the arguments are made: none may come from a free list
         for obj in prepare_fork():
             self.held.setdefault(id(obj), obj)
+        if not self.started:
+            classkeys.accept()      # (the Cluster's own workers: they have its classes' keys as frozen now)
         code.note_fork()
         # The forks after the first reuse its preparation: nothing between
         # them touches a region object, and no collection runs.

@@ -1,0 +1,178 @@
+/* pyclasskeys.c -- classes' shared keys tables, frozen at a fork.
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).  CPython 3.11-
+ * 3.13 keeps an instance's attribute names in one keys table for all
+ * instances of its class (the class's ht_cached_keys, outside the region),
+ * and appends a name first set on any instance to it in place while it has
+ * room (dk_usable > 0).  A worker forked from the driver has the table as
+ * it was at the fork: a name appended later in the driver is one the
+ * worker would not find.  So share() gave every region instance a dict
+ * with keys of its own (pyownkeys.c): a dict, a keys table of its own and
+ * a resize, about 3 us and 200 bytes an instance.
+ *
+ * Before each fork of workers (hooks.prepare_fork) every class's table
+ * that names something is frozen instead: dk_usable set to 0, so that
+ * CPython never appends to it again (a new name gives that instance a
+ * table of its own, as a full table does), and recorded here with its
+ * length, a digest of its names and the fork's number.  A worker forked
+ * after that has the table as the driver will always have it.  The walks
+ * for forked workers (pywalk.c, walk._visit_inside) then take a region
+ * instance whose dict is a region dict over that table (a split dict: its
+ * values table in the region, its keys the class's) as it is, when the
+ * table was frozen at or before the fork of the Cluster's workers
+ * (clamor_py_frozen_accept) and still reads as it did then.  An instance
+ * whose attributes are still in its values table only gets that dict made
+ * in the region (one object, the values table taken over as it is); one
+ * whose dict was made outside the region (vars() or a pickle outside a
+ * block) a region copy of it (pyownkeys.c).  Workers not forked build their
+ * classes' tables themselves, in their own order: their walks still give
+ * instances keys of their own.
+ *
+ * The GIL is held by every caller.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct frozen {
+    uintptr_t type, keys;
+    Py_ssize_t n;
+    uint64_t digest, seq;
+};
+
+static struct frozen *tab; /* sorted by type */
+static size_t ntab, captab;
+static uint64_t accepted; /* frozen at or before this fork: every worker of the Cluster has it so */
+/* The entries by keys table, for the dicts over one (walked as dicts);
+ * sorted again when nbykeys != ntab */
+static struct frozen **bykeys;
+static size_t nbykeys;
+
+static struct cl_dict_keys *class_keys(PyTypeObject *t) {
+    if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) || !(t->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return NULL;
+    return (struct cl_dict_keys *)((PyHeapTypeObject *)t)->ht_cached_keys;
+}
+
+/* The names' addresses, in order (a shared table holds strs only: the
+ * entries are a key and a value slot each). */
+static uint64_t digest_of(const struct cl_dict_keys *k) {
+    const PyObject *const *e = (const PyObject *const *)(k->dk_indices + ((size_t)1 << k->dk_log2_index_bytes));
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)k->dk_nentries;
+    for (Py_ssize_t i = 0; i < k->dk_nentries; i++) {
+        h ^= (uint64_t)(uintptr_t)e[2 * i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static struct frozen *find(uintptr_t type) {
+    size_t lo = 0, hi = ntab;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (tab[mid].type < type)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < ntab && tab[lo].type == type ? &tab[lo] : NULL;
+}
+
+int clamor_py_freeze_keys(uintptr_t type, uint64_t seq) {
+    PyTypeObject *t = (PyTypeObject *)type;
+    struct cl_dict_keys *k = class_keys(t);
+    if (!k || k->dk_kind != 2 /* DICT_KEYS_SPLIT */ || k->dk_nentries <= 0) return 0;
+    k->dk_usable = 0; /* (CPython appends no name to it again) */
+    struct frozen f = {type, (uintptr_t)k, k->dk_nentries, digest_of(k), seq}, *at = find(type);
+    if (at) {
+        if (at->keys != f.keys || at->n != f.n || at->digest != f.digest) { /* (another class at its address) */
+            *at = f;
+            nbykeys = 0;
+        }
+        return 1;
+    }
+    if (ntab == captab) {
+        size_t cap = captab ? 2 * captab : 256;
+        struct frozen *nt = realloc(tab, cap * sizeof *nt);
+        if (!nt) return -1;
+        tab = nt;
+        captab = cap;
+    }
+    size_t i = 0;
+    while (i < ntab && tab[i].type < type) i++;
+    memmove(&tab[i + 1], &tab[i], (ntab - i) * sizeof *tab);
+    tab[i] = f;
+    ntab++;
+    nbykeys = 0; /* (its pointers into tab: sorted again at the next lookup) */
+    return 1;
+}
+
+void clamor_py_frozen_accept(uint64_t seq) { accepted = seq; }
+
+static int frozen_entry(const struct frozen *f) {
+    struct cl_dict_keys *k = class_keys((PyTypeObject *)f->type);
+    return k && f->seq <= accepted && (uintptr_t)k == f->keys && k->dk_usable == 0 && k->dk_nentries == f->n &&
+           digest_of(k) == f->digest;
+}
+
+int cl_py_frozen_class(PyTypeObject *t) {
+    struct frozen *f = accepted ? find((uintptr_t)t) : NULL;
+    return f && frozen_entry(f);
+}
+
+
+static int by_keys(const void *a, const void *b) {
+    uintptr_t x = (*(struct frozen *const *)a)->keys, y = (*(struct frozen *const *)b)->keys;
+    return x < y ? -1 : x > y;
+}
+
+int cl_py_frozen_keys(uintptr_t keys) {
+    if (!accepted) return 0;
+    if (nbykeys != ntab) { /* (entries were added since: sorted again) */
+        struct frozen **nb = realloc(bykeys, (ntab ? ntab : 1) * sizeof *nb);
+        if (!nb) return 0;
+        bykeys = nb;
+        for (size_t i = 0; i < ntab; i++) bykeys[i] = &tab[i];
+        qsort(bykeys, ntab, sizeof *bykeys, by_keys);
+        nbykeys = ntab;
+    }
+    size_t lo = 0, hi = nbykeys;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (bykeys[mid]->keys < keys)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < nbykeys && bykeys[lo]->keys == keys && frozen_entry(bykeys[lo]);
+}
+
+int clamor_py_frozen_keys(uintptr_t keys) { return cl_py_frozen_keys(keys); }
+
+int cl_py_frozen_instance(PyObject *o) { return cl_py_frozen_class(Py_TYPE(o)) && cl_py_frozen_layout(o); }
+
+int cl_py_frozen_layout(PyObject *o) {
+    PyObject *d = cl_py_instance_dict(o);
+    return cl_py_split_over_class(o, d) && cl_in_region_span((uintptr_t)d, 1) &&
+           cl_in_region_span((uintptr_t)((PyDictObject *)d)->ma_values, sizeof(void *));
+}
+
+int cl_py_split_over_class(PyObject *o, PyObject *d) {
+    PyDictObject *m = (PyDictObject *)d;
+    return d && PyDict_CheckExact(d) && m->ma_values &&
+           (uintptr_t)m->ma_keys == (uintptr_t)((PyHeapTypeObject *)Py_TYPE(o))->ht_cached_keys;
+}
+
+int clamor_py_frozen_split(uintptr_t obj) {
+    PyObject *o = (PyObject *)obj;
+    PyObject *d = cl_py_instance_dict(o);
+    return cl_py_frozen_class(Py_TYPE(o)) && (!d || cl_py_split_over_class(o, d));
+}
+
+int clamor_py_frozen_instance(uintptr_t obj) { return cl_py_frozen_instance((PyObject *)obj); }
+
+long clamor_py_frozen_count(void) { return (long)ntab; }
+#endif /* CLAMOR_WITH_PYTHON */

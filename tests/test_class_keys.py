@@ -1,0 +1,132 @@
+"""Classes' shared keys tables frozen at the fork (csrc/pyclasskeys.c,
+clamor/memory/classkeys.py): instances are used in place by forked workers
+with a region dict over their class's table, not a table of their own;
+names set after the fork, dicts made outside a block, classes made after
+the fork and workers not forked still read as the driver reads."""
+import json
+
+from helpers import PRELUDE, run_driver
+
+CLASSES = PRELUDE + """
+import pickle
+from clamor.memory import classkeys, walk
+region.ensure()
+
+class Rec:
+    def __init__(self, i):
+        self.i, self.name, self.score = i, "n" + str(i), i / 2
+
+def read(objs, keys):
+    return [(o.i, o.name, o.score, sorted(vars(o))) for o in (objs[k] for k in keys)]
+"""
+
+
+def test_instances_of_a_class_frozen_at_the_fork_are_used_as_they_lie_and_read_right():
+    out = run_driver(CLASSES + """
+with clamor.heap():
+    objs = [Rec(i) for i in range(20_000)]
+res = {}
+with clamor.Cluster(workers=2, progress=None) as cl:
+    c0 = walk.conversions[0]
+    clamor.share(objs)
+    res["conversions"] = walk.conversions[0] - c0
+    res["kept"] = [classkeys.frozen(objs[k]) for k in (0, 19_999)]
+    res["own_tables"] = sum(walk._owns_keys(vars(o)) for o in objs[:1000])
+    keys = list(range(0, 20_000, 1999))
+    res["first"] = cl.parallelize(range(2), 2).map(lambda _: read(objs, keys)).collect() == [read(objs, keys)] * 2
+    with clamor.heap():
+        objs[5].score = -1.0
+        objs[7].extra = "a name first set after the fork"     # (not in the class's frozen table)
+        objs[8].i = "str" + str(8)
+    keys += [5, 7, 8]
+    got = cl.parallelize(range(2), 2).map(lambda _: read(objs, keys)).collect()
+    res["changed"] = got == [read(objs, keys)] * 2
+    res["extra"] = got[0][-2]
+    res["others_kept"] = classkeys.frozen(objs[9])
+print(json.dumps(res))
+""", timeout=240)
+    assert out["exit"] == 0, out
+    assert out["conversions"] <= 20_000, out      # one dict made each (a table of their own: three)
+    assert out["kept"] == [True, True] and out["own_tables"] == 0, out
+    assert out["first"] and out["changed"], out
+    assert out["extra"] == [7, "n7", 3.5, ["extra", "i", "name", "score"]], out
+    assert out["others_kept"], out                # the new name did not touch the class's table
+
+
+def test_dicts_made_outside_a_block_get_region_copies_over_the_frozen_table():
+    # A pickle (or vars()) outside a block makes each instance's dict from
+    # its values, outside the region: share() copies each into the region,
+    # still over the class's table.
+    out = run_driver(CLASSES + """
+with clamor.heap():
+    objs = [Rec(i) for i in range(5_000)]
+pickle.dumps(objs)
+res = {"outside_before": not region.contains(id(vars(objs[0])), 1)}
+with clamor.Cluster(workers=2, progress=None) as cl:
+    c0 = walk.conversions[0]
+    clamor.share(objs)
+    res["conversions"] = walk.conversions[0] - c0
+    res["kept"] = classkeys.frozen(objs[0])
+    res["inside_after"] = all(region.contains(id(vars(o)), 1) for o in objs)
+    keys = list(range(0, 5_000, 499))
+    res["same"] = cl.parallelize(range(2), 2).map(lambda _: read(objs, keys)).collect() == [read(objs, keys)] * 2
+print(json.dumps(res))
+""", timeout=240)
+    assert out["exit"] == 0, out
+    assert out["outside_before"], out                     # (the setup)
+    assert out["conversions"] >= 5_000, out
+    assert out["kept"] and out["inside_after"] and out["same"], out
+
+
+def test_classes_made_after_the_fork_and_spawned_workers_still_get_keys_of_their_own():
+    out = run_driver(CLASSES + """
+res = {}
+with clamor.Cluster(workers=1, progress=None) as cl:
+    class Late:                                   # made after the fork: its table is the driver's only
+        def __init__(self, i):
+            self.i, self.s = i, "s" + str(i)
+    with clamor.heap():
+        late = [Late(i) for i in range(2_000)]
+    vars(late[0])                                 # (a dict over its class's table, outside)
+    res["late_kept"] = classkeys.frozen(late[0]) or classkeys.frozen_split(late[0])
+sys.path.insert(0, "tests")
+from records import Record      # (a class spawned workers import by name)
+with clamor.heap():
+    recs = [Record("r" + str(i), [i], {"k": i}) for i in range(3_000)]
+with clamor.Cluster(workers=2, start_method="spawn", progress=None) as cl:
+    c0 = walk.conversions[0]
+    clamor.share(recs, portable=True)
+    res["spawned_conversions"] = walk.conversions[0] - c0
+    keys = list(range(0, 3_000, 299))
+    rd = lambda: [(o.name, o.values, o.index, sorted(vars(o))) for o in (recs[k] for k in keys)]
+    res["spawned_same"] = cl.parallelize(range(2), 2).map(lambda _: rd()).collect() == [rd()] * 2
+print(json.dumps(res))
+""", timeout=300, env={"PYTHONHASHSEED": "0"})     # (the dataclass's dicts are keyed by str)
+    assert out["exit"] == 0, out
+    assert out["late_kept"] is False, out         # its table was never frozen: not taken as it lies
+    assert out["spawned_conversions"] >= 3_000, out     # workers not forked: keys of their own
+    assert out["spawned_same"], out
+
+
+def test_the_freeze_stops_cpython_appending_to_a_classs_table():
+    # A name first set after the fork, on an instance made outside a block
+    # and on a region one in a block, is not appended to the class's table:
+    # the table still reads as it did at the fork, and the workers find
+    # every name.
+    out = run_driver(CLASSES + """
+with clamor.heap():
+    objs = [Rec(i) for i in range(10)]
+with clamor.Cluster(workers=1, progress=None) as cl:
+    clamor.share(objs)
+    a = Rec(1)
+    a.late_name = 1
+    with clamor.heap():
+        objs[2].late_name = "set in a block"
+    res = {"a": a.late_name, "still": classkeys.frozen(objs[0]),
+           "same": cl.parallelize(range(1), 1).map(lambda _: read(objs, range(10))).collect() == [read(objs, range(10))],
+           "late": cl.parallelize(range(1), 1).map(lambda _: objs[2].late_name).collect()}
+print(json.dumps(res))
+""")
+    assert out["exit"] == 0, out
+    assert out["a"] == 1 and out["late"] == ["set in a block"], out
+    assert out["still"] and out["same"], out
