@@ -86,12 +86,14 @@ class Relocations:
         # list and the entries of those lists (now)
         self.cost = {"walks": 0, "seconds": 0.0, "walked_pages": 0, "covered": 0, "pages": 0, "entries": 0}
 
-    def nbytes(self):
+    def nbytes(self, counted=frozenset()):
         """The bytes the relocation lists keep: those installed, each
-        root's entries and the table of what its walk read."""
+        root's entries and the table of what its walk read (but those whose
+        id is in ``counted``: a verdict's, counted there)."""
         held = {id(e): len(e) for entries, _ in self.per_root.values() for e in entries.values()}
         held.update((id(b), len(b)) for b in self.lists.values())     # (one root's lists are its entries)
-        tables = sum(read.nbytes() for _, read in self.per_root.values() if read is not None)
+        tables = sum(read.nbytes() for _, read in self.per_root.values()
+                     if read is not None and id(read) not in counted)
         tagged = sum(a.nbytes + t.nbytes + g.nbytes for a, t, g, *_ in self.tagged.values())
         return sum(held.values()) + tables + tagged
 
@@ -427,7 +429,8 @@ def driver():
     return _driver()
 
 
-def driver_nbytes():
-    """The bytes the driver's relocation lists keep (0 if it has none)."""
+def driver_nbytes(counted=frozenset()):
+    """The bytes the driver's relocation lists keep (0 if it has none),
+    but the read tables whose id is in ``counted``."""
     d = _DRIVER[0]
-    return d.nbytes() if d is not None else 0
+    return d.nbytes(counted) if d is not None else 0

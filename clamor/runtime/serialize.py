@@ -126,7 +126,10 @@ def check_stats():
     they rest on (read tables, inherited objects named, and the relocation
     lists for workers not forked)."""
     entries = [e for known in (_shared, _portable) for e in known.values() if e[1] and e[2] is not None]
-    reloc = portable.driver_nbytes()
+    # (a portable verdict rests on the read table its root's relocations
+    # keep: one table, counted once)
+    counted = {id(e[2].read) for e in entries if getattr(e[2], "read", None) is not None}
+    reloc = portable.driver_nbytes(counted)
     kept = sum(e[2].nbytes() for e in entries) + reloc
     objects = sum(e[2].objects for e in entries)
     return {"verdicts": len(entries), "objects": objects, "bytes": kept, "relocation_bytes": reloc,
