@@ -142,6 +142,7 @@ uint64_t clamor_diff_keep(void);
 struct clamor_reloc { uint32_t word; uint32_t target; uint64_t value; };
 int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
 void clamor_reloc_prune(uint32_t floor);
+size_t clamor_reloc_nbytes(void);
 void clamor_reloc_reset(void);
 void clamor_reloc_enable(int on);
 int clamor_reloc_enabled(void);

@@ -171,6 +171,9 @@ struct clamor_reloc {
 int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
 /* Driver: forget the lists no request at version >= floor can be served. */
 void clamor_reloc_prune(uint32_t floor);
+/* Driver: the bytes the lists held keep (every version not pruned, and
+ * the tables that find them).  Thread-safe. */
+size_t clamor_reloc_nbytes(void);
 /* Forget every list and target (region closed). */
 void clamor_reloc_reset(void);
 /* Worker: ask for relocations with every page (a worker not forked from the

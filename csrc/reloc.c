@@ -142,6 +142,15 @@ void clamor_reloc_prune(uint32_t floor) {
     pthread_mutex_unlock(&R.lock);
 }
 
+size_t clamor_reloc_nbytes(void) {
+    pthread_mutex_lock(&R.lock);
+    size_t n = R.captouched * sizeof *R.touched + R.ntouched * sizeof *R.page;
+    for (size_t i = 0; R.page && i < R.ntouched; i++)
+        for (struct rlist *l = R.page[R.touched[i]]; l; l = l->next) n += sizeof *l + (size_t)l->n * sizeof l->e[0];
+    pthread_mutex_unlock(&R.lock);
+    return n;
+}
+
 void clamor_reloc_reset(void) {
     pthread_mutex_lock(&R.lock);
     if (R.page) {

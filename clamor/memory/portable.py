@@ -87,15 +87,16 @@ class Relocations:
         self.cost = {"walks": 0, "seconds": 0.0, "walked_pages": 0, "covered": 0, "pages": 0, "entries": 0}
 
     def nbytes(self, counted=frozenset()):
-        """The bytes the relocation lists keep: those installed, each
-        root's entries and the table of what its walk read (but those whose
-        id is in ``counted``: a verdict's, counted there)."""
+        """The bytes the relocation lists keep: those installed (here, and
+        the C side's, every version held), each root's entries and the
+        table of what its walk read (but those whose id is in ``counted``:
+        a verdict's, counted there)."""
         held = {id(e): len(e) for entries, _ in self.per_root.values() for e in entries.values()}
         held.update((id(b), len(b)) for b in self.lists.values())     # (one root's lists are its entries)
         tables = sum(read.nbytes() for _, read in self.per_root.values()
                      if read is not None and id(read) not in counted)
         tagged = sum(a.nbytes + t.nbytes + g.nbytes for a, t, g, *_ in self.tagged.values())
-        return sum(held.values()) + tables + tagged
+        return sum(held.values()) + tables + tagged + lib.clamor_reloc_nbytes()
 
     def note_changed(self, pages):
         if len(pages):
