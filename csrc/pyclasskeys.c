@@ -81,7 +81,7 @@ static struct frozen *find(uintptr_t type) {
     return lo < ntab && tab[lo].type == type ? &tab[lo] : NULL;
 }
 
-int clamor_py_freeze_keys(uintptr_t type, uint64_t seq) {
+static int freeze_keys(uintptr_t type, uint64_t seq) {
     PyTypeObject *t = (PyTypeObject *)type;
     struct cl_dict_keys *k = class_keys(t);
     if (!k || k->dk_kind != 2 /* DICT_KEYS_SPLIT */ || k->dk_nentries <= 0) return 0;
@@ -110,7 +110,19 @@ int clamor_py_freeze_keys(uintptr_t type, uint64_t seq) {
     return 1;
 }
 
-void clamor_py_frozen_accept(uint64_t seq) { accepted = seq; }
+/* (cffi calls these without the GIL: each takes it) */
+int clamor_py_freeze_keys(uintptr_t type, uint64_t seq) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = freeze_keys(type, seq);
+    PyGILState_Release(g);
+    return rc;
+}
+
+void clamor_py_frozen_accept(uint64_t seq) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    accepted = seq;
+    PyGILState_Release(g);
+}
 
 static int frozen_entry(const struct frozen *f) {
     struct cl_dict_keys *k = class_keys((PyTypeObject *)f->type);
@@ -150,7 +162,12 @@ int cl_py_frozen_keys(uintptr_t keys) {
     return lo < nbykeys && bykeys[lo]->keys == keys && frozen_entry(bykeys[lo]);
 }
 
-int clamor_py_frozen_keys(uintptr_t keys) { return cl_py_frozen_keys(keys); }
+int clamor_py_frozen_keys(uintptr_t keys) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = cl_py_frozen_keys(keys);
+    PyGILState_Release(g);
+    return rc;
+}
 
 int cl_py_frozen_instance(PyObject *o) { return cl_py_frozen_class(Py_TYPE(o)) && cl_py_frozen_layout(o); }
 
@@ -167,12 +184,24 @@ int cl_py_split_over_class(PyObject *o, PyObject *d) {
 }
 
 int clamor_py_frozen_split(uintptr_t obj) {
-    PyObject *o = (PyObject *)obj;
-    PyObject *d = cl_py_instance_dict(o);
-    return cl_py_frozen_class(Py_TYPE(o)) && (!d || cl_py_split_over_class(o, d));
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *o = (PyObject *)obj, *d = cl_py_instance_dict(o);
+    int rc = cl_py_frozen_class(Py_TYPE(o)) && (!d || cl_py_split_over_class(o, d));
+    PyGILState_Release(g);
+    return rc;
 }
 
-int clamor_py_frozen_instance(uintptr_t obj) { return cl_py_frozen_instance((PyObject *)obj); }
+int clamor_py_frozen_instance(uintptr_t obj) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = cl_py_frozen_instance((PyObject *)obj);
+    PyGILState_Release(g);
+    return rc;
+}
 
-long clamor_py_frozen_count(void) { return (long)ntab; }
+long clamor_py_frozen_count(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    long n = (long)ntab;
+    PyGILState_Release(g);
+    return n;
+}
 #endif /* CLAMOR_WITH_PYTHON */
