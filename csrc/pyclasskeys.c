@@ -81,6 +81,14 @@ static struct frozen *find(uintptr_t type) {
     return lo < ntab && tab[lo].type == type ? &tab[lo] : NULL;
 }
 
+/* A frozen table is never freed, in the driver or in a worker.  A region
+ * dict over it holds a reference the driver counted; a forked worker, whose
+ * copy of the table counts only the dicts of before the fork, may run such
+ * a dict's deallocation (its count read from a page of a later version)
+ * and would free its table under every instance of the class.  (CPython
+ * 3.12+ counts no further at its immortal count, far below this.) */
+#define PIN ((ssize_t)1 << 40)
+
 static int freeze_keys(uintptr_t type, uint64_t seq) {
     PyTypeObject *t = (PyTypeObject *)type;
     struct cl_dict_keys *k = class_keys(t);
@@ -89,11 +97,13 @@ static int freeze_keys(uintptr_t type, uint64_t seq) {
     struct frozen f = {type, (uintptr_t)k, k->dk_nentries, digest_of(k), seq}, *at = find(type);
     if (at) {
         if (at->keys != f.keys || at->n != f.n || at->digest != f.digest) { /* (another class at its address) */
+            if (at->keys != f.keys) k->dk_refcnt += PIN;
             *at = f;
             nbykeys = 0;
         }
         return 1;
     }
+    k->dk_refcnt += PIN;
     if (ntab == captab) {
         size_t cap = captab ? 2 * captab : 256;
         struct frozen *nt = realloc(tab, cap * sizeof *nt);

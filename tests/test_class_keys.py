@@ -130,3 +130,32 @@ print(json.dumps(res))
     assert out["exit"] == 0, out
     assert out["a"] == 1 and out["late"] == ["set in a block"], out
     assert out["still"] and out["same"], out
+
+
+def test_a_worker_that_sets_new_names_on_region_instances_keeps_its_class_working():
+    # A forked worker's copy of a class's table counts only the dicts made
+    # before the fork; one whose tasks gave region dicts over it tables of
+    # their own (a library caching an attribute on a shared object: scipy's
+    # sparse matrices do) let go of the class's table once for each, freed
+    # it under every instance of the class, and died.
+    out = run_driver(CLASSES + """
+with clamor.heap():
+    objs = [Rec(i) for i in range(300)]
+with clamor.Cluster(workers=1, progress=None) as cl:
+    clamor.share(objs)                  # region dicts over Rec's table, made after the fork
+
+    def task(_):
+        got = []
+        for o in objs:
+            o.cached = True             # a name not in the table: the region dict gets a table of its own
+            junk = [bytes(range(i % 7, 90 + i % 7)) for i in range(200)]    # (what a freed table's memory goes to)
+            fresh = [Rec(j) for j in range(50)]     # new instances over the table
+            got.append(sum(r.i for r in fresh) + len(fresh[-1].name))
+        return got
+
+    res = {"got": cl.parallelize(range(1), 1).map(task).collect(), "lost": cl.stats()["recovery"]["workers_lost"]}
+print(json.dumps(res))
+""", timeout=240)
+    assert out["exit"] == 0, out
+    assert out["lost"] == 0, out
+    assert out["got"] == [[1225 + 3] * 300], out
