@@ -196,11 +196,7 @@ int clamor_py_freeze_keys(uintptr_t type, uint64_t seq);
 void clamor_py_frozen_accept(uint64_t seq);
 long clamor_py_frozen_count(void);
 int clamor_py_frozen_instance(uintptr_t obj);
-/* 1 if keys is the table of a class that clamor_py_frozen_instance accepts. */
 int clamor_py_frozen_keys(uintptr_t keys);
-/* 1 if instance obj's class is as clamor_py_frozen_instance wants it, and
- * obj has no dict yet or one over its class's keys table, wherever it
- * lies: a region dict over that table is then what it needs. */
 int clamor_py_frozen_split(uintptr_t obj);
 long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys);
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,

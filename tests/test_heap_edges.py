@@ -28,6 +28,21 @@ keys_of = lambda d: ctypes.c_void_p.from_address(id(d) + 32).value   # PyDictObj
 items_of = lambda l: ctypes.c_void_p.from_address(id(l) + 24).value  # PyListObject.ob_item
 """
 
+# 10^5 region instances of a plain class, and the driver's count of pages
+# logged as written (the setup of the tests of what a block and a stage write)
+INSTANCES = PRELUDE + """
+import gc
+region.ensure()
+
+class P:
+    def __init__(self, i):
+        self.i, self.s = i, "n" + str(i)
+
+with clamor.heap():
+    objs = [P(i) for i in range(100_000)]
+pages = lambda: clamor.memory.region.stats()["pages_logged"]
+"""
+
 
 def test_a_block_makes_region_objects_whatever_the_free_lists_held_and_hands_none_out():
     out = run_driver(KINDS + """
@@ -55,17 +70,7 @@ def test_a_block_with_workers_running_writes_only_what_it_changes():
     # object, and gc.get_objects() a reference count: with workers running,
     # each page holding a region instance was logged as a write at every
     # block (3,305 pages a block for a million instances).
-    out = run_driver(PRELUDE + """
-import gc
-region.ensure()
-
-class P:
-    def __init__(self, i):
-        self.i, self.s = i, "n" + str(i)
-
-with clamor.heap():
-    objs = [P(i) for i in range(100_000)]
-pages = lambda: clamor.memory.region.stats()["pages_logged"]
+    out = run_driver(INSTANCES + """
 res = []
 with clamor.Cluster(workers=2, progress=None) as cl:
     clamor.share(objs)
@@ -172,17 +177,7 @@ def test_a_stage_after_region_objects_died_outside_a_block_writes_only_what_chan
     # Region memory freed outside a block (a block's temporary, dropped
     # after it) made the next action collect whole: the collector's words
     # of every region object written, each page of the global logged.
-    out = run_driver(PRELUDE + """
-import gc
-region.ensure()
-
-class P:
-    def __init__(self, i):
-        self.i, self.s = i, "n" + str(i)
-
-with clamor.heap():
-    objs = [P(i) for i in range(100_000)]
-pages = lambda: clamor.memory.region.stats()["pages_logged"]
+    out = run_driver(INSTANCES + """
 res, got = [], []
 with clamor.Cluster(workers=2, progress=None) as cl:
     clamor.share(objs)
