@@ -194,7 +194,6 @@ int clamor_py_walk_plain(uintptr_t root, long limit, const uintptr_t *images, si
 long clamor_py_own_keys(uintptr_t root, long limit, int frozen);
 int clamor_py_freeze_keys(uintptr_t type, uint64_t seq);
 void clamor_py_frozen_accept(uint64_t seq);
-long clamor_py_frozen_count(void);
 int clamor_py_frozen_instance(uintptr_t obj);
 int clamor_py_frozen_keys(uintptr_t keys);
 int clamor_py_frozen_split(uintptr_t obj);

@@ -747,8 +747,6 @@ struct cl_dict_keys {
 int clamor_py_freeze_keys(uintptr_t type, uint64_t seq);
 /* The Cluster's workers were forked after freeze number seq (0: none). */
 void clamor_py_frozen_accept(uint64_t seq);
-/* The classes recorded. */
-long clamor_py_frozen_count(void);
 /* 1 if instance obj's class's keys table was frozen before the Cluster's
  * workers were forked and still reads as it did then (every forked worker
  * finds its names), and obj's dict is a region dict over that table with

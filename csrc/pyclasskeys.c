@@ -207,11 +207,4 @@ int clamor_py_frozen_instance(uintptr_t obj) {
     PyGILState_Release(g);
     return rc;
 }
-
-long clamor_py_frozen_count(void) {
-    PyGILState_STATE g = PyGILState_Ensure();
-    long n = (long)ntab;
-    PyGILState_Release(g);
-    return n;
-}
 #endif /* CLAMOR_WITH_PYTHON */
