@@ -91,14 +91,25 @@ int cl_py_extents_of(PyObject *o, struct cl_py_extents *e) {
 }
 
 /* An instance's extents as pointer_extents() gives them: its body past the
- * reference count, and the dict's words before its header. */
+ * reference count, the dict's words before its header and, since CPython
+ * 3.13, the values after its body (a values table's header, then a slot
+ * per name of the class's keys table).  An attribute set there while they
+ * are valid changes no dict, so its bytes must be read as the dict's. */
 int cl_py_instance_extents(PyObject *o, struct cl_py_extents *e) {
     if (!e) return 0;
     uintptr_t a = (uintptr_t)o;
     size_t body = clamor_py_body_size(a), pre = 2 * sizeof(void *) + (PyObject_IS_GC(o) ? 2 * sizeof(void *) : 0);
     e->strict_now = 1;
     if (body > 8 && cl_py_extent(e, a + 8, body - 8) < 0) return -1;
-    return cl_py_extent(e, a - pre, 2 * sizeof(void *));
+    if (cl_py_extent(e, a - pre, 2 * sizeof(void *)) < 0) return -1;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_TYPE(o)->tp_flags & Py_TPFLAGS_INLINE_VALUES) {
+        uintptr_t v = a + (size_t)Py_TYPE(o)->tp_basicsize;
+        e->strict_now = 0; /* (its header is bytes; spare slots are null) */
+        return cl_py_extent(e, v, sizeof(void *) * (1 + (size_t)*(const uint8_t *)v));
+    }
+#endif
+    return 0;
 }
 
 /* An object with extents of its own (a region container or instance): one

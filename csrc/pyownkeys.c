@@ -65,6 +65,7 @@ static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare, int 
      * region copy of it */
     int keep = frozen && cl_py_frozen_class(Py_TYPE(o)) && cl_py_split_over_class(o, d);
     if (keep && cl_py_frozen_layout(o)) goto out;
+    keep = keep && PyDict_GET_SIZE(d) > 0; /* (a copy of an empty dict is a new empty one, not split) */
     if (!keep && (combine(d, key) < 0 || cl_py_owns_keys(d))) goto out;
     count = 2;
     for (int i = 0; i <= DICT_FREE_LIST_MAX; i++) {

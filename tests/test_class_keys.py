@@ -159,3 +159,62 @@ print(json.dumps(res))
     assert out["exit"] == 0, out
     assert out["lost"] == 0, out
     assert out["got"] == [[1225 + 3] * 300], out
+
+
+def test_an_attribute_set_after_a_stage_is_seen_by_the_next_check_and_read_right():
+    # CPython 3.13 keeps an instance's values after its body and changes
+    # no dict when one is set: the check must read those bytes too (an
+    # attribute set to a float made after the fork was read by the workers
+    # as whatever lay at that address in their memory).  The new object is
+    # held by the instance alone, so it is brought into the region.
+    out = run_driver(CLASSES + """
+class C:
+    pass
+with clamor.heap():
+    other = C(); other.a = 1; other.cache = None      # the class's table names a and cache at the fork
+    objs = [C() for _ in range(50)]
+    for i, o in enumerate(objs):
+        o.a = i + 0.5
+def rd(_):
+    return [(o.a, repr(getattr(o, "cache", "missing"))) for o in objs[:5]]
+with clamor.Cluster(workers=1, progress=None, max_attempts=1) as cl:
+    clamor.share(objs)
+    first = cl.parallelize(range(1), 1).map(rd).collect()
+    made = [float(i) * 1.5 for i in range(500)]        # after the fork: not inherited
+    objs[1].a = made[99] + 0.0                       # (held by the instance alone)
+    objs[2].cache = {"k": [1, 2]}
+    objs[3].cache = "s" + str(len(made))
+    by_value = clamor.memory.byvalue.counts()["objects"]
+    second = cl.parallelize(range(1), 1).map(rd).collect()
+    res = {"first": first, "second": second, "driver": rd(0), "lost": cl.stats()["recovery"]["workers_lost"],
+           "by_value": clamor.memory.byvalue.counts()["objects"] - by_value,
+           "brought_in": [region.contains(id(x), 1) for x in (objs[1].a, objs[2].cache, objs[3].cache)]}
+print(json.dumps(res))
+""", timeout=240)
+    assert out["exit"] == 0, out
+    assert out["first"] == [[[i + 0.5, "'missing'"] for i in range(5)]], out
+    assert out["driver"][1:4] == [[148.5, "'missing'"], [2.5, "{'k': [1, 2]}"], [3.5, "'s500'"]], out
+    assert out["second"] == [out["driver"]] and out["lost"] == 0, out
+    assert out["brought_in"] == [True, True, True] and out["by_value"] == 0, out
+
+
+def test_an_instance_with_an_empty_dict_made_outside_a_block_is_shared():
+    # A copy of an empty dict is a new empty one, never over the class's
+    # table: such an instance gets a region dict with keys of its own (the
+    # Python walk, which takes instances of classes with a C base, such as
+    # pandas' blocks, refused a frame: "could not be placed in the region").
+    out = run_driver(CLASSES + """
+from clamor.memory import _bringin
+with clamor.heap():
+    objs = [Rec(1), Rec.__new__(Rec), Rec.__new__(Rec)]
+vars(objs[1]); vars(objs[2])                    # empty dicts over Rec's table, made outside
+with clamor.Cluster(workers=1, progress=None) as cl:
+    direct = attempt(lambda: _bringin._own_keys(objs[1], "objs[1]", True))
+    verdict = attempt(lambda: type(clamor.share(objs)).__name__)
+    got = cl.parallelize(range(1), 1).map(lambda _: [sorted(vars(o)) for o in objs]).collect()
+print(json.dumps({"direct": direct, "verdict": verdict, "got": got,
+                  "inside": [region.contains(id(vars(o)), 1) and walk._owns_keys(vars(o)) for o in objs[1:]]}))
+""", timeout=120)
+    assert out["exit"] == 0, out
+    assert out["direct"][0] == "ok" and out["verdict"][0] == "ok", out
+    assert out["got"] == [[["i", "name", "score"], [], []]] and out["inside"] == [True, True], out

@@ -61,6 +61,7 @@ def _own_keys(o, path, frozen=False):
             if not fresh:   # (made now, if it was not: over the class's table, if it has one)
                 keep = frozen and classkeys.frozen_split(o)
             if fresh:
+                keep = keep and len(d) > 0   # (a copy of an empty dict is a new empty one, not split)
                 d = d.copy() if keep else dict(d)     # (a copy of a split dict is split, over the same keys)
                 if not region.contains(id(d), sys.getsizeof(d)):
                     spare.append(d)     # off the free list: kept, so the next one is not

@@ -4,6 +4,7 @@ the others'), and where CPython keeps the pointers it reads.
 """
 import array
 import datetime
+import sys
 import types
 
 import numpy as np
@@ -22,6 +23,8 @@ _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
 _WEAK_LINKS = 40        # a weak reference's wr_prev, then wr_next: past its head, wr_object, wr_callback, hash
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (CPython 3.11+)
 _HAVE_GC = 1 << 14      # Py_TPFLAGS_HAVE_GC
+# Py_TPFLAGS_INLINE_VALUES (CPython 3.13+: an instance's values table follows its body)
+_INLINE_VALUES = 1 << 2 if sys.version_info >= (3, 13) else 0
 # types whose words past the type pointer are data (never read as pointers)
 _DATA_ONLY = (int, float, complex, str, bytes, bool, np.number, np.bool_, np.datetime64, np.timedelta64)
 # the datetime module's values whose words past the type pointer are data

@@ -2,11 +2,13 @@
 (``pointer_extents``), and what a forked walk's verdict rests on
 (``Reads``).
 """
+import ctypes
+
 import numpy as np
 
 from . import _inherit, _pyshare, region
 from .._native import ffi, lib
-from ._kinds import _FROZEN, _HAVE_GC, _HEAPTYPE, _MANAGED_DICT, _TZINFO_AT, data_only
+from ._kinds import _FROZEN, _HAVE_GC, _HEAPTYPE, _INLINE_VALUES, _MANAGED_DICT, _TZINFO_AT, data_only
 from .readtable import read_digests
 
 
@@ -36,6 +38,9 @@ def pointer_extents(o, path=None, body=True):
         if flags & _HEAPTYPE and flags & _MANAGED_DICT:
             pre = 16 + (16 if flags & _HAVE_GC else 0)
             out.append((a - pre, 16, True, path, "dict pointers"))
+            if flags & _INLINE_VALUES:     # (3.13: the values after the body, a header and a slot a name)
+                v = a + t.__basicsize__
+                out.append((v, 8 * (1 + ctypes.c_uint8.from_address(v).value), False, path, "inline values"))
     for code, addr in _pyshare.fields(o):
         if code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_VALUES,
                     lib.CLAMOR_FIELD_TABLE, lib.CLAMOR_FIELD_SUBARRAY, lib.CLAMOR_FIELD_CMETA) \

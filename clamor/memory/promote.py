@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from . import region
+from . import classkeys, region
 from .._native import lib
 
 _CONST = (str, bytes, int, float, complex)
@@ -83,6 +83,13 @@ def slot(parent, o):
         return None
     if isinstance(parent, (tuple, frozenset, set, np.ndarray, type)):
         return None
+    if classkeys.frozen(parent):
+        # (CPython 3.13 visits an instance's values, kept after its body,
+        # not the dict over them: its region dict, there already, holds o)
+        d = parent.__dict__
+        for k, v in dict.items(d):
+            if v is o:
+                return lambda c, k=k: dict.__setitem__(d, k, c)
     for klass in type(parent).__mro__:
         for name, desc in vars(klass).items():
             if isinstance(desc, (types.GetSetDescriptorType, types.MemberDescriptorType)) and name != "__dict__":
