@@ -35,6 +35,7 @@ def _cluster(**kw):
 @pytest.fixture(scope="module")
 def client():
     with _cluster() as cluster, Client(cluster) as c:
+        c.wait_for_workers(2, timeout=120)    # (both started: a test below runs a task on every thread)
         clamor.dask.attach(c)
         try:
             yield c
@@ -217,11 +218,22 @@ def _hold(name):
     return run
 
 
+def _one_per_thread(client, f, *args):
+    """Submit ``f(*args, i)`` once per worker thread, two to each worker
+    (Dask may queue a third on one worker behind two that wait: named as
+    where each should go, and left free to go elsewhere if its worker dies)."""
+    client.wait_for_workers(2, timeout=120)     # (one a test killed is back)
+    workers = sorted(client.scheduler_info()["workers"])
+    assert len(workers) == 2, workers
+    return [client.submit(f, *args, i, pure=False, workers=[workers[i % 2]], allow_other_workers=True)
+            for i in range(4)]
+
+
 def test_tasks_running_while_the_driver_writes_read_their_own_version(client):
     g = clamor.array(np.arange(1 << 20, dtype=np.float64))
     name = f"go-{time.monotonic_ns()}"
     n = 4   # one per worker thread: all running at once
-    futs = [client.submit(_hold(name), g, i, pure=False) for i in range(n)]
+    futs = _one_per_thread(client, _hold(name), g)
     for i in range(n):
         assert Event(f"{name}-started-{i}", client=client).wait(60)
     g[::8192] = 1e9                        # while the four run
@@ -234,7 +246,7 @@ def test_tasks_running_while_the_driver_writes_read_their_own_version(client):
 def test_a_worker_killed_mid_computation_recomputes_at_the_submitted_version(client):
     g = clamor.array(np.arange(1 << 20, dtype=np.float64) * 2)
     name = f"kill-{time.monotonic_ns()}"
-    futs = [client.submit(_hold(name), g, i, pure=False) for i in range(4)]
+    futs = _one_per_thread(client, _hold(name), g)
     for i in range(4):
         assert Event(f"{name}-started-{i}", client=client).wait(60)
     g[:] = -1.0                                 # every page changes
