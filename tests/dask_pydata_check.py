@@ -4,17 +4,16 @@ pandas frames and series, a networkx graph, a scipy.sparse matrix, a
 Counter and a defaultdict.
 
 One driver (started with PYTHONHASHSEED=6640, the seed Dask's nanny gives
-its workers) builds every object under clamor.heap(), then, for each, on
-a LocalCluster(processes=True, n_workers=1) of its own:
+its workers) builds every object under clamor.heap(), then, for each, with
+clamor attached afresh to one LocalCluster(processes=True, n_workers=1):
 
 - ``built``: refs it as built and runs a task that reads it, before the
   driver itself has used it;
 - ``used``: computes the same in the driver (outside any block: a library
   may make attributes then, lazily), then refs it again and runs the task
   again, on the worker that read it as built: it must drop what changed.
-  (One worker: a second one, started and attached with each of the ten
-  clusters, made the run about 1.6 times as long, and read the ``used``
-  case only when Dask happened to send it there.)
+  (One worker: a second one made the run about 1.6 times as long, and read
+  the ``used`` case only when Dask happened to send it there.)
 
 Each answer must equal the driver's.  A case records what went wrong (the
 refusal, the task's error, or the two answers) and the others go on.
@@ -119,13 +118,17 @@ def case(name):
     return out
 
 res = {}
-for name in objs:
-    # a cluster of its own for each object: the driver walks again every
-    # object it sent that changed as it sends another (one refused would
-    # refuse the rest), and a worker that died of one must not fail the next
-    t0 = time.monotonic()
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      worker_dashboard_address=":0") as cluster, Client(cluster) as client:
+# One cluster; clamor attached to it afresh for each object: a detach
+# forgets every object sent (the driver walks again, as it sends another,
+# each one it sent that changed since: one refused would refuse the rest),
+# and the nanny starts again a worker that died of one, before the next.
+# (A cluster of its own for each object took twice as long: each new worker
+# imported the libraries again.)
+with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                  worker_dashboard_address=":0") as cluster, Client(cluster) as client:
+    for name in objs:
+        t0 = time.monotonic()
+        client.wait_for_workers(1, timeout=120)
         clamor.dask.attach(client)
         try:
             res[name] = case(name)
@@ -133,7 +136,7 @@ for name in objs:
             res[name] = {"built": f"driver failed: {traceback.format_exc()[-600:]}", "used": "not run"}
         finally:
             clamor.dask.detach(client)
-    res[name]["seconds"] = round(time.monotonic() - t0, 2)
+        res[name]["seconds"] = round(time.monotonic() - t0, 2)
 print(json.dumps(res))
 """
 

@@ -60,7 +60,15 @@ def build_id(path):
 def _roots():
     """Directories files are named relative to: ``sys.path`` in its order
     (where imports look), then the installation's prefixes."""
-    dirs = [p for p in sys.path if p and os.path.isdir(p)]
+    return _roots_of(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _roots_of(path):
+    # (once for each sys.path: sysconfig's paths are expanded anew at each
+    # call, which made naming the 280 images of a PyData process take 1.5 s
+    # at every worker's joining)
+    dirs = [p for p in path if p and os.path.isdir(p)]
     dirs += [sysconfig.get_paths().get(k) for k in ("platlib", "purelib", "stdlib", "platstdlib")]
     dirs += [sys.prefix, sys.base_prefix, sys.exec_prefix]
     out = []
@@ -76,10 +84,15 @@ def portable_name(path):
     """"rel:" and the path relative to the most specific root that holds
     it, else the absolute path."""
     real = os.path.realpath(path)
-    for root in sorted(_roots(), key=len, reverse=True):
+    for root in _longest_first(tuple(sys.path)):
         if real.startswith(root + os.sep):
             return "rel:" + os.path.relpath(real, root)
     return real
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_first(path):
+    return sorted(_roots_of(path), key=len, reverse=True)
 
 
 def local_path(name):
@@ -120,6 +133,13 @@ def _distributions():
         return {}
 
 
+@functools.lru_cache(maxsize=None)
+def _dist_version(dist):
+    # (once each: its metadata is parsed as an e-mail, 9 ms; a PyData
+    # process's images belong to some 200 of them)
+    return importlib.metadata.version(dist)
+
+
 def version_of(name):
     """What to call the file that ``name`` names in a message: its package
     and version where it belongs to one."""
@@ -129,7 +149,7 @@ def version_of(name):
         top = top[:-5]
     for dist in _distributions().get(top, ()):
         try:
-            return f"{dist} {importlib.metadata.version(dist)}"
+            return f"{dist} {_dist_version(dist)}"
         except importlib.metadata.PackageNotFoundError:
             continue
     if "libpython" in rel or os.path.realpath(sys.executable).endswith(rel):
@@ -246,7 +266,7 @@ def packages_version(name):
     """"dist version" of the installed package ``name``, or None."""
     for dist in _distributions().get(name, ()):
         try:
-            return f"{dist} {importlib.metadata.version(dist)}"
+            return f"{dist} {_dist_version(dist)}"
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
