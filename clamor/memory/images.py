@@ -16,7 +16,6 @@ same relative path under its own directories.
 """
 import functools
 import hashlib
-import importlib.metadata
 import os
 import struct
 import sys
@@ -125,8 +124,13 @@ def fingerprint(path):
     return _fingerprint(os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
 
+# (importlib.metadata is imported where it is used: it costs 90 ms, and a
+# process that never joins workers it did not fork never asks)
+
+
 @functools.lru_cache(maxsize=1)
 def _distributions():
+    import importlib.metadata
     try:
         return importlib.metadata.packages_distributions()
     except Exception:   # a broken metadata directory: versions are only for the message
@@ -135,9 +139,14 @@ def _distributions():
 
 @functools.lru_cache(maxsize=None)
 def _dist_version(dist):
-    # (once each: its metadata is parsed as an e-mail, 9 ms; a PyData
-    # process's images belong to some 200 of them)
-    return importlib.metadata.version(dist)
+    """The version of installed distribution ``dist``, or None.  (Read once
+    each: its metadata is parsed as an e-mail, 9 ms, and a PyData process's
+    images belong to some 200 of them.)"""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def version_of(name):
@@ -148,10 +157,8 @@ def version_of(name):
     if top.endswith(".libs"):          # auditwheel's folder of vendored libraries: numpy.libs
         top = top[:-5]
     for dist in _distributions().get(top, ()):
-        try:
+        if _dist_version(dist) is not None:
             return f"{dist} {_dist_version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
     if "libpython" in rel or os.path.realpath(sys.executable).endswith(rel):
         return f"Python {sys.version.split()[0]}"
     return os.path.basename(rel)
@@ -265,8 +272,6 @@ def _package_mismatch(name, what):
 def packages_version(name):
     """"dist version" of the installed package ``name``, or None."""
     for dist in _distributions().get(name, ()):
-        try:
+        if _dist_version(dist) is not None:
             return f"{dist} {_dist_version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
     return None

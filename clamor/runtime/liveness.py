@@ -56,7 +56,6 @@ import traceback
 
 import psutil
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .. import errors
 
@@ -293,6 +292,10 @@ class LinkWatch:
     heartbeat time-out), or if it is not made within ``grace`` seconds."""
 
     def __init__(self, sock, grace):
+        # (imported here: it loads asyncio, a tenth of a second that a
+        # driver and a forked worker, which watch no link, need not pay)
+        from zmq.utils.monitor import recv_monitor_message
+        self._recv = recv_monitor_message
         self.sock = sock
         self.mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.connected = False
@@ -300,7 +303,7 @@ class LinkWatch:
 
     def __call__(self):
         while self.mon.poll(0):
-            if recv_monitor_message(self.mon)["event"] == zmq.EVENT_DISCONNECTED:
+            if self._recv(self.mon)["event"] == zmq.EVENT_DISCONNECTED:
                 return False
             self.connected = True
         return self.connected or time.monotonic() < self.deadline

@@ -2,11 +2,6 @@
 import sys
 import time
 
-try:
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover - tqdm is a dependency
-    tqdm = None
-
 SHOW_AFTER_S = 2.0
 
 
@@ -23,7 +18,8 @@ class StageProgress:
 
     def update(self, n=1):
         self.done += n
-        if self.bar is None and self.enabled and tqdm is not None and time.monotonic() - self.t0 >= SHOW_AFTER_S:
+        if self.bar is None and self.enabled and time.monotonic() - self.t0 >= SHOW_AFTER_S:
+            from tqdm import tqdm    # (imported once a bar shows: 60 ms every process would pay)
             self.bar = tqdm(total=self.total, desc=self.desc, initial=self.done, leave=False,
                             file=sys.stderr, dynamic_ncols=True)
         elif self.bar is not None and n:
