@@ -496,9 +496,11 @@ def test_driver_memory_stays_flat_over_many_stages():
     was sent) must not grow with them.  The history the scheduler and
     stage_stats() keep (1024 and 1000 stages by default, 64 here: a driver
     script whose Scheduler and StageAccounts take 64 for their defaults) is
-    filled first, over 300 stages (the driver's traced memory also takes a
-    one-time step of about 1 MiB within its first 150 stages, history or
-    not)."""
+    filled first, over 300 stages.  The driver's traced memory also takes
+    one-time steps of about 1 MiB (CPython's table of interned strings
+    doubles: when depends on what was imported before), so it is measured
+    over two windows of 200 stages: growth with the stages shows in both,
+    a step in one."""
     out = scenario("""
         import tracemalloc
         from clamor.runtime import accounting, scheduler
@@ -517,12 +519,14 @@ def test_driver_memory_stays_flat_over_many_stages():
             try:
                 stages(300)
                 kept = [cl._sched._history_len, len(cl.stage_stats())]
-                before = tracemalloc.get_traced_memory()[0]
-                stages(400)
-                grown = tracemalloc.get_traced_memory()[0] - before
+                grown = []
+                for _ in range(2):
+                    before = tracemalloc.get_traced_memory()[0]
+                    stages(200)
+                    grown.append(tracemalloc.get_traced_memory()[0] - before)
             finally:
                 tracemalloc.stop()
         print(json.dumps({"kept": kept, "grown": grown}))
         """, timeout=300)
     assert out["kept"] == [64, 64], out            # the histories were full before the measure
-    assert out["grown"] < 200 * KIB, f"the driver grew {out['grown']} bytes over 400 stages"
+    assert min(out["grown"]) < 100 * KIB, f"the driver grew {out['grown']} bytes over two windows of 200 stages"

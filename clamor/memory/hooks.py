@@ -134,7 +134,8 @@ def _extension_free_lists_out():
     replaced by objects outside the region (csrc/pyextfree.c says why)."""
     import numpy as np
 
-    types = np.unique(np.fromiter({id(t) for t in all_classes()} | {id(type)}, dtype=np.uint64))
+    # (sorted and unique; np.unique would import numpy.ma, 55 ms, at a first fork)
+    types = np.array(sorted({id(t) for t in all_classes()} | {id(type)}), dtype=np.uint64)
     failed = ffi.new("long *")
     n = lib.clamor_py_ext_freelists_flush(ffi.cast("const uint64_t *", types.ctypes.data), types.size, failed)
     if n < 0:
