@@ -189,7 +189,24 @@ static inline uint64_t of_body(uint64_t h, PyObject *o) {
     return h | 1;
 }
 
+static uint64_t of_value(PyObject *o);
+
+/* A class over a builtin type (a float, str or tuple subclass) may add a
+ * dict or slots: what the collector sees it refer to (its slots' values,
+ * its dict or its attribute values) is mixed into its value's print. */
 static uint64_t fingerprint(PyObject *o) {
+    uint64_t h = of_value(o);
+    PyTypeObject *t = Py_TYPE(o);
+    if (h && cl_py_is_class(t) && !PyType_Check(o) &&
+        (PyFloat_Check(o) || PyComplex_Check(o) || PyLong_Check(o) || PyUnicode_Check(o) || PyBytes_Check(o) ||
+         PyByteArray_Check(o) || PyTuple_Check(o) || PyList_Check(o) || PyDict_Check(o) || PyAnySet_Check(o))) {
+        if (PyObject_IS_GC(o) && t->tp_traverse) t->tp_traverse(o, visit, &h);
+        h |= 1;
+    }
+    return h;
+}
+
+static uint64_t of_value(PyObject *o) {
     uint64_t h = mix(0x636c616d6f72ULL, (uintptr_t)Py_TYPE(o));
     /* A code object's names and place, a function's code and name: what a
      * reader sees, and none of the caches the interpreter keeps in them

@@ -392,3 +392,44 @@ print(json.dumps({{"full": full, "placed": placed, "got": got}}))
     assert out["placed"], out
     assert out["full"] <= 2, out        # (not one per instance)
     assert out["got"] == [[sum(range(400)), "n7", 199.0]], out
+
+
+@pytest.mark.parametrize("change", ["slot", "dict", "inherited"])
+def test_a_subclass_of_a_builtin_data_type_changed_after_a_stage_reads_right(change):
+    """A float subclass's value is data, but its slots and its dict point
+    at objects: the walk took it for data, so it recorded none of its
+    words (a slot set after a stage: the worker died; a dict replaced:
+    it read another object), and an inherited one was fingerprinted by its
+    value alone (an attribute changed after the fork: the worker read the
+    old one, share() approving)."""
+    out = scenario(f"""
+class FS(float):
+    __slots__ = ("tag",)
+class FD(float):
+    pass
+fs0 = FS(0.5); fs0.tag = "at-fork"; fd0 = FD(0.25); fd0.tag = "at-fork"     # inherited, outside the region
+with clamor.heap():
+    fs = FS(1.5); fs.tag = "slot-at-start"
+    fd = FD(2.5); fd.tag = "dict-at-start"
+    d = {{"fs": fs, "fd": fd, "fs0": fs0, "fd0": fd0}}
+def read(_):
+    return [[float(v), v.tag, sorted(vars(v)) if type(v).__name__ == "FD" else None] for v in d.values()]
+with clamor.Cluster({OPTS}) as cl:
+    first = cl.parallelize(range(1), 1).map(read).collect()
+    made = ["made-after-fork-" + str(i) for i in range(300)]      # not inherited
+    if {change!r} == "slot":
+        d["fs"].tag = made[123]
+    elif {change!r} == "dict":
+        old = vars(d["fd"])                   # (kept: its bytes do not change)
+        d["fd"].__dict__ = {{"tag": made[77], "zz": made[5]}}
+    else:
+        fs0.tag = made[9]
+        fd0.tag = made[10]
+    second = cl.parallelize(range(1), 1).map(read).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"first": first, "second": second, "driver": read(0), "lost": lost}}))
+""")
+    assert out["first"] == [[[1.5, "slot-at-start", None], [2.5, "dict-at-start", ["tag"]],
+                             [0.5, "at-fork", None], [0.25, "at-fork", ["tag"]]]], out
+    assert out["second"] == [out["driver"]] and out["lost"] == 0, out
+    assert out["driver"] != out["first"][0], out       # (the scenario changed something)

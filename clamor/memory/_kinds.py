@@ -42,7 +42,29 @@ _TZINFO_AT = {datetime.datetime: 40, datetime.time: 32}
 def data_only(o):
     """Are all of ``o``'s words past its type pointer data?"""
     t = type(o)
-    return isinstance(o, _DATA_ONLY) or t in _PLAIN_TIME or (t in _NAIVE_TIME and o.tzinfo is None)
+    return (isinstance(o, _DATA_ONLY) and not own_state(t)) or t in _PLAIN_TIME or \
+        (t in _NAIVE_TIME and o.tzinfo is None)
+
+
+_own_state = {}
+
+
+def own_state(t):
+    """Does class ``t``, made over a builtin type (a float or str
+    subclass), add a dict or slots to it: words that point at objects,
+    which can change in place?"""
+    got = _own_state.get(t)
+    if got is None:
+        base = next(b for b in t.__mro__ if not b.__flags__ & _HEAPTYPE)
+        got = _own_state[t] = bool(t.__flags__ & _HEAPTYPE) and bool(
+            t.__dictoffset__ or t.__flags__ & _MANAGED_DICT or t.__basicsize__ > base.__basicsize__)
+    return got
+
+
+def frozen(o):
+    """Can ``o`` not change in place (an inherited one stays as the
+    workers have it while a region object holds it)?"""
+    return isinstance(o, _FROZEN) and not own_state(type(o))
 
 
 # what cannot change in place: an inherited one stays as the workers have it

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _inherit, _pyshare, region
 from .._native import ffi, lib
-from ._kinds import _FROZEN, _HAVE_GC, _HEAPTYPE, _INLINE_VALUES, _MANAGED_DICT, _TZINFO_AT, data_only
+from ._kinds import _DATA_ONLY, _HAVE_GC, _HEAPTYPE, _INLINE_VALUES, _MANAGED_DICT, _TZINFO_AT, data_only, frozen
 from .readtable import read_digests
 
 
@@ -34,7 +34,8 @@ def pointer_extents(o, path=None, body=True):
     if body and t in _TZINFO_AT:    # (an aware one: its type and its tzinfo)
         return [(a + 8, 8, True, path, "type"), (a + _TZINFO_AT[t], 8, True, path, "tzinfo")]
     if body:
-        out.append((a + 8, max(0, lib.clamor_py_body_size(a) - 8), True, path, "body"))
+        # (a class over a builtin data type: its value's words are data, its slots pointers)
+        out.append((a + 8, max(0, lib.clamor_py_body_size(a) - 8), not isinstance(o, _DATA_ONLY), path, "body"))
         if flags & _HEAPTYPE and flags & _MANAGED_DICT:
             pre = 16 + (16 if flags & _HAVE_GC else 0)
             out.append((a - pre, 16, True, path, "dict pointers"))
@@ -115,7 +116,7 @@ class Reads:
         self.extents += pointer_extents(o, path, body=not data_only(o))
 
     def outside(self, o):
-        if not isinstance(o, _FROZEN):
+        if not frozen(o):
             self.inherited.append(o)
 
     def still_inherited(self):
