@@ -197,7 +197,7 @@ static uint64_t of_value(PyObject *o);
 static uint64_t fingerprint(PyObject *o) {
     uint64_t h = of_value(o);
     PyTypeObject *t = Py_TYPE(o);
-    if (h && cl_py_is_class(t) && !PyType_Check(o) &&
+    if (h && cl_py_is_class(t) && /* (h is 0 for a type) */
         (PyFloat_Check(o) || PyComplex_Check(o) || PyLong_Check(o) || PyUnicode_Check(o) || PyBytes_Check(o) ||
          PyByteArray_Check(o) || PyTuple_Check(o) || PyList_Check(o) || PyDict_Check(o) || PyAnySet_Check(o))) {
         if (PyObject_IS_GC(o) && t->tp_traverse) t->tp_traverse(o, visit, &h);

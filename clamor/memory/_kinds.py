@@ -6,6 +6,7 @@ import array
 import datetime
 import sys
 import types
+import weakref
 
 import numpy as np
 
@@ -46,18 +47,20 @@ def data_only(o):
         (t in _NAIVE_TIME and o.tzinfo is None)
 
 
-_own_state = {}
+_own_state = weakref.WeakKeyDictionary()   # a class -> own_state(class)
 
 
 def own_state(t):
     """Does class ``t``, made over a builtin type (a float or str
     subclass), add a dict or slots to it: words that point at objects,
     which can change in place?"""
+    if not t.__flags__ & _HEAPTYPE:
+        return False
     got = _own_state.get(t)
     if got is None:
         base = next(b for b in t.__mro__ if not b.__flags__ & _HEAPTYPE)
-        got = _own_state[t] = bool(t.__flags__ & _HEAPTYPE) and bool(
-            t.__dictoffset__ or t.__flags__ & _MANAGED_DICT or t.__basicsize__ > base.__basicsize__)
+        got = _own_state[t] = bool(t.__dictoffset__ or t.__flags__ & _MANAGED_DICT or
+                                   t.__basicsize__ > base.__basicsize__)
     return got
 
 

@@ -156,9 +156,9 @@ def version_of(name):
     top = rel.split(os.sep)[0]
     if top.endswith(".libs"):          # auditwheel's folder of vendored libraries: numpy.libs
         top = top[:-5]
-    for dist in _distributions().get(top, ()):
-        if _dist_version(dist) is not None:
-            return f"{dist} {_dist_version(dist)}"
+    version = packages_version(top)
+    if version is not None:
+        return version
     if "libpython" in rel or os.path.realpath(sys.executable).endswith(rel):
         return f"Python {sys.version.split()[0]}"
     return os.path.basename(rel)
@@ -272,6 +272,7 @@ def _package_mismatch(name, what):
 def packages_version(name):
     """"dist version" of the installed package ``name``, or None."""
     for dist in _distributions().get(name, ()):
-        if _dist_version(dist) is not None:
-            return f"{dist} {_dist_version(dist)}"
+        version = _dist_version(dist)
+        if version is not None:
+            return f"{dist} {version}"
     return None
