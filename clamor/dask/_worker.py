@@ -69,8 +69,15 @@ class Link:
         with self.lock:
             if self.sock is None:
                 raise errors.TransportError("the link to the driver is closed")
-            self.sock.send_multipart([kind, body])
-            if not self.sock.poll(int(timeout * 1000)):
+            # (a DEALER whose connection failed its handshake for good would
+            # block a plain send forever: the send waits at most the time-out)
+            self.sock.sndtimeo = max(1, int(timeout * 1000))
+            try:
+                self.sock.send_multipart([kind, body])
+                sent = True
+            except zmq.Again:
+                sent = False
+            if not sent or not self.sock.poll(int(timeout * 1000)):
                 self._open()   # a late answer must not be read as the next one's
                 raise errors.TransportError(
                     f"no answer from the clamor driver at {self.endpoint} within {timeout:g} s (it is gone, "

@@ -88,16 +88,28 @@ def _ask_to_join(ctx, driver, timeout, sec, base=None):
         _connect(sock, driver)
         # (the hash seed and the region's address say whether this worker can
         # relocate the driver's region objects: clamor/memory/portable.py)
-        sock.send_multipart([b"JOIN", join_body(base)])
+        # The JOIN is sent once the socket can take it, within the deadline:
+        # a handshake that fails on the mechanism ends the connection for
+        # good (libzmq does not reconnect), and a send to a DEALER left with
+        # no connection would then block forever.
+        pending = [b"JOIN", join_body(base)]
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        poller.register(sock, zmq.POLLIN | zmq.POLLOUT)
         poller.register(mon, zmq.POLLIN)
         deadline = time.monotonic() + timeout
         failed = 0
         while True:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
-            if sock in ready:
+            if pending is not None and ready.get(sock, 0) & zmq.POLLOUT:
+                try:
+                    sock.send_multipart(pending, zmq.NOBLOCK)
+                except zmq.Again:       # (the connection went between the poll and the send)
+                    continue
+                pending = None
+                poller.modify(sock, zmq.POLLIN)
+                continue
+            if ready.get(sock, 0) & zmq.POLLIN:
                 frames = sock.recv_multipart()
                 _check_images(sock, frames, driver)
                 break
