@@ -239,6 +239,7 @@ class Runtime:
         if s is None:
             s = self.peers[ep] = self.ctx.socket(zmq.DEALER)
             s.linger = 0
+            s.sndtimeo = BLOCK_TIMEOUT_MS   # (a connection ended for good would block a send forever)
             self.security.client(s)
             s.connect(ep)
         return s
@@ -254,7 +255,11 @@ class Runtime:
         socks = {}
         for ep, key in wanted:
             s = self._peer(ep)
-            s.send_multipart([b"GET", pickle.dumps(key)])
+            try:
+                s.send_multipart([b"GET", pickle.dumps(key)])
+            except zmq.Again:
+                raise FetchFailed(f"block {key} could not be asked of {ep} within {BLOCK_TIMEOUT_MS} ms",
+                                  [(ep, key)]) from None
             socks[s] = socks.get(s, 0) + 1
         out, where = {}, {k: ep for ep, k in wanted}
         poller = zmq.Poller()
