@@ -433,3 +433,39 @@ print(json.dumps({{"first": first, "second": second, "driver": read(0), "lost": 
                              [0.5, "at-fork", None], [0.25, "at-fork", ["tag"]]]], out
     assert out["second"] == [out["driver"]] and out["lost"] == 0, out
     assert out["driver"] != out["first"][0], out       # (the scenario changed something)
+
+
+@pytest.mark.parametrize("change", ["del", "set", "newattr"])
+def test_an_instance_outside_the_region_whose_dict_a_block_made_gets_one_outside(tmp_path, change):
+    """``vars(obj)`` of an ordinary instance inside a block made its dict in
+    the region.  A worker forked later inherits the instance and read that
+    dict as the driver went on to change or free it (CPython 3.13 shows the
+    dict to no one while the instance's values after its body are in use:
+    nothing held it, and its pages were used again).  The block's end now
+    gives the instance a dict made outside."""
+    (tmp_path / "keepmod.py").write_text(
+        "class Cfg:\n    pass\ncfg = Cfg()\ncfg.a = 1.5\ncfg.b = 'b-at-import'\n"
+        "def rd(_):\n    return sorted((k, repr(v)) for k, v in vars(cfg).items())\n")
+    out = scenario(f"""
+sys.path.insert(0, {str(tmp_path)!r})
+import keepmod
+with clamor.heap():
+    vars(keepmod.cfg)                         # made now, in the block
+inside = region.contains(id(vars(keepmod.cfg)), 1)
+with clamor.Cluster({OPTS}) as cl:
+    first = cl.parallelize(range(1), 1).map(keepmod.rd).collect()
+    if {change!r} == "del":
+        keepmod.cfg = None
+    elif {change!r} == "set":
+        keepmod.cfg.__dict__ = {{"a": 2.5}}
+    else:
+        keepmod.cfg.c = "a name first set after the fork"
+    with clamor.heap():                       # (what the freed memory goes to)
+        junk = [{{"x" + str(i): float(i)}} for i in range(3000)] + [[float(i)] * 3 for i in range(3000)]
+    second = cl.parallelize(range(1), 1).map(keepmod.rd).collect()
+    lost = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps({{"inside": inside, "first": first, "second": second, "lost": lost}}))
+""")
+    want = [[["a", "1.5"], ["b", "'b-at-import'"]]]     # the workers' own copy, as it was at the fork
+    assert out["first"] == want and out["second"] == want and out["lost"] == 0, out
+    assert not out["inside"], out

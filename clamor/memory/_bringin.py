@@ -117,6 +117,9 @@ def _bring_in(moves):
     """Copy each object of ``moves`` [(store, object)] into the region and
     store the copy where the object was."""
     from .heap import heap
+    for store, o in moves:
+        if store is not None and not isinstance(store, (promote.Rekey, promote.Drop, promote.Warm)):
+            promote.dict_outside(o)
     with heap():
         for store, o in moves:
             if store is None and lib.clamor_py_table_in(id(o)) < 0:

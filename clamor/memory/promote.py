@@ -212,6 +212,23 @@ def _copy_const(o):
     return t(_copy_const(x) for x in o)
 
 
+def dict_outside(o):
+    """Before the block that will ``copy_in(o)``: give an instance of a
+    class its dict now, outside the region, if it has none yet.  Copying it
+    reads ``o.__dict__``, which makes a dict on first use (on CPython 3.13,
+    always for an instance whose values lie after its body): made in the
+    block, the original would hold a region dict, which the block's end
+    gives a copy made outside (clamor/memory/hooks.py, _rehome), one more
+    holder of everything in it."""
+    t = type(o)
+    if _const(o) or t in (np.ndarray, dict, list, set, weakref.ReferenceType):
+        return
+    try:
+        object.__getattribute__(o, "__dict__")
+    except AttributeError:      # (a class with slots only)
+        pass
+
+
 def copy_in(o):
     """A copy of ``o`` (``copyable``), made by the caller inside a heap()
     block."""
