@@ -56,6 +56,16 @@ static struct {
     uint32_t ntargets;
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* The lock is held across fork(), as the allocator's is (alloc.c): a worker
+ * forked while the driver's page server listed a page's relocations would
+ * otherwise start with it held, and its own page server would wait on it
+ * for ever at its first request from a worker that relocates. */
+static void reloc_prefork(void) { pthread_mutex_lock(&R.lock); }
+static void reloc_postfork(void) { pthread_mutex_unlock(&R.lock); }
+__attribute__((constructor)) static void reloc_atfork(void) {
+    pthread_atfork(reloc_prefork, reloc_postfork, reloc_postfork);
+}
+
 static int ensure_pages(void) {
     if (R.page && R.npages == cl_region.npages) return 0;
     if (R.page) return cl_err(EBUSY, "relocations of another region are still held");

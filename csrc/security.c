@@ -30,6 +30,7 @@
 #include "zmqdl.h"
 
 #define Z85_KEY 40
+#define CL_DEALER_SEND_TIMEOUT_MS 1000
 
 static struct {
     int mode;
@@ -126,6 +127,16 @@ void *cl_security_socket(void *ctx, int type) {
     }
     int zero = 0;
     cl_zmq.setsockopt(s, CL_ZMQ_LINGER, &zero, sizeof zero);
+    /* A DEALER's send fails (EAGAIN) rather than wait for ever where it
+     * has no connection to send on: libzmq drops for good a connection
+     * whose handshake failed on the mechanism or was refused by ZAP (a
+     * port another cluster took), and a send there would block the thread
+     * (the pager's: every fault of the process) with no end.  The callers
+     * treat a failed send as a failed request. */
+    if (type == CL_ZMQ_DEALER) {
+        int ms = CL_DEALER_SEND_TIMEOUT_MS;
+        cl_zmq.setsockopt(s, CL_ZMQ_SNDTIMEO, &ms, sizeof ms);
+    }
     if (cl_security_apply(s, type) != 0) {
         cl_zmq.close(s);
         return NULL;

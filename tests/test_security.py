@@ -167,6 +167,27 @@ def test_a_worker_with_the_wrong_secret_is_refused_and_the_driver_logs_one_line(
     assert len(out["driver log"]) == 1 and "does not hold this cluster's secret" in out["driver log"][0], out
 
 
+def test_a_worker_without_encryption_and_the_wrong_secret_is_told_at_once():
+    # (the driver's ZAP refuses the token: libzmq does not try again, and
+    # the worker must not wait out its connect time-out to say so)
+    out = scenario("""
+        import subprocess, sys
+        cl = clamor.Cluster(workers=1, progress=False, encrypt=False)
+        cl.join_command()
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "clamor.worker", cl.endpoint, "--no-encrypt", "--connect-timeout", "20"],
+                           env={**os.environ, "CLAMOR_SECRET": "not the secret, but long"}, capture_output=True,
+                           text=True, timeout=60)
+        res = {"rc": p.returncode, "says": p.stderr.strip().splitlines(), "took": time.monotonic() - t0}
+        cl.start()
+        res["sum"] = cl.range(10).sum()
+        cl.close()
+        print(json.dumps(res))
+        """)
+    assert out["rc"] == 2 and len(out["says"]) == 1 and "secret differs" in out["says"][0], out
+    assert out["took"] < 15 and out["sum"] == 45, out
+
+
 def test_without_encryption_members_still_authenticate():
     out = scenario(OUTSIDERS + """
         res = {}

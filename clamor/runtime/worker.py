@@ -124,6 +124,8 @@ def _ask_to_join(ctx, driver, timeout, sec, base=None):
                            else "its cluster was made with encrypt=False: start this worker with --no-encrypt"))
                 if msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     failed = 0
+                elif msg["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    failed = 3     # (the driver's ZAP refused the credentials: libzmq does not try again)
                 elif msg["event"] in _HANDSHAKE_FAILED:   # (not connects, retries and closes)
                     failed += 1
                 if failed >= 3:    # (one failure may be a driver going down; three are not)
