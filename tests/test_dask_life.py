@@ -268,3 +268,57 @@ cluster.close()
 print(json.dumps(res))
 """, timeout=180)
     assert out == {"done": True, "outside": 0, "read": 42}, out
+
+
+def test_a_worker_detached_after_a_task_tracked_region_objects_collects_and_attaches_again():
+    # A task that stores a container of its own in a region dict makes the
+    # worker's collector track that dict (its links in region pages), and
+    # one that keeps a region object in its own memory holds a reference
+    # counted in its copy of the page.  At detach the region is unmapped:
+    # the worker's next collection walked into it and killed the worker
+    # (the nanny started another), every time.  Now each attachment reads
+    # right on the same worker, and collections after each detach live.
+    out = scenario("""
+        import gc, types
+        import dask
+        from distributed import Client, LocalCluster
+        import clamor.dask
+        dask.config.set({"distributed.scheduler.allowed-failures": 0})
+        region.ensure()
+        with clamor.heap():
+            objs = [types.SimpleNamespace(cache={"n": k}, data=np.arange(1000.0) + k) for k in range(3)]
+
+        def fill(r):
+            h = r.get()
+            h.cache["engine"] = [list(range(5)) for _ in range(50)]
+            import distributed
+            distributed.__dict__.setdefault("_clamor_test_kept", []).append(h)
+            return float(h.data.sum())
+
+        def collect():
+            gc.collect()
+            return os.getpid()
+
+        got, pids = [], []
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \\
+                Client(cl) as c:
+            for k, obj in enumerate(objs):
+                clamor.dask.attach(c)
+                try:
+                    got.append(c.submit(fill, clamor.dask.ref(obj), pure=False).result(timeout=30)
+                               == float(obj.data.sum()))
+                except Exception as e:
+                    got.append(f"{type(e).__name__}: {str(e)[:200]}")
+                clamor.dask.detach(c)
+                try:
+                    pids.extend(c.run(collect).values())
+                except Exception as e:
+                    pids.append(f"{type(e).__name__}: {str(e)[:200]}")
+                with clamor.heap():                 # the driver moves on between attachments
+                    obj.data = np.zeros(1000) + 7
+                    junk = [{"x" + str(i): float(i)} for i in range(3000)]
+        print(json.dumps({"got": got, "pids": pids}))
+        """, timeout=180, env={"PYTHONHASHSEED": "6640"})
+    assert out["got"] == [True] * 3, out
+    assert len(out["pids"]) == 3 and all(isinstance(p, int) for p in out["pids"]), out
+    assert len(set(out["pids"])) == 1, out       # the same worker throughout

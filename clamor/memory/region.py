@@ -139,6 +139,15 @@ def close(force=False):
         # Region arrays nobody references any more free their blocks, and
         # CPython's free lists let go of region objects they keep for reuse.
         gc.collect()
+        if lib.clamor_region_role() == WORKER:
+            # Every page goes, as before a change of version: region objects
+            # leave the collector's lists (their links would be in memory
+            # unmapped, or, once a region is mapped here again, the next
+            # driver's), and this process's objects that hold one are kept
+            # for good (released later, they would count down whatever
+            # lies there then).  A Dask worker that detached died at its
+            # next collection.
+            untrack_region_objects(first=0, count=size() // page_size())
         if not force and lib.clamor_region_role() == DRIVER:
             left = int(lib.clamor_heap_allocated())
             if left:
