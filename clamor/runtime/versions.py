@@ -129,7 +129,7 @@ class VersionGate:
 
     def __init__(self, changes, version, on_switch=None):
         self.changes = changes
-        self.on_switch = on_switch    # called after each change of version (relocation targets)
+        self.on_switch = on_switch    # called at each change of version, first (relocation targets)
         self.resolved = False         # a region object was used since the last change
         self.current = int(version)
         self.running = 0
@@ -171,14 +171,20 @@ class VersionGate:
 
     def _switch(self, version):
         pages = self.changes(self.current, version)
+        # The new version's relocation targets are bound first: letting go
+        # of region objects below (a collection, the collector's lists) may
+        # touch a page this worker never fetched, and the driver may serve
+        # it with the new version's lists.  (Bound after, a Dask worker that
+        # had attached again aborted there now and then: a target it had not
+        # bound.)  Binding is additive: the old version's targets stay.
+        if self.on_switch is not None:
+            self.on_switch()
         # Region objects a task used may sit in cycles: freed now, on the
         # pages as this worker holds them, not against the driver's counts
         # after the pages are fetched again.
         change_version(version, pages, self._collect if self.resolved else None)
         self.current = version
         self.switches += 1
-        if self.on_switch is not None:
-            self.on_switch()
 
     def _collect(self):
         gc.collect()
