@@ -197,6 +197,7 @@ void clamor_py_frozen_accept(uint64_t seq);
 int clamor_py_frozen_instance(uintptr_t obj);
 int clamor_py_frozen_keys(uintptr_t keys);
 int clamor_py_frozen_split(uintptr_t obj);
+int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value);
 long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys);
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,

@@ -668,6 +668,9 @@ bool cl_py_plain_class(PyTypeObject *t);
 /* The dict of an instance of such a class, once made (NULL while its
  * attributes lie in a values table, or it has none). */
 struct _object *cl_py_instance_dict(struct _object *o);
+/* Its value slots while it has no dict (its attributes in a values table,
+ * named by its class's keys table), or NULL. */
+struct _object **cl_py_instance_values(struct _object *o);
 /* The head of object o's list of weak references (pyhide.c): NULL when
  * it has none or its type has no list. */
 void *cl_py_weaklist_head(struct _object *o);
@@ -750,7 +753,8 @@ void clamor_py_frozen_accept(uint64_t seq);
 /* 1 if instance obj's class's keys table was frozen before the Cluster's
  * workers were forked and still reads as it did then (every forked worker
  * finds its names), and obj's dict is a region dict over that table with
- * its values table in the region; else 0. */
+ * its values table in the region, or obj has no dict and its values table
+ * lies in the region; else 0. */
 int clamor_py_frozen_instance(uintptr_t obj);
 /* 1 if keys is the table of a class that clamor_py_frozen_instance accepts. */
 int clamor_py_frozen_keys(uintptr_t keys);
@@ -758,6 +762,11 @@ int clamor_py_frozen_keys(uintptr_t keys);
  * obj has no dict yet or one over its class's keys table, wherever it
  * lies: a region dict over that table is then what it needs. */
 int clamor_py_frozen_split(uintptr_t obj);
+/* Instance obj (of a class clamor_py_frozen_instance accepts, with no dict:
+ * its attributes in a values table) holding old as an attribute's value:
+ * that slot set to new, a reference moved (new == old: a look-up).  1, or
+ * 0 (no slot holds old). */
+int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value);
 #ifdef PY_VERSION_HEX
 int cl_py_frozen_class(PyTypeObject *t);
 int cl_py_frozen_instance(struct _object *o);

@@ -17,14 +17,14 @@
  * length, a digest of its names and the fork's number.  A worker forked
  * after that has the table as the driver will always have it.  The walks
  * for forked workers (pywalk.c, walk._visit_inside) then take a region
- * instance whose dict is a region dict over that table (a split dict: its
- * values table in the region, its keys the class's) as it is, when the
- * table was frozen at or before the fork of the Cluster's workers
- * (clamor_py_frozen_accept) and still reads as it did then.  An instance
- * whose attributes are still in its values table only gets that dict made
- * in the region (one object, the values table taken over as it is); one
- * whose dict was made outside the region (vars() or a pickle outside a
- * block) a region copy of it (pyownkeys.c).  Workers not forked build their
+ * instance whose attributes are still in its region values table only (no
+ * dict made: the check reads the table, pyextents.c), or whose dict is a
+ * region dict over that table (a split dict: its values table in the
+ * region, its keys the class's), as it is, when the table was frozen at or
+ * before the fork of the Cluster's workers (clamor_py_frozen_accept) and
+ * still reads as it did then.  One whose dict was made outside the region
+ * (vars() or a pickle outside a block) gets a region copy of it
+ * (pyownkeys.c).  Workers not forked build their
  * classes' tables themselves, in their own order: their walks still give
  * instances keys of their own.
  *
@@ -183,6 +183,10 @@ int cl_py_frozen_instance(PyObject *o) { return cl_py_frozen_class(Py_TYPE(o)) &
 
 int cl_py_frozen_layout(PyObject *o) {
     PyObject *d = cl_py_instance_dict(o);
+    if (!d) { /* (its attributes in its values table only: read through the class's table) */
+        PyObject **v = cl_py_instance_values(o);
+        return v && cl_in_region_span((uintptr_t)v, sizeof *v);
+    }
     return cl_py_split_over_class(o, d) && cl_in_region_span((uintptr_t)d, 1) &&
            cl_in_region_span((uintptr_t)((PyDictObject *)d)->ma_values, sizeof(void *));
 }
@@ -204,6 +208,22 @@ int clamor_py_frozen_split(uintptr_t obj) {
 int clamor_py_frozen_instance(uintptr_t obj) {
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = cl_py_frozen_instance((PyObject *)obj);
+    PyGILState_Release(g);
+    return rc;
+}
+
+int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *o = (PyObject *)obj, **v = cl_py_frozen_instance(o) ? cl_py_instance_values(o) : NULL;
+    Py_ssize_t n = v ? ((struct cl_dict_keys *)((PyHeapTypeObject *)Py_TYPE(o))->ht_cached_keys)->dk_nentries : 0;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && !rc; i++) {
+        if (v[i] != (PyObject *)old) continue;
+        Py_INCREF((PyObject *)new_value);
+        v[i] = (PyObject *)new_value;
+        Py_DECREF((PyObject *)old);
+        rc = 1;
+    }
     PyGILState_Release(g);
     return rc;
 }

@@ -93,7 +93,8 @@ int cl_py_extents_of(PyObject *o, struct cl_py_extents *e) {
 /* An instance's extents as pointer_extents() gives them: its body past the
  * reference count, the dict's words before its header and, since CPython
  * 3.13, the values after its body (a values table's header, then a slot
- * per name of the class's keys table).  An attribute set there while they
+ * per name of the class's keys table); before 3.13, while it has no dict,
+ * its values table.  An attribute set there while they
  * are valid changes no dict, so its bytes must be read as the dict's. */
 int cl_py_instance_extents(PyObject *o, struct cl_py_extents *e) {
     if (!e) return 0;
@@ -107,6 +108,14 @@ int cl_py_instance_extents(PyObject *o, struct cl_py_extents *e) {
         uintptr_t v = a + (size_t)Py_TYPE(o)->tp_basicsize;
         e->strict_now = 0; /* (its header is bytes; spare slots are null) */
         return cl_py_extent(e, v, sizeof(void *) * (1 + (size_t)*(const uint8_t *)v));
+    }
+#else
+    PyObject **v = cl_py_instance_values(o); /* (no dict made: the values table, the allocator's block) */
+    if (v && cl_in_region_span((uintptr_t)v, 1)) {
+        int fail = 0;
+        e->strict_now = 0; /* (its prefix is bytes; spare slots are null) */
+        block_extent(e, v, &fail);
+        return fail ? -1 : 0;
     }
 #endif
     return 0;

@@ -147,6 +147,22 @@ PyObject *cl_py_instance_dict(PyObject *o) {
 #endif
 }
 
+/* The value slots of such an instance whose attributes lie in a values
+ * table only, no dict made (CPython 3.11: the table at -4; 3.12: at -3,
+ * tagged 1; 3.13: inline after the body, while valid), or NULL. */
+PyObject **cl_py_instance_values(PyObject *o) {
+    PyObject **pre = (PyObject **)o;
+#if PY_VERSION_HEX < 0x030C0000
+    return pre[-3] ? NULL : (PyObject **)pre[-4];
+#elif PY_VERSION_HEX < 0x030D0000
+    return ((uintptr_t)pre[-3] & 1) ? (PyObject **)((uintptr_t)pre[-3] - 1) : NULL;
+#else
+    if (pre[-3] || !(Py_TYPE(o)->tp_flags & Py_TPFLAGS_INLINE_VALUES)) return NULL;
+    const uint8_t *v = (const uint8_t *)o + Py_TYPE(o)->tp_basicsize; /* capacity, size, embedded, valid */
+    return v[3] ? (PyObject **)(v + 8) : NULL;
+#endif
+}
+
 // Bytes of the object's own body: its type's basic size and its items.
 size_t clamor_py_body_size(uintptr_t obj) {
     PyObject *o = (PyObject *)obj;

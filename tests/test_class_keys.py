@@ -46,7 +46,7 @@ with clamor.Cluster(workers=2, progress=None) as cl:
 print(json.dumps(res))
 """, timeout=240)
     assert out["exit"] == 0, out
-    assert out["conversions"] <= 20_000, out      # one dict made each (a table of their own: three)
+    assert out["conversions"] == 0, out           # taken as they lie (a table of their own: three objects each)
     assert out["kept"] == [True, True] and out["own_tables"] == 0, out
     assert out["first"] and out["changed"], out
     assert out["extra"] == [7, "n7", 3.5, ["extra", "i", "name", "score"]], out
@@ -218,3 +218,61 @@ print(json.dumps({"direct": direct, "verdict": verdict, "got": got,
     assert out["exit"] == 0, out
     assert out["direct"][0] == "ok" and out["verdict"][0] == "ok", out
     assert out["got"] == [[["i", "name", "score"], [], []]] and out["inside"] == [True, True], out
+
+
+def test_instances_whose_attributes_lie_in_their_values_tables_are_shared_with_no_dict_made():
+    # Instances never asked for their dict keep their attributes in a values
+    # table, named by their class's frozen table: share() takes them as they
+    # lie (no dict is made, nothing converted), and the Cluster's check
+    # reads their values tables.  Each kind of change has a stage of its
+    # own: a value set outside a block to an object made after the fork
+    # (brought into the region, in its slot: the workers read whatever lay
+    # at its address when the check missed it), values changed in a block,
+    # a name first set after the fork (a dict made outside the region).
+    out = run_driver(CLASSES + """
+import gc
+def dictless(o):
+    return not any(type(r) is dict for r in gc.get_referents(o))
+def rd(keys):
+    return [(o.i, o.name, o.score, getattr(o, "extra", None)) for o in (objs[k] for k in keys)]
+with clamor.heap():
+    objs = [Rec(i) for i in range(30_000)]
+res = {}
+with clamor.Cluster(workers=2, progress=None) as cl:
+    c0 = walk.conversions[0]
+    clamor.share(objs)
+    res["conversions"] = walk.conversions[0] - c0
+    res["dictless"] = sum(map(dictless, objs))
+    res["frozen"] = sum(map(classkeys.frozen, objs))
+    keys = list(range(0, 30_000, 997)) + [5, 6, 9, 10, 11, 29_999]
+    stages = [cl.parallelize(range(2), 2).map(lambda _: rd(keys)).collect() == [rd(keys)] * 2]
+    brought_in = []
+    for step in range(3):
+        late = [float(j) + step for j in range(100)]                # made after the fork, outside a block
+        objs[9].score = late[42] * 2                                # held by the instance alone: brought in
+        objs[29_999].name = "last" + str(len(late) + step)
+        stages.append(cl.parallelize(range(2), 2).map(lambda _: rd(keys)).collect() == [rd(keys)] * 2)
+        brought_in.append(region.contains(id(objs[9].score), 1) and region.contains(id(objs[29_999].name), 1))
+        with clamor.heap():
+            objs[5].score = -1.5 * (step + 1)                        # new values, in a block
+            objs[6].name = "renamed" + str(step)
+        stages.append(cl.parallelize(range(2), 2).map(lambda _: rd(keys)).collect() == [rd(keys)] * 2)
+    objs[10].extra = "extra" + str(len(late))                       # a name not in the frozen table, outside
+    with clamor.heap():
+        objs[11].extra = "extra" + str(len(late) + 1)               # and in a block
+    stages.append(cl.parallelize(range(2), 2).map(lambda _: rd(keys)).collect() == [rd(keys)] * 2)
+    res["stages"], res["brought_in"] = stages, brought_in
+    res["driver"] = rd([5, 6, 9, 10, 11, 29_999])
+    res["still_dictless"] = sum(map(dictless, objs[12:29_999]))
+    res["lost"] = cl.stats()["recovery"]["workers_lost"]
+print(json.dumps(res))
+""", timeout=240)
+    assert out["exit"] == 0, out
+    assert out["conversions"] == 0, out
+    assert out["dictless"] == 30_000 and out["frozen"] == 30_000, out
+    assert out["stages"] == [True] * 8 and out["brought_in"] == [True] * 3, out
+    assert out["driver"] == [[5, "n5", -4.5, None], [6, "renamed2", 3.0, None], [9, "n9", 88.0, None],
+                             [10, "n10", 5.0, "extra100"], [11, "n11", 5.5, "extra101"],
+                             [29_999, "last102", 14_999.5, None]], out
+    assert out["lost"] == 0, out
+    assert out["still_dictless"] == 29_999 - 12, out      # (the checks made no dict for what did not change)

@@ -266,11 +266,12 @@ def test_the_c_walk_approves_only_what_the_python_walk_approves_untouched(freeze
     assert not out["bad"], out
     assert out["c_yes"] >= 80 and out["c_no"] >= 80, out      # both answers are exercised
     assert out["reads_compared"] == out["c_yes"], out
-    # a dict made from an instance's values, over its class's table, and an
-    # instance with one: given keys of their own (the Python walk's work)
+    # a dict made from an instance's values, over its class's table, an
+    # instance with one, and one whose attributes lie in its values table
+    # (no dict made): given keys of their own (the Python walk's work)
     # unless the table was frozen at the fork, when both walks take them as
-    # they lie (an instance without a dict gets one made in either case)
-    as_they_lie = ("split dict", "instance over its class's table")
+    # they lie
+    as_they_lie = ("split dict", "instance over its class's table", "unconverted instance")
     # each kind of change that needs the Python walk made the C walk defer
     for kind in ("list grown outside", "int outside", "weakly referenced set", "array",
                  "dict grown outside", "slotted instance", "class made in a block",

@@ -3,6 +3,7 @@
 (``Reads``).
 """
 import ctypes
+import sys
 
 import numpy as np
 
@@ -42,6 +43,9 @@ def pointer_extents(o, path=None, body=True):
             if flags & _INLINE_VALUES:     # (3.13: the values after the body, a header and a slot a name)
                 v = a + t.__basicsize__
                 out.append((v, 8 * (1 + ctypes.c_uint8.from_address(v).value), False, path, "inline values"))
+            elif _values_table(a):      # (before 3.13, no dict made: the values table, its prefix bytes)
+                lo, n = _block(_values_table(a))
+                out.append((lo, n, False, path, "values table"))
     for code, addr in _pyshare.fields(o):
         if code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_VALUES,
                     lib.CLAMOR_FIELD_TABLE, lib.CLAMOR_FIELD_SUBARRAY, lib.CLAMOR_FIELD_CMETA) \
@@ -56,6 +60,20 @@ def pointer_extents(o, path=None, body=True):
             strict = code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_DATA, lib.CLAMOR_FIELD_SUBARRAY)
             out.append((lo, n, strict, path, _pyshare.FIELD_NAMES[code]))
     return out
+
+
+def _values_table(a):
+    """The region values table of the managed-dict instance at ``a`` while
+    it has no dict, before CPython 3.13 (3.11: the word at -32, the dict's
+    at -24 null; 3.12: the word at -24, tagged 1), or 0."""
+    if sys.version_info >= (3, 13):
+        return 0
+    w = ctypes.c_size_t.from_address(a - 24).value
+    if sys.version_info >= (3, 12):
+        v = w - 1 if w & 1 else 0
+    else:
+        v = 0 if w else ctypes.c_size_t.from_address(a - 32).value
+    return v if v and region.contains(v, 1) else 0
 
 
 class Reads:

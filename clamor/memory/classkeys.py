@@ -7,14 +7,16 @@ instance to it in place.  A forked worker has the table as it was at the
 fork.  ``freeze()`` (before each fork: ``hooks.prepare_fork``) stops
 CPython appending to every class's table that names something; a name set
 later gives that instance a table of its own, as a full table does.  The
-walks for forked workers then take a region instance whose dict is a
-region dict over its class's table as it is (``frozen``), when that table
-was frozen before the Cluster's workers were forked (``accept``, at the
-Cluster's fork) and reads as it did then; an instance without such a dict
-gets one (``walk._own_keys``: made from its values table, or copied from a
-dict made outside the region), which is one object where a dict with keys
-of its own is three.  Walks for workers not forked still give each
-instance keys of its own.
+walks for forked workers then take a region instance whose attributes lie
+in a region values table, with no dict made yet, or whose dict is a region
+dict over its class's table, as it is (``frozen``), when that table was
+frozen before the Cluster's workers were forked (``accept``, at the
+Cluster's fork) and reads as it did then.  The check before a stage reads
+that values table (``_reads.pointer_extents``).  An instance whose dict was
+made outside the region (``vars()`` or a pickle outside a block) gets a
+region copy of it (``walk._own_keys``), one object where a dict with keys
+of its own is three.  Walks for workers not forked still give each instance
+keys of its own.
 """
 from .._native import lib
 
@@ -37,8 +39,8 @@ def accept():
 
 def frozen(o):
     """Is instance ``o``'s class's keys table frozen before the Cluster's
-    fork and reading so still, and ``o``'s dict a region dict over it (its
-    values table in the region)?"""
+    fork and reading so still, and ``o``'s values table in the region, with
+    no dict made or a region dict over that table?"""
     return bool(lib.clamor_py_frozen_instance(id(o)))
 
 

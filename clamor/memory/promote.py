@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 
 from . import classkeys, region
+from .. import errors
 from .._native import lib
 
 _CONST = (str, bytes, int, float, complex)
@@ -83,6 +84,13 @@ def slot(parent, o):
         return None
     if isinstance(parent, (tuple, frozenset, set, np.ndarray, type)):
         return None
+    if classkeys.frozen(parent) and lib.clamor_py_instance_replace(id(parent), id(o), id(o)):
+        # (no dict made, its values table holds o: that slot, not __dict__,
+        # which would make a dict outside the region)
+        def store(c):
+            if not lib.clamor_py_instance_replace(id(parent), id(o), id(c)):
+                raise errors.NotShareable(f"a {type(parent).__name__}'s attribute changed while it was brought in")
+        return store
     if classkeys.frozen(parent):
         # (CPython 3.13 visits an instance's values, kept after its body,
         # not the dict over them: its region dict, there already, holds o)
