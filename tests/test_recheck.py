@@ -19,7 +19,8 @@ DIFFERENTIAL = PRELUDE + UNION + """
 sys.path.insert(0, "tests")
 import random
 import graphgen
-from clamor.memory import walk
+import numpy as np
+from clamor.memory import readtable, walk
 
 class Rec:
     pass
@@ -71,6 +72,11 @@ for step in range(12):
             counts["compared"] += 1
             if union(reads.read.ranges) != union(full.read.ranges):
                 counts["bad"].append([trial, step, kinds, "rests on other bytes"])
+                continue
+            # and its digests are those of the bytes now (a stale one misses the next change)
+            fresh = readtable.ReadTable(reads.read.ranges, reads.read.tags)
+            if not (np.array_equal(fresh.pages, reads.read.pages) and np.array_equal(fresh.digests, reads.read.digests)):
+                counts["bad"].append([trial, step, kinds, "digests stale"])
                 continue
         else:
             counts["deferred"] += 1
