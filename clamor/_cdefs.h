@@ -240,6 +240,7 @@ enum clamor_field {
     CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
 };
 int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
+int clamor_py_instance_items(uintptr_t obj, uintptr_t out);
 struct clamor_image { uintptr_t base, lo, hi; char name[4096]; };
 size_t clamor_py_images(struct clamor_image *out, size_t max);
 size_t clamor_py_array_cache_offset(void);

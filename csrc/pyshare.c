@@ -149,18 +149,49 @@ PyObject *cl_py_instance_dict(PyObject *o) {
 
 /* The value slots of such an instance whose attributes lie in a values
  * table only, no dict made (CPython 3.11: the table at -4; 3.12: at -3,
- * tagged 1; 3.13: inline after the body, while valid), or NULL. */
+ * stored one byte below it, so odd; 3.13: inline after the body, while
+ * valid), or NULL. */
 PyObject **cl_py_instance_values(PyObject *o) {
     PyObject **pre = (PyObject **)o;
 #if PY_VERSION_HEX < 0x030C0000
     return pre[-3] ? NULL : (PyObject **)pre[-4];
 #elif PY_VERSION_HEX < 0x030D0000
-    return ((uintptr_t)pre[-3] & 1) ? (PyObject **)((uintptr_t)pre[-3] - 1) : NULL;
+    return ((uintptr_t)pre[-3] & 1) ? (PyObject **)((uintptr_t)pre[-3] + 1) : NULL;
 #else
     if (pre[-3] || !(Py_TYPE(o)->tp_flags & Py_TPFLAGS_INLINE_VALUES)) return NULL;
     const uint8_t *v = (const uint8_t *)o + Py_TYPE(o)->tp_basicsize; /* capacity, size, embedded, valid */
     return v[3] ? (PyObject **)(v + 8) : NULL;
 #endif
+}
+
+int clamor_py_instance_items(uintptr_t obj, uintptr_t out) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *o = (PyObject *)obj, *list = (PyObject *)out, **v = NULL;
+    PyTypeObject *t = Py_TYPE(o);
+    int n = -1;
+    if ((t->tp_flags & Py_TPFLAGS_HEAPTYPE) && (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) && PyList_CheckExact(list))
+        v = cl_py_instance_values(o);
+    const struct cl_dict_keys *k = v ? (const struct cl_dict_keys *)((PyHeapTypeObject *)t)->ht_cached_keys : NULL;
+    if (k && k->dk_kind == 2 /* DICT_KEYS_SPLIT */) {
+        /* (a split table's entries: a name and an unused value slot each) */
+        PyObject *const *e = (PyObject *const *)(k->dk_indices + ((size_t)1 << k->dk_log2_index_bytes));
+        Py_ssize_t m = k->dk_nentries;
+#if PY_VERSION_HEX >= 0x030D0000
+        Py_ssize_t cap = ((const uint8_t *)v)[-8]; /* (the values' header: capacity first) */
+        if (cap < m) m = cap;
+#endif
+        n = 0;
+        for (Py_ssize_t i = 0; i < m && n >= 0; i++) {
+            if (!v[i] || !e[2 * i]) continue;
+            PyObject *pair = PyTuple_Pack(2, e[2 * i], v[i]);
+            if (!pair || PyList_Append(list, pair) < 0) n = -2;
+            else n++;
+            Py_XDECREF(pair);
+        }
+        if (n == -2) PyErr_Clear();
+    }
+    PyGILState_Release(g);
+    return n;
 }
 
 // Bytes of the object's own body: its type's basic size and its items.

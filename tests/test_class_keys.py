@@ -252,7 +252,8 @@ with clamor.Cluster(workers=2, progress=None) as cl:
         objs[9].score = late[42] * 2                                # held by the instance alone: brought in
         objs[29_999].name = "last" + str(len(late) + step)
         stages.append(cl.parallelize(range(2), 2).map(lambda _: rd(keys)).collect() == [rd(keys)] * 2)
-        brought_in.append(region.contains(id(objs[9].score), 1) and region.contains(id(objs[29_999].name), 1))
+        brought_in.append(region.contains(id(objs[9].score), 1) and region.contains(id(objs[29_999].name), 1)
+                          and dictless(objs[9]) and dictless(objs[29_999]))     # (in its slot: no dict made)
         with clamor.heap():
             objs[5].score = -1.5 * (step + 1)                        # new values, in a block
             objs[6].name = "renamed" + str(step)
@@ -276,3 +277,38 @@ print(json.dumps(res))
                              [29_999, "last102", 14_999.5, None]], out
     assert out["lost"] == 0, out
     assert out["still_dictless"] == 29_999 - 12, out      # (the checks made no dict for what did not change)
+
+
+def test_a_library_cache_on_an_instance_with_no_dict_made_is_known_by_its_name():
+    # The walk names the attributes of an instance whose values lie in its
+    # values table as its dict's would be, so a library's cache (an
+    # attribute named _cache, as pandas keeps one) is known: an entry the
+    # driver put there after the fork, held elsewhere too, is dropped (the
+    # library makes it again), not shipped by value with the whole object
+    # (pandas' RangeIndex went by value so).
+    out = run_driver(CLASSES + """
+import gc, warnings
+class Idx:
+    def __init__(self, i):
+        self._cache, self.v = {}, i
+with clamor.heap():
+    objs = [Idx(i) for i in range(10)]
+class Engine:
+    pass
+with clamor.Cluster(workers=1, progress=None) as cl:
+    clamor.share(objs)
+    engine = Engine()                   # made after the fork, and held here too
+    objs[3]._cache["engine"] = engine
+    bv = clamor.memory.byvalue.counts()["objects"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = cl.parallelize(range(1), 1).map(lambda _: [(o.v, sorted(o._cache)) for o in objs]).collect()
+    res = {"by_value": clamor.memory.byvalue.counts()["objects"] - bv, "got": got[0][3],
+           "driver": sorted(objs[3]._cache), "warned": [str(w.message)[:200] for w in caught],
+           "dictless": not any(type(r) is dict and r is not objs[3]._cache for r in gc.get_referents(objs[3]))}
+print(json.dumps(res))
+""", timeout=120)
+    assert out["exit"] == 0, out
+    assert out["dictless"], out                           # (the setup: no dict made)
+    assert out["by_value"] == 0 and not out["warned"], out
+    assert out["got"] == [3, []] and out["driver"] == [], out     # the entry dropped, in the driver too

@@ -9,7 +9,8 @@ import gc
 import weakref
 
 from . import region
-from ._kinds import _HEAPTYPE, _TZINFO_AT, _WEAK_LINKS
+from .._native import lib
+from ._kinds import _HEAPTYPE, _MANAGED_DICT, _TZINFO_AT, _WEAK_LINKS
 
 
 class _Path:
@@ -87,9 +88,26 @@ def _children(o):
             yield "()", r
     # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
     # first request, outside the region, and would store its pointer in the
-    # region object.  gc referents visit the attribute values in place.
+    # region object.  gc referents visit the attribute values in place;
+    # those of an instance with no dict made are named as its dict's would
+    # be (a library's cache is known by its name).
+    named = _instance_items(o)
+    for k, v in named:
+        yield (" -> <dict>[{}]", k), v
+    given = {id(v) for _, v in named}
     for r in gc.get_referents(o):
-        yield f" -> <{type(r).__name__}>", r
+        if id(r) not in given:
+            yield f" -> <{type(r).__name__}>", r
+
+
+def _instance_items(o):
+    """[(name, value)] of an instance whose attributes lie in its values
+    table, no dict made (csrc/pyshare.c); [] for any other object."""
+    flags = type(o).__flags__
+    if not (flags & _HEAPTYPE and flags & _MANAGED_DICT):
+        return []
+    out = []
+    return out if lib.clamor_py_instance_items(id(o), id(out)) >= 0 else []
 
 
 def _weak_links(r):

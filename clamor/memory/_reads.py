@@ -65,12 +65,12 @@ def pointer_extents(o, path=None, body=True):
 def _values_table(a):
     """The region values table of the managed-dict instance at ``a`` while
     it has no dict, before CPython 3.13 (3.11: the word at -32, the dict's
-    at -24 null; 3.12: the word at -24, tagged 1), or 0."""
+    at -24 null; 3.12: the word at -24 plus one, when that is odd), or 0."""
     if sys.version_info >= (3, 13):
         return 0
     w = ctypes.c_size_t.from_address(a - 24).value
     if sys.version_info >= (3, 12):
-        v = w - 1 if w & 1 else 0
+        v = w + 1 if w & 1 else 0     # (stored one byte below the table: odd)
     else:
         v = 0 if w else ctypes.c_size_t.from_address(a - 32).value
     return v if v and region.contains(v, 1) else 0
