@@ -653,10 +653,12 @@ enum clamor_field {
     CLAMOR_FIELD_SUBARRAY, CLAMOR_FIELD_CMETA
 };
 int clamor_py_fields(uintptr_t obj, uintptr_t *out, int max);
-/* Instance obj of a class statement's type with its attributes in a values
- * table, no dict made: a (name, value) pair for each attribute set
- * appended to the list out, named by its class's keys table.  The pairs
- * appended, or -1 (it has a dict, or no such table), or -2 (no memory). */
+/* Instance obj of a class statement's type whose attributes the collector
+ * visits in a values table (no dict made; since 3.13, inline values still
+ * valid, a dict made over them or not): a (name, value) pair for each
+ * attribute set appended to the list out, named by its class's keys table.
+ * The pairs appended, or -1 (its dict is visited, or no such table), or -2
+ * (no memory). */
 int clamor_py_instance_items(uintptr_t obj, uintptr_t out);
 /* Learn how CPython frees the instances of a class statement's type (once,
  * at import): 0, or -1 (the error is printed).  Then is_class() tells a

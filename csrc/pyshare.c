@@ -169,8 +169,15 @@ int clamor_py_instance_items(uintptr_t obj, uintptr_t out) {
     PyObject *o = (PyObject *)obj, *list = (PyObject *)out, **v = NULL;
     PyTypeObject *t = Py_TYPE(o);
     int n = -1;
-    if ((t->tp_flags & Py_TPFLAGS_HEAPTYPE) && (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) && PyList_CheckExact(list))
+    if ((t->tp_flags & Py_TPFLAGS_HEAPTYPE) && (t->tp_flags & Py_TPFLAGS_MANAGED_DICT) && PyList_CheckExact(list)) {
+#if PY_VERSION_HEX >= 0x030D0000
+        /* (3.13 visits inline values while they are valid, a dict made over them or not) */
+        const uint8_t *iv = (t->tp_flags & Py_TPFLAGS_INLINE_VALUES) ? (const uint8_t *)o + t->tp_basicsize : NULL;
+        v = iv && iv[3] ? (PyObject **)(iv + 8) : NULL;
+#else
         v = cl_py_instance_values(o);
+#endif
+    }
     const struct cl_dict_keys *k = v ? (const struct cl_dict_keys *)((PyHeapTypeObject *)t)->ht_cached_keys : NULL;
     if (k && k->dk_kind == 2 /* DICT_KEYS_SPLIT */) {
         /* (a split table's entries: a name and an unused value slot each) */

@@ -4,6 +4,7 @@ with a region dict over their class's table, not a table of their own;
 names set after the fork, dicts made outside a block, classes made after
 the fork and workers not forked still read as the driver reads."""
 import json
+import sys
 
 from helpers import PRELUDE, run_driver
 
@@ -46,7 +47,9 @@ with clamor.Cluster(workers=2, progress=None) as cl:
 print(json.dumps(res))
 """, timeout=240)
     assert out["exit"] == 0, out
-    assert out["conversions"] == 0, out           # taken as they lie (a table of their own: three objects each)
+    # taken as they lie (3.13, whose values lie inline: a dict made over them, one object each; a table of
+    # their own is three)
+    assert out["conversions"] == (0 if sys.version_info < (3, 13) else 20_000), out
     assert out["kept"] == [True, True] and out["own_tables"] == 0, out
     assert out["first"] and out["changed"], out
     assert out["extra"] == [7, "n7", 3.5, ["extra", "i", "name", "score"]], out
@@ -230,9 +233,10 @@ def test_instances_whose_attributes_lie_in_their_values_tables_are_shared_with_n
     # at its address when the check missed it), values changed in a block,
     # a name first set after the fork (a dict made outside the region).
     out = run_driver(CLASSES + """
-import gc
-def dictless(o):
-    return not any(type(r) is dict for r in gc.get_referents(o))
+import ctypes
+def dictless(o):        # (the managed dict's word: null, or in 3.12 a values table's, which is odd)
+    w = ctypes.c_size_t.from_address(id(o) - 24).value
+    return w == 0 or w & 1 == 1
 def rd(keys):
     return [(o.i, o.name, o.score, getattr(o, "extra", None)) for o in (objs[k] for k in keys)]
 with clamor.heap():
@@ -263,20 +267,26 @@ with clamor.Cluster(workers=2, progress=None) as cl:
         objs[11].extra = "extra" + str(len(late) + 1)               # and in a block
     stages.append(cl.parallelize(range(2), 2).map(lambda _: rd(keys)).collect() == [rd(keys)] * 2)
     res["stages"], res["brought_in"] = stages, brought_in
+    res["brought_in_anyhow"] = region.contains(id(objs[9].score), 1) and region.contains(id(objs[29_999].name), 1)
     res["driver"] = rd([5, 6, 9, 10, 11, 29_999])
     res["still_dictless"] = sum(map(dictless, objs[12:29_999]))
     res["lost"] = cl.stats()["recovery"]["workers_lost"]
 print(json.dumps(res))
 """, timeout=240)
     assert out["exit"] == 0, out
-    assert out["conversions"] == 0, out
-    assert out["dictless"] == 30_000 and out["frozen"] == 30_000, out
-    assert out["stages"] == [True] * 8 and out["brought_in"] == [True] * 3, out
+    if sys.version_info < (3, 13):
+        assert out["conversions"] == 0, out
+        assert out["dictless"] == 30_000 and out["frozen"] == 30_000, out
+        assert out["brought_in"] == [True] * 3, out
+    else:       # (3.13's inline values: each instance gets a region dict over them, as before)
+        assert out["conversions"] == 30_000 and out["dictless"] == 0 and out["frozen"] == 30_000, out
+    assert out["stages"] == [True] * 8 and out["brought_in_anyhow"], out
     assert out["driver"] == [[5, "n5", -4.5, None], [6, "renamed2", 3.0, None], [9, "n9", 88.0, None],
                              [10, "n10", 5.0, "extra100"], [11, "n11", 5.5, "extra101"],
                              [29_999, "last102", 14_999.5, None]], out
     assert out["lost"] == 0, out
-    assert out["still_dictless"] == 29_999 - 12, out      # (the checks made no dict for what did not change)
+    if sys.version_info < (3, 13):
+        assert out["still_dictless"] == 29_999 - 12, out      # (the checks made no dict for what did not change)
 
 
 def test_a_library_cache_on_an_instance_with_no_dict_made_is_known_by_its_name():
@@ -287,7 +297,7 @@ def test_a_library_cache_on_an_instance_with_no_dict_made_is_known_by_its_name()
     # library makes it again), not shipped by value with the whole object
     # (pandas' RangeIndex went by value so).
     out = run_driver(CLASSES + """
-import gc, warnings
+import ctypes, warnings
 class Idx:
     def __init__(self, i):
         self._cache, self.v = {}, i
@@ -305,10 +315,12 @@ with clamor.Cluster(workers=1, progress=None) as cl:
         got = cl.parallelize(range(1), 1).map(lambda _: [(o.v, sorted(o._cache)) for o in objs]).collect()
     res = {"by_value": clamor.memory.byvalue.counts()["objects"] - bv, "got": got[0][3],
            "driver": sorted(objs[3]._cache), "warned": [str(w.message)[:200] for w in caught],
-           "dictless": not any(type(r) is dict and r is not objs[3]._cache for r in gc.get_referents(objs[3]))}
+           "dictless": ctypes.c_size_t.from_address(id(objs[3]) - 24).value in (0,) or
+                       ctypes.c_size_t.from_address(id(objs[3]) - 24).value & 1 == 1}
 print(json.dumps(res))
 """, timeout=120)
     assert out["exit"] == 0, out
-    assert out["dictless"], out                           # (the setup: no dict made)
+    # (the setup: no dict made; 3.13 makes one over the inline values, which the collector visits still)
+    assert out["dictless"] == (sys.version_info < (3, 13)), out
     assert out["by_value"] == 0 and not out["warned"], out
     assert out["got"] == [3, []] and out["driver"] == [], out     # the entry dropped, in the driver too

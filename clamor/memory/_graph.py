@@ -89,8 +89,8 @@ def _children(o):
     # Not getattr(o, "__dict__"): CPython 3.11+ makes an instance's dict on
     # first request, outside the region, and would store its pointer in the
     # region object.  gc referents visit the attribute values in place;
-    # those of an instance with no dict made are named as its dict's would
-    # be (a library's cache is known by its name).
+    # those it visits in an instance's values table are named as its dict's
+    # would be (a library's cache is known by its name).
     named = _instance_items(o)
     for k, v in named:
         yield (" -> <dict>[{}]", k), v
@@ -101,8 +101,9 @@ def _children(o):
 
 
 def _instance_items(o):
-    """[(name, value)] of an instance whose attributes lie in its values
-    table, no dict made (csrc/pyshare.c); [] for any other object."""
+    """[(name, value)] of an instance whose attribute values the collector
+    visits in its values table, not through a dict (csrc/pyshare.c); []
+    for any other object."""
     flags = type(o).__flags__
     if not (flags & _HEAPTYPE and flags & _MANAGED_DICT):
         return []
