@@ -18,9 +18,10 @@
  * after that has the table as the driver will always have it.  The walks
  * for forked workers (pywalk.c, walk._visit_inside) then take a region
  * instance whose attributes are still in its region values table only (no
- * dict made: the check reads the table, pyextents.c), or whose dict is a
- * region dict over that table (a split dict: its values table in the
- * region, its keys the class's), as it is, when the table was frozen at or
+ * dict made: the check reads the table, pyextents.c; before 3.13, whose
+ * values lie inline), or whose dict is a region dict over that table (a
+ * split dict: its values table in the region, its keys the class's), as
+ * it is, when the table was frozen at or
  * before the fork of the Cluster's workers (clamor_py_frozen_accept) and
  * still reads as it did then.  One whose dict was made outside the region
  * (vars() or a pickle outside a block) gets a region copy of it

@@ -8,8 +8,9 @@ fork.  ``freeze()`` (before each fork: ``hooks.prepare_fork``) stops
 CPython appending to every class's table that names something; a name set
 later gives that instance a table of its own, as a full table does.  The
 walks for forked workers then take a region instance whose attributes lie
-in a region values table, with no dict made yet, or whose dict is a region
-dict over its class's table, as it is (``frozen``), when that table was
+in a region values table, with no dict made yet (before CPython 3.13), or
+whose dict is a region dict over its class's table, as it is
+(``frozen``), when that table was
 frozen before the Cluster's workers were forked (``accept``, at the
 Cluster's fork) and reads as it did then.  The check before a stage reads
 that values table (``_reads.pointer_extents``).  An instance whose dict was
