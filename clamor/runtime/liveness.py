@@ -271,11 +271,24 @@ def shares_pids(peer):
     return mine is not None and peer == mine
 
 
-def pid_alive(pid):
+def exit_state(pid):
+    """None while process ``pid`` runs; "process exited" once it has exited
+    and is not reaped yet (a zombie), "process gone" once there is none.
+    A child of this process costs one waitid() that reaps nothing (a stage
+    begins with this check of every local worker); another, psutil's read
+    of /proc."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return None if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None else "process exited"
+    except ChildProcessError:
+        pass    # (not this process's child, or reaped already)
+    try:
+        return "process exited" if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE else None
     except psutil.NoSuchProcess:
-        return False
+        return "process gone"
+
+
+def pid_alive(pid):
+    return exit_state(pid) is None
 
 
 def heartbeats(sock):

@@ -22,7 +22,6 @@ import signal
 import time
 
 import numpy as np
-import psutil
 import zmq
 
 from .. import errors
@@ -32,7 +31,7 @@ from ..memory.hooks import prepare_fork, prepare_next_fork
 from . import code, liveness
 from .driver import heartbeat_interval, read_join, read_leave, welcome
 from .executor import worker_main
-from .liveness import pid_alive, shares_pids
+from .liveness import exit_state, pid_alive, shares_pids
 
 log = logging.getLogger("clamor")
 
@@ -282,12 +281,7 @@ class WorkerPool:
         now = time.monotonic()
         silent = dict(self.heard.silent(self.opts.heartbeat_timeout, now))
         for wid, rec in list(self.workers.items()):
-            reason = None
-            try:
-                if not rec.far and psutil.Process(rec.pid).status() == psutil.STATUS_ZOMBIE:
-                    reason = "process exited"
-            except psutil.NoSuchProcess:
-                reason = "process gone"
+            reason = None if rec.far else exit_state(rec.pid)
             if reason is None and rec.far and not self.connected(wid):
                 reason = "its connection closed"
             if reason is None and wid in silent:
@@ -305,11 +299,7 @@ class WorkerPool:
                                 "again", wid.decode(), now - self.welcomed_at.pop(wid))
                 continue
             pid = self.pid_of[wid]
-            try:
-                dead = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                dead = True
-            if dead:
+            if exit_state(pid) is not None:
                 self.expected.discard(wid)
                 self.totals["workers_lost"] += 1
                 self.start_failures += 1
