@@ -22,7 +22,7 @@ class ReadTable:
     range, the entry it was reached through (-1: the root's own).  About
     16 bytes a range (20 tagged) and 32 a page."""
 
-    __slots__ = ("ranges", "pages", "starts", "digests", "tags", "_own")
+    __slots__ = ("ranges", "pages", "starts", "digests", "tags")
 
     def __init__(self, ranges, tags=None):
         page = _page_of(ranges)
@@ -32,13 +32,6 @@ class ReadTable:
         self.pages, first = np.unique(page[order], return_index=True)
         self.starts = np.append(first, len(order)).astype(np.uint64)
         self.digests = self._digests(np.arange(len(self.pages), dtype=np.uint64))
-        self._own = None
-
-    def own_ranges(self):
-        """The ranges tagged -1 (the root's own bytes), in table order."""
-        if self._own is None:
-            self._own = self.ranges[self.tags < 0]
-        return self._own
 
     def __len__(self):
         return len(self.pages)
@@ -73,18 +66,10 @@ class ReadTable:
         ``ranges`` (tagged ``tags``); the pages in ``touched`` (ascending)
         and those ranges come and go on are digested again, the others'
         digests kept.  (A few ranges replaced in millions cost a copy, not
-        a sort; entries walked again that read the ranges they read before,
-        the usual change of a value, cost the digests of their pages.)"""
+        a sort.)"""
+        page = _page_of(self.ranges)
         gone = np.flatnonzero(np.isin(self.tags, drop))
         new_p = _page_of(ranges)
-        if _same_rows(self.ranges[gone], self.tags[gone], ranges, tags):
-            t = ReadTable.__new__(ReadTable)
-            t.ranges, t.tags, t.pages, t.starts, t._own = self.ranges, self.tags, self.pages, self.starts, self._own
-            t.digests = self.digests.copy()
-            redo = self._index(np.unique(np.concatenate([touched.astype(np.uint64), new_p])))
-            t.digests[redo] = t._digests(redo.astype(np.uint64))
-            return t
-        page = _page_of(self.ranges)
         order = np.argsort(new_p, kind="stable")
         ranges, tags, new_p = ranges[order], tags[order], new_p[order]
         keep = np.ones(len(page), bool)
@@ -95,7 +80,7 @@ class ReadTable:
         g = np.insert(self.tags[keep], at, tags)
         pg = np.insert(page[keep], at, new_p)
         t = ReadTable.__new__(ReadTable)
-        t.ranges, t.tags, t._own = np.ascontiguousarray(r), np.ascontiguousarray(g), None
+        t.ranges, t.tags = np.ascontiguousarray(r), np.ascontiguousarray(g)
         first = np.flatnonzero(np.r_[True, pg[1:] != pg[:-1]]) if len(pg) else np.zeros(0, np.int64)
         t.pages = pg[first]
         t.starts = np.append(first, len(pg)).astype(np.uint64)
@@ -123,15 +108,6 @@ class ReadTable:
         """Does a page of ``pages`` (ascending unique uint64) read otherwise
         now where the walk read it?"""
         return bool(len(self.changed_pages(pages)))
-
-
-def _same_rows(ranges, tags, new_ranges, new_tags):
-    """Are the rows (start, length, tag) of the two the same, in any order?"""
-    if len(ranges) != len(new_ranges):
-        return False
-    a = np.lexsort((ranges[:, 1], ranges[:, 0], tags))
-    b = np.lexsort((new_ranges[:, 1], new_ranges[:, 0], new_tags))
-    return bool(np.array_equal(ranges[a], new_ranges[b]) and np.array_equal(tags[a], new_tags[b]))
 
 
 def _as_items(ranges):
