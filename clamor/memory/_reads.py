@@ -43,8 +43,8 @@ def pointer_extents(o, path=None, body=True):
             if flags & _INLINE_VALUES:     # (3.13: the values after the body, a header and a slot a name)
                 v = a + t.__basicsize__
                 out.append((v, 8 * (1 + ctypes.c_uint8.from_address(v).value), False, path, "inline values"))
-            elif _values_table(a):      # (before 3.13, no dict made: the values table, its prefix bytes)
-                lo, n = _block(_values_table(a))
+            elif (v := _values_table(a)):      # (before 3.13, no dict made: the values table, its prefix bytes)
+                lo, n = _block(v)
                 out.append((lo, n, False, path, "values table"))
     for code, addr in _pyshare.fields(o):
         if code in (lib.CLAMOR_FIELD_ITEMS, lib.CLAMOR_FIELD_KEYS, lib.CLAMOR_FIELD_VALUES,
