@@ -249,6 +249,17 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
                        size_t nt, const uintptr_t *priv, size_t npriv, uintptr_t *at, uint32_t *id, size_t max,
                        size_t *done);
 int clamor_py_sort_words(const uint64_t *addrs, size_t n, uint32_t *order);
+struct clamor_relist {
+    uint64_t *addrs; uint32_t *tids; int32_t *tags; size_t n;
+    uint64_t *bad; size_t nbad;
+    struct clamor_reloc *entries; uint64_t *pages; uint64_t *ends; size_t npages;
+};
+int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
+                          const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
+                          const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
+                          int want_entries, struct clamor_relist *out);
+void clamor_py_relist_free(struct clamor_relist *l);
+void clamor_py_buffer_free(void *p);
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
                         uintptr_t at_out, uintptr_t id_out, uintptr_t which_out);

@@ -871,6 +871,36 @@ int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, co
                         const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
                         uintptr_t at_out, uintptr_t id_out, uintptr_t which_out);
 
+/* ---- pyrelist.c: a portable walk's relocation words ------------------------ */
+
+/* What clamor_py_reloc_words hands back, every array malloc'd (freed with
+ * clamor_py_buffer_free, or all at once with clamor_py_relist_free). */
+struct clamor_relist {
+    uint64_t *addrs;  /* the words to relocate, sorted, each once */
+    uint32_t *tids;   /* each one's target (0: null) */
+    int32_t *tags;    /* the tag of its extent or null word */
+    size_t n;
+    uint64_t *bad;    /* words of strict extents into private memory, no null word, in order */
+    size_t nbad;
+    struct clamor_reloc *entries; /* with want_entries: addrs as relocation entries, values read now */
+    uint64_t *pages;  /* the pages they lie in, ascending, and where each one's entries end */
+    uint64_t *ends;
+    size_t npages;
+};
+/* The words of the n extents ext[2i], ext[2i+1] (strict[i], tags[i] or
+ * NULL) that point at one of the nt targets, and the nnulls null words
+ * (null_tags[j] or NULL), sorted by address, each once (a null word first,
+ * then the first extent's); the words of strict extents into one of the
+ * npriv private ranges that are no null word go to bad.  0, ENOMEM,
+ * E2BIG (more words than its packed keys number) or EINVAL (a word
+ * outside the region): the caller's reference decides those. */
+int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
+                          const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
+                          const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
+                          int want_entries, struct clamor_relist *out);
+void clamor_py_relist_free(struct clamor_relist *l);
+void clamor_py_buffer_free(void *p);
+
 /* ---- stats.c: counters and the latency histogram ------------------------ */
 
 /* The counters of struct clamor_stats (CLAMOR_STATS in clamor.h), as relaxed

@@ -114,7 +114,7 @@ size_t clamor_py_match(uintptr_t lo, size_t len, const uintptr_t *tlo, const uin
             }
         }
     }
-    *done = p >= end ? len : p - lo;
+    *done = p + 8 > end ? len : p - lo; /* (a tail shorter than a word: scanned) */
     return n;
 }
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,

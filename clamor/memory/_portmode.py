@@ -29,6 +29,7 @@ class _Mode:
         self.t = targets
         self.extents = []       # (lo, length, strict, path, what)
         self.null_words = []    # addresses of words a worker reads as null
+        self.null_tags = None   # int32 a null word, a tagged walk's in C
         self.seeded = None      # path of a dict or set whose keys hash by the seed
         self.root = None        # what the walk started from, for messages
         self.blocks_seen = set()
@@ -40,6 +41,7 @@ class _Mode:
         self.c_strict = None    # uint8 a range: bit 0 strict, _TYPE_WORD an atom's type word
         self.tags = None        # int32 a range, a tagged walk's
         self.found = None       # (addresses, targets, tags or None), sorted by address
+        self.by_page = None     # {page: its entries} of found, read when found, or None
         self.shared = False
 
     def restart(self):
@@ -47,7 +49,7 @@ class _Mode:
         brought into the region)."""
         self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
         self.objects = 0
-        self.c_extents = self.found = self.tags = None
+        self.c_extents = self.found = self.tags = self.by_page = None
         self.shared = False
 
     def c_walk(self, obj, limit, dirty=None):
@@ -95,10 +97,11 @@ class _Mode:
         nulls = np.frombuffer(out["nulls"], dtype=np.uint64)
         tags = np.frombuffer(out["tags"], dtype=np.int32) if tagged else None
         null_tags = np.frombuffer(out["null_tags"], dtype=np.int32) if tagged else None
-        found, bad = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
+        found, bad, by_page = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
         self.c_extents, self.c_strict, self.tags, self.found, self.shared = ext, strict, tags, found, bool(shared[0])
+        self.by_page, self.null_words, self.null_tags = by_page, nulls, null_tags
         self.objects += int(visited[0])
         if seeded[0] and self.seeded is None:
             self.seeded = f"a dict or set reached from {self.root or 'the object'}"

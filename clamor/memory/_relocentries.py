@@ -3,6 +3,8 @@ that point at a target (``_match``), and those words as each page's list
 of entries, sorted by word (``_entries``, ``_by_page``; see
 ``clamor.memory.portable``).
 """
+import errno
+
 import numpy as np
 
 from . import _pyshare, region
@@ -29,9 +31,60 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
     """The words of the extents ``ext`` ((n, 2) start, length) that point at
     a target, and the ``nulls`` (read as null by a worker): ((addresses,
     targets, tags) sorted by address, the first number found for a word
-    kept, each word tagged as its extent or null word is, if ``tags``), and
-    the words of strict extents that point into private memory and are no
-    null word (``bad``, in the extents' order)."""
+    kept, each word tagged as its extent or null word is, if ``tags``), the
+    words of strict extents that point into private memory and are no
+    null word (``bad``, in the extents' order), and their pages' entries
+    ({page: entries}, ``_by_page``'s, or None).  In one call of C
+    (csrc/pyrelist.c); ``_match_reference`` is its reference."""
+    tlo, thi, tid, nt = t.ranges()
+    if amap is None:
+        amap = _pyshare.AddressMap()
+    ext = np.ascontiguousarray(ext, dtype=np.uint64).reshape(-1, 2)
+    strict = np.ascontiguousarray(strict, dtype=np.uint8)
+    nulls = np.ascontiguousarray(nulls, dtype=np.uint64)
+    tagged = tags is not None
+    if tagged:
+        tags = np.ascontiguousarray(tags, dtype=np.int32)
+        null_tags = np.ascontiguousarray(null_tags, dtype=np.int32)
+    out = ffi.new("struct clamor_relist *")
+    rc = lib.clamor_py_reloc_words(
+        ffi.cast("const uint64_t *", ext.ctypes.data), ffi.cast("const uint8_t *", strict.ctypes.data),
+        ffi.cast("const int32_t *", tags.ctypes.data) if tagged else ffi.NULL, len(ext),
+        ffi.cast("const uint64_t *", nulls.ctypes.data),
+        ffi.cast("const int32_t *", null_tags.ctypes.data) if tagged else ffi.NULL, len(nulls),
+        tlo, thi, tid, nt, amap.private, amap.nprivate, 1, out)
+    if rc in (errno.E2BIG, errno.EINVAL):     # (words beyond its packed keys, or outside the region)
+        found, bad = _match_reference(ext, strict, nulls, t, amap, tags, null_tags)
+        return found, bad, None
+    if rc:
+        raise MemoryError("no memory to list the relocations")
+    n = out.n
+    addrs = _owned(out.addrs, n, np.uint64)
+    tids = _owned(out.tids, n, np.uint32)
+    word_tags = _owned(out.tags, n, np.int32)
+    bad = _owned(out.bad, out.nbad, np.uint64)
+    entries = _owned(out.entries, n * _ENTRY.itemsize, np.uint8)
+    pages = _owned(out.pages, out.npages, np.uint64).tolist()
+    ends = _owned(out.ends, out.npages, np.uint64).tolist()
+    view, at, by_page = memoryview(entries), 0, {}
+    for page, end in zip(pages, ends):
+        by_page[page] = view[at * _ENTRY.itemsize:end * _ENTRY.itemsize]
+        at = end
+    return (addrs, tids, word_tags if tagged else None), bad, by_page
+
+
+def _owned(ptr, n, dtype):
+    """A numpy view of ``n`` items at ``ptr``, malloc'd by C, freed with
+    the view's last reference."""
+    if not n or ptr == ffi.NULL:
+        return np.zeros(0, dtype)
+    size = n * np.dtype(dtype).itemsize
+    return np.frombuffer(ffi.buffer(ffi.gc(ptr, lib.clamor_py_buffer_free, size=size), size), dtype=dtype)
+
+
+def _match_reference(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
+    """``_match``'s reference, in numpy over clamor_py_match_all: (found,
+    bad) as ``_match`` gives them."""
     tlo, thi, tid, nt = t.ranges()
     if amap is None:
         amap = _pyshare.AddressMap()
@@ -80,7 +133,7 @@ def _entries(mode, t, amap=None):
     if mode.found is None:
         ext = np.array([(lo, n) for lo, n, *_ in mode.extents], dtype=np.uint64).reshape(-1, 2)
         strict = np.array([s for _, _, s, *_ in mode.extents], dtype=np.uint8)
-        mode.found, bad = _match(ext, strict, mode.null_words, t, amap or mode.amap)
+        mode.found, bad, mode.by_page = _match(ext, strict, mode.null_words, t, amap or mode.amap)
         if len(bad):
             a = int(bad[0])
             lo, n, _, path, what = next(e for e in mode.extents if e[2] and e[0] <= a < e[0] + e[1])
@@ -89,6 +142,8 @@ def _entries(mode, t, amap=None):
                                f"this process's private memory outside the region, which a worker not "
                                f"forked from the driver cannot follow (a weak reference, a cached "
                                f"buffer, memory a library allocated outside clamor.heap())")
+    if mode.by_page is not None:
+        return mode.by_page
     return _by_page(*mode.found[:2])
 
 

@@ -1,0 +1,218 @@
+/* pyrelist.c -- a portable walk's relocation words, found, sorted and
+ * grouped by page in one pass of C (clamor/memory/_relocentries.py).
+ *
+ * Built only into the Python extension (CLAMOR_WITH_PYTHON).  The walk
+ * (pywalk.c) gives extents to read, each with a strictness byte and the
+ * root's entry it was reached through, and the words a worker reads as
+ * null.  What a page's relocation list needs of them is:
+ *
+ *   - every word of the extents that points at a target (the binary search
+ *     of pyreloc.c's clamor_py_match, with the last target hit tried first:
+ *     most words are type words of a few types), with its target;
+ *   - the null words, target 0;
+ *   - those, sorted by address, each address once: a null word first, then
+ *     the first extent's (the order of portable._match's reference);
+ *   - the words of strict extents that point into private memory and are
+ *     no null word (a refusal: "bad"), in the extents' order.
+ *
+ * The sort packs (word's offset from the lowest word, in words) << 32 |
+ * (its place in that order) into one 64-bit key and sorts the keys by
+ * their upper half, 11 bits a pass (a stable LSD radix sort), so equal
+ * addresses keep their first order and the first one is kept.  With
+ * want_entries, the sorted words also come as the relocation entries of
+ * their pages (struct clamor_reloc, the word's value read now), with each
+ * page's number and end: the lists clamor_reloc_set takes.
+ *
+ * Every array handed back is malloc'd: clamor_py_buffer_free frees it
+ * (Python's owner of the numpy view over it).  No Python object is
+ * touched and the GIL is not needed: cffi releases it for the call, so the
+ * cluster's heartbeats go on through it.
+ */
+#ifdef CLAMOR_WITH_PYTHON
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+void clamor_py_buffer_free(void *p) { free(p); }
+
+/* The target range holding w, or -1; *last: the one hit before. */
+static inline long find_target(uintptr_t w, const uintptr_t *lo, const uintptr_t *hi, size_t n, long *last) {
+    long k = *last;
+    if (k >= 0 && w >= lo[k] && w < hi[k]) return k;
+    size_t a = 0, b = n;
+    while (a < b) {
+        size_t m = (a + b) / 2;
+        if (w < lo[m]) b = m;
+        else if (w >= hi[m]) a = m + 1;
+        else return *last = (long)m;
+    }
+    return -1;
+}
+
+static int cmp_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Sort keys[0..n) by key >> seq_bits (each lo or more, at most lo + span),
+ * stably: LSD, 11 bits a pass, as many passes as span needs.  0, or -1
+ * out of memory. */
+static int sort_keys(uint64_t *keys, size_t n, unsigned seq_bits, uint64_t lo, uint64_t span) {
+    uint64_t *tmp = malloc(n * sizeof *tmp);
+    size_t *count = malloc(2049 * sizeof *count);
+    if (!tmp || !count) {
+        free(tmp);
+        free(count);
+        return -1;
+    }
+    uint64_t *src = keys, *dst = tmp;
+    for (unsigned shift = 0; shift == 0 || (shift < 64 && (span >> shift)); shift += 11) {
+        memset(count, 0, 2049 * sizeof *count);
+        for (size_t i = 0; i < n; i++) count[((((src[i] >> seq_bits) - lo) >> shift) & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
+        for (size_t i = 0; i < n; i++) dst[count[(((src[i] >> seq_bits) - lo) >> shift) & 2047]++] = src[i];
+        uint64_t *s = src;
+        src = dst;
+        dst = s;
+    }
+    if (src != keys) memcpy(keys, src, n * sizeof *keys);
+    free(tmp);
+    free(count);
+    return 0;
+}
+
+int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
+                          const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
+                          const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
+                          int want_entries, struct clamor_relist *out) {
+    memset(out, 0, sizeof *out);
+    /* Keys (word's offset from the region's base, in words) << seq_bits |
+     * (its place: the null words first, then each extent's in order), and
+     * each place's target and tag.  Sized for every word the extents hold
+     * (memory never touched costs nothing): no copy as they grow. */
+    unsigned wbits = 1;
+    while (wbits < 64 && (cl_region.size >> 3) >> wbits) wbits++;
+    unsigned seq_bits = 64 - wbits;
+    size_t cap = nnulls, nbad = 0, m = 0;
+    for (size_t i = 0; i < n; i++) cap += ext[2 * i + 1] / 8 + 1;
+    if (seq_bits < 20 || (seq_bits < 64 && cap >> seq_bits)) return E2BIG; /* (the caller's reference sorts) */
+    uint64_t *keys = malloc((cap ? cap : 1) * sizeof *keys), *bad = NULL, *sorted_nulls = NULL;
+    uint32_t *t = malloc((cap ? cap : 1) * sizeof *t);
+    int32_t *g = tags ? malloc((cap ? cap : 1) * sizeof *g) : NULL;
+    int rc = ENOMEM;
+    if (!keys || !t || (tags && !g)) goto done;
+    for (size_t j = 0; j < nnulls; j++, m++) {
+        if (!cl_in_region_span(nulls[j], 8)) {
+            rc = EINVAL;
+            goto done;
+        }
+        keys[m] = ((nulls[j] - cl_region.base) >> 3) << seq_bits | m;
+        t[m] = 0;
+        if (g) g[m] = null_tags[j];
+    }
+    uintptr_t tmin = nt ? tlo[0] : 1, tmax = nt ? thi[nt - 1] : 0;
+    long last = -1;
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t p = (ext[2 * i] + 7) & ~(uintptr_t)7, end = ext[2 * i] + ext[2 * i + 1];
+        if (p < end && !cl_in_region_span(p, end - p)) {
+            rc = EINVAL;
+            goto done;
+        }
+        for (; p + 8 <= end; p += 8) {
+            uintptr_t w = *(const uintptr_t *)p;
+            if (w < 4096 || cl_in_region(w)) continue;
+            long k = w >= tmin && w < tmax ? find_target(w, tlo, thi, nt, &last) : -1;
+            if (k >= 0) {
+                keys[m] = ((p - cl_region.base) >> 3) << seq_bits | m;
+                t[m] = tid[k];
+                if (g) g[m] = tags[i];
+                m++;
+            } else if (strict[i] && npriv && cl_in_ranges(w, priv, npriv)) {
+                if (!bad && !(bad = malloc(cap * sizeof *bad))) goto done;
+                bad[nbad++] = p;
+            }
+        }
+    }
+    /* a word into private memory is no refusal if a worker reads it null */
+    if (nbad) {
+        sorted_nulls = malloc((nnulls ? nnulls : 1) * sizeof *sorted_nulls);
+        if (!sorted_nulls) goto done;
+        if (nnulls) memcpy(sorted_nulls, nulls, nnulls * sizeof *nulls);
+        qsort(sorted_nulls, nnulls, sizeof *sorted_nulls, cmp_u64);
+        for (size_t i = 0; i < nbad; i++)
+            if (!cl_sorted_has(sorted_nulls, nnulls, bad[i])) bad[out->nbad++] = bad[i];
+        if (out->nbad) {
+            out->bad = bad;
+            bad = NULL;
+        }
+    }
+    if (m) {
+        uint64_t lo = keys[0] >> seq_bits, hi = lo;
+        for (size_t i = 1; i < m; i++) {
+            uint64_t w = keys[i] >> seq_bits;
+            if (w < lo) lo = w;
+            if (w > hi) hi = w;
+        }
+        if (sort_keys(keys, m, seq_bits, lo, hi - lo) < 0) goto done;
+        uint64_t seq_mask = seq_bits < 64 ? ((uint64_t)1 << seq_bits) - 1 : ~(uint64_t)0;
+        size_t u = 0; /* unique words, the first of each kept; then keys become the addresses, in place */
+        out->tids = malloc(m * sizeof *out->tids);
+        out->tags = g ? malloc(m * sizeof *out->tags) : NULL;
+        if (!out->tids || (g && !out->tags)) goto done;
+        for (size_t i = 0; i < m; i++) {
+            uint64_t w = keys[i] >> seq_bits;
+            if (u && w == (keys[u - 1] - cl_region.base) >> 3) continue;
+            size_t at = (size_t)(keys[i] & seq_mask);
+            out->tids[u] = t[at];
+            if (g) out->tags[u] = g[at];
+            keys[u++] = cl_region.base + (w << 3);
+        }
+        out->addrs = keys;
+        keys = NULL;
+        out->n = u;
+    }
+    if (want_entries && out->n) {
+        size_t npages = 1;
+        for (size_t i = 1; i < out->n; i++) npages += cl_page_of(out->addrs[i]) != cl_page_of(out->addrs[i - 1]);
+        out->entries = malloc(out->n * sizeof *out->entries);
+        out->pages = malloc(npages * sizeof *out->pages);
+        out->ends = malloc(npages * sizeof *out->ends);
+        if (!out->entries || !out->pages || !out->ends) goto done;
+        uint64_t wmask = (cl_region.page_size - 1) >> 3;
+        for (size_t i = 0; i < out->n; i++) {
+            uint64_t page = cl_page_of(out->addrs[i]);
+            if (!out->npages || out->pages[out->npages - 1] != page) {
+                if (out->npages) out->ends[out->npages - 1] = i;
+                out->pages[out->npages++] = page;
+            }
+            struct clamor_reloc *e = &out->entries[i];
+            e->word = (uint32_t)(((out->addrs[i] - cl_region.base) >> 3) & wmask);
+            e->target = out->tids[i];
+            e->value = *(const uint64_t *)out->addrs[i];
+        }
+        out->ends[out->npages - 1] = out->n;
+    }
+    rc = 0;
+done:
+    free(keys);
+    free(t);
+    free(g);
+    free(bad);
+    free(sorted_nulls);
+    if (rc) clamor_py_relist_free(out);
+    return rc;
+}
+
+void clamor_py_relist_free(struct clamor_relist *l) {
+    free(l->addrs);
+    free(l->tids);
+    free(l->tags);
+    free(l->bad);
+    free(l->entries);
+    free(l->pages);
+    free(l->ends);
+    memset(l, 0, sizeof *l);
+}
+#endif /* CLAMOR_WITH_PYTHON */

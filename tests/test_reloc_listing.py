@@ -1,0 +1,79 @@
+"""The relocation words of a portable walk listed in one call of C
+(csrc/pyrelist.c, ``_relocentries._match``) against their numpy reference
+(``_relocentries._match_reference``), on random words.
+
+A region array's words are drawn as data, pointers at targets (static
+types and singletons in libpython), pointers into private memory (objects
+made outside the region), pointers into the region and null; extents over
+them overlap at random, each strict or not and tagged; null words are drawn
+among the same words, some of them the private pointers (which are then no
+refusal).  Both sides must give the same words, targets and tags, the same
+refusals in the same order, and the same entries on every page.
+"""
+from helpers import PRELUDE, run_driver
+
+DIFFERENTIAL = PRELUDE + """
+import random
+from clamor.memory import _relocentries, portable
+
+r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+t = portable.driver().targets
+t.refresh_images()
+private = [[i] for i in range(64)]                  # (made outside the region: private memory)
+TARGETS = [id(int), id(str), id(tuple), id(type(None)), id(None), id(True), id(dict)]
+with clamor.heap():
+    words = np.zeros(400_000, dtype=np.uint64)       # 3 MiB of region words, over many pages
+    inner = [float(i) for i in range(100)]
+base = words.ctypes.data
+
+def draw():
+    k = r.random()
+    if k < 0.35:
+        return r.randrange(0, 2**40)                 # data
+    if k < 0.65:
+        return r.choice(TARGETS) + 8 * r.randrange(0, 2)
+    if k < 0.75:
+        return id(r.choice(private))
+    if k < 0.85:
+        return id(r.choice(inner))                   # into the region: not listed
+    return 0
+
+counts = {"cases": 0, "words": 0, "bad": 0, "pages": 0, "differ": []}
+for case in range(60):
+    n = r.choice([1, 10, 200, 5000, 40_000])
+    lo = r.randrange(0, len(words) - n)
+    words[lo:lo + n] = [draw() for _ in range(n)]
+    ext, strict, tags = [], [], []
+    for _ in range(r.randrange(1, 60)):
+        a = lo + r.randrange(0, n)
+        length = min(r.randrange(1, 400), lo + n - a)
+        ext.append((base + 8 * a + r.choice([0, 0, 0, 3]), 8 * length))     # (some start unaligned)
+        strict.append(r.choice([0, 1, 3]))
+        tags.append(r.randrange(-1, 50))
+    nulls = sorted({base + 8 * (lo + r.randrange(0, n)) for _ in range(r.randrange(0, 40))})
+    null_tags = [r.randrange(-1, 50) for _ in nulls]
+    ext = np.array(ext, dtype=np.uint64).reshape(-1, 2)
+    strict = np.array(strict, dtype=np.uint8)
+    for tagged in (False, True):
+        tg, ntg = (np.array(tags, np.int32), np.array(null_tags, np.int32)) if tagged else (None, None)
+        got, bad, pages = _relocentries._match(ext, strict, nulls, t, None, tg, ntg)
+        ref, ref_bad = _relocentries._match_reference(ext, strict, nulls, t, None, tg, ntg)
+        same = (np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1]) and np.array_equal(bad, ref_bad)
+                and (not tagged or np.array_equal(got[2], ref[2])) and (tagged or got[2] is None)
+                and pages == _relocentries._by_page(*ref[:2]))
+        if not same:
+            counts["differ"].append([case, tagged, len(got[0]), len(ref[0]), len(bad), len(ref_bad)])
+    counts["cases"] += 1
+    counts["words"] += len(ref[0])
+    counts["bad"] += len(ref_bad) > 0
+    counts["pages"] += len(pages)
+print(json.dumps(counts))
+"""
+
+
+def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
+    out = run_driver(DIFFERENTIAL, timeout=300)
+    assert out["exit"] == 0, out
+    assert not out["differ"], out["differ"][:5]
+    # what both sides listed: words at targets, refusals, several pages
+    assert out["cases"] == 60 and out["words"] > 10_000 and out["bad"] >= 10 and out["pages"] > 60, out
