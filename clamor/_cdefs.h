@@ -141,6 +141,9 @@ void clamor_set_diff_keep(uint64_t bytes);
 uint64_t clamor_diff_keep(void);
 struct clamor_reloc { uint32_t word; uint32_t target; uint64_t value; };
 int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+int clamor_reloc_set_words(uint32_t version, const uint64_t *pages, size_t npages, const uint64_t *addrs,
+                           const uint32_t *tids, size_t n, uint8_t *changed, uint32_t *counts);
+int clamor_reloc_list(uint64_t page, uint32_t version, struct clamor_reloc *out, uint32_t max, uint32_t *n);
 void clamor_reloc_prune(uint32_t floor);
 size_t clamor_reloc_nbytes(void);
 void clamor_reloc_reset(void);
@@ -202,10 +205,10 @@ long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nk
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
                           size_t ndirty, int recheck, int *shared);
+struct clamor_walkout { uint64_t *ext; uint8_t *strict; int32_t *tags; size_t n; uint64_t *nulls; int32_t *null_tags; size_t nnulls; };
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
-                            uintptr_t extents_out, uintptr_t strict_out, uintptr_t nulls_out, uintptr_t outside_out,
-                            int *seeded, int tagging, uintptr_t tags_out, uintptr_t null_tags_out,
-                            const int32_t *dirty, size_t ndirty, int recheck, int *shared);
+                            uintptr_t outside_out, int *seeded, int tagging, const int32_t *dirty, size_t ndirty,
+                            int recheck, int *shared, struct clamor_walkout *out);
 int clamor_py_root_slots(uintptr_t root, uint64_t *first, uint64_t *stride, int64_t *count);
 void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const uint64_t *which, size_t n,
                            uint64_t *out);
@@ -252,12 +255,12 @@ int clamor_py_sort_words(const uint64_t *addrs, size_t n, uint32_t *order);
 struct clamor_relist {
     uint64_t *addrs; uint32_t *tids; int32_t *tags; size_t n;
     uint64_t *bad; size_t nbad;
-    struct clamor_reloc *entries; uint64_t *pages; uint64_t *ends; size_t npages;
+    uint64_t *pages; uint64_t *ends; size_t npages; uint32_t *targets; size_t ntargets;
 };
 int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
                           const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
                           const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                          int want_entries, struct clamor_relist *out);
+                          int want_pages, struct clamor_relist *out);
 void clamor_py_relist_free(struct clamor_relist *l);
 void clamor_py_buffer_free(void *p);
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,

@@ -169,6 +169,18 @@ struct clamor_reloc {
  * driver, ERANGE for a page outside the region, EINVAL for a word outside
  * the page.  Thread-safe. */
 int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *r, uint32_t n);
+/* Driver: the lists of pages[0..npages) (ascending) from the words
+ * addrs[0..n) (ascending, aligned, each once; words of other pages are
+ * skipped) naming targets tids[], each word's value read now: a page's
+ * list is set at `version` (as clamor_reloc_set) only where it differs
+ * from the page's newest list (none: no word).  changed[k]: 1 if page k's
+ * list was set; counts[k]: its words.  0, or EPERM, EINVAL, ENOMEM. */
+int clamor_reloc_set_words(uint32_t version, const uint64_t *pages, size_t npages, const uint64_t *addrs,
+                           const uint32_t *tids, size_t n, uint8_t *changed, uint32_t *counts);
+/* The list of `page` a request at `version` gets (the newest from that
+ * version or before, else the oldest) into out[0..max): *n its entries (0:
+ * none).  0, or ERANGE (more than max: *n says how many). */
+int clamor_reloc_list(uint64_t page, uint32_t version, struct clamor_reloc *out, uint32_t max, uint32_t *n);
 /* Driver: forget the lists no request at version >= floor can be served. */
 void clamor_reloc_prune(uint32_t floor);
 /* Driver: the bytes the lists held keep (every version not pruned, and

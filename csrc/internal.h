@@ -712,10 +712,22 @@ int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, s
                           size_t ndirty, int recheck, int *shared);
 /* The walk for workers not forked from the driver: clamor_py_walk_plain's,
  * with the words to relocate and those read as null (portable._Mode). */
+/* What clamor_py_walk_portable hands back, every array malloc'd (freed
+ * with clamor_py_buffer_free): n extents (start, length pairs), their
+ * strictness bytes and, tagging, their tags; nnulls null words and their
+ * tags. */
+struct clamor_walkout {
+    uint64_t *ext;
+    uint8_t *strict;
+    int32_t *tags;
+    size_t n;
+    uint64_t *nulls;
+    int32_t *null_tags;
+    size_t nnulls;
+};
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
-                            uintptr_t extents_out, uintptr_t strict_out, uintptr_t nulls_out, uintptr_t outside_out,
-                            int *seeded, int tagging, uintptr_t tags_out, uintptr_t null_tags_out,
-                            const int32_t *dirty, size_t ndirty, int recheck, int *shared);
+                            uintptr_t outside_out, int *seeded, int tagging, const int32_t *dirty, size_t ndirty,
+                            int recheck, int *shared, struct clamor_walkout *out);
 /* Copy n bytes at src into the bytearray at ba, resized: 0, or -1.  GIL held. */
 int cl_py_to_bytearray(uintptr_t ba, const void *src, size_t n);
 /* A stack of objects, each pushed with the tag `cur` of the moment (the
@@ -882,10 +894,11 @@ struct clamor_relist {
     size_t n;
     uint64_t *bad;    /* words of strict extents into private memory, no null word, in order */
     size_t nbad;
-    struct clamor_reloc *entries; /* with want_entries: addrs as relocation entries, values read now */
-    uint64_t *pages;  /* the pages they lie in, ascending, and where each one's entries end */
+    uint64_t *pages;  /* with want_pages: the pages they lie in, ascending, and where each one's words end */
     uint64_t *ends;
     size_t npages;
+    uint32_t *targets; /* the targets the words name, each once, ascending */
+    size_t ntargets;
 };
 /* The words of the n extents ext[2i], ext[2i+1] (strict[i], tags[i] or
  * NULL) that point at one of the nt targets, and the nnulls null words
@@ -897,7 +910,7 @@ struct clamor_relist {
 int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
                           const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
                           const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                          int want_entries, struct clamor_relist *out);
+                          int want_pages, struct clamor_relist *out);
 void clamor_py_relist_free(struct clamor_relist *l);
 void clamor_py_buffer_free(void *p);
 

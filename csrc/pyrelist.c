@@ -19,9 +19,8 @@
  * (its place in that order) into one 64-bit key and sorts the keys by
  * their upper half, 11 bits a pass (a stable LSD radix sort), so equal
  * addresses keep their first order and the first one is kept.  With
- * want_entries, the sorted words also come as the relocation entries of
- * their pages (struct clamor_reloc, the word's value read now), with each
- * page's number and end: the lists clamor_reloc_set takes.
+ * want_pages, the pages the sorted words lie in come too, each with where
+ * its words end (clamor_reloc_set_words makes the lists from them).
  *
  * Every array handed back is malloc'd: clamor_py_buffer_free frees it
  * (Python's owner of the numpy view over it).  No Python object is
@@ -57,22 +56,27 @@ static int cmp_u64(const void *x, const void *y) {
 }
 
 /* Sort keys[0..n) by key >> seq_bits (each lo or more, at most lo + span),
- * stably: LSD, 11 bits a pass, as many passes as span needs.  0, or -1
- * out of memory. */
+ * stably: LSD, in as few passes of at most 15 bits as span needs (a pass
+ * is a read and a scattered write of every key: fewer, wider passes win
+ * while the counts stay in cache).  0, or -1 out of memory. */
 static int sort_keys(uint64_t *keys, size_t n, unsigned seq_bits, uint64_t lo, uint64_t span) {
+    unsigned bits = 1;
+    while (bits < 64 && span >> bits) bits++;
+    unsigned passes = (bits + 14) / 15, digit = (bits + passes - 1) / passes;
+    size_t nb = (size_t)1 << digit;
     uint64_t *tmp = malloc(n * sizeof *tmp);
-    size_t *count = malloc(2049 * sizeof *count);
+    size_t *count = malloc((nb + 1) * sizeof *count);
     if (!tmp || !count) {
         free(tmp);
         free(count);
         return -1;
     }
-    uint64_t *src = keys, *dst = tmp;
-    for (unsigned shift = 0; shift == 0 || (shift < 64 && (span >> shift)); shift += 11) {
-        memset(count, 0, 2049 * sizeof *count);
-        for (size_t i = 0; i < n; i++) count[((((src[i] >> seq_bits) - lo) >> shift) & 2047) + 1]++;
-        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
-        for (size_t i = 0; i < n; i++) dst[count[(((src[i] >> seq_bits) - lo) >> shift) & 2047]++] = src[i];
+    uint64_t *src = keys, *dst = tmp, mask = nb - 1;
+    for (unsigned pass = 0, shift = 0; pass < passes; pass++, shift += digit) {
+        memset(count, 0, (nb + 1) * sizeof *count);
+        for (size_t i = 0; i < n; i++) count[((((src[i] >> seq_bits) - lo) >> shift) & mask) + 1]++;
+        for (size_t d = 0; d < nb; d++) count[d + 1] += count[d];
+        for (size_t i = 0; i < n; i++) dst[count[(((src[i] >> seq_bits) - lo) >> shift) & mask]++] = src[i];
         uint64_t *s = src;
         src = dst;
         dst = s;
@@ -86,7 +90,7 @@ static int sort_keys(uint64_t *keys, size_t n, unsigned seq_bits, uint64_t lo, u
 int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
                           const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
                           const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                          int want_entries, struct clamor_relist *out) {
+                          int want_pages, struct clamor_relist *out) {
     memset(out, 0, sizeof *out);
     /* Keys (word's offset from the region's base, in words) << seq_bits |
      * (its place: the null words first, then each extent's in order), and
@@ -172,25 +176,38 @@ int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int3
         out->addrs = keys;
         keys = NULL;
         out->n = u;
+        /* the targets named, each once, ascending */
+        uint32_t top = 0;
+        for (size_t i = 0; i < u; i++)
+            if (out->tids[i] > top) top = out->tids[i];
+        uint8_t *named = calloc((size_t)top + 1, 1);
+        if (!named) goto done;
+        size_t nn = 0;
+        for (size_t i = 0; i < u; i++) {
+            nn += !named[out->tids[i]];
+            named[out->tids[i]] = 1;
+        }
+        out->targets = malloc(nn * sizeof *out->targets);
+        if (!out->targets) {
+            free(named);
+            goto done;
+        }
+        for (uint32_t k = 0; k <= top; k++)
+            if (named[k]) out->targets[out->ntargets++] = k;
+        free(named);
     }
-    if (want_entries && out->n) {
+    if (want_pages && out->n) {
         size_t npages = 1;
-        for (size_t i = 1; i < out->n; i++) npages += cl_page_of(out->addrs[i]) != cl_page_of(out->addrs[i - 1]);
-        out->entries = malloc(out->n * sizeof *out->entries);
+        for (size_t i = 1; i < out->n; i++) npages += (out->addrs[i] ^ out->addrs[i - 1]) >> cl_region.page_shift != 0;
         out->pages = malloc(npages * sizeof *out->pages);
         out->ends = malloc(npages * sizeof *out->ends);
-        if (!out->entries || !out->pages || !out->ends) goto done;
-        uint64_t wmask = (cl_region.page_size - 1) >> 3;
+        if (!out->pages || !out->ends) goto done;
         for (size_t i = 0; i < out->n; i++) {
             uint64_t page = cl_page_of(out->addrs[i]);
             if (!out->npages || out->pages[out->npages - 1] != page) {
                 if (out->npages) out->ends[out->npages - 1] = i;
                 out->pages[out->npages++] = page;
             }
-            struct clamor_reloc *e = &out->entries[i];
-            e->word = (uint32_t)(((out->addrs[i] - cl_region.base) >> 3) & wmask);
-            e->target = out->tids[i];
-            e->value = *(const uint64_t *)out->addrs[i];
         }
         out->ends[out->npages - 1] = out->n;
     }
@@ -210,9 +227,9 @@ void clamor_py_relist_free(struct clamor_relist *l) {
     free(l->tids);
     free(l->tags);
     free(l->bad);
-    free(l->entries);
     free(l->pages);
     free(l->ends);
+    free(l->targets);
     memset(l, 0, sizeof *l);
 }
 #endif /* CLAMOR_WITH_PYTHON */

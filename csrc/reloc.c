@@ -95,6 +95,8 @@ static struct rlist *make(uint32_t from, const struct clamor_reloc *e, uint32_t 
     return l;
 }
 
+static int install(uint32_t version, uint64_t page, struct rlist *l);
+
 int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc *e, uint32_t n) {
     if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver lists relocations");
     if (page >= cl_region.npages) return cl_err(ERANGE, "page %llu is outside the region", (unsigned long long)page);
@@ -103,7 +105,12 @@ int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc 
         if (e[i].word >= words) return cl_err(EINVAL, "relocation word %u is outside the page", e[i].word);
     struct rlist *l = make(version, e, n);
     if (!l) return cl_err(ENOMEM, "out of memory for relocations");
-    if (n) cl_map_mark_reloc(page); /* a worker that relocates fetches it */
+    return install(version, page, l);
+}
+
+/* Put list l (owned) as page's newest at version. */
+static int install(uint32_t version, uint64_t page, struct rlist *l) {
+    if (l->n) cl_map_mark_reloc(page); /* a worker that relocates fetches it */
     pthread_mutex_lock(&R.lock);
     int rc = ensure_pages();
     if (rc) {
@@ -137,6 +144,67 @@ int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc 
      * that hold it word to drop it). */
     cl_dir_changed(page, version);
     return 0;
+}
+
+int clamor_reloc_set_words(uint32_t version, const uint64_t *pages, size_t npages, const uint64_t *addrs,
+                           const uint32_t *tids, size_t n, uint8_t *changed, uint32_t *counts) {
+    if (cl_region.role != CLAMOR_ROLE_DRIVER) return cl_err(EPERM, "only the driver lists relocations");
+    uint64_t words = cl_region.page_size / 8;
+    struct clamor_reloc *scratch = malloc(words * sizeof *scratch);
+    if (!scratch) return cl_err(ENOMEM, "out of memory for relocations");
+    size_t at = 0;
+    int rc = 0;
+    for (size_t k = 0; k < npages && !rc; k++) {
+        uint64_t page = pages[k];
+        if (page >= cl_region.npages || (k && page <= pages[k - 1])) {
+            rc = cl_err(EINVAL, "the pages to list are not ascending pages of the region");
+            break;
+        }
+        while (at < n && cl_page_of(addrs[at]) < page) at++; /* (words of pages not asked for) */
+        uint32_t c = 0;
+        for (; at < n && cl_page_of(addrs[at]) == page; at++) {
+            uint64_t w = (addrs[at] - cl_region.base) >> 3 & (words - 1);
+            if (addrs[at] & 7 || (c && w <= scratch[c - 1].word)) {
+                rc = cl_err(EINVAL, "relocation words are not ascending aligned words");
+                break;
+            }
+            scratch[c].word = (uint32_t)w;
+            scratch[c].target = tids[at];
+            memcpy(&scratch[c].value, (const void *)(uintptr_t)addrs[at], 8);
+            c++;
+        }
+        if (rc) break;
+        counts[k] = c;
+        pthread_mutex_lock(&R.lock);
+        const struct rlist *old = R.page && page < R.npages ? R.page[page] : NULL;
+        bool same = old ? old->n == c && !memcmp(old->e, scratch, (size_t)c * sizeof *scratch) : c == 0;
+        pthread_mutex_unlock(&R.lock);
+        changed[k] = !same;
+        if (same) continue;
+        struct rlist *l = make(version, scratch, c);
+        rc = l ? install(version, page, l) : cl_err(ENOMEM, "out of memory for relocations");
+    }
+    free(scratch);
+    return rc;
+}
+
+int clamor_reloc_list(uint64_t page, uint32_t version, struct clamor_reloc *out, uint32_t max, uint32_t *n) {
+    *n = 0;
+    pthread_mutex_lock(&R.lock);
+    const struct rlist *l = R.page && page < R.npages ? R.page[page] : NULL, *oldest = l;
+    while (l && l->from > version) {
+        oldest = l;
+        l = l->next;
+    }
+    if (!l) l = oldest;
+    int rc = 0;
+    if (l) {
+        *n = l->n;
+        if (l->n > max) rc = ERANGE;
+        else if (l->n) memcpy(out, l->e, (size_t)l->n * sizeof *out);
+    }
+    pthread_mutex_unlock(&R.lock);
+    return rc;
 }
 
 void clamor_reloc_prune(uint32_t floor) {

@@ -61,7 +61,8 @@ def stable(entries):
 def listing_agrees(ext, strict, nulls, tags=None, null_tags=None):
     # the relocation words listed in one call of C (csrc/pyrelist.c) against
     # their numpy reference: the words, targets, tags, refusals and entries
-    got, bad, pages = _relocentries._match(ext, strict, nulls, t, None, tags, null_tags)
+    got, bad, words = _relocentries._match(ext, strict, nulls, t, None, tags, null_tags)
+    pages = _relocentries._page_entries(words)
     ref, ref_bad = _relocentries._match_reference(ext, strict, nulls, t, None, tags, null_tags)
     counts["listed"] += 1
     counts["listed_bad"] += len(ref_bad) > 0
@@ -172,7 +173,8 @@ for case, (g, (k, parts)) in enumerate(made):
     if isinstance(p, str):
         counts["bad"].append([case, kind, "C approved what Python refused", p[:200]])
         continue
-    ec, ep = stable(portable._entries(c, t)), stable(portable._entries(p, t))
+    ec = stable(portable._page_entries(portable._entries(c, t)))
+    ep = stable(portable._page_entries(portable._entries(p, t)))
     if ec != ep:
         counts["bad"].append([case, kind, "entries differ", sorted(set(ec) ^ set(ep))[:5],
                               [pg for pg in ec if pg in ep and ec[pg] != ep[pg]][:5]])
@@ -224,12 +226,13 @@ def whole(root):
         return None
     return portable._entries(mode, t), mode.read_table(), portable._tag_state(mode, root)
 
-def norm(entries):
-    # (a null word's recorded value is a collector link, which the driver's
-    # collector rewrites at any time: workers write null there, and the
-    # server's check of a list against the bytes it serves skips them)
+def norm(words):
+    # each page's entries, made of the words as clamor_reloc_set_words makes
+    # them (a null word's recorded value is a collector link, which the
+    # driver's collector rewrites at any time: workers write null there, and
+    # the server's check of a list against the bytes it serves skips them)
     out = {{}}
-    for page, e in entries.items():
+    for page, e in portable._page_entries(words).items():
         a = np.frombuffer(e, portable._ENTRY).copy()
         a["v"][a["t"] == 0] = 0
         out[page] = a.tobytes()
@@ -276,8 +279,9 @@ for step in range(10):
             counts["bad"].append([trial, step, kinds, "recheck approved what the whole walk does not"])
             continue
         if norm(entries) != norm(full[0]):
+            ne, nf = norm(entries), norm(full[0])
             counts["bad"].append([trial, step, kinds, "other relocation entries",
-                                  sorted(p for p in set(entries) | set(full[0]) if norm(entries).get(p) != norm(full[0]).get(p))])
+                                  sorted(p for p in set(ne) | set(nf) if ne.get(p) != nf.get(p))])
             continue
         if union(read.ranges.tolist()) != union(full[1].ranges.tolist()):
             counts["bad"].append([trial, step, kinds, "rests on other bytes"])

@@ -8,12 +8,15 @@ made outside the region), pointers into the region and null; extents over
 them overlap at random, each strict or not and tagged; null words are drawn
 among the same words, some of them the private pointers (which are then no
 refusal).  Both sides must give the same words, targets and tags, the same
-refusals in the same order, and the same entries on every page.
+refusals in the same order, and the same entries on every page; the lists
+C installs from the words (clamor_reloc_set_words) must be the reference's
+entries, and change where a word's value changed, and nowhere else.
 """
 from helpers import PRELUDE, run_driver
 
 DIFFERENTIAL = PRELUDE + """
 import random
+from clamor._native import ffi, lib
 from clamor.memory import _relocentries, portable
 
 r = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
@@ -22,9 +25,9 @@ t.refresh_images()
 private = [[i] for i in range(64)]                  # (made outside the region: private memory)
 TARGETS = [id(int), id(str), id(tuple), id(type(None)), id(None), id(True), id(dict)]
 with clamor.heap():
-    words = np.zeros(400_000, dtype=np.uint64)       # 3 MiB of region words, over many pages
+    buf = np.zeros(400_000, dtype=np.uint64)         # 3 MiB of region words, over many pages
     inner = [float(i) for i in range(100)]
-base = words.ctypes.data
+base = buf.ctypes.data
 
 def draw():
     k = r.random()
@@ -38,11 +41,29 @@ def draw():
         return id(r.choice(inner))                   # into the region: not listed
     return 0
 
-counts = {"cases": 0, "words": 0, "bad": 0, "pages": 0, "differ": []}
+counts = {"cases": 0, "words": 0, "bad": 0, "pages": 0, "differ": [], "installed": 0, "changed": 0}
+WORDS = region.page_size() // 8
+got_list = ffi.new("struct clamor_reloc[]", WORDS)
+n_list = ffi.new("uint32_t *")
+
+def install(stage, words):
+    # clamor_reloc_set_words over the words' pages: (changed, counts)
+    changed, n = np.zeros(len(words.pages), np.uint8), np.zeros(len(words.pages), np.uint32)
+    pages = np.ascontiguousarray(words.pages, dtype=np.uint64)
+    assert lib.clamor_reloc_set_words(stage, ffi.cast("const uint64_t *", pages.ctypes.data), len(pages),
+                                      ffi.cast("const uint64_t *", words.addrs.ctypes.data),
+                                      ffi.cast("const uint32_t *", words.tids.ctypes.data), len(words.addrs),
+                                      ffi.cast("uint8_t *", changed.ctypes.data),
+                                      ffi.cast("uint32_t *", n.ctypes.data)) == 0
+    return changed, n
+
+def listed(stage, page):
+    assert lib.clamor_reloc_list(page, stage, got_list, WORDS, n_list) == 0
+    return bytes(ffi.buffer(got_list, n_list[0] * 16))
 for case in range(60):
     n = r.choice([1, 10, 200, 5000, 40_000])
-    lo = r.randrange(0, len(words) - n)
-    words[lo:lo + n] = [draw() for _ in range(n)]
+    lo = r.randrange(0, len(buf) - n)
+    buf[lo:lo + n] = [draw() for _ in range(n)]
     ext, strict, tags = [], [], []
     for _ in range(r.randrange(1, 60)):
         a = lo + r.randrange(0, n)
@@ -56,13 +77,37 @@ for case in range(60):
     strict = np.array(strict, dtype=np.uint8)
     for tagged in (False, True):
         tg, ntg = (np.array(tags, np.int32), np.array(null_tags, np.int32)) if tagged else (None, None)
-        got, bad, pages = _relocentries._match(ext, strict, nulls, t, None, tg, ntg)
+        got, bad, words = _relocentries._match(ext, strict, nulls, t, None, tg, ntg)
+        pages = _relocentries._page_entries(words)
         ref, ref_bad = _relocentries._match_reference(ext, strict, nulls, t, None, tg, ntg)
         same = (np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1]) and np.array_equal(bad, ref_bad)
                 and (not tagged or np.array_equal(got[2], ref[2])) and (tagged or got[2] is None)
-                and pages == _relocentries._by_page(*ref[:2]))
+                and pages == _relocentries._by_page(*ref[:2])
+                and np.array_equal(words.pages, np.array(sorted(pages), dtype=np.uint64))
+                and np.array_equal(words.targets, np.unique(ref[1])))
         if not same:
             counts["differ"].append([case, tagged, len(got[0]), len(ref[0]), len(bad), len(ref_bad)])
+    # the lists C makes of the words as it installs them: the reference's
+    # entries, word for word, the values read now; the same words again
+    # change nothing; a word's value changed changes its page alone
+    ref_pages = _relocentries._by_page(*ref[:2])
+    stage = 2 * case + 1
+    changed, n = install(stage, words)
+    if any(listed(stage, p) != ref_pages[p] for p in words.pages.tolist()) or \
+            not np.array_equal(n, [len(ref_pages[p]) // 16 for p in words.pages.tolist()]):
+        counts["differ"].append([case, "installed lists"])
+    counts["installed"] += int(changed.sum())
+    if install(stage + 1, words)[0].any():
+        counts["differ"].append([case, "the same words changed a list"])
+    if len(words.addrs):
+        at = r.randrange(len(words.addrs))
+        a = int(words.addrs[at])
+        buf[(a - base) // 8] += 8
+        changed, _ = install(stage + 1, words)
+        page = int(_relocentries._pages_of(np.array([a], np.uint64))[0])
+        if changed.tolist() != [int(p == page) for p in words.pages.tolist()]:
+            counts["differ"].append([case, "a changed word's page alone changes", changed.tolist()])
+        counts["changed"] += int(changed.sum())
     counts["cases"] += 1
     counts["words"] += len(ref[0])
     counts["bad"] += len(ref_bad) > 0
@@ -77,3 +122,4 @@ def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
     assert not out["differ"], out["differ"][:5]
     # what both sides listed: words at targets, refusals, several pages
     assert out["cases"] == 60 and out["words"] > 10_000 and out["bad"] >= 10 and out["pages"] > 60, out
+    assert out["installed"] > 60 and out["changed"] >= 40, out

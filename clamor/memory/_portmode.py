@@ -12,7 +12,7 @@ from .. import errors
 from .._native import ffi, lib
 from ._kinds import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, data_only
 from ._reads import pointer_extents
-from ._relocentries import _TYPE_WORD, _match
+from ._relocentries import _TYPE_WORD, _match, _owned
 from ._seeds import _seeded
 from .readtable import read_digests
 
@@ -41,7 +41,7 @@ class _Mode:
         self.c_strict = None    # uint8 a range: bit 0 strict, _TYPE_WORD an atom's type word
         self.tags = None        # int32 a range, a tagged walk's
         self.found = None       # (addresses, targets, tags or None), sorted by address
-        self.by_page = None     # {page: its entries} of found, read when found, or None
+        self.words = None       # found as _relocentries.Words, or None
         self.shared = False
 
     def restart(self):
@@ -49,7 +49,7 @@ class _Mode:
         brought into the region)."""
         self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
         self.objects = 0
-        self.c_extents = self.found = self.tags = self.by_page = None
+        self.c_extents = self.found = self.tags = self.words = None
         self.shared = False
 
     def c_walk(self, obj, limit, dirty=None):
@@ -71,37 +71,37 @@ class _Mode:
         images = self.t.image_pairs()
         visited, seeded, shared = ffi.new("long *"), ffi.new("int *"), ffi.new("int *")
         want = dirty if dirty is not None else np.zeros(0, np.int32)
-        out = {}
+        walked = {}
 
         def run():
-            out.update(ext=bytearray(), strict=bytearray(), nulls=bytearray(), outside=[], tags=bytearray(),
-                       null_tags=bytearray())
-            return lib.clamor_py_walk_portable(id(obj), limit, *images, visited, id(out["ext"]), id(out["strict"]),
-                                               id(out["nulls"]), id(out["outside"]), seeded, tagged,
-                                               id(out["tags"]), id(out["null_tags"]),
+            out = walked["out"] = ffi.new("struct clamor_walkout *")
+            outside = walked["outside"] = []
+            return lib.clamor_py_walk_portable(id(obj), limit, *images, visited, id(outside), seeded, tagged,
                                                ffi.cast("const int32_t *", want.ctypes.data), len(want),
-                                               dirty is not None, shared)
+                                               dirty is not None, shared, out)
 
         if cwalk.c_pass(run, obj, limit, convert=dirty is None, frozen=False) != 1:
             return False
+        out = walked["out"]
+        # (each array the walk grew, owned here: freed with its last view)
+        ext = _owned(out.ext, 2 * out.n, np.uint64).reshape(-1, 2)
+        strict = _owned(out.strict, out.n, np.uint8)
+        nulls = _owned(out.nulls, out.nnulls, np.uint64)
+        tags = _owned(out.tags, out.n, np.int32) if tagged else None
+        null_tags = _owned(out.null_tags, out.nnulls, np.int32) if tagged else None
         numbered = set()
-        for o in out["outside"]:
+        for o in walked["outside"]:
             if id(o) not in numbered:
                 if self.t.classify(o) is not None:
                     return False
                 numbered.add(id(o))
         if seeded[0] and not self.seeds_agree:
             return False        # (the Python walk names the dict)
-        ext = np.frombuffer(out["ext"], dtype=np.uint64).reshape(-1, 2)
-        strict = np.frombuffer(out["strict"], dtype=np.uint8)
-        nulls = np.frombuffer(out["nulls"], dtype=np.uint64)
-        tags = np.frombuffer(out["tags"], dtype=np.int32) if tagged else None
-        null_tags = np.frombuffer(out["null_tags"], dtype=np.int32) if tagged else None
-        found, bad, by_page = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
+        found, bad, words = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
         self.c_extents, self.c_strict, self.tags, self.found, self.shared = ext, strict, tags, found, bool(shared[0])
-        self.by_page, self.null_words, self.null_tags = by_page, nulls, null_tags
+        self.words, self.null_words, self.null_tags = words, nulls, null_tags
         self.objects += int(visited[0])
         if seeded[0] and self.seeded is None:
             self.seeded = f"a dict or set reached from {self.root or 'the object'}"

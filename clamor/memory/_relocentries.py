@@ -1,7 +1,8 @@
-"""The relocation entries of region pages: the words of a walk's extents
-that point at a target (``_match``), and those words as each page's list
-of entries, sorted by word (``_entries``, ``_by_page``; see
-``clamor.memory.portable``).
+"""The relocation words of region pages: the words of a walk's extents
+that point at a target (``_match``), kept per root as ``Words`` (sorted by
+address, with the pages they lie in), from which C makes each page's list
+of entries as it installs it (clamor_reloc_set_words; ``_by_page`` is the
+same lists in numpy, the tests' reference).  See ``clamor.memory.portable``.
 """
 import errno
 
@@ -18,23 +19,14 @@ _TYPE_WORD = 2      # (an extent's strictness byte: csrc/pywalk.c)
 _ENTRY = np.dtype([("w", "<u4"), ("t", "<u4"), ("v", "<u8")])
 
 
-def _union(a, b):
-    """Two pages' entries (bytes) as one list, sorted by word."""
-    if not a or not b:
-        return a or b
-    e = np.concatenate([np.frombuffer(a, _ENTRY), np.frombuffer(b, _ENTRY)])
-    _, first = np.unique(e["w"], return_index=True)
-    return e[first].tobytes()
-
-
 def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
     """The words of the extents ``ext`` ((n, 2) start, length) that point at
     a target, and the ``nulls`` (read as null by a worker): ((addresses,
     targets, tags) sorted by address, the first number found for a word
     kept, each word tagged as its extent or null word is, if ``tags``), the
     words of strict extents that point into private memory and are no
-    null word (``bad``, in the extents' order), and their pages' entries
-    ({page: entries}, ``_by_page``'s, or None).  In one call of C
+    null word (``bad``, in the extents' order), and the words as ``Words``.
+    In one call of C
     (csrc/pyrelist.c); ``_match_reference`` is its reference."""
     tlo, thi, tid, nt = t.ranges()
     if amap is None:
@@ -55,7 +47,7 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
         tlo, thi, tid, nt, amap.private, amap.nprivate, 1, out)
     if rc in (errno.E2BIG, errno.EINVAL):     # (words beyond its packed keys, or outside the region)
         found, bad = _match_reference(ext, strict, nulls, t, amap, tags, null_tags)
-        return found, bad, None
+        return found, bad, Words(*found[:2])
     if rc:
         raise MemoryError("no memory to list the relocations")
     n = out.n
@@ -63,14 +55,48 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
     tids = _owned(out.tids, n, np.uint32)
     word_tags = _owned(out.tags, n, np.int32)
     bad = _owned(out.bad, out.nbad, np.uint64)
-    entries = _owned(out.entries, n * _ENTRY.itemsize, np.uint8)
-    pages = _owned(out.pages, out.npages, np.uint64).tolist()
-    ends = _owned(out.ends, out.npages, np.uint64).tolist()
-    view, at, by_page = memoryview(entries), 0, {}
-    for page, end in zip(pages, ends):
-        by_page[page] = view[at * _ENTRY.itemsize:end * _ENTRY.itemsize]
-        at = end
-    return (addrs, tids, word_tags if tagged else None), bad, by_page
+    words = Words(addrs, tids, _owned(out.pages, out.npages, np.uint64), _owned(out.ends, out.npages, np.uint64),
+                  _owned(out.targets, out.ntargets, np.uint32))
+    return (addrs, tids, word_tags if tagged else None), bad, words
+
+
+class Words:
+    """A root's relocation words: their addresses (ascending, each once)
+    and the targets they name, the pages they lie in (ascending) with where
+    each page's words end, and the targets named (each once)."""
+
+    __slots__ = ("addrs", "tids", "pages", "ends", "targets")
+
+    def __init__(self, addrs, tids, pages=None, ends=None, targets=None):
+        self.addrs, self.tids = addrs, tids
+        if pages is None:
+            p = _pages_of(addrs)
+            cut = np.flatnonzero(p[1:] != p[:-1]) + 1
+            pages = p[np.concatenate([[0], cut]).astype(np.int64)] if len(p) else np.zeros(0, np.uint64)
+            ends = np.append(cut, len(p)).astype(np.uint64) if len(p) else np.zeros(0, np.uint64)
+        self.pages, self.ends = pages, ends
+        if targets is None:
+            targets = np.unique(tids)
+        self.targets = targets
+
+    def arrays(self):
+        return (self.addrs, self.tids, self.pages, self.ends, self.targets)
+
+    def on(self, pages):
+        """(addresses, targets) of the words on ``pages`` (ascending)."""
+        pages = np.asarray(pages, dtype=np.uint64)
+        k = np.searchsorted(self.pages, pages)
+        hit = k < len(self.pages)
+        hit[hit] = self.pages[k[hit]] == pages[hit]
+        k = k[hit]
+        ends = self.ends[k].astype(np.int64)
+        starts = np.where(k > 0, self.ends[np.maximum(k - 1, 0)].astype(np.int64), 0)
+        n = ends - starts
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+        return self.addrs[idx], self.tids[idx]
+
+    def __len__(self):
+        return len(self.addrs)
 
 
 def _owned(ptr, n, dtype):
@@ -129,11 +155,11 @@ def _unique_first(addrs):
 
 
 def _entries(mode, t, amap=None):
-    """{page: entries as bytes, sorted by word} from the walk's extents."""
+    """The walk's relocation words (``Words``), from its extents."""
     if mode.found is None:
         ext = np.array([(lo, n) for lo, n, *_ in mode.extents], dtype=np.uint64).reshape(-1, 2)
         strict = np.array([s for _, _, s, *_ in mode.extents], dtype=np.uint8)
-        mode.found, bad, mode.by_page = _match(ext, strict, mode.null_words, t, amap or mode.amap)
+        mode.found, bad, mode.words = _match(ext, strict, mode.null_words, t, amap or mode.amap)
         if len(bad):
             a = int(bad[0])
             lo, n, _, path, what = next(e for e in mode.extents if e[2] and e[0] <= a < e[0] + e[1])
@@ -142,9 +168,15 @@ def _entries(mode, t, amap=None):
                                f"this process's private memory outside the region, which a worker not "
                                f"forked from the driver cannot follow (a weak reference, a cached "
                                f"buffer, memory a library allocated outside clamor.heap())")
-    if mode.by_page is not None:
-        return mode.by_page
-    return _by_page(*mode.found[:2])
+    if mode.words is None:
+        mode.words = Words(*mode.found[:2])
+    return mode.words
+
+
+def _page_entries(words):
+    """{page: entries as bytes} of ``words``, as clamor_reloc_set_words
+    makes them now (the tests' reference)."""
+    return _by_page(words.addrs, words.tids)
 
 
 def _pages_of(addrs):

@@ -41,7 +41,6 @@ A dict or set with str or bytes keys stores their hashes, which CPython
 seeds per process; a worker reads it correctly only with the driver's
 seed (``PYTHONHASHSEED``, passed to the workers a Cluster spawns).
 """
-import functools
 import sys
 import time
 
@@ -57,7 +56,7 @@ from .walk import _walk
 # The parts of portable objects, each in a module of its own: the names
 # the runtime and the tests use of them are here too.
 from ._portmode import _Mode
-from ._relocentries import _ENTRY, _TYPE_WORD, _by_page, _entries, _pages_of, _union  # noqa: F401
+from ._relocentries import _ENTRY, _TYPE_WORD, Words, _by_page, _entries, _page_entries, _pages_of  # noqa: F401
 from ._seeds import hash_digest, seed_message, seed_passes_on  # noqa: F401
 
 NotShareable = errors.NotShareable
@@ -71,32 +70,32 @@ class Relocations:
         self.generation = region.generation()
         self.targets = Targets()
         self.roots = {}         # id -> object, every root shipped in place (and alive)
-        self.per_root = {}      # id -> ({page: entries}, what its last walk read: a readtable.ReadTable)
+        self.per_root = {}      # id -> (its relocation Words, what its last walk read: a readtable.ReadTable)
         self.visited = {}       # id -> the objects its last walk visited
-        self.offers = {}        # id -> (object, version, entries, _Read, seeded, tagged state): check()'s walks
+        self.offers = {}        # id -> (object, version, Words, _Read, seeded, tagged state): check()'s walks
         # id -> (addresses, targets, tags, root slots, seeded): the words a
         # tagged walk of a dict or list found, for a walk of some entries again
         self.tagged = {}
         self.pending = set()    # pages whose lists a recheck changed, to install at the next prepare
-        self.lists = {}         # page -> entries installed (bytes)
+        self.listed = {}        # page -> entries of its list installed (pages with none: not here)
         self.orphans = set()    # pages listing words of roots forgotten since
         self.changed = []       # pages the driver changed since the last walk
-        self.used = set()       # targets named by an installed list
+        self.used = set()       # targets named by a root's words (installed)
         # walks done, their time, pages they read (last walk), pages with a
         # list and the entries of those lists (now)
         self.cost = {"walks": 0, "seconds": 0.0, "walked_pages": 0, "covered": 0, "pages": 0, "entries": 0}
 
     def nbytes(self, counted=frozenset()):
-        """The bytes the relocation lists keep: those installed (here, and
-        the C side's, every version held), each root's entries and the
-        table of what its walk read (but those whose id is in ``counted``:
-        a verdict's, counted there)."""
-        held = {id(e): len(e) for entries, _ in self.per_root.values() for e in entries.values()}
-        held.update((id(b), len(b)) for b in self.lists.values())     # (one root's lists are its entries)
+        """The bytes the relocation lists keep: those installed (the C
+        side's, every version held), each root's words, tags and the table
+        of what its walk read (but those whose id is in ``counted``: a
+        verdict's, counted there)."""
+        # (a root's words and its tagged state share their addresses and targets)
+        held = {id(a): a.nbytes for words, _ in self.per_root.values() for a in words.arrays()}
+        held.update((id(a), a.nbytes) for state in self.tagged.values() for a in state[:3])
         tables = sum(read.nbytes() for _, read in self.per_root.values()
                      if read is not None and id(read) not in counted)
-        tagged = sum(a.nbytes + t.nbytes + g.nbytes for a, t, g, *_ in self.tagged.values())
-        return sum(held.values()) + tables + tagged + lib.clamor_reloc_nbytes()
+        return sum(held.values()) + tables + lib.clamor_reloc_nbytes()
 
     def note_changed(self, pages):
         if len(pages):
@@ -148,15 +147,15 @@ class Relocations:
             raise NotShareable(seed_message(seeded))
         pages = set(dropped) | self.pending
         self.pending = set()
-        for k, (entries, cov, touched, state) in walked.items():
+        for k, (words, cov, touched, state) in walked.items():
             old = self.per_root.get(k)
             if touched is not None:
                 pages.update(touched.tolist())       # (a recheck: the other pages' lists stand)
             else:
-                pages.update(entries)
+                pages.update(words.pages.tolist())
                 if old is not None:
-                    pages.update(old[0])
-            self._keep(k, todo[k], entries, cov, state)
+                    pages.update(old[0].pages.tolist())
+            self._keep(k, todo[k], words, cov, state)
         self.changed = []
         out = self._install(pages, stage)
         if orphaned.size:
@@ -171,7 +170,7 @@ class Relocations:
     def _walk_roots(self, roots, todo, changed, limit, seeds_agree, bring_in):
         """``prepare``'s walks of the roots ``todo`` {id: root}: a walk
         ``check`` offered, a recheck of some entries, or a walk again.
-        ({id: (entries, read table, pages whose lists changed or None,
+        ({id: (Words, read table, pages whose lists changed or None,
         tagged state)}, the path of a dict keyed by seeded hashes or None,
         the pages of earlier roots refused and dropped)."""
         t = self.targets
@@ -206,21 +205,24 @@ class Relocations:
                 del self.roots[k]
                 self.visited.pop(k, None)
                 self.tagged.pop(k, None)
-                dropped.update(self.per_root.pop(k, ({}, None))[0])
+                gone = self.per_root.pop(k, None)
+                if gone is not None:
+                    dropped.update(gone[0].pages.tolist())
                 continue
             seeded = seeded or mode.seeded
         return walked, seeded, dropped
 
-    def offer(self, obj, entries, read, seeded, state):
+    def offer(self, obj, words, read, seeded, state):
         """A walk of ``obj`` that ``check`` made: a stage that ships it before
         its version begins takes it, if the bytes it read still read so,
         instead of walking again (the check before a stage and the listing
         of its relocations walk the same object)."""
-        self.offers[id(obj)] = (obj, region.version_current(), entries, read, seeded, state)
+        self.offers[id(obj)] = (obj, region.version_current(), words, read, seeded, state)
 
-    def _keep(self, k, r, entries, read, state):
-        self.per_root[k] = (entries, read)
+    def _keep(self, k, r, words, read, state):
+        self.per_root[k] = (words, read)
         self.roots[k] = r
+        self.used.update(words.targets.tolist())
         if state is not None:
             self.tagged[k] = state
         else:
@@ -230,7 +232,7 @@ class Relocations:
         """Root ``r`` (id ``k``), a dict or list whose tagged walk is kept,
         after the driver wrote the pages ``written``: walk again in C only
         the entries whose bytes changed (cwalk.dirty_entries), and put their
-        words and ranges in place of the old ones.  (entries, read table,
+        words and ranges in place of the old ones.  (Words, read table,
         the pages whose lists changed, the tagged state), or None when a
         whole walk must decide (see cwalk.recheck; also an object outside
         the region that is no target, or a seed to report)."""
@@ -240,7 +242,7 @@ class Relocations:
         addrs, tids, tags, slots, was_seeded = st
         if was_seeded and not seeds_agree:
             return None
-        entries, read = self.per_root[k]
+        read = self.per_root[k][1]
         stale = read.changed_pages(np.intersect1d(pages_array(written), read.pages, assume_unique=True))
         got = cwalk.dirty_entries(r, read, stale, slots)
         if got is None:
@@ -259,16 +261,10 @@ class Relocations:
             return None      # (a word both kept and found again: an object two entries share)
         addrs, tids, tags = np.insert(ka, at, new_addrs), np.insert(kt, at, new_tids), np.insert(kg, at, new_tags)
         touched = np.union1d(_pages_of(st[0][gone]), _pages_of(new_addrs)).astype(np.uint64)
-        entries = dict(entries)
-        for page, e in _by_page(addrs, tids, only=touched).items():
-            if e:
-                entries[page] = e
-            else:
-                entries.pop(page, None)
         kept = (mode.c_strict & _TYPE_WORD) == 0
         read = read.updated(drop, mode.c_extents[kept], mode.tags[kept], stale)
         self.cost["rechecks"] = self.cost.get("rechecks", 0) + 1
-        return entries, read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
+        return Words(addrs, tids), read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
 
     def verdict(self, obj):
         """What the last walk of ``obj`` read (a ``_Read``), if it is a root
@@ -287,8 +283,8 @@ class Relocations:
             again = self._recheck(k, obj, written, cwalk.LIMIT)
             if again is None:
                 return None
-            entries, read, touched, state = again
-            self._keep(k, obj, entries, read, state)
+            words, read, touched, state = again
+            self._keep(k, obj, words, read, state)
             self.pending.update(touched.tolist())
         return _Read(read, self.visited.get(k, 0))
 
@@ -299,33 +295,54 @@ class Relocations:
             del self.roots[k]
             self.visited.pop(k, None)
             self.tagged.pop(k, None)
-            entries, _ = self.per_root.pop(k, ({}, None))
-            self.orphans.update(entries)     # (their words may be another object's soon)
+            gone = self.per_root.pop(k, None)
+            if gone is not None:
+                self.orphans.update(gone[0].pages.tolist())     # (their words may be another object's soon)
 
-    def _page_list(self, page):
-        return functools.reduce(_union, (e[page] for e, _ in self.per_root.values() if page in e), b"")
+    def _words_on(self, pages):
+        """(addresses, targets) of the words the live roots list on
+        ``pages`` (ascending), each address once: the first root's, in the
+        order the roots came (an object two roots reach has the same words
+        in both)."""
+        having = [w for w, _ in self.per_root.values()
+                  if len(w.pages) and np.isin(pages, w.pages, assume_unique=True).any()]
+        if not having:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
+        if len(having) == 1:
+            return having[0].addrs, having[0].tids       # (clamor_reloc_set_words skips the other pages')
+        parts = [w.on(pages) for w in having]
+        addrs = np.concatenate([a for a, _ in parts])
+        tids = np.concatenate([t for _, t in parts])
+        addrs, first = np.unique(addrs, return_index=True)
+        return addrs, tids[first]
 
     def _install(self, pages, stage):
-        changed = []
-        for page in sorted(pages):
-            e = self._page_list(page)
-            if self.lists.get(page, b"") == e:
-                continue
-            n = len(e) // 16
-            buf = ffi.from_buffer("struct clamor_reloc[]", bytearray(e)) if n else ffi.NULL
-            rc = lib.clamor_reloc_set(stage, page, buf, n)
-            if rc:
-                from .._native import check
-                check(rc, "clamor_reloc_set")
-            if e:
-                self.lists[page] = e
-                self.used.update(np.frombuffer(e, _ENTRY)["t"].tolist())
+        """Install the lists of ``pages`` (a set) at ``stage`` where they
+        changed; the pages whose lists changed (ascending)."""
+        pages = np.asarray(sorted(pages), dtype=np.uint64)
+        if not len(pages):
+            return pages
+        addrs, tids = self._words_on(pages)
+        addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
+        tids = np.ascontiguousarray(tids, dtype=np.uint32)
+        changed = np.zeros(len(pages), np.uint8)
+        counts = np.zeros(len(pages), np.uint32)
+        rc = lib.clamor_reloc_set_words(stage, ffi.cast("const uint64_t *", pages.ctypes.data), len(pages),
+                                        ffi.cast("const uint64_t *", addrs.ctypes.data),
+                                        ffi.cast("const uint32_t *", tids.ctypes.data), len(addrs),
+                                        ffi.cast("uint8_t *", changed.ctypes.data),
+                                        ffi.cast("uint32_t *", counts.ctypes.data))
+        if rc:
+            from .._native import check
+            check(rc, "clamor_reloc_set_words")
+        for page, n in zip(pages.tolist(), counts.tolist()):
+            if n:
+                self.listed[page] = n
             else:
-                self.lists.pop(page, None)
-            changed.append(page)
-        self.cost["pages"] = len(self.lists)
-        self.cost["entries"] = sum(len(e) for e in self.lists.values()) // 16
-        return np.asarray(changed, dtype=np.uint64)
+                self.listed.pop(page, None)
+        self.cost["pages"] = len(self.listed)
+        self.cost["entries"] = sum(self.listed.values())
+        return pages[changed.astype(bool)]
 
     def prune(self, floor):
         """Forget the lists no request at a stage >= ``floor`` is served."""
@@ -380,11 +397,11 @@ def check(obj, limit=cwalk.LIMIT, seed=True):
     mode = _Mode(d.targets, seeds_agree=not seed or seed_passes_on())
     mode.t.refresh_images()
     _walk(obj, limit, mode)
-    entries = _entries(mode, mode.t)   # (a pointer out of the region no target covers is refused here)
+    words = _entries(mode, mode.t)     # (a pointer out of the region no target covers is refused here)
     if seed and mode.seeded is not None and not seed_passes_on():
         raise NotShareable(seed_message(mode.seeded))
     read = _Read(mode.read_table(), mode.objects)
-    d.offer(obj, entries, read, mode.seeded, _tag_state(mode, obj))
+    d.offer(obj, words, read, mode.seeded, _tag_state(mode, obj))
     return read
 
 

@@ -29,7 +29,9 @@ class ReadTable:
         order = np.argsort(page, kind="stable")
         self.ranges = np.ascontiguousarray(ranges[order])
         self.tags = None if tags is None else np.ascontiguousarray(tags[order])
-        self.pages, first = np.unique(page[order], return_index=True)
+        page = page[order]
+        first = np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if len(page) else np.zeros(0, np.int64)
+        self.pages = page[first]
         self.starts = np.append(first, len(order)).astype(np.uint64)
         self.digests = self._digests(np.arange(len(self.pages), dtype=np.uint64))
 
