@@ -261,6 +261,9 @@ int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int3
                           const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
                           const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
                           int want_pages, struct clamor_relist *out);
+int clamor_py_reloc_splice(const uint64_t *a, const uint32_t *t, const int32_t *g, size_t n, const int32_t *drop,
+                           size_t ndrop, const uint64_t *na, const uint32_t *nt, const int32_t *ng, size_t m,
+                           struct clamor_relist *out);
 void clamor_py_relist_free(struct clamor_relist *l);
 void clamor_py_buffer_free(void *p);
 int clamor_py_match_all(const uint64_t *ext, const uint8_t *strict, size_t n, const uintptr_t *tlo,

@@ -911,6 +911,14 @@ int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int3
                           const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
                           const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
                           int want_pages, struct clamor_relist *out);
+/* A recheck's tagged words: the n old ones (a, t, g; ascending addresses)
+ * but those tagged one of drop[0..ndrop) (ascending), and the m new ones
+ * (na, nt, ng; ascending), merged by address into out (addrs, tids, tags,
+ * pages, ends; bad: the pages of the words gone and come, ascending, each
+ * once).  0, ENOMEM, or EEXIST (a new word's address is a kept one's). */
+int clamor_py_reloc_splice(const uint64_t *a, const uint32_t *t, const int32_t *g, size_t n, const int32_t *drop,
+                           size_t ndrop, const uint64_t *na, const uint32_t *nt, const int32_t *ng, size_t m,
+                           struct clamor_relist *out);
 void clamor_py_relist_free(struct clamor_relist *l);
 void clamor_py_buffer_free(void *p);
 

@@ -87,6 +87,8 @@ static int sort_keys(uint64_t *keys, size_t n, unsigned seq_bits, uint64_t lo, u
     return 0;
 }
 
+static int page_cuts(struct clamor_relist *out);
+
 int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
                           const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
                           const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
@@ -196,21 +198,7 @@ int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int3
             if (named[k]) out->targets[out->ntargets++] = k;
         free(named);
     }
-    if (want_pages && out->n) {
-        size_t npages = 1;
-        for (size_t i = 1; i < out->n; i++) npages += (out->addrs[i] ^ out->addrs[i - 1]) >> cl_region.page_shift != 0;
-        out->pages = malloc(npages * sizeof *out->pages);
-        out->ends = malloc(npages * sizeof *out->ends);
-        if (!out->pages || !out->ends) goto done;
-        for (size_t i = 0; i < out->n; i++) {
-            uint64_t page = cl_page_of(out->addrs[i]);
-            if (!out->npages || out->pages[out->npages - 1] != page) {
-                if (out->npages) out->ends[out->npages - 1] = i;
-                out->pages[out->npages++] = page;
-            }
-        }
-        out->ends[out->npages - 1] = out->n;
-    }
+    if (want_pages && page_cuts(out) < 0) goto done;
     rc = 0;
 done:
     free(keys);
@@ -219,6 +207,80 @@ done:
     free(bad);
     free(sorted_nulls);
     if (rc) clamor_py_relist_free(out);
+    return rc;
+}
+
+/* The page cuts of out->addrs[0..out->n) (ascending): out->pages, out->ends.
+ * 0, or -1 out of memory. */
+static int page_cuts(struct clamor_relist *out) {
+    if (!out->n) return 0;
+    size_t npages = 1;
+    for (size_t i = 1; i < out->n; i++) npages += (out->addrs[i] ^ out->addrs[i - 1]) >> cl_region.page_shift != 0;
+    out->pages = malloc(npages * sizeof *out->pages);
+    out->ends = malloc(npages * sizeof *out->ends);
+    if (!out->pages || !out->ends) return -1;
+    for (size_t i = 0; i < out->n; i++) {
+        uint64_t page = cl_page_of(out->addrs[i]);
+        if (!out->npages || out->pages[out->npages - 1] != page) {
+            if (out->npages) out->ends[out->npages - 1] = i;
+            out->pages[out->npages++] = page;
+        }
+    }
+    out->ends[out->npages - 1] = out->n;
+    return 0;
+}
+
+static int has_tag(const int32_t *drop, size_t ndrop, int32_t g) {
+    size_t lo = 0, hi = ndrop;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (drop[mid] < g) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < ndrop && drop[lo] == g;
+}
+
+int clamor_py_reloc_splice(const uint64_t *a, const uint32_t *t, const int32_t *g, size_t n, const int32_t *drop,
+                           size_t ndrop, const uint64_t *na, const uint32_t *nt, const int32_t *ng, size_t m,
+                           struct clamor_relist *out) {
+    memset(out, 0, sizeof *out);
+    size_t cap = n + m ? n + m : 1, k = 0, j = 0, nb = 0;
+    out->addrs = malloc(cap * sizeof *out->addrs);
+    out->tids = malloc(cap * sizeof *out->tids);
+    out->tags = malloc(cap * sizeof *out->tags);
+    out->bad = malloc(cap * sizeof *out->bad); /* (here: the pages of the words gone and come, then deduplicated) */
+    int rc = ENOMEM;
+    if (!out->addrs || !out->tids || !out->tags || !out->bad) goto fail;
+    for (size_t i = 0; i <= n; i++) {
+        /* the new words before the next kept one (all of them at the end) */
+        while (j < m && (i == n || na[j] <= a[i])) {
+            if (i < n && na[j] == a[i] && !has_tag(drop, ndrop, g[i])) {
+                rc = EEXIST; /* (a word both kept and found again: an object two entries share) */
+                goto fail;
+            }
+            out->addrs[k] = na[j];
+            out->tids[k] = nt[j];
+            out->tags[k++] = ng[j];
+            out->bad[nb++] = cl_page_of(na[j]);
+            j++;
+        }
+        if (i == n) break;
+        if (has_tag(drop, ndrop, g[i])) {
+            out->bad[nb++] = cl_page_of(a[i]);
+            continue;
+        }
+        out->addrs[k] = a[i];
+        out->tids[k] = t[i];
+        out->tags[k++] = g[i];
+    }
+    out->n = k;
+    qsort(out->bad, nb, sizeof *out->bad, cmp_u64);
+    for (size_t i = 0; i < nb; i++)
+        if (!out->nbad || out->bad[out->nbad - 1] != out->bad[i]) out->bad[out->nbad++] = out->bad[i];
+    if (page_cuts(out) < 0) goto fail;
+    return 0;
+fail:
+    clamor_py_relist_free(out);
     return rc;
 }
 

@@ -10,7 +10,9 @@ among the same words, some of them the private pointers (which are then no
 refusal).  Both sides must give the same words, targets and tags, the same
 refusals in the same order, and the same entries on every page; the lists
 C installs from the words (clamor_reloc_set_words) must be the reference's
-entries, and change where a word's value changed, and nowhere else.
+entries, and change where a word's value changed, and nowhere else.  A
+recheck's splice of words (clamor_py_reloc_splice) is checked against its
+numpy reference on random words, tags and entries dropped.
 """
 from helpers import PRELUDE, run_driver
 
@@ -112,6 +114,38 @@ for case in range(60):
     counts["words"] += len(ref[0])
     counts["bad"] += len(ref_bad) > 0
     counts["pages"] += len(pages)
+
+# a recheck's splice (clamor_py_reloc_splice) against its numpy reference
+counts["spliced"] = counts["clashes"] = 0
+for case in range(200):
+    n = r.choice([0, 1, 5, 100, 3000])
+    old_a = np.array(sorted(r.sample(range(len(buf)), n)), dtype=np.uint64) * np.uint64(8) + np.uint64(base)
+    old_t = np.array([r.randrange(0, 9) for _ in range(n)], dtype=np.uint32)
+    old_g = np.array([r.randrange(-1, 30) for _ in range(n)], dtype=np.int32)
+    drop = np.array(sorted(set(r.randrange(-1, 30) for _ in range(r.randrange(0, 6))) | {-1}), dtype=np.int32)
+    pool = old_a[np.isin(old_g, drop)].tolist()
+    if r.random() < 0.1 and n:
+        pool.append(int(old_a[r.randrange(n)]))                          # (maybe a kept word: a clash)
+    m = r.randrange(0, 50)
+    new_a = sorted(set(r.sample(pool, min(len(pool), m // 2)) +
+                       [base + 8 * r.randrange(len(buf)) for _ in range(m - m // 2)]))
+    new_a = np.array(new_a, dtype=np.uint64)
+    new_t = np.array([r.randrange(0, 9) for _ in new_a], dtype=np.uint32)
+    new_g = np.array([r.randrange(0, 30) for _ in new_a], dtype=np.int32)
+    got = _relocentries._splice((old_a, old_t, old_g), drop, (new_a, new_t, new_g))
+    ref = _relocentries._splice_reference((old_a, old_t, old_g), drop, (new_a, new_t, new_g))
+    if (got is None) != (ref is None):
+        counts["differ"].append(["splice", case, "clash seen by one side only"])
+        continue
+    if got is None:
+        counts["clashes"] += 1
+        continue
+    (a, t_, g), touched, words = got
+    whole = _relocentries.Words(ref[0][0], ref[0][1])
+    if not (all(np.array_equal(x, y) for x, y in zip((a, t_, g), ref[0])) and np.array_equal(touched, ref[1])
+            and np.array_equal(words.pages, whole.pages) and np.array_equal(words.ends, whole.ends)):
+        counts["differ"].append(["splice", case])
+    counts["spliced"] += 1
 print(json.dumps(counts))
 """
 
@@ -123,3 +157,4 @@ def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
     # what both sides listed: words at targets, refusals, several pages
     assert out["cases"] == 60 and out["words"] > 10_000 and out["bad"] >= 10 and out["pages"] > 60, out
     assert out["installed"] > 60 and out["changed"] >= 40, out
+    assert out["spliced"] >= 150 and out["clashes"] >= 3, out

@@ -99,6 +99,48 @@ class Words:
         return len(self.addrs)
 
 
+def _splice(old, drop, new):
+    """A recheck's tagged words: ``old`` (addresses, targets, tags; by
+    address) but those tagged in ``drop`` (ascending int32), with ``new``
+    (likewise) merged in, in one pass of C (clamor_py_reloc_splice).
+    ((addresses, targets, tags), the pages of the words gone and come
+    (ascending), Words of the result with the targets unset), or None if a
+    new word's address is a kept one's.  ``_splice_reference`` is its
+    reference."""
+    a, t, g = (np.ascontiguousarray(x, dtype=d) for x, d in zip(old, (np.uint64, np.uint32, np.int32)))
+    na, nt, ng = (np.ascontiguousarray(x, dtype=d) for x, d in zip(new, (np.uint64, np.uint32, np.int32)))
+    drop = np.ascontiguousarray(drop, dtype=np.int32)
+    out = ffi.new("struct clamor_relist *")
+    rc = lib.clamor_py_reloc_splice(
+        ffi.cast("const uint64_t *", a.ctypes.data), ffi.cast("const uint32_t *", t.ctypes.data),
+        ffi.cast("const int32_t *", g.ctypes.data), len(a), ffi.cast("const int32_t *", drop.ctypes.data), len(drop),
+        ffi.cast("const uint64_t *", na.ctypes.data), ffi.cast("const uint32_t *", nt.ctypes.data),
+        ffi.cast("const int32_t *", ng.ctypes.data), len(na), out)
+    if rc == errno.EEXIST:
+        return None
+    if rc:
+        raise MemoryError("no memory for the relocation words")
+    n = out.n
+    addrs, tids, tags = _owned(out.addrs, n, np.uint64), _owned(out.tids, n, np.uint32), _owned(out.tags, n, np.int32)
+    touched = _owned(out.bad, out.nbad, np.uint64)
+    words = Words(addrs, tids, _owned(out.pages, out.npages, np.uint64), _owned(out.ends, out.npages, np.uint64),
+                  np.zeros(0, np.uint32))
+    return (addrs, tids, tags), touched, words
+
+
+def _splice_reference(old, drop, new):
+    """``_splice`` in numpy: ((addresses, targets, tags), touched pages), or None."""
+    addrs, tids, tags = old
+    new_addrs, new_tids, new_tags = new
+    gone = np.isin(tags, drop)
+    ka, kt, kg = addrs[~gone], tids[~gone], tags[~gone]
+    at = np.searchsorted(ka, new_addrs)
+    if len(ka) and (ka[np.minimum(at, len(ka) - 1)] == new_addrs).any():
+        return None
+    merged = np.insert(ka, at, new_addrs), np.insert(kt, at, new_tids), np.insert(kg, at, new_tags)
+    return merged, np.union1d(_pages_of(addrs[gone]), _pages_of(new_addrs)).astype(np.uint64)
+
+
 def _owned(ptr, n, dtype):
     """A numpy view of ``n`` items at ``ptr``, malloc'd by C, freed with
     the view's last reference."""

@@ -56,7 +56,7 @@ from .walk import _walk
 # The parts of portable objects, each in a module of its own: the names
 # the runtime and the tests use of them are here too.
 from ._portmode import _Mode
-from ._relocentries import _ENTRY, _TYPE_WORD, Words, _by_page, _entries, _page_entries, _pages_of  # noqa: F401
+from ._relocentries import _ENTRY, _TYPE_WORD, Words, _by_page, _entries, _page_entries, _pages_of, _splice  # noqa: F401
 from ._seeds import hash_digest, seed_message, seed_passes_on  # noqa: F401
 
 NotShareable = errors.NotShareable
@@ -252,19 +252,16 @@ class Relocations:
         mode = _Mode(self.targets, seeds_agree)
         if not mode.c_walk(r, limit, dirty=dirty) or mode.shared:
             return None
-        new_addrs, new_tids, new_tags = mode.found
         drop = np.union1d(dirty, np.array([-1], np.int32)).astype(np.int32)  # (the root's own words come again)
-        gone = np.isin(tags, drop)
-        ka, kt, kg = addrs[~gone], tids[~gone], tags[~gone]
-        at = np.searchsorted(ka, new_addrs)
-        if len(ka) and (ka[np.minimum(at, len(ka) - 1)] == new_addrs).any():
+        got = _splice((addrs, tids, tags), drop, mode.found)
+        if got is None:
             return None      # (a word both kept and found again: an object two entries share)
-        addrs, tids, tags = np.insert(ka, at, new_addrs), np.insert(kt, at, new_tids), np.insert(kg, at, new_tags)
-        touched = np.union1d(_pages_of(st[0][gone]), _pages_of(new_addrs)).astype(np.uint64)
+        (addrs, tids, tags), touched, words = got
+        words.targets = np.union1d(self.per_root[k][0].targets, mode.words.targets).astype(np.uint32)
         kept = (mode.c_strict & _TYPE_WORD) == 0
         read = read.updated(drop, mode.c_extents[kept], mode.tags[kept], stale)
         self.cost["rechecks"] = self.cost.get("rechecks", 0) + 1
-        return Words(addrs, tids), read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
+        return words, read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
 
     def verdict(self, obj):
         """What the last walk of ``obj`` read (a ``_Read``), if it is a root
