@@ -4,12 +4,15 @@ It refuses a core built for another Python (``interpreter_problem``): the C
 code reads CPython's objects through layouts of the version it was built
 for.  It loads libzmq through pyzmq (so that one libzmq serves the process),
 hands its path to the C core, and turns C error codes into typed exceptions
-with ``check``.  Everything else in clamor goes through ``ffi``, ``lib`` and
-``check`` from here.
+with ``check``; arrays C allocated and hands over become numpy arrays that
+free them (``owned_array``).  Everything else in clamor goes through
+``ffi``, ``lib`` and ``check`` from here.
 """
 import glob
 import os
 import sys
+
+import numpy as np
 
 from . import errors
 
@@ -110,3 +113,14 @@ def _libzmq_path():
 
 LIBZMQ_PATH = _libzmq_path()
 check(lib.clamor_zmq_load(LIBZMQ_PATH.encode()), "loading libzmq", {})
+
+
+def owned_array(ptr, n, dtype):
+    """A numpy view of ``n`` items of ``dtype`` at ``ptr``, memory C
+    malloc'd and handed over: freed (clamor_py_buffer_free) with the
+    view's last reference.  An empty array for none."""
+    if not n or ptr == ffi.NULL:
+        return np.zeros(0, dtype)
+    size = n * np.dtype(dtype).itemsize
+    return np.frombuffer(ffi.buffer(ffi.gc(ptr, lib.clamor_py_buffer_free, size=size), size), dtype=dtype)
+

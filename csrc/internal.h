@@ -919,6 +919,23 @@ int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int3
 int clamor_py_reloc_splice(const uint64_t *a, const uint32_t *t, const int32_t *g, size_t n, const int32_t *drop,
                            size_t ndrop, const uint64_t *na, const uint32_t *nt, const int32_t *ng, size_t m,
                            struct clamor_relist *out);
+/* A walk's n ranges (start, length; each within one page, in the region)
+ * and their tags (or NULL), but those whose skip byte (skip NULL: none) is
+ * nonzero, ordered by page, stably, into malloc'd arrays
+ * (freed with clamor_py_buffer_free): the pages, ascending, and where each
+ * one's ranges start (npages + 1 of them).  0, ENOMEM, or EINVAL (a range
+ * outside the region). */
+struct clamor_pagesort {
+    uint64_t *ranges;
+    int32_t *tags;
+    size_t n;
+    uint64_t *pages;
+    uint64_t *starts;
+    size_t npages;
+};
+int clamor_py_sort_by_page(const uint64_t *ranges, const int32_t *tags, const uint8_t *skip, size_t n,
+                           struct clamor_pagesort *out);
+void clamor_py_pagesort_free(struct clamor_pagesort *s);
 void clamor_py_relist_free(struct clamor_relist *l);
 void clamor_py_buffer_free(void *p);
 

@@ -9,12 +9,15 @@
  * clamor_py_root_slots() says which bytes of the root's table hold which
  * entry, so that a write to one entry sends only that entry to be walked
  * again (clamor/memory/walk.py).  Neither walks anything: the walk itself
- * is pywalk.c's.
+ * is pywalk.c's.  clamor_py_sort_by_page() puts a walk's ranges in a read
+ * table's order: by page, stably (a counting sort).
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -106,6 +109,67 @@ void clamor_py_digest_runs(const uint64_t *ranges, const uint64_t *starts, const
         uint64_t i = which[k];
         digest(ranges + 2 * starts[i], starts[i + 1] - starts[i], out + 2 * k);
     }
+}
+
+/* ---- a read table's order ----------------------------------------------------- */
+
+int clamor_py_sort_by_page(const uint64_t *ranges, const int32_t *tags, const uint8_t *skip, size_t n,
+                           struct clamor_pagesort *out) {
+    memset(out, 0, sizeof *out);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        kept++;
+        if (!cl_in_region_span(ranges[2 * i], 1)) return EINVAL;
+        uint64_t p = cl_page_of(ranges[2 * i]);
+        if (p < lo) lo = p;
+        if (p > hi) hi = p;
+    }
+    if (!kept) return 0;
+    size_t span = (size_t)(hi - lo) + 1;
+    size_t *count = calloc(span + 1, sizeof *count);
+    out->ranges = malloc(2 * kept * sizeof *out->ranges);
+    out->tags = tags ? malloc(kept * sizeof *out->tags) : NULL;
+    if (!count || !out->ranges || (tags && !out->tags)) goto nomem;
+    for (size_t i = 0; i < n; i++)
+        if (!skip || !skip[i]) count[cl_page_of(ranges[2 * i]) - lo + 1]++;
+    size_t npages = 0;
+    for (size_t d = 0; d < span; d++) {
+        npages += count[d + 1] != 0;
+        count[d + 1] += count[d];
+    }
+    out->pages = malloc(npages * sizeof *out->pages);
+    out->starts = malloc((npages + 1) * sizeof *out->starts);
+    if (!out->pages || !out->starts) goto nomem;
+    for (size_t d = 0; d < span; d++)
+        if (count[d + 1] != count[d]) {
+            out->pages[out->npages] = lo + d;
+            out->starts[out->npages++] = count[d];
+        }
+    out->starts[npages] = kept;
+    for (size_t i = 0; i < n; i++) { /* stable: each page's ranges in the walk's order */
+        if (skip && skip[i]) continue;
+        size_t at = count[cl_page_of(ranges[2 * i]) - lo]++;
+        out->ranges[2 * at] = ranges[2 * i];
+        out->ranges[2 * at + 1] = ranges[2 * i + 1];
+        if (tags) out->tags[at] = tags[i];
+    }
+    out->n = kept;
+    free(count);
+    return 0;
+nomem:
+    free(count);
+    clamor_py_pagesort_free(out);
+    return ENOMEM;
+}
+
+void clamor_py_pagesort_free(struct clamor_pagesort *s) {
+    free(s->ranges);
+    free(s->tags);
+    free(s->pages);
+    free(s->starts);
+    memset(s, 0, sizeof *s);
 }
 
 #endif /* CLAMOR_WITH_PYTHON */

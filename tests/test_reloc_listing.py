@@ -12,7 +12,9 @@ refusals in the same order, and the same entries on every page; the lists
 C installs from the words (clamor_reloc_set_words) must be the reference's
 entries, and change where a word's value changed, and nowhere else.  A
 recheck's splice of words (clamor_py_reloc_splice) is checked against its
-numpy reference on random words, tags and entries dropped.
+numpy reference on random words, tags and entries dropped, and a read
+table's order by page (clamor_py_sort_by_page) against numpy's stable
+argsort.
 """
 from helpers import PRELUDE, run_driver
 
@@ -146,6 +148,26 @@ for case in range(200):
             and np.array_equal(words.pages, whole.pages) and np.array_equal(words.ends, whole.ends)):
         counts["differ"].append(["splice", case])
     counts["spliced"] += 1
+
+# a read table's order (clamor_py_sort_by_page), some ranges left out,
+# against numpy's stable argsort of those kept
+from clamor.memory import readtable
+counts["ordered"] = 0
+for case in range(100):
+    n = r.choice([0, 1, 7, 300, 5000])
+    starts = [base + 8 * r.randrange(len(buf) - 1) for _ in range(n)]
+    ranges = np.array([(a, 8) for a in starts], dtype=np.uint64).reshape(-1, 2)
+    tags = np.array([r.randrange(-1, 40) for _ in range(n)], dtype=np.int32) if case % 2 else None
+    skip = np.array([r.random() < 0.3 for _ in range(n)], dtype=np.uint8) if case % 3 else None
+    table = readtable.ReadTable(ranges, tags, skip=skip)
+    ref = readtable.ReadTable.__new__(readtable.ReadTable)
+    keep = slice(None) if skip is None else skip == 0
+    ref._order(ranges[keep], None if tags is None else tags[keep])
+    if not (np.array_equal(table.ranges, ref.ranges) and np.array_equal(table.pages, ref.pages)
+            and np.array_equal(table.starts, ref.starts)
+            and (tags is None or np.array_equal(table.tags, ref.tags)) and (tags is not None or table.tags is None)):
+        counts["differ"].append(["read table order", case, n])
+    counts["ordered"] += len(table.pages)
 print(json.dumps(counts))
 """
 
@@ -158,3 +180,4 @@ def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
     assert out["cases"] == 60 and out["words"] > 10_000 and out["bad"] >= 10 and out["pages"] > 60, out
     assert out["installed"] > 60 and out["changed"] >= 40, out
     assert out["spliced"] >= 150 and out["clashes"] >= 3, out
+    assert out["ordered"] > 1000, out

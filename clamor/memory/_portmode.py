@@ -12,7 +12,8 @@ from .. import errors
 from .._native import ffi, lib
 from ._kinds import _HAVE_GC, _HEAPTYPE, _WEAK_LINKS, data_only
 from ._reads import pointer_extents
-from ._relocentries import _TYPE_WORD, _match, _owned
+from ._relocentries import _TYPE_WORD, _match
+from .._native import owned_array as _owned
 from ._seeds import _seeded
 from .readtable import read_digests
 
@@ -113,8 +114,7 @@ class _Mode:
         while the object lives, and what holds it is read (a dead one's
         holder changed)."""
         if self.c_extents is not None:
-            read = (self.c_strict & _TYPE_WORD) == 0
-            return read_digests([], plain=self.c_extents[read], tags=self.tags[read] if self.tags is not None else None)
+            return read_digests([], plain=self.c_extents, tags=self.tags, skip=self.c_strict & _TYPE_WORD)
         return read_digests([e for e in self.extents if e[4] != "type"])
 
     def why_not(self, o):

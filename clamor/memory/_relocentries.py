@@ -11,6 +11,7 @@ import numpy as np
 from . import _pyshare, region
 from .. import errors
 from .._native import ffi, lib
+from .._native import owned_array as _owned
 
 NotShareable = errors.NotShareable
 
@@ -139,15 +140,6 @@ def _splice_reference(old, drop, new):
         return None
     merged = np.insert(ka, at, new_addrs), np.insert(kt, at, new_tids), np.insert(kg, at, new_tags)
     return merged, np.union1d(_pages_of(addrs[gone]), _pages_of(new_addrs)).astype(np.uint64)
-
-
-def _owned(ptr, n, dtype):
-    """A numpy view of ``n`` items at ``ptr``, malloc'd by C, freed with
-    the view's last reference."""
-    if not n or ptr == ffi.NULL:
-        return np.zeros(0, dtype)
-    size = n * np.dtype(dtype).itemsize
-    return np.frombuffer(ffi.buffer(ffi.gc(ptr, lib.clamor_py_buffer_free, size=size), size), dtype=dtype)
 
 
 def _match_reference(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):

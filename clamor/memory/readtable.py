@@ -3,9 +3,12 @@ per page, with each page's digest (``ReadTable``), so that the Cluster
 walks again only when a byte it read changed, and only what changed
 (``walk.recheck``).
 """
+import errno
+
 import numpy as np
 
 from .._native import ffi, lib
+from .._native import owned_array as _owned
 from . import region
 
 
@@ -24,7 +27,29 @@ class ReadTable:
 
     __slots__ = ("ranges", "pages", "starts", "digests", "tags")
 
-    def __init__(self, ranges, tags=None):
+    def __init__(self, ranges, tags=None, skip=None):
+        ranges = np.ascontiguousarray(ranges, dtype=np.uint64).reshape(-1, 2)
+        tags = None if tags is None else np.ascontiguousarray(tags, dtype=np.int32)
+        skip = None if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
+        out = ffi.new("struct clamor_pagesort *")
+        rc = lib.clamor_py_sort_by_page(ffi.cast("const uint64_t *", ranges.ctypes.data),
+                                        ffi.NULL if tags is None else ffi.cast("const int32_t *", tags.ctypes.data),
+                                        ffi.NULL if skip is None else ffi.cast("const uint8_t *", skip.ctypes.data),
+                                        len(ranges), out)
+        if rc == errno.ENOMEM:
+            raise MemoryError("no memory for the read table")
+        if rc:      # (a range outside the region: numpy orders it as well)
+            keep = slice(None) if skip is None else skip == 0
+            self._order(ranges[keep], None if tags is None else tags[keep])
+        else:
+            self.ranges = _owned(out.ranges, 2 * out.n, np.uint64).reshape(-1, 2)
+            self.tags = None if tags is None else _owned(out.tags, out.n, np.int32)
+            self.pages = _owned(out.pages, out.npages, np.uint64)
+            self.starts = _owned(out.starts, out.npages + 1, np.uint64) if out.n else np.zeros(1, np.uint64)
+        self.digests = self._digests(np.arange(len(self.pages), dtype=np.uint64))
+
+    def _order(self, ranges, tags):
+        """The ranges by page, stably, in numpy (clamor_py_sort_by_page's reference)."""
         page = _page_of(ranges)
         order = np.argsort(page, kind="stable")
         self.ranges = np.ascontiguousarray(ranges[order])
@@ -33,7 +58,6 @@ class ReadTable:
         first = np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if len(page) else np.zeros(0, np.int64)
         self.pages = page[first]
         self.starts = np.append(first, len(order)).astype(np.uint64)
-        self.digests = self._digests(np.arange(len(self.pages), dtype=np.uint64))
 
     def __len__(self):
         return len(self.pages)
@@ -140,16 +164,21 @@ def _split(extents):
     return np.stack([seg_lo, seg_hi - seg_lo], axis=1)
 
 
-def read_digests(extents, plain=None, tags=None):
+def read_digests(extents, plain=None, tags=None, skip=None):
     """The ``ReadTable`` of a walk: ``extents``, (start, length, ...)
     tuples, and ``plain``, more of them as an (n, 2) uint64 array already
     split at page boundaries (the C walk's, csrc/pyextents.c), tagged by
-    ``tags`` when there are no others."""
-    parts = [_split(extents)]
-    if plain is not None and len(plain):
-        parts.append(np.asarray(plain, dtype=np.uint64).reshape(-1, 2))
-    ranges = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    return ReadTable(ranges, tags if tags is not None and len(tags) == len(ranges) else None)
+    ``tags`` when there are no others; ``skip`` (with ``plain`` alone): a
+    byte per range, nonzero for one left out."""
+    split = _split(extents)
+    if plain is None or not len(plain):
+        ranges = split
+    else:
+        plain = np.asarray(plain, dtype=np.uint64).reshape(-1, 2)
+        ranges = np.concatenate([split, plain]) if len(split) else plain     # (a walk's millions: no copy)
+    if skip is not None and len(skip) != len(ranges):
+        raise ValueError("skip needs a byte per range")
+    return ReadTable(ranges, tags if tags is not None and len(tags) == len(ranges) else None, skip=skip)
 
 
 def pages_array(pages):
