@@ -160,7 +160,13 @@ int clamor_reloc_set_words(uint32_t version, const uint64_t *pages, size_t npage
             rc = cl_err(EINVAL, "the pages to list are not ascending pages of the region");
             break;
         }
-        while (at < n && cl_page_of(addrs[at]) < page) at++; /* (words of pages not asked for) */
+        /* (words of pages not asked for are skipped: the first of this page's found by bisection) */
+        uint64_t first = (uint64_t)(uintptr_t)cl_page_addr(page);
+        for (size_t hi = n; at < hi;) {
+            size_t mid = at + (hi - at) / 2;
+            if (addrs[mid] < first) at = mid + 1;
+            else hi = mid;
+        }
         uint32_t c = 0;
         for (; at < n && cl_page_of(addrs[at]) == page; at++) {
             uint64_t w = (addrs[at] - cl_region.base) >> 3 & (words - 1);

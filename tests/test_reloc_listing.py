@@ -149,6 +149,41 @@ for case in range(200):
         counts["differ"].append(["splice", case])
     counts["spliced"] += 1
 
+# the lists installed for several roots (Relocations._install): on each
+# page, the union of the roots' words, an address named by two roots
+# listed with the first root's target; the pages no root has, emptied
+counts["roots_installed"] = counts["roots_shared_pages"] = 0
+for case in range(40):
+    rel = portable.Relocations()
+    roots, kept = [], []
+    span = r.choice([20, 2000, len(buf) - 1])
+    at = r.randrange(len(buf) - span)
+    for k in range(r.randrange(1, 5)):
+        a = np.array(sorted(r.sample(range(at, at + span), r.randrange(0, min(span, 3000)))), dtype=np.uint64)
+        a = a * np.uint64(8) + np.uint64(base)
+        w = _relocentries.Words(a, np.array([r.randrange(1, 9) for _ in a], dtype=np.uint32))
+        root = [k]
+        roots.append(root)
+        rel._keep(id(root), root, w, None, None)
+        kept.append(w)
+    pages = set(np.concatenate([w.pages for w in kept]).tolist()) | {int(_relocentries._pages_of(
+        np.array([base + 8 * r.randrange(len(buf))], np.uint64))[0])}      # (maybe a page no root has)
+    stage = 1000 + case
+    rel._install(pages, stage)
+    for page in sorted(pages):
+        owners = [w for w in kept if page in set(w.pages.tolist())]
+        counts["roots_shared_pages"] += len(owners) > 1
+        first = {}          # address -> target, the first root's (plain Python: the reference)
+        for w in owners:
+            on = _relocentries._pages_of(w.addrs) == np.uint64(page)
+            for a, t_ in zip(w.addrs[on].tolist(), w.tids[on].tolist()):
+                first.setdefault(a, t_)
+        ua = np.array(sorted(first), dtype=np.uint64)
+        want = _relocentries._by_page(ua, np.array([first[a] for a in sorted(first)], np.uint32)).get(page, b"")
+        if listed(stage, page) != want:
+            counts["differ"].append(["roots installed", case, page])
+        counts["roots_installed"] += 1
+
 # a read table's order (clamor_py_sort_by_page), some ranges left out,
 # against numpy's stable argsort of those kept
 from clamor.memory import readtable
@@ -181,3 +216,4 @@ def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
     assert out["installed"] > 60 and out["changed"] >= 40, out
     assert out["spliced"] >= 150 and out["clashes"] >= 3, out
     assert out["ordered"] > 1000, out
+    assert out["roots_installed"] > 100 and out["roots_shared_pages"] >= 20, out

@@ -296,50 +296,54 @@ class Relocations:
             if gone is not None:
                 self.orphans.update(gone[0].pages.tolist())     # (their words may be another object's soon)
 
-    def _words_on(self, pages):
-        """(addresses, targets) of the words the live roots list on
-        ``pages`` (ascending), each address once: the first root's, in the
-        order the roots came (an object two roots reach has the same words
-        in both)."""
-        having = [w for w, _ in self.per_root.values()
-                  if len(w.pages) and np.isin(pages, w.pages, assume_unique=True).any()]
-        if not having:
-            return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
-        if len(having) == 1:
-            return having[0].addrs, having[0].tids       # (clamor_reloc_set_words skips the other pages')
-        parts = [w.on(pages) for w in having]
-        addrs = np.concatenate([a for a, _ in parts])
-        tids = np.concatenate([t for _, t in parts])
-        addrs, first = np.unique(addrs, return_index=True)
-        return addrs, tids[first]
+    def _groups(self, pages):
+        """The words to list on ``pages`` (ascending), as (pages, addresses,
+        targets) groups for clamor_reloc_set_words: a root's whole words
+        for the pages only it has words on (C skips the others' words), the
+        union of the roots' words on the pages two or more have words on
+        (each address once: the first root's, in the order the roots came;
+        an object two roots reach has the same words in both), and none
+        for the pages no live root has words on."""
+        roots = [w for w, _ in self.per_root.values() if len(w.pages)]
+        masks = [np.isin(pages, w.pages, assume_unique=True) for w in roots]
+        count = np.sum(masks, axis=0) if masks else np.zeros(len(pages), np.int64)
+        groups = [(pages[m & (count == 1)], w.addrs, w.tids) for w, m in zip(roots, masks)]
+        shared = pages[count >= 2]
+        if len(shared):
+            parts = [w.on(shared) for w, m in zip(roots, masks) if (m & (count >= 2)).any()]
+            addrs, first = np.unique(np.concatenate([a for a, _ in parts]), return_index=True)
+            groups.append((shared, addrs, np.concatenate([t for _, t in parts])[first]))
+        groups.append((pages[count == 0], np.zeros(0, np.uint64), np.zeros(0, np.uint32)))
+        return [g for g in groups if len(g[0])]
 
     def _install(self, pages, stage):
         """Install the lists of ``pages`` (a set) at ``stage`` where they
         changed; the pages whose lists changed (ascending)."""
         pages = np.asarray(sorted(pages), dtype=np.uint64)
-        if not len(pages):
-            return pages
-        addrs, tids = self._words_on(pages)
-        addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
-        tids = np.ascontiguousarray(tids, dtype=np.uint32)
-        changed = np.zeros(len(pages), np.uint8)
-        counts = np.zeros(len(pages), np.uint32)
-        rc = lib.clamor_reloc_set_words(stage, ffi.cast("const uint64_t *", pages.ctypes.data), len(pages),
-                                        ffi.cast("const uint64_t *", addrs.ctypes.data),
-                                        ffi.cast("const uint32_t *", tids.ctypes.data), len(addrs),
-                                        ffi.cast("uint8_t *", changed.ctypes.data),
-                                        ffi.cast("uint32_t *", counts.ctypes.data))
-        if rc:
-            from .._native import check
-            check(rc, "clamor_reloc_set_words")
-        for page, n in zip(pages.tolist(), counts.tolist()):
-            if n:
-                self.listed[page] = n
-            else:
-                self.listed.pop(page, None)
+        changed_pages = []
+        for group, addrs, tids in self._groups(pages):
+            group = np.ascontiguousarray(group, dtype=np.uint64)
+            addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
+            tids = np.ascontiguousarray(tids, dtype=np.uint32)
+            changed = np.zeros(len(group), np.uint8)
+            counts = np.zeros(len(group), np.uint32)
+            rc = lib.clamor_reloc_set_words(stage, ffi.cast("const uint64_t *", group.ctypes.data), len(group),
+                                            ffi.cast("const uint64_t *", addrs.ctypes.data),
+                                            ffi.cast("const uint32_t *", tids.ctypes.data), len(addrs),
+                                            ffi.cast("uint8_t *", changed.ctypes.data),
+                                            ffi.cast("uint32_t *", counts.ctypes.data))
+            if rc:
+                from .._native import check
+                check(rc, "clamor_reloc_set_words")
+            for page, n in zip(group.tolist(), counts.tolist()):
+                if n:
+                    self.listed[page] = n
+                else:
+                    self.listed.pop(page, None)
+            changed_pages.append(group[changed.astype(bool)])
         self.cost["pages"] = len(self.listed)
         self.cost["entries"] = sum(self.listed.values())
-        return pages[changed.astype(bool)]
+        return np.sort(np.concatenate(changed_pages)) if changed_pages else np.zeros(0, np.uint64)
 
     def prune(self, floor):
         """Forget the lists no request at a stage >= ``floor`` is served."""
