@@ -38,12 +38,45 @@
 #include "internal.h"
 #include "wire.h"
 
+/* A page's list.  A worker's holds whole entries (e[]: it serves the
+ * driver's words back).  The driver's is compact: each entry's word and
+ * target (cw(l)[], 8 bytes), and a sum of its non-null words' values as
+ * listed; the values themselves are the page's bytes of the version the
+ * list is served with, which must sum alike (list_sum). */
 struct rlist {
     struct rlist *next; /* driver: older lists of the page */
     uint32_t from;      /* driver: first version it is valid at */
     uint32_t n;
-    struct clamor_reloc e[];
+    uint64_t sum;       /* driver: list_sum of its words as listed */
+    int compact;
+    struct clamor_reloc e[]; /* (compact: struct cw[n]) */
 };
+
+struct cw {
+    uint32_t word, target;
+};
+
+static inline struct cw *cw(const struct rlist *l) { return (struct cw *)(void *)l->e; }
+static inline uint32_t word_of(const struct rlist *l, uint32_t i) { return l->compact ? cw(l)[i].word : l->e[i].word; }
+static inline uint32_t target_of(const struct rlist *l, uint32_t i) {
+    return l->compact ? cw(l)[i].target : l->e[i].target;
+}
+
+/* A sum of the (word, value) pairs of a list's non-null entries, the
+ * values read from page (a list and the bytes it goes with agree when
+ * their sums do).  Null entries are the collector's links, which the
+ * driver rewrites at any time, and which read null anyway. */
+static uint64_t list_sum(const struct rlist *l, const char *page) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ l->n;
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (!target_of(l, i)) continue;
+        uint64_t w, x;
+        memcpy(&w, page + (size_t)word_of(l, i) * 8, 8);
+        x = (w ^ ((uint64_t)word_of(l, i) << 40)) * 0xBF58476D1CE4E5B9ull;
+        h = (h ^ (x ^ (x >> 31))) * 0x94D049BB133111EBull;
+    }
+    return h;
+}
 
 static struct {
     pthread_mutex_t lock;
@@ -91,7 +124,23 @@ static struct rlist *make(uint32_t from, const struct clamor_reloc *e, uint32_t 
     l->next = NULL;
     l->from = from;
     l->n = n;
+    l->sum = 0;
+    l->compact = 0;
     if (n) memcpy(l->e, e, (size_t)n * sizeof *e);
+    return l;
+}
+
+/* The driver's list of entries e[0..n) of `page`, compact, summed over the
+ * page's bytes now (the entries' values are those bytes). */
+static struct rlist *make_compact(uint32_t from, const struct clamor_reloc *e, uint32_t n, const char *page) {
+    struct rlist *l = malloc(sizeof *l + (size_t)n * sizeof(struct cw));
+    if (!l) return NULL;
+    l->next = NULL;
+    l->from = from;
+    l->n = n;
+    l->compact = 1;
+    for (uint32_t i = 0; i < n; i++) cw(l)[i] = (struct cw){e[i].word, e[i].target};
+    l->sum = list_sum(l, page);
     return l;
 }
 
@@ -103,7 +152,12 @@ int clamor_reloc_set(uint32_t version, uint64_t page, const struct clamor_reloc 
     uint64_t words = cl_region.page_size / 8;
     for (uint32_t i = 0; i < n; i++)
         if (e[i].word >= words) return cl_err(EINVAL, "relocation word %u is outside the page", e[i].word);
-    struct rlist *l = make(version, e, n);
+    /* (each listed word must hold its value now: the list is summed over the page's bytes) */
+    const char *bytes = cl_page_addr(page);
+    for (uint32_t i = 0; i < n; i++)
+        if (e[i].target && memcmp(bytes + (size_t)e[i].word * 8, &e[i].value, 8))
+            return cl_err(EINVAL, "relocation word %u does not hold the value listed", e[i].word);
+    struct rlist *l = make_compact(version, e, n, bytes);
     if (!l) return cl_err(ENOMEM, "out of memory for relocations");
     return install(version, page, l);
 }
@@ -181,14 +235,23 @@ int clamor_reloc_set_words(uint32_t version, const uint64_t *pages, size_t npage
         }
         if (rc) break;
         counts[k] = c;
+        struct rlist *l = make_compact(version, scratch, c, cl_page_addr(page));
+        if (!l) {
+            rc = cl_err(ENOMEM, "out of memory for relocations");
+            break;
+        }
         pthread_mutex_lock(&R.lock);
         const struct rlist *old = R.page && page < R.npages ? R.page[page] : NULL;
-        bool same = old ? old->n == c && !memcmp(old->e, scratch, (size_t)c * sizeof *scratch) : c == 0;
+        bool same = old ? old->compact && old->n == c && old->sum == l->sum &&
+                              !memcmp(old->e, l->e, (size_t)c * sizeof(struct cw))
+                        : c == 0;
         pthread_mutex_unlock(&R.lock);
         changed[k] = !same;
-        if (same) continue;
-        struct rlist *l = make(version, scratch, c);
-        rc = l ? install(version, page, l) : cl_err(ENOMEM, "out of memory for relocations");
+        if (same) {
+            free(l);
+            continue;
+        }
+        rc = install(version, page, l);
     }
     free(scratch);
     return rc;
@@ -207,7 +270,13 @@ int clamor_reloc_list(uint64_t page, uint32_t version, struct clamor_reloc *out,
     if (l) {
         *n = l->n;
         if (l->n > max) rc = ERANGE;
-        else if (l->n) memcpy(out, l->e, (size_t)l->n * sizeof *out);
+        else if (!l->compact && l->n) memcpy(out, l->e, (size_t)l->n * sizeof *out);
+        else /* (a driver's list: the values are the page's bytes now) */
+            for (uint32_t i = 0; i < l->n; i++) {
+                out[i].word = cw(l)[i].word;
+                out[i].target = cw(l)[i].target;
+                memcpy(&out[i].value, cl_page_addr(page) + (size_t)cw(l)[i].word * 8, 8);
+            }
     }
     pthread_mutex_unlock(&R.lock);
     return rc;
@@ -230,7 +299,8 @@ size_t clamor_reloc_nbytes(void) {
     pthread_mutex_lock(&R.lock);
     size_t n = R.captouched * sizeof *R.touched + R.ntouched * sizeof *R.page;
     for (size_t i = 0; R.page && i < R.ntouched; i++)
-        for (struct rlist *l = R.page[R.touched[i]]; l; l = l->next) n += sizeof *l + (size_t)l->n * sizeof l->e[0];
+        for (struct rlist *l = R.page[R.touched[i]]; l; l = l->next)
+            n += sizeof *l + (size_t)l->n * (l->compact ? sizeof(struct cw) : sizeof l->e[0]);
     pthread_mutex_unlock(&R.lock);
     return n;
 }
@@ -288,8 +358,10 @@ int clamor_reloc_bind(uint32_t target, uint64_t driver_addr, uint64_t local_addr
 
 /* Does every word the list names hold the driver's word it recorded?
  * (Null entries are garbage-collector links, which the driver's collector
- * rewrites at any time, and which read null anyway.) */
+ * rewrites at any time, and which read null anyway.)  A driver's list
+ * answers by its sum. */
 static bool matches(const struct rlist *l, const char *page) {
+    if (l->compact) return list_sum(l, page) == l->sum;
     for (uint32_t i = 0; i < l->n; i++) {
         if (!l->e[i].target) continue;
         uint64_t w;
@@ -347,7 +419,13 @@ size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t version, const ch
     struct clamor_reloc *o = (struct clamor_reloc *)(b + 4);
     for (uint32_t k = 0; k < count; k++)
         for (uint32_t i = 0; pick[k] && i < pick[k]->n; i++) {
-            *o = pick[k]->e[i];
+            if (pick[k]->compact) { /* (the driver's words are the bytes served, which match the list) */
+                o->word = cw(pick[k])[i].word;
+                o->target = cw(pick[k])[i].target;
+                memcpy(&o->value, data + ((size_t)k * words + o->word) * 8, 8);
+            } else {
+                *o = pick[k]->e[i];
+            }
             o->word += (uint32_t)(k * words);
             o++;
         }
@@ -361,7 +439,7 @@ void cl_reloc_restore(uint64_t first, uint32_t count, char *data) {
     pthread_mutex_lock(&R.lock);
     for (uint32_t k = 0; R.page && k < count; k++) {
         struct rlist *l = first + k < R.npages ? R.page[first + k] : NULL;
-        for (uint32_t i = 0; l && i < l->n; i++)
+        for (uint32_t i = 0; l && !l->compact && i < l->n; i++) /* (a driver's are its bytes already) */
             memcpy(data + ((size_t)k * words + l->e[i].word) * 8, &l->e[i].value, 8);
     }
     pthread_mutex_unlock(&R.lock);

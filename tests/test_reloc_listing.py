@@ -45,7 +45,7 @@ def draw():
         return id(r.choice(inner))                   # into the region: not listed
     return 0
 
-counts = {"cases": 0, "words": 0, "bad": 0, "pages": 0, "differ": [], "installed": 0, "changed": 0}
+counts = {"cases": 0, "words": 0, "bad": 0, "pages": 0, "differ": [], "installed": 0, "changed": 0, "null_bumps": 0}
 WORDS = region.page_size() // 8
 got_list = ffi.new("struct clamor_reloc[]", WORDS)
 n_list = ffi.new("uint32_t *")
@@ -93,7 +93,8 @@ for case in range(60):
             counts["differ"].append([case, tagged, len(got[0]), len(ref[0]), len(bad), len(ref_bad)])
     # the lists C makes of the words as it installs them: the reference's
     # entries, word for word, the values read now; the same words again
-    # change nothing; a word's value changed changes its page alone
+    # change nothing; a word's value changed changes its page alone (but a
+    # null word's)
     ref_pages = _relocentries._by_page(*ref[:2])
     stage = 2 * case + 1
     changed, n = install(stage, words)
@@ -103,8 +104,9 @@ for case in range(60):
     counts["installed"] += int(changed.sum())
     if install(stage + 1, words)[0].any():
         counts["differ"].append([case, "the same words changed a list"])
-    if len(words.addrs):
-        at = r.randrange(len(words.addrs))
+    listed_words = np.flatnonzero(words.tids != 0)
+    if len(listed_words):
+        at = int(r.choice(listed_words.tolist()))
         a = int(words.addrs[at])
         buf[(a - base) // 8] += 8
         changed, _ = install(stage + 1, words)
@@ -112,6 +114,13 @@ for case in range(60):
         if changed.tolist() != [int(p == page) for p in words.pages.tolist()]:
             counts["differ"].append([case, "a changed word's page alone changes", changed.tolist()])
         counts["changed"] += int(changed.sum())
+    null_words = np.flatnonzero(words.tids == 0)
+    if len(null_words):     # (a null word's value is no part of a list: the collector's links change at any time)
+        a = int(words.addrs[int(r.choice(null_words.tolist()))])
+        buf[(a - base) // 8] += 8
+        if install(stage + 1, words)[0].any():
+            counts["differ"].append([case, "a null word's value changed a list"])
+        counts["null_bumps"] += 1
     counts["cases"] += 1
     counts["words"] += len(ref[0])
     counts["bad"] += len(ref_bad) > 0
@@ -213,7 +222,7 @@ def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
     assert not out["differ"], out["differ"][:5]
     # what both sides listed: words at targets, refusals, several pages
     assert out["cases"] == 60 and out["words"] > 10_000 and out["bad"] >= 10 and out["pages"] > 60, out
-    assert out["installed"] > 60 and out["changed"] >= 40, out
+    assert out["installed"] > 60 and out["changed"] >= 40 and out["null_bumps"] >= 20, out
     assert out["spliced"] >= 150 and out["clashes"] >= 3, out
     assert out["ordered"] > 1000, out
     assert out["roots_installed"] > 100 and out["roots_shared_pages"] >= 20, out
