@@ -89,123 +89,152 @@ static int sort_keys(uint64_t *keys, size_t n, unsigned seq_bits, uint64_t lo, u
 
 static int page_cuts(struct clamor_relist *out);
 
-int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
-                          const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
-                          const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
-                          int want_pages, struct clamor_relist *out) {
-    memset(out, 0, sizeof *out);
-    /* Keys (word's offset from the region's base, in words) << seq_bits |
-     * (its place: the null words first, then each extent's in order), and
-     * each place's target and tag.  Sized for every word the extents hold
-     * (memory never touched costs nothing): no copy as they grow. */
+/* The words found, before they are sorted: keys (the word's offset from
+ * the region's base, in words) << seq_bits | (its place: the null words
+ * first, then each extent's in order), and each place's target and tag
+ * (g: tagged walks only); the words of strict extents into private memory
+ * (bad). */
+struct found {
+    uint64_t *keys;
+    uint32_t *t;
+    int32_t *g;
+    size_t m;
+    unsigned seq_bits;
+    uint64_t *bad;
+    size_t nbad;
+};
+
+/* Fill f from the null words and the extents' words (arrays sized for every
+ * word the extents hold: memory never touched costs nothing, and nothing is
+ * copied as they grow).  0, ENOMEM, EINVAL (a word outside the region) or
+ * E2BIG (more places than the keys hold). */
+static int scan(struct found *f, const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
+                const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
+                const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv) {
     unsigned wbits = 1;
     while (wbits < 64 && (cl_region.size >> 3) >> wbits) wbits++;
-    unsigned seq_bits = 64 - wbits;
-    size_t cap = nnulls, nbad = 0, m = 0;
+    unsigned sb = f->seq_bits = 64 - wbits;
+    size_t cap = nnulls;
     for (size_t i = 0; i < n; i++) cap += ext[2 * i + 1] / 8 + 1;
-    if (seq_bits < 20 || (seq_bits < 64 && cap >> seq_bits)) return E2BIG; /* (the caller's reference sorts) */
-    uint64_t *keys = malloc((cap ? cap : 1) * sizeof *keys), *bad = NULL, *sorted_nulls = NULL;
-    uint32_t *t = malloc((cap ? cap : 1) * sizeof *t);
-    int32_t *g = tags ? malloc((cap ? cap : 1) * sizeof *g) : NULL;
-    int rc = ENOMEM;
-    if (!keys || !t || (tags && !g)) goto done;
-    for (size_t j = 0; j < nnulls; j++, m++) {
-        if (!cl_in_region_span(nulls[j], 8)) {
-            rc = EINVAL;
-            goto done;
-        }
-        keys[m] = ((nulls[j] - cl_region.base) >> 3) << seq_bits | m;
-        t[m] = 0;
-        if (g) g[m] = null_tags[j];
+    if (sb < 20 || cap >> sb) return E2BIG;
+    f->keys = malloc((cap ? cap : 1) * sizeof *f->keys);
+    f->t = malloc((cap ? cap : 1) * sizeof *f->t);
+    f->g = tags ? malloc((cap ? cap : 1) * sizeof *f->g) : NULL;
+    if (!f->keys || !f->t || (tags && !f->g)) return ENOMEM;
+    for (size_t j = 0; j < nnulls; j++, f->m++) {
+        if (!cl_in_region_span(nulls[j], 8)) return EINVAL;
+        f->keys[f->m] = ((nulls[j] - cl_region.base) >> 3) << sb | f->m;
+        f->t[f->m] = 0;
+        if (f->g) f->g[f->m] = null_tags[j];
     }
     uintptr_t tmin = nt ? tlo[0] : 1, tmax = nt ? thi[nt - 1] : 0;
     long last = -1;
     for (size_t i = 0; i < n; i++) {
         uintptr_t p = (ext[2 * i] + 7) & ~(uintptr_t)7, end = ext[2 * i] + ext[2 * i + 1];
-        if (p < end && !cl_in_region_span(p, end - p)) {
-            rc = EINVAL;
-            goto done;
-        }
+        if (p < end && !cl_in_region_span(p, end - p)) return EINVAL;
         for (; p + 8 <= end; p += 8) {
             uintptr_t w = *(const uintptr_t *)p;
             if (w < 4096 || cl_in_region(w)) continue;
             long k = w >= tmin && w < tmax ? find_target(w, tlo, thi, nt, &last) : -1;
             if (k >= 0) {
-                keys[m] = ((p - cl_region.base) >> 3) << seq_bits | m;
-                t[m] = tid[k];
-                if (g) g[m] = tags[i];
-                m++;
+                f->keys[f->m] = ((p - cl_region.base) >> 3) << sb | f->m;
+                f->t[f->m] = tid[k];
+                if (f->g) f->g[f->m] = tags[i];
+                f->m++;
             } else if (strict[i] && npriv && cl_in_ranges(w, priv, npriv)) {
-                if (!bad && !(bad = malloc(cap * sizeof *bad))) goto done;
-                bad[nbad++] = p;
+                if (!f->bad && !(f->bad = malloc(cap * sizeof *f->bad))) return ENOMEM;
+                f->bad[f->nbad++] = p;
             }
         }
     }
-    /* a word into private memory is no refusal if a worker reads it null */
-    if (nbad) {
-        sorted_nulls = malloc((nnulls ? nnulls : 1) * sizeof *sorted_nulls);
-        if (!sorted_nulls) goto done;
-        if (nnulls) memcpy(sorted_nulls, nulls, nnulls * sizeof *nulls);
-        qsort(sorted_nulls, nnulls, sizeof *sorted_nulls, cmp_u64);
-        for (size_t i = 0; i < nbad; i++)
-            if (!cl_sorted_has(sorted_nulls, nnulls, bad[i])) bad[out->nbad++] = bad[i];
-        if (out->nbad) {
-            out->bad = bad;
-            bad = NULL;
-        }
+    return 0;
+}
+
+/* The refusals: f's words into private memory that are no null word (a
+ * worker reads those null), into out->bad in order.  0, or ENOMEM. */
+static int refusals(struct found *f, const uint64_t *nulls, size_t nnulls, struct clamor_relist *out) {
+    if (!f->nbad) return 0;
+    uint64_t *sorted = malloc((nnulls ? nnulls : 1) * sizeof *sorted);
+    if (!sorted) return ENOMEM;
+    if (nnulls) memcpy(sorted, nulls, nnulls * sizeof *nulls);
+    qsort(sorted, nnulls, sizeof *sorted, cmp_u64);
+    for (size_t i = 0; i < f->nbad; i++)
+        if (!cl_sorted_has(sorted, nnulls, f->bad[i])) f->bad[out->nbad++] = f->bad[i];
+    free(sorted);
+    if (out->nbad) {
+        out->bad = f->bad;
+        f->bad = NULL;
     }
-    if (m) {
-        uint64_t lo = keys[0] >> seq_bits, hi = lo;
-        for (size_t i = 1; i < m; i++) {
-            uint64_t w = keys[i] >> seq_bits;
-            if (w < lo) lo = w;
-            if (w > hi) hi = w;
-        }
-        if (sort_keys(keys, m, seq_bits, lo, hi - lo) < 0) goto done;
-        uint64_t seq_mask = seq_bits < 64 ? ((uint64_t)1 << seq_bits) - 1 : ~(uint64_t)0;
-        size_t u = 0; /* unique words, the first of each kept; then keys become the addresses, in place */
-        out->tids = malloc(m * sizeof *out->tids);
-        out->tags = g ? malloc(m * sizeof *out->tags) : NULL;
-        if (!out->tids || (g && !out->tags)) goto done;
-        for (size_t i = 0; i < m; i++) {
-            uint64_t w = keys[i] >> seq_bits;
-            if (u && w == (keys[u - 1] - cl_region.base) >> 3) continue;
-            size_t at = (size_t)(keys[i] & seq_mask);
-            out->tids[u] = t[at];
-            if (g) out->tags[u] = g[at];
-            keys[u++] = cl_region.base + (w << 3);
-        }
-        out->addrs = keys;
-        keys = NULL;
-        out->n = u;
-        /* the targets named, each once, ascending */
-        uint32_t top = 0;
-        for (size_t i = 0; i < u; i++)
-            if (out->tids[i] > top) top = out->tids[i];
-        uint8_t *named = calloc((size_t)top + 1, 1);
-        if (!named) goto done;
-        size_t nn = 0;
-        for (size_t i = 0; i < u; i++) {
-            nn += !named[out->tids[i]];
-            named[out->tids[i]] = 1;
-        }
-        out->targets = malloc(nn * sizeof *out->targets);
-        if (!out->targets) {
-            free(named);
-            goto done;
-        }
+    return 0;
+}
+
+/* f's words sorted by address, each once (the first place's target and
+ * tag), into out (addrs: f's keys, rewritten in place).  0, or ENOMEM. */
+static int unique_words(struct found *f, struct clamor_relist *out) {
+    if (!f->m) return 0;
+    unsigned sb = f->seq_bits;
+    uint64_t lo = f->keys[0] >> sb, hi = lo;
+    for (size_t i = 1; i < f->m; i++) {
+        uint64_t w = f->keys[i] >> sb;
+        if (w < lo) lo = w;
+        if (w > hi) hi = w;
+    }
+    if (sort_keys(f->keys, f->m, sb, lo, hi - lo) < 0) return ENOMEM;
+    uint64_t seq_mask = ((uint64_t)1 << sb) - 1;
+    out->tids = malloc(f->m * sizeof *out->tids);
+    out->tags = f->g ? malloc(f->m * sizeof *out->tags) : NULL;
+    if (!out->tids || (f->g && !out->tags)) return ENOMEM;
+    size_t u = 0;
+    for (size_t i = 0; i < f->m; i++) {
+        uint64_t w = f->keys[i] >> sb;
+        if (u && w == (f->keys[u - 1] - cl_region.base) >> 3) continue;
+        size_t at = (size_t)(f->keys[i] & seq_mask);
+        out->tids[u] = f->t[at];
+        if (f->g) out->tags[u] = f->g[at];
+        f->keys[u++] = cl_region.base + (w << 3);
+    }
+    out->addrs = f->keys;
+    f->keys = NULL;
+    out->n = u;
+    return 0;
+}
+
+/* The targets out's words name, each once, ascending.  0, or ENOMEM. */
+static int targets_named(struct clamor_relist *out) {
+    if (!out->n) return 0;
+    uint32_t top = 0;
+    for (size_t i = 0; i < out->n; i++)
+        if (out->tids[i] > top) top = out->tids[i];
+    uint8_t *named = calloc((size_t)top + 1, 1);
+    if (!named) return ENOMEM;
+    size_t nn = 0;
+    for (size_t i = 0; i < out->n; i++) {
+        nn += !named[out->tids[i]];
+        named[out->tids[i]] = 1;
+    }
+    out->targets = malloc(nn * sizeof *out->targets);
+    if (out->targets)
         for (uint32_t k = 0; k <= top; k++)
             if (named[k]) out->targets[out->ntargets++] = k;
-        free(named);
-    }
-    if (want_pages && page_cuts(out) < 0) goto done;
-    rc = 0;
-done:
-    free(keys);
-    free(t);
-    free(g);
-    free(bad);
-    free(sorted_nulls);
+    free(named);
+    return out->targets ? 0 : ENOMEM;
+}
+
+int clamor_py_reloc_words(const uint64_t *ext, const uint8_t *strict, const int32_t *tags, size_t n,
+                          const uint64_t *nulls, const int32_t *null_tags, size_t nnulls, const uintptr_t *tlo,
+                          const uintptr_t *thi, const uint32_t *tid, size_t nt, const uintptr_t *priv, size_t npriv,
+                          int want_pages, struct clamor_relist *out) {
+    memset(out, 0, sizeof *out);
+    struct found f = {0};
+    int rc = scan(&f, ext, strict, tags, n, nulls, null_tags, nnulls, tlo, thi, tid, nt, priv, npriv);
+    if (!rc) rc = refusals(&f, nulls, nnulls, out);
+    if (!rc) rc = unique_words(&f, out);
+    if (!rc) rc = targets_named(out);
+    if (!rc && want_pages && page_cuts(out) < 0) rc = ENOMEM;
+    free(f.keys);
+    free(f.t);
+    free(f.g);
+    free(f.bad);
     if (rc) clamor_py_relist_free(out);
     return rc;
 }
