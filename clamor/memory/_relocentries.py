@@ -217,34 +217,20 @@ def _pages_of(addrs):
     return (addrs - np.uint64(region.base())) >> np.uint64((region.page_size() - 1).bit_length())
 
 
-def _by_page(addrs, tids, only=None):
+def _by_page(addrs, tids):
     """{page: entries as bytes} of the words ``addrs`` (ascending) naming
-    targets ``tids``, the words' values read now; of the pages ``only``
-    (ascending; b"" for one with none) if given."""
+    targets ``tids``, the words' values read now: the lists
+    clamor_reloc_set_words makes, in numpy (the tests' reference)."""
     pages = _pages_of(addrs)
-    if only is None:
-        cuts = np.flatnonzero(np.diff(pages)) + 1
-        lo = np.concatenate([[0], cuts]).astype(np.int64) if len(addrs) else np.zeros(0, np.int64)
-        hi = np.append(lo[1:], len(addrs)).astype(np.int64)
-        named = pages[lo]
-    else:
-        named = np.asarray(only, dtype=np.uint64)
-        lo = np.searchsorted(pages, named, side="left")
-        hi = np.searchsorted(pages, named, side="right")
-    if only is None:
-        idx = np.arange(len(addrs))
-    else:
-        idx = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, np.int64)])
-    off = addrs[idx] - np.uint64(region.base())
-    rec = np.empty(len(idx), dtype=_ENTRY)
+    cuts = np.flatnonzero(np.diff(pages)) + 1
+    lo = np.concatenate([[0], cuts]).astype(np.int64) if len(addrs) else np.zeros(0, np.int64)
+    hi = np.append(lo[1:], len(addrs)).astype(np.int64)
+    off = addrs - np.uint64(region.base())
+    rec = np.empty(len(addrs), dtype=_ENTRY)
     rec["w"] = (off & np.uint64(region.page_size() - 1)) >> np.uint64(3)
-    rec["t"] = tids[idx]
+    rec["t"] = tids
     rec["v"] = _words(off)
-    out, at = {}, 0
-    for page, a, b in zip(named.tolist(), lo.tolist(), hi.tolist()):
-        out[int(page)] = rec[at:at + b - a].tobytes()
-        at += b - a
-    return out
+    return {int(page): rec[a:b].tobytes() for page, a, b in zip(pages[lo].tolist(), lo.tolist(), hi.tolist())}
 
 
 def _words(off):
