@@ -21,6 +21,7 @@ import random
 import graphgen
 import numpy as np
 from clamor.memory import readtable, walk
+readtable.BLOCK_RANGES = 4      # (tables of many blocks: a change remakes only some)
 
 class Rec:
     pass

@@ -100,7 +100,7 @@ class Reads:
     @property
     def incremental(self):
         """Can a change be checked by walking again only the entries it touched?"""
-        return self.read is not None and self.read.tags is not None and self.root is not None
+        return self.read is not None and self.read.tagged and self.root is not None
 
     def nbytes(self):
         """The bytes this verdict keeps: its read table and the inherited

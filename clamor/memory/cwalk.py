@@ -207,7 +207,7 @@ def recheck(obj, reads, limit, judge):
     ranges = np.frombuffer(out, dtype=np.uint64).reshape(-1, 2)
     new_tags = np.frombuffer(tagbuf, dtype=np.int32)
     mine = new_tags < 0
-    if union_equal(table.ranges[table.tags < 0], ranges[mine]):
+    if union_equal(table.own_ranges(), ranges[mine]):
         ranges, new_tags = ranges[~mine], new_tags[~mine]      # (the root's own ranges stay)
     else:
         dirty = np.union1d(dirty, np.array([-1], np.int32))    # (a list's items grew: its ranges with them)
