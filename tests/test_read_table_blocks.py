@@ -82,3 +82,20 @@ def test_a_table_in_blocks_updates_as_its_whole_array_reference_does():
     # what was exercised: tables of many blocks, blocks kept and remade, grown and emptied
     assert out["blocks_max"] >= 30 and out["shared"] >= 500 and out["remade"] >= 100, out
     assert out["grew"] >= 20 and out["emptied"] >= 1, out
+
+
+def test_a_tag_set_finds_the_tags_numpy_isin_finds():
+    import random
+
+    import numpy as np
+
+    from clamor.memory.readtable import TagSet
+    r = random.Random(9)
+    for _ in range(300):
+        drop = np.unique(np.array([r.randrange(-3, 50) for _ in range(r.choice([0, 1, 4, 30]))], dtype=np.int32))
+        tags = np.array([r.randrange(-5, 60) for _ in range(r.choice([0, 1, 100]))], dtype=np.int32)
+        s = TagSet(drop)
+        assert np.array_equal(s.hits(tags), np.isin(tags, drop)), (drop, tags)
+        if len(tags):
+            lo, hi = int(tags.min()), int(tags.max())
+            assert s.meets(lo, hi) or not np.isin(tags, drop).any()

@@ -127,7 +127,7 @@ for case in range(60):
     counts["pages"] += len(pages)
 
 # a recheck's splice (clamor_py_reloc_splice) against its numpy reference
-counts["spliced"] = counts["clashes"] = 0
+counts["spliced"] = counts["clashes"] = counts["chunks_kept"] = counts["chunks_lost"] = 0
 for case in range(200):
     n = r.choice([0, 1, 5, 100, 3000])
     old_a = np.array(sorted(r.sample(range(len(buf)), n)), dtype=np.uint64) * np.uint64(8) + np.uint64(base)
@@ -143,7 +143,10 @@ for case in range(200):
     new_a = np.array(new_a, dtype=np.uint64)
     new_t = np.array([r.randrange(0, 9) for _ in new_a], dtype=np.uint32)
     new_g = np.array([r.randrange(0, 30) for _ in new_a], dtype=np.int32)
-    got = _relocentries._splice((old_a, old_t, old_g), drop, (new_a, new_t, new_g))
+    # (in chunks of a few words to one of all: a splice makes anew only the chunks it lands on)
+    _relocentries.CHUNK_WORDS = r.choice([1, 4, 64, 1 << 16])
+    old = _relocentries.Words(old_a, old_t, tags=old_g)
+    got = _relocentries._splice(old, drop, (new_a, new_t, new_g))
     ref = _relocentries._splice_reference((old_a, old_t, old_g), drop, (new_a, new_t, new_g))
     if (got is None) != (ref is None):
         counts["differ"].append(["splice", case, "clash seen by one side only"])
@@ -151,12 +154,23 @@ for case in range(200):
     if got is None:
         counts["clashes"] += 1
         continue
-    (a, t_, g), touched, words = got
+    words, touched = got
     whole = _relocentries.Words(ref[0][0], ref[0][1])
-    if not (all(np.array_equal(x, y) for x, y in zip((a, t_, g), ref[0])) and np.array_equal(touched, ref[1])
+    if not (all(np.array_equal(x, y) for x, y in zip((words.addrs, words.tids, words.tags), ref[0]))
+            and np.array_equal(touched, ref[1])
             and np.array_equal(words.pages, whole.pages) and np.array_equal(words.ends, whole.ends)):
-        counts["differ"].append(["splice", case])
+        counts["differ"].append(["splice", case, _relocentries.CHUNK_WORDS])
+    # the chunks no word went from or came to are the old ones (a chunk
+    # takes the pages from its first up to the next chunk's first; the
+    # first chunk, those below too)
+    firsts = [int(c.pages[0]) for c in old.chunks]
+    for i, c in enumerate(old.chunks):
+        lo, hi = (firsts[i] if i else 0), (firsts[i + 1] if i + 1 < len(firsts) else 1 << 62)
+        if not ((touched >= np.uint64(lo)) & (touched < np.uint64(hi))).any():
+            counts["chunks_kept"] += any(c is k for k in words.chunks)
+            counts["chunks_lost"] += not any(c is k for k in words.chunks)
     counts["spliced"] += 1
+_relocentries.CHUNK_WORDS = 1 << 16
 
 # the lists installed for several roots (Relocations._install): on each
 # page, the union of the roots' words, an address named by two roots
@@ -223,5 +237,6 @@ def test_the_c_listing_of_relocation_words_agrees_with_its_reference():
     assert out["cases"] == 60 and out["words"] > 10_000 and out["bad"] >= 10 and out["pages"] > 60, out
     assert out["installed"] > 60 and out["changed"] >= 40 and out["null_bumps"] >= 20, out
     assert out["spliced"] >= 150 and out["clashes"] >= 3, out
+    assert out["chunks_kept"] >= 200 and out["chunks_lost"] == 0, out
     assert out["ordered"] > 1000, out
     assert out["roots_installed"] > 100 and out["roots_shared_pages"] >= 20, out

@@ -9,6 +9,7 @@ import errno
 import numpy as np
 
 from . import _pyshare, region
+from .readtable import TagSet
 from .. import errors
 from .._native import ffi, lib
 from .._native import owned_array as _owned
@@ -48,7 +49,7 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
         tlo, thi, tid, nt, amap.private, amap.nprivate, 1, out)
     if rc in (errno.E2BIG, errno.EINVAL):     # (words beyond its packed keys, or outside the region)
         found, bad = _match_reference(ext, strict, nulls, t, amap, tags, null_tags)
-        return found, bad, Words(*found[:2])
+        return found, bad, Words(*found[:2], tags=found[2])
     if rc:
         raise MemoryError("no memory to list the relocations")
     n = out.n
@@ -57,60 +58,192 @@ def _match(ext, strict, nulls, t, amap=None, tags=None, null_tags=None):
     word_tags = _owned(out.tags, n, np.int32)
     bad = _owned(out.bad, out.nbad, np.uint64)
     words = Words(addrs, tids, _owned(out.pages, out.npages, np.uint64), _owned(out.ends, out.npages, np.uint64),
-                  _owned(out.targets, out.ntargets, np.uint32))
+                  _owned(out.targets, out.ntargets, np.uint32), word_tags if tagged else None)
     return (addrs, tids, word_tags if tagged else None), bad, words
+
+
+# A root's words are kept in chunks of whole pages, about this many words
+# each: a recheck's splice makes anew only the chunks its words go from or
+# come to, and shares the others with the words before it.
+CHUNK_WORDS = 1 << 16
+
+
+class _Chunk:
+    """Words of consecutive pages: ``addrs`` (ascending), ``tids``,
+    ``tags`` (or None), the ``pages`` and where each one's words end
+    (``ends``, into this chunk); the least and greatest tag.  Never changed
+    once made: Words share chunks."""
+
+    __slots__ = ("addrs", "tids", "tags", "pages", "ends", "tmin", "tmax")
+
+    def __init__(self, addrs, tids, tags, pages, ends):
+        self.addrs, self.tids, self.tags, self.pages, self.ends = addrs, tids, tags, pages, ends
+        for a in (addrs, tids, tags, pages, ends):
+            if a is not None:
+                a.flags.writeable = False
+        self.tmin = int(tags.min()) if tags is not None and len(tags) else 0
+        self.tmax = int(tags.max()) if tags is not None and len(tags) else -1
 
 
 class Words:
     """A root's relocation words: their addresses (ascending, each once)
-    and the targets they name, the pages they lie in (ascending) with where
-    each page's words end, and the targets named (each once)."""
+    and the targets they name, the tags of a tagged walk (the root's entry
+    each was reached through), the pages they lie in (ascending) with where
+    each page's words end, and the targets named (each once).  Kept in
+    chunks of whole pages (``CHUNK_WORDS``); ``addrs``, ``tids``, ``tags``,
+    ``pages`` and ``ends`` read them whole."""
 
-    __slots__ = ("addrs", "tids", "pages", "ends", "targets")
+    __slots__ = ("chunks", "targets", "tagged", "_firsts", "_flat")
 
-    def __init__(self, addrs, tids, pages=None, ends=None, targets=None):
-        self.addrs, self.tids = addrs, tids
+    def __init__(self, addrs, tids, pages=None, ends=None, targets=None, tags=None):
         if pages is None:
             p = _pages_of(addrs)
             cut = np.flatnonzero(p[1:] != p[:-1]) + 1
             pages = p[np.concatenate([[0], cut]).astype(np.int64)] if len(p) else np.zeros(0, np.uint64)
             ends = np.append(cut, len(p)).astype(np.uint64) if len(p) else np.zeros(0, np.uint64)
-        self.pages, self.ends = pages, ends
         if targets is None:
             targets = np.unique(tids)
-        self.targets = targets
+        self._set(_cut_words(addrs, tids, tags, pages, ends), targets, tags is not None)
+
+    @classmethod
+    def of_chunks(cls, chunks, targets, tagged):
+        w = cls.__new__(cls)
+        w._set(chunks, targets, tagged)
+        return w
+
+    def _set(self, chunks, targets, tagged):
+        self.chunks, self.targets, self.tagged, self._flat = chunks, targets, tagged, {}
+        self._firsts = np.array([int(c.pages[0]) for c in chunks], dtype=np.uint64)     # (each chunk's first page)
+
+    def _joined(self, name, dtype):
+        got = self._flat.get(name)
+        if got is None:
+            parts = [getattr(c, name) for c in self.chunks]
+            got = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype)
+            self._flat[name] = got
+        return got
+
+    @property
+    def addrs(self):
+        return self._joined("addrs", np.uint64)
+
+    @property
+    def tids(self):
+        return self._joined("tids", np.uint32)
+
+    @property
+    def tags(self):
+        return self._joined("tags", np.int32) if self.tagged else None
+
+    @property
+    def pages(self):
+        return self._joined("pages", np.uint64)
+
+    @property
+    def ends(self):
+        got = self._flat.get("ends")
+        if got is None:
+            at, parts = 0, []
+            for c in self.chunks:
+                parts.append(c.ends + np.uint64(at))
+                at += len(c.addrs)
+            got = self._flat["ends"] = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        return got
 
     def arrays(self):
-        return (self.addrs, self.tids, self.pages, self.ends, self.targets)
+        return [a for c in self.chunks for a in (c.addrs, c.tids, c.tags, c.pages, c.ends) if a is not None] + \
+            [self.targets]
+
+    def groups(self, pages):
+        """[(the pages of ``pages`` (ascending) in a chunk, its addresses,
+        its targets)] for clamor_reloc_set_words, chunk by chunk."""
+        out = []
+        for c in self.chunks:
+            mine = pages[np.isin(pages, c.pages, assume_unique=True)] if len(pages) else pages
+            if len(mine):
+                out.append((mine, c.addrs, c.tids))
+        return out
 
     def on(self, pages):
         """(addresses, targets) of the words on ``pages`` (ascending)."""
         pages = np.asarray(pages, dtype=np.uint64)
-        k = np.searchsorted(self.pages, pages)
-        hit = k < len(self.pages)
-        hit[hit] = self.pages[k[hit]] == pages[hit]
-        k = k[hit]
-        ends = self.ends[k].astype(np.int64)
-        starts = np.where(k > 0, self.ends[np.maximum(k - 1, 0)].astype(np.int64), 0)
-        n = ends - starts
-        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
-        return self.addrs[idx], self.tids[idx]
+        got = [_on(c, pages) for c in self.chunks]
+        if not got:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
+        return np.concatenate([a for a, _ in got]), np.concatenate([t for _, t in got])
 
     def __len__(self):
-        return len(self.addrs)
+        return sum(len(c.addrs) for c in self.chunks)
+
+
+def _on(c, pages):
+    """(addresses, targets) of chunk ``c``'s words on ``pages`` (ascending)."""
+    k = np.searchsorted(c.pages, pages)
+    hit = k < len(c.pages)
+    hit[hit] = c.pages[k[hit]] == pages[hit]
+    k = k[hit]
+    ends = c.ends[k].astype(np.int64)
+    starts = np.where(k > 0, c.ends[np.maximum(k - 1, 0)].astype(np.int64), 0)
+    n = ends - starts
+    idx = np.repeat(starts - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+    return c.addrs[idx], c.tids[idx]
+
+
+def _cut_words(addrs, tids, tags, pages, ends):
+    """Words ordered by address, with their pages and where each page's
+    words end, as chunks of whole pages, about ``CHUNK_WORDS`` words each
+    (views: nothing is copied but the ends)."""
+    if not len(pages):
+        return []
+    ends = np.asarray(ends, dtype=np.uint64)
+    n = int(ends[-1])
+    edges = np.unique(np.searchsorted(ends, np.arange(0, n, CHUNK_WORDS, dtype=np.uint64), side="right"))
+    edges = [e for e in np.union1d(edges, [0]).tolist() if e < len(pages)] + [len(pages)]
+    chunks = []
+    for a, b in zip(edges, edges[1:]):
+        w0, w1 = int(ends[a - 1]) if a else 0, int(ends[b - 1])
+        chunks.append(_Chunk(addrs[w0:w1], tids[w0:w1], None if tags is None else tags[w0:w1], pages[a:b],
+                             ends[a:b] - np.uint64(w0)))
+    return chunks
 
 
 def _splice(old, drop, new):
-    """A recheck's tagged words: ``old`` (addresses, targets, tags; by
-    address) but those tagged in ``drop`` (ascending int32), with ``new``
-    (likewise) merged in, in one pass of C (clamor_py_reloc_splice).
-    ((addresses, targets, tags), the pages of the words gone and come
-    (ascending), Words of the result with the targets unset), or None if a
-    new word's address is a kept one's.  ``_splice_reference`` is its
-    reference."""
-    a, t, g = (np.ascontiguousarray(x, dtype=d) for x, d in zip(old, (np.uint64, np.uint32, np.int32)))
+    """A recheck's words: the tagged Words ``old`` but those tagged in
+    ``drop`` (ascending int32), with ``new`` (addresses, targets, tags; by
+    address) merged in, in C (clamor_py_reloc_splice), chunk by chunk: a
+    chunk that loses no word and gains none is kept as it is.  (Words with
+    the targets unset, the pages of the words gone and come, ascending), or
+    None if a new word's address is a kept one's.  ``_splice_reference`` is
+    its reference."""
     na, nt, ng = (np.ascontiguousarray(x, dtype=d) for x, d in zip(new, (np.uint64, np.uint32, np.int32)))
     drop = np.ascontiguousarray(drop, dtype=np.int32)
+    dropped = TagSet(drop)
+    chunks = old.chunks or [None]
+    at = np.maximum(np.searchsorted(old._firsts, _pages_of(na), side="right") - 1, 0) if old.chunks else \
+        np.zeros(len(na), np.int64)
+    cuts = np.searchsorted(at, np.arange(len(chunks) + 1))
+    out, touched = [], []
+    for i, c in enumerate(chunks):
+        a, b = int(cuts[i]), int(cuts[i + 1])
+        if c is not None and a == b and (not dropped.meets(c.tmin, c.tmax) or not dropped.hits(c.tags).any()):
+            out.append(c)
+            continue
+        got = _splice_chunk(c, drop, na[a:b], nt[a:b], ng[a:b])
+        if got is None:
+            return None
+        out += got[0]
+        touched.append(got[1])
+    touched = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.uint64)
+    return Words.of_chunks(out, np.zeros(0, np.uint32), True), touched.astype(np.uint64)
+
+
+def _splice_chunk(c, drop, na, nt, ng):
+    """``_splice`` of one chunk (or None: no words yet): (its chunks now,
+    the pages of the words gone and come), or None on a clash."""
+    if c is None:
+        a, t, g = np.zeros(0, np.uint64), np.zeros(0, np.uint32), np.zeros(0, np.int32)
+    else:
+        a, t, g = c.addrs, c.tids, c.tags
     out = ffi.new("struct clamor_relist *")
     rc = lib.clamor_py_reloc_splice(
         ffi.cast("const uint64_t *", a.ctypes.data), ffi.cast("const uint32_t *", t.ctypes.data),
@@ -124,9 +257,8 @@ def _splice(old, drop, new):
     n = out.n
     addrs, tids, tags = _owned(out.addrs, n, np.uint64), _owned(out.tids, n, np.uint32), _owned(out.tags, n, np.int32)
     touched = _owned(out.bad, out.nbad, np.uint64)
-    words = Words(addrs, tids, _owned(out.pages, out.npages, np.uint64), _owned(out.ends, out.npages, np.uint64),
-                  np.zeros(0, np.uint32))
-    return (addrs, tids, tags), touched, words
+    return _cut_words(addrs, tids, tags, _owned(out.pages, out.npages, np.uint64),
+                      _owned(out.ends, out.npages, np.uint64)), touched
 
 
 def _splice_reference(old, drop, new):
@@ -203,7 +335,7 @@ def _entries(mode, t, amap=None):
                                f"forked from the driver cannot follow (a weak reference, a cached "
                                f"buffer, memory a library allocated outside clamor.heap())")
     if mode.words is None:
-        mode.words = Words(*mode.found[:2])
+        mode.words = Words(*mode.found[:2], tags=mode.found[2])
     return mode.words
 
 

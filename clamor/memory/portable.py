@@ -73,8 +73,8 @@ class Relocations:
         self.per_root = {}      # id -> (its relocation Words, what its last walk read: a readtable.ReadTable)
         self.visited = {}       # id -> the objects its last walk visited
         self.offers = {}        # id -> (object, version, Words, _Read, seeded, tagged state): check()'s walks
-        # id -> (addresses, targets, tags, root slots, seeded): the words a
-        # tagged walk of a dict or list found, for a walk of some entries again
+        # id -> (Words with tags, root slots, seeded): the words a tagged
+        # walk of a dict or list found, for a walk of some entries again
         self.tagged = {}
         self.pending = set()    # pages whose lists a recheck changed, to install at the next prepare
         self.listed = {}        # page -> entries of its list installed (pages with none: not here)
@@ -92,7 +92,7 @@ class Relocations:
         verdict's, counted there)."""
         # (a root's words and its tagged state share their addresses and targets)
         held = {id(a): a.nbytes for words, _ in self.per_root.values() for a in words.arrays()}
-        held.update((id(a), a.nbytes) for state in self.tagged.values() for a in state[:3])
+        held.update((id(a), a.nbytes) for state in self.tagged.values() for a in state[0].arrays())
         tables = sum(read.nbytes() for _, read in self.per_root.values()
                      if read is not None and id(read) not in counted)
         return sum(held.values()) + tables + lib.clamor_reloc_nbytes()
@@ -239,7 +239,7 @@ class Relocations:
         st = self.tagged.get(k)
         if st is None or self.roots.get(k) is not r or not len(written):
             return None
-        addrs, tids, tags, slots, was_seeded = st
+        old, slots, was_seeded = st
         if was_seeded and not seeds_agree:
             return None
         read = self.per_root[k][1]
@@ -253,15 +253,15 @@ class Relocations:
         if not mode.c_walk(r, limit, dirty=dirty) or mode.shared:
             return None
         drop = np.union1d(dirty, np.array([-1], np.int32)).astype(np.int32)  # (the root's own words come again)
-        got = _splice((addrs, tids, tags), drop, mode.found)
+        got = _splice(old, drop, mode.found)
         if got is None:
             return None      # (a word both kept and found again: an object two entries share)
-        (addrs, tids, tags), touched, words = got
+        words, touched = got
         words.targets = np.union1d(self.per_root[k][0].targets, mode.words.targets).astype(np.uint32)
         kept = (mode.c_strict & _TYPE_WORD) == 0
         read = read.updated(drop, mode.c_extents[kept], mode.tags[kept], stale)
         self.cost["rechecks"] = self.cost.get("rechecks", 0) + 1
-        return words, read, touched, (addrs, tids, tags, slots_now, was_seeded or bool(mode.seeded))
+        return words, read, touched, (words, slots_now, was_seeded or bool(mode.seeded))
 
     def verdict(self, obj):
         """What the last walk of ``obj`` read (a ``_Read``), if it is a root
@@ -307,7 +307,7 @@ class Relocations:
         roots = [w for w, _ in self.per_root.values() if len(w.pages)]
         masks = [np.isin(pages, w.pages, assume_unique=True) for w in roots]
         count = np.sum(masks, axis=0) if masks else np.zeros(len(pages), np.int64)
-        groups = [(pages[m & (count == 1)], w.addrs, w.tids) for w, m in zip(roots, masks)]
+        groups = [g for w, m in zip(roots, masks) for g in w.groups(pages[m & (count == 1)])]
         shared = pages[count >= 2]
         if len(shared):
             parts = [w.on(shared) for w, m in zip(roots, masks) if (m & (count >= 2)).any()]
@@ -364,7 +364,7 @@ def _tag_state(mode, r):
     slots = cwalk._root_slots(r)
     if slots is None:
         return None
-    return (*mode.found, slots, bool(mode.seeded))
+    return (_entries(mode, mode.t), slots, bool(mode.seeded))
 
 
 def _offered(o, r, seeds_agree):

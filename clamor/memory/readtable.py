@@ -17,6 +17,31 @@ from . import region
 BLOCK_RANGES = 1 << 16
 
 
+class TagSet:
+    """Tags (int32) to find among many: a table of the span they cover,
+    so that a test of n tags costs a pass over them and no sort (the
+    entries a recheck walks again, looked for in each block and chunk)."""
+
+    __slots__ = ("lo", "hi", "table")
+
+    def __init__(self, tags):
+        tags = np.asarray(tags, dtype=np.int64)
+        self.lo, self.hi = (int(tags.min()), int(tags.max())) if len(tags) else (0, -1)
+        self.table = np.zeros(max(self.hi - self.lo + 1, 0), dtype=bool)
+        self.table[tags - self.lo] = True
+
+    def hits(self, tags):
+        """A bool per tag of ``tags``: is it one of these?"""
+        inside = (tags >= self.lo) & (tags <= self.hi)
+        out = np.zeros(len(tags), dtype=bool)
+        out[inside] = self.table[tags[inside].astype(np.int64) - self.lo]
+        return out
+
+    def meets(self, tmin, tmax):
+        """Might tags from ``tmin`` to ``tmax`` include one of these?"""
+        return tmax >= self.lo and tmin <= self.hi
+
+
 class _Block:
     """Consecutive pages of a table: ``ranges`` (k, 2), ``tags`` (k) or
     None, ``pages`` (m), ``starts`` (m + 1, into ``ranges``), ``digests``
@@ -197,11 +222,11 @@ class ReadTable:
         touched = np.asarray(touched, dtype=np.uint64)
         nb = len(self.blocks)
         work = {}       # block -> [gone mask or None, new ranges' indices]
-        lo, hi = (int(drop[0]), int(drop[-1])) if len(drop) else (0, -1)
+        dropped = TagSet(drop)
         for k, b in enumerate(self.blocks):
-            if b.tmax < lo or b.tmin > hi:
+            if not dropped.meets(b.tmin, b.tmax):
                 continue
-            gone = np.isin(b.tags, drop)
+            gone = dropped.hits(b.tags)
             if gone.any():
                 work[k] = [gone, None]
         if nb:
