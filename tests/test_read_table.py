@@ -20,6 +20,7 @@ raw[:] = np.frombuffer(np.random.default_rng(1).bytes(raw.size), np.uint8)
 r = random.Random(7)
 failures, checks = [], 0
 for trial in range(60):
+    readtable.BLOCK_RANGES = (1, 4, 1 << 16)[trial % 3]     # (a table of one block, or of many)
     ext = []
     for _ in range(r.randrange(1, 40)):
         lo = r.randrange(0, raw.size - 1)
