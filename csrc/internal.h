@@ -582,6 +582,14 @@ long clamor_py_freelists_drain(uintptr_t out);
 int clamor_py_freelists_release(uintptr_t list);
 int cl_py_freelists_fill(void);
 int cl_py_freelists_out(void);
+
+/* ---- pydeadfree.c: region objects that die on a worker (the Python extension only) ---- */
+
+/* Wrap the deallocs of dict, list, tuple, float and slice in a worker so
+ * that a region object that dies there stays off CPython's free lists.
+ * 0, or -1 (the Python error is set).  And how many were kept off. */
+int clamor_py_worker_deallocs(void);
+long clamor_py_worker_kept(void);
 /* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 /* pyreloc.c: the hull of an ELF object's PT_LOAD segments (.bss included). */

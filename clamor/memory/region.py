@@ -92,6 +92,14 @@ def attach(base=None, size=None, page_size=None):
     # otherwise hand a region address to pymalloc or glibc, which abort
     # ("free(): invalid pointer") or take the driver's bytes as free memory.
     hooks.install()
+    _keep_dead_off_free_lists()
+
+
+def _keep_dead_off_free_lists():
+    """Worker: a region object that dies here stays off CPython's free
+    lists, whose next object would be made in its memory (csrc/pydeadfree.c)."""
+    if lib.clamor_py_worker_deallocs() < 0:
+        raise errors.ClamorError("could not wrap the deallocs of the types with free lists")
 
 
 def ensure():
@@ -519,6 +527,10 @@ def _after_fork_child():
     # (either call fails with EBUSY if it is running).
     if lib.clamor_region_role() != WORKER:
         return
+    try:
+        _keep_dead_off_free_lists()
+    except Exception:  # pragma: no cover - never raise inside a fork hook
+        pass
     parent = ffi.string(lib.clamor_fork_parent_endpoint()).decode()
     if not parent:
         return
