@@ -185,6 +185,7 @@ unsigned long clamor_py_region_dropped(void);
 long clamor_py_freelists_flush(void);
 int clamor_py_worker_deallocs(void);
 long clamor_py_worker_kept(void);
+long clamor_py_worker_sweep(void);
 long clamor_py_freelists_drain(uintptr_t out);
 int clamor_py_freelists_release(uintptr_t list);
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);

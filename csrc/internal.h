@@ -590,6 +590,9 @@ int cl_py_freelists_out(void);
  * 0, or -1 (the Python error is set).  And how many were kept off. */
 int clamor_py_worker_deallocs(void);
 long clamor_py_worker_kept(void);
+/* After a task: region key tables a worker's growing region dicts dropped,
+ * taken off the free list (how many). */
+long clamor_py_worker_sweep(void);
 /* pyufunc.c: numpy's per-ufunc dispatch caches out of the region before a fork. */
 long clamor_py_ufunc_caches_out(uintptr_t ufuncs, int layout, long *unread);
 /* pyreloc.c: the hull of an ELF object's PT_LOAD segments (.bss included). */

@@ -19,10 +19,13 @@
  * dies, none for the worker's own objects.  A region slice keeps its
  * memory without slice_dealloc (see slice_dealloc1).
  *
- * Not covered: a float that the interpreter's specialised arithmetic frees
- * without its type's dealloc (_PyFloat_ExactDealloc), a region object whose
- * dealloc the trashcan defers (nesting deeper than 50), and a region dict's
- * small key table dropped when the worker grows that dict.
+ * A region dict that grows on a worker drops its small key table without a
+ * dealloc: clamor_py_worker_sweep() takes such tables off the list after
+ * each task and before a change of version.  Not covered: a small dict the
+ * worker makes in the same task after such a growth, a float that the
+ * interpreter's specialised arithmetic frees without its type's dealloc
+ * (_PyFloat_ExactDealloc), and a region object whose dealloc the trashcan
+ * defers (nesting deeper than 50).
  */
 #ifdef CLAMOR_WITH_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -134,6 +137,39 @@ int clamor_py_worker_deallocs(void) {
     }
     PyGILState_Release(g);
     return rc;
+}
+
+#define KEYS_SWEPT 90 /* more than CPython's 80 small key tables on the list */
+
+/* A worker, after a task: the region key tables on the free list taken
+ * and kept.  A region dict that grows on a worker drops its small key
+ * table without any dealloc (dictresize); the worker's next small dict
+ * would be made over it.  Dicts of one str key are made until the list is
+ * through, those over region memory kept, the others let go in the order
+ * that puts the list back as it was.  Returns how many were kept. */
+long clamor_py_worker_sweep(void) {
+    if (!dict_dealloc0) return 0;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *exc, *val, *tb;
+    PyErr_Fetch(&exc, &val, &tb);
+    PyObject *made[KEYS_SWEPT];
+    int n = 0;
+    long took = 0;
+    for (int i = 0; i < KEYS_SWEPT; i++) {
+        PyObject *d = PyDict_New();
+        if (!d || PyDict_SetItem(d, probe_key, Py_None) < 0) {
+            PyErr_Clear();
+            Py_XDECREF(d);
+            break;
+        }
+        if (regional(d) || regional(((PyDictObject *)d)->ma_keys)) took++; /* (kept: a dict of None is never tracked) */
+        else made[n++] = d;
+    }
+    while (n) Py_DECREF(made[--n]);
+    kept += took;
+    PyErr_Restore(exc, val, tb);
+    PyGILState_Release(g);
+    return took;
 }
 
 /* Region objects (and key tables) kept off the free lists so far. */

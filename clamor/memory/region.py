@@ -95,6 +95,12 @@ def attach(base=None, size=None, page_size=None):
     _keep_dead_off_free_lists()
 
 
+def sweep_dead():
+    """Worker, after a task: the small key tables its region dicts dropped
+    as they grew go off CPython's free list (csrc/pydeadfree.c)."""
+    lib.clamor_py_worker_sweep()
+
+
 def _keep_dead_off_free_lists():
     """Worker: a region object that dies here stays off CPython's free
     lists, whose next object would be made in its memory (csrc/pydeadfree.c)."""

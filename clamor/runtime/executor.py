@@ -437,7 +437,10 @@ class Runtime:
                 stage = self.loaded[attempt] = serialize.loads(self.stages[attempt])
                 while len(self.loaded) > 16:
                     self.loaded.popitem(last=False)
-            value, cached = self.run_task(stage, serialize.loads(extras), version)
+            try:
+                value, cached = self.run_task(stage, serialize.loads(extras), version)
+            finally:
+                region.sweep_dead()
             res = {"value": value, "cached": cached, "duration": time.perf_counter() - t0}
             # by value, like a stored block: a result is what the task saw, not
             # a reference the driver would read at its own, later version

@@ -112,6 +112,7 @@ def change_version(version, pages, release=None):
     first lets go of the region objects this process references, whose
     pages may change; then ``pages`` (page indices, as the driver listed
     them) are dropped and page requests carry ``version``."""
+    region.sweep_dead()
     if release is not None:
         release()
     if len(pages):
@@ -165,6 +166,7 @@ class VersionGate:
             self.running += 1
 
     def exit(self):
+        region.sweep_dead()
         with self._cond:
             self.running -= 1
             self._cond.notify_all()
