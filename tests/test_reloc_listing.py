@@ -177,6 +177,7 @@ _relocentries.CHUNK_WORDS = 1 << 16
 # listed with the first root's target; the pages no root has, emptied
 counts["roots_installed"] = counts["roots_shared_pages"] = 0
 for case in range(40):
+    _relocentries.CHUNK_WORDS = r.choice([3, 50, 1 << 16])     # (a root's words in chunks: C is given each)
     rel = portable.Relocations()
     roots, kept = [], []
     span = r.choice([20, 2000, len(buf) - 1])

@@ -159,7 +159,10 @@ class Words:
         its targets)] for clamor_reloc_set_words, chunk by chunk."""
         out = []
         for c in self.chunks:
-            mine = pages[np.isin(pages, c.pages, assume_unique=True)] if len(pages) else pages
+            # (the pages within the chunk's span first: a search, not a pass over all)
+            lo = int(np.searchsorted(pages, c.pages[0], side="left"))
+            seg = pages[lo:int(np.searchsorted(pages, c.pages[-1], side="right"))]
+            mine = seg[np.isin(seg, c.pages, assume_unique=True)] if len(seg) else seg
             if len(mine):
                 out.append((mine, c.addrs, c.tids))
         return out
