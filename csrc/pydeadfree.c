@@ -42,15 +42,31 @@ static long kept;
 static inline int regional(const void *p) { return cl_in_region((uintptr_t)p); }
 
 /* `got`, just made: kept for good if it is the region memory `was` (the
- * free list gave it back), else let go. */
+ * free list gave it back), out of the collector's lists (its links are in
+ * a page the next version replaces), else let go.  The caller saved the
+ * exception being raised, if any. */
 static void keep_if(PyObject *got, const void *was) {
     if (!got) {
         PyErr_Clear();
         return;
     }
-    if ((const void *)got == was) kept++; /* (never released: nothing makes anything there again) */
-    else Py_DECREF(got);
+    if ((const void *)got == was) {
+        if (PyObject_IS_GC(got)) PyObject_GC_UnTrack(got);
+        kept++; /* (never released: nothing is made there again) */
+    } else {
+        Py_DECREF(got);
+    }
 }
+
+/* An exception may be on its way while a dealloc runs: saved and put back
+ * around what is made here. */
+#define KEEPING(stmt)                          \
+    do {                                       \
+        PyObject *exc_, *val_, *tb_;           \
+        PyErr_Fetch(&exc_, &val_, &tb_);       \
+        stmt;                                  \
+        PyErr_Restore(exc_, val_, tb_);        \
+    } while (0)
 
 /* The dict free list's next dict, and the key-table list's next table. */
 static void take_dict(const void *obj, const void *keys) {
@@ -62,7 +78,7 @@ static void take_dict(const void *obj, const void *keys) {
         Py_XDECREF(d);
         return;
     }
-    if ((const void *)((PyDictObject *)d)->ma_keys == keys) kept++; /* (a dict of None: never tracked) */
+    if ((const void *)((PyDictObject *)d)->ma_keys == keys || regional(d)) kept++; /* (a dict of None: never tracked) */
     else Py_DECREF(d);
 }
 
@@ -70,31 +86,26 @@ static void dict_dealloc1(PyObject *o) {
     const void *obj = regional(o) ? (const void *)o : NULL;
     const void *keys = regional(((PyDictObject *)o)->ma_keys) ? (const void *)((PyDictObject *)o)->ma_keys : NULL;
     dict_dealloc0(o);
-    if (obj || keys) {
-        PyObject *exc, *val, *tb;
-        PyErr_Fetch(&exc, &val, &tb);
-        take_dict(obj, keys);
-        PyErr_Restore(exc, val, tb);
-    }
+    if (obj || keys) KEEPING(take_dict(obj, keys));
 }
 
 static void list_dealloc1(PyObject *o) {
     int r = regional(o);
     list_dealloc0(o);
-    if (r) keep_if(PyList_New(0), o);
+    if (r) KEEPING(keep_if(PyList_New(0), o));
 }
 
 static void tuple_dealloc1(PyObject *o) {
     Py_ssize_t n = Py_SIZE(o);
     int r = regional(o) && n > 0 && n < TUPLE_SAVED;
     tuple_dealloc0(o);
-    if (r) keep_if(PyTuple_New(n), o);
+    if (r) KEEPING(keep_if(PyTuple_New(n), o));
 }
 
 static void float_dealloc1(PyObject *o) {
     int r = regional(o);
     float_dealloc0(o);
-    if (r) keep_if(PyFloat_FromDouble(0.0), o);
+    if (r) KEEPING(keep_if(PyFloat_FromDouble(0.0), o));
 }
 
 /* A region slice is not handed to slice_dealloc at all: its members are let
