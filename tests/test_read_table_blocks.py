@@ -99,3 +99,6 @@ def test_a_tag_set_finds_the_tags_numpy_isin_finds():
         if len(tags):
             lo, hi = int(tags.min()), int(tags.max())
             assert s.meets(lo, hi) or not np.isin(tags, drop).any()
+        lo = r.randrange(-6, 60)
+        hi = lo + r.randrange(0, 8)
+        assert s.meets(lo, hi) == bool(((drop >= lo) & (drop <= hi)).any()), (drop, lo, hi)

@@ -170,7 +170,8 @@ class Words:
     def on(self, pages):
         """(addresses, targets) of the words on ``pages`` (ascending)."""
         pages = np.asarray(pages, dtype=np.uint64)
-        got = [_on(c, pages) for c in self.chunks]
+        got = [_on(c, pages) for c in self.chunks
+               if np.searchsorted(pages, c.pages[0]) < np.searchsorted(pages, c.pages[-1], side="right")]
         if not got:
             return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
         return np.concatenate([a for a, _ in got]), np.concatenate([t for _, t in got])

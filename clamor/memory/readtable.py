@@ -22,10 +22,11 @@ class TagSet:
     so that a test of n tags costs a pass over them and no sort (the
     entries a recheck walks again, looked for in each block and chunk)."""
 
-    __slots__ = ("lo", "hi", "table")
+    __slots__ = ("lo", "hi", "table", "sorted")
 
     def __init__(self, tags):
         tags = np.asarray(tags, dtype=np.int64)
+        self.sorted = np.unique(tags)
         self.lo, self.hi = (int(tags.min()), int(tags.max())) if len(tags) else (0, -1)
         self.table = np.zeros(max(self.hi - self.lo + 1, 0), dtype=bool)
         self.table[tags - self.lo] = True
@@ -38,8 +39,10 @@ class TagSet:
         return out
 
     def meets(self, tmin, tmax):
-        """Might tags from ``tmin`` to ``tmax`` include one of these?"""
-        return tmax >= self.lo and tmin <= self.hi
+        """Is one of these from ``tmin`` to ``tmax``?  (Tags there might
+        include it; none there, none can.)"""
+        i = int(np.searchsorted(self.sorted, tmin))
+        return i < len(self.sorted) and int(self.sorted[i]) <= tmax
 
 
 class _Block:
