@@ -93,6 +93,7 @@ struct clamor_stats {
     uint64_t diff_wire_bytes;
     uint64_t diff_retries;
     uint64_t diff_pages_served;
+    uint64_t diff_pages_reused;
     uint64_t kept_bytes;
     uint64_t latency_count;
     double latency_p50_us;

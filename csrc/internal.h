@@ -398,6 +398,15 @@ void cl_zap_serve(void *zap);
 
 int cl_server_stop_after_fork(void);
 
+/* ---- diffcache.c: diffs the driver's page server made (its thread only) -- */
+
+/* The diff of page p from version base to version (sum of the new page,
+ * runs with words counted from the page's start): true if kept. */
+bool cl_diffcache_get(uint64_t p, uint32_t base, uint32_t version, uint64_t *sum, const uint8_t **runs, uint32_t *n);
+/* Keep it (only for versions that cannot change any more: diffcache.c). */
+void cl_diffcache_put(uint64_t p, uint32_t base, uint32_t version, uint64_t sum, const uint8_t *runs, uint32_t n);
+void cl_diffcache_clear(void);
+
 /* ---- directory.c: who holds which page (driver) ------------------------- */
 
 int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen);
@@ -430,6 +439,8 @@ void cl_version_discarded(uint64_t first, uint64_t n);
  * the location each page is at now.  0 or errno. */
 int cl_version_punch(uint64_t off, uint64_t len);
 void cl_version_reset(void);
+/* Bumped by cl_version_reset: version numbers may be used again after it. */
+uint64_t cl_version_generation(void);
 
 /* Copy-on-write versions are on (a version has begun): only then do pages
  * change at known points, so only then may peers serve them. */
@@ -969,7 +980,8 @@ void cl_stats_latency(uint64_t ns);
 /* The relocation frame for pages [first, first+count) at `version` (the
  * driver's list of that version, checked against the words of
  * `data`, the pages served: ENOTRECOVERABLE if none agrees; a worker's own lists):
- * malloc'd into *out, its size returned; 0 and *err on failure. */
+ * malloc'd into *out, its size returned; 0 and *err on failure.  The
+ * driver may pass no data for pages that have no list (EAGAIN if one has). */
 size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t version, const char *data, void **out, int *err);
 /* Worker: put the driver's words back into a copy of pages it holds. */
 void cl_reloc_restore(uint64_t first, uint32_t count, char *data);

@@ -385,6 +385,11 @@ size_t cl_reloc_frame(uint64_t first, uint32_t count, uint32_t version, const ch
     struct rlist *pick[CL_WIRE_MAX_COUNT];
     for (uint32_t k = 0; k < count; k++) {
         struct rlist *l = R.page && first + k < R.npages ? R.page[first + k] : NULL;
+        if (cl_region.role == CLAMOR_ROLE_DRIVER && l && !data) { /* (the caller has no bytes: asked again with) */
+            pthread_mutex_unlock(&R.lock);
+            *err = EAGAIN;
+            return 0;
+        }
         if (cl_region.role == CLAMOR_ROLE_DRIVER && l) {
             /* The list of the version: the newest from that version
              * or before, else (a list first made later, for objects that

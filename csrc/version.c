@@ -995,7 +995,12 @@ int cl_version_punch(uint64_t off, uint64_t len) {
     return rc;
 }
 
+static _Atomic uint64_t generation;
+
+uint64_t cl_version_generation(void) { return atomic_load(&generation); }
+
 void cl_version_reset(void) {
+    atomic_fetch_add(&generation, 1);
     size_t n = cl_region.npages;
     if (V.logged) {
         munmap((void *)V.logged, n * 4);

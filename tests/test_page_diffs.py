@@ -76,8 +76,10 @@ for rnd, kind in enumerate(plan):
         for p in scribble:
             view[p, 7] += np.uint64(1)
 ws = cl.run(lambda: {{k: v for k, v in clamor.stats().items() if "diff" in k or "kept" in k}})
+ds = {{k: v for k, v in clamor.stats().items() if "diff" in k}}
 cl.close()
-print(json.dumps({{"mismatch": mismatch, "rounds": rounds, "ps": ps, "n_pages": n_pages, "workers": ws}}))
+print(json.dumps({{"mismatch": mismatch, "rounds": rounds, "ps": ps, "n_pages": n_pages, "workers": ws,
+                  "driver": ds}}))
 """
 
 
@@ -105,6 +107,11 @@ def test_diffs_read_as_on_the_driver_and_are_used(py, method, seed):
     # a copy a worker wrote into did not sum right and was fetched whole
     retries = sum(w["diff_retries"] for w in out["workers"])
     assert retries > 0, out["workers"]
+    # and only those: at most the 5 pages each of the 2 workers wrote into
+    # (a diff kept by the driver and sent to the other worker sums right)
+    assert retries <= 10, out["workers"]
+    d = out["driver"]
+    assert 0 < d["diff_pages_reused"] < d["diff_pages_served"], d
     assert all(w["kept_bytes"] >= 0 and w["pages_kept"] > 0 for w in out["workers"]), out["workers"]
 
 

@@ -293,7 +293,7 @@ STAT_INTS = ("faults", "pages_fetched", "bytes_fetched", "readahead_pages", "rea
              "pages_from_peers", "bytes_from_peers", "redirects", "peer_fallbacks", "peer_direct", "hint_bytes", "peer_timeouts",
              "peers_admitted", "peers_refused", "reloc_pages", "reloc_words", "reloc_bytes", "pages_mapped", "pages_compacted",
              "wire_bytes_fetched", "wire_bytes_served", "region_frees", "peer_written", "pages_kept", "diff_pages",
-             "diff_wire_bytes", "diff_retries", "diff_pages_served", "kept_bytes", "latency_count", "mappings")
+             "diff_wire_bytes", "diff_retries", "diff_pages_served", "diff_pages_reused", "kept_bytes", "latency_count", "mappings")
 STAT_FLOATS = ("fetch_p50_us", "fetch_p99_us", "fetch_max_us")
 
 
