@@ -268,6 +268,8 @@ def run_clamor(d, meta, hosts):
         extra["driver_pages_logged"] = cs.get("pages_logged")
         extra["driver_pages_logged_ahead"] = cs.get("pages_logged_ahead")
         extra["driver_version_bytes"] = cs.get("version_bytes")
+        extra["driver_diff_pages_served"] = cs.get("diff_pages_served")
+        extra["driver_diff_pages_reused"] = cs.get("diff_pages_reused")
         extra["bytes"] = extra["link_bytes"] if hosts is not None else extra["wire_bytes"]
     return times, losses, w[comb0.U].copy(), extra
 
@@ -465,6 +467,8 @@ def main(argv=None):
         "clamor_bytes_from_peers": ce.get("bytes_from_peers"), "clamor_faults": ce.get("faults"),
         "clamor_task_max_s": ce.get("task_max_s"), "clamor_same_host": ce.get("same_host"),
         "clamor_driver_pages_logged_ahead": ce.get("driver_pages_logged_ahead"),
+        "clamor_driver_diff_pages_served": ce.get("driver_diff_pages_served"),
+        "clamor_driver_diff_pages_reused": ce.get("driver_diff_pages_reused"),
         "single_iter_s": round(float(np.mean(ref_times)), 4), "loss": ref_losses[-1],
         "first_loss": ref_losses[0],
         "max_loss_rel_err": max(r["loss_rel_err"] for r in results.values() if "times" in r),

@@ -635,9 +635,14 @@ static void compact(uint32_t prev, uint32_t version) {
         uint64_t entry = atomic_load(&cl_region.loctab[p]);
         uint32_t cur = cl_loc_id(p, entry), h = (uint32_t)p;
         if (cur == h || (atomic_load(&V.logged[p]) & LOGGING)) continue;
-        if (atomic_load(&V.meta[h].page1) && !free_home(p)) continue;
+        /* Not a page of this epoch (a page rewritten at every version
+         * stays where it is): asked first, for freeing its home would copy
+         * the version there into a pool slot, memory never used before,
+         * for nothing (1 GiB of such pages: 3.5 s every third version). */
         uint32_t top = head_of(p);
-        if (top != NONE && V.meta[top].last_version >= prev) continue; /* (not for a page of this epoch) */
+        if (top != NONE && V.meta[top].last_version >= prev) continue;
+        if (atomic_load(&V.meta[h].page1) && !free_home(p)) continue;
+        top = head_of(p); /* (free_home may have moved it) */
         if (cl_wprot_mode() == CLAMOR_WPROT_USERFAULTFD) {
             /* A closed view cannot move here (see version_begin): the page
              * is logged as a first write in this version would log it, so
