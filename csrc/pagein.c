@@ -80,9 +80,9 @@ static int apply_diff(uint64_t first, uint32_t count, size_t len, bool relocs, c
 }
 
 /* The relocations frame (the next one on sock): the words of the pages at
- * p are rewritten before anyone sees them.  0, EBADMSG or
- * cl_reloc_apply's error. */
-static int take_relocs(void *sock, uint64_t first, uint32_t count, char *p, size_t len) {
+ * p are rewritten before anyone sees them (*moved: some were).  0, EBADMSG
+ * or cl_reloc_apply's error. */
+static int take_relocs(void *sock, uint64_t first, uint32_t count, char *p, size_t len, bool *moved) {
     int more = 0;
     size_t sz = sizeof more;
     cl_zmq_msg r;
@@ -98,6 +98,7 @@ static int take_relocs(void *sock, uint64_t first, uint32_t count, char *p, size
     CL_COUNT(reloc_bytes, rl);
     CL_COUNT(reloc_words, (rl - 4) / sizeof(struct clamor_reloc));
     if (rl > 4) CL_COUNT(reloc_pages, count);
+    *moved = rl > 4;
     return 0;
 }
 
@@ -163,11 +164,13 @@ int cl_pagein_write(void *sock, uint64_t first, uint32_t count, size_t len, bool
             }
             p = scratch;
         }
-        if (relocs && (rc = take_relocs(sock, first, count, p, len))) {
+        bool moved = false;
+        if (relocs && (rc = take_relocs(sock, first, count, p, len, &moved))) {
             cl_zmq.msg_close(&m);
             return rc;
         }
-        rc = store(first, count, p, len, diff && !relocs ? sums : NULL);
+        /* (a diff's sums are of these bytes unless relocation rewrote some) */
+        rc = store(first, count, p, len, diff && !moved ? sums : NULL);
     }
     cl_zmq.msg_close(&m);
     return rc;

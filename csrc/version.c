@@ -451,8 +451,11 @@ void cl_version_discarded(uint64_t first, uint64_t n) {
  * and at one of the AHEAD_WINDOW versions before is logged as the version
  * begins instead (clamor_versions_log_ahead, after clamor_versions_keep
  * has freed the locations it moves to), in runs: one copy and one mapping
- * for each run of pages whose copies are consecutive (home, twin or third
- * banks).  The driver then writes it without a fault.  A page logged ahead
+ * for each run of pages whose copies are consecutive (home or twin banks;
+ * a page whose other bank still holds a version waits for a later call in
+ * the epoch: a Cluster calls again as a stage ends, when its workers have
+ * moved on from the version before).  The driver then writes it without a
+ * fault.  A page logged ahead
  * and not written is found unchanged at the next version begin, as a page
  * written back to its old bytes is. */
 #define AHEAD_WINDOW 4
@@ -482,18 +485,30 @@ static int log_run(uint64_t first, uint64_t n, uint32_t nl, const uint64_t *entr
 
 /* Log ahead in epoch e, in runs (one copy and one mapping for each run of
  * pages whose copies are consecutive), the pages pages[0..count)
- * (ascending) but those logged or being logged already.  Returns how many
- * it logged. */
-static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e) {
+ * (ascending) but those logged or being logged already, and those whose
+ * home and twin are both taken (*left counts them: a version the workers
+ * have not moved on from yet holds one; they are logged at a later call,
+ * once it is freed, or by their write fault).  Returns how many it
+ * logged. */
+static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e, uint64_t *left) {
     uint64_t entry[LOG_RUN], first = 0, n = 0, done = 0;
     uint32_t was[LOG_RUN], nl0 = NONE;
     int rc = 0;
+    *left = 0;
     for (uint64_t i = 0; i < count; i++) {
         uint64_t p = pages[i], en;
         uint32_t w, nl;
         if (!claim(p, e, false, &w)) continue; /* a write logged it already */
         en = atomic_load(&cl_region.loctab[p]);
         nl = loc_choose(p, cl_loc_id(p, en));
+        if (nl != NONE && nl >= V.pool0) {
+            /* (a pool slot is a third copy of the page, and memory that may
+             * never have been used: 200 us a page on the 2-core VM) */
+            loc_unchoose(nl);
+            unclaim(p, w);
+            (*left)++;
+            continue;
+        }
         if (n && (p != first + n || nl != nl0 + n || n == LOG_RUN)) {
             rc = log_run(first, n, nl0, entry, was, e);
             done += rc ? 0 : n;
@@ -517,13 +532,13 @@ static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e) {
  * is atomic per page; the caller's writer_enter covers both. */
 struct half {
     const uint64_t *pages;
-    uint64_t count, done;
+    uint64_t count, done, left;
     uint32_t e;
 };
 
 static void *log_half(void *arg) {
     struct half *h = arg;
-    h->done = log_pages(h->pages, h->count, h->e);
+    h->done = log_pages(h->pages, h->count, h->e, &h->left);
     return NULL;
 }
 
@@ -535,9 +550,8 @@ uint64_t clamor_versions_log_ahead(void) {
     uint32_t e = atomic_load(&V.epoch);
     uint64_t done = 0;
     if (V.on && V.ahead_epoch == e && cl_option_get(CL_OPT_LOG_AHEAD)) {
-        V.ahead_epoch = 0;
-        uint64_t n = V.nahead, mine = n;
-        struct half h = {V.ahead + n / 2, n - n / 2, 0, e};
+        uint64_t n = V.nahead, mine = n, left = 0;
+        struct half h = {V.ahead + n / 2, n - n / 2, 0, 0, e};
         pthread_t th;
         bool two = n >= AHEAD_SPLIT && sysconf(_SC_NPROCESSORS_ONLN) > 1;
         if (two) {
@@ -548,11 +562,13 @@ uint64_t clamor_versions_log_ahead(void) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             if (two) mine = n / 2;
         }
-        done = log_pages(V.ahead, mine, e);
+        done = log_pages(V.ahead, mine, e, &left);
         if (two) {
             pthread_join(th, NULL);
             done += h.done;
+            left += h.left;
         }
+        if (!left) V.ahead_epoch = 0; /* (else a later call in this epoch logs the rest) */
     }
     writer_exit();
     return done;

@@ -167,6 +167,15 @@ class StageRunner:
         if not self._pool.workers and not self._pool.expected:   # none left, none coming
             raise errors.WorkerLost("no live workers (every worker was lost and none is being replaced)")
         sid = self._versions.begin()
+        self._keep_versions(sid)
+        return sid
+
+    def _keep_versions(self, sid):
+        """Free the page versions no task can read any more, ``sid`` the
+        newest.  At a stage's begin, and again at its end: then the
+        versions its workers moved on from go before the driver writes
+        again, and its first writes copy pages into the locations they
+        free rather than into memory never used before."""
         # The page versions worth keeping are those of the stages a task may
         # still read at: this one, those recorded outputs were made at (lost
         # ones included: lineage re-runs read there), and those of tasks
@@ -190,7 +199,6 @@ class StageRunner:
                                    floor=min({sid} | mapping | running_at))
         # (changed-page lists are asked for between a worker's version and one of these)
         self._versions.trim(set(keep) | last_ran)
-        return sid
 
     def _invalidations(self, w, version):
         """Pages worker ``w`` must drop before a task at ``version``: those
@@ -231,6 +239,9 @@ class StageRunner:
             sid = node.shuffle_ids[parent]
             for p in job.parts:
                 self._lineage.map_output(sid, p, job.results[p])
+        if not rerun:
+            self._keep_versions(region.version_current())
+        if kind == "map":
             return None
         return [job.results[p] for p in job.parts]
 
