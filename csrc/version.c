@@ -451,11 +451,12 @@ void cl_version_discarded(uint64_t first, uint64_t n) {
  * and at one of the AHEAD_WINDOW versions before is logged as the version
  * begins instead (clamor_versions_log_ahead, after clamor_versions_keep
  * has freed the locations it moves to), in runs: one copy and one mapping
- * for each run of pages whose copies are consecutive (home or twin banks;
- * a page whose other bank still holds a version waits for a later call in
- * the epoch: a Cluster calls again as a stage ends, when its workers have
- * moved on from the version before).  The driver then writes it without a
- * fault.  A page logged ahead
+ * for each run of pages whose copies are consecutive (home, twin or third
+ * banks; a page whose other bank still holds a version, and which never
+ * had a third copy, waits for a later call in the epoch: a Cluster calls
+ * again as a stage ends, when its workers have moved on from the version
+ * before, so that a global rewritten between stages lives in two
+ * locations, not three).  The driver then writes it without a fault.  A page logged ahead
  * and not written is found unchanged at the next version begin, as a page
  * written back to its old bytes is. */
 #define AHEAD_WINDOW 4
@@ -483,13 +484,21 @@ static int log_run(uint64_t first, uint64_t n, uint32_t nl, const uint64_t *entr
     return rc;
 }
 
+/* Pool slot nl is page p's own third and holds memory: the page had a
+ * third copy before (the driver wrote it while a stage ran, with the
+ * version before still held), so it is likely to again. */
+static bool warm_third(uint64_t p, uint32_t nl) {
+    unsigned char in = 0;
+    return nl == V.pool0 + p && mincore(loc_bytes(nl), 4096, &in) == 0 && (in & 1);
+}
+
 /* Log ahead in epoch e, in runs (one copy and one mapping for each run of
  * pages whose copies are consecutive), the pages pages[0..count)
  * (ascending) but those logged or being logged already, and those whose
- * home and twin are both taken (*left counts them: a version the workers
- * have not moved on from yet holds one; they are logged at a later call,
- * once it is freed, or by their write fault).  Returns how many it
- * logged. */
+ * home and twin are both taken and whose third was never used (*left
+ * counts them: a version the workers have not moved on from yet holds
+ * one; they are logged at a later call, once it is freed, or by their
+ * write fault).  Returns how many it logged. */
 static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e, uint64_t *left) {
     uint64_t entry[LOG_RUN], first = 0, n = 0, done = 0;
     uint32_t was[LOG_RUN], nl0 = NONE;
@@ -501,7 +510,7 @@ static uint64_t log_pages(const uint64_t *pages, uint64_t count, uint32_t e, uin
         if (!claim(p, e, false, &w)) continue; /* a write logged it already */
         en = atomic_load(&cl_region.loctab[p]);
         nl = loc_choose(p, cl_loc_id(p, en));
-        if (nl != NONE && nl >= V.pool0) {
+        if (nl != NONE && nl >= V.pool0 && !warm_third(p, nl)) {
             /* (a pool slot is a third copy of the page, and memory that may
              * never have been used: 200 us a page on the 2-core VM) */
             loc_unchoose(nl);

@@ -90,49 +90,75 @@ def test_workers_read_what_one_process_computes_under_random_rewrites(ahead, pro
 
 
 def test_a_stage_maps_pages_logged_ahead_and_never_sees_the_drivers_writes(tmp_path):
-    # A page rewritten at every stage is logged ahead as each stage begins:
-    # its table entry names the copy the driver writes from the next
-    # version on.  A task of this version still maps (not fetches) the
+    # A page rewritten at every stage is logged ahead: written between
+    # stages, as the stage before ends (its workers have moved on from the
+    # version before, so the copy goes where that version was: two
+    # locations, not three); written while a stage runs, as each stage
+    # begins, once the page has had a third copy (the first such write
+    # faults).  Its table entry names the copy the driver writes from the
+    # next version on.  A task of this version still maps (not fetches) the
     # location of its own version, and a driver write made while it runs,
     # which takes no fault, is not seen by it; the next stage sees it.
     out = scenario(flag_waiter(tmp_path) + textwrap.dedent("""
+    def memfd_bytes():                               # the driver's memory for the region
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:clamor-region"):
+                    return os.fstat(int(fd)).st_blocks * 512
+            except OSError:
+                pass
     a = clamor.array(np.zeros(1 << 20))              # 128 pages
     with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
-        for stage in range(1, 5):                    # every page changes at every stage
+        between = []
+        for stage in range(1, 6):                    # every page changes between stages
+            st0 = region.stats()
             a[::512] = stage
+            st1 = region.stats()
+            between.append(st1["pages_logged"] - st0["pages_logged"])
             assert cl.run(lambda _: float(a.sum()), 0)[0] == stage * 2048
-        a[::512] = 5.0
-        ahead_before = region.stats()["pages_logged_ahead"]
-        faults_before = region.stats()["pages_logged"] - ahead_before
-        def task(_):
-            st0 = clamor.stats()
-            v0 = float(a[0])
-            say("read")
-            wait_for("written")
-            st1 = clamor.stats()
-            return [v0, float(a[0]), float(a.sum()), st1["pages_fetched"] - st0["pages_fetched"],
-                    st1["pages_mapped"]]
-        def writer():
-            wait_for("read")
-            a[::512] = 99.0
-            say("written")
-        t = threading.Thread(target=writer)
-        t.start()
-        during = cl.run(task, 0)[0]
-        t.join()
-        st = region.stats()
+        held = memfd_bytes()
+        rounds = []
+        for stage, value in ((6, 6.0), (7, 99.0)):   # and while a stage runs
+            def task(_, value=value):
+                st0 = clamor.stats()
+                v0 = float(a[0])
+                say(f"read{value}")
+                wait_for(f"written{value}")
+                st1 = clamor.stats()
+                return [v0, float(a[0]), float(a.sum()), st1["pages_fetched"] - st0["pages_fetched"],
+                        st1["pages_mapped"]]
+            def writer(value=value):
+                wait_for(f"read{value}")
+                a[::512] = value
+                say(f"written{value}")
+            st0 = region.stats()
+            t = threading.Thread(target=writer)
+            t.start()
+            during = cl.run(task, 0)[0]
+            t.join()
+            st = region.stats()
+            rounds.append({"during": during, "ahead": st["pages_logged_ahead"] - st0["pages_logged_ahead"],
+                           "faulted": (st["pages_logged"] - st["pages_logged_ahead"])
+                                      - (st0["pages_logged"] - st0["pages_logged_ahead"])})
         after = cl.run(lambda _: [float(a[0]), float(a.sum())], 0)[0]
-    print(json.dumps({"during": during, "after": after, "ahead": st["pages_logged_ahead"] - ahead_before,
-                      "faulted": st["pages_logged"] - st["pages_logged_ahead"] - faults_before}))
+    print(json.dumps({"between": between, "rounds": rounds, "after": after, "held": held, "nbytes": a.nbytes}))
     """), timeout=180)
-    v0, again, total, fetched, mapped = out["during"]
-    assert v0 == again == 5.0, out
-    assert total == 5.0 * 2048, out
-    assert fetched == 0 and mapped > 0, out
-    # the stage's pages were logged ahead as it began, and the driver's
-    # write while it ran took no fault
-    assert out["ahead"] >= 128, out
-    assert out["faulted"] == 0, out
+    # between stages: from the third on, the pages were logged ahead as the
+    # stage before ended, and the writes took no fault
+    assert out["between"][2:] == [0, 0, 0], out
+    # and the array lies in two locations, not three (the rest of the
+    # region's memory is a few pages)
+    assert out["nbytes"] * 2 <= out["held"] < out["nbytes"] * 2.5, out
+    first, second = out["rounds"]
+    for r, before in ((first, 5.0), (second, 6.0)):
+        v0, again, total, fetched, mapped = r["during"]
+        assert v0 == again == before, out
+        assert total == before * 2048, out
+        assert fetched == 0 and mapped > 0, out
+    # the second time, the stage's pages were logged ahead as it began (into
+    # the third copies the first time made), and the write took no fault
+    assert second["ahead"] >= 128, out
+    assert second["faulted"] == 0, out
     assert out["after"] == [99.0, 99.0 * 2048], out
 
 
