@@ -277,7 +277,7 @@ int clamor_security_mode(void);
     COUNTER(diff_wire_bytes)   /* worker: of wire_bytes_fetched, those of diffs */                                \
     COUNTER(diff_retries)      /* worker: diffs that did not sum right (a copy written here): fetched whole */    \
     COUNTER(diff_pages_served) /* page server: pages sent as a diff */                                            \
-    COUNTER(diff_pages_reused) /* driver: of those, diffs kept from an earlier request (diffcache.c) */           \
+    COUNTER(diff_pages_reused) /* driver: of those, diffs kept from an earlier request (diffs.c) */                \
     VALUE(uint64_t, kept_bytes) /* worker: bytes of kept copies now */                                            \
     VALUE(uint64_t, latency_count) /* fetch latencies recorded */                                               \
     VALUE(double, latency_p50_us)                                                                               \

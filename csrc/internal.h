@@ -398,15 +398,6 @@ void cl_zap_serve(void *zap);
 
 int cl_server_stop_after_fork(void);
 
-/* ---- diffcache.c: diffs the driver's page server made (its thread only) -- */
-
-/* The diff of page p from version base to version (sum of the new page,
- * runs with words counted from the page's start): true if kept. */
-bool cl_diffcache_get(uint64_t p, uint32_t base, uint32_t version, uint64_t *sum, const uint8_t **runs, uint32_t *n);
-/* Keep it (only for versions that cannot change any more: diffcache.c). */
-void cl_diffcache_put(uint64_t p, uint32_t base, uint32_t version, uint64_t sum, const uint8_t *runs, uint32_t n);
-void cl_diffcache_clear(void);
-
 /* ---- directory.c: who holds which page (driver) ------------------------- */
 
 int cl_dir_register(const void *id, size_t idlen, const char *endpoint, size_t eplen);

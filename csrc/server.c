@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "diffs.h"
 #include "internal.h"
 #include "wire.h"
 #include "zmqdl.h"
@@ -58,8 +59,6 @@ static struct server {
     char endpoint[256];
     void *scratch; /* the server thread's: sparse replies are encoded here */
     size_t scratch_len;
-    void *xbuf, *vbuf; /* the server thread's, for diffs: the XOR of the pages, a base version */
-    size_t xbuf_len, vbuf_len;
 } S = {.t = CL_THREAD_INIT};
 
 /* Make *buf (the server thread's) at least n bytes; false if out of memory. */
@@ -74,11 +73,9 @@ static bool grow(void **buf, size_t *cap, size_t n) {
 
 static void buffers_free(void) {
     free(S.scratch);
-    free(S.xbuf);
-    free(S.vbuf);
-    S.scratch = S.xbuf = S.vbuf = NULL;
-    S.scratch_len = S.xbuf_len = S.vbuf_len = 0;
-    cl_diffcache_clear();
+    S.scratch = NULL;
+    S.scratch_len = 0;
+    cl_diffs_free();
 }
 
 const char *clamor_server_endpoint(void) { return S.t.running ? S.endpoint : ""; }
@@ -166,86 +163,6 @@ static bool sparsen(cl_zmq_msg *body, size_t len, size_t *sent) {
     cl_zmq.msg_close(body);
     *body = sized; /* as zmq_msg_move does */
     *sent = n;
-    return true;
-}
-
-/* Driver: true if the diff of the request's k-th page may be kept
- * (diffcache.c): both versions have begun, so neither can change. */
-static bool keepable(const struct cl_wire_hdr *rq, const uint32_t *bases, uint32_t k, uint32_t epoch) {
-    return cl_version_active() && bases[k] >= 1 && bases[k] < rq->version && rq->version <= epoch;
-}
-
-/* Append a page's runs (words counted from its start) at out, their words
- * counted from the start of the request's data (page k). */
-static void runs_at(uint8_t *out, const uint8_t *runs, size_t n, uint32_t k) {
-    uint32_t shift = k << (cl_region.page_shift - 3);
-    if (out != runs) memcpy(out, runs, n);
-    for (size_t o = 0; o + 8 <= n;) {
-        uint32_t first, count;
-        memcpy(&first, out + o, 4);
-        memcpy(&count, out + o + 4, 4);
-        first += shift;
-        memcpy(out + o, &first, 4);
-        o += 8 + (size_t)count * 8;
-    }
-}
-
-/* Driver: replace *body (the pages as the request's version reads them) by
- * their diff against the requester's copies, the versions of bases[k]
- * (wire.h), if that is shorter; *sent is then its length.  Each page's
- * diff is made apart and kept for the next requester (diffcache.c). */
-static bool diffen(cl_zmq_msg *body, size_t len, const struct cl_wire_hdr *rq, const uint32_t *bases, size_t *sent) {
-    size_t ps = (size_t)1 << cl_region.page_shift, head = (size_t)rq->count * 8;
-    uint32_t epoch = clamor_version_current(); /* (read before either version is) */
-    if (len <= head + 8 || !grow(&S.xbuf, &S.xbuf_len, ps) || !grow(&S.vbuf, &S.vbuf_len, ps) ||
-        !grow(&S.scratch, &S.scratch_len, len))
-        return false;
-    const char *pages = cl_zmq.msg_data(body);
-    uint8_t *out = S.scratch;
-    size_t n = 0, cap = len - head - 8;
-    for (uint32_t k = 0; k < rq->count; k++) {
-        if (cl_version_read(rq->index + k, bases[k], S.vbuf) != 0) return false; /* collected: the pages */
-        uint64_t sum = cl_page_xor_sum(pages + k * ps, S.vbuf, S.xbuf, ps);
-        for (int i = 0; i < 8; i++) out[k * 8 + i] = (uint8_t)(sum >> (8 * i));
-        size_t m = 0;
-        if (cl_wire_sparse_encode(S.xbuf, ps, out + head + n, cap - n, &m) != 0) return false;
-        if (keepable(rq, bases, k, epoch)) cl_diffcache_put(rq->index + k, bases[k], rq->version, sum, out + head + n, (uint32_t)m);
-        runs_at(out + head + n, out + head + n, m, k);
-        n += m;
-    }
-    cl_zmq_msg sized;
-    if (cl_zmq.msg_init_size(&sized, head + n) != 0) return false;
-    memcpy(cl_zmq.msg_data(&sized), out, head + n);
-    cl_zmq.msg_close(body);
-    *body = sized;
-    *sent = head + n;
-    return true;
-}
-
-/* Driver: *body gets the diff of every page of the request from diffs
- * kept (diffcache.c), without reading the pages; false if one is not kept
- * or they are no shorter than the pages. */
-static bool diff_kept(const struct cl_wire_hdr *rq, const uint32_t *bases, size_t len, cl_zmq_msg *body, size_t *sent) {
-    size_t head = (size_t)rq->count * 8, n = 0;
-    uint32_t epoch = clamor_version_current();
-    uint64_t sums[CL_WIRE_MAX_COUNT];
-    const uint8_t *runs[CL_WIRE_MAX_COUNT];
-    uint32_t lens[CL_WIRE_MAX_COUNT];
-    for (uint32_t k = 0; k < rq->count; k++) {
-        if (!keepable(rq, bases, k, epoch) || !cl_diffcache_get(rq->index + k, bases[k], rq->version, &sums[k], &runs[k], &lens[k]))
-            return false;
-        n += lens[k];
-    }
-    if (len <= head + 8 || n > len - head - 8 || cl_zmq.msg_init_size(body, head + n) != 0) return false;
-    uint8_t *out = cl_zmq.msg_data(body);
-    for (uint32_t k = 0; k < rq->count; k++)
-        for (int i = 0; i < 8; i++) out[k * 8 + i] = (uint8_t)(sums[k] >> (8 * i));
-    n = 0;
-    for (uint32_t k = 0; k < rq->count; k++) {
-        runs_at(out + head + n, runs[k], lens[k], k);
-        n += lens[k];
-    }
-    *sent = head + n;
     return true;
 }
 
@@ -382,7 +299,7 @@ static size_t driver_kept(const struct cl_wire_hdr *rq, const uint32_t *bases, s
                           void **rbuf, size_t *rlen) {
     size_t kept = 0;
     int rerr = 0;
-    if (!cl_alloc_range_used(off, len) || !diff_kept(rq, bases, len, body, &kept)) return 0;
+    if (!cl_alloc_range_used(off, len) || !cl_diff_kept(rq, bases, len, body, &kept)) return 0;
     if (rq->flags & CL_WIRE_RELOC) { /* (pages with relocation lists need their bytes) */
         *rlen = cl_reloc_frame(rq->index, rq->count, rq->version, NULL, rbuf, &rerr);
         if (!*rbuf) {
@@ -404,7 +321,7 @@ static void reply_pages(cl_zmq_msg *id, const struct cl_wire_hdr *rq, const uint
     /* Mostly-zero pages travel as their nonzero words, when that halves
      * them (the relocation lists were checked against these bytes). */
     size_t sent = kept ? kept : len;
-    bool diff = kept || (bases && cl_region.role == CLAMOR_ROLE_DRIVER && diffen(body, len, rq, bases, &sent));
+    bool diff = kept || (bases && cl_region.role == CLAMOR_ROLE_DRIVER && cl_diff_make(body, len, rq, bases, &sent));
     bool sparse = !diff && (rq->flags & CL_WIRE_SPARSE) && sparsen(body, len, &sent);
     size_t hl = hints_for(self, rq);
     rate_take(sent + rlen + hl); /* relocations and hints travel on the same link */

@@ -1,4 +1,4 @@
-"""The driver keeps the page diffs it made (csrc/diffcache.c): a second
+"""The driver keeps the page diffs it made (csrc/diffs.c): a second
 request for the same (pages, base, version) gets the same bytes without
 the pages being read again, and a request that names a version not begun
 yet leaves nothing behind that a later request of that version would get.

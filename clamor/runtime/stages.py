@@ -171,34 +171,27 @@ class StageRunner:
         return sid
 
     def _keep_versions(self, sid):
-        """Free the page versions no task can read any more, ``sid`` the
-        newest.  At a stage's begin, and again at its end: then the
-        versions its workers moved on from go before the driver writes
-        again, and its first writes copy pages into the locations they
-        free rather than into memory never used before."""
-        # The page versions worth keeping are those of the stages a task may
-        # still read at: this one, those recorded outputs were made at (lost
-        # ones included: lineage re-runs read there), and those of tasks
-        # still running (a losing copy of an earlier action, or one that
-        # outlived a failed attempt, runs to its end).  A version between
-        # them is dropped: a collection cached once, then a global updated
-        # at every stage, kept a version per stage, and the driver ran out
-        # of room for them.
+        """Free the page versions no task can read any more (``sid`` the
+        newest), as a stage begins and as it ends: then the driver's next
+        writes copy pages where the versions its workers left were."""
+        # Worth keeping: the versions a task may still read at: this one,
+        # those recorded outputs were made at (lineage re-runs read there),
+        # those of tasks still running (a losing copy, or one that outlived
+        # a failed attempt).  Not one per stage between them: a collection
+        # cached once, then a global updated at every stage, kept a version
+        # per stage, and the driver ran out of room for them.
         running = {k[0] for w in self._pool.workers for k in self._sched.running(w)}
         self._attempt_version = {a: v for a, v in self._attempt_version.items() if a in running or a in self._jobs}
         self._lineage.prune(self.unpersisted_versions)
-        # A worker that maps the driver's pages may read, until its next
-        # task drops what changed, the locations of the stage it last ran at;
-        # one that fetches them may fetch there until then (its collector,
-        # between tasks, visits the region objects it tracks: a worker died
-        # of a version collected under it).
+        # A worker may read the stage it last ran at until its next task drops
+        # what changed (a mapping one its locations; a fetching one's collector
+        # visits its region objects between tasks).
         mapping = {w.seen for w in self._pool.workers.values() if w.maps}
         last_ran = {w.seen for w in self._pool.workers.values()}
         running_at = set(self._attempt_version.values())
         keep = self._versions.keep({sid} | self._lineage.versions() | running_at | last_ran,
                                    floor=min({sid} | mapping | running_at))
-        # (changed-page lists are asked for between a worker's version and one of these)
-        self._versions.trim(set(keep) | last_ran)
+        self._versions.trim(set(keep) | last_ran)   # (change lists go from a worker's version to these)
 
     def _invalidations(self, w, version):
         """Pages worker ``w`` must drop before a task at ``version``: those
@@ -236,14 +229,11 @@ class StageRunner:
             for a in job.asids:    # late reports of its tasks now only free slots
                 self._jobs.pop(a, None)
         if kind == "map":
-            sid = node.shuffle_ids[parent]
             for p in job.parts:
-                self._lineage.map_output(sid, p, job.results[p])
+                self._lineage.map_output(node.shuffle_ids[parent], p, job.results[p])
         if not rerun:
             self._keep_versions(region.version_current())
-        if kind == "map":
-            return None
-        return [job.results[p] for p in job.parts]
+        return None if kind == "map" else [job.results[p] for p in job.parts]
 
     def _run_attempts(self, job):
         kind = job.kind
