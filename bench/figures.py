@@ -14,13 +14,16 @@ import os
 import re
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ("sparse_lr", "geo", "streaming", "kmeans", "dask_globals")  # the order of the panels
 TITLES = {"sparse_lr": "sparse logistic regression", "geo": "geo k-NN queries", "streaming": "streaming updates",
           "kmeans": "k-means", "dask_globals": "Dask globals: grid k-NN",
-          "dask_globals/kdtree": "Dask globals: KDTree k-NN", "recovery": "k-means, a worker killed"}
+          "dask_globals/kdtree": "Dask globals: KDTree k-NN", "recovery": "k-means, a worker killed",
+          "sparse_lr/one host": "sparse logistic regression, one host"}
+# drawn from their hosts run and, in a panel beside it, from their newest one-host run
+ONE_HOST_TOO = ("sparse_lr",)
 NAMES = {"clamor": "clamor", "spark": "Spark", "dask": "Dask", "ray": "Ray", "redis": "Redis",
          "scatter": "Dask scatter", "mpi": "MPI", "broadcast_zero_copy": "broadcast zero-copy"}
 BENCH_NAMES = {"kmeans": {"baseline": "mp + numpy"}}   # kmeans.py's baseline: a multiprocessing fork Pool
@@ -563,6 +566,11 @@ def plan(records):
                 msgs.append(f"{b}: no {b}.json or {b}-quick.json; skipped")
             continue
         ps = panels_of(rec)
+        if b in ONE_HOST_TOO and rec.hosts != 1:
+            one = pick([r for r in records if r.bench == b and r.hosts == 1], b)
+            ps = ps + ([replace(p, key=f"{b}/one host") for p in panels_of(one)] if one else [])
+            if one is None:
+                msgs.append(f"{b}/one host: no one-host run of {b}; only its hosts run drawn")
         if not ps and b in WORKLOADS:
             msgs.append(f"{b}: {rec.file} has no per-system times (<system>_iter_s); skipped")
         for p in ps:

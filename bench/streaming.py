@@ -589,6 +589,7 @@ def on_hosts(args, wl, peers, spark_conf):
         ran = {who: p for who, p in peers.items() if "times" in p}
         for r in range(rounds):
             shares, expect = wl.begin(r)
+            copies = cl.stats()["recovery"]["speculative_copies"]
             took, got, pids, _, st = clamor_round(cl, table, bits, shares)
             times.append(took)
             moved.append(fetched_bytes(st))
@@ -596,6 +597,8 @@ def on_hosts(args, wl, peers, spark_conf):
             if r == 0:   # untimed: round 0's late read-ahead, then its bytes against the pages it touched
                 ratio0, touched0 = fetch_ratio(moved[-1] + tiny_stage(cl, W, tiny, tiny_keys, 0.3), pids, pages0,
                                                psize)
+                # (a speculative copy of a slow task reads its share's pages on another worker too)
+                copies0 = cl.stats()["recovery"]["speculative_copies"] - copies
             check(f"round {r}", table, bits, {"clamor": got, **{w: p["answers"][r] for w, p in ran.items()}},
                   expect, shares)
             print(f"{r:>5} | clamor {times[-1]:.4f}s {mib(moved[-1])} | "
@@ -605,9 +608,10 @@ def on_hosts(args, wl, peers, spark_conf):
     figures = {"bench": "streaming", "clamor_round_s": cl_med}
     system_figures(figures, {"clamor": (times, link)}, peers)
     print(f"round 0: clamor fetched {ratio0:.3f}x the bytes of the pages its lookups touched "
-          f"({mib(touched0).strip()})", flush=True)
+          f"({mib(touched0).strip()}); {copies0} speculative copies of its tasks ran", flush=True)
     figures.update({"time_unit": "s per round", "hosts": W, "rate": args.rate,
                     "round0_fetch_ratio": ratio0, "round0_touched_bytes": touched0,
+                    "round0_speculative_copies": copies0,
                     "clamor_bytes_per_round": moved, "clamor_wire_bytes_per_round": wire,
                     "spark_executor_mb": spark_conf["executor_mb"], "spark_driver_memory": spark_conf["driver_memory"],
                     "table_bytes": int(table.nbytes), "keys": wl.n, "rounds": rounds, "workers": W,
