@@ -68,6 +68,13 @@ def lookup(table, q, bits):
     return out
 
 
+def proc_id():
+    """This process, told apart from every other on the machine: a worker
+    on a namespace host has a PID namespace of its own, where its pid may
+    be another host's worker's too."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}:{os.getpid()}"
+
+
 def answer(table, q, bits):
     """What a worker sends back for its share ``q``: (checksum, keys found,
     value of its last key, which is the key updated last)."""
@@ -80,7 +87,7 @@ def peer_task(table, q, bits, pause=0.0):
     system hands it, the worker's pid)."""
     if pause:
         time.sleep(pause)   # warm-up: keep every worker busy at once
-    return answer(table, q, bits), os.getpid()
+    return answer(table, q, bits), proc_id()
 
 
 class Workload:
@@ -526,7 +533,7 @@ def clamor_round(cl, table, bits, shares):
         import clamor
 
         st = clamor.stats()
-        return [(answer(table, part, bits), os.getpid(), st["pages_invalidated"])]
+        return [(answer(table, part, bits), proc_id(), st["pages_invalidated"])]
 
     t = time.perf_counter()
     out = cl.parallelize(np.concatenate(shares), partitions=len(shares)).map_partitions(task).collect()
