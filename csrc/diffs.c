@@ -66,15 +66,6 @@ void cl_diffs_free(void) {
     D.xbuf_len = D.vbuf_len = D.out_len = 0;
 }
 
-static bool grow(void **buf, size_t *cap, size_t n) {
-    if (*cap >= n) return true;
-    void *p = realloc(*buf, n);
-    if (!p) return false;
-    *buf = p;
-    *cap = n;
-    return true;
-}
-
 /* The slots, empty if the versions they name began again. */
 static bool ready(bool make) {
     uint64_t gen = cl_version_generation();
@@ -140,8 +131,8 @@ static void runs_at(uint8_t *out, const uint8_t *runs, size_t n, uint32_t k) {
 bool cl_diff_make(cl_zmq_msg *body, size_t len, const struct cl_wire_hdr *rq, const uint32_t *bases, size_t *sent) {
     size_t ps = (size_t)1 << cl_region.page_shift, head = (size_t)rq->count * 8;
     uint32_t epoch = clamor_version_current(); /* (read before either version is) */
-    if (len <= head + 8 || !grow(&D.xbuf, &D.xbuf_len, ps) || !grow(&D.vbuf, &D.vbuf_len, ps) ||
-        !grow(&D.out, &D.out_len, len))
+    if (len <= head + 8 || !cl_grow(&D.xbuf, &D.xbuf_len, ps) || !cl_grow(&D.vbuf, &D.vbuf_len, ps) ||
+        !cl_grow(&D.out, &D.out_len, len))
         return false;
     const char *pages = cl_zmq.msg_data(body);
     uint8_t *out = D.out;

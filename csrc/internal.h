@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include "binding.h"
@@ -167,6 +168,16 @@ static inline ssize_t cl_sorted_find(const uint64_t *a, size_t n, uint64_t v) {
 }
 /* Is v among a[0..n), sorted ascending? */
 static inline bool cl_sorted_has(const uint64_t *a, size_t n, uint64_t v) { return cl_sorted_find(a, n, v) >= 0; }
+/* Make *buf (a thread's own buffer, *cap bytes) at least n bytes; false
+ * if out of memory (the buffer is kept as it was). */
+static inline bool cl_grow(void **buf, size_t *cap, size_t n) {
+    if (*cap >= n) return true;
+    void *p = realloc(*buf, n);
+    if (!p) return false;
+    *buf = p;
+    *cap = n;
+    return true;
+}
 /* Does w lie in one of the nr sorted, disjoint ranges [r[2i], r[2i+1])? */
 static inline bool cl_in_ranges(uintptr_t w, const uintptr_t *r, size_t nr) {
     size_t lo = 0, hi = nr;

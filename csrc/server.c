@@ -61,16 +61,6 @@ static struct server {
     size_t scratch_len;
 } S = {.t = CL_THREAD_INIT};
 
-/* Make *buf (the server thread's) at least n bytes; false if out of memory. */
-static bool grow(void **buf, size_t *cap, size_t n) {
-    if (*cap >= n) return true;
-    void *p = realloc(*buf, n);
-    if (!p) return false;
-    *buf = p;
-    *cap = n;
-    return true;
-}
-
 static void buffers_free(void) {
     free(S.scratch);
     S.scratch = NULL;
@@ -153,7 +143,7 @@ static bool rewound_for(uint32_t version, uint64_t *view) {
  * is at most half as long; *sent is then its length.  A reply that does not
  * shrink is sent as it is, having cost one scan of the zero words. */
 static bool sparsen(cl_zmq_msg *body, size_t len, size_t *sent) {
-    if (!grow(&S.scratch, &S.scratch_len, len / 2)) return false; /* kept for the next reply */
+    if (!cl_grow(&S.scratch, &S.scratch_len, len / 2)) return false; /* kept for the next reply */
     size_t n = 0;
     cl_zmq_msg sized;
     if (cl_wire_sparse_encode(cl_zmq.msg_data(body), len, S.scratch, len / 2, &n) != 0 ||
