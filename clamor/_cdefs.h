@@ -205,11 +205,17 @@ int clamor_py_frozen_instance(uintptr_t obj);
 int clamor_py_frozen_keys(uintptr_t keys);
 int clamor_py_frozen_split(uintptr_t obj);
 int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value);
+int clamor_py_portable_keys(uintptr_t obj);
+uintptr_t clamor_py_frozen_names(uintptr_t type, uintptr_t out);
+long clamor_py_keys_prefix(uintptr_t type, uintptr_t names);
+uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n);
+int clamor_py_keyed_instance(uintptr_t obj);
+int clamor_py_keys_swap(uintptr_t type, uintptr_t twin);
 long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys);
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,
                           size_t ndirty, int recheck, int *shared);
-struct clamor_walkout { uint64_t *ext; uint8_t *strict; int32_t *tags; size_t n; uint64_t *nulls; int32_t *null_tags; size_t nnulls; };
+struct clamor_walkout { uint64_t *ext; uint8_t *strict; int32_t *tags; size_t n; uint64_t *nulls; int32_t *null_tags; size_t nnulls; uint64_t *keyed; size_t nkeyed; };
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                             uintptr_t outside_out, int *seeded, int tagging, const int32_t *dirty, size_t ndirty,
                             int recheck, int *shared, struct clamor_walkout *out);

@@ -748,6 +748,8 @@ struct clamor_walkout {
     uint64_t *nulls;
     int32_t *null_tags;
     size_t nnulls;
+    uint64_t *keyed; /* the classes whose instances were taken over their frozen tables (cl_py_portable_keys) */
+    size_t nkeyed;
 };
 int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                             uintptr_t outside_out, int *seeded, int tagging, const int32_t *dirty, size_t ndirty,
@@ -805,12 +807,41 @@ int clamor_py_frozen_keys(uintptr_t keys);
  * obj has no dict yet or one over its class's keys table, wherever it
  * lies: a region dict over that table is then what it needs. */
 int clamor_py_frozen_split(uintptr_t obj);
-/* Instance obj (of a class clamor_py_frozen_instance accepts, with no dict:
- * its attributes in a values table) holding old as an attribute's value:
+/* Instance obj (of a class clamor_py_frozen_instance accepts, or as
+ * clamor_py_keyed_instance takes it, with no dict: its attributes in a
+ * values table) holding old as an attribute's value:
  * that slot set to new, a reference moved (new == old: a look-up).  1, or
  * 0 (no slot holds old). */
 int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value);
+/* Workers not forked (a portable walk): 1 if region instance obj has no
+ * dict and its values table lies in the region, and its class's table is
+ * frozen (now, if it was not: the driver never lays an attribute out
+ * otherwise again); else 0.  Before CPython 3.13 only. */
+int clamor_py_portable_keys(uintptr_t obj);
+/* Driver: the names of class `type`'s table frozen so, in order, appended
+ * to the list at `out`: the table's address, or 0 (not frozen so). */
+uintptr_t clamor_py_frozen_names(uintptr_t type, uintptr_t out);
+/* Worker: how many of the tuple of strs `names` class `type`'s table names
+ * at their places (all: its length), or -1 (something else, more, or no
+ * shared table). */
+long clamor_py_keys_prefix(uintptr_t type, uintptr_t names);
+/* Worker: class `type`'s table frozen and kept for good if it names n
+ * attributes: its address, or 0. */
+uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n);
+/* 1 if region instance obj is as clamor_py_portable_keys took it (no freeze here). */
+int clamor_py_keyed_instance(uintptr_t obj);
+/* Worker: class `type` takes the keys table of class `twin`, kept for
+ * good, and the interpreter's caches of its attributes' places are
+ * dropped (classkeys.adopt).  0, or -1. */
+int clamor_py_keys_swap(uintptr_t type, uintptr_t twin);
 #ifdef PY_VERSION_HEX
+int cl_py_portable_keys(struct _object *o);
+/* portable._seeded of an exact dict, set or frozenset's keys: one is a str
+ * or bytes, or a tuple or frozenset holding one (its hash is seeded). */
+int cl_py_seeded_keys(struct _object *o);
+/* Its two halves: o's layout, and its class's table (frozen now if not). */
+int cl_py_portable_layout(struct _object *o);
+int cl_py_portable_class(PyTypeObject *t);
 int cl_py_frozen_class(PyTypeObject *t);
 int cl_py_frozen_instance(struct _object *o);
 /* clamor_py_frozen_instance's test of o itself, its class's known frozen. */

@@ -101,6 +101,8 @@ static int freeze_keys(uintptr_t type, uint64_t seq) {
             if (at->keys != f.keys) k->dk_refcnt += PIN;
             *at = f;
             nbykeys = 0;
+        } else if (seq < at->seq) {
+            at->seq = seq; /* (frozen for a portable walk, and now before a fork too) */
         }
         return 1;
     }
@@ -217,9 +219,12 @@ int clamor_py_frozen_instance(uintptr_t obj) {
     return rc;
 }
 
+static int keyed_instance(PyObject *o);
+
 int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value) {
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *o = (PyObject *)obj, **v = cl_py_frozen_instance(o) ? cl_py_instance_values(o) : NULL;
+    PyObject *o = (PyObject *)obj;
+    PyObject **v = cl_py_frozen_instance(o) || keyed_instance(o) ? cl_py_instance_values(o) : NULL;
     Py_ssize_t n = v ? ((struct cl_dict_keys *)((PyHeapTypeObject *)Py_TYPE(o))->ht_cached_keys)->dk_nentries : 0;
     int rc = 0;
     for (Py_ssize_t i = 0; i < n && !rc; i++) {
@@ -228,6 +233,156 @@ int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value
         v[i] = (PyObject *)new_value;
         Py_DECREF((PyObject *)old);
         rc = 1;
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* ---- classes' tables for workers not forked ------------------------------------
+ *
+ * A worker not forked imports the class and builds its table itself.  A
+ * portable walk (pywalk.c) takes a region instance whose attributes lie in
+ * its region values table only (no dict made; before 3.13, whose values
+ * lie inline) as it lies, when its class's table is frozen here (frozen now
+ * if it is not yet: NOT_FORKED until a fork's freeze names it): the driver
+ * then never lays an attribute out otherwise.  Each worker makes its own
+ * class's table name the same attributes at the same places before a task
+ * reads such an instance (classkeys.adopt, at the "classkeys" target the
+ * walk numbered), and freezes it; one that cannot is refused there. */
+
+#define NOT_FORKED UINT64_MAX
+
+static int current(const struct frozen *f) {
+    struct cl_dict_keys *k = class_keys((PyTypeObject *)f->type);
+    return k && (uintptr_t)k == f->keys && k->dk_usable == 0 && k->dk_nentries == f->n && digest_of(k) == f->digest;
+}
+
+int cl_py_portable_layout(PyObject *o) {
+#if PY_VERSION_HEX >= 0x030D0000
+    (void)o;
+    return 0;
+#else
+    if (cl_py_instance_dict(o)) return 0;
+    PyObject **v = cl_py_instance_values(o);
+    return v && cl_in_region_span((uintptr_t)v, sizeof *v);
+#endif
+}
+
+int cl_py_portable_class(PyTypeObject *t) {
+#if PY_VERSION_HEX >= 0x030D0000
+    (void)t;
+    return 0;
+#else
+    struct frozen *f = find((uintptr_t)t);
+    if (f && current(f)) return 1;
+    if (freeze_keys((uintptr_t)t, NOT_FORKED) != 1) return 0;
+    f = find((uintptr_t)t);
+    return f && current(f);
+#endif
+}
+
+/* cl_py_portable_keys without the freeze: o as a portable walk took it. */
+static int keyed_instance(PyObject *o) {
+    struct frozen *f = cl_py_portable_layout(o) ? find((uintptr_t)Py_TYPE(o)) : NULL;
+    return f && current(f);
+}
+
+int clamor_py_keyed_instance(uintptr_t obj) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = keyed_instance((PyObject *)obj);
+    PyGILState_Release(g);
+    return rc;
+}
+
+int cl_py_portable_keys(PyObject *o) { return cl_py_portable_layout(o) && cl_py_portable_class(Py_TYPE(o)); }
+
+int clamor_py_portable_keys(uintptr_t obj) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = cl_py_portable_keys((PyObject *)obj);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static PyObject *const *entries_of(const struct cl_dict_keys *k) {
+    return (PyObject *const *)(k->dk_indices + ((size_t)1 << k->dk_log2_index_bytes));
+}
+
+/* Driver: the names of class `type`'s frozen table, in order, appended to
+ * the list at `out`; its address, or 0 (not frozen as the walk took it). */
+uintptr_t clamor_py_frozen_names(uintptr_t type, uintptr_t out) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct frozen *f = find(type);
+    uintptr_t rc = 0;
+    if (f && current(f)) {
+        const struct cl_dict_keys *k = (const struct cl_dict_keys *)f->keys;
+        PyObject *const *e = entries_of(k);
+        rc = f->keys;
+        for (Py_ssize_t i = 0; i < k->dk_nentries && rc; i++)
+            if (PyList_Append((PyObject *)out, e[2 * i]) < 0) {
+                PyErr_Clear();
+                rc = 0;
+            }
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* Worker: how many of the tuple of strs `names` class `type`'s table holds
+ * at their places, in order (its length: all); -1 if its table names
+ * something else at one of them, has more, or is not a shared one. */
+long clamor_py_keys_prefix(uintptr_t type, uintptr_t names) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    const struct cl_dict_keys *k = class_keys((PyTypeObject *)type);
+    PyObject *t = (PyObject *)names;
+    long rc = -1;
+    if (k && k->dk_kind == 2 /* DICT_KEYS_SPLIT */ && k->dk_nentries <= PyTuple_GET_SIZE(t)) {
+        PyObject *const *e = entries_of(k);
+        rc = (long)k->dk_nentries;
+        for (Py_ssize_t i = 0; i < k->dk_nentries && rc >= 0; i++) {
+            PyObject *a = e[2 * i], *b = PyTuple_GET_ITEM(t, i);
+            if (!a || !PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b) || PyUnicode_Compare(a, b) != 0) rc = -1;
+        }
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            rc = -1;
+        }
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* Worker: class `type`'s table frozen (and kept for good) if it names the
+ * n attributes it should: its address, or 0. */
+uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    struct cl_dict_keys *k = class_keys((PyTypeObject *)type);
+    uintptr_t rc = 0;
+    if (k && k->dk_kind == 2 && k->dk_nentries == n) {
+        if (k->dk_usable) {
+            k->dk_usable = 0;
+            k->dk_refcnt += PIN;
+        }
+        rc = (uintptr_t)k;
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* Worker: class `type` takes the keys table of class `twin` (laid out as
+ * the driver's: classkeys.adopt made it so), kept for good; the caches of
+ * attribute places the interpreter keeps for `type` are dropped.  Its
+ * instances here must not lie over its old table by then (adopt made each
+ * one's dict from its values first).  0, or -1 (no shared tables). */
+int clamor_py_keys_swap(uintptr_t type, uintptr_t twin) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyHeapTypeObject *t = (PyHeapTypeObject *)type;
+    struct cl_dict_keys *k = class_keys((PyTypeObject *)twin);
+    int rc = -1;
+    if (k && k->dk_kind == 2 && class_keys((PyTypeObject *)type)) {
+        k->dk_refcnt += PIN;
+        t->ht_cached_keys = (void *)k; /* (the old one stays: the dicts made over it hold it) */
+        PyType_Modified((PyTypeObject *)type);
+        rc = 0;
     }
     PyGILState_Release(g);
     return rc;

@@ -63,7 +63,7 @@ static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare, int 
      * them, made here from the values (in the region), kept as it is; one
      * made outside the region (vars() or a pickle outside a block): a
      * region copy of it */
-    int keep = frozen && cl_py_frozen_class(Py_TYPE(o)) && cl_py_split_over_class(o, d);
+    int keep = frozen == 1 && cl_py_frozen_class(Py_TYPE(o)) && cl_py_split_over_class(o, d);
     if (keep && cl_py_frozen_layout(o)) goto out;
     keep = keep && PyDict_GET_SIZE(d) > 0; /* (a copy of an empty dict is a new empty one, not split) */
     if (!keep && (combine(d, key) < 0 || cl_py_owns_keys(d))) goto out;
@@ -98,8 +98,10 @@ out:
  * `limit` objects), in one heap block, the collector off (nothing here runs
  * Python code or frees what the walk found).  Driver, before a stage's
  * version begins; Python's allocators wrapped (hooks.install).  frozen: a
- * walk for forked workers, which leaves the instances of classes whose
- * keys were frozen at the fork as they are (pyclasskeys.c).  Returns the
+ * walk for forked workers (1), which leaves the instances of classes whose
+ * keys were frozen at the fork as they are (pyclasskeys.c), or for workers
+ * not forked (2), which leaves those over a table frozen for them
+ * (cl_py_portable_keys); 0 neither.  Returns the
  * conversions made (walk.conversions counts them), or a negative errno. */
 long clamor_py_own_keys(uintptr_t root, long limit, int frozen) {
     PyGILState_STATE g = PyGILState_Ensure();

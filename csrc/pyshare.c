@@ -236,4 +236,33 @@ size_t clamor_py_scan(uintptr_t lo, size_t len, const uintptr_t *priv, size_t np
     *nouter = no / 2;
     return p + 8 > end ? len : p - lo;
 }
+/* portable._seeded: a str or bytes, or a tuple or frozenset holding one */
+static int seeded_key(PyObject *k, int depth) {
+    if (PyUnicode_Check(k) || PyBytes_Check(k)) return 1;
+    if (depth >= 8) return 0;
+    if (PyTuple_Check(k)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k); i++)
+            if (seeded_key(PyTuple_GET_ITEM(k, i), depth + 1)) return 1;
+    } else if (PyFrozenSet_Check(k)) {
+        PySetObject *s = (PySetObject *)k;
+        for (Py_ssize_t i = 0; i <= s->mask; i++)
+            if (s->table[i].key && s->table[i].hash != -1 && seeded_key(s->table[i].key, depth + 1)) return 1;
+    }
+    return 0;
+}
+
+int cl_py_seeded_keys(PyObject *o) {
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v))
+            if (seeded_key(k, 0)) return 1;
+    } else if (PyAnySet_CheckExact(o)) {
+        PySetObject *s = (PySetObject *)o;
+        for (Py_ssize_t i = 0; i <= s->mask; i++)
+            if (s->table[i].key && s->table[i].hash != -1 && seeded_key(s->table[i].key, 0)) return 1;
+    }
+    return 0;
+}
+
 #endif /* CLAMOR_WITH_PYTHON */

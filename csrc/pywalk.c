@@ -190,35 +190,6 @@ static int word(struct words *ws, uintptr_t a, int32_t tag) {
     return 0;
 }
 
-/* portable._seeded: a str or bytes, or a tuple or frozenset holding one */
-static int seeded_key(PyObject *k, int depth) {
-    if (PyUnicode_Check(k) || PyBytes_Check(k)) return 1;
-    if (depth >= 8) return 0;
-    if (PyTuple_Check(k)) {
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k); i++)
-            if (seeded_key(PyTuple_GET_ITEM(k, i), depth + 1)) return 1;
-    } else if (PyFrozenSet_Check(k)) {
-        PySetObject *s = (PySetObject *)k;
-        for (Py_ssize_t i = 0; i <= s->mask; i++)
-            if (s->table[i].key && s->table[i].hash != -1 && seeded_key(s->table[i].key, depth + 1)) return 1;
-    }
-    return 0;
-}
-
-static int seeded_keys(PyObject *o) {
-    if (PyDict_CheckExact(o)) {
-        Py_ssize_t pos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(o, &pos, &k, &v))
-            if (seeded_key(k, 0)) return 1;
-    } else if (PyAnySet_CheckExact(o)) {
-        PySetObject *s = (PySetObject *)o;
-        for (Py_ssize_t i = 0; i <= s->mask; i++)
-            if (s->table[i].key && s->table[i].hash != -1 && seeded_key(s->table[i].key, 0)) return 1;
-    }
-    return 0;
-}
-
 /* ---- one walk ------------------------------------------------------------------ */
 
 struct walk {
@@ -231,8 +202,11 @@ struct walk {
     long limit, n;
     PyTypeObject *classes[8];      /* plain classes met (cl_py_plain_class is a scan of the MRO) */
     char frozen_of[8];             /* each one's keys frozen at the fork (cl_py_frozen_class): 0 not known yet, 1, 2 not */
+    char keyed_of[8];              /* each one's keys frozen for workers not forked (cl_py_portable_class): as frozen_of */
     int nclasses;
     int frozen;                    /* a walk for forked workers: instances of such classes keep dicts over them */
+    int keyed;                     /* a walk for workers not forked: instances over frozen tables kept (keyed_ok) */
+    struct words classes_keyed;    /* there: the classes of those instances */
     int converting;                /* the pass of clamor_py_own_keys (cl_py_walk_needing_keys): collect, never refuse */
     struct cl_py_stack todo;       /* there: the instances whose dicts need keys of their own (held) */
     const uint64_t *keys;          /* or of clamor_py_rekey (cl_py_walk_holding_keys): these keys, sorted; */
@@ -264,7 +238,7 @@ static int portable_words(struct walk *w, PyObject *o) {
         (word(&w->nulls, a - 16, tag) < 0 || word(&w->nulls, a - 8, tag) < 0))
         return NOMEM;
     if (t->tp_weaklistoffset && word(&w->nulls, a + t->tp_weaklistoffset, tag) < 0) return NOMEM;
-    if (!w->seeded && (t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type)) w->seeded = seeded_keys(o);
+    if (!w->seeded && (t == &PyDict_Type || t == &PySet_Type || t == &PyFrozenSet_Type)) w->seeded = cl_py_seeded_keys(o);
     if (t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
         t == &PyBytes_Type) {
         w->ext.strict_now = 1 | TYPE_WORD;
@@ -295,6 +269,24 @@ static int frozen_ok(struct walk *w, PyObject *o) {
     return w->frozen_of[i] == 1 && cl_py_frozen_layout(o);
 }
 
+/* May instance o keep its values table as it is: a walk for workers not
+ * forked, o's attributes in a region values table only, its class's table
+ * frozen (pyclasskeys.c: each worker lays its own out alike)?  Its class
+ * is noted for the caller. */
+static int keyed_ok(struct walk *w, PyObject *o) {
+    if (!w->keyed || !cl_py_portable_layout(o)) return 0;
+    PyTypeObject *t = Py_TYPE(o);
+    int i = 0;
+    while (i < w->nclasses && w->classes[i] != t) i++;
+    if (i < w->nclasses && w->keyed_of[i]) return w->keyed_of[i] == 1;
+    int ok = cl_py_portable_class(t);
+    if (i < w->nclasses) w->keyed_of[i] = ok ? 1 : 2;
+    if (!ok) return 0;
+    for (size_t j = 0; j < w->classes_keyed.n; j++)
+        if (w->classes_keyed.v[j] == (uint64_t)(uintptr_t)t) return 1;
+    return word(&w->classes_keyed, (uintptr_t)t, 0) < 0 ? NOMEM : 1;
+}
+
 /* walk._owns_keys: a dict in the region, combined, its keys table there
  * too.  (The Python test is [d, d + sys.getsizeof(d)) in the region; the
  * body, the collector's links and the keys' whole block bound that.) */
@@ -313,7 +305,8 @@ static int visit_push(PyObject *r, void *arg) { return r && push(arg, r) < 0 ? -
 static int instance(struct walk *w, PyObject *o) {
     uintptr_t a = (uintptr_t)o;
     if (!inside(a, clamor_py_body_size(a))) return w->converting ? OK : FALLBACK;
-    if (!cl_py_owns_keys(cl_py_instance_dict(o)) && !frozen_ok(w, o)) {
+    int keyed = 0;
+    if (!cl_py_owns_keys(cl_py_instance_dict(o)) && !frozen_ok(w, o) && !(keyed = keyed_ok(w, o))) {
         if (!w->converting) return NEEDS_KEYS;
         if (w->nkeys) goto referents;
         Py_INCREF(o);
@@ -321,6 +314,8 @@ static int instance(struct walk *w, PyObject *o) {
             Py_DECREF(o);
             return NOMEM;
         }
+    } else if (keyed == NOMEM) {
+        return NOMEM;
     } else if (!w->converting && cl_py_weaklist_head(o)) {
         return FALLBACK; /* (hidden.note's, when it leads out of the region) */
     }
@@ -449,6 +444,8 @@ static void walk_free(struct walk *w) {
     free(w->ext.strict);
     free(w->nulls.v);
     free(w->nulls.tag);
+    free(w->classes_keyed.v);
+    free(w->classes_keyed.tag);
     free(w->seen.slot);
     free(w->seen.tag);
     free(w->st.item);
@@ -458,7 +455,7 @@ static void walk_free(struct walk *w) {
 /* The walk of clamor_py_own_keys (pyownkeys.c): it collects, never refuses.
  * The instances found go to *todo, held; the caller drops them. */
 int cl_py_walk_needing_keys(PyObject *root, long limit, int frozen, struct cl_py_stack *todo) {
-    struct walk w = {.limit = limit, .converting = 1, .frozen = frozen};
+    struct walk w = {.limit = limit, .converting = 1, .frozen = frozen == 1, .keyed = frozen == 2};
     int rc = walk_from(&w, root) == NOMEM ? -ENOMEM : 0;
     *todo = w.todo;
     w.todo = (struct cl_py_stack){0};
@@ -558,15 +555,16 @@ int clamor_py_walk_portable(uintptr_t root, long limit, const uintptr_t *images,
                             int recheck, int *shared, struct clamor_walkout *out) {
     memset(out, 0, sizeof *out);
     PyGILState_STATE g = PyGILState_Ensure();
-    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .portable = 1, .tagging = tagging,
-                     .recheck = recheck, .dirty = dirty, .ndirty = ndirty};
+    struct walk w = {.images = images, .nimages = nimages, .limit = limit, .portable = 1, .keyed = 1,
+                     .tagging = tagging, .recheck = recheck, .dirty = dirty, .ndirty = ndirty};
     w.e = &w.ext;
     w.outside = outside_out && PyList_Check((PyObject *)outside_out) ? (PyObject *)outside_out : NULL;
     PyObject *r = (PyObject *)root;
     int rc = w.outside && (!tagging || PyDict_CheckExact(r) || PyList_CheckExact(r)) ? walk_from(&w, r) : FALLBACK;
     if (rc == OK) {
         *out = (struct clamor_walkout){.ext = w.ext.v, .strict = w.ext.strict, .n = w.ext.n, .nulls = w.nulls.v,
-                                       .nnulls = w.nulls.n};
+                                       .nnulls = w.nulls.n, .keyed = w.classes_keyed.v, .nkeyed = w.classes_keyed.n};
+        w.classes_keyed.v = NULL;
         w.ext.v = NULL;
         w.ext.strict = NULL;
         w.nulls.v = NULL;

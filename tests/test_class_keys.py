@@ -81,7 +81,7 @@ print(json.dumps(res))
     assert out["kept"] and out["inside_after"] and out["same"], out
 
 
-def test_classes_made_after_the_fork_and_spawned_workers_still_get_keys_of_their_own():
+def test_classes_made_after_the_fork_keep_their_keys_and_spawned_workers_take_the_frozen_table():
     out = run_driver(CLASSES + """
 res = {}
 with clamor.Cluster(workers=1, progress=None) as cl:
@@ -107,7 +107,12 @@ print(json.dumps(res))
 """, timeout=300, env={"PYTHONHASHSEED": "0"})     # (the dataclass's dicts are keyed by str)
     assert out["exit"] == 0, out
     assert out["late_kept"] is False, out         # its table was never frozen: not taken as it lies
-    assert out["spawned_conversions"] >= 3_000, out     # workers not forked: keys of their own
+    if sys.version_info >= (3, 13):
+        assert out["spawned_conversions"] >= 3_000, out     # (values inline: keys of their own)
+    else:
+        # workers not forked lay their class's table out as the driver's
+        # frozen one (tests/test_portable_class_keys.py): taken as they lie
+        assert out["spawned_conversions"] == 0, out
     assert out["spawned_same"], out
 
 

@@ -188,7 +188,7 @@ for case in range(40):
         w = _relocentries.Words(a, np.array([r.randrange(1, 9) for _ in a], dtype=np.uint32))
         root = [k]
         roots.append(root)
-        rel._keep(id(root), root, w, None, None)
+        rel._keep(id(root), root, w, None, None, False)
         kept.append(w)
     pages = set(np.concatenate([w.pages for w in kept]).tolist()) | {int(_relocentries._pages_of(
         np.array([base + 8 * r.randrange(len(buf))], np.uint64))[0])}      # (maybe a page no root has)

@@ -2,6 +2,7 @@
 the region that workers not forked from the driver can have, and the
 extents to read for the words to relocate (see ``clamor.memory.portable``).
 """
+import ctypes
 import types
 import weakref
 
@@ -44,6 +45,9 @@ class _Mode:
         self.found = None       # (addresses, targets, tags or None), sorted by address
         self.words = None       # found as _relocentries.Words, or None
         self.shared = False
+        # the "classkeys" targets of the classes whose instances were taken
+        # over their frozen tables (each worker lays its own out alike)
+        self.keyed = set()
 
     def restart(self):
         """Forget what a walk collected: it is made again (objects were
@@ -52,6 +56,7 @@ class _Mode:
         self.objects = 0
         self.c_extents = self.found = self.tags = self.words = None
         self.shared = False
+        self.keyed = set()
 
     def c_walk(self, obj, limit, dirty=None):
         """The walk of plain data and plain instances in C
@@ -81,7 +86,7 @@ class _Mode:
                                                ffi.cast("const int32_t *", want.ctypes.data), len(want),
                                                dirty is not None, shared, out)
 
-        if cwalk.c_pass(run, obj, limit, convert=dirty is None, frozen=False) != 1:
+        if cwalk.c_pass(run, obj, limit, convert=dirty is None, frozen=cwalk.NOT_FORKED) != 1:
             return False
         out = walked["out"]
         # (each array the walk grew, owned here: freed with its last view)
@@ -90,6 +95,7 @@ class _Mode:
         nulls = _owned(out.nulls, out.nnulls, np.uint64)
         tags = _owned(out.tags, out.n, np.int32) if tagged else None
         null_tags = _owned(out.null_tags, out.nnulls, np.int32) if tagged else None
+        keyed = _owned(out.keyed, out.nkeyed, np.uint64).tolist()
         numbered = set()
         for o in walked["outside"]:
             if id(o) not in numbered:
@@ -101,12 +107,29 @@ class _Mode:
         found, bad, words = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
+        for a in keyed:
+            if not self._keyed_class(ctypes.cast(a, ctypes.py_object).value):
+                return False    # (its instances are walked in Python, and given keys of their own)
+        if self.keyed:
+            words.targets = np.union1d(words.targets, sorted(self.keyed)).astype(np.uint32)
         self.c_extents, self.c_strict, self.tags, self.found, self.shared = ext, strict, tags, found, bool(shared[0])
         self.words, self.null_words, self.null_tags = words, nulls, null_tags
         self.objects += int(visited[0])
         if seeded[0] and self.seeded is None:
             self.seeded = f"a dict or set reached from {self.root or 'the object'}"
         return True
+
+    def keeps_keys(self, o):
+        """The Python walk's ``keyed_ok`` (csrc/pywalk.c): may region
+        instance ``o`` keep its attributes in its values table over its
+        class's table, frozen for workers not forked?"""
+        return bool(lib.clamor_py_portable_keys(id(o))) and self._keyed_class(type(o))
+
+    def _keyed_class(self, cls):
+        tid = self.t.class_keys(cls)
+        if tid is not None:
+            self.keyed.add(tid)
+        return tid is not None
 
     def read_table(self):
         """The ReadTable of what this walk read pointers from, but for the

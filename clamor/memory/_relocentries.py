@@ -340,6 +340,9 @@ def _entries(mode, t, amap=None):
                                f"buffer, memory a library allocated outside clamor.heap())")
     if mode.words is None:
         mode.words = Words(*mode.found[:2], tags=mode.found[2])
+    if mode.keyed and not np.isin(sorted(mode.keyed), mode.words.targets).all():
+        # (no word names a class's "classkeys" target: the workers bind it all the same)
+        mode.words.targets = np.union1d(mode.words.targets, sorted(mode.keyed)).astype(np.uint32)
     return mode.words
 
 

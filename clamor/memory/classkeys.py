@@ -16,9 +16,22 @@ Cluster's fork) and reads as it did then.  The check before a stage reads
 that values table (``_reads.pointer_extents``).  An instance whose dict was
 made outside the region (``vars()`` or a pickle outside a block) gets a
 region copy of it (``walk._own_keys``), one object where a dict with keys
-of its own is three.  Walks for workers not forked still give each instance
-keys of its own.
+of its own is three.
+
+Workers not forked import the class and build its table themselves.  The
+portable walks (before CPython 3.13) take a region instance whose
+attributes lie in a region values table only as it lies too, its class's
+table frozen then if it was not, and number a "classkeys" target for the
+class, which carries the table's names in order (``Targets.class_keys``).
+Before a task reads such an instance, each worker makes its own class's
+table name those attributes at the same places and freezes it
+(``adopt``); a worker whose table already names others there is refused.
+Other instances, and every instance on 3.13 (its values lie inline), are
+given keys of their own.
 """
+import gc
+
+from .. import errors
 from .._native import lib
 
 _seq = [0]      # the freezes made (one before each fork of workers)
@@ -45,6 +58,12 @@ def frozen(o):
     return bool(lib.clamor_py_frozen_instance(id(o)))
 
 
+def keyed(o):
+    """Is region instance ``o`` laid out over its class's table frozen for
+    workers not forked, with no dict made (as the portable walk took it)?"""
+    return bool(lib.clamor_py_keyed_instance(id(o)))
+
+
 def frozen_keys(addr):
     """Is ``addr`` the keys table of a class ``frozen`` accepts?"""
     return bool(lib.clamor_py_frozen_keys(addr))
@@ -55,3 +74,56 @@ def frozen_split(o):
     not made yet or one over its class's keys table, wherever it lies?
     (A region dict over that table is then what ``o`` needs.)"""
     return bool(lib.clamor_py_frozen_split(id(o)))
+
+
+_makers = []     # (worker) instances made to lay a table out: kept, never finalized
+
+
+def adopt(cls, names):
+    """(A worker not forked.)  Make class ``cls``'s keys table name the
+    strs ``names`` at their places, in order, as the driver's frozen table
+    does, and freeze it: a region instance laid out over the driver's is
+    then read right here.  Its address.
+
+    A table that names a prefix of them (a fresh worker's names none) has
+    the rest appended, as CPython appends a name first set on an instance.
+    One that names others at those places (this worker set attributes in
+    another order first) is replaced by one laid out as the driver's, each
+    instance of ``cls`` here given its dict first (made from its values,
+    over the old table): nothing here reads through the old table again."""
+    names = tuple(names)
+    have = lib.clamor_py_keys_prefix(id(cls), id(names))
+    if 0 <= have < len(names) and not any(_descriptor(cls, name) for name in names[have:]):
+        maker = object.__new__(cls)       # (no __init__ and no __setattr__ of the class runs)
+        _makers.append(maker)
+        for name in names[have:]:
+            object.__setattr__(maker, name, None)
+        have = lib.clamor_py_keys_prefix(id(cls), id(names))
+    if have != len(names):
+        _lay_out_anew(cls, names)
+    addr = lib.clamor_py_keys_freeze_at(id(cls), len(names))
+    if not addr:
+        raise errors.NotShareable(
+            f"region instances of {cls.__module__}.{cls.__qualname__} lay their attributes out as the driver's "
+            f"class names them, {list(names)}, and this worker's class cannot be made to name them so")
+    return addr
+
+
+def _descriptor(cls, name):
+    return any(hasattr(vars(b).get(name), "__set__") for b in type.mro(cls))
+
+
+def _lay_out_anew(cls, names):
+    twin = type("_" + cls.__name__ + "_as_the_driver_lays_it_out", (), {})
+    maker = object.__new__(twin)
+    _makers.append(maker)
+    for name in names:
+        object.__setattr__(maker, name, None)
+    if lib.clamor_py_keys_prefix(id(twin), id(names)) != len(names):
+        raise errors.NotShareable(f"this worker cannot lay out a keys table as the driver's "
+                                  f"{cls.__module__}.{cls.__qualname__}: {list(names)}")
+    for o in gc.get_objects():
+        if type(o) is cls:
+            object.__getattribute__(o, "__dict__")       # (its dict made from its values, over the old table)
+    if lib.clamor_py_keys_swap(id(cls), id(twin)) < 0:
+        raise errors.NotShareable(f"{cls.__module__}.{cls.__qualname__} has no shared keys table on this worker")

@@ -50,14 +50,19 @@ def _wrap_allocators():
         hooks.install()
 
 
-def c_pass(run, obj, limit, convert=True, frozen=True):
+# the workers a walk is for, as clamor_py_own_keys takes them
+FORKED, NOT_FORKED = 1, 2
+
+
+def c_pass(run, obj, limit, convert=True, frozen=FORKED):
     """Run the C walk ``run()`` from ``obj``; where it answers that an
     instance's dict needs keys of its own (2) and ``convert``, give every
     such instance reachable its own (clamor_py_own_keys, as ``_own_keys``
     would) and run it again.  Its answer: 1 approved, 0 the Python walk
-    decides, 2 keys needed.  ``frozen``: a walk for forked workers, which
-    leaves the instances of classes whose keys were frozen at the fork as
-    they are (csrc/pyclasskeys.c)."""
+    decides, 2 keys needed.  ``frozen``: the workers the walk is for:
+    FORKED leaves the instances of classes whose keys were frozen at the
+    fork as they are, NOT_FORKED those whose attributes lie in a region
+    values table over their class's frozen table (csrc/pyclasskeys.c)."""
     for again in (False, True):
         rc = run()
         if rc < 0:
@@ -65,7 +70,7 @@ def c_pass(run, obj, limit, convert=True, frozen=True):
         if rc != 2 or again or not convert:
             return rc
         _wrap_allocators()
-        n = lib.clamor_py_own_keys(id(obj), limit, int(frozen))
+        n = lib.clamor_py_own_keys(id(obj), limit, frozen)
         if n < 0:
             return 0            # (not the driver: the Python walk says why)
         conversions[0] += n

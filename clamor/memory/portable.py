@@ -76,6 +76,7 @@ class Relocations:
         # id -> (Words with tags, root slots, seeded): the words a tagged
         # walk of a dict or list found, for a walk of some entries again
         self.tagged = {}
+        self.seeded = {}        # id -> its last walk reached a dict or set keyed by seeded hashes
         self.pending = set()    # pages whose lists a recheck changed, to install at the next prepare
         self.listed = {}        # page -> entries of its list installed (pages with none: not here)
         self.orphans = set()    # pages listing words of roots forgotten since
@@ -135,6 +136,11 @@ class Relocations:
             ch = pages_array(changed)
             todo.update((k, self.roots[k]) for k, (_, read) in self.per_root.items()
                         if k in self.roots and read.changed(ch))
+        if not seeds_agree:
+            # (a root whose last walk, or a recheck for share()'s check,
+            # reached such a dict is walked whole: a worker hashing otherwise
+            # misreads it, and a recheck cannot tell that it went since)
+            todo.update((id(r), r) for r in roots if self.seeded.get(id(r)))
         if not todo:
             self.changed = []
             if self.pending:
@@ -147,7 +153,7 @@ class Relocations:
             raise NotShareable(seed_message(seeded))
         pages = set(dropped) | self.pending
         self.pending = set()
-        for k, (words, cov, touched, state) in walked.items():
+        for k, (words, cov, touched, state, sd) in walked.items():
             old = self.per_root.get(k)
             if touched is not None:
                 pages.update(touched.tolist())       # (a recheck: the other pages' lists stand)
@@ -155,7 +161,7 @@ class Relocations:
                 pages.update(words.pages.tolist())
                 if old is not None:
                     pages.update(old[0].pages.tolist())
-            self._keep(k, todo[k], words, cov, state)
+            self._keep(k, todo[k], words, cov, state, sd)
         self.changed = []
         out = self._install(pages, stage)
         if orphaned.size:
@@ -182,19 +188,19 @@ class Relocations:
         for k, r in todo.items():
             o = _offered(offers.get(k), r, seeds_agree)
             if o is not None:
-                walked[k] = (o[2], o[3].read, None, o[5])
+                walked[k] = (o[2], o[3].read, None, o[5], bool(o[4]))
                 self.visited[k] = o[3].objects
                 seeded = seeded or o[4]
                 continue
             again = self._recheck(k, r, changed, limit, seeds_agree)
             if again is not None:
-                walked[k] = again
+                walked[k] = (*again, again[3][2])
                 continue
             mode = _Mode(t, seeds_agree, amap)
             mode.root = f"a region {type(r).__name__} at {id(r):#x}"
             try:
                 _walk(r, limit, mode, bring_in=bring_in and k in shipped)
-                walked[k] = (_entries(mode, t, amap), mode.read_table(), None, _tag_state(mode, r))
+                walked[k] = (_entries(mode, t, amap), mode.read_table(), None, _tag_state(mode, r), bool(mode.seeded))
                 self.visited[k] = mode.objects
             except NotShareable:
                 if k in shipped or k not in self.roots:
@@ -205,6 +211,7 @@ class Relocations:
                 del self.roots[k]
                 self.visited.pop(k, None)
                 self.tagged.pop(k, None)
+                self.seeded.pop(k, None)
                 gone = self.per_root.pop(k, None)
                 if gone is not None:
                     dropped.update(gone[0].pages.tolist())
@@ -219,9 +226,10 @@ class Relocations:
         of its relocations walk the same object)."""
         self.offers[id(obj)] = (obj, region.version_current(), words, read, seeded, state)
 
-    def _keep(self, k, r, words, read, state):
+    def _keep(self, k, r, words, read, state, seeded):
         self.per_root[k] = (words, read)
         self.roots[k] = r
+        self.seeded[k] = seeded
         self.used.update(words.targets.tolist())
         if state is not None:
             self.tagged[k] = state
@@ -281,7 +289,7 @@ class Relocations:
             if again is None:
                 return None
             words, read, touched, state = again
-            self._keep(k, obj, words, read, state)
+            self._keep(k, obj, words, read, state, state[2])
             self.pending.update(touched.tolist())
         return _Read(read, self.visited.get(k, 0))
 
@@ -292,6 +300,7 @@ class Relocations:
             del self.roots[k]
             self.visited.pop(k, None)
             self.tagged.pop(k, None)
+            self.seeded.pop(k, None)
             gone = self.per_root.pop(k, None)
             if gone is not None:
                 self.orphans.update(gone[0].pages.tolist())     # (their words may be another object's soon)

@@ -84,9 +84,11 @@ def slot(parent, o):
         return None
     if isinstance(parent, (tuple, frozenset, set, np.ndarray, type)):
         return None
-    if classkeys.frozen(parent) and lib.clamor_py_instance_replace(id(parent), id(o), id(o)):
+    if (classkeys.frozen(parent) or classkeys.keyed(parent)) and \
+            lib.clamor_py_instance_replace(id(parent), id(o), id(o)):
         # (no dict made, its values table holds o: that slot, not __dict__,
-        # which would make a dict outside the region)
+        # which would make a dict outside the region; frozen at the fork, or
+        # for workers not forked)
         def store(c):
             if not lib.clamor_py_instance_replace(id(parent), id(o), id(c)):
                 raise errors.NotShareable(f"a {type(parent).__name__}'s attribute changed while it was brought in")

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import errors
 from .._native import ffi, lib
-from . import _pyshare, images
+from . import _pyshare, classkeys, images
 from .hooks import HANDLER
 
 NotShareable = errors.NotShareable
@@ -143,6 +143,27 @@ class Targets:
                             ffi.new("uint32_t[]", [r[2] for r in clean] or [0]), n)
         return self._ranges
 
+    def class_keys(self, cls):
+        """The "classkeys" target of class ``cls``, whose keys table is
+        frozen for workers not forked (csrc/pyclasskeys.c): each worker
+        makes its own class's table name the same attributes at the same
+        places (``classkeys.adopt``) before a task reads an instance laid
+        out over it.  Its number, or None (``cls`` is no symbol target, or
+        its table is not frozen so)."""
+        if self.classify(cls) is not None:
+            return None
+        names = []
+        keys = lib.clamor_py_frozen_names(id(cls), id(names))
+        if not keys:
+            return None
+        spec = ("classkeys", cls.__module__, cls.__qualname__, tuple(names), keys)
+        tid = self.by_addr.get(keys)
+        if tid is not None and self.specs[tid] == spec:
+            return tid
+        # (by the table's address: a region word that points at it, were
+        # one listed, would name the worker's table)
+        return self._new(spec, keys, cls)
+
     def classify(self, o):
         """Number ``o`` (outside the region) as a target; None if an image
         covers it, else the reason it is not portable."""
@@ -257,6 +278,14 @@ def bind(specs):
         elif kind == "dtype":
             obj, daddr = np.dtype(spec[1]), spec[2]
             laddr = id(obj)
+        elif kind == "classkeys":
+            _, module, qual, names, daddr = spec
+            try:
+                obj = _lookup(module, qual)
+            except Exception as err:
+                raise NotShareable(f"a region object is an instance of {module}.{qual}, which this worker cannot "
+                                   f"import: {type(err).__name__}: {err}") from err
+            laddr = classkeys.adopt(obj, names)
         elif kind == "handler":
             obj, daddr, laddr = None, spec[1], HANDLER
         elif kind == "vtable":

@@ -326,7 +326,9 @@ def _visit_inside(walk, stack, path, o, cache, moves, mode, reads, bring_in):
     if _opaque(o):
         walk.opaque(path, o)
     if _has_dict(o):
-        if not (mode is None and classkeys.frozen(o)):     # (a dict over its class's keys, frozen at the fork)
+        # (a dict over its class's keys, frozen at the fork; for workers not
+        # forked, a values table over them, frozen for those workers)
+        if not (classkeys.frozen(o) if mode is None else mode.keeps_keys(o)):
             _own_keys(o, path, frozen=mode is None)
     in_cache = type(o) is dict and path.key in promote.CACHE_NAMES
     for step, child in _children(o):
