@@ -3,6 +3,7 @@ the region that workers not forked from the driver can have, and the
 extents to read for the words to relocate (see ``clamor.memory.portable``).
 """
 import ctypes
+import threading
 import types
 import weakref
 
@@ -21,6 +22,7 @@ from .readtable import read_digests
 NotShareable = errors.NotShareable
 
 _ARRAY_CACHE = lib.clamor_py_array_cache_offset()
+_BESIDE = 1 << 16       # ranges from which a walk's read table is made in a thread of its own
 
 
 class _Mode:
@@ -45,6 +47,7 @@ class _Mode:
         self.found = None       # (addresses, targets, tags or None), sorted by address
         self.words = None       # found as _relocentries.Words, or None
         self.shared = False
+        self._table = None      # c_walk's read table, made beside its listing
         # the "classkeys" targets of the classes whose instances were taken
         # over their frozen tables (each worker lays its own out alike)
         self.keyed = set()
@@ -54,7 +57,7 @@ class _Mode:
         brought into the region)."""
         self.extents, self.null_words, self.seeded, self.blocks_seen = [], [], None, set()
         self.objects = 0
-        self.c_extents = self.found = self.tags = self.words = None
+        self.c_extents = self.found = self.tags = self.words = self._table = None
         self.shared = False
         self.keyed = set()
 
@@ -104,7 +107,19 @@ class _Mode:
                 numbered.add(id(o))
         if seeded[0] and not self.seeds_agree:
             return False        # (the Python walk names the dict)
-        found, bad, words = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
+        table = {}
+        if dirty is None and len(ext) >= _BESIDE:
+            # (the read table made beside the listing: neither holds the GIL
+            # for long, and a whole walk's caller wants both)
+            beside = threading.Thread(target=lambda: table.update(t=self._read_table(ext, strict, tags)),
+                                      name="clamor-read-table", daemon=True)
+            beside.start()
+            try:
+                found, bad, words = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
+            finally:
+                beside.join()
+        else:
+            found, bad, words = _match(ext, strict, nulls, self.t, self.amap, tags, null_tags)
         if len(bad):
             return False        # (the Python walk names the path)
         for a in keyed:
@@ -114,6 +129,7 @@ class _Mode:
             words.targets = np.union1d(words.targets, sorted(self.keyed)).astype(np.uint32)
         self.c_extents, self.c_strict, self.tags, self.found, self.shared = ext, strict, tags, found, bool(shared[0])
         self.words, self.null_words, self.null_tags = words, nulls, null_tags
+        self._table = table.get("t")
         self.objects += int(visited[0])
         if seeded[0] and self.seeded is None:
             self.seeded = f"a dict or set reached from {self.root or 'the object'}"
@@ -137,7 +153,8 @@ class _Mode:
         while the object lives, and what holds it is read (a dead one's
         holder changed)."""
         if self.c_extents is not None:
-            return read_digests([], plain=self.c_extents, tags=self.tags, skip=self.c_strict & _TYPE_WORD)
+            return self._table if self._table is not None else self._read_table(self.c_extents, self.c_strict,
+                                                                                 self.tags)
         return read_digests([e for e in self.extents if e[4] != "type"])
 
     def why_not(self, o):
@@ -153,6 +170,10 @@ class _Mode:
         why = self.t.classify(o)
         if why is not None:
             raise self.refusal(path, o, why)
+
+    @staticmethod
+    def _read_table(ext, strict, tags):
+        return read_digests([], plain=ext, tags=tags, skip=strict & _TYPE_WORD)
 
     def outside_ok(self, o):
         return self.t.classify(o) is None
