@@ -92,6 +92,16 @@ def adopt(cls, names):
     instance of ``cls`` here given its dict first (made from its values,
     over the old table): nothing here reads through the old table again."""
     names = tuple(names)
+    try:
+        return _adopt(cls, names)
+    except errors.NotShareable:
+        raise
+    except Exception as err:      # (a class that will not make an instance of its own here, say)
+        raise errors.NotShareable(f"this worker cannot lay out {cls.__module__}.{cls.__qualname__}'s keys table "
+                                  f"as the driver's {list(names)}: {type(err).__name__}: {err}") from err
+
+
+def _adopt(cls, names):
     have = lib.clamor_py_keys_prefix(id(cls), id(names))
     if 0 <= have < len(names) and not any(_descriptor(cls, name) for name in names[have:]):
         maker = object.__new__(cls)       # (no __init__ and no __setattr__ of the class runs)
