@@ -208,9 +208,9 @@ int clamor_py_instance_replace(uintptr_t obj, uintptr_t old, uintptr_t new_value
 int clamor_py_portable_keys(uintptr_t obj);
 uintptr_t clamor_py_frozen_names(uintptr_t type, uintptr_t out);
 long clamor_py_keys_prefix(uintptr_t type, uintptr_t names);
-uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n);
+uintptr_t clamor_py_keys_freeze_at(uintptr_t type, uintptr_t names);
 int clamor_py_keyed_instance(uintptr_t obj);
-int clamor_py_keys_swap(uintptr_t type, uintptr_t twin);
+int clamor_py_keys_relayout(uintptr_t type, uintptr_t twin, uintptr_t objects);
 long clamor_py_rekey(uintptr_t root, long limit, const uint64_t *keys, size_t nkeys);
 int clamor_py_walk_tagged(uintptr_t root, long limit, const uintptr_t *images, size_t nimages, long *visited,
                           uintptr_t extents_out, uintptr_t tags_out, uintptr_t outside_out, const int32_t *dirty,

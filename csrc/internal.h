@@ -825,15 +825,17 @@ uintptr_t clamor_py_frozen_names(uintptr_t type, uintptr_t out);
  * at their places (all: its length), or -1 (something else, more, or no
  * shared table). */
 long clamor_py_keys_prefix(uintptr_t type, uintptr_t names);
-/* Worker: class `type`'s table frozen and kept for good if it names n
- * attributes: its address, or 0. */
-uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n);
+/* Worker: class `type`'s table frozen and kept for good if it names the
+ * tuple of strs `names` exactly, in order: its address, or 0. */
+uintptr_t clamor_py_keys_freeze_at(uintptr_t type, uintptr_t names);
 /* 1 if region instance obj is as clamor_py_portable_keys took it (no freeze here). */
 int clamor_py_keyed_instance(uintptr_t obj);
 /* Worker: class `type` takes the keys table of class `twin`, kept for
- * good, and the interpreter's caches of its attributes' places are
- * dropped (classkeys.adopt).  0, or -1. */
-int clamor_py_keys_swap(uintptr_t type, uintptr_t twin);
+ * good, after each instance of it that objects() (gc.get_objects) lists is
+ * given its dict over the old table, and the interpreter's caches of its
+ * attributes' places are dropped, in one hold of the GIL
+ * (classkeys.adopt).  0, or -1. */
+int clamor_py_keys_relayout(uintptr_t type, uintptr_t twin, uintptr_t objects);
 #ifdef PY_VERSION_HEX
 int cl_py_portable_keys(struct _object *o);
 /* portable._seeded of an exact dict, set or frozenset's keys: one is a str

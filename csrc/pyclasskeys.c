@@ -329,35 +329,39 @@ uintptr_t clamor_py_frozen_names(uintptr_t type, uintptr_t out) {
 
 /* Worker: how many of the tuple of strs `names` class `type`'s table holds
  * at their places, in order (its length: all); -1 if its table names
- * something else at one of them, has more, or is not a shared one. */
+ * something else at one of them, has more, or is not a shared one.  GIL
+ * held. */
+static long prefix_of(PyTypeObject *type, PyObject *t) {
+    const struct cl_dict_keys *k = class_keys(type);
+    if (!k || k->dk_kind != 2 /* DICT_KEYS_SPLIT */ || k->dk_nentries > PyTuple_GET_SIZE(t)) return -1;
+    PyObject *const *e = entries_of(k);
+    long rc = (long)k->dk_nentries;
+    for (Py_ssize_t i = 0; i < k->dk_nentries && rc >= 0; i++) {
+        PyObject *a = e[2 * i], *b = PyTuple_GET_ITEM(t, i);
+        if (!a || !PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b) || PyUnicode_Compare(a, b) != 0) rc = -1;
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        rc = -1;
+    }
+    return rc;
+}
+
 long clamor_py_keys_prefix(uintptr_t type, uintptr_t names) {
     PyGILState_STATE g = PyGILState_Ensure();
-    const struct cl_dict_keys *k = class_keys((PyTypeObject *)type);
-    PyObject *t = (PyObject *)names;
-    long rc = -1;
-    if (k && k->dk_kind == 2 /* DICT_KEYS_SPLIT */ && k->dk_nentries <= PyTuple_GET_SIZE(t)) {
-        PyObject *const *e = entries_of(k);
-        rc = (long)k->dk_nentries;
-        for (Py_ssize_t i = 0; i < k->dk_nentries && rc >= 0; i++) {
-            PyObject *a = e[2 * i], *b = PyTuple_GET_ITEM(t, i);
-            if (!a || !PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b) || PyUnicode_Compare(a, b) != 0) rc = -1;
-        }
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            rc = -1;
-        }
-    }
+    long rc = prefix_of((PyTypeObject *)type, (PyObject *)names);
     PyGILState_Release(g);
     return rc;
 }
 
 /* Worker: class `type`'s table frozen (and kept for good) if it names the
- * n attributes it should: its address, or 0. */
-uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n) {
+ * strs of the tuple `names` at their places, all of them and no more (one
+ * hold of the GIL: no other thread appends between): its address, or 0. */
+uintptr_t clamor_py_keys_freeze_at(uintptr_t type, uintptr_t names) {
     PyGILState_STATE g = PyGILState_Ensure();
     struct cl_dict_keys *k = class_keys((PyTypeObject *)type);
     uintptr_t rc = 0;
-    if (k && k->dk_kind == 2 && k->dk_nentries == n) {
+    if (k && prefix_of((PyTypeObject *)type, (PyObject *)names) == PyTuple_GET_SIZE((PyObject *)names)) {
         if (k->dk_usable) {
             k->dk_usable = 0;
             k->dk_refcnt += PIN;
@@ -369,21 +373,41 @@ uintptr_t clamor_py_keys_freeze_at(uintptr_t type, long n) {
 }
 
 /* Worker: class `type` takes the keys table of class `twin` (laid out as
- * the driver's: classkeys.adopt made it so), kept for good; the caches of
- * attribute places the interpreter keeps for `type` are dropped.  Its
- * instances here must not lie over its old table by then (adopt made each
- * one's dict from its values first).  0, or -1 (no shared tables). */
-int clamor_py_keys_swap(uintptr_t type, uintptr_t twin) {
+ * the driver's: classkeys.adopt made it so), kept for good, after every
+ * instance of `type` here that the call `objects()` (gc.get_objects) lists
+ * is given its dict, made from its values over the old table; the caches
+ * of attribute places the interpreter keeps for `type` are dropped.  All
+ * in one hold of the GIL, the collector off: no thread makes an instance
+ * over the old table in between, and no finalizer runs.  0, or -1 (no
+ * shared tables, no memory). */
+int clamor_py_keys_relayout(uintptr_t type, uintptr_t twin, uintptr_t objects) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyHeapTypeObject *t = (PyHeapTypeObject *)type;
     struct cl_dict_keys *k = class_keys((PyTypeObject *)twin);
-    int rc = -1;
-    if (k && k->dk_kind == 2 && class_keys((PyTypeObject *)type)) {
-        k->dk_refcnt += PIN;
-        t->ht_cached_keys = (void *)k; /* (the old one stays: the dicts made over it hold it) */
-        PyType_Modified((PyTypeObject *)type);
+    int rc = -1, collecting = PyGC_Disable();
+    PyObject *objs = k && k->dk_kind == 2 && class_keys((PyTypeObject *)type) ? PyObject_CallNoArgs((PyObject *)objects)
+                                                                              : NULL;
+    if (objs && PyList_CheckExact(objs)) {
         rc = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs) && !rc; i++) {
+            PyObject *o = PyList_GET_ITEM(objs, i);
+            if (Py_TYPE(o) != (PyTypeObject *)type) continue;
+            PyObject *d = PyObject_GenericGetDict(o, NULL);
+            if (d)
+                Py_DECREF(d);
+            else
+                rc = -1;
+        }
+        if (!rc) {
+            k->dk_usable = 0; /* (frozen as it comes in: no thread appends to it first) */
+            k->dk_refcnt += PIN;
+            t->ht_cached_keys = (void *)k; /* (the old one stays: the dicts made over it hold it) */
+            PyType_Modified((PyTypeObject *)type);
+        }
     }
+    Py_XDECREF(objs);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (collecting) PyGC_Enable();
     PyGILState_Release(g);
     return rc;
 }

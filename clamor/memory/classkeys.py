@@ -111,7 +111,10 @@ def _adopt(cls, names):
         have = lib.clamor_py_keys_prefix(id(cls), id(names))
     if have != len(names):
         _lay_out_anew(cls, names)
-    addr = lib.clamor_py_keys_freeze_at(id(cls), len(names))
+    addr = lib.clamor_py_keys_freeze_at(id(cls), id(names))
+    if not addr and have == len(names):     # (another thread appended a name in between)
+        _lay_out_anew(cls, names)
+        addr = lib.clamor_py_keys_freeze_at(id(cls), id(names))
     if not addr:
         raise errors.NotShareable(
             f"region instances of {cls.__module__}.{cls.__qualname__} lay their attributes out as the driver's "
@@ -132,8 +135,8 @@ def _lay_out_anew(cls, names):
     if lib.clamor_py_keys_prefix(id(twin), id(names)) != len(names):
         raise errors.NotShareable(f"this worker cannot lay out a keys table as the driver's "
                                   f"{cls.__module__}.{cls.__qualname__}: {list(names)}")
-    for o in gc.get_objects():
-        if type(o) is cls:
-            object.__getattribute__(o, "__dict__")       # (its dict made from its values, over the old table)
-    if lib.clamor_py_keys_swap(id(cls), id(twin)) < 0:
-        raise errors.NotShareable(f"{cls.__module__}.{cls.__qualname__} has no shared keys table on this worker")
+    # (each instance of cls here given its dict, made from its values over
+    # the old table, and the table swapped, in C: no thread runs between)
+    if lib.clamor_py_keys_relayout(id(cls), id(twin), id(gc.get_objects)) < 0:
+        raise errors.NotShareable(f"{cls.__module__}.{cls.__qualname__}'s keys table could not be laid out anew "
+                                  f"on this worker")
