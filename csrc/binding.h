@@ -149,7 +149,11 @@ void clamor_peer_gone(const char *endpoint);
 void clamor_set_version(uint32_t version);
 /* Worker: drop this worker's copies of the listed pages (changed by the
  * driver); fetches of them in flight are discarded on arrival.  Memory is
- * returned.  Thread-safe. */
+ * returned.  A page index with CLAMOR_INVAL_MOVED set names a page whose
+ * bytes did not change but moved in the driver's memfd: it is dropped only
+ * where this worker maps the driver's copy (a copy of its own, fetched and
+ * perhaps relocated, still holds the same bytes).  Thread-safe. */
+#define CLAMOR_INVAL_MOVED ((uint64_t)1 << 63)
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
 
 /* ---- relocations (portable region objects) ----------------------------- */

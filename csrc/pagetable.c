@@ -516,18 +516,21 @@ static int drop_open_run(uint64_t s, uint64_t n, uint32_t keep) {
 int clamor_invalidate(const uint64_t *pages, uint64_t n) {
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker invalidates pages");
     for (uint64_t k = 0; k < n; k++)
-        if (pages[k] >= cl_region.npages)
-            return cl_err(EINVAL, "page %lu is outside the region (%lu pages)", (unsigned long)pages[k],
-                          (unsigned long)cl_region.npages);
+        if ((pages[k] & ~CLAMOR_INVAL_MOVED) >= cl_region.npages)
+            return cl_err(EINVAL, "page %lu is outside the region (%lu pages)",
+                          (unsigned long)(pages[k] & ~CLAMOR_INVAL_MOVED), (unsigned long)cl_region.npages);
     int rc = 0;
     /* The copies held reflect the version the worker is leaving (the caller
      * sets the next one after): kept copies are of that version. */
     uint32_t keep = atomic_load(&cl_worker_version);
     pt_lock();
     for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
-        uint64_t i = pages[k];
+        uint64_t i = pages[k] & ~CLAMOR_INVAL_MOVED;
         _Atomic uint32_t *w = &cl_region.pages[i];
         uint32_t s = atomic_load(w);
+        if ((pages[k] & CLAMOR_INVAL_MOVED) && !wloc_of(i) &&
+            (CL_PG_STATE(s) == CL_PG_PRESENT || CL_PG_STATE(s) == CL_PG_HELD))
+            continue; /* (moved, unchanged, and the copy here is this worker's own: kept) */
         switch (CL_PG_STATE(s)) {
         case CL_PG_PRESENT: { /* with the open pages listed after it, one run */
             uint64_t m = 1;

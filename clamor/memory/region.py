@@ -462,12 +462,15 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None, diff_keep=N
 
 
 def invalidate(pages):
-    """Worker: drop the local copies of ``pages`` (page indices)."""
+    """Worker: drop the local copies of ``pages`` (page indices; one with
+    CLAMOR_INVAL_MOVED set only where this worker maps the driver's copy)."""
     import numpy as np
 
     arr = np.ascontiguousarray(pages, dtype=np.uint64)
     if arr.size:
-        untrack_region_objects(arr)
+        # (a page flagged moved may be kept: its objects are taken out of
+        # the collector's lists all the same, as before any drop)
+        untrack_region_objects(arr & np.uint64(int(lib.CLAMOR_INVAL_MOVED) - 1))
         check(lib.clamor_invalidate(ffi.cast("uint64_t *", arr.ctypes.data), arr.size), "invalidating pages",
               {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
 

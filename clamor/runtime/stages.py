@@ -199,7 +199,7 @@ class StageRunner:
         reflect and ``version`` (either way: a re-run goes back)."""
         seen, w.seen = w.seen, version
         # (its mappings of pages that moved name the old locations)
-        return self._versions.changed_between(seen, version, moved=w.maps).astype(np.uint64).tobytes()
+        return self._versions.invalidations(seen, version, maps=w.maps).astype(np.uint64).tobytes()
 
     # -- jobs and attempts ----------------------------------------------------------
     def _run_job(self, kind, node, parent=None, action=None, arg=None, parts=None, version=None, only=None):

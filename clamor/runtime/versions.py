@@ -29,6 +29,9 @@ import numpy as np
 from .. import errors
 from ..memory import portable, region, samehost
 from . import serialize
+from .._native import lib
+
+MOVED = int(lib.CLAMOR_INVAL_MOVED)     # (a page index's flag: moved, unchanged; csrc/binding.h)
 
 
 class VersionKeeper:
@@ -63,17 +66,30 @@ class VersionKeeper:
                 self.moves[sid] = moved
         return sid
 
-    def changed_between(self, a, b, moved=False):
+    def changed_between(self, a, b):
         """The pages changed at the versions after the lower of ``a`` and
-        ``b`` up to the higher (a uint64 ndarray); ``moved``: and those that
-        moved (a reader that maps the driver's pages)."""
+        ``b`` up to the higher (a uint64 ndarray)."""
         lo, hi = sorted((int(a), int(b)))
         parts = [ch for s, ch in self.changes.items() if lo < s <= hi]
-        if moved and self.moves is not None:
-            parts += [ch for s, ch in self.moves.items() if lo < s <= hi]
         if not parts:
             return np.empty(0, dtype=np.uint64)
         return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+
+    def invalidations(self, a, b, maps=False):
+        """What a worker drops between versions ``a`` and ``b``: the pages
+        changed, and for one that maps the driver's pages (``maps``) those
+        that only moved, each with CLAMOR_INVAL_MOVED set: it drops those
+        only where it maps the driver's copy (a copy of its own, fetched
+        and relocated, holds the same bytes).  A uint64 ndarray."""
+        changed = self.changed_between(a, b)
+        if not maps or self.moves is None:
+            return changed
+        lo, hi = sorted((int(a), int(b)))
+        parts = [mv for s, mv in self.moves.items() if lo < s <= hi]
+        if not parts:
+            return changed
+        moved = np.setdiff1d(np.unique(np.concatenate(parts)), changed).astype(np.uint64)
+        return np.concatenate([changed.astype(np.uint64), moved | np.uint64(MOVED)])
 
     def keep(self, versions, floor=None):
         """Keep only the page versions of ``versions``; ``floor``: the
