@@ -534,8 +534,9 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
         switch (CL_PG_STATE(s)) {
         case CL_PG_PRESENT: { /* with the open pages listed after it, one run */
             uint64_t m = 1;
-            while (k + m < n && pages[k + m] == i + m &&
-                   CL_PG_STATE(atomic_load(&cl_region.pages[i + m])) == CL_PG_PRESENT)
+            while (k + m < n && (pages[k + m] & ~CLAMOR_INVAL_MOVED) == i + m &&
+                   CL_PG_STATE(atomic_load(&cl_region.pages[i + m])) == CL_PG_PRESENT &&
+                   !((pages[k + m] & CLAMOR_INVAL_MOVED) && !wloc_of(i + m)))
                 m++;
             int r = drop_open_run(i, m, keep);
             if (r && !rc) rc = r;

@@ -89,7 +89,10 @@ class VersionKeeper:
         if not parts:
             return changed
         moved = np.setdiff1d(np.unique(np.concatenate(parts)), changed).astype(np.uint64)
-        return np.concatenate([changed.astype(np.uint64), moved | np.uint64(MOVED)])
+        both = np.concatenate([changed.astype(np.uint64), moved])
+        order = np.argsort(both, kind="stable")      # (ascending, so that the worker drops runs)
+        return (both | np.concatenate([np.zeros(len(changed), np.uint64),
+                                       np.full(len(moved), MOVED, np.uint64)]))[order]
 
     def keep(self, versions, floor=None):
         """Keep only the page versions of ``versions``; ``floor``: the
