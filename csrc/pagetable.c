@@ -470,6 +470,51 @@ int clamor_pages_drop(uint64_t first, uint64_t count) {
     return cl_pt_drop(first, count);
 }
 
+/* Invalidate page i, not open: a copy held closed goes (punched, or kept
+ * as the base of a diff), a fetch in flight is marked stale (its reply is
+ * not installed), an error is cleared (a later touch may succeed: the page
+ * changed).  A touch or the pager may move the page between those states
+ * meanwhile (they do not take pt_lock): each change is looked at again.
+ * pt_lock held. */
+static void invalidate_closed(uint64_t i, uint32_t keep) {
+    _Atomic uint32_t *w = &cl_region.pages[i];
+    uint32_t s = atomic_load(w);
+    for (;;) {
+        switch (CL_PG_STATE(s)) {
+        case CL_PG_HELD: {
+            /* Claim it as if a fetch were under way, punch, then let it go:
+             * a fault meanwhile waits, and gets a fetch of its own. */
+            if (!atomic_compare_exchange_strong(w, &s, CL_PG_WANTED)) continue;
+            atomic_fetch_add(&cl_pt_drops, 1);
+            if (!keep_copy(i, keep))
+                fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
+            uint32_t exp = CL_PG_WANTED;
+            if (!atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) { /* a waiter came */
+                atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
+                if (cl_prefetch_enqueue(i) != 0) {
+                    atomic_store(w, CL_PG_MKERR(ENOTCONN));
+                    cl_futex_wake(w);
+                }
+            }
+            atomic_fetch_add(&cl_pt_drops, 1);
+            CL_COUNT(pages_invalidated, 1);
+            return;
+        }
+        case CL_PG_WANTED:
+            if (s & CL_PG_STALE) return;
+            if (!atomic_compare_exchange_weak(w, &s, s | CL_PG_STALE)) continue; /* (the pager may have held it again) */
+            CL_COUNT(pages_invalidated, 1);
+            return;
+        case CL_PG_ERROR:
+            if (!atomic_compare_exchange_weak(w, &s, CL_PG_ABSENT)) continue;
+            return;
+        default: /* absent: nothing to drop; open: the caller's */
+            return;
+        }
+    }
+}
+
 /* Drop open page i, which may split its run in two: one mapping more.
  * Within the mapping budget, evict as an install would; if nothing can be
  * evicted, drop i's whole open run instead (its other pages are fetched
@@ -480,7 +525,10 @@ static int drop_open_page(uint64_t i, uint32_t keep) {
     uint32_t budget = clamor_max_mappings();
     int d = map_delta(i, 1, 0);
     while (d > 0 && mappings + (uint32_t)d > budget && evict_locked() == 0) {
-        if (!is_open(i)) return 0; /* the eviction took i's run with it */
+        if (!is_open(i)) { /* the eviction closed i's run, bytes kept: i goes all the same */
+            invalidate_closed(i, keep);
+            return 0;
+        }
         d = map_delta(i, 1, 0);
     }
     if (d > 0 && mappings + (uint32_t)d > budget) {
@@ -502,7 +550,10 @@ static int drop_open_run(uint64_t s, uint64_t n, uint32_t keep) {
     if (n == 1 || (d > 0 && mappings + (uint32_t)d > clamor_max_mappings())) {
         int rc = 0;
         for (uint64_t i = s; i < s + n; i++) {
-            int r = is_open(i) ? drop_open_page(i, keep) : 0;
+            /* (an eviction for an earlier page may have closed this one) */
+            int r = 0;
+            if (is_open(i)) r = drop_open_page(i, keep);
+            else invalidate_closed(i, keep);
             if (r && !rc) rc = r;
         }
         return rc;
@@ -526,8 +577,7 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
     pt_lock();
     for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
         uint64_t i = pages[k] & ~CLAMOR_INVAL_MOVED;
-        _Atomic uint32_t *w = &cl_region.pages[i];
-        uint32_t s = atomic_load(w);
+        uint32_t s = atomic_load(&cl_region.pages[i]);
         if ((pages[k] & CLAMOR_INVAL_MOVED) && !wloc_of(i) &&
             (CL_PG_STATE(s) == CL_PG_PRESENT || CL_PG_STATE(s) == CL_PG_HELD))
             continue; /* (moved, unchanged, and the copy here is this worker's own: kept) */
@@ -544,37 +594,8 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             k += m - 1;
             break;
         }
-        case CL_PG_HELD: {
-            /* Claim it as if a fetch were under way, punch, then let it go:
-             * a fault meanwhile waits, and gets a fetch of its own. */
-            if (!atomic_compare_exchange_strong(w, &s, CL_PG_WANTED)) {
-                k--; /* it changed (a touch opened it): look again */
-                continue;
-            }
-            atomic_fetch_add(&cl_pt_drops, 1);
-            if (!keep_copy(i, keep))
-                fallocate(cl_region.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                          (off_t)(i << cl_region.page_shift), (off_t)cl_region.page_size);
-            uint32_t exp = CL_PG_WANTED;
-            if (!atomic_compare_exchange_strong(w, &exp, CL_PG_ABSENT)) { /* a waiter came */
-                atomic_store(w, CL_PG_WANTED | CL_PG_WAITERS);
-                if (cl_prefetch_enqueue(i) != 0) {
-                    atomic_store(w, CL_PG_MKERR(ENOTCONN));
-                    cl_futex_wake(w);
-                }
-            }
-            atomic_fetch_add(&cl_pt_drops, 1);
-            CL_COUNT(pages_invalidated, 1);
-            break;
-        }
-        case CL_PG_WANTED: /* in flight: the reply must not be installed */
-            while (CL_PG_STATE(s) == CL_PG_WANTED && !atomic_compare_exchange_weak(w, &s, s | CL_PG_STALE)) {}
-            CL_COUNT(pages_invalidated, 1);
-            break;
-        case CL_PG_ERROR: /* a later touch may succeed: the page changed */
-            atomic_store(w, CL_PG_ABSENT);
-            break;
         default:
+            invalidate_closed(i, keep);
             break;
         }
     }

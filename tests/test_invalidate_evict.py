@@ -1,0 +1,78 @@
+"""A page invalidated while the mapping budget is full is dropped, even when
+making room for the drop closes the page's own run.
+
+Dropping a page in the middle of an open run splits the run: one mapping
+more.  With the budget full, the worker first closes the oldest isolated
+run (eviction), which keeps its bytes for the next touch.  When that run
+is the one holding the invalidated page, the page must still go: kept, its
+next touch would open the old bytes again, and the task would read what
+the page held before the driver changed it, with no error.
+
+Each scenario writes a marker into the worker's copy of the pages it then
+invalidates (a fetching worker's own page, or its private copy of the
+driver's page where it maps them), so a copy that survives the
+invalidation shows.  Fetching and mapping workers; one page, and a run of
+two, which the worker drops page by page.
+"""
+import json
+
+import pytest
+
+from helpers import PRELUDE
+
+SCENARIO = PRELUDE + """
+same_host, victims = sys.argv[1], [int(v) for v in sys.argv[2].split(",")]
+a = clamor.array(np.arange(1 << 22, dtype=np.int64))      # 32 MiB: 512 pages of 64 KiB
+with clamor.Cluster(workers=1, progress=False, speculation=False, same_host=same_host) as cl:
+    def f(r):
+        clamor.configure(readahead=0)
+        x = r.get()
+        ps, base = region.page_size(), region.base()
+        first = -(-(x.ctypes.data - base) // ps)          # the array's first whole page
+        at = lambda q: base + (first + q) * ps - x.ctypes.data   # byte offset of page first+q in x
+        def touch(q):
+            return int(x[at(q) // 8])
+        # The run 10..13, then isolated pages: each splits the view twice.
+        for q in (10, 11, 12, 13):
+            touch(q)
+        for q in range(100, 400, 2):
+            touch(q)
+        # Carve the mapping worker's windows down to the same layout.
+        keep = {10, 11, 12, 13} | set(range(100, 400, 2))
+        q = 0
+        while q < 500:
+            if q in keep:
+                q += 1
+                continue
+            e = q
+            while e < 500 and e not in keep:
+                e += 1
+            region.drop_pages(first + q, e - q)
+            q = e
+        for v in victims:
+            x[at(v) // 8] = -7                             # this worker's copy only
+        before = clamor.stats()
+        clamor.configure(max_mappings=1)                   # full: the drop must evict
+        try:
+            region.invalidate(np.array([first + v for v in victims], dtype=np.uint64))
+            got = [touch(v) for v in victims]
+        finally:
+            clamor.configure(max_mappings=0)
+        after = clamor.stats()
+        return {"got": got, "want": [at(v) // 8 for v in victims],
+                "evictions": after["evictions"] - before["evictions"],
+                "mapped": after["pages_mapped"], "fetched": after["pages_fetched"]}
+    [out] = cl.run(f, clamor.ref(a))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("same_host", ["fetch", "map"])
+@pytest.mark.parametrize("victims", ["11", "11,12"])
+def test_an_invalidated_page_is_dropped_when_the_drop_evicts_its_own_run(py, same_host, victims):
+    p = py(SCENARIO, args=(same_host, victims), check=True, timeout=180)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["evictions"] > 0, out                       # the scenario reached the budget
+    if same_host == "map":
+        assert out["mapped"] > 0, out
+    assert out["got"] == out["want"], out                  # the driver's bytes, not the marker
