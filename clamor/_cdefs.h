@@ -171,6 +171,7 @@ uint64_t clamor_versions_log_ahead(void);
 void clamor_peer_gone(const char *endpoint);
 void clamor_set_version(uint32_t version);
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
+int clamor_change_version(uint32_t version, const uint64_t *pages, uint64_t n);
 void clamor_set_replication(int policy);
 int clamor_replication(void);
 /* Forget a peer (by page-server endpoint; ENOENT if unknown), or all. */

@@ -155,6 +155,10 @@ void clamor_set_version(uint32_t version);
  * perhaps relocated, still holds the same bytes).  Thread-safe. */
 #define CLAMOR_INVAL_MOVED ((uint64_t)1 << 63)
 int clamor_invalidate(const uint64_t *pages, uint64_t n);
+/* Worker: clamor_set_version(version) and clamor_invalidate(pages, n) in
+ * one step: no page mapped or fetched meanwhile reads a dropped page as
+ * the version left had it.  Task thread, between tasks. */
+int clamor_change_version(uint32_t version, const uint64_t *pages, uint64_t n);
 
 /* ---- relocations (portable region objects) ----------------------------- */
 

@@ -564,17 +564,19 @@ static int drop_open_run(uint64_t s, uint64_t n, uint32_t keep) {
     return rc;
 }
 
-int clamor_invalidate(const uint64_t *pages, uint64_t n) {
+static int check_pages(const uint64_t *pages, uint64_t n) {
     if (cl_region.role != CLAMOR_ROLE_WORKER) return cl_err(EPERM, "only a worker invalidates pages");
     for (uint64_t k = 0; k < n; k++)
         if ((pages[k] & ~CLAMOR_INVAL_MOVED) >= cl_region.npages)
             return cl_err(EINVAL, "page %lu is outside the region (%lu pages)",
                           (unsigned long)(pages[k] & ~CLAMOR_INVAL_MOVED), (unsigned long)cl_region.npages);
+    return 0;
+}
+
+/* Drop the listed pages; copies kept for diffs are of version `keep`.
+ * pt_lock held. */
+static int invalidate_locked(const uint64_t *pages, uint64_t n, uint32_t keep) {
     int rc = 0;
-    /* The copies held reflect the version the worker is leaving (the caller
-     * sets the next one after): kept copies are of that version. */
-    uint32_t keep = atomic_load(&cl_worker_version);
-    pt_lock();
     for (uint64_t k = 0; k < n; k++) { /* an error on one page must not keep the others */
         uint64_t i = pages[k] & ~CLAMOR_INVAL_MOVED;
         uint32_t s = atomic_load(&cl_region.pages[i]);
@@ -599,6 +601,33 @@ int clamor_invalidate(const uint64_t *pages, uint64_t n) {
             break;
         }
     }
+    return rc;
+}
+
+int clamor_invalidate(const uint64_t *pages, uint64_t n) {
+    int rc = check_pages(pages, n);
+    if (rc) return rc;
+    pt_lock();
+    rc = invalidate_locked(pages, n, atomic_load(&cl_worker_version));
+    pt_unlock();
+    return rc;
+}
+
+/* The version first, then the drops, under pt_lock.  A mapping is made
+ * under pt_lock, so none comes between.  A fetch claims its page (a state
+ * word) before it reads the version it names: claimed before a drop, the
+ * page is in flight there and its reply is discarded; claimed after, its
+ * request names the new version.  Dropping first and setting the version
+ * after left a window in which the pager, still reading ahead for the
+ * last task, mapped or fetched a page just dropped as the version left
+ * had it, and the next task read those bytes: a silent wrong result. */
+int clamor_change_version(uint32_t version, const uint64_t *pages, uint64_t n) {
+    int rc = check_pages(pages, n);
+    if (rc) return rc;
+    pt_lock();
+    uint32_t keep = atomic_load(&cl_worker_version); /* (what the copies held are) */
+    clamor_set_version(version);
+    rc = invalidate_locked(pages, n, keep);
     pt_unlock();
     return rc;
 }

@@ -121,3 +121,28 @@ def test_random_writes_and_reads_under_a_full_budget_read_what_one_process_reads
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert min(out["evictions"]) > 0, out
     assert out["bad"] == [], out
+
+
+BAD_VERSION = PRELUDE + """
+a = clamor.array(np.arange(1 << 16, dtype=np.int64))
+with clamor.Cluster(workers=1, progress=False, speculation=False) as cl:
+    def f(r):
+        x = r.get()
+        page = (x.ctypes.data - region.base()) // region.page_size()
+        out = [attempt(region.invalidate, np.array([page], dtype=np.uint64), version=v)
+               for v in (-1, 1 << 32, "1", 1.0)]
+        out.append(attempt(region.invalidate, np.array([region.size() // region.page_size()], dtype=np.uint64), version=1))
+        out.append(int(x.sum()))                           # the worker and its pages survive
+        return out
+    [out] = cl.run(f, clamor.ref(a))
+    out.append(cl.run(lambda r: int(r.get()[:10].sum()), clamor.ref(a)))   # and the cluster
+print(json.dumps(out))
+"""
+
+
+def test_a_bad_version_or_page_to_change_to_is_a_typed_error(py):
+    p = py(BAD_VERSION, check=True, timeout=120)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [o[0] for o in out[:5]] == ["ConfigError"] * 5, out
+    assert out[5] == sum(range(1 << 16)), out
+    assert out[6] == [45], out

@@ -10,6 +10,7 @@ parent's page server) and the child's own page server.
 import atexit
 import errno
 import gc
+import numbers
 import os
 import threading
 
@@ -461,18 +462,25 @@ def configure(readahead=None, fetch_timeout=None, max_mappings=None, diff_keep=N
     }
 
 
-def invalidate(pages):
+def invalidate(pages, version=None):
     """Worker: drop the local copies of ``pages`` (page indices; one with
-    CLAMOR_INVAL_MOVED set only where this worker maps the driver's copy)."""
+    CLAMOR_INVAL_MOVED set only where this worker maps the driver's copy).
+    With ``version``: read that page version from then on, in the same
+    step (no page mapped or fetched in between reads a dropped page as the
+    version left had it)."""
     import numpy as np
 
+    if version is not None and not (isinstance(version, numbers.Integral) and 0 <= version <= _U32):
+        raise errors.ConfigError(f"a page version is 0 to {_U32}, not {version!r}")
     arr = np.ascontiguousarray(pages, dtype=np.uint64)
     if arr.size:
         # (a page flagged moved may be kept: its objects are taken out of
         # the collector's lists all the same, as before any drop)
         untrack_region_objects(arr & np.uint64(int(lib.CLAMOR_INVAL_MOVED) - 1))
-        check(lib.clamor_invalidate(ffi.cast("uint64_t *", arr.ctypes.data), arr.size), "invalidating pages",
-              {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
+    ptr = ffi.cast("uint64_t *", arr.ctypes.data)
+    rc = lib.clamor_invalidate(ptr, arr.size) if version is None else lib.clamor_change_version(int(version), ptr,
+                                                                                                  arr.size)
+    check(rc, "invalidating pages", {errno.EINVAL: errors.ConfigError, errno.EPERM: errors.RegionError})
 
 
 def set_replication(policy):

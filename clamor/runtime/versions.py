@@ -135,8 +135,9 @@ def change_version(version, pages, release=None):
     if release is not None:
         release()
     if len(pages):
-        region.invalidate(pages)
-    region.set_version(version)
+        region.invalidate(pages, version=version)   # (one step: see clamor_change_version)
+    else:
+        region.set_version(version)
 
 
 class VersionGate:
