@@ -702,6 +702,8 @@ struct _object *cl_py_instance_dict(struct _object *o);
 /* Its value slots while it has no dict (its attributes in a values table,
  * named by its class's keys table), or NULL. */
 struct _object **cl_py_instance_values(struct _object *o);
+/* o.__dict__ = d, through the type's setter (pyshare.c); -1 with an exception set. */
+int cl_py_set_instance_dict(struct _object *o, struct _object *d);
 /* The head of object o's list of weak references (pyhide.c): NULL when
  * it has none or its type has no list. */
 void *cl_py_weaklist_head(struct _object *o);

@@ -78,7 +78,7 @@ static long own_keys(PyObject *o, PyObject *key, struct cl_py_stack *spare, int 
             if (cl_py_stack_push(spare, c) < 0) Py_DECREF(c);
             continue;
         }
-        if (PyObject_GenericSetDict(o, c, NULL) < 0) {
+        if (cl_py_set_instance_dict(o, c) < 0) {
             PyErr_Clear();
         } else {
             if (!keep) combine(c, key);

@@ -149,7 +149,7 @@ static int rehome_instance_dict(PyObject *o) {
     if (!d) return 0;
     Py_INCREF(d);
     PyObject *c = PyDict_Copy(d);
-    int rc = c ? PyObject_GenericSetDict(o, c, NULL) : -1;
+    int rc = c ? cl_py_set_instance_dict(o, c) : -1;
     Py_XDECREF(c);
     Py_DECREF(d);
     return rc < 0 ? -1 : 1;

@@ -147,6 +147,18 @@ PyObject *cl_py_instance_dict(PyObject *o) {
 #endif
 }
 
+/* Give instance o the dict d, as `o.__dict__ = d` does (its type's
+ * __dict__ setter).  Not PyObject_GenericSetDict: on CPython 3.13.0 that
+ * leaves the values inline after the body in use, and the dict it
+ * replaces over them, so an attribute set later is seen by the old dict
+ * and not by the new one, and a walk reads the new one (a worker not
+ * forked read no attributes at all; tests/test_instance_dicts.py). */
+int cl_py_set_instance_dict(PyObject *o, PyObject *d) {
+    static PyObject *name;
+    if (!name && !(name = PyUnicode_InternFromString("__dict__"))) return -1;
+    return PyObject_GenericSetAttr(o, name, d);
+}
+
 /* The value slots of such an instance whose attributes lie in a values
  * table only, no dict made (CPython 3.11: the table at -4; 3.12: at -3,
  * stored one byte below it, so odd; 3.13: inline after the body, while

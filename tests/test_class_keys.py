@@ -344,8 +344,7 @@ from keyed_records import Point
 res = {}
 with clamor.heap():
     pts = [Point(i, i * 0.5, "p" + str(i)) for i in range(20_000)]
-if sys.version_info < (3, 13):     # (3.13 rewrites every instance: values inline)
-    pickle.dumps(pts[:100])      # (their dicts made outside the region: a rewrite for every kind of worker)
+pickle.dumps(pts[:100])      # (their dicts made outside the region: a rewrite for every kind of worker)
 keys = list(range(0, 20_000, 997))
 rd = lambda: [(pts[k].x, pts[k].y, pts[k].label, sorted(vars(pts[k]))) for k in keys]
 for start in ("fork", "spawn"):
